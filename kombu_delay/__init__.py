@@ -1,0 +1,35 @@
+"""kombu-delay: delayed delivery for Celery and kombu on Redis.
+
+Importing this package registers the ``delayredis://``, ``delayrediss://`` and
+``delaysentinel://`` broker URL schemes with kombu.
+"""
+
+from __future__ import annotations
+
+from .config import Settings
+from .errors import (
+    BadETA,
+    ConfigError,
+    CorruptMember,
+    DelayTooLong,
+    KombuDelayError,
+    PayloadTooLarge,
+    RedisUnavailable,
+)
+from .transport import register
+
+__version__ = "0.1.0"
+
+register()
+
+__all__ = [
+    "BadETA",
+    "ConfigError",
+    "CorruptMember",
+    "DelayTooLong",
+    "KombuDelayError",
+    "PayloadTooLarge",
+    "RedisUnavailable",
+    "Settings",
+    "__version__",
+]

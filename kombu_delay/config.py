@@ -1,0 +1,111 @@
+"""Settings: one frozen dataclass, built from transport options, the environment and flags.
+
+Every option is a ``broker_transport_options`` key, an environment variable
+(upper case, ``KOMBU_DELAY_`` instead of ``delay_``), or a CLI flag, in
+rising precedence. User-facing durations are seconds; fields are milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from .errors import ConfigError
+
+DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All kombu-delay options, validated."""
+
+    #: Width of one time bucket, ms. Option ``delay_bucket_width`` (s). Default 60 s.
+    #: Publisher only: movers find buckets through the index, whatever their width.
+    bucket_width_ms: int = 60_000
+    #: How long a bucket outlives its end before Redis expires it, ms. Option
+    #: ``delay_grace`` (s). Default 7 days: a mover outage shorter than that loses nothing.
+    grace_ms: int = 7 * DAY_MS
+    #: Refuse ETAs further out than this at publish, ms; 0 = no limit (the default).
+    #: Option ``delay_max_delay`` (s).
+    max_delay_ms: int = 0
+    #: Most envelopes one move call examines. Option ``delay_batch_size``. Default 1000.
+    batch_size: int = 1000
+    #: Longest a mover sleeps without looking, ms. Option ``delay_max_sleep`` (s). Default 1 s.
+    max_sleep_ms: int = 1000
+    #: Cap on moves per second per mover; 0 = none. Option ``delay_max_rate``. Default 0.
+    max_rate: int = 0
+    #: Hold messages while their destination list has this many items; 0 = never.
+    #: Option ``delay_max_queue_length``. Default 0.
+    max_queue_length: int = 0
+    #: How often a mover records its heartbeat, ms. Option ``delay_heartbeat_interval`` (s).
+    #: Default 2 s.
+    heartbeat_interval_ms: int = 2000
+    #: Run a mover thread inside each Celery worker. Option ``delay_embedded_mover``.
+    #: Default off: the sidecar is the recommended deployment.
+    embedded_mover: bool = False
+
+    def __post_init__(self) -> None:
+        positive = ("bucket_width_ms", "batch_size", "max_sleep_ms", "heartbeat_interval_ms")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{_option(name)} must be positive, got {_shown(self, name)}")
+        for name in ("grace_ms", "max_delay_ms", "max_rate", "max_queue_length"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_option(name)} must not be negative, got {_shown(self, name)}")
+        if self.batch_size > 5000:
+            raise ConfigError(f"delay_batch_size must be at most 5000, got {self.batch_size}")
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Build settings from transport options, overridden by ``KOMBU_DELAY_*`` variables."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        known = {_option(f.name): f.name for f in fields(cls)}
+        for key, raw in (options or {}).items():
+            if key.startswith("delay_"):
+                if key not in known:
+                    raise ConfigError(f"unknown transport option {key!r}; known: {sorted(known)}")
+                values[known[key]] = raw
+        for option, name in known.items():
+            var = "KOMBU_DELAY_" + option[len("delay_") :].upper()
+            if env.get(var, "") != "":
+                values[name] = env[var]
+        return cls().with_values(**values)
+
+    def with_values(self, **values: Any) -> Settings:
+        """Return a copy with user-facing values (seconds for ``*_ms`` fields) applied."""
+        converted = {name: _convert(name, raw) for name, raw in values.items() if raw is not None}
+        return replace(self, **converted)
+
+
+def _option(name: str) -> str:
+    base = name[: -len("_ms")] if name.endswith("_ms") else name
+    return "delay_" + base
+
+
+def _shown(settings: Settings, name: str) -> str:
+    value = getattr(settings, name)
+    return f"{value / 1000:g} s" if name.endswith("_ms") else str(value)
+
+
+def _convert(name: str, raw: Any) -> Any:
+    option = _option(name)
+    try:
+        if name == "embedded_mover":
+            if isinstance(raw, str):
+                if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(raw)
+                return raw.lower() in ("1", "true", "yes", "on")
+            return bool(raw)
+        if isinstance(raw, bool):
+            raise ValueError(raw)
+        number = float(raw)
+        if number != number or number in (float("inf"), float("-inf")):
+            raise ValueError(raw)
+        return round(number * 1000) if name.endswith("_ms") else int(number)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{option} must be a number, got {raw!r}") from exc

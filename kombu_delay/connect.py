@@ -1,0 +1,63 @@
+"""Open kombu-delay's store for a broker URL, through kombu itself.
+
+Going through a kombu channel means URL parsing, TLS, ACL credentials and
+Sentinel discovery work exactly as they do for the publisher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu.connection import Connection
+
+from .config import Settings
+from .store import Store, translated_errors
+from .transport import register
+
+#: Plain kombu schemes and the kombu-delay scheme that serves the same server.
+_DELAY_SCHEMES = {"redis": "delayredis", "rediss": "delayrediss", "sentinel": "delaysentinel"}
+
+
+def delay_url(url: str) -> str:
+    """Return ``url`` with a plain Redis scheme replaced by its kombu-delay scheme."""
+    parts = []
+    for one in url.split(";"):
+        scheme, sep, rest = one.partition("://")
+        parts.append(f"{_DELAY_SCHEMES.get(scheme, scheme)}{sep}{rest}")
+    return ";".join(parts)
+
+
+@dataclass
+class Target:
+    """Where the CLI works: a broker URL and transport options (CLI flags already merged)."""
+
+    url: str
+    transport_options: dict[str, Any] = field(default_factory=dict)
+    #: ``--set`` style overrides of kombu-delay settings, user-facing units.
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> Settings:
+        return Settings.from_options(self.transport_options).with_values(**self.overrides)
+
+    @contextmanager
+    def open(self) -> Iterator[Store]:
+        """Yield a :class:`Store` for this target, closing the connection afterwards."""
+        with open_store(self.url, self.transport_options) as store:
+            yield store
+
+
+@contextmanager
+def open_store(url: str, transport_options: Mapping[str, Any] | None = None) -> Iterator[Store]:
+    """Yield the :class:`Store` of the kombu-delay data behind ``url``."""
+    register()
+    conn = Connection(delay_url(url), transport_options=dict(transport_options or {}))
+    try:
+        with translated_errors():
+            channel = conn.default_channel
+        store: Store = channel.delay_store
+        yield store
+    finally:
+        conn.release()

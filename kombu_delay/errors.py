@@ -1,0 +1,34 @@
+"""The exception tree of kombu-delay."""
+
+from __future__ import annotations
+
+import redis
+
+
+class KombuDelayError(Exception):
+    """Base class of every error kombu-delay raises."""
+
+
+class ConfigError(KombuDelayError, ValueError):
+    """An option has a bad value; the message names the option."""
+
+
+class BadETA(KombuDelayError, ValueError):
+    """A message's ETA or ``x-delay`` cannot be used; it is delivered at once."""
+
+
+class DelayTooLong(KombuDelayError, ValueError):
+    """The ETA is further out than ``max_delay`` (or the year-2109 ceiling) allows."""
+
+
+class RedisUnavailable(KombuDelayError, redis.ConnectionError):
+    """Redis could not be reached. Also a ``redis.ConnectionError``, so kombu's
+    and Celery's connection-retry policies treat it as a connection error."""
+
+
+class PayloadTooLarge(KombuDelayError, ValueError):
+    """The message is larger than Redis accepts for one string (512 MB)."""
+
+
+class CorruptMember(KombuDelayError, ValueError):
+    """A stored envelope cannot be parsed."""

@@ -1,0 +1,103 @@
+"""Key names and bucket maths: every Redis key kombu-delay touches is named here.
+
+All functions are pure. ``prefix`` is kombu's ``global_keyprefix``; kombu's
+prefixing client rewrites only some commands (and only ``KEYS[1]`` of
+``EVALSHA``), so kombu-delay applies the prefix itself and talks to Redis
+through a plain client.
+"""
+
+from __future__ import annotations
+
+#: Namespace of every key kombu-delay creates, after ``global_keyprefix``.
+NAMESPACE = "kombu_delay:"
+
+#: Sub-millisecond tie-breakers per due millisecond. ``due_ms + seq/4096``
+#: stays an exact double for epoch milliseconds below 2**41 (year 2039) and
+#: keeps 1/4096 ms resolution up to 2**42 (year 2109), the hard ETA ceiling.
+SEQ_SLOTS = 4096
+
+#: Latest due time accepted, epoch ms (2**42 ms is in the year 2109).
+MAX_DUE_MS = 2**42
+
+
+def ns(prefix: str) -> str:
+    """Return the prefix shared by all kombu-delay keys of one app."""
+    return f"{prefix}{NAMESPACE}"
+
+
+def bucket_start(due_ms: int, width_ms: int) -> int:
+    """Return the start (epoch ms) of the bucket that holds ``due_ms``."""
+    return due_ms - due_ms % width_ms
+
+
+def bucket(prefix: str, start_ms: int) -> str:
+    """ZSET of envelopes due in one bucket, scored ``due_ms + seq/4096``."""
+    return f"{ns(prefix)}bucket:{start_ms}"
+
+
+def meta(prefix: str, start_ms: int) -> str:
+    """HASH of per-destination counts (and the ``seq`` counter) of one bucket."""
+    return f"{ns(prefix)}meta:{start_ms}"
+
+
+def buckets(prefix: str) -> str:
+    """ZSET index of non-empty buckets: member and score are the bucket start."""
+    return f"{ns(prefix)}buckets"
+
+
+def ids(prefix: str) -> str:
+    """HASH task id -> space-separated refs ``start:offset:seq`` of its envelopes."""
+    return f"{ns(prefix)}ids"
+
+
+def counts(prefix: str) -> str:
+    """HASH destination list key -> number of scheduled messages."""
+    return f"{ns(prefix)}counts"
+
+
+def totals(prefix: str) -> str:
+    """HASH of lifetime counters: scheduled, moved, dead, expired, cancelled."""
+    return f"{ns(prefix)}totals"
+
+
+def dead(prefix: str) -> str:
+    """LIST of envelopes that could not be parsed (dead letters)."""
+    return f"{ns(prefix)}dead"
+
+
+def movers(prefix: str) -> str:
+    """ZSET mover id -> last heartbeat (epoch ms, Redis clock)."""
+    return f"{ns(prefix)}movers"
+
+
+def wake_channel(prefix: str) -> str:
+    """Pub/sub channel a publish uses to wake movers for an earlier due time."""
+    return f"{ns(prefix)}wake"
+
+
+def destination(prefix: str, queue: str, priority: int, sep: str) -> str:
+    """Return kombu's list key for ``queue`` at an already-stepped priority.
+
+    Mirrors ``kombu.transport.redis.Channel._q_for_pri`` plus the global key
+    prefix that kombu's client would add to ``LPUSH``.
+    """
+    if priority:
+        return f"{prefix}{queue}{sep}{priority}"
+    return f"{prefix}{queue}"
+
+
+def queue_of(dest: str, prefix: str, sep: str) -> str:
+    """Return the queue name of a destination key (inverse of :func:`destination`)."""
+    name = dest[len(prefix) :] if prefix and dest.startswith(prefix) else dest
+    base, found, pri = name.rpartition(sep)
+    return base if found and pri.isdigit() else name
+
+
+def score(due_ms: int, seq: int) -> float:
+    """Return the bucket score of an envelope; ``floor(score) == due_ms``."""
+    return due_ms + seq / SEQ_SLOTS
+
+
+def score_text(value: float) -> str:
+    """Format a score so Redis parses it back to the identical double."""
+    return repr(float(value))

@@ -1,0 +1,16 @@
+--[[ heartbeat: record that a mover is alive, by the Redis clock, and forget long-dead movers.
+
+KEYS[1] movers  ZSET  <ns>movers   mover id -> last heartbeat, epoch ms
+ARGV[1] mover_id
+ARGV[2] forget_after  drop movers silent for longer than this, ms
+Returns: now_ms
+Bound: O(log n + dropped) in the number of movers.
+]]
+local movers = KEYS[1]
+local mover_id = ARGV[1]
+local forget_after = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', movers, now, mover_id)
+redis.call('ZREMRANGEBYSCORE', movers, '-inf', '(' .. string.format('%d', now - forget_after))
+return now

@@ -1,0 +1,158 @@
+--[[ move: move due envelopes onto their destination lists, oldest first, across every due bucket.
+
+KEYS[1] index   ZSET  <ns>buckets   member = score = bucket start (epoch ms)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see schedule.lua)
+KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
+KEYS[4] totals  HASH  <ns>totals    lifetime counters
+KEYS[5] dead    LIST  <ns>dead      envelopes that cannot be parsed
+ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
+ARGV[2] limit    most envelopes examined in this call
+ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never)
+Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
+          dead, held, expired, wrongtype, more (1 if the limit was reached), lateness_ms...}
+         with one lateness_ms (now - due) per moved envelope, in move order.
+Bound: examines at most ARGV[2] envelopes and ARGV[2] buckets.
+
+Each envelope is removed with ZREM and pushed with LPUSH inside this one script, so a crash
+can neither lose nor duplicate it, and several movers can run it at once: a member another
+mover already moved is simply not there any more.
+]]
+local index, ids, counts, totals, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ns = ARGV[1]
+local limit = tonumber(ARGV[2])
+local max_len = tonumber(ARGV[3])
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[2]) % 1000
+local upper = '(' .. string.format('%d', now + 1)  -- floor(score) <= now, never earlier
+
+local moved, dead_n, held, expired, wrong = 0, 0, 0, 0, 0
+local lateness = {}
+local budget = limit
+local blocked = {}   -- dest -> true when it must not be written this call
+
+local function drop_ref(task_id, ref)
+  local refs = redis.call('HGET', ids, task_id)
+  if not refs then return end
+  if refs == ref then
+    redis.call('HDEL', ids, task_id)
+    return
+  end
+  local s, e = string.find(' ' .. refs .. ' ', ' ' .. ref .. ' ', 1, true)
+  if s then
+    local padded = ' ' .. refs .. ' '
+    local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
+    rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
+    if rest == '' then redis.call('HDEL', ids, task_id) else redis.call('HSET', ids, task_id, rest) end
+  end
+end
+
+local function can_write(dest)
+  local state = blocked[dest]
+  if state == nil then
+    local kind = redis.call('TYPE', dest)['ok']
+    if kind ~= 'list' and kind ~= 'none' then
+      state = 'wrongtype'
+    elseif max_len > 0 and redis.call('LLEN', dest) >= max_len then
+      state = 'held'
+    else
+      state = false
+    end
+    blocked[dest] = state
+  end
+  return state
+end
+
+local starts = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit)
+for _, start_s in ipairs(starts) do
+  if budget <= 0 then break end
+  local start = tonumber(start_s)
+  local bucket = ns .. 'bucket:' .. start_s
+  local meta = ns .. 'meta:' .. start_s
+  local offset = 0
+  local scanned_any = false
+  while budget > 0 do
+    local batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
+    if #batch == 0 then break end
+    scanned_any = true
+    local removed = {}
+    local pushes, order = {}, {}
+    local per_dest = {}
+    for i = 1, #batch, 2 do
+      local member, score = batch[i], tonumber(batch[i + 1])
+      budget = budget - 1
+      local _, hdr_end, il, dl = string.find(member, '^(%d+):(%d+):')
+      il, dl = tonumber(il), tonumber(dl)
+      if not hdr_end or dl == 0 or #member <= hdr_end + il + dl then
+        removed[#removed + 1] = member
+        redis.call('LPUSH', dead, member)
+        dead_n = dead_n + 1
+      else
+        local task_id = string.sub(member, hdr_end + 1, hdr_end + il)
+        local dest = string.sub(member, hdr_end + il + 1, hdr_end + il + dl)
+        local state = can_write(dest)
+        if state then
+          offset = offset + 1
+          if state == 'held' then held = held + 1 else wrong = wrong + 1 end
+        else
+          removed[#removed + 1] = member
+          if not pushes[dest] then
+            pushes[dest] = {}
+            order[#order + 1] = dest
+          end
+          local list = pushes[dest]
+          list[#list + 1] = string.sub(member, hdr_end + il + dl + 1)
+          per_dest[dest] = (per_dest[dest] or 0) + 1
+          local due = math.floor(score)
+          lateness[#lateness + 1] = now - due
+          local seq = (score - due) * 4096
+          drop_ref(task_id, start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
+        end
+      end
+    end
+    if #removed > 0 then
+      redis.call('ZREM', bucket, unpack(removed))
+    end
+    for _, dest in ipairs(order) do
+      redis.call('LPUSH', dest, unpack(pushes[dest]))
+      local n = per_dest[dest]
+      moved = moved + n
+      if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
+      redis.call('HINCRBY', meta, 'q:' .. dest, -n)
+    end
+  end
+  if redis.call('EXISTS', bucket) == 0 then
+    -- Emptied by moves, or gone (expired after its grace, or deleted by hand): in the
+    -- second case its remaining counts are still in the meta hash; settle them.
+    local fields = redis.call('HGETALL', meta)
+    for i = 1, #fields, 2 do
+      local name, n = fields[i], tonumber(fields[i + 1])
+      if string.sub(name, 1, 2) == 'q:' and n > 0 then
+        local dest = string.sub(name, 3)
+        expired = expired + n
+        if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
+      end
+    end
+    redis.call('DEL', meta)
+    redis.call('ZREM', index, start_s)
+  elseif not scanned_any then
+    break  -- this bucket's members are all in the future, and so is every later bucket
+  end
+end
+
+if moved > 0 then redis.call('HINCRBY', totals, 'moved', moved) end
+if dead_n > 0 then redis.call('HINCRBY', totals, 'dead', dead_n) end
+if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
+
+local next_due = -1
+local first = redis.call('ZRANGE', index, 0, 0)[1]
+if first then
+  local head = redis.call('ZRANGE', ns .. 'bucket:' .. first, 0, 0, 'WITHSCORES')
+  if head[2] then next_due = math.floor(tonumber(head[2])) else next_due = tonumber(first) end
+end
+local more = 0
+if budget <= 0 then more = 1 end
+local reply = {moved, next_due, now, now_us, dead_n, held, expired, wrong, more}
+for i = 1, #lateness do reply[#reply + 1] = lateness[i] end
+return reply

@@ -1,0 +1,275 @@
+"""The mover loop: sleep until the next due time, then move due messages in bounded batches.
+
+It keeps a client-side timer (precise to the millisecond, unlike a blocking
+Redis timeout) and a pub/sub subscription that a publish uses to wake it for an
+earlier message. Its sleep is capped, so a lost wake-up or a wedged connection
+can never stall it for long. "Due" is judged inside the move script by the
+Redis clock alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from .config import Settings
+from .store import MoveResult, Store
+
+logger = logging.getLogger(__name__)
+
+#: How often, at most, a mover logs its progress at INFO, seconds.
+LOG_EVERY_S = 10.0
+#: How long a mover polls while messages are held by backpressure, seconds.
+HELD_POLL_S = 0.05
+#: Longest single wait slice, so a stop request is seen promptly, seconds.
+STOP_SLICE_S = 0.25
+
+
+@dataclass
+class MoverStats:
+    """Running totals of one mover, for logs and metrics."""
+
+    moved: int = 0
+    dead: int = 0
+    expired: int = 0
+    held: int = 0
+    wrongtype: int = 0
+    errors: int = 0
+    calls: int = 0
+    last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
+    lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
+
+
+class Backoff:
+    """Exponential backoff with full jitter, for reconnecting without a crash loop."""
+
+    def __init__(self, base: float = 0.1, cap: float = 5.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * 2**self.attempt)
+        self.attempt += 1
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class RateLimiter:
+    """Token bucket for ``delay_max_rate``; ``rate`` 0 means unlimited."""
+
+    def __init__(self, rate: int, burst: int) -> None:
+        self.rate = rate
+        self.capacity = float(max(1, min(burst, rate or burst)))
+        self.tokens = self.capacity
+        self.stamp = time.monotonic()
+
+    def allowance(self) -> int:
+        """Return how many messages may move now (refilling first)."""
+        if not self.rate:
+            return int(self.capacity)
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        return int(self.tokens)
+
+    def spend(self, n: int) -> None:
+        if self.rate:
+            self.tokens -= n
+
+    def wait_for_one(self) -> float:
+        """Seconds until one token is available."""
+        if not self.rate or self.tokens >= 1:
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+def mover_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Mover:
+    """Moves due messages of one :class:`Store` until :meth:`stop` is called."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        on_result: Callable[[MoveResult], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.name = name or mover_id()
+        self.stats = MoverStats()
+        self._stop = threading.Event()
+        self._on_result = on_result
+        self._on_error = on_error
+        self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
+        self._last_beat = float("-inf")
+        self._last_log = time.monotonic()
+        self._logged_moved = 0
+
+    def stop(self) -> None:
+        """Ask the loop to finish the batch in hand and return."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        """Run until :meth:`stop`. Never raises for Redis trouble: it backs off and retries."""
+        logger.info("mover %s started (prefix %r)", self.name, self.store.prefix)
+        self._warn_foreign_prefixes()
+        backoff = Backoff()
+        pubsub: redis.client.PubSub | None = None
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self.store.wake_subscription()
+                result = self.drain()
+                self._beat()
+                backoff.reset()
+                self._wait(pubsub, self._sleep_for(result))
+            except Exception as exc:  # the top of the loop: log, back off, reconnect
+                self.stats.errors += 1
+                if self._on_error is not None:
+                    self._on_error(exc)
+                if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                    logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
+                else:
+                    logger.exception("mover %s: unexpected error; retrying", self.name)
+                if pubsub is not None:
+                    _close_quietly(pubsub)
+                    pubsub = None
+                self._stop.wait(backoff.next())
+        if pubsub is not None:
+            _close_quietly(pubsub)
+        try:
+            self.store.forget_mover(self.name)
+        except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
+            logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
+        logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
+
+    def drain(self) -> MoveResult:
+        """Move until nothing is due (or the rate cap or a stop request says wait)."""
+        while True:
+            allowance = self._limiter.allowance()
+            if allowance < 1:
+                time.sleep(min(self._limiter.wait_for_one(), STOP_SLICE_S))
+                continue
+            result = self.store.move_due(
+                min(self.settings.batch_size, allowance), self.settings.max_queue_length
+            )
+            self._account(result)
+            if not result.more or result.moved == 0 or self._stop.is_set():
+                return result
+
+    def _account(self, result: MoveResult) -> None:
+        stats = self.stats
+        stats.calls += 1
+        self._limiter.spend(result.moved)
+        stats.moved += result.moved
+        stats.dead += result.dead
+        stats.expired += result.expired
+        stats.held += result.held
+        stats.wrongtype += result.wrongtype
+        if result.moved:
+            stats.last_move_at = time.time()
+        waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
+        stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
+        if result.dead:
+            logger.warning(
+                "mover %s: moved %d corrupt envelopes to the dead-letter list", self.name, result.dead
+            )
+        if result.expired:
+            logger.warning(
+                "mover %s: %d scheduled messages were lost: their bucket expired or "
+                "was deleted before it was moved",
+                self.name,
+                result.expired,
+            )
+        if result.wrongtype:
+            logger.warning(
+                "mover %s: %d due messages stay scheduled: their destination key is not a list",
+                self.name,
+                result.wrongtype,
+            )
+        logger.debug("mover %s: %s", self.name, result)
+        if self._on_result is not None:
+            self._on_result(result)
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            moved = stats.moved - self._logged_moved
+            if moved or stats.lag_ms:
+                logger.info(
+                    "mover %s: moved %d messages in the last %.0f s; lag %d ms",
+                    self.name,
+                    moved,
+                    now - self._last_log,
+                    stats.lag_ms,
+                )
+            self._last_log, self._logged_moved = now, stats.moved
+
+    def _sleep_for(self, result: MoveResult) -> float:
+        cap = self.settings.max_sleep_ms / 1000
+        if result.held or result.wrongtype or result.more:
+            return min(cap, HELD_POLL_S) if not result.wrongtype else cap
+        if result.next_due_ms is None:
+            return cap
+        # Redis times the wait, in µs: due_ms is reached when now_ms + now_us/1000 >= due_ms.
+        until_due = (result.next_due_ms - result.now_ms) - result.now_us / 1000
+        return max(0.0, min(cap, until_due / 1000))
+
+    def _wait(self, pubsub: redis.client.PubSub, seconds: float) -> None:
+        """Sleep ``seconds`` on the local clock, or less if a publish wakes us."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if pubsub.get_message(timeout=min(left, STOP_SLICE_S)) is not None:
+                while pubsub.get_message(timeout=0) is not None:
+                    pass  # several wake-ups, one drain
+                return
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
+            self.store.heartbeat(self.name)
+            self._last_beat = now
+
+    def _warn_foreign_prefixes(self) -> None:
+        try:
+            foreign = self.store.foreign_indexes()
+        except Exception:
+            logger.debug("mover %s: prefix check failed", self.name, exc_info=True)
+            return
+        if foreign:
+            logger.warning(
+                "mover %s serves key prefix %r, but this database also holds kombu-delay data "
+                "under %s; run a mover with the same global_keyprefix as each publisher, or "
+                "those messages are never delivered",
+                self.name,
+                self.store.prefix,
+                foreign,
+            )
+
+
+def _close_quietly(pubsub: redis.client.PubSub) -> None:
+    try:
+        pubsub.close()
+    except Exception:
+        logger.debug("closing the wake subscription failed", exc_info=True)

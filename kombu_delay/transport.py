@@ -1,0 +1,158 @@
+"""kombu-delay transport: kombu's Redis transport, with future-ETA messages held in Redis.
+
+Capabilities
+============
+* Selected by URL: ``delayredis://[user:pass@]host[:port][/db]``, ``delayrediss://`` (TLS,
+  always on) and ``delaysentinel://host:port;delaysentinel://host2:port`` (with the
+  ``master_name`` option). Everything else (consuming, acks, visibility timeout,
+  fanout, batched publishing, restores) is kombu's Redis transport, unchanged.
+* A message whose ETA is in the future is stored in a time-bucketed sorted set, score =
+  due time in epoch ms, until a mover (``kombu-delay mover``) pushes it onto the very
+  list key plain kombu would have used. Workers never see it before it is due.
+* A message with no ETA, an ETA already past, or one that cannot be parsed goes onto the
+  list exactly as plain kombu sends it. An unparsable ETA is logged at WARNING and counted.
+* Fanout stays immediate: pub/sub has no list to hold a message for.
+
+ETA sources, in this order
+==========================
+1. Celery protocol 2: the ``eta`` header, ISO-8601 (an offset is honoured; none means UTC).
+2. Celery protocol 1: ``eta`` in a JSON body.
+3. Plain kombu: header ``x-delay``, milliseconds from now, by the Redis clock.
+
+Transport options (``broker_transport_options``)
+================================================
+All of kombu's Redis options, including ``global_keyprefix`` (applied to every key
+kombu-delay creates), plus:
+
+* ``delay_bucket_width`` (s, default 60): width of one time bucket.
+* ``delay_grace`` (s, default 604800 = 7 days): how long a bucket outlives its end
+  before Redis expires it. Only a mover outage longer than this loses messages.
+* ``delay_max_delay`` (s, default 0 = off): refuse ETAs further out, with
+  :class:`~kombu_delay.errors.DelayTooLong`. ETAs past the year 2109 are always refused.
+* ``delay_batch_size`` (default 1000), ``delay_max_sleep`` (s, default 1),
+  ``delay_max_rate`` (msgs/s, default 0 = no cap), ``delay_max_queue_length``
+  (default 0 = off), ``delay_heartbeat_interval`` (s, default 2): mover options.
+* ``delay_embedded_mover`` (bool, default False): run a mover thread in each worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from typing import Any
+
+import redis
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+from .config import Settings
+from .errors import BadETA
+from .eta import message_due
+from .store import Scheduled, Store
+
+logger = logging.getLogger(__name__)
+
+SCHEMES = {
+    "delayredis": "kombu_delay.transport:Transport",
+    "delayrediss": "kombu_delay.transport:TLSTransport",
+    "delaysentinel": "kombu_delay.transport:SentinelTransport",
+}
+
+
+class DelayChannelMixin:
+    """The one change to kombu's channel: ``_put`` of a message due in the future."""
+
+    _delay_store: Store | None = None
+    _delay_settings: Settings | None = None
+
+    @property
+    def delay_settings(self) -> Settings:
+        if self._delay_settings is None:
+            options = self.connection.client.transport_options  # type: ignore[attr-defined]
+            self._delay_settings = Settings.from_options(options)
+        return self._delay_settings
+
+    @property
+    def delay_store(self) -> Store:
+        """A :class:`Store` on this channel's pool, with a plain client: kombu-delay
+        applies ``global_keyprefix`` itself (kombu's client would prefix ``KEYS[1]`` only)."""
+        if self._delay_store is None:
+            client = redis.Redis(connection_pool=self.pool)  # type: ignore[attr-defined]
+            self._delay_store = Store(client, self.global_keyprefix)  # type: ignore[attr-defined]
+        return self._delay_store
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        try:
+            due = message_due(message)
+        except BadETA as exc:
+            tag = (message.get("properties") or {}).get("delivery_tag")
+            logger.warning("kombu-delay: %s; delivering message %s now", exc, tag)
+            self.delay_store.count("bad_eta")
+            due = None
+        if due is None or (not due.relative and due.ms <= time.time() * 1000):
+            super()._put(queue, message, **kwargs)  # type: ignore[misc]
+            return
+        # A held message is not part of a publish batch: it is written now, in one
+        # atomic script call, and only a mover ever delivers it.
+        kwargs.pop("_publish_batch", None)
+        priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
+        dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
+        result = self.delay_store.schedule(due, dest, dumps(message), self.delay_settings)
+        if result.outcome is Scheduled.PUSHED_NOW and queue in self._expires:  # type: ignore[attr-defined]
+            with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
+                for pri in self.priority_steps:  # type: ignore[attr-defined]
+                    client.pexpire(self._q_for_pri(queue, pri), self._expires[queue])  # type: ignore[attr-defined]
+
+
+class Channel(DelayChannelMixin, kombu_redis.Channel):  # type: ignore[misc]
+    """kombu's Redis channel with delayed delivery."""
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    """``delayredis://``: kombu's Redis transport with delayed delivery."""
+
+    Channel = Channel
+
+
+class TLSTransport(Transport):
+    """``delayrediss://``: always TLS. Without ``broker_use_ssl`` options the server
+    certificate is verified against the system CAs (kombu's ``rediss://`` would not verify)."""
+
+    def __init__(self, client: Any, *args: Any, **kwargs: Any) -> None:
+        if not client.ssl:
+            client.ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        elif client.ssl is True:
+            client.ssl = {}
+        super().__init__(client, *args, **kwargs)
+
+
+class SentinelChannel(DelayChannelMixin, kombu_redis.SentinelChannel):  # type: ignore[misc]
+    """kombu's Sentinel channel with delayed delivery, reading ``delaysentinel://`` URLs."""
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        # kombu only collects alternates whose scheme is literally "sentinel"; show it
+        # our URLs under that name for the duration of the call.
+        client = self.connection.client
+        saved = client.alt
+        client.alt = [
+            "sentinel://" + url[len("delaysentinel://") :] if url.startswith("delaysentinel://") else url
+            for url in saved
+        ]
+        try:
+            return super()._sentinel_managed_pool(asynchronous)
+        finally:
+            client.alt = saved
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):  # type: ignore[misc]
+    """``delaysentinel://``: kombu's Sentinel transport with delayed delivery."""
+
+    Channel = SentinelChannel
+
+
+def register() -> None:
+    """Make the ``delay*`` URL schemes known to kombu (idempotent)."""
+    from kombu.transport import TRANSPORT_ALIASES
+
+    TRANSPORT_ALIASES.update(SCHEMES)
