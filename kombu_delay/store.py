@@ -204,6 +204,26 @@ class Store:
             raw = self.client.hgetall(self._counts)
         return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
 
+    def heartbeats(self) -> dict[str, int]:
+        """Return mover id -> last heartbeat (epoch ms, Redis clock)."""
+        with translated_errors():
+            raw = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
+        return {_text(member): int(score) for member, score in raw}
+
+    def earliest_due_ms(self) -> int | None:
+        """Return the due time of the earliest scheduled message, or ``None``.
+
+        A bucket that vanished (expired or deleted) is reported by its start,
+        so an unreconciled bucket shows up as overdue rather than hiding.
+        """
+        with translated_errors():
+            first = self.client.zrange(self._index, 0, 0)
+            if not first:
+                return None
+            start = _text(first[0])
+            head = self.client.zrange(keys.bucket(self.prefix, int(start)), 0, 0, withscores=True)
+        return int(head[0][1]) if head else int(start)
+
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms."""
         with translated_errors():
