@@ -207,7 +207,7 @@ class Store:
     def heartbeats(self) -> dict[str, int]:
         """Return mover id -> last heartbeat (epoch ms, Redis clock)."""
         with translated_errors():
-            raw = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
+            raw: list[Any] = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
         return {_text(member): int(score) for member, score in raw}
 
     def earliest_due_ms(self) -> int | None:
@@ -217,11 +217,11 @@ class Store:
         so an unreconciled bucket shows up as overdue rather than hiding.
         """
         with translated_errors():
-            first = self.client.zrange(self._index, 0, 0)
+            first: list[Any] = self.client.zrange(self._index, 0, 0)
             if not first:
                 return None
             start = _text(first[0])
-            head = self.client.zrange(keys.bucket(self.prefix, int(start)), 0, 0, withscores=True)
+            head: list[Any] = self.client.zrange(keys.bucket(self.prefix, int(start)), 0, 0, withscores=True)
         return int(head[0][1]) if head else int(start)
 
     def time_ms(self) -> int:
