@@ -8,7 +8,7 @@ and ``redis.ConnectionError`` becomes :class:`~kombu_delay.errors.RedisUnavailab
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,22 +116,7 @@ class Store:
         year-2109 ceiling; nothing is written then.
         """
         with translated_errors():
-            reply = self._scripts["schedule"](
-                keys=[self._index, self._ids, self._counts, self._totals, dest],
-                args=[
-                    self.ns,
-                    settings.bucket_width_ms,
-                    settings.grace_ms,
-                    due.ms,
-                    1 if due.relative else 0,
-                    due.task_id,
-                    dest,
-                    payload,
-                    keys.wake_channel(self.prefix),
-                    settings.max_delay_ms,
-                    keys.MAX_DUE_MS,
-                ],
-            )
+            reply = self._scripts["schedule"](*self._schedule_call(due, dest, payload, settings))
         result = ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2]))
         if result.outcome is Scheduled.TOO_FAR:
             limit = (
@@ -143,6 +128,46 @@ class Store:
                 f"message {due.task_id!r} is due in {(result.due_ms - result.now_ms) / 1000:.0f} s; {limit}"
             )
         return result
+
+    def schedule_many(
+        self, items: Iterable[tuple[Due, str, str]], settings: Settings, chunk: int = 1000
+    ) -> list[ScheduleResult]:
+        """Run :meth:`schedule` for many ``(due, dest, payload)`` items, pipelined.
+
+        For bulk loads (tests, benchmarks). Each item is still one atomic script
+        call; a ``TOO_FAR`` outcome is returned, not raised, and writes nothing.
+        """
+        script = self._scripts["schedule"]
+        results: list[ScheduleResult] = []
+        batch = list(items)
+        with translated_errors():
+            for begin in range(0, len(batch), chunk):
+                pipe = self.client.pipeline(transaction=False)
+                for due, dest, payload in batch[begin : begin + chunk]:
+                    call_keys, call_args = self._schedule_call(due, dest, payload, settings)
+                    script(keys=call_keys, args=call_args, client=pipe)
+                for reply in pipe.execute():
+                    results.append(ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2])))
+        return results
+
+    def _schedule_call(
+        self, due: Due, dest: str, payload: str, settings: Settings
+    ) -> tuple[list[str], list[Any]]:
+        call_keys = [self._index, self._ids, self._counts, self._totals, dest]
+        call_args: list[Any] = [
+            self.ns,
+            settings.bucket_width_ms,
+            settings.grace_ms,
+            due.ms,
+            1 if due.relative else 0,
+            due.task_id,
+            dest,
+            payload,
+            keys.wake_channel(self.prefix),
+            settings.max_delay_ms,
+            keys.MAX_DUE_MS,
+        ]
+        return call_keys, call_args
 
     def count(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to a lifetime counter (for example a fallback taken at publish)."""
