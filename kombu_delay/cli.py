@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from .connect import Target
+from .demo import demo
 from .errors import KombuDelayError
 from .mover import Mover
 
@@ -152,6 +153,8 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
         signal.signal(signal.SIGINT, on_signal)
         worker.run()
 
+
+main.add_command(demo)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
