@@ -13,25 +13,42 @@ from typing import Any
 import click
 
 from . import cli
-from .connect import Target
+from . import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
+from .connect import app_target
+from .errors import KombuDelayError
+from .health import health
 from .transport import register
 
 register()
 
 
 @click.group(name="delay")
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+)
 @click.pass_context
-def delay(ctx: click.Context) -> None:
+def delay(ctx: click.Context, log_level: str) -> None:
     """kombu-delay: the mover and inspection, with the app's broker settings.
+
+    The broker is the app's broker_write_url or broker_url, and every option
+    (global_keyprefix, master_name, delay_*) comes from broker_transport_options,
+    so the mover always agrees with the app's publishers.
 
     \b
     Examples:
       celery -A proj delay mover
-      celery -A proj delay stats
+      celery -A proj delay health --max-overdue 60
+      celery -A proj delay --log-level debug mover --metrics-port 9808
     """
+    cli.setup_logging(log_level)
     app: Any = ctx.obj.app
-    conf = app.conf
-    ctx.obj = Target(str(conf.broker_url), dict(conf.broker_transport_options or {}))
+    try:
+        ctx.obj = app_target(app)
+    except KombuDelayError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 @delay.command()
@@ -47,3 +64,6 @@ def mover(ctx: click.Context, metrics_port: int | None, metrics_addr: str) -> No
       celery -A proj delay mover --metrics-port 9808
     """
     cli.run_mover(cli.target(ctx), metrics_port=metrics_port, metrics_addr=metrics_addr)
+
+
+delay.add_command(health)

@@ -17,6 +17,7 @@ import click
 from .connect import Target
 from .demo import demo
 from .errors import KombuDelayError
+from .health import health
 from .mover import Mover
 
 BROKER_ENV = "KOMBU_DELAY_BROKER"
@@ -153,6 +154,8 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
         signal.signal(signal.SIGINT, on_signal)
         worker.run()
 
+
+main.add_command(health)
 
 main.add_command(demo)
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kombu.connection import Connection
+from kombu.exceptions import OperationalError
 
 from .config import Settings
+from .errors import ConfigError, RedisUnavailable
 from .store import Store, translated_errors
 from .transport import register
 
@@ -49,6 +51,21 @@ class Target:
             yield store
 
 
+def app_target(app: Any) -> Target:
+    """Return the :class:`Target` of a Celery app: its broker URL and ``broker_transport_options``.
+
+    The write URL is preferred (``broker_write_url``, else ``broker_url``, each
+    honouring Celery's environment variables): the mover writes where publishers write.
+    """
+    conf = app.conf
+    url: Any = conf.broker_write_url or conf.broker_url
+    if isinstance(url, list | tuple):
+        url = ";".join(str(one) for one in url)
+    if not url:
+        raise ConfigError("the Celery app has no broker_url")
+    return Target(str(url), dict(conf.broker_transport_options or {}))
+
+
 @contextmanager
 def open_store(url: str, transport_options: Mapping[str, Any] | None = None) -> Iterator[Store]:
     """Yield the :class:`Store` of the kombu-delay data behind ``url``."""
@@ -56,7 +73,10 @@ def open_store(url: str, transport_options: Mapping[str, Any] | None = None) -> 
     conn = Connection(delay_url(url), transport_options=dict(transport_options or {}))
     try:
         with translated_errors():
-            channel = conn.default_channel
+            try:
+                channel = conn.default_channel
+            except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
+                raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
         store: Store = channel.delay_store
         yield store
     finally:

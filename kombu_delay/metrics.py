@@ -1,4 +1,17 @@
-"""Prometheus metrics for a mover (the optional ``kombu-delay[metrics]`` extra)."""
+"""Prometheus metrics for a mover (the optional ``kombu-delay[metrics]`` extra).
+
+Series (counters carry the ``_total`` suffix on the wire):
+
+* ``kombu_delay_scheduled_messages{queue}``: gauge, messages waiting per queue (all priorities).
+* ``kombu_delay_moved_total``: counter, messages moved onto their queue lists.
+* ``kombu_delay_lateness_seconds``: histogram, due time to LPUSH of each moved message.
+* ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited.
+* ``kombu_delay_last_move_timestamp_seconds``: gauge, Unix time of the last call that moved
+  something; ``kombu_delay_last_pass_timestamp_seconds``: of the last successful move call
+  (moving or not), the liveness signal to alert on.
+* ``kombu_delay_redis_errors_total``: counter, failed calls to Redis (the mover retries).
+* ``kombu_delay_dead_letters_total``, ``kombu_delay_expired_total``: counters of anomalies.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +19,17 @@ import logging
 import time
 from typing import Any
 
+from . import keys
 from .store import MoveResult, Store
 
 logger = logging.getLogger(__name__)
 
 #: Lateness buckets (due -> LPUSH), seconds: the mover aims at milliseconds.
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: kombu's separator between a queue name and its priority step in list keys.
+KOMBU_PRIORITY_SEP = "\x06\x16"
+#: How often, at most, the per-queue scheduled counts are re-read, seconds.
+SCHEDULED_REFRESH_S = 1.0
 
 
 def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str, Any]:
@@ -39,7 +57,14 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
         registry=registry,
     )
     last_move = prom.Gauge(
-        "kombu_delay_last_move_timestamp_seconds", "Unix time of the last move.", registry=registry
+        "kombu_delay_last_move_timestamp_seconds",
+        "Unix time of the last move call that moved messages.",
+        registry=registry,
+    )
+    last_pass = prom.Gauge(
+        "kombu_delay_last_pass_timestamp_seconds",
+        "Unix time of the last successful move call, whether or not anything was due.",
+        registry=registry,
     )
     overdue_age = prom.Gauge(
         "kombu_delay_oldest_overdue_seconds",
@@ -48,7 +73,7 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
     )
     scheduled = prom.Gauge(
         "kombu_delay_scheduled_messages",
-        "Messages scheduled, per queue list key.",
+        "Messages scheduled, per queue (all priorities).",
         ["queue"],
         registry=registry,
     )
@@ -60,13 +85,19 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             errors.inc()
             logger.debug("metrics: reading counts failed", exc_info=True)
             return
-        scheduled.clear()
+        per_queue: dict[str, int] = dict.fromkeys(seen_queues, 0)  # emptied queues read 0, not vanish
         for dest, n in current.items():
-            scheduled.labels(queue=dest).set(n)
+            queue = keys.queue_of(dest, store.prefix, KOMBU_PRIORITY_SEP)
+            per_queue[queue] = per_queue.get(queue, 0) + n
+        for queue, n in per_queue.items():
+            scheduled.labels(queue=queue).set(n)
+        seen_queues.update(per_queue)
 
-    last_refresh = [0.0]
+    seen_queues: set[str] = set()
+    last_refresh = [float("-inf")]
 
     def on_result(result: MoveResult) -> None:
+        last_pass.set(time.time())
         if result.moved:
             moved.inc(result.moved)
             last_move.set(time.time())
@@ -79,7 +110,7 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
         overdue_age.set((result.now_ms - result.next_due_ms) / 1000 if waiting else 0)  # type: ignore[operator]
         now = time.monotonic()
-        if now - last_refresh[0] >= 1.0:
+        if now - last_refresh[0] >= SCHEDULED_REFRESH_S:
             last_refresh[0] = now
             collect_scheduled()
 

@@ -1,0 +1,115 @@
+"""The embedded mover: a Celery worker bootstep that runs a mover thread with its own connection.
+
+For small deployments that don't want a sidecar. The step runs in the worker's
+main process (never in prefork children), after the pool has started, and the
+thread opens its own kombu connection from the app's broker URL: it never
+touches the worker's consuming channel, whose connection is blocked in
+``BRPOP`` (sharing it crashes the worker).
+
+Install it with one line, ``app.steps['worker'].add(EmbeddedMoverStep)``, or
+set the transport option ``delay_embedded_mover=True``: when this module is
+imported (``celery`` imports it at start-up through the ``delay`` command
+plugin) a ``worker_init`` handler adds the step for apps with that option.
+Several workers with embedded movers are safe: each move is one atomic script,
+so a message is delivered once whichever mover takes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps, signals
+
+from .config import Settings
+from .connect import Target, app_target
+from .mover import Backoff, Mover, mover_id
+
+logger = logging.getLogger(__name__)
+
+#: How long a worker shutdown waits for the mover thread, seconds.
+STOP_TIMEOUT_S = 10.0
+
+
+class EmbeddedMover:
+    """A :class:`Mover` in a daemon thread; it reopens its connection after any failure."""
+
+    def __init__(self, target: Target, name: str | None = None) -> None:
+        self.target = target
+        self.name = name or "embedded:" + mover_id()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._mover: Mover | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (settings are validated first, so a bad option fails the worker)."""
+        self.target.settings()
+        self._thread = threading.Thread(target=self._run, name="kombu-delay-mover", daemon=True)
+        self._thread.start()
+        logger.info("kombu-delay: embedded mover %s started", self.name)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Ask the mover to finish its batch in hand, and wait for the thread."""
+        with self._lock:
+            self._stopping.set()
+            if self._mover is not None:
+                self._mover.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("kombu-delay: embedded mover %s did not stop in %.0f s", self.name, timeout)
+
+    @property
+    def mover(self) -> Mover | None:
+        return self._mover
+
+    def _run(self) -> None:
+        settings = self.target.settings()
+        backoff = Backoff()
+        while not self._stopping.is_set():
+            try:
+                # The Mover itself survives Redis outages; this loop covers opening the
+                # connection, which fails when Redis is down at worker start.
+                with self.target.open() as store:
+                    with self._lock:
+                        if self._stopping.is_set():
+                            return
+                        self._mover = Mover(store, settings, name=self.name)
+                    backoff.reset()
+                    self._mover.run()
+            except Exception:
+                logger.warning(
+                    "kombu-delay: embedded mover %s cannot connect; retrying", self.name, exc_info=True
+                )
+                self._stopping.wait(backoff.next())
+
+
+class EmbeddedMoverStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker bootstep: an :class:`EmbeddedMover` for the worker's app, started after the pool."""
+
+    label = "kombu-delay mover"
+    # After the pool, so prefork children are forked before the thread opens sockets.
+    requires = ("celery.worker.components:Pool",)
+
+    def create(self, worker: Any) -> EmbeddedMover:
+        return EmbeddedMover(app_target(worker.app))
+
+
+def install(app: Any) -> None:
+    """Add the embedded mover to ``app``'s workers (the same as the one-line ``steps`` add)."""
+    app.steps["worker"].add(EmbeddedMoverStep)
+
+
+def enabled(app: Any) -> bool:
+    """True when the app's transport options ask for an embedded mover."""
+    return Settings.from_options(app.conf.broker_transport_options or {}).embedded_mover
+
+
+@signals.worker_init.connect(dispatch_uid="kombu_delay.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _install_when_enabled(sender: Any = None, **kwargs: Any) -> None:
+    # worker_init fires in every WorkController just before its blueprint reads
+    # app.steps['worker'], so adding the step here is early enough.
+    if sender is not None and enabled(sender.app):
+        install(sender.app)

@@ -1,0 +1,115 @@
+"""``health``: one probe for liveness, readiness and watchdogs, from heartbeats and overdue age.
+
+It answers two questions with the Redis clock only: is some mover alive (a
+heartbeat recorded within ``--max-heartbeat-age``), and are due messages being
+moved (the oldest overdue message is younger than ``--max-overdue``)? It prints
+one line and exits 0 (healthy), 1 (unhealthy) or 2 (Redis unreachable or bad
+configuration), so it fits a Kubernetes ``exec`` probe, a systemd timer or any
+cron-style check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+
+from .connect import Target
+from .errors import KombuDelayError
+from .store import Store
+
+#: Exit statuses.
+HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the probe saw, ages in ms by the Redis clock."""
+
+    movers: int
+    #: Age of the freshest mover heartbeat; ``None`` when no mover has one.
+    heartbeat_age_ms: int | None
+    #: How long the oldest due message has been waiting; 0 when none is due.
+    overdue_ms: int
+
+    def problems(self, max_heartbeat_age_ms: int, max_overdue_ms: int) -> list[str]:
+        """Return the reasons to call this unhealthy (a threshold of 0 skips its check)."""
+        found = []
+        if max_heartbeat_age_ms:
+            if self.heartbeat_age_ms is None:
+                found.append("no mover heartbeat")
+            elif self.heartbeat_age_ms > max_heartbeat_age_ms:
+                found.append(
+                    f"no mover heartbeat within {max_heartbeat_age_ms / 1000:g} s "
+                    f"(freshest {self.heartbeat_age_ms / 1000:.1f} s ago)"
+                )
+        if max_overdue_ms and self.overdue_ms > max_overdue_ms:
+            found.append(
+                f"oldest overdue message waits {self.overdue_ms / 1000:.1f} s "
+                f"(limit {max_overdue_ms / 1000:g} s)"
+            )
+        return found
+
+    def summary(self) -> str:
+        beat = "none" if self.heartbeat_age_ms is None else f"{self.heartbeat_age_ms / 1000:.1f} s ago"
+        return (
+            f"movers {self.movers}, freshest heartbeat {beat}, oldest overdue {self.overdue_ms / 1000:.1f} s"
+        )
+
+
+def check(store: Store) -> Health:
+    """Read heartbeats and the earliest due time; judge ages by the Redis clock."""
+    beats = store.heartbeats()
+    earliest = store.earliest_due_ms()
+    now = store.time_ms()
+    freshest = max(beats.values()) if beats else None
+    return Health(
+        movers=len(beats),
+        heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
+        overdue_ms=0 if earliest is None else max(0, now - earliest),
+    )
+
+
+@click.command()
+@click.option(
+    "--max-heartbeat-age",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Unhealthy when no mover heartbeat is younger than this, s (0 = don't check).",
+)
+@click.option(
+    "--max-overdue",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Unhealthy when a due message has waited longer than this, s (0 = don't check).",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing when healthy.")
+@click.pass_context
+def health(ctx: click.Context, max_heartbeat_age: float, max_overdue: float, quiet: bool) -> None:
+    """Exit 0 when a mover is alive and due messages move; 1 when not; 2 when Redis is unreachable.
+
+    Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...".
+
+    \b
+    Examples:
+      kombu-delay -b delayredis://redis:6379/0 health
+      kombu-delay -b delayredis://redis:6379/0 health --max-heartbeat-age 10 --max-overdue 30
+      celery -A proj delay health --max-overdue 120
+    """
+    tgt = ctx.find_object(Target)
+    if tgt is None:  # pragma: no cover - both entry points set it
+        raise click.UsageError("no broker given")
+    try:
+        with tgt.open() as store:
+            seen = check(store)
+    except KombuDelayError as exc:
+        click.echo(f"UNREACHABLE: {exc}")
+        ctx.exit(UNREACHABLE)
+    problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000))
+    if problems:
+        click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
+        ctx.exit(UNHEALTHY)
+    if not quiet:
+        click.echo(f"OK: {seen.summary()}")

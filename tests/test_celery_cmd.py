@@ -1,0 +1,104 @@
+"""``celery -A app delay ...``: real ``celery`` processes, configured only by the app."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from celery import Celery
+
+from kombu_delay import keys
+
+from .conftest import ROOT, wait_until
+
+APP = "tests.ecosystem_app"
+
+
+def celery_args(*args: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", APP, *args]
+
+
+def eco_env(redis_server, options: dict[str, object]) -> dict[str, str]:
+    return {
+        "ECO_BROKER": redis_server.delay_url,
+        "ECO_OPTIONS": json.dumps(options),
+        "ECO_LEDGER": redis_server.url,
+    }
+
+
+def publisher(redis_server, options: dict[str, object]) -> Celery:
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options
+    return app
+
+
+def test_delay_mover_takes_prefix_and_delay_options_from_the_app(r, redis_server, spawn):
+    # A prefix, a 2 s bucket width (publisher side) and a queue-length cap of 2
+    # (mover side): all three must come from the app's broker_transport_options.
+    options = {"global_keyprefix": "eco1:", "delay_bucket_width": 2, "delay_max_queue_length": 2}
+    app = publisher(redis_server, options)
+    sent = [app.send_task("eco.record", ("x",), countdown=1 + i * 0.3) for i in range(5)]
+    last_due = time.time() + 1 + 4 * 0.3
+    app.close()
+    index = r.zrange(keys.buckets("eco1:"), 0, -1)
+    assert index, "nothing was scheduled under the app's prefix"
+    assert all(int(start) % 2000 == 0 for start in index)
+    assert r.llen("eco1:celery") == 0
+
+    mover = spawn(celery_args("delay", "--log-level", "debug", "mover"), env=eco_env(redis_server, options))
+    wait_until(lambda: r.llen("eco1:celery") >= 2, timeout=90)
+    # All five are due by now (+ a margin); the cap holds three while the list is full.
+    time.sleep(max(0.0, last_due - time.time()) + 1.5)
+    assert r.llen("eco1:celery") == 2
+    assert sum(int(n) for n in r.hvals(keys.counts("eco1:"))) == 3
+    delivered = []
+    while len(delivered) < len(sent):
+        raw = wait_until(lambda: r.rpop("eco1:celery"), timeout=90)
+        delivered.append(json.loads(raw)["headers"]["id"])
+    assert sorted(delivered) == sorted(s.id for s in sent)
+    assert r.llen("celery") == 0, "something was pushed without the app's prefix"
+    assert mover.stop() == 0, mover.output()
+    assert "mover" in mover.output()
+
+
+def test_delay_health_uses_the_app_prefix(r, redis_server, spawn):
+    options = {"global_keyprefix": "eco2:"}
+    env = eco_env(redis_server, options)
+
+    def health(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            celery_args("delay", "health", *flags),
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    before = health()
+    assert before.returncode == 1, before.stdout + before.stderr
+    assert before.stdout.startswith("UNHEALTHY: no mover heartbeat")
+
+    mover = spawn(celery_args("delay", "mover"), env=env)
+    wait_until(lambda: r.zcard(keys.movers("eco2:")) == 1, timeout=90)
+    during = health()
+    assert during.returncode == 0, during.stdout + during.stderr
+    assert during.stdout.startswith("OK: movers 1")
+    assert mover.stop() == 0, mover.output()
+
+
+def test_delay_mover_refuses_a_misspelt_delay_option(r, redis_server):
+    env = eco_env(redis_server, {"delay_bucket_widht": 2})
+    done = subprocess.run(
+        celery_args("delay", "mover"),
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "delay_bucket_widht" in done.stderr

@@ -1,0 +1,190 @@
+"""Metrics scraped from a real mover process, and the ``health`` probe against real movers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
+
+from kombu_delay import keys
+from kombu_delay.redis_server import RedisServer, free_port
+
+from .conftest import ROOT, wait_until
+
+SOON, LATER = 40, 10
+
+
+@pytest.fixture
+def private_server() -> Iterator[RedisServer]:
+    """A server of this test's own, so it can be stopped mid-test."""
+    with RedisServer() as server:
+        yield server
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Return {(sample name, sorted labels): value} from one GET of /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def try_scrape(port: int) -> dict | None:
+    try:
+        return scrape(port)
+    except OSError:
+        return None
+
+
+def test_metrics_while_moving(private_server, spawn, prefix):
+    client = private_server.client()
+    port = free_port()
+    started = time.time()
+    args = [sys.executable, "-m", "kombu_delay", "-b", private_server.delay_url]
+    if prefix:
+        args += ["--prefix", prefix]
+    mover = spawn([*args, "mover", "--metrics-port", str(port)], name="mover")
+    wait_until(lambda: try_scrape(port), timeout=90)
+
+    app = Celery("pub", broker=private_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    for i in range(SOON):  # due within 1..4 s, half of them on a priority list
+        app.send_task("eco.record", countdown=1 + 3 * i / SOON, priority=3 if i % 2 else None)
+    for _ in range(LATER // 2):
+        app.send_task("eco.record", countdown=600)
+        app.send_task("eco.record", countdown=600, queue="other")
+    app.close()
+
+    def lists() -> int:
+        return int(client.llen(f"{prefix}celery") + client.llen(f"{prefix}celery\x06\x163"))
+
+    last_moved = 0.0
+    scrapes = 0
+    seen_mid_move = False
+    while lists() < SOON or scrapes < 3:
+        samples = scrape(port)
+        scrapes += 1
+        moved = value(samples, "kombu_delay_moved_total")
+        # Invariants at every scrape, mid-move included.
+        assert moved == value(samples, "kombu_delay_lateness_seconds_count")
+        assert last_moved <= moved <= SOON
+        last_moved = moved
+        seen_mid_move = seen_mid_move or 0 < moved < SOON
+        time.sleep(0.2)
+        assert scrapes < 1000, "messages were not moved"
+
+    def settled() -> dict | None:
+        samples = scrape(port)
+        done = (
+            value(samples, "kombu_delay_moved_total") == SOON
+            and samples.get(("kombu_delay_scheduled_messages", (("queue", "celery"),))) == LATER // 2
+        )
+        return samples if done else None
+
+    samples = wait_until(settled, timeout=90, interval=0.2)
+    assert isinstance(samples, dict)
+    assert seen_mid_move, "no scrape landed while messages were moving"
+    assert lists() == SOON
+    assert value(samples, "kombu_delay_lateness_seconds_count") == SOON
+    assert value(samples, "kombu_delay_lateness_seconds_bucket", le="+Inf") == SOON
+    # Never early: the lateness sum is not negative, and no message is due before now.
+    assert value(samples, "kombu_delay_lateness_seconds_sum") >= 0
+    assert value(samples, "kombu_delay_scheduled_messages", queue="other") == LATER // 2
+    assert value(samples, "kombu_delay_oldest_overdue_seconds") == 0
+    assert started <= value(samples, "kombu_delay_last_move_timestamp_seconds") <= time.time()
+    assert started <= value(samples, "kombu_delay_last_pass_timestamp_seconds") <= time.time()
+    assert value(samples, "kombu_delay_redis_errors_total") == 0
+    assert value(samples, "kombu_delay_dead_letters_total") == 0
+    assert value(samples, "kombu_delay_expired_total") == 0
+
+    # Redis goes away: errors are counted, the last pass stops advancing.
+    private_server.stop()
+
+    def errors_seen() -> dict | None:
+        samples = scrape(port)
+        return samples if value(samples, "kombu_delay_redis_errors_total") > 0 else None
+
+    samples = wait_until(errors_seen, timeout=90, interval=0.2)
+    assert isinstance(samples, dict)
+    assert value(samples, "kombu_delay_moved_total") == SOON
+    assert mover.stop() == 0, mover.output()
+    client.close()
+
+
+def health(server: RedisServer, prefix: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "kombu_delay", "-b", server.delay_url]
+    if prefix:
+        args += ["--prefix", prefix]
+    return subprocess.run(
+        [*args, "health", *flags], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_health_follows_the_mover(private_server, spawn, prefix):
+    client = private_server.client()
+    env = {"KOMBU_DELAY_HEARTBEAT_INTERVAL": "0.5"}
+    args = [sys.executable, "-m", "kombu_delay", "-b", private_server.delay_url]
+    if prefix:
+        args += ["--prefix", prefix]
+
+    empty = health(private_server, prefix)
+    assert empty.returncode == 1, empty.stdout + empty.stderr
+    assert empty.stdout.startswith("UNHEALTHY: no mover heartbeat")
+
+    mover = spawn([*args, "mover"], env=env, name="mover")
+    wait_until(lambda: client.zcard(keys.movers(prefix)) == 1, timeout=90)
+    ok = health(private_server, prefix, "--max-heartbeat-age", "30", "--max-overdue", "5")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("OK: movers 1")
+
+    # A clean stop removes the heartbeat at once.
+    assert mover.stop() == 0, mover.output()
+    stopped = health(private_server, prefix)
+    assert stopped.returncode == 1, stopped.stdout
+    assert "no mover heartbeat" in stopped.stdout
+
+    # With the heartbeat check off, overdue messages alone make it unhealthy.
+    app = Celery("pub", broker=private_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    app.send_task("eco.record", countdown=0.5)
+    app.close()
+    assert health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "2").returncode == 0
+    # Sleeping is fine: what is asserted is "unhealthy after", never "how fast".
+    time.sleep(3.0)
+    overdue = health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "2")
+    assert overdue.returncode == 1, overdue.stdout
+    assert "oldest overdue message waits" in overdue.stdout
+
+    # A mover killed with SIGKILL leaves its heartbeat behind; it ages out.
+    killed = spawn([*args, "mover"], env=env, name="mover")
+    wait_until(lambda: client.llen(f"{prefix}celery") == 1, timeout=90)
+    again = health(private_server, prefix, "--max-heartbeat-age", "5", "--max-overdue", "2")
+    assert again.returncode == 0, again.stdout
+    killed.kill()
+    wait_until(
+        lambda: health(private_server, prefix, "--max-heartbeat-age", "5").returncode == 1,
+        timeout=90,
+        interval=0.5,
+    )
+    stale = health(private_server, prefix, "--max-heartbeat-age", "5")
+    assert "no mover heartbeat within 5 s" in stale.stdout
+
+    private_server.stop()
+    gone = health(private_server, prefix)
+    assert gone.returncode == 2, gone.stdout
+    assert gone.stdout.startswith("UNREACHABLE:")
+    client.close()
