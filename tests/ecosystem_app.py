@@ -1,7 +1,8 @@
 """A Celery app for the ecosystem tests, configured from the environment.
 
 ``ECO_BROKER`` is the broker URL, ``ECO_OPTIONS`` a JSON object of
-``broker_transport_options`` and ``ECO_LEDGER`` a plain ``redis://`` URL where
+``broker_transport_options``, ``ECO_EMBED_STEP`` (any value) adds the embedded
+mover step explicitly, and ``ECO_LEDGER`` a plain ``redis://`` URL where
 the ``record`` task appends one JSON line per run (task id, its ETA and the
 worker clock, both epoch ms), so a test can count runs and check their timing.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from kombu_delay.embedded import EmbeddedMoverStep
 from kombu_delay.eta import parse_iso_ms
 
 LEDGER_KEY = "eco:ledger"
@@ -29,6 +31,10 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
 )
+
+if os.environ.get("ECO_EMBED_STEP"):
+    # The one-line install of the embedded mover, without the transport option.
+    app.steps["worker"].add(EmbeddedMoverStep)
 
 _ledger: redis.Redis | None = None
 
