@@ -7,6 +7,7 @@ Importing this package registers the ``delayredis://``, ``delayrediss://`` and
 from __future__ import annotations
 
 from .config import Settings
+from .control import DelayControl, Page, ScheduledMessage, Slot, Stats
 from .errors import (
     BadETA,
     ConfigError,
@@ -26,10 +27,16 @@ __all__ = [
     "BadETA",
     "ConfigError",
     "CorruptMember",
+    "DelayControl",
     "DelayTooLong",
     "KombuDelayError",
+    "Page",
     "PayloadTooLarge",
     "RedisUnavailable",
+    "ScheduledMessage",
     "Settings",
+    "Slot",
+    "Stats",
     "__version__",
+    "register",
 ]

@@ -17,7 +17,8 @@ import redis
 
 from . import keys
 from .config import Settings
-from .errors import DelayTooLong, KombuDelayError, RedisUnavailable
+from .envelope import decode
+from .errors import CorruptMember, DelayTooLong, KombuDelayError, RedisUnavailable
 from .eta import Due
 from .scripts import Scripts
 
@@ -76,6 +77,74 @@ class MoveResult:
             more=bool(head[8]),
             lateness_ms=[int(x) for x in reply[9:]],
         )
+
+
+class Rescheduled(enum.IntEnum):
+    """What ``reschedule.lua`` did with one envelope."""
+
+    TOO_FAR = -1
+    GONE = 0
+    RESCHEDULED = 1
+    MERGED = 2
+    PUSHED_NOW = 3
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One envelope as found in its bucket (for listing, cancel and reschedule)."""
+
+    #: Start of its bucket, epoch ms.
+    start_ms: int
+    #: Its score, ``due_ms + seq/4096``.
+    score: float
+    member: bytes
+
+    @property
+    def due_ms(self) -> int:
+        return int(self.score)
+
+    @property
+    def ref(self) -> str:
+        """The id-index ref ``start:offset:seq`` of this envelope."""
+        due = int(self.score)
+        seq = round((self.score - due) * keys.SEQ_SLOTS)
+        return f"{self.start_ms}:{due - self.start_ms}:{seq}"
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A listing position: bucket start, score and how many members at that score were seen.
+
+    It names a score, never a rank, so a page does not shift when a mover drains
+    members ahead of it.
+    """
+
+    start_ms: int = 0
+    score: str = "-inf"
+    tie: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.start_ms}:{self.score}:{self.tie}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor:
+        """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
+        start, score, tie = text.split(":")
+        if score != "-inf":
+            score = keys.score_text(float(score))
+        cursor = cls(int(start), score, int(tie))
+        if cursor.start_ms < 0 or cursor.tie < 0:
+            raise ValueError(text)
+        return cursor
+
+
+@dataclass(frozen=True)
+class BucketCount:
+    """One bucket's cardinality, and how many of its members are due (``floor(score) <= now``)."""
+
+    start_ms: int
+    size: int
+    due: int
 
 
 @contextmanager
@@ -255,6 +324,187 @@ class Store:
             sec, usec = self.client.time()
         return int(sec) * 1000 + int(usec) // 1000
 
+    # -- inspection and control ---------------------------------------------------
+
+    def find(self, task_id: str) -> list[Stored]:
+        """Return the envelopes stored under ``task_id``, via the id index (no scan)."""
+        with translated_errors():
+            refs = self.client.hget(self._ids, task_id)
+            if not refs:
+                return []
+            found: list[Stored] = []
+            for ref in _text(refs).split():
+                start, offset, seq = (int(part) for part in ref.split(":"))
+                score = keys.score_text(keys.score(start + offset, seq))
+                members: list[Any] = self.client.zrangebyscore(keys.bucket(self.prefix, start), score, score)
+                for member in members:
+                    stored = Stored(start, float(score), bytes(member))
+                    if _member_id(stored.member) == task_id and stored not in found:
+                        found.append(stored)
+        return found
+
+    def cancel(self, task_id: str, refs_per_call: int = 100) -> int:
+        """Remove every envelope of ``task_id``; return how many were removed."""
+        total = 0
+        with translated_errors():
+            while True:
+                cancelled, left = self._scripts["cancel"](
+                    keys=[self._index, self._ids, self._counts, self._totals],
+                    args=[self.ns, task_id, refs_per_call],
+                )
+                total += int(cancelled)
+                if int(left) == 0:
+                    return total
+
+    def reschedule(
+        self, old: Stored, task_id: str, dest: str, payload: str, due_ms: int, settings: Settings
+    ) -> Rescheduled:
+        """Replace ``old`` by ``payload`` due at ``due_ms``, atomically (see ``reschedule.lua``)."""
+        with translated_errors():
+            reply = self._scripts["reschedule"](
+                keys=[self._index, self._ids, self._counts, self._totals, dest],
+                args=[
+                    self.ns,
+                    settings.bucket_width_ms,
+                    settings.grace_ms,
+                    old.ref,
+                    old.member,
+                    task_id,
+                    dest,
+                    payload,
+                    due_ms,
+                    keys.wake_channel(self.prefix),
+                    settings.max_delay_ms,
+                    keys.MAX_DUE_MS,
+                ],
+            )
+        return Rescheduled(int(reply[0]))
+
+    def purge(self, dests: Iterable[str], limit: int = 1000) -> int:
+        """Remove every envelope bound for one of ``dests``; return how many (loops ``purge.lua``)."""
+        wanted = sorted(set(dests))
+        if not wanted:
+            return 0
+        total = 0
+        cursor: list[Any] = [0, "-inf", 0]
+        with translated_errors():
+            while True:
+                reply = self._scripts["purge"](
+                    keys=[self._index, self._ids, self._counts, self._totals],
+                    args=[self.ns, limit, *cursor, *wanted],
+                )
+                total += int(reply[0])
+                if int(reply[1]):
+                    return total
+                cursor = [_text(reply[2]), _text(reply[3]), int(reply[4])]
+
+    def page(
+        self, after: Cursor | None, limit: int, dests: Iterable[str] | None = None, examine: int = 10_000
+    ) -> tuple[list[Stored], Cursor | None]:
+        """Return up to ``limit`` envelopes after ``after``, in (bucket, score) order.
+
+        With ``dests``, only envelopes bound for those lists are returned, and buckets
+        whose meta hash counts none of them are skipped unread. At most ``examine``
+        envelopes are read per call, so a sparse filter may return a short page; the
+        returned cursor is ``None`` when the end was reached.
+        """
+        cur = after or Cursor()
+        wanted = set(dests) if dests is not None else None
+        fields = [f"q:{d}" for d in sorted(wanted)] if wanted else []
+        out: list[Stored] = []
+        examined = 0
+        with translated_errors():
+            while True:
+                starts: list[Any] = self.client.zrangebyscore(self._index, cur.start_ms, "+inf", 0, 64)
+                if not starts:
+                    return out, None
+                for raw in starts:
+                    start = int(raw)
+                    if start != cur.start_ms:
+                        cur = Cursor(start)
+                    if wanted is not None and not self._holds(start, fields):
+                        examined += 1
+                        cur = Cursor(start + 1)
+                        continue
+                    while True:
+                        if len(out) >= limit or examined >= examine:
+                            return out, cur
+                        want = min(examine - examined, max(limit - len(out), 100 if wanted else 1))
+                        batch: list[Any] = self.client.zrangebyscore(
+                            keys.bucket(self.prefix, start), cur.score, "+inf", cur.tie, want, withscores=True
+                        )
+                        for member, score in batch:
+                            text = keys.score_text(score)
+                            cur = Cursor(start, text, cur.tie + 1 if text == cur.score else 1)
+                            examined += 1
+                            stored = Stored(start, float(score), bytes(member))
+                            if wanted is None or _member_dest(stored.member) in wanted:
+                                out.append(stored)
+                                if len(out) >= limit:
+                                    return out, cur
+                            if examined >= examine:
+                                return out, cur
+                        if len(batch) < want:
+                            cur = Cursor(start + 1)
+                            break
+                if len(starts) < 64:
+                    return out, None
+
+    def _holds(self, start: int, fields: list[str]) -> bool:
+        if not fields:
+            return False
+        values: list[Any] = self.client.hmget(keys.meta(self.prefix, start), fields)
+        return sum(max(0, int(v)) for v in values if v is not None) > 0
+
+    def census(self, until_ms: int, now_ms: int, max_buckets: int = 10_000) -> tuple[list[BucketCount], bool]:
+        """Return the cardinality of every bucket starting before ``until_ms`` (oldest first),
+        with how many of its members are due at ``now_ms``, and whether ``max_buckets`` cut
+        the list. O(log n) per bucket: ZCARD and ZCOUNT, never a read of members."""
+        with translated_errors():
+            raw: list[Any] = self.client.zrangebyscore(
+                self._index, "-inf", f"({until_ms}", 0, max_buckets + 1
+            )
+            starts = [int(s) for s in raw[:max_buckets]]
+            pipe = self.client.pipeline(transaction=False)
+            for start in starts:
+                bucket = keys.bucket(self.prefix, start)
+                pipe.zcard(bucket)
+                pipe.zcount(bucket, "-inf", f"({now_ms + 1}" if start <= now_ms else "-inf")
+            replies = pipe.execute()
+        found = [
+            BucketCount(start, int(replies[2 * i]), int(replies[2 * i + 1])) for i, start in enumerate(starts)
+        ]
+        return found, len(raw) > max_buckets
+
+    def totals(self) -> dict[str, int]:
+        """Return the lifetime counters (scheduled, moved, cancelled, ...)."""
+        with translated_errors():
+            raw = self.client.hgetall(self._totals)
+        return {_text(k): int(v) for k, v in raw.items()}
+
+    def index_memory(self) -> tuple[int, int]:
+        """Return (bytes, entries) of the id index hash (``MEMORY USAGE``, all samples)."""
+        with translated_errors():
+            used = self.client.memory_usage(self._ids, samples=0)
+            entries = self.client.hlen(self._ids)
+        return int(used or 0), int(entries)
+
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _member_parts(member: bytes) -> tuple[str, str]:
+    try:
+        envelope = decode(member)
+    except CorruptMember:
+        return "", ""
+    return envelope.task_id, envelope.dest
+
+
+def _member_id(member: bytes) -> str:
+    return _member_parts(member)[0]
+
+
+def _member_dest(member: bytes) -> str:
+    return _member_parts(member)[1]

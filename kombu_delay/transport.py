@@ -12,6 +12,8 @@ Capabilities
 * A message with no ETA, an ETA already past, or one that cannot be parsed goes onto the
   list exactly as plain kombu sends it. An unparsable ETA is logged at WARNING and counted.
 * Fanout stays immediate: pub/sub has no list to hold a message for.
+* Purging a queue (``celery purge``, ``Queue.purge()``) also removes its delayed messages,
+  and counts them in the number purged.
 
 ETA sources, in this order
 ==========================
@@ -103,6 +105,17 @@ class DelayChannelMixin:
             with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
                 for pri in self.priority_steps:  # type: ignore[attr-defined]
                     client.pexpire(self._q_for_pri(queue, pri), self._expires[queue])  # type: ignore[attr-defined]
+
+    def _purge(self, queue: str) -> int:
+        # ``celery purge`` and ``Queue.purge()`` mean "these tasks must not run": a delayed
+        # message left behind would reappear on the purged queue when due. So the queue's
+        # delayed messages go too, and are counted in the number purged.
+        purged = int(super()._purge(queue))  # type: ignore[misc]
+        dests = [
+            self.global_keyprefix + self._q_for_pri(queue, pri)  # type: ignore[attr-defined]
+            for pri in self.priority_steps  # type: ignore[attr-defined]
+        ]
+        return purged + self.delay_store.purge(dests)
 
 
 class Channel(DelayChannelMixin, kombu_redis.Channel):  # type: ignore[misc]

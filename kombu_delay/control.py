@@ -1,0 +1,304 @@
+"""See and control what is scheduled: stats, listing, cancel, reschedule and purge by task id.
+
+:class:`DelayControl` is the public API; the CLI (``kombu-delay stats|ls|cancel|
+reschedule|purge``) is a thin layer over it. Every operation goes through the id
+index or per-bucket counters, so none of them scans the scheduled messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any
+
+import redis
+from kombu.connection import Connection
+from kombu.exceptions import OperationalError
+
+from . import keys
+from .config import Settings
+from .envelope import decode
+from .errors import CorruptMember, DelayTooLong, RedisUnavailable
+from .eta import to_ms
+from .payload import task_name, with_eta
+from .store import Cursor, Rescheduled, Store, Stored, translated_errors
+from .transport import register
+
+HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class ScheduledMessage:
+    """One scheduled message, as :meth:`DelayControl.scheduled` lists it."""
+
+    #: Celery task id (or kombu message id): the id cancel and reschedule take.
+    task_id: str
+    #: Celery task name, when the payload is a Celery task.
+    task: str | None
+    #: Queue name, and the exact list key the mover will push onto.
+    queue: str
+    dest: str
+    #: Due time, epoch ms (Redis clock).
+    due_ms: int
+    #: Payload size, bytes.
+    size: int
+
+    @property
+    def eta(self) -> datetime:
+        """The due time as an aware UTC datetime."""
+        return datetime.fromtimestamp(self.due_ms / 1000, UTC)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of :meth:`DelayControl.scheduled`; pass ``cursor`` back for the next."""
+
+    items: list[ScheduledMessage]
+    #: Opaque position after the last item; ``None`` when the listing is complete.
+    cursor: str | None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One row of the due-time histogram: messages due in ``[start_ms, end_ms)``."""
+
+    start_ms: int
+    end_ms: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A cheap snapshot of what is scheduled (counters and bucket sizes, no member reads)."""
+
+    #: Redis clock when taken, epoch ms.
+    now_ms: int
+    #: Messages scheduled in all, per destination list key, and per queue name.
+    scheduled: int
+    by_destination: dict[str, int]
+    by_queue: dict[str, int]
+    #: Due time of the earliest scheduled message, epoch ms; ``None`` when none is.
+    earliest_due_ms: int | None
+    #: Messages already due but not moved yet, and the age of the oldest (mover lag), ms.
+    overdue: int
+    oldest_overdue_ms: int
+    #: Due-time histogram for the coming hours (slot 0 starts now), and what is due after it.
+    histogram: list[Slot]
+    later: int
+    #: True when a bucket limit cut the overdue count or the histogram short.
+    truncated: bool
+    #: Mover id -> last heartbeat, epoch ms (Redis clock).
+    movers: dict[str, int]
+    #: Lifetime counters: scheduled, moved, cancelled, rescheduled, purged, expired, dead, ...
+    totals: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def last_heartbeat_ms(self) -> int | None:
+        """The most recent mover heartbeat, epoch ms, or ``None`` if no mover is known."""
+        return max(self.movers.values(), default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the snapshot as JSON-ready data."""
+        data = asdict(self)
+        data["last_heartbeat_ms"] = self.last_heartbeat_ms
+        return data
+
+
+class DelayControl:
+    """Inspect and control kombu-delay's scheduled messages.
+
+    Build it from a broker URL (``delayredis://``, or plain ``redis://``, ``rediss://``,
+    ``sentinel://`` of the same server) plus ``broker_transport_options`` (for
+    ``global_keyprefix``), or from a kombu :class:`~kombu.Connection`, for example
+    ``app.connection_for_write()``. It connects on first use, is safe to share between
+    threads, and should be closed (or used as a context manager) when it owns the connection.
+
+    Example::
+
+        control = DelayControl("delayredis://localhost:6379/0")
+        control.cancel(result.id)                    # -> 1
+        control.reschedule(task_id, countdown=60)    # -> 1
+    """
+
+    def __init__(self, broker: str | Connection, transport_options: dict[str, Any] | None = None) -> None:
+        register()
+        if isinstance(broker, str):
+            from .connect import delay_url
+
+            self._conn = Connection(delay_url(broker), transport_options=dict(transport_options or {}))
+            self._owned = True
+        else:
+            self._conn = broker
+            self._owned = False
+        self._lock = threading.Lock()
+        self._store: Store | None = None
+        self._settings = Settings.from_options(self._conn.transport_options)
+        self._sep = "\x06\x16"
+        self._steps: list[int] = [0]
+
+    @property
+    def store(self) -> Store:
+        """The :class:`~kombu_delay.store.Store` behind this control (opened on first use)."""
+        with self._lock:
+            if self._store is None:
+                with translated_errors():
+                    try:
+                        channel = self._conn.default_channel
+                    except OperationalError as exc:  # kombu's wrapper of redis-py's connection errors
+                        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                self._sep = str(channel.sep)
+                self._steps = [int(p) for p in channel.priority_steps]
+                found = getattr(channel, "delay_store", None)
+                if found is None:  # a plain redis:// Connection: same server, same keys
+                    found = Store(redis.Redis(connection_pool=channel.pool), channel.global_keyprefix)
+                self._store = found
+            return self._store
+
+    def close(self) -> None:
+        """Release the connection, if this control opened it."""
+        if self._owned:
+            self._conn.release()
+
+    def __enter__(self) -> DelayControl:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def queue_of(self, dest: str) -> str:
+        """Return the queue name of a destination list key."""
+        store = self.store
+        return keys.queue_of(dest, store.prefix, self._sep)
+
+    def cancel(self, task_id: str) -> int:
+        """Unschedule every pending message of ``task_id``; return how many were removed.
+
+        A retry reuses its task id, so one id can have several pending messages: all of
+        them are cancelled. 0 means nothing was scheduled under that id (never published
+        with an ETA, already moved to its queue, or already cancelled).
+        """
+        return self.store.cancel(task_id)
+
+    def find(self, task_id: str) -> list[ScheduledMessage]:
+        """Return the pending messages of ``task_id`` (through the id index, O(log n))."""
+        return [m for m in (self._message(s) for s in self.store.find(task_id)) if m is not None]
+
+    def reschedule(self, task_id: str, eta: datetime | None = None, countdown: float | None = None) -> int:
+        """Move every pending message of ``task_id`` to a new due time; return how many.
+
+        Give ``eta`` (an aware datetime; naive ones raise :class:`~kombu_delay.BadETA`) or
+        ``countdown`` (seconds from now, by the Redis clock). The ETA carried inside a
+        Celery message is rewritten too, so a worker runs it at the new time. A new time
+        already past sends the message to its queue now. Raises
+        :class:`~kombu_delay.DelayTooLong` past ``delay_max_delay``.
+        """
+        if (eta is None) == (countdown is None):
+            raise TypeError("give exactly one of eta= or countdown=")
+        store = self.store
+        due_ms = to_ms(eta) if eta is not None else store.time_ms() + round(float(countdown or 0) * 1000)
+        done = 0
+        for stored in store.find(task_id):
+            try:
+                envelope = decode(stored.member)
+            except CorruptMember:
+                continue
+            payload = with_eta(envelope.payload, due_ms)
+            outcome = store.reschedule(
+                stored, envelope.task_id, envelope.dest, payload, due_ms, self._settings
+            )
+            if outcome is Rescheduled.TOO_FAR:
+                raise DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
+            if outcome is not Rescheduled.GONE:
+                done += 1
+        return done
+
+    def purge(self, queue: str) -> int:
+        """Remove every scheduled message bound for ``queue`` (all its priority lists).
+
+        Returns how many were removed. Messages already moved onto the queue's lists
+        are not touched; ``celery purge`` removes those (and, with kombu-delay, these too).
+        """
+        store = self.store
+        dests = {d for d in store.counts() if self.queue_of(d) == queue}
+        dests.update(keys.destination(store.prefix, queue, p, self._sep) for p in self._steps)
+        return store.purge(dests)
+
+    def scheduled(self, queue: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:
+        """Return one page of scheduled messages, earliest bucket first.
+
+        Pass the returned ``cursor`` back for the next page. The cursor is a position by
+        due time, not by rank, so pages neither repeat nor skip messages while a mover
+        moves due ones away. With ``queue``, a page may come back short (the read per
+        call is bounded); keep paging until ``cursor`` is ``None``.
+        """
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        after = Cursor.parse(cursor) if cursor else None
+        store = self.store
+        dests = None
+        if queue is not None:
+            dests = {d for d in store.counts() if self.queue_of(d) == queue}
+            if not dests:
+                return Page([], None)
+        found, nxt = store.page(after, limit, dests)
+        items = [m for m in (self._message(s) for s in found) if m is not None]
+        return Page(items, str(nxt) if nxt is not None else None)
+
+    def stats(self, hours: float = 12, slot_minutes: float = 60, max_buckets: int = 10_000) -> Stats:
+        """Return counts per queue, the earliest due time, overdue messages (mover lag),
+        a due-time histogram for the next ``hours`` and the movers' last heartbeats.
+
+        Cost is per bucket (``ZCARD``/``ZCOUNT``), never per message; the histogram's
+        resolution is one bucket width.
+        """
+        store = self.store
+        now = store.time_ms()
+        slot_ms = max(1, round(slot_minutes * 60_000))
+        slots = max(1, round(hours * HOUR_MS / slot_ms))
+        by_dest = store.counts()
+        by_queue: dict[str, int] = {}
+        for dest, n in by_dest.items():
+            name = self.queue_of(dest)
+            by_queue[name] = by_queue.get(name, 0) + n
+        census, truncated = store.census(now + slots * slot_ms, now, max_buckets)
+        counts = [0] * slots
+        overdue = 0
+        for bucket in census:
+            overdue += bucket.due
+            index = max(0, (bucket.start_ms - now) // slot_ms)
+            counts[min(index, slots - 1)] += bucket.size - bucket.due
+        total = sum(by_dest.values())
+        earliest = store.earliest_due_ms()
+        oldest = now - earliest if earliest is not None and earliest <= now and overdue else 0
+        return Stats(
+            now_ms=now,
+            scheduled=total,
+            by_destination=by_dest,
+            by_queue=by_queue,
+            earliest_due_ms=earliest,
+            overdue=overdue,
+            oldest_overdue_ms=oldest,
+            histogram=[Slot(now + i * slot_ms, now + (i + 1) * slot_ms, c) for i, c in enumerate(counts)],
+            later=max(0, total - overdue - sum(counts)),
+            truncated=truncated,
+            movers=store.heartbeats(),
+            totals=store.totals(),
+        )
+
+    def _message(self, stored: Stored) -> ScheduledMessage | None:
+        try:
+            envelope = decode(stored.member)
+        except CorruptMember:
+            return None
+        return ScheduledMessage(
+            task_id=envelope.task_id,
+            task=task_name(envelope.payload),
+            queue=self.queue_of(envelope.dest),
+            dest=envelope.dest,
+            due_ms=stored.due_ms,
+            size=len(envelope.payload),
+        )

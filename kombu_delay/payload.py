@@ -1,0 +1,84 @@
+"""Read and rewrite a stored kombu message (the JSON string plain kombu would push), in Python.
+
+Lua never decodes a payload (a Lua decode and re-encode corrupts JSON); the
+few fields inspection needs are read, and the ETA rewritten, here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+
+def iso_utc(ms: int) -> str:
+    """Return epoch ``ms`` as ISO-8601 in UTC with an explicit offset (Celery's ``eta`` form)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def _load(payload: bytes | str) -> dict[str, Any] | None:
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _body(message: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the decoded JSON body of a Celery protocol 1 message, else ``None``."""
+    if message.get("content-type") != "application/json":
+        return None
+    body = message.get("body")
+    props = message.get("properties") or {}
+    try:
+        if props.get("body_encoding") == "base64" and isinstance(body, str):
+            body = base64.b64decode(body)
+        decoded = json.loads(body) if isinstance(body, str | bytes) else None
+    except ValueError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def task_name(payload: bytes | str) -> str | None:
+    """Return the Celery task name of a payload (protocol 2 or 1), or ``None``."""
+    message = _load(payload)
+    if message is None:
+        return None
+    headers = message.get("headers") or {}
+    name = headers.get("task")
+    if name is None:
+        body = _body(message)
+        name = body.get("task") if body is not None else None
+    return name if isinstance(name, str) else None
+
+
+def with_eta(payload: bytes | str, due_ms: int) -> str:
+    """Return ``payload`` with its Celery ETA set to ``due_ms``.
+
+    A worker holds a message in memory until the ETA it carries, whatever time it
+    was delivered, so a message rescheduled earlier must carry its new ETA too.
+    Protocol 2: the ``eta`` header; protocol 1: ``eta`` in the JSON body (base64
+    ``body_encoding`` kept). Other messages (``x-delay``) are returned unchanged:
+    their delivery time is the envelope's score alone.
+    """
+    text = payload.decode("utf-8") if isinstance(payload, bytes) else payload
+    message = _load(text)
+    if message is None:
+        return text
+    eta = iso_utc(due_ms)
+    headers = message.get("headers") or {}
+    if "task" in headers:
+        headers["eta"] = eta
+        return json.dumps(message)
+    body = _body(message)
+    if body is None or "task" not in body:
+        return text
+    body["eta"] = eta
+    encoded = json.dumps(body).encode("utf-8")
+    props = message.get("properties") or {}
+    if props.get("body_encoding") == "base64":
+        message["body"] = base64.b64encode(encoded).decode("ascii")
+    else:
+        message["body"] = encoded.decode("utf-8")
+    return json.dumps(message)

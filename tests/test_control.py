@@ -1,0 +1,441 @@
+"""DelayControl on a real Redis: cancel, reschedule, listing, stats and purge, with and without
+``global_keyprefix``; end to end with a real mover process and a real Celery worker."""
+
+from __future__ import annotations
+import __future__
+
+import base64
+import json
+import subprocess
+import sys
+import time
+import types
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from celery import Celery
+from kombu import Connection, Exchange, Producer, Queue
+
+import kombu_delay
+from kombu_delay import BadETA, DelayControl, keys
+from kombu_delay.config import Settings
+from kombu_delay.envelope import decode
+from kombu_delay.eta import Due
+from kombu_delay.store import Rescheduled
+
+from .conftest import ROOT, wait_until
+from .inspect_app import LEDGER_KEY
+
+SEP = "\x06\x16"
+
+
+def options(prefix: str) -> dict[str, object]:
+    return {"global_keyprefix": prefix} if prefix else {}
+
+
+def publisher(redis_server, prefix: str, **conf: object) -> Celery:
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options(prefix)
+    app.conf.update(conf)
+    return app
+
+
+def truth(r, prefix: str) -> Counter[str]:
+    """Count the stored envelopes per destination by reading every bucket (tests only)."""
+    found: Counter[str] = Counter()
+    for key in r.scan_iter(match=f"{keys.ns(prefix)}bucket:*"):
+        for member in r.zrange(key, 0, -1):
+            found[decode(member).dest] += 1
+    return found
+
+
+def leftover_keys(r, prefix: str) -> set[str]:
+    keep = {keys.totals(prefix), keys.movers(prefix)}
+    return {k.decode() for k in r.scan_iter(match=f"{keys.ns(prefix)}*")} - keep
+
+
+def ledger(r) -> list[dict[str, object]]:
+    return [json.loads(x) for x in r.lrange(LEDGER_KEY, 0, -1)]
+
+
+def start_worker(spawn, redis_server, prefix: str):
+    """A stock Celery worker on plain redis://: it knows nothing of kombu-delay."""
+    env = {
+        "INSPECT_BROKER": redis_server.url,
+        "INSPECT_OPTIONS": json.dumps(options(prefix)),
+        "INSPECT_LEDGER": redis_server.url,
+    }
+    args = [sys.executable, "-m", "celery", "-A", "tests.inspect_app", "worker", "-P", "solo"]
+    args += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
+    args += ["-n", f"inspect-{uuid.uuid4().hex[:6]}@%h"]
+    return spawn(args, env=env, name="worker")
+
+
+def warm_up(r, app: Celery) -> None:
+    app.send_task("inspect.record", ("warm",))
+    wait_until(lambda: any(e["tag"] == "warm" for e in ledger(r)), timeout=120)
+
+
+def test_all_lists_exactly_the_public_names():
+    public = {
+        name
+        for name, value in vars(kombu_delay).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and value is not __future__.annotations
+    }
+    assert set(kombu_delay.__all__) == public | {"__version__"}
+
+
+def test_cancel_before_eta_means_the_worker_never_runs_it(r, redis_server, spawn, start_mover, prefix):
+    app = publisher(redis_server, prefix)
+    start_mover(prefix=prefix)
+    worker = start_worker(spawn, redis_server, prefix)
+    warm_up(r, app)
+    sent = [app.send_task("inspect.record", (f"n{i}",), countdown=4) for i in range(5)]
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.cancel(sent[2].id) == 1
+        assert ctl.cancel(sent[2].id) == 0
+        last = app.send_task("inspect.record", ("last",), countdown=6)
+        wait_until(lambda: any(e["id"] == last.id for e in ledger(r)), timeout=120)
+        ran = Counter(e["tag"] for e in ledger(r))
+        assert ran == Counter({"warm": 1, "n0": 1, "n1": 1, "n3": 1, "n4": 1, "last": 1}), worker.output()
+        stats = ctl.stats()
+        assert stats.scheduled == 0
+        assert stats.totals["cancelled"] == 1
+    app.close()
+
+
+def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server, spawn, start_mover, prefix):
+    app = publisher(redis_server, prefix)
+    start_mover(prefix=prefix)
+    start_worker(spawn, redis_server, prefix)
+    warm_up(r, app)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        early = app.send_task("inspect.record", ("earlier",), countdown=14)
+        late = app.send_task("inspect.record", ("later",), countdown=2)
+        old_early_due = ctl.find(early.id)[0].due_ms
+        assert ctl.reschedule(early.id, countdown=2) == 1
+        assert ctl.reschedule(late.id, eta=datetime.now(UTC) + timedelta(seconds=7)) == 1
+        new_early_due = ctl.find(early.id)[0].due_ms
+        new_late_due = ctl.find(late.id)[0].due_ms
+        # A sentinel due after the old ETA of "earlier": when it has run, a copy left at
+        # the old time would have run too.
+        sentinel = app.send_task("inspect.record", ("sentinel",), countdown=16)
+        wait_until(lambda: any(e["id"] == sentinel.id for e in ledger(r)), timeout=180)
+    runs = {e["tag"]: [x for x in ledger(r) if x["tag"] == e["tag"]] for e in ledger(r)}
+    assert len(runs["earlier"]) == 1 and len(runs["later"]) == 1
+    (ran_early,), (ran_late,) = runs["earlier"], runs["later"]
+    assert ran_early["ran_ms"] >= new_early_due  # never before its new time
+    assert ran_late["ran_ms"] >= new_late_due
+    # The ETA inside the message was rewritten: a worker given the old one would have held
+    # "earlier" in memory until then.
+    assert ran_early["ran_ms"] < old_early_due
+    assert datetime.fromisoformat(ran_early["eta"]) == datetime.fromtimestamp(new_early_due / 1000, UTC)
+    assert datetime.fromisoformat(ran_late["eta"]) == datetime.fromtimestamp(new_late_due / 1000, UTC)
+    app.close()
+
+
+def test_cancel_of_a_retried_task_id_cancels_every_pending_message(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    task_id = str(uuid.uuid4())
+    app.send_task("inspect.record", ("first",), countdown=300, task_id=task_id)
+    app.send_task("inspect.record", ("retry",), countdown=900, task_id=task_id, retries=1)
+    other = app.send_task("inspect.record", ("other",), countdown=300)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert len(ctl.find(task_id)) == 2
+        assert ctl.cancel(task_id) == 2
+        assert ctl.find(task_id) == []
+        assert ctl.cancel("no-such-id") == 0
+        assert [m.task_id for m in ctl.find(other.id)] == [other.id]
+        assert ctl.stats().scheduled == 1
+        assert not r.hexists(keys.ids(prefix), task_id)
+    app.close()
+
+
+def _stored_payload(ctl: DelayControl, task_id: str) -> dict[str, object]:
+    (stored,) = ctl.store.find(task_id)
+    result: dict[str, object] = json.loads(decode(stored.member).payload)
+    return result
+
+
+def test_reschedule_rewrites_the_eta_inside_celery_protocol_2_and_1(r, redis_server, prefix):
+    new_eta = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        for protocol in (2, 1):
+            app = publisher(redis_server, prefix, task_protocol=protocol)
+            sent = app.send_task("inspect.record", ("p",), countdown=600)
+            assert ctl.reschedule(sent.id, eta=new_eta) == 1
+            assert ctl.find(sent.id)[0].due_ms == int(new_eta.timestamp() * 1000)
+            message = _stored_payload(ctl, sent.id)
+            if protocol == 2:
+                eta = message["headers"]["eta"]  # type: ignore[index]
+            else:
+                eta = json.loads(base64.b64decode(message["body"]))["eta"]  # type: ignore[arg-type]
+            assert datetime.fromisoformat(eta) == new_eta
+            app.close()
+
+
+def test_reschedule_keeps_an_x_delay_message_as_it_is(r, redis_server, prefix):
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        queue = Queue("plain", Exchange("plain", "direct"), "plain")
+        Producer(conn.default_channel).publish(
+            {"n": 1},
+            exchange=queue.exchange,
+            routing_key="plain",
+            declare=[queue],
+            headers={"x-delay": 60_000},
+        )
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (item,) = ctl.scheduled().items
+        before = _stored_payload(ctl, item.task_id)
+        assert ctl.reschedule(item.task_id, countdown=120) == 1
+        assert _stored_payload(ctl, item.task_id) == before
+        assert ctl.find(item.task_id)[0].due_ms > item.due_ms + 50_000
+
+
+def test_reschedule_rejects_naive_datetimes_and_needs_one_time(r, redis_server):
+    with DelayControl(redis_server.url) as ctl:
+        with pytest.raises(BadETA):
+            ctl.reschedule("x", eta=datetime(2030, 1, 1))
+        with pytest.raises(TypeError):
+            ctl.reschedule("x")
+        with pytest.raises(TypeError):
+            ctl.reschedule("x", eta=datetime.now(UTC), countdown=1)
+
+
+def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", ("x",), countdown=300)
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (stored,) = ctl.store.find(sent.id)
+        assert ctl.cancel(sent.id) == 1  # stands for a mover that moved it a moment ago
+        env = decode(stored.member)
+        outcome = ctl.store.reschedule(stored, env.task_id, env.dest, "{}", stored.due_ms + 1000, Settings())
+        assert outcome is Rescheduled.GONE
+        assert ctl.stats().scheduled == 0
+        assert leftover_keys(r, prefix) == set()
+
+
+def test_reschedule_to_a_past_time_sends_it_now(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", ("x",), countdown=300)
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.reschedule(sent.id, countdown=-1) == 1
+        (raw,) = r.lrange(f"{prefix}celery", 0, -1)
+        assert json.loads(raw)["headers"]["id"] == sent.id
+        assert ctl.stats().scheduled == 0
+        assert leftover_keys(r, prefix) == set()
+
+
+def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover, prefix):
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        start_mover(prefix=prefix)
+        wait_until(store.heartbeats, timeout=120)
+        now = store.time_ms()
+        dest = f"{prefix}celery"
+        early = [(Due(now + 1500 + 10 * i, task_id=f"e{i}"), dest, "{}") for i in range(300)]
+        late = [(Due(now + 600_000 + 10 * i, task_id=f"l{i}"), dest, "{}") for i in range(200)]
+        store.schedule_many(early + late, Settings())
+        seen: list[tuple[str, int]] = []
+        cursor = None
+        moved_while_listing = 0
+        while True:
+            page = ctl.scheduled(limit=7, cursor=cursor)
+            seen += [(m.task_id, m.due_ms) for m in page.items]
+            if page.cursor is None:
+                break
+            moved_while_listing = r.llen(dest)
+            cursor = page.cursor
+            time.sleep(0.05)
+    ids = [task_id for task_id, _ in seen]
+    assert moved_while_listing > 0, "the mover moved nothing while pages were read"
+    assert len(ids) == len(set(ids)), "a message was listed twice"
+    assert {f"l{i}" for i in range(200)} <= set(ids), "a message still scheduled was skipped"
+    assert [due for _, due in seen] == sorted(due for _, due in seen)
+    wait_until(lambda: r.llen(dest) == 300, timeout=120)
+
+
+def test_paging_and_purge_with_more_than_4096_messages_in_one_millisecond(r, redis_server, prefix):
+    # seq wraps at 4096, so members share scores: cursors and purge must count ties.
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        due = store.time_ms() + 600_000
+        items = [
+            (Due(due, task_id=f"t{i}"), f"{prefix}{'a' if i % 2 else 'b'}", json.dumps({"i": i}))
+            for i in range(5000)
+        ]
+        store.schedule_many(items, Settings())
+        assert (
+            len({s for _, s in r.zrange(keys.bucket(prefix, due - due % 60_000), 0, -1, withscores=True)})
+            == 4096
+        )
+        seen: list[str] = []
+        cursor = None
+        while True:
+            page = ctl.scheduled(limit=7, cursor=cursor)
+            seen += [m.task_id for m in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert sorted(seen) == sorted(f"t{i}" for i in range(5000))
+        only_a = []
+        cursor = None
+        while True:
+            page = ctl.scheduled(queue="a", limit=100, cursor=cursor)
+            only_a += [m.task_id for m in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert sorted(only_a) == sorted(f"t{i}" for i in range(1, 5000, 2))
+        assert store.purge([f"{prefix}b"], limit=10) == 2500
+        assert truth(r, prefix) == Counter({f"{prefix}a": 2500})
+        assert ctl.stats().by_queue == {"a": 2500}
+        assert r.hlen(keys.ids(prefix)) == 2500
+
+
+def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    celery_ids = [app.send_task("inspect.record", countdown=600).id for _ in range(6)]
+    for _ in range(4):
+        app.send_task("inspect.record", countdown=1200, queue="emails", priority=9)
+    for _ in range(3):
+        app.send_task("inspect.record", countdown=3000, queue="emails")
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        stats = ctl.stats(hours=2, slot_minutes=30)
+        assert stats.by_destination == dict(truth(r, prefix))
+        assert stats.by_queue == {"celery": 6, "emails": 7}
+        assert stats.scheduled == 13
+        assert [s.count for s in stats.histogram] == [10, 3, 0, 0]
+        assert stats.later == 0 and stats.overdue == 0
+        assert stats.earliest_due_ms is not None and stats.earliest_due_ms > stats.now_ms
+
+        # Overdue: due, but no mover has run yet.
+        now = store.time_ms()
+        quick = [(Due(now + 300, task_id=f"q{i}"), f"{prefix}celery", "{}") for i in range(5)]
+        store.schedule_many(quick, Settings())
+        time.sleep(1.0)
+        stats = ctl.stats()
+        assert stats.overdue == 5
+        assert stats.oldest_overdue_ms >= 500
+        assert stats.by_queue["celery"] == 11
+        assert store.move_due(1000).moved == 5
+        stats = ctl.stats()
+        assert (stats.overdue, stats.by_destination) == (0, dict(truth(r, prefix)))
+
+        # Cancels.
+        assert ctl.cancel(celery_ids[0]) + ctl.cancel(celery_ids[1]) == 2
+        assert ctl.stats().by_destination == dict(truth(r, prefix))
+
+        # Expiries: a bucket Redis expired (grace 0) and one deleted by hand; the counts
+        # are settled by the next move, through the bucket's meta hash.
+        now = store.time_ms()
+        short = Settings(bucket_width_ms=1000, grace_ms=0)
+        store.schedule_many(
+            [(Due(now + 200, task_id=f"x{i}"), f"{prefix}lost", "{}") for i in range(3)], short
+        )
+        gone = now + 1500 - (now + 1500) % 1000
+        store.schedule_many(
+            [(Due(gone + 10, task_id=f"d{i}"), f"{prefix}lost", "{}") for i in range(2)], short
+        )
+        wait_until(lambda: not r.exists(keys.bucket(prefix, (now + 200) - (now + 200) % 1000)), timeout=30)
+        r.delete(keys.bucket(prefix, gone))
+        wait_until(lambda: store.time_ms() > gone + 10, timeout=30)
+        assert ctl.stats().by_queue["lost"] == 5  # not settled yet
+        assert store.move_due(1000).expired == 5
+        stats = ctl.stats()
+        assert stats.by_destination == dict(truth(r, prefix))
+        assert "lost" not in stats.by_queue
+        totals = stats.totals
+        assert totals["scheduled"] == 23
+        assert (totals["moved"], totals["cancelled"], totals["expired"]) == (5, 2, 5)
+        assert (
+            totals["scheduled"] - totals["moved"] - totals["cancelled"] - totals["expired"] == stats.scheduled
+        )
+        assert stats.to_dict()["by_queue"] == {"celery": 4, "emails": 7}
+
+
+def test_purge_removes_every_priority_of_one_queue_only(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    for pri in (0, 3, 9):
+        app.send_task("inspect.record", countdown=600, queue="emails", priority=pri)
+    kept = app.send_task("inspect.record", countdown=600)
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.purge("emails") == 3
+        assert ctl.purge("emails") == 0
+        assert [m.task_id for m in ctl.scheduled().items] == [kept.id]
+        assert truth(r, prefix) == Counter({f"{prefix}celery": 1})
+        assert ctl.stats().totals["purged"] == 3
+
+
+def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    for i in range(4):
+        app.send_task("inspect.record", countdown=600, queue="emails", priority=i * 3)
+    app.send_task("inspect.record", queue="emails")  # on the list now
+    app.send_task("inspect.record", countdown=600)  # another queue: kept
+    app.close()
+    env = {"INSPECT_BROKER": redis_server.delay_url, "INSPECT_OPTIONS": json.dumps(options(prefix))}
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.inspect_app", "purge", "-f", "-Q", "emails"],
+        cwd=ROOT,
+        env={**__import__("os").environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Purged 5 messages" in out.stdout, out.stdout
+    assert truth(r, prefix) == Counter({f"{prefix}celery": 1})
+    assert r.llen(f"{prefix}emails") == 0
+
+
+def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, prefix):
+    settings = Settings(bucket_width_ms=1000)
+    dests = [f"{prefix}celery", f"{prefix}emails", f"{prefix}emails{SEP}9"]
+    expected_cancelled = expected_rescheduled = scheduled = 0
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        for n in range(4):
+            # Due 2 s on: time enough to cancel before the moves, even on a busy machine.
+            now = store.time_ms()
+            items = []
+            for i in range(2500):
+                task_id = f"t{n}-{i}"
+                due = now + 2000 + i % 500
+                items.append((Due(due, task_id=task_id), dests[i % 3], f'{{"i": {i}}}'))
+                if i % 10 == 0:  # a retry: a second pending message under the same id
+                    items.append((Due(due + 50, task_id=task_id), dests[i % 3], f'{{"r": {i}}}'))
+            outcomes = {res.outcome.name for res in store.schedule_many(items, settings)}
+            assert outcomes == {"STORED"}
+            scheduled += len(items)
+            for i in range(0, 2500, 3):
+                want = 2 if i % 10 == 0 else 1
+                assert ctl.cancel(f"t{n}-{i}") == want
+                expected_cancelled += want
+            for i in range(1, 2500, 51):  # never one of the cancelled (i % 3 == 0)
+                done = ctl.reschedule(f"t{n}-{i}", countdown=0.4 if i % 2 else -1)
+                assert done == (2 if i % 10 == 0 else 1)
+                expected_rescheduled += done
+
+            def drained() -> bool:
+                store.move_due(1000)
+                return not store.counts()
+
+            wait_until(drained, timeout=60, interval=0.05)
+        totals = store.totals()
+    assert leftover_keys(r, prefix) == set()
+    assert totals["scheduled"] == scheduled
+    assert totals["cancelled"] == expected_cancelled
+    assert totals["rescheduled"] == expected_rescheduled
+    # Every message ended on its list (moved, or pushed at once by a reschedule to the past)
+    # or was cancelled.
+    assert sum(r.llen(d) for d in dests) + totals["cancelled"] == scheduled
