@@ -67,3 +67,10 @@ def mover(ctx: click.Context, metrics_port: int | None, metrics_addr: str) -> No
 
 
 delay.add_command(health)
+
+
+# Inspection and control: stats, ls, cancel, reschedule, purge.
+from .cmd_inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
+
+for _command in _INSPECT:
+    delay.add_command(_command)

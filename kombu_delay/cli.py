@@ -159,5 +159,11 @@ main.add_command(health)
 
 main.add_command(demo)
 
+# Inspection and control: stats, ls, cancel, reschedule, purge.
+from .cmd_inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
+
+for _command in _INSPECT:
+    main.add_command(_command)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,283 @@
+"""``kombu-delay stats|ls|cancel|reschedule|purge``: the CLI over :class:`~kombu_delay.control.DelayControl`.
+
+Exit codes: 0 found or done, 1 not found (nothing scheduled under that id or for
+that queue), 2 usage error, 3 Redis unavailable or another kombu-delay error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import click
+
+from .connect import Target
+from .control import DelayControl, ScheduledMessage, Stats
+from .errors import KombuDelayError
+
+NOT_FOUND = 1
+FAILED = 3
+BAR_WIDTH = 40
+
+
+class InspectError(click.ClickException):
+    """A kombu-delay error shown to the user, exit code 3."""
+
+    exit_code = FAILED
+
+
+@contextmanager
+def control(ctx: click.Context) -> Iterator[DelayControl]:
+    """Yield a :class:`DelayControl` for the command's broker, turning errors into exit 3."""
+    tgt = ctx.find_object(Target)
+    if tgt is None:  # pragma: no cover - both entry points set it
+        raise click.UsageError("no broker given")
+    try:
+        with DelayControl(tgt.url, tgt.transport_options) as ctl:
+            yield ctl
+    except KombuDelayError as exc:
+        raise InspectError(str(exc)) from exc
+
+
+def when(ms: int) -> str:
+    """Epoch ms as a UTC time with milliseconds."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def span(ms: int) -> str:
+    """A duration for people: ``950ms``, ``12.3s``, ``4m05s``, ``3h12m``, ``2d04h``."""
+    sign, ms = ("-" if ms < 0 else ""), abs(ms)
+    if ms < 1000:
+        return f"{sign}{ms}ms"
+    if ms < 60_000:
+        return f"{sign}{ms / 1000:.1f}s"
+    minutes, seconds = divmod(ms // 1000, 60)
+    if minutes < 60:
+        return f"{sign}{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{sign}{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{sign}{days}d{hours:02d}h"
+
+
+def bar(count: int, peak: int) -> str:
+    """A terminal bar of ``count`` against ``peak`` (at least one block when non-zero)."""
+    if not count or not peak:
+        return ""
+    return "\u2588" * max(1, round(BAR_WIDTH * count / peak))
+
+
+def render_stats(stats: Stats) -> str:
+    now = stats.now_ms
+    lines = []
+    earliest = "nothing scheduled"
+    if stats.earliest_due_ms is not None:
+        left = stats.earliest_due_ms - now
+        rel = f"in {span(left)}" if left >= 0 else f"{span(-left)} ago"
+        earliest = f"earliest due {when(stats.earliest_due_ms)} UTC ({rel})"
+    lines.append(f"scheduled  {stats.scheduled:,}   {earliest}")
+    lag = f"   oldest is {span(stats.oldest_overdue_ms)} late" if stats.overdue else ""
+    more = "+" if stats.truncated else ""
+    lines.append(f"overdue    {stats.overdue:,}{more}{lag}")
+    if stats.movers:
+        beat = stats.last_heartbeat_ms or 0
+        lines.append(f"movers     {len(stats.movers)}, last heartbeat {span(now - beat)} ago")
+    else:
+        lines.append("movers     none seen (is `kombu-delay mover` running?)")
+    if stats.by_queue:
+        lines.append("queues")
+        width = max(len(q) for q in stats.by_queue)
+        for name, n in sorted(stats.by_queue.items()):
+            lines.append(f"  {name:<{width}}  {n:,}")
+    if stats.histogram:
+        slot_ms = stats.histogram[0].end_ms - stats.histogram[0].start_ms
+        lines.append(f"due times (UTC, one row per {span(slot_ms)}, row = start of slot)")
+        peak = max([s.count for s in stats.histogram] + [stats.later])
+        for slot in stats.histogram:
+            label = datetime.fromtimestamp(slot.start_ms / 1000, UTC).strftime("%H:%M:%S")
+            lines.append(f"  {label}  {bar(slot.count, peak)} {slot.count:,}")
+        lines.append(f"  {'later':<8}  {bar(stats.later, peak)} {stats.later:,}")
+    if stats.totals:
+        lines.append("lifetime   " + "  ".join(f"{k}={v:,}" for k, v in sorted(stats.totals.items())))
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--hours", type=float, default=12, show_default=True, help="Histogram horizon, hours.")
+@click.option("--slot", type=float, default=60, show_default=True, help="Histogram row width, minutes.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_context
+def stats(ctx: click.Context, hours: float, slot: float, as_json: bool) -> None:
+    """Show what is scheduled: per queue, overdue (mover lag), a due-time histogram, movers.
+
+    Cheap at any size: it reads counters and bucket sizes, never the messages.
+
+    \b
+    Examples:
+      kombu-delay -b delayredis://localhost:6379/0 stats
+      kombu-delay stats --hours 2 --slot 10
+      kombu-delay stats --json | jq .overdue
+      celery -A proj delay stats
+    """
+    if hours <= 0 or slot <= 0:
+        raise click.BadParameter("--hours and --slot must be positive")
+    with control(ctx) as ctl:
+        snapshot = ctl.stats(hours=hours, slot_minutes=slot)
+    click.echo(json.dumps(snapshot.to_dict(), indent=2) if as_json else render_stats(snapshot))
+
+
+def _row(item: ScheduledMessage, now: int) -> dict[str, object]:
+    return {
+        "task_id": item.task_id,
+        "task": item.task,
+        "queue": item.queue,
+        "eta": item.eta.isoformat(),
+        "due_ms": item.due_ms,
+        "left_ms": item.due_ms - now,
+        "size": item.size,
+    }
+
+
+@click.command(name="ls")
+@click.option("--queue", "-Q", default=None, help="Only messages bound for this queue.")
+@click.option("--limit", "-n", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--cursor", "-c", default=None, help="Continue after a previous page (its printed cursor).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {items, cursor}.")
+@click.pass_context
+def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as_json: bool) -> None:
+    """List scheduled messages, earliest first, one page at a time.
+
+    Shows task id, task name, queue, ETA (UTC), time left and payload size, then
+    the cursor of the next page. The cursor is a position in time, so paging is
+    stable while movers deliver messages.
+
+    \b
+    Examples:
+      kombu-delay ls
+      kombu-delay ls --queue emails --limit 20
+      kombu-delay ls --cursor 1764504000000:1764504012345.25:1
+      kombu-delay ls --json | jq -r '.items[].task_id'
+      celery -A proj delay ls -Q celery
+    """
+    with control(ctx) as ctl:
+        try:
+            page = ctl.scheduled(queue=queue, limit=limit, cursor=cursor)
+        except ValueError as exc:
+            raise click.BadParameter(
+                f"{cursor!r} is not a cursor printed by ls", param_hint="--cursor"
+            ) from exc
+        now = ctl.store.time_ms()
+    rows = [_row(item, now) for item in page.items]
+    if as_json:
+        click.echo(json.dumps({"items": rows, "cursor": page.cursor}, indent=2))
+        return
+    table = [["TASK ID", "TASK", "QUEUE", "ETA (UTC)", "LEFT", "SIZE"]]
+    for item in page.items:
+        left = item.due_ms - now
+        table.append(
+            [item.task_id, item.task or "-", item.queue, when(item.due_ms), span(left), str(item.size)]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if page.cursor:
+        click.echo(f"next page: --cursor {page.cursor}")
+    else:
+        click.echo("end of listing")
+
+
+@click.command()
+@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@click.pass_context
+def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
+    """Unschedule every pending message of each TASK_ID (retries share their task's id).
+
+    Exits 0 when every id had something to cancel, 1 when some did not (never
+    scheduled, already moved to its queue, or already cancelled).
+
+    \b
+    Examples:
+      kombu-delay cancel 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01
+      kombu-delay cancel ID1 ID2 ID3
+      kombu-delay ls --queue emails --json | jq -r '.items[].task_id' | xargs kombu-delay cancel
+    """
+    missing = 0
+    with control(ctx) as ctl:
+        for task_id in task_ids:
+            n = ctl.cancel(task_id)
+            if n:
+                click.echo(f"{task_id}: cancelled {n} message{'s' if n != 1 else ''}")
+            else:
+                missing += 1
+                click.echo(f"{task_id}: not scheduled", err=True)
+    if missing:
+        ctx.exit(NOT_FOUND)
+
+
+@click.command()
+@click.argument("task_id")
+@click.option("--eta", default=None, help="New due time, ISO-8601 with an offset, e.g. 2030-01-01T09:00Z.")
+@click.option("--countdown", type=float, default=None, help="New due time, seconds from now.")
+@click.pass_context
+def reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: float | None) -> None:
+    """Move TASK_ID's pending messages to a new due time (the ETA inside is rewritten too).
+
+    A due time already past sends the message to its queue now. Exits 1 when
+    nothing is scheduled under TASK_ID.
+
+    \b
+    Examples:
+      kombu-delay reschedule 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01 --countdown 300
+      kombu-delay reschedule ID --eta 2030-01-01T09:00:00+00:00
+      kombu-delay reschedule ID --countdown 0      # run it now
+    """
+    if (eta is None) == (countdown is None):
+        raise click.UsageError("give exactly one of --eta or --countdown")
+    new_eta = None
+    if eta is not None:
+        try:
+            new_eta = datetime.fromisoformat(eta)
+        except ValueError as exc:
+            raise click.BadParameter(f"{eta!r} is not ISO-8601", param_hint="--eta") from exc
+        if new_eta.tzinfo is None:
+            raise click.BadParameter(f"{eta!r} has no offset; add Z or +00:00", param_hint="--eta")
+    with control(ctx) as ctl:
+        n = ctl.reschedule(task_id, eta=new_eta, countdown=countdown)
+        found = ctl.find(task_id)
+    if not n:
+        click.echo(f"{task_id}: not scheduled", err=True)
+        ctx.exit(NOT_FOUND)
+    due = f"due {when(found[0].due_ms)} UTC" if found else "sent to its queue now"
+    click.echo(f"{task_id}: rescheduled {n} message{'s' if n != 1 else ''}, {due}")
+
+
+@click.command()
+@click.option("--queue", "-Q", required=True, help="Queue whose scheduled messages are removed.")
+@click.option("--yes", is_flag=True, help="Confirm: required, this cannot be undone.")
+@click.pass_context
+def purge(ctx: click.Context, queue: str, yes: bool) -> None:
+    """Remove every scheduled (not yet due) message bound for a queue, all priorities.
+
+    Messages already on the queue's list are not touched (`celery purge` removes
+    those, and with kombu-delay's transport these too). Exits 1 when the queue
+    had nothing scheduled.
+
+    \b
+    Examples:
+      kombu-delay purge --queue emails --yes
+      celery -A proj delay purge -Q celery --yes
+    """
+    if not yes:
+        raise click.UsageError(f"purge removes every scheduled message of {queue!r}; add --yes to confirm")
+    with control(ctx) as ctl:
+        n = ctl.purge(queue)
+    click.echo(f"{queue}: purged {n} scheduled message{'s' if n != 1 else ''}")
+    if not n:
+        ctx.exit(NOT_FOUND)
+
+
+#: The commands, for ``add_command`` on ``kombu-delay`` and ``celery ... delay``.
+COMMANDS = (stats, ls, cancel, reschedule, purge)
