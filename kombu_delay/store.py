@@ -23,8 +23,10 @@ from .eta import Due
 from .scripts import Scripts
 
 
-class RedisRefused(KombuDelayError):
-    """Redis refused a write (for example ``maxmemory`` reached under ``noeviction``)."""
+class RedisRefused(KombuDelayError, redis.ResponseError):
+    """Redis refused a write (``maxmemory`` reached under ``noeviction``, a read-only
+    replica, a failed background save). Also a ``redis.ResponseError``, so it is one of
+    kombu's ``channel_errors``, as the same refusal of plain kombu's ``LPUSH`` would be."""
 
 
 class Scheduled(enum.IntEnum):
@@ -157,8 +159,16 @@ def translated_errors() -> Iterator[None]:
             raise
         raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
     except redis.ResponseError as exc:
+        if isinstance(exc, RedisRefused):
+            raise
         text = str(exc)
-        if "OOM" in text or "READONLY" in text or "MISCONF" in text:
+        # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
+        # script's refusal in a plain error that keeps it in the text.
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:
+            raise RedisRefused(
+                f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
+            ) from exc
+        if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text or "MISCONF" in text:
             raise RedisRefused(f"Redis refused the write: {text}") from exc
         raise
 

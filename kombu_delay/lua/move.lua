@@ -44,7 +44,10 @@ local function drop_ref(task_id, ref)
     local padded = ' ' .. refs .. ' '
     local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
     rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
-    if rest == '' then redis.call('HDEL', ids, task_id) else redis.call('HSET', ids, task_id, rest) end
+    -- HDEL first: Redis refuses a script whose first write may grow memory (HSET,
+    -- LPUSH) while maxmemory is exceeded, and the mover must keep moving then.
+    redis.call('HDEL', ids, task_id)
+    if rest ~= '' then redis.call('HSET', ids, task_id, rest) end
   end
 end
 
@@ -85,7 +88,7 @@ for _, start_s in ipairs(starts) do
       local _, hdr_end, il, dl = string.find(member, '^(%d+):(%d+):')
       il, dl = tonumber(il), tonumber(dl)
       if not hdr_end or dl == 0 or #member <= hdr_end + il + dl then
-        removed[#removed + 1] = member
+        redis.call('ZREM', bucket, member)  -- before LPUSH: see drop_ref on maxmemory
         redis.call('LPUSH', dead, member)
         dead_n = dead_n + 1
       else
@@ -126,6 +129,8 @@ for _, start_s in ipairs(starts) do
     -- Emptied by moves, or gone (expired after its grace, or deleted by hand): in the
     -- second case its remaining counts are still in the meta hash; settle them.
     local fields = redis.call('HGETALL', meta)
+    redis.call('DEL', meta)  -- deletes before HINCRBY: see drop_ref on maxmemory
+    redis.call('ZREM', index, start_s)
     for i = 1, #fields, 2 do
       local name, n = fields[i], tonumber(fields[i + 1])
       if string.sub(name, 1, 2) == 'q:' and n > 0 then
@@ -134,8 +139,6 @@ for _, start_s in ipairs(starts) do
         if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
       end
     end
-    redis.call('DEL', meta)
-    redis.call('ZREM', index, start_s)
   elseif not scanned_any then
     break  -- this bucket's members are all in the future, and so is every later bucket
   end

@@ -1,0 +1,325 @@
+"""Support for the fault and load suite: a ledger of every message, a consumer that
+timestamps arrivals by the Redis clock, mover processes that can be killed, and an
+invariant check of everything kombu-delay keeps in Redis.
+
+Sizes: the CI size by default; ``KOMBU_DELAY_CHAOS=1`` (``tox -e chaos``) selects the
+large one and enables the tests marked ``chaos``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from kombu_delay import keys
+from kombu_delay.envelope import decode
+
+from .conftest import Proc
+
+CHAOS = os.environ.get("KOMBU_DELAY_CHAOS", "") == "1"
+
+#: Marks a test (or a parameter) as chaos-size: run by ``tox -e chaos``, skipped otherwise.
+chaos_only = [
+    pytest.mark.chaos,
+    pytest.mark.skipif(not CHAOS, reason="chaos size: set KOMBU_DELAY_CHAOS=1 (tox -e chaos)"),
+]
+
+#: Pops up to ARGV[1] items from KEYS[1] and returns the Redis clock with them, in one
+#: atomic step: every item was on the list at that instant, so it was pushed no later.
+POP_LUA = """
+local t = redis.call('TIME')
+local items = redis.call('RPOP', KEYS[1], ARGV[1])
+local out = {t[1], t[2]}
+if items then for _, item in ipairs(items) do out[#out + 1] = item end end
+return out
+"""
+
+
+def figures(name: str, **values: Any) -> None:
+    """Print one line of figures (``pytest -s`` shows it) and append it to the JSON-lines
+    file named by ``KOMBU_DELAY_FIGURES``, if set."""
+    line = json.dumps({"test": name, **values}, sort_keys=True)
+    print(f"\nFIGURES {line}")
+    target = os.environ.get("KOMBU_DELAY_FIGURES")
+    if target:
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+
+def message(mid: str, due_iso: str = "", queue: str = "faults", body: str = "e30=") -> str:
+    """A message in kombu's stored JSON layout: ``mid`` as its id, a fresh delivery tag."""
+    headers: dict[str, Any] = {"id": mid, "task": "faults.noop"}
+    if due_iso:
+        headers["eta"] = due_iso
+    return json.dumps(
+        {
+            "body": body,
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "body_encoding": "base64",
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "delivery_mode": 2,
+                "delivery_tag": str(uuid.uuid4()),
+                "priority": 0,
+            },
+        }
+    )
+
+
+@dataclass
+class Ledger:
+    """Every message published (id, due time, delivery tag) and every arrival."""
+
+    due: dict[str, int] = field(default_factory=dict)
+    #: Ids whose publish was retried after an error: the first attempt may have landed too.
+    uncertain: set[str] = field(default_factory=set)
+    #: id -> Redis-clock ms of each arrival.
+    arrivals: dict[str, list[int]] = field(default_factory=dict)
+    #: Delivery tag -> times seen (a tag is unique per publish attempt).
+    tags: Counter[str] = field(default_factory=Counter)
+    #: Arrivals with an id that was never published (or whose publish raised).
+    foreign: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def published(self, mid: str, due_ms: int) -> None:
+        with self.lock:
+            self.due[mid] = due_ms
+
+    def arrived(self, raw: bytes, at_ms: int) -> None:
+        decoded = json.loads(raw)
+        mid = str(decoded["headers"]["id"])
+        with self.lock:
+            self.tags[decoded["properties"]["delivery_tag"]] += 1
+            self.arrivals.setdefault(mid, []).append(at_ms)
+
+    def delivered(self) -> int:
+        with self.lock:
+            return sum(1 for mid in self.due if mid in self.arrivals)
+
+    def complete(self) -> bool:
+        return self.delivered() == len(self.due)
+
+    def lost(self) -> list[str]:
+        with self.lock:
+            return [mid for mid in self.due if mid not in self.arrivals]
+
+    def doubled(self) -> list[str]:
+        with self.lock:
+            return [mid for mid, seen in self.arrivals.items() if len(seen) > 1]
+
+    def doubled_tags(self) -> list[str]:
+        with self.lock:
+            return [tag for tag, n in self.tags.items() if n > 1]
+
+    def unknown(self) -> list[str]:
+        with self.lock:
+            return [mid for mid in self.arrivals if mid not in self.due]
+
+    def early(self) -> list[tuple[str, int, int]]:
+        """``(id, due_ms, arrival_ms)`` of every arrival seen before its due time."""
+        with self.lock:
+            return [
+                (mid, self.due[mid], at)
+                for mid, seen in self.arrivals.items()
+                if mid in self.due
+                for at in seen
+                if at < self.due[mid]
+            ]
+
+    def lateness_ms(self) -> list[int]:
+        """First arrival minus due, per delivered message (consumer polling included)."""
+        with self.lock:
+            return [min(seen) - self.due[mid] for mid, seen in self.arrivals.items() if mid in self.due]
+
+    def summary(self) -> dict[str, Any]:
+        late = sorted(self.lateness_ms())
+        return {
+            "published": len(self.due),
+            "delivered": self.delivered(),
+            "lost": len(self.lost()),
+            "doubled": len(self.doubled()),
+            "doubled_uncertain": len(set(self.doubled()) & self.uncertain),
+            "early": len(self.early()),
+            "unknown": len(self.unknown()),
+            "max_lateness_ms": late[-1] if late else None,
+            "p50_lateness_ms": late[len(late) // 2] if late else None,
+            "p99_lateness_ms": late[int(len(late) * 0.99)] if late else None,
+        }
+
+
+class Consumer:
+    """A thread popping a list in batches, stamping each arrival with the Redis clock.
+
+    It keeps going through Redis restarts (reconnecting with a short pause).
+    """
+
+    def __init__(self, client: redis.Redis, key: str, ledger: Ledger, batch: int = 1000) -> None:
+        self.client, self.key, self.ledger, self.batch = client, key, ledger, batch
+        self.errors = 0
+        self._pop = client.register_script(POP_LUA)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="consumer", daemon=True)
+
+    def __enter__(self) -> Consumer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def poll_once(self) -> int:
+        reply = self._pop(keys=[self.key], args=[self.batch])
+        at_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
+        for raw in reply[2:]:
+            self.ledger.arrived(raw, at_ms)
+        return len(reply) - 2
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.poll_once() == 0:
+                    self._stop.wait(0.002)
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                self.errors += 1
+                self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+class Movers:
+    """``kombu-delay mover`` processes on one broker URL, killed and restarted by PID."""
+
+    def __init__(
+        self, url: str, log_dir: Path, *args: str, prefix: str = "", env: dict[str, str] | None = None
+    ) -> None:
+        self.url, self.log_dir, self.args, self.prefix, self.env = url, log_dir, list(args), prefix, env
+        #: The current mover in each slot.
+        self.procs: list[Proc] = []
+        #: Every mover ever started, killed ones included.
+        self.history: list[Proc] = []
+
+    def spawn(self) -> Proc:
+        cmd = [sys.executable, "-m", "kombu_delay", "--broker", self.url, "--log-level", "info"]
+        if self.prefix:
+            cmd += ["--prefix", self.prefix]
+        proc = Proc(
+            [*cmd, "mover", *self.args], self.env, log=self.log_dir / f"mover-{len(self.history)}.log"
+        )
+        self.history.append(proc)
+        return proc
+
+    def start(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.procs.append(self.spawn())
+
+    def restart(self, slot: int) -> None:
+        """SIGKILL the mover in ``slot`` (by PID) and start a fresh one in its place."""
+        self.procs[slot].kill()
+        self.procs[slot] = self.spawn()
+
+    def stop(self) -> list[int]:
+        """SIGTERM every current mover; return their exit codes (0 = clean)."""
+        return [p.stop() for p in self.procs]
+
+    def cleanup(self) -> None:
+        for proc in self.history:
+            proc.stop()
+
+    def __enter__(self) -> Movers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def logs(self) -> str:
+        return "\n".join(p.output() for p in self.history)
+
+
+def started(proc: Proc) -> bool:
+    """True once a mover process has logged that its loop runs."""
+    return " started (prefix " in proc.output()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until truthy; return False (not raise) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process, KiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def consistency(client: redis.Redis, prefix: str = "") -> dict[str, int]:
+    """Check every invariant between kombu-delay's keys at rest; return the totals.
+
+    - the bucket index, the bucket keys and the per-bucket meta keys name the same buckets;
+    - each bucket's meta counts equal its members per destination; ``counts`` is their sum;
+    - each id-index ref points at one stored member, and every member has one ref;
+    - ``scheduled - moved - expired - cancelled`` equals the members still stored.
+
+    Call it only while no mover runs (or after the movers saw every due bucket).
+    """
+    ns = keys.ns(prefix)
+    index = {_text(m) for m in client.zrange(keys.buckets(prefix), 0, -1)}
+    bucket_keys = {
+        _text(k)[len(ns + "bucket:") :] for k in client.scan_iter(match=ns + "bucket:*", count=1000)
+    }
+    meta_keys = {_text(k)[len(ns + "meta:") :] for k in client.scan_iter(match=ns + "meta:*", count=1000)}
+    assert index == bucket_keys, f"index {sorted(index)} != buckets {sorted(bucket_keys)}"
+    assert meta_keys <= index, f"meta without a bucket: {sorted(meta_keys - index)}"
+    per_dest: Counter[str] = Counter()
+    members: dict[tuple[str, float], str] = {}
+    for start in index:
+        in_bucket: Counter[str] = Counter()
+        for member, score in client.zrange(keys.bucket(prefix, int(start)), 0, -1, withscores=True):
+            env = decode(member)
+            in_bucket[env.dest] += 1
+            members[(start, float(score))] = env.task_id
+        meta = {_text(k): int(v) for k, v in client.hgetall(keys.meta(prefix, int(start))).items()}
+        meta_counts = {k[2:]: v for k, v in meta.items() if k.startswith("q:") and v}
+        assert meta_counts == dict(in_bucket), f"bucket {start}: meta {meta_counts} != {dict(in_bucket)}"
+        per_dest.update(in_bucket)
+    counts = {_text(k): int(v) for k, v in client.hgetall(keys.counts(prefix)).items() if int(v)}
+    assert counts == dict(per_dest), f"counts {counts} != members {dict(per_dest)}"
+    refs: list[tuple[str, float, str]] = []
+    for task_id, value in client.hgetall(keys.ids(prefix)).items():
+        for ref in _text(value).split():
+            start, offset, seq = ref.split(":")
+            refs.append((start, int(start) + int(offset) + int(seq) / keys.SEQ_SLOTS, _text(task_id)))
+    resolved = {(start, score): tid for start, score, tid in refs}
+    assert len(resolved) == len(refs), "two id-index refs name the same member"
+    assert resolved == members, "the id index and the stored members disagree"
+    totals = {_text(k): int(v) for k, v in client.hgetall(keys.totals(prefix)).items()}
+    stored = len(members)
+    settled = sum(totals.get(name, 0) for name in ("moved", "expired", "cancelled", "purged"))
+    assert totals.get("scheduled", 0) - settled == stored, f"totals {totals} vs {stored} stored"
+    return {"stored": stored, **totals}
