@@ -125,7 +125,10 @@ def stats(ctx: click.Context, hours: float, slot: float, as_json: bool) -> None:
     if hours <= 0 or slot <= 0:
         raise click.BadParameter("--hours and --slot must be positive")
     with control(ctx) as ctl:
-        snapshot = ctl.stats(hours=hours, slot_minutes=slot)
+        try:
+            snapshot = ctl.stats(hours=hours, slot_minutes=slot)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--hours/--slot") from exc
     click.echo(json.dumps(snapshot.to_dict(), indent=2) if as_json else render_stats(snapshot))
 
 

@@ -27,6 +27,8 @@ from .store import Cursor, Rescheduled, Store, Stored, translated_errors
 from .transport import register
 
 HOUR_MS = 3_600_000
+#: Most rows a due-time histogram may have.
+MAX_SLOTS = 1000
 
 
 @dataclass(frozen=True)
@@ -259,18 +261,15 @@ class DelayControl:
         now = store.time_ms()
         slot_ms = max(1, round(slot_minutes * 60_000))
         slots = max(1, round(hours * HOUR_MS / slot_ms))
+        if slots > MAX_SLOTS:
+            raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")
         by_dest = store.counts()
         by_queue: dict[str, int] = {}
         for dest, n in by_dest.items():
             name = self.queue_of(dest)
             by_queue[name] = by_queue.get(name, 0) + n
-        census, truncated = store.census(now + slots * slot_ms, now, max_buckets)
-        counts = [0] * slots
-        overdue = 0
-        for bucket in census:
-            overdue += bucket.due
-            index = max(0, (bucket.start_ms - now) // slot_ms)
-            counts[min(index, slots - 1)] += bucket.size - bucket.due
+        census = store.census(now, slot_ms, slots, max_buckets)
+        overdue, counts = census.overdue, census.slots
         total = sum(by_dest.values())
         earliest = store.earliest_due_ms()
         oldest = now - earliest if earliest is not None and earliest <= now and overdue else 0
@@ -284,7 +283,7 @@ class DelayControl:
             oldest_overdue_ms=oldest,
             histogram=[Slot(now + i * slot_ms, now + (i + 1) * slot_ms, c) for i, c in enumerate(counts)],
             later=max(0, total - overdue - sum(counts)),
-            truncated=truncated,
+            truncated=census.truncated,
             movers=store.heartbeats(),
             totals=store.totals(),
         )

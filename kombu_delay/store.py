@@ -141,12 +141,15 @@ class Cursor:
 
 
 @dataclass(frozen=True)
-class BucketCount:
-    """One bucket's cardinality, and how many of its members are due (``floor(score) <= now``)."""
+class Census:
+    """What ``census.lua`` counted: overdue members and a due-time histogram."""
 
-    start_ms: int
-    size: int
-    due: int
+    #: True when ``max_buckets`` cut the census short.
+    truncated: bool
+    #: Members already due (``floor(score) <= now``) but not moved.
+    overdue: int
+    #: Not-yet-due members per histogram slot, slot 0 starting now.
+    slots: list[int]
 
 
 @contextmanager
@@ -428,11 +431,12 @@ class Store:
                 starts: list[Any] = self.client.zrangebyscore(self._index, cur.start_ms, "+inf", 0, 64)
                 if not starts:
                     return out, None
+                holding = self._holding([int(s) for s in starts], fields) if wanted is not None else set()
                 for raw in starts:
                     start = int(raw)
                     if start != cur.start_ms:
                         cur = Cursor(start)
-                    if wanted is not None and not self._holds(start, fields):
+                    if wanted is not None and start not in holding:
                         examined += 1
                         cur = Cursor(start + 1)
                         continue
@@ -460,31 +464,32 @@ class Store:
                 if len(starts) < 64:
                     return out, None
 
-    def _holds(self, start: int, fields: list[str]) -> bool:
+    def _holding(self, starts: list[int], fields: list[str]) -> set[int]:
+        """Return the buckets whose meta hash counts one of ``fields`` (one round trip)."""
         if not fields:
-            return False
-        values: list[Any] = self.client.hmget(keys.meta(self.prefix, start), fields)
-        return sum(max(0, int(v)) for v in values if v is not None) > 0
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        for start in starts:
+            pipe.hmget(keys.meta(self.prefix, start), fields)
+        replies = pipe.execute()
+        return {
+            start
+            for start, values in zip(starts, replies, strict=True)
+            if sum(max(0, int(v)) for v in values if v is not None) > 0
+        }
 
-    def census(self, until_ms: int, now_ms: int, max_buckets: int = 10_000) -> tuple[list[BucketCount], bool]:
-        """Return the cardinality of every bucket starting before ``until_ms`` (oldest first),
-        with how many of its members are due at ``now_ms``, and whether ``max_buckets`` cut
-        the list. O(log n) per bucket: ZCARD and ZCOUNT, never a read of members."""
+    def census(self, now_ms: int, slot_ms: int, slots: int, max_buckets: int = 10_000) -> Census:
+        """Return the overdue count and a due-time histogram from ``now_ms`` on (``census.lua``).
+
+        Costs one ZCARD (and one ZCOUNT for a started bucket) per bucket, never a
+        read of members; at most ``max_buckets`` buckets are examined.
+        """
         with translated_errors():
-            raw: list[Any] = self.client.zrangebyscore(
-                self._index, "-inf", f"({until_ms}", 0, max_buckets + 1
+            reply = self._scripts["census"](
+                keys=[self._index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets]
             )
-            starts = [int(s) for s in raw[:max_buckets]]
-            pipe = self.client.pipeline(transaction=False)
-            for start in starts:
-                bucket = keys.bucket(self.prefix, start)
-                pipe.zcard(bucket)
-                pipe.zcount(bucket, "-inf", f"({now_ms + 1}" if start <= now_ms else "-inf")
-            replies = pipe.execute()
-        found = [
-            BucketCount(start, int(replies[2 * i]), int(replies[2 * i + 1])) for i, start in enumerate(starts)
-        ]
-        return found, len(raw) > max_buckets
+        values = [int(x) for x in reply]
+        return Census(truncated=bool(values[0]), overdue=values[1], slots=values[2:])
 
     def totals(self) -> dict[str, int]:
         """Return the lifetime counters (scheduled, moved, cancelled, ...)."""

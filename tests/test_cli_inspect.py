@@ -171,3 +171,8 @@ def test_span_reads_well():
         "2d05h",
         "-4.0s",
     ]
+
+
+def test_stats_refuses_a_histogram_too_fine_to_draw(r, redis_server):
+    code, out = kd(redis_server, "", "stats", "--hours", "1000", "--slot", "1")
+    assert code == 2 and "at most 1000" in out

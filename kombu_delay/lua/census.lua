@@ -1,0 +1,42 @@
+--[[ census: due-time histogram and overdue count, from bucket sizes alone.
+
+KEYS[1] index   ZSET  <ns>buckets   member = score = bucket start (epoch ms)
+ARGV[1] ns           key namespace, "<global_keyprefix>kombu_delay:"
+ARGV[2] now_ms       a member is due when floor(score) <= now_ms
+ARGV[3] slot_ms      width of one histogram slot, ms; slot 0 starts at now_ms
+ARGV[4] slots        number of slots
+ARGV[5] max_buckets  most buckets examined
+Returns: {truncated (1 if max_buckets cut the census), overdue, count_slot_0, count_slot_1, ...}
+         A bucket that started already adds its due members to overdue and the rest to
+         slot 0; a later one adds its size to the slot its start falls in (the resolution
+         is one bucket width).
+Bound: ARGV[5] buckets, each one ZCARD and, if it has started, one ZCOUNT; members are
+       never read, so the cost does not grow with the number scheduled per bucket.
+]]
+local index = KEYS[1]
+local ns = ARGV[1]
+local now = tonumber(ARGV[2])
+local slot_ms, slots = tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_buckets = tonumber(ARGV[5])
+local upper = '(' .. string.format('%d', now + 1)
+local horizon = '(' .. string.format('%d', now + slot_ms * slots)
+
+local starts = redis.call('ZRANGEBYSCORE', index, '-inf', horizon, 'LIMIT', 0, max_buckets + 1)
+local reply = {0, 0}
+for i = 1, slots do reply[i + 2] = 0 end
+if #starts > max_buckets then reply[1] = 1 end
+for i = 1, math.min(#starts, max_buckets) do
+  local start = tonumber(starts[i])
+  local bucket = ns .. 'bucket:' .. starts[i]
+  local size = redis.call('ZCARD', bucket)
+  local slot = 0
+  if start <= now then
+    local due = redis.call('ZCOUNT', bucket, '-inf', upper)
+    reply[2] = reply[2] + due
+    size = size - due
+  else
+    slot = math.min(slots - 1, math.floor((start - now) / slot_ms))
+  end
+  reply[slot + 3] = reply[slot + 3] + size
+end
+return reply
