@@ -165,5 +165,9 @@ from .cmd_inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its r
 for _command in _INSPECT:
     main.add_command(_command)
 
+from .bench import bench as _bench  # noqa: E402  (kept next to its registration)
+
+main.add_command(_bench)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

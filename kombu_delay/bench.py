@@ -1,0 +1,219 @@
+"""``kombu-delay bench``: measure publish rate, precision, bursts, memory, scale and herds.
+
+It starts a private redis-server (or uses ``--broker``, whose database it
+flushes), publishes Celery's own messages, runs real mover processes, prints a
+table with the project's targets, writes the results as JSON, and draws charts
+(a PNG with the ``plot`` extra, else in the terminal).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import celery
+import click
+import kombu
+
+from . import __version__, bench_report
+from .bench_env import Movers, Payloads, Probe
+from .bench_scenarios import SCENARIOS, Ctx, Sizes
+from .config import Settings
+from .connect import delay_url
+from .redis_server import RedisServer
+from .store import Store
+
+Scenario = Callable[[Ctx], dict[str, Any]]
+
+
+def scenarios(with_e2e: bool) -> dict[str, Scenario]:
+    """Every scenario in run order; ``inspect`` when its module is installed."""
+    found: dict[str, Scenario] = dict(SCENARIOS)
+    try:
+        inspect_mod = importlib.import_module("kombu_delay.bench_inspect")
+    except ImportError:
+        inspect_mod = None
+    if inspect_mod is not None and hasattr(inspect_mod, "run"):
+        found["inspect"] = inspect_mod.run
+    if with_e2e:
+        from .bench_e2e import e2e
+
+        found["e2e"] = e2e
+    return found
+
+
+def _plain_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.removeprefix('delay')}{sep}{rest}"
+
+
+@click.command()
+@click.option(
+    "--broker", default=None, help="Use this Redis (its database is FLUSHED) instead of a private one."
+)
+@click.option(
+    "--only",
+    default="",
+    help="Comma-separated scenarios (publish,precision,burst,memory,scale,herd,e2e,inspect).",
+)
+@click.option(
+    "--e2e", "with_e2e", is_flag=True, help="Also run the end-to-end scenario with stock Celery workers."
+)
+@click.option(
+    "--json-out", default="bench-results/bench.json", show_default=True, type=click.Path(path_type=Path)
+)
+@click.option(
+    "--plot-out", default="bench-results/bench.png", show_default=True, type=click.Path(path_type=Path)
+)
+@click.option(
+    "--payload-bytes", default=1024, show_default=True, help="Approximate size of each Celery message."
+)
+@click.option("--batch-size", default=1000, show_default=True, help="The movers' --batch-size.")
+@click.option("--publish", "n_publish", default=Sizes.publish, show_default=True, help="Messages per side.")
+@click.option("--precision", "n_precision", default=Sizes.precision, show_default=True)
+@click.option("--precision-window", default=Sizes.precision_window_s, show_default=True, help="Seconds.")
+@click.option("--burst", "n_burst", default=Sizes.burst, show_default=True)
+@click.option("--memory", "n_memory", default=Sizes.memory, show_default=True)
+@click.option("--scale-small", default=Sizes.scale_small, show_default=True)
+@click.option("--scale-large", default=Sizes.scale_large, show_default=True)
+@click.option("--scale-probe", default=Sizes.scale_probe, show_default=True, help="Messages timed per size.")
+@click.option("--herd", "n_herd", default=Sizes.herd, show_default=True)
+@click.option("--herd-rate", default=Sizes.herd_rate, show_default=True, help="The mover's --max-rate.")
+@click.option("--herd-max-len", default=Sizes.herd_max_len, show_default=True, help="--max-queue-length.")
+@click.option(
+    "--herd-consume-rate", default=Sizes.herd_consume_rate, show_default=True, help="Consumer msgs/s."
+)
+@click.option("--e2e-tasks", default=Sizes.e2e_tasks, show_default=True, help="Tasks pending per worker.")
+@click.option(
+    "--e2e-precision", default=Sizes.e2e_precision, show_default=True, help="Tasks timed end to end."
+)
+def bench(
+    broker: str | None,
+    only: str,
+    with_e2e: bool,
+    json_out: Path,
+    plot_out: Path,
+    payload_bytes: int,
+    batch_size: int,
+    n_publish: int,
+    n_precision: int,
+    precision_window: float,
+    n_burst: int,
+    n_memory: int,
+    scale_small: int,
+    scale_large: int,
+    scale_probe: int,
+    n_herd: int,
+    herd_rate: int,
+    herd_max_len: int,
+    herd_consume_rate: int,
+    e2e_tasks: int,
+    e2e_precision: int,
+) -> None:
+    """Benchmark kombu-delay on this machine and check the project's targets.
+
+    A full run at the default sizes takes a few minutes; --e2e adds stock
+    Celery workers (a few more). The group's --broker is not used: without
+    this command's own --broker, a private redis-server is started.
+
+    \b
+    Examples:
+      kombu-delay bench
+      kombu-delay bench --only precision,burst --burst 50000
+      kombu-delay bench --e2e --json-out results.json
+      kombu-delay bench --broker redis://127.0.0.1:7000/5   # FLUSHES db 5
+    """
+    available = scenarios(with_e2e or "e2e" in only.split(","))
+    chosen = [name.strip() for name in only.split(",") if name.strip()] or list(available)
+    unknown = [name for name in chosen if name not in available]
+    if unknown:
+        raise click.UsageError(f"unknown scenario(s) {unknown}; known: {sorted(available)}")
+    sizes = Sizes(
+        publish=n_publish,
+        precision=n_precision,
+        precision_window_s=precision_window,
+        burst=n_burst,
+        memory=n_memory,
+        scale_small=scale_small,
+        scale_large=scale_large,
+        scale_probe=scale_probe,
+        herd=n_herd,
+        herd_rate=herd_rate,
+        herd_max_len=herd_max_len,
+        herd_consume_rate=herd_consume_rate,
+        e2e_tasks=e2e_tasks,
+        e2e_precision=e2e_precision,
+    )
+    server = None if broker else RedisServer().start()
+    url = _plain_url(broker) if broker else server.url  # type: ignore[union-attr]
+    probe = Probe(url)
+    workdir = tempfile.TemporaryDirectory(prefix="kombu-delay-bench-")
+    movers = Movers(delay_url(url), batch_size, Path(workdir.name))
+    started = time.monotonic()
+    results: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    try:
+        probe.flush()
+        ctx = Ctx(
+            url=url,
+            delay_url=delay_url(url),
+            probe=probe,
+            store=Store(probe.client),
+            payloads=Payloads(probe, url, payload_bytes),
+            movers=movers,
+            sizes=sizes,
+            settings=Settings(),
+        )
+        for name in chosen:
+            click.echo(f"-- {name} ...", err=True)
+            begun = time.monotonic()
+            try:
+                results[name] = available[name](ctx)
+            except Exception as exc:  # one failed scenario must not hide the others
+                errors[name] = f"{exc.__class__.__name__}: {exc}"
+                click.echo(traceback.format_exc(), err=True)
+            finally:
+                movers.stop_all()
+            click.echo(f"   {name} took {time.monotonic() - begun:.1f} s", err=True)
+        meta = {
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "duration_s": round(time.monotonic() - started, 1),
+            "nproc": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "redis": probe.redis_version(),
+            "kombu": kombu.__version__,
+            "celery": celery.__version__,
+            "kombu_delay": __version__,
+            "batch_size": batch_size,
+            "sizes": vars(sizes),
+        }
+    finally:
+        movers.stop_all()
+        probe.close()
+        if server is not None:
+            server.cleanup()
+        workdir.cleanup()
+    rows = bench_report.evaluate(results)
+    report = {"meta": meta, "results": results, "errors": errors, "targets": rows}
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(report, indent=1, default=str))
+    click.echo(bench_report.table(rows))
+    if bench_report.plot(results, plot_out):
+        click.echo(f"\nplot: {plot_out}")
+    else:
+        click.echo("\n" + bench_report.terminal_charts(results))
+    click.echo(
+        f"\nresults: {json_out}  ({meta['duration_s']} s, Redis {meta['redis']}, {meta['nproc']} cores)"
+    )
+    if errors:
+        raise click.ClickException(f"scenario(s) failed: {', '.join(errors)}")

@@ -1,0 +1,185 @@
+"""The benchmark's output: the results table with its targets, terminal charts, and a PNG.
+
+The PNG needs matplotlib (the ``plot`` extra); without it the same charts are
+drawn in the terminal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: (scenario, metric label, path into the results, format, target text, check).
+Row = tuple[str, str, tuple[str, ...], str, str, Callable[[float], bool] | None]
+
+ROWS: list[Row] = [
+    ("publish", "plain redis:// publishes/s", ("publish", "plain_per_s"), "{:,.0f}", "", None),
+    ("publish", "delayed publishes/s", ("publish", "delayed_per_s"), "{:,.0f}", "", None),
+    ("publish", "delayed / plain", ("publish", "ratio"), "{:.2f}", ">= 0.9", lambda v: v >= 0.9),
+    ("precision", "lateness p50, ms", ("precision", "p50_ms"), "{:.2f}", "", None),
+    ("precision", "lateness p99, ms", ("precision", "p99_ms"), "{:.2f}", "<= 5", lambda v: v <= 5),
+    ("precision", "lateness max, ms", ("precision", "max_ms"), "{:.2f}", "", None),
+    ("precision", "early arrivals", ("precision", "early"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("burst", "due -> all on list, s", ("burst", "drain_s"), "{:.3f}", "", None),
+    (
+        "burst",
+        "moved/s, one mover",
+        ("burst", "moved_per_s"),
+        "{:,.0f}",
+        ">= 200,000",
+        lambda v: v >= 200_000,
+    ),
+    ("burst", "pipelined LPUSH ceiling/s", ("burst", "lpush_ceiling_per_s"), "{:,.0f}", "", None),
+    ("burst", "moved / ceiling", ("burst", "ratio_to_ceiling"), "{:.2f}", ">= 0.5", lambda v: v >= 0.5),
+    ("burst", "largest script call, ms", ("burst", "largest_script_call_ms"), "{:.1f}", "", None),
+    ("burst", "Redis µs per moved msg", ("burst", "script_server_us_per_msg"), "{:.1f}", "", None),
+    (
+        "memory",
+        "bytes per msg beyond payload",
+        ("memory", "overhead_per_msg"),
+        "{:.0f}",
+        "<= 150",
+        lambda v: v <= 150,
+    ),
+    ("memory", "of which id index", ("memory", "ids_index_per_msg"), "{:.0f}", "", None),
+    ("scale", "publish µs (Redis), small", ("scale", "small", "publish_server_us"), "{:.1f}", "", None),
+    ("scale", "publish µs (Redis), large", ("scale", "large", "publish_server_us"), "{:.1f}", "", None),
+    ("scale", "publish large / small", ("scale", "publish_ratio"), "{:.2f}", "<= 1.2", lambda v: v <= 1.2),
+    ("scale", "move µs/msg (Redis), small", ("scale", "small", "move_server_us_per_msg"), "{:.1f}", "", None),
+    ("scale", "move µs/msg (Redis), large", ("scale", "large", "move_server_us_per_msg"), "{:.1f}", "", None),
+    ("scale", "move large / small", ("scale", "move_ratio"), "{:.2f}", "<= 1.2", lambda v: v <= 1.2),
+    ("scale", "mover RSS at large, MB", ("scale", "large", "mover_rss_mb"), "{:.1f}", "", None),
+    ("herd", "max-rate: peak moved/s", ("herd", "max_rate", "peak_per_s"), "{:,.0f}", "", None),
+    ("herd", "max-rate: lost", ("herd", "max_rate", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
+    (
+        "herd",
+        "max-queue-length: longest list",
+        ("herd", "max_queue_length", "longest_list"),
+        "{:,.0f}",
+        "",
+        None,
+    ),
+    (
+        "herd",
+        "max-queue-length: lost",
+        ("herd", "max_queue_length", "lost"),
+        "{:.0f}",
+        "= 0",
+        lambda v: v == 0,
+    ),
+    ("e2e", "due -> task start p99, ms", ("e2e", "lateness", "p99_ms"), "{:.1f}", "", None),
+    ("e2e", "early task starts", ("e2e", "lateness", "early"), "{:.0f}", "= 0", lambda v: v == 0),
+    (
+        "e2e",
+        "worker RSS growth, delay, MB",
+        ("e2e", "delay_rss_growth_mb"),
+        "{:.1f}",
+        "<= 5",
+        lambda v: v <= 5,
+    ),
+    ("e2e", "worker RSS growth, stock, MB", ("e2e", "stock_rss_growth_mb"), "{:.1f}", "", None),
+]
+
+
+def lookup(results: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    node: Any = results
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else None
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return one row per metric present: value, target and whether it is met."""
+    rows = []
+    for scenario, label, path, fmt, target, check in ROWS:
+        value = lookup(results, path)
+        if value is None:
+            continue
+        met = None if check is None or math.isnan(value) else bool(check(value))
+        rows.append(
+            {
+                "scenario": scenario,
+                "metric": label,
+                "value": value,
+                "shown": fmt.format(value),
+                "target": target,
+                "met": met,
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A plain-text (and Markdown) table of the evaluated rows."""
+    lines = ["| scenario | metric | value | target | met |", "|---|---|---:|---|---|"]
+    for row in rows:
+        met = "" if row["met"] is None else ("yes" if row["met"] else "**no**")
+        lines.append(f"| {row['scenario']} | {row['metric']} | {row['shown']} | {row['target']} | {met} |")
+    return "\n".join(lines)
+
+
+def _bars(pairs: list[tuple[str, float]], width: int = 50, unit: str = "") -> list[str]:
+    top = max((v for _, v in pairs), default=0) or 1
+    return [f"{label:>12} | {'#' * round(width * v / top):<{width}} {v:,.0f}{unit}" for label, v in pairs]
+
+
+def terminal_charts(results: dict[str, Any]) -> str:
+    """Lateness histogram, burst drain and herd ramps as text bars."""
+    out: list[str] = []
+    late = (results.get("precision") or {}).get("lateness_ms") or []
+    if late:
+        edges = [0.5, 1, 2, 3, 5, 10, 20, 50, float("inf")]
+        counts, low = [], float("-inf")
+        for edge in edges:
+            counts.append(
+                (f"<= {edge:g} ms" if edge != float("inf") else "> 50 ms", sum(low < x <= edge for x in late))
+            )
+            low = edge
+        out += ["precision: lateness due -> on list (messages)", *_bars(counts)]
+    series = (results.get("burst") or {}).get("series") or []
+    if series:
+        end = series[-1][0] or 1
+        marks = [end * i / 10 for i in range(1, 11)]
+        picked = [
+            (f"{m:,.0f} ms", float(next((n for t, n in series if t >= m), series[-1][1]))) for m in marks
+        ]
+        out += ["", "burst: messages on the list after the due time", *_bars(picked)]
+    for name in ("max_rate", "max_queue_length"):
+        ramp = ((results.get("herd") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
+        if ramp:
+            pairs = [(f"{0.5 * (i + 1):.1f} s", float(v)) for i, v in enumerate(ramp[:40])]
+            out += ["", f"herd ({name.replace('_', '-')}): moved/s per 0.5 s", *_bars(pairs, unit="/s")]
+    return "\n".join(out)
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Write a PNG of the same charts; return False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    late = (results.get("precision") or {}).get("lateness_ms") or []
+    axes[0].hist(late, bins=40)
+    axes[0].set(title="precision: due -> on list", xlabel="lateness, ms", ylabel="messages")
+    series = (results.get("burst") or {}).get("series") or []
+    if series:
+        axes[1].plot([t for t, _ in series], [n for _, n in series])
+    axes[1].set(title="burst: on the list after due", xlabel="ms after due", ylabel="messages")
+    for name in ("max_rate", "max_queue_length"):
+        ramp = ((results.get("herd") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
+        axes[2].step([0.5 * (i + 1) for i in range(len(ramp))], ramp, label=name.replace("_", "-"))
+    axes[2].set(title="herd: moved/s per 0.5 s", xlabel="s after due", ylabel="messages/s")
+    axes[2].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True

@@ -1,0 +1,383 @@
+"""The benchmark's scenarios: publish, precision, burst, memory, scale and herd.
+
+Each scenario takes a :class:`Ctx`, starts from an empty database, and returns a
+JSON-ready dict. Messages are Celery's own (see :class:`~kombu_delay.bench_env.Payloads`),
+movers are real ``kombu-delay mover`` processes, and arrival is judged where a
+worker would see it: on kombu's list.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .bench_env import QUEUE, TASK, Movers, Payloads, Probe, celery_app, eta_of, fill, now_ms, rss_mb
+from .config import Settings
+from .eta import Due, parse_iso_ms
+from .store import Store
+
+#: A bucket so wide that every message of the scale scenario shares one sorted set:
+#: the worst case for the O(log n) members of the cost.
+ONE_BUCKET_MS = 10**12
+
+
+@dataclass
+class Sizes:
+    """Scenario sizes (CLI flags)."""
+
+    publish: int = 3000
+    precision: int = 200
+    precision_window_s: float = 30.0
+    burst: int = 100_000
+    memory: int = 100_000
+    scale_small: int = 10_000
+    scale_large: int = 1_000_000
+    scale_probe: int = 2000
+    herd: int = 200_000
+    herd_rate: int = 20_000
+    herd_max_len: int = 10_000
+    herd_consume_rate: int = 20_000
+    e2e_tasks: int = 20_000
+    e2e_precision: int = 200
+
+
+@dataclass
+class Ctx:
+    url: str
+    delay_url: str
+    probe: Probe
+    store: Store
+    payloads: Payloads
+    movers: Movers
+    sizes: Sizes
+    settings: Settings
+    #: Last observed fill rate, messages/s: sets how far ahead a burst is scheduled.
+    fill_rate: float = 5000.0
+
+    def fresh(self) -> None:
+        self.movers.stop_all()
+        self.probe.flush()
+
+    def lead_ms(self, count: int) -> int:
+        """How far ahead to schedule ``count`` messages so the fill ends before they are due."""
+        return int(3000 + 1.6 * 1000 * count / max(self.fill_rate, 500.0))
+
+    def fill_celery(
+        self, due: Iterator[int], settings: Settings | None = None
+    ) -> tuple[int, float, list[str]]:
+        """Schedule Celery messages due at each time in ``due``; return (count, seconds, payloads)."""
+        payloads: list[str] = []
+
+        def gen() -> Iterator[tuple[int, str, str]]:
+            for due_ms in due:
+                task_id, payload = self.payloads.make(due_ms)
+                payloads.append(payload)
+                yield due_ms, task_id, payload
+
+        count, secs = fill(self.store, settings or self.settings, gen())
+        self.fill_rate = count / max(secs, 1e-6)
+        return count, secs, payloads
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def _wait(predicate: Any, timeout: float, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def _sleep_until(ms: float) -> None:
+    while (left := ms - now_ms()) > 0:
+        time.sleep(min(left / 1000, 0.05))
+
+
+def publish(ctx: Ctx) -> dict[str, Any]:
+    """Delayed publishes/s through delayredis:// against immediate ones through redis://."""
+    ctx.fresh()
+    n = ctx.sizes.publish
+    kwargs = {"pad": ctx.payloads.pad}
+    plain, delayed = celery_app(ctx.url), celery_app(ctx.delay_url)
+    for _ in range(50):  # connections, script loading, imports
+        plain.send_task(TASK, kwargs=kwargs)
+        delayed.send_task(TASK, kwargs=kwargs, countdown=3600)
+    rounds, plain_s, delayed_s = 5, 0.0, 0.0
+    per = max(1, n // rounds)
+    for _ in range(rounds):  # interleaved, so a noisy neighbour hits both sides alike
+        started = time.perf_counter()
+        for _ in range(per):
+            plain.send_task(TASK, kwargs=kwargs)
+        plain_s += time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(per):
+            delayed.send_task(TASK, kwargs=kwargs, countdown=3600)
+        delayed_s += time.perf_counter() - started
+    held = sum(ctx.store.counts().values())
+    plain.close()
+    delayed.close()
+    total = per * rounds
+    return {
+        "messages": total,
+        "payload_bytes": ctx.payloads.size,
+        "plain_per_s": total / plain_s,
+        "delayed_per_s": total / delayed_s,
+        "ratio": plain_s / delayed_s,
+        "delayed_held": held,
+    }
+
+
+def precision(ctx: Ctx) -> dict[str, Any]:
+    """Messages due at random over a window, an idle mover, a BRPOP consumer: lateness."""
+    ctx.fresh()
+    n, window_ms = ctx.sizes.precision, ctx.sizes.precision_window_s * 1000
+    ctx.movers.start()
+    arrivals: list[tuple[float, bytes | str]] = []
+    stop = threading.Event()
+    conn = ctx.probe.consumer()
+
+    def consume() -> None:
+        while not stop.is_set() and len(arrivals) < n:
+            item = conn.brpop([QUEUE], timeout=1)
+            if item:
+                arrivals.append((now_ms(), item[1]))
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    app = celery_app(ctx.delay_url)
+    app.send_task(TASK, kwargs={"pad": ""}, countdown=3600, queue="warmup")
+    base = now_ms() + 2000
+    dues = [int(base + random.uniform(0, window_ms)) for _ in range(n)]
+    for due in dues:
+        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due), queue=QUEUE)
+    published_by = now_ms()
+    _wait(lambda: len(arrivals) >= n, timeout=(base + window_ms - now_ms()) / 1000 + 60, interval=0.1)
+    stop.set()
+    thread.join(timeout=5)
+    conn.close()
+    app.close()
+    import json
+
+    late = [at - parse_iso_ms(json.loads(raw)["headers"]["eta"]) for at, raw in arrivals]
+    return {
+        "messages": n,
+        "arrived": len(late),
+        "window_s": ctx.sizes.precision_window_s,
+        "publish_done_before_first_due_ms": base - published_by,
+        "early": sum(1 for x in late if x < 0),
+        "p50_ms": _pct(late, 50),
+        "p99_ms": _pct(late, 99),
+        "max_ms": max(late, default=0.0),
+        "min_ms": min(late, default=0.0),
+        "lateness_ms": sorted(round(x, 3) for x in late),
+    }
+
+
+def burst(ctx: Ctx) -> dict[str, Any]:
+    """N messages due at one instant, one mover: due -> all on the list; LPUSH ceiling."""
+    ctx.fresh()
+    n = ctx.sizes.burst
+    mover = ctx.movers.start()
+    due = int(now_ms() + ctx.lead_ms(n))
+    count, fill_s, payloads = ctx.fill_celery(iter([due] * n))
+    if now_ms() > due - 300:
+        raise RuntimeError("the fill ended too close to the due time; rerun")
+    _sleep_until(due - 200)
+    ctx.probe.reset_stats(slower_than_us=0)
+    series: list[tuple[float, int]] = []
+    deadline = time.monotonic() + 120
+    done_at = 0.0
+    while time.monotonic() < deadline:
+        length = ctx.probe.llen()
+        at = now_ms()
+        series.append((round(at - due, 2), length))
+        if length >= n:
+            done_at = at
+            break
+        time.sleep(0.002)
+    stats = ctx.probe.evalsha_stats()
+    slowest = ctx.probe.slowest_script_ms()
+    mover_rss = rss_mb(mover.pid)
+    ctx.movers.stop(mover)
+    first = next((t for t, length in series if length > 0), None)
+    drain_s = (done_at - due) / 1000 if done_at else float("nan")
+    ctx.probe.flush()
+    ctx.probe.reset_stats()
+    ceiling_s = ctx.probe.lpush_ceiling(payloads)
+    lpush_us = ctx.probe.command_usec_per_call("lpush")
+    rate = n / drain_s if done_at else 0.0
+    ceiling = n / ceiling_s
+    return {
+        "messages": count,
+        "payload_bytes": ctx.payloads.size,
+        "batch_size": ctx.movers.batch_size,
+        "fill_s": fill_s,
+        "first_on_list_ms": first,
+        "drain_s": drain_s,
+        "moved_per_s": rate,
+        "lpush_ceiling_per_s": ceiling,
+        "ratio_to_ceiling": rate / ceiling,
+        "script_calls": stats["calls"],
+        "script_server_us_per_msg": stats["usec"] / max(count, 1),
+        "largest_script_call_ms": slowest,
+        "lpush_server_us": lpush_us,
+        "mover_rss_mb": mover_rss,
+        "series": series[:: max(1, len(series) // 400)] + series[-1:],
+    }
+
+
+def memory(ctx: Ctx) -> dict[str, Any]:
+    """Redis used_memory per scheduled message, beyond its payload, ids index included."""
+    ctx.fresh()
+    n = ctx.sizes.memory
+    before = ctx.probe.used_memory()
+    start = int(now_ms()) + 600_000
+    count, _, payloads = ctx.fill_celery(iter(start + random.randrange(3_600_000) for _ in range(n)))
+    after = ctx.probe.used_memory()
+    payload = statistics.fmean(len(p.encode()) for p in payloads)
+    per = (after - before) / count
+    ids_key = ctx.store._ids  # a measurement of our own key
+    ids_bytes = int(ctx.probe.client.memory_usage(ids_key, samples=0) or 0)
+    result = {
+        "messages": count,
+        "payload_bytes": payload,
+        "used_memory_per_msg": per,
+        "overhead_per_msg": per - payload,
+        "ids_index_per_msg": ids_bytes / count,
+    }
+    ctx.probe.flush()
+    return result
+
+
+def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
+    ctx.fresh()
+    wide = Settings(bucket_width_ms=ONE_BUCKET_MS)
+    base = int(now_ms()) + 3_600_000
+    small = '{"body":"%s"}' % ("x" * 48)
+
+    def filler() -> Iterator[tuple[int, str, str]]:
+        for i in range(size):
+            yield base + random.randrange(3_600_000), f"fill-{i}", small
+
+    _, fill_s = fill(ctx.store, wide, filler(), chunk=5000)
+    mover = ctx.movers.start()
+    k = ctx.sizes.scale_probe
+    due = int(now_ms() + ctx.lead_ms(k) + 500)
+    items = []
+    for _ in range(k):
+        task_id, payload = ctx.payloads.make(due)
+        items.append((Due(due, task_id=task_id), QUEUE, payload))
+    ctx.probe.reset_stats()
+    started = time.perf_counter()
+    ctx.store.schedule_many(items, wide)
+    publish_wall = time.perf_counter() - started
+    publish_stats = ctx.probe.evalsha_stats()
+    one_by_one = []
+    for _ in range(200):  # single calls, one round trip each, as a producer makes them
+        task_id, payload = ctx.payloads.make(due)
+        started = time.perf_counter()
+        ctx.store.schedule(Due(due, task_id=task_id), QUEUE, payload, wide)
+        one_by_one.append(time.perf_counter() - started)
+    _sleep_until(due - 100)
+    ctx.probe.reset_stats()
+    moved_all = _wait(lambda: ctx.probe.llen() >= k + 200, timeout=120)
+    move_stats = ctx.probe.evalsha_stats()
+    result = {
+        "scheduled": size,
+        "fill_s": fill_s,
+        "publish_server_us": publish_stats["usec"] / max(publish_stats["calls"], 1),
+        "publish_pipelined_client_us": publish_wall / k * 1e6,
+        "publish_single_call_us_p50": statistics.median(one_by_one) * 1e6,
+        "move_server_us_per_msg": move_stats["usec"] / (k + 200),
+        "moved_all": moved_all,
+        "mover_rss_mb": rss_mb(mover.pid),
+        "used_memory_mb": ctx.probe.used_memory() / 2**20,
+    }
+    ctx.movers.stop(mover)
+    ctx.probe.flush()
+    return result
+
+
+def scale(ctx: Ctx) -> dict[str, Any]:
+    """Publish and move cost with a small and a large number already scheduled."""
+    small = _scale_one(ctx, ctx.sizes.scale_small)
+    large = _scale_one(ctx, ctx.sizes.scale_large)
+    return {
+        "small": small,
+        "large": large,
+        "publish_ratio": large["publish_server_us"] / max(small["publish_server_us"], 1e-9),
+        "move_ratio": large["move_server_us_per_msg"] / max(small["move_server_us_per_msg"], 1e-9),
+    }
+
+
+def _ramp(ctx: Ctx, extra: tuple[str, ...], consume_per_s: int, expected_per_s: int) -> dict[str, Any]:
+    ctx.fresh()
+    n = ctx.sizes.herd
+    mover = ctx.movers.start(*extra)
+    due = int(now_ms() + ctx.lead_ms(n))
+    ctx.fill_celery(iter([due] * n))
+    _sleep_until(due)
+    consumed, longest = 0, 0
+    intervals: list[int] = []
+    last_total, next_mark = 0, time.monotonic() + 0.5
+    tick = 0.05
+    deadline = time.monotonic() + 30 + 3 * n / max(1, expected_per_s)
+    while time.monotonic() < deadline:
+        if consume_per_s:
+            consumed += ctx.probe.pop_many(int(consume_per_s * tick))
+        length = ctx.probe.llen()
+        longest = max(longest, length)
+        total = consumed + length
+        if time.monotonic() >= next_mark:
+            intervals.append(total - last_total)
+            last_total, next_mark = total, next_mark + 0.5
+        if total >= n and (not consume_per_s or length == 0):
+            intervals.append(total - last_total)
+            break
+        time.sleep(tick)
+    ctx.movers.stop(mover)
+    left = sum(ctx.store.counts().values())
+    delivered = consumed + ctx.probe.llen()
+    return {
+        "messages": n,
+        "delivered": delivered,
+        "still_scheduled": left,
+        "lost": n - delivered - left,
+        "longest_list": longest,
+        "peak_per_s": 2 * max(intervals, default=0),
+        "moved_per_s_by_half_second": [2 * x for x in intervals],
+    }
+
+
+def herd(ctx: Ctx) -> dict[str, Any]:
+    """A herd due at one instant under --max-rate, then under --max-queue-length."""
+    s = ctx.sizes
+    rate = _ramp(ctx, ("--max-rate", str(s.herd_rate)), 0, s.herd_rate)
+    held = _ramp(ctx, ("--max-queue-length", str(s.herd_max_len)), s.herd_consume_rate, s.herd_consume_rate)
+    ctx.probe.flush()
+    return {
+        "max_rate": {"cap_per_s": s.herd_rate, **rate},
+        "max_queue_length": {"cap": s.herd_max_len, "consumer_per_s": s.herd_consume_rate, **held},
+    }
+
+
+SCENARIOS = {
+    "publish": publish,
+    "precision": precision,
+    "burst": burst,
+    "memory": memory,
+    "scale": scale,
+    "herd": herd,
+}

@@ -1,0 +1,64 @@
+"""``kombu-delay bench`` end to end at tiny sizes: it runs every scenario and writes JSON.
+
+No timing is asserted; only what must hold whatever the machine's speed: nothing
+arrives early, nothing is lost, every scenario reports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+TINY = [
+    "--publish", "50",
+    "--precision", "10",
+    "--precision-window", "1",
+    "--burst", "500",
+    "--memory", "500",
+    "--scale-small", "200",
+    "--scale-large", "2000",
+    "--scale-probe", "100",
+    "--herd", "1000",
+    "--herd-rate", "2000",
+    "--herd-max-len", "200",
+    "--herd-consume-rate", "2000",
+    "--e2e-tasks", "100",
+    "--e2e-precision", "5",
+]  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "kombu_delay", "bench", "--e2e", "--json-out", str(out)]
+    args += ["--plot-out", str(tmp_path / "bench.png"), *TINY]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=850)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads(out.read_text())
+    results = report["results"]
+    expected = {"publish", "precision", "burst", "memory", "scale", "herd", "e2e"}
+    if (ROOT / "kombu_delay" / "bench_inspect.py").exists():
+        expected.add("inspect")
+    assert set(results) == expected
+    assert report["errors"] == {}
+    assert report["meta"]["redis"]
+
+    assert results["precision"]["arrived"] == 10
+    assert results["precision"]["early"] == 0
+    assert results["burst"]["messages"] == 500 and results["burst"]["drain_s"] > 0
+    assert results["memory"]["messages"] == 500
+    assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
+    for ramp in ("max_rate", "max_queue_length"):
+        herd = results["herd"][ramp]
+        assert herd["delivered"] == 1000, herd
+        assert herd["lost"] == 0 and herd["still_scheduled"] == 0
+    assert results["e2e"]["lateness"]["started"] == 5
+    assert results["e2e"]["lateness"]["early"] == 0
+    assert {row["scenario"] for row in report["targets"]} >= {"publish", "burst", "memory", "scale"}
+    assert "| scenario | metric |" in done.stdout
