@@ -439,3 +439,17 @@ def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, pr
     # Every message ended on its list (moved, or pushed at once by a reschedule to the past)
     # or was cancelled.
     assert sum(r.llen(d) for d in dests) + totals["cancelled"] == scheduled
+
+
+@pytest.mark.parametrize("scheme", ["delayredis", "redis"])
+def test_control_from_a_kombu_connection_leaves_it_open(r, redis_server, prefix, scheme):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", countdown=300)
+    app.close()
+    url = redis_server.delay_url if scheme == "delayredis" else redis_server.url
+    with Connection(url, transport_options=options(prefix)) as conn:
+        with DelayControl(conn) as ctl:
+            assert [m.task_id for m in ctl.find(sent.id)] == [sent.id]
+            assert ctl.cancel(sent.id) == 1
+        assert conn.connected
+        assert conn.default_channel.client.ping()
