@@ -10,6 +10,7 @@ cron-style check.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import click
@@ -57,9 +58,15 @@ class Health:
         )
 
 
-def check(store: Store) -> Health:
-    """Read heartbeats and the earliest due time; judge ages by the Redis clock."""
+def check(store: Store, host: str | None = None) -> Health:
+    """Read heartbeats and the earliest due time; judge ages by the Redis clock.
+
+    With ``host``, only movers on that host count (mover ids are
+    ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover.
+    """
     beats = store.heartbeats()
+    if host is not None:
+        beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
     earliest = store.earliest_due_ms()
     now = store.time_ms()
     freshest = max(beats.values()) if beats else None
@@ -85,9 +92,16 @@ def check(store: Store) -> Health:
     show_default=True,
     help="Unhealthy when a due message has waited longer than this, s (0 = don't check).",
 )
+@click.option(
+    "--this-host",
+    is_flag=True,
+    help="Count only movers on this host (a liveness probe next to its own mover).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing when healthy.")
 @click.pass_context
-def health(ctx: click.Context, max_heartbeat_age: float, max_overdue: float, quiet: bool) -> None:
+def health(
+    ctx: click.Context, max_heartbeat_age: float, max_overdue: float, this_host: bool, quiet: bool
+) -> None:
     """Exit 0 when a mover is alive and due messages move; 1 when not; 2 when Redis is unreachable.
 
     Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...".
@@ -96,6 +110,7 @@ def health(ctx: click.Context, max_heartbeat_age: float, max_overdue: float, qui
     Examples:
       kombu-delay -b delayredis://redis:6379/0 health
       kombu-delay -b delayredis://redis:6379/0 health --max-heartbeat-age 10 --max-overdue 30
+      kombu-delay health --this-host --quiet     # liveness of the mover in this pod
       celery -A proj delay health --max-overdue 120
     """
     tgt = ctx.find_object(Target)
@@ -103,7 +118,7 @@ def health(ctx: click.Context, max_heartbeat_age: float, max_overdue: float, qui
         raise click.UsageError("no broker given")
     try:
         with tgt.open() as store:
-            seen = check(store)
+            seen = check(store, socket.gethostname() if this_host else None)
     except KombuDelayError as exc:
         click.echo(f"UNREACHABLE: {exc}")
         ctx.exit(UNREACHABLE)

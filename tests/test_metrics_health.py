@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kombu_delay import keys
 from kombu_delay.redis_server import RedisServer, free_port
+from kombu_delay.store import Store
 
 from .conftest import ROOT, wait_until
 
@@ -151,8 +152,19 @@ def test_health_follows_the_mover(private_server, spawn, prefix):
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("OK: movers 1")
 
-    # A clean stop removes the heartbeat at once.
+    here = health(private_server, prefix, "--this-host")
+    assert here.returncode == 0, here.stdout
+    # A heartbeat from another host does not make this host's probe healthy.
+    store = Store(client, prefix)
+    store.heartbeat("elsewhere.example:1:abcd")
     assert mover.stop() == 0, mover.output()
+    assert health(private_server, prefix).returncode == 0
+    other = health(private_server, prefix, "--this-host")
+    assert other.returncode == 1, other.stdout
+    assert other.stdout.startswith("UNHEALTHY: no mover heartbeat")
+    store.forget_mover("elsewhere.example:1:abcd")
+
+    # A clean stop removes the heartbeat at once.
     stopped = health(private_server, prefix)
     assert stopped.returncode == 1, stopped.stdout
     assert "no mover heartbeat" in stopped.stdout
