@@ -102,3 +102,32 @@ def test_delay_mover_refuses_a_misspelt_delay_option(r, redis_server):
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "delay_bucket_widht" in done.stderr
+
+
+def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
+    """A worker on plain redis:// holds an ETA task in memory; publishers switch to delayredis://,
+    the worker is restarted on delayredis:// and a mover runs: every task runs once, never early."""
+    from .test_embedded import check_once_and_on_time, ledger, start_worker
+
+    old = start_worker(spawn, redis_server, "old", "threads", {}, ECO_BROKER=redis_server.url)
+    wait_until(lambda: "ready" in old.output(), timeout=120)
+    plain = Celery("old-pub", broker=redis_server.url)
+    held = plain.send_task("eco.record", ("held",), countdown=8)
+    plain.close()
+    wait_until(lambda: r.hlen("unacked") == 1, timeout=60)  # the old worker holds it
+
+    mover = spawn([sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "mover"], name="mover")
+    new = publisher(redis_server, {})
+    stored = new.send_task("eco.record", ("stored",), countdown=3)
+    new.close()
+    assert r.hlen(keys.counts("")) == 1  # held in Redis, not by a worker
+
+    # A warm shutdown of the old worker restores the held message to the list (kombu's restore).
+    assert old.stop(timeout=60) == 0, old.output()
+    assert r.llen("celery") == 1
+    worker = start_worker(spawn, redis_server, "new", "threads", {})
+    wait_until(lambda: r.llen("eco:ledger") >= 2, timeout=120)
+    time.sleep(1.0)
+    check_once_and_on_time(ledger(r), {held.id: 8, stored.id: 3})
+    assert worker.stop(timeout=60) == 0, worker.output()
+    assert mover.stop() == 0, mover.output()
