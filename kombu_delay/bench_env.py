@@ -25,6 +25,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from . import scripts
 from .config import Settings
 from .eta import Due
 from .store import Scheduled, Store
@@ -187,6 +188,33 @@ class Probe:
                 pipe.lpush(key, payload)
             pipe.execute()
         return time.perf_counter() - started
+
+    def redis_cpu_s(self) -> float:
+        """CPU seconds used by Redis's main thread so far (less noisy than wall time when
+        the machine is shared)."""
+        cpu = self.info("cpu")
+        return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+
+    def floor_move(self, payloads: list[str], limit: int, key: str = QUEUE) -> tuple[float, float]:
+        """Time ``bench_floor.lua`` moving ``payloads`` from a sorted set to ``key``.
+
+        Returns (wall seconds, Redis CPU seconds).
+        """
+        source = "kombu_delay_bench:floor"
+        for begin in range(0, len(payloads), 5000):
+            self.client.zadd(source, {p: 0 for p in payloads[begin : begin + 5000]})
+        script = self.client.register_script(scripts.source("bench_floor"))
+        cpu, started = self.redis_cpu_s(), time.perf_counter()
+        while int(script(keys=[source, key], args=[limit])):
+            pass
+        return time.perf_counter() - started, self.redis_cpu_s() - cpu
+
+    def sizes_of(self, pattern: str) -> int:
+        """Exact memory of every key matching ``pattern`` (``MEMORY USAGE ... SAMPLES 0``)."""
+        return sum(
+            int(self.client.memory_usage(key, samples=0) or 0)
+            for key in self.client.scan_iter(match=pattern, count=1000)
+        )
 
     def pop_many(self, count: int, key: str = QUEUE) -> int:
         """Take up to ``count`` messages off a list, as a worker would; return how many."""

@@ -35,6 +35,9 @@ ROWS: list[Row] = [
     ("burst", "moved / ceiling", ("burst", "ratio_to_ceiling"), "{:.2f}", ">= 0.5", lambda v: v >= 0.5),
     ("burst", "largest script call, ms", ("burst", "largest_script_call_ms"), "{:.1f}", "", None),
     ("burst", "Redis µs per moved msg", ("burst", "script_server_us_per_msg"), "{:.1f}", "", None),
+    ("burst", "Redis CPU µs per moved msg", ("burst", "redis_cpu_us_per_msg"), "{:.1f}", "", None),
+    ("burst", "floor: bare Lua move/s", ("burst", "floor_per_s"), "{:,.0f}", "", None),
+    ("burst", "floor: Redis CPU µs per msg", ("burst", "floor_redis_cpu_us_per_msg"), "{:.1f}", "", None),
     (
         "memory",
         "bytes per msg beyond payload",
@@ -43,7 +46,11 @@ ROWS: list[Row] = [
         "<= 150",
         lambda v: v <= 150,
     ),
+    ("memory", "payload bytes", ("memory", "payload_bytes"), "{:.0f}", "", None),
     ("memory", "of which id index", ("memory", "ids_index_per_msg"), "{:.0f}", "", None),
+    ("memory", "of which envelope header", ("memory", "envelope_header_bytes"), "{:.0f}", "", None),
+    ("memory", "of which allocator rounding", ("memory", "allocator_rounding_bytes"), "{:.0f}", "", None),
+    ("memory", "of which sorted-set entry", ("memory", "sorted_set_structure_bytes"), "{:.0f}", "", None),
     ("scale", "publish µs (Redis), small", ("scale", "small", "publish_server_us"), "{:.1f}", "", None),
     ("scale", "publish µs (Redis), large", ("scale", "large", "publish_server_us"), "{:.1f}", "", None),
     ("scale", "publish large / small", ("scale", "publish_ratio"), "{:.2f}", "<= 1.2", lambda v: v <= 1.2),
@@ -100,17 +107,26 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         if value is None:
             continue
         met = None if check is None or math.isnan(value) else bool(check(value))
-        rows.append(
-            {
-                "scenario": scenario,
-                "metric": label,
-                "value": value,
-                "shown": fmt.format(value),
-                "target": target,
-                "met": met,
-            }
-        )
+        rows.append(_row(scenario, label, value, fmt, target, met))
+    for size, row in sorted(
+        ((results.get("inspect") or {}).get("sizes") or {}).items(), key=lambda item: int(item[0])
+    ):
+        for op in ("cancel", "find", "reschedule", "stats"):
+            if isinstance(row.get(op), dict) and "median_ms" in row[op]:
+                value = float(row[op]["median_ms"])
+                rows.append(_row("inspect", f"{op} median ms at {int(size):,}", value, "{:.2f}", "", None))
     return rows
+
+
+def _row(scenario: str, label: str, value: float, fmt: str, target: str, met: bool | None) -> dict[str, Any]:
+    return {
+        "scenario": scenario,
+        "metric": label,
+        "value": value,
+        "shown": fmt.format(value),
+        "target": target,
+        "met": met,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -8,6 +8,7 @@ worker would see it: on kombu's list.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import threading
@@ -196,6 +197,7 @@ def burst(ctx: Ctx) -> dict[str, Any]:
         raise RuntimeError("the fill ended too close to the due time; rerun")
     _sleep_until(due - 200)
     ctx.probe.reset_stats(slower_than_us=0)
+    cpu = ctx.probe.redis_cpu_s()
     series: list[tuple[float, int]] = []
     deadline = time.monotonic() + 120
     done_at = 0.0
@@ -207,6 +209,7 @@ def burst(ctx: Ctx) -> dict[str, Any]:
             done_at = at
             break
         time.sleep(0.002)
+    cpu = ctx.probe.redis_cpu_s() - cpu
     stats = ctx.probe.evalsha_stats()
     slowest = ctx.probe.slowest_script_ms()
     mover_rss = rss_mb(mover.pid)
@@ -217,6 +220,8 @@ def burst(ctx: Ctx) -> dict[str, Any]:
     ctx.probe.reset_stats()
     ceiling_s = ctx.probe.lpush_ceiling(payloads)
     lpush_us = ctx.probe.command_usec_per_call("lpush")
+    ctx.probe.flush()
+    floor_s, floor_cpu = ctx.probe.floor_move(payloads, ctx.movers.batch_size)
     rate = n / drain_s if done_at else 0.0
     ceiling = n / ceiling_s
     return {
@@ -233,6 +238,9 @@ def burst(ctx: Ctx) -> dict[str, Any]:
         "script_server_us_per_msg": stats["usec"] / max(count, 1),
         "largest_script_call_ms": slowest,
         "lpush_server_us": lpush_us,
+        "redis_cpu_us_per_msg": cpu * 1e6 / max(count, 1),
+        "floor_per_s": n / floor_s,
+        "floor_redis_cpu_us_per_msg": floor_cpu * 1e6 / max(count, 1),
         "mover_rss_mb": mover_rss,
         "series": series[:: max(1, len(series) // 400)] + series[-1:],
     }
@@ -248,17 +256,36 @@ def memory(ctx: Ctx) -> dict[str, Any]:
     after = ctx.probe.used_memory()
     payload = statistics.fmean(len(p.encode()) for p in payloads)
     per = (after - before) / count
-    ids_key = ctx.store._ids  # a measurement of our own key
-    ids_bytes = int(ctx.probe.client.memory_usage(ids_key, samples=0) or 0)
+    ids_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}ids")
+    bucket_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}bucket:*")
+    header = len(f"36:{len(QUEUE)}:") + 36 + len(QUEUE)  # <len(id)>:<len(dest)>:<id><dest>
+    member = payload + header
     result = {
         "messages": count,
         "payload_bytes": payload,
         "used_memory_per_msg": per,
         "overhead_per_msg": per - payload,
         "ids_index_per_msg": ids_bytes / count,
+        "buckets_per_msg": bucket_bytes / count,
+        "envelope_header_bytes": header,
+        # jemalloc hands out size classes: a member of this length is stored in the next one.
+        "allocator_rounding_bytes": _size_class(member + 6) - member,
+        "sorted_set_structure_bytes": bucket_bytes / count - _size_class(member + 6),
+        "other_per_msg": per - (ids_bytes + bucket_bytes) / count,
     }
     ctx.probe.flush()
     return result
+
+
+def _size_class(size: float) -> int:
+    """jemalloc's size class for an allocation of ``size`` bytes (four classes per doubling)."""
+    n = math.ceil(size)
+    if n <= 16:
+        return max(8, 8 * math.ceil(n / 8))
+    if n <= 128:
+        return 16 * math.ceil(n / 16)
+    spacing: int = 1 << (math.ceil(math.log2(n)) - 3)
+    return spacing * math.ceil(n / spacing)
 
 
 def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
