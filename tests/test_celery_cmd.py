@@ -131,3 +131,38 @@ def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
     check_once_and_on_time(ledger(r), {held.id: 8, stored.id: 3})
     assert worker.stop(timeout=60) == 0, worker.output()
     assert mover.stop() == 0, mover.output()
+
+
+def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_server, spawn):
+    """The README's ACL pointer: +@all -@dangerous is enough for publisher, mover, health, worker."""
+    from .test_embedded import check_once_and_on_time, ledger, start_worker
+
+    r.execute_command("ACL", "SETUSER", "eco", "reset", "on", ">s3cret", "~*", "&*", "+@all", "-@dangerous")
+    try:
+        url = f"delayredis://eco:s3cret@127.0.0.1:{redis_server.port}/0"
+        options = {"global_keyprefix": "acl:"}
+        env = {**eco_env(redis_server, options), "ECO_BROKER": url}
+        mover = spawn(celery_args("delay", "mover"), env=env, name="mover")
+        worker = start_worker(spawn, redis_server, "acl", "threads", options, ECO_BROKER=url)
+        wait_until(lambda: r.zcard(keys.movers("acl:")) == 1, timeout=90)
+        app = Celery("pub", broker=url)
+        app.conf.broker_transport_options = options
+        sent = app.send_task("eco.record", ("acl",), countdown=1.5)
+        app.close()
+        wait_until(lambda: r.llen("eco:ledger") >= 1, timeout=120)
+        check_once_and_on_time(ledger(r), {sent.id: 1.5})
+        probe = subprocess.run(
+            celery_args("delay", "health"),
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert probe.returncode == 0, probe.stdout + probe.stderr
+        assert worker.stop(timeout=60) == 0, worker.output()
+        assert mover.stop() == 0, mover.output()
+        assert r.acl_log() == [], r.acl_log()
+    finally:
+        r.execute_command("ACL", "DELUSER", "eco")
+        r.execute_command("ACL", "LOG", "RESET")
