@@ -77,8 +77,17 @@ class Settings:
         return cls().with_values(**values)
 
     def with_values(self, **values: Any) -> Settings:
-        """Return a copy with user-facing values (seconds for ``*_ms`` fields) applied."""
-        converted = {name: _convert(name, raw) for name, raw in values.items() if raw is not None}
+        """Return a copy with user-facing values (seconds for ``*_ms`` fields) applied.
+
+        Names are field names or option names without ``delay_`` (``max_sleep`` for
+        ``max_sleep_ms``), as the CLI flags give them.
+        """
+        names = {f.name for f in fields(self)}
+        converted = {}
+        for name, raw in values.items():
+            field_name = name if name in names or f"{name}_ms" not in names else f"{name}_ms"
+            if raw is not None:
+                converted[field_name] = _convert(field_name, raw)
         return replace(self, **converted)
 
 

@@ -1,0 +1,159 @@
+"""Helpers shared by the transport, mover and end-to-end tests: reading what is stored,
+watching LPUSHes by the Redis clock, starting a real Celery worker."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from kombu_delay import keys
+from kombu_delay.envelope import Envelope, decode
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One member of one bucket."""
+
+    start_ms: int
+    score: float
+    envelope: Envelope
+
+    @property
+    def due_ms(self) -> int:
+        return int(self.score)
+
+    @property
+    def message(self) -> dict[str, Any]:
+        decoded: dict[str, Any] = json.loads(self.envelope.payload)
+        return decoded
+
+
+def stored(client: redis.Redis, prefix: str = "") -> list[Stored]:
+    """Every envelope in every indexed bucket, in due order."""
+    found: list[Stored] = []
+    for start in client.zrange(keys.buckets(prefix), 0, -1):
+        start_ms = int(start)
+        for member, score in client.zrange(keys.bucket(prefix, start_ms), 0, -1, withscores=True):
+            found.append(Stored(start_ms, float(score), decode(member)))
+    return sorted(found, key=lambda s: s.score)
+
+
+def eta_us(text: str) -> int:
+    """An ISO-8601 ETA as exact integer epoch microseconds (naive means UTC)."""
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - EPOCH) // _US
+
+
+_US = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - EPOCH
+
+
+def kombu_payload(tag: str, queue: str = "celery", body: str = "e30=") -> str:
+    """A small message in kombu's stored JSON layout, with ``tag`` as its delivery tag."""
+    return json.dumps(
+        {
+            "body": body,
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {},
+            "properties": {
+                "body_encoding": "base64",
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "delivery_mode": 2,
+                "delivery_tag": tag,
+                "priority": 0,
+            },
+        }
+    )
+
+
+def tags_in(client: redis.Redis, key: str) -> list[str]:
+    """Delivery tags of every message in a list, oldest first (the order BRPOP takes)."""
+    items = client.lrange(key, 0, -1)
+    return [json.loads(item)["properties"]["delivery_tag"] for item in reversed(items)]
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class LpushMonitor:
+    """Collect every ``LPUSH`` a Lua script runs, with its Redis-clock time in µs.
+
+    Uses ``MONITOR``, whose timestamps come from the server clock when the command
+    runs inside the script: an independent record of when each message reached a list.
+    """
+
+    client: redis.Redis
+    poke: Callable[[], object]
+    pushes: list[tuple[int, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LpushMonitor:
+        self._thread.start()
+        self._ready.wait(30)
+        self.poke()  # the first line proves MONITOR is active before the test goes on
+        return self
+
+    def _run(self) -> None:
+        with self.client.monitor() as monitor:
+            self._ready.set()
+            while not self._stop.is_set():
+                try:
+                    line = monitor.next_command()
+                except redis.ConnectionError:
+                    return
+                if line.get("client_type") == "lua" and line["command"].startswith("LPUSH "):
+                    self.pushes.append((round(float(line["time"]) * 1_000_000), line["command"]))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.poke()  # MONITOR sees this command, so the reader wakes and stops
+        self._thread.join(30)
+        self.client.close()
+
+    def first_push_us(self, needle: str) -> list[int]:
+        """Times of the LPUSHes whose command text contains ``needle``."""
+        return [at for at, command in self.pushes if needle in command]
+
+
+def worker_args(name: str, queue: str = "e2e") -> list[str]:
+    """A stock Celery worker on ``tests.e2e_app`` (broker from ``E2E_BROKER``)."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.e2e_app",
+        "worker",
+        "--pool",
+        "solo",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-Q",
+        queue,
+        "-n",
+        f"{name}@%h",
+        "-l",
+        "info",
+    ]

@@ -1,0 +1,368 @@
+"""The delay transport against a real redis-server: what a publish writes, key by key."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import ssl
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Connection, Exchange, Producer, Queue
+
+from kombu_delay import DelayTooLong, keys
+from kombu_delay.eta import parse_iso_ms
+from kombu_delay.redis_server import RedisServer, free_port
+from kombu_delay.store import Store
+
+from .conftest import wait_until
+from .delay_helpers import Stored, stored
+
+
+def options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return {**({"global_keyprefix": prefix} if prefix else {}), **extra}
+
+
+@pytest.fixture
+def make_app(redis_server: RedisServer) -> Iterator[Any]:
+    apps: list[Celery] = []
+
+    def make(prefix: str = "", url: str | None = None, **extra: Any) -> Celery:
+        app = Celery(f"t{len(apps)}", broker=url or redis_server.delay_url)
+        app.conf.broker_transport_options = options(prefix, **extra)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def lists(client: redis.Redis) -> dict[str, list[bytes]]:
+    """Every list key and its items."""
+    found = {}
+    for key in client.keys("*"):
+        if client.type(key) in (b"list", "list"):
+            found[key.decode()] = client.lrange(key, 0, -1)
+    return found
+
+
+def only(items: list[Stored]) -> Stored:
+    assert len(items) == 1, items
+    return items[0]
+
+
+# -- future ETAs are stored, not pushed --------------------------------------------------
+
+
+def test_countdown_is_stored_in_its_bucket_scored_at_the_eta(r, make_app, prefix):
+    app = make_app(prefix)
+    before = time.time()
+    task_id = app.send_task("t.add", (1, 2), countdown=30).id
+    after = time.time()
+
+    assert lists(r) == {}
+    held = only(stored(r, prefix))
+    message = held.message
+    eta_ms = parse_iso_ms(message["headers"]["eta"])
+    assert held.due_ms == eta_ms  # floor(score) is the ETA in epoch ms
+    assert int((before + 30) * 1000) - 1 <= eta_ms <= int((after + 30) * 1000) + 1
+    assert held.start_ms == keys.bucket_start(eta_ms, 60_000)
+    assert held.envelope.task_id == task_id == message["headers"]["id"]
+    assert held.envelope.dest == f"{prefix}celery"
+    assert r.zscore(keys.buckets(prefix), str(held.start_ms)) == held.start_ms
+    # The bucket expires after its end plus the (7-day) grace, by default.
+    expire_at = r.pexpiretime(keys.bucket(prefix, held.start_ms))
+    assert expire_at == held.start_ms + 60_000 + 7 * 86_400_000
+    assert r.hget(keys.counts(prefix), f"{prefix}celery") == b"1"
+    assert r.hget(keys.totals(prefix), "scheduled") == b"1"
+
+
+ETAS = {
+    "aware-utc": lambda now: now.replace(tzinfo=UTC),
+    "aware-plus-0530": lambda now: now.replace(tzinfo=UTC).astimezone(
+        timezone(timedelta(hours=5, minutes=30))
+    ),
+    "aware-minus-0800": lambda now: now.replace(tzinfo=UTC).astimezone(timezone(timedelta(hours=-8))),
+    "naive-means-utc": lambda now: now,
+}
+
+
+@pytest.mark.parametrize("kind", list(ETAS))
+def test_eta_aware_and_naive_is_stored_at_that_instant(r, make_app, kind):
+    naive_utc = datetime.now(UTC).replace(tzinfo=None, microsecond=123_456) + timedelta(seconds=45)
+    eta = ETAS[kind](naive_utc)
+    expected_ms = int(naive_utc.replace(tzinfo=UTC).timestamp() * 1000)
+
+    make_app().send_task("t.add", (1, 2), eta=eta)
+
+    assert lists(r) == {}
+    held = only(stored(r))
+    assert held.due_ms == expected_ms
+    assert expected_ms % 1000 == 123  # sub-second precision kept, no whole-second rounding
+
+
+@pytest.mark.parametrize("priority", range(10))
+def test_priority_maps_to_kombus_own_list_key(r, make_app, redis_server, prefix, priority):
+    # Where plain kombu puts this priority: publish it through redis:// and look.
+    make_app(prefix, url=redis_server.url).send_task("t.add", (1, 2), priority=priority)
+    plain = lists(r)
+    assert len(plain) == 1
+    (plain_key,) = plain
+    with Connection(redis_server.url) as conn:
+        assert plain_key == prefix + conn.default_channel._q_for_pri("celery", priority)
+    r.flushall()
+
+    make_app(prefix).send_task("t.add", (1, 2), priority=priority, countdown=30)
+    assert lists(r) == {}
+    assert only(stored(r, prefix)).envelope.dest == plain_key
+
+
+def test_every_key_created_carries_the_global_keyprefix(r, make_app, prefix):
+    app = make_app(prefix)
+    app.send_task("t.add", (1, 2), countdown=30)
+    app.send_task("t.add", (1, 2), countdown=0.3, priority=9)
+    app.send_task("t.add", (1, 2))
+    store = Store(r, prefix)
+    time.sleep(0.4)
+    wait_until(lambda: store.move_due(100).moved == 1)
+
+    created = sorted(k.decode() for k in r.keys("*"))
+    assert created
+    if prefix:
+        assert all(key.startswith(prefix) for key in created), created
+    ours = [key for key in created if keys.NAMESPACE in key]
+    assert {keys.buckets(prefix), keys.counts(prefix), keys.totals(prefix), keys.ids(prefix)} <= set(ours)
+    with Connection(app.conf.broker_url) as conn:
+        high = prefix + conn.default_channel._q_for_pri("celery", 9)
+    assert r.llen(f"{prefix}celery") == 1  # the immediate one
+    assert r.llen(high) == 1  # the moved one, on kombu's prefixed priority list
+
+
+def test_topic_routing_to_two_queues_stores_two_members(r, redis_server, prefix):
+    exchange = Exchange("topics", type="topic")
+    queues = [
+        Queue("qa", exchange, routing_key="a.*"),
+        Queue("qb", exchange, routing_key="a.#"),
+        Queue("qz", exchange, routing_key="z.*"),
+    ]
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        Producer(conn).publish(
+            {"n": 1}, exchange=exchange, routing_key="a.b", headers={"x-delay": 30_000}, declare=queues
+        )
+    held = stored(r, prefix)
+    assert sorted(s.envelope.dest for s in held) == [f"{prefix}qa", f"{prefix}qb"]
+    assert all(s.message["headers"]["x-delay"] == 30_000 for s in held)
+    assert lists(r) == {}
+
+
+def test_x_delay_header_is_milliseconds_from_the_redis_clock(r, redis_server):
+    store = Store(r)
+    before = store.time_ms()
+    with Connection(redis_server.delay_url) as conn:
+        Producer(conn).publish({"n": 1}, routing_key="plain", headers={"x-delay": 5000})
+    after = store.time_ms()
+    held = only(stored(r))
+    assert before + 5000 <= held.due_ms <= after + 5000
+    assert held.envelope.dest == "plain"
+    assert held.envelope.task_id == held.message["properties"]["delivery_tag"]
+    assert lists(r) == {}
+
+
+# -- no ETA, past ETA, bad ETA: exactly what plain kombu pushes ---------------------------
+
+
+def without_tag(raw: bytes) -> str:
+    """The pushed JSON text with its (fresh, random) delivery tag blanked out."""
+    tag = json.loads(raw)["properties"]["delivery_tag"]
+    text = raw.decode()
+    assert text.count(tag) == 1
+    return text.replace(tag, "<tag>")
+
+
+def pushed_by_both(r: redis.Redis, redis_server: RedisServer, publish: Any) -> tuple[str, str]:
+    """Publish with ``publish(conn)`` through redis:// and delayredis://; return both pushes."""
+    found = []
+    for url in (redis_server.url, redis_server.delay_url):
+        with Connection(url) as conn:
+            publish(conn)
+        pushed = lists(r)
+        assert len(pushed) == 1 and len(next(iter(pushed.values()))) == 1, pushed
+        found.append(without_tag(next(iter(pushed.values()))[0]))
+        r.flushall()
+    assert stored(r) == []
+    return found[0], found[1]
+
+
+CELERY_IMMEDIATE = {
+    "countdown-0": {"countdown": 0},
+    "no-eta": {},
+    "past-eta": {"eta": datetime(2020, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)},
+    "past-eta-naive": {"eta": datetime(2020, 1, 2, 3, 4, 5, 678_901)},
+    "negative-countdown": {"eta": datetime.now(UTC) - timedelta(seconds=5)},
+}
+
+
+@pytest.mark.parametrize("case", list(CELERY_IMMEDIATE))
+def test_celery_immediate_publish_is_byte_identical_to_plain_redis(r, make_app, redis_server, case):
+    app = make_app()
+    task_id = str(uuid.uuid4())
+
+    def publish(conn: Connection) -> None:
+        with app.amqp.Producer(conn) as producer:
+            app.send_task("t.add", (1, [2]), {"k": None}, task_id=task_id, producer=producer,
+                          **CELERY_IMMEDIATE[case])  # fmt: skip
+
+    plain, delayed = pushed_by_both(r, redis_server, publish)
+    assert delayed == plain
+    assert json.loads(delayed)["headers"]["id"] == task_id
+
+
+KOMBU_IMMEDIATE = {
+    "x-delay-0": {"x-delay": 0},
+    "x-delay-negative": {"x-delay": -5},
+    "garbage-celery-eta": {"task": "t.add", "id": "g1", "eta": "next tuesday"},
+    "garbage-x-delay": {"x-delay": "soon"},
+}
+
+
+@pytest.mark.parametrize("case", list(KOMBU_IMMEDIATE))
+def test_kombu_immediate_publish_is_byte_identical_to_plain_redis(r, redis_server, case, caplog):
+    def publish(conn: Connection) -> None:
+        Producer(conn).publish({"n": [1, 2**70]}, routing_key="plain", headers=KOMBU_IMMEDIATE[case])
+
+    with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+        plain, delayed = pushed_by_both(r, redis_server, publish)
+    assert delayed == plain
+    garbage = case.startswith("garbage")
+    warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert len(warned) == (1 if garbage else 0), warned
+    if garbage:
+        assert "delivering message" in warned[0].getMessage()
+
+
+def test_garbage_eta_is_delivered_now_warned_and_counted(r, redis_server, prefix, caplog):
+    with (
+        caplog.at_level(logging.WARNING, logger="kombu_delay"),
+        Connection(redis_server.delay_url, transport_options=options(prefix)) as conn,
+    ):
+        Producer(conn).publish(
+            {"n": 1}, routing_key="q", headers={"task": "t", "id": "x", "eta": "2025-13-45"}
+        )
+    assert r.llen(f"{prefix}q") == 1
+    assert stored(r, prefix) == []
+    assert r.hget(keys.totals(prefix), "bad_eta") == b"1"
+    assert any("2025-13-45" in rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING)
+
+
+# -- the max-delay guard ------------------------------------------------------------------
+
+
+def test_max_delay_guard_refuses_and_writes_nothing(r, make_app, prefix):
+    app = make_app(prefix, delay_max_delay=60)
+    with pytest.raises(DelayTooLong, match="delay_max_delay is 60 s"):
+        app.send_task("t.add", (1, 2), countdown=3600)
+    assert not [k for k in r.keys("*") if keys.NAMESPACE.encode() in k]
+    assert lists(r) == {}
+    app.send_task("t.add", (1, 2), countdown=59)  # inside the limit: stored
+    assert len(stored(r, prefix)) == 1
+
+
+def test_year_2109_ceiling_is_always_enforced(r, make_app):
+    with pytest.raises(DelayTooLong, match="2109"):
+        make_app().send_task("t.add", (1, 2), eta=datetime(2200, 1, 1, tzinfo=UTC))
+    assert not [k for k in r.keys("*") if keys.NAMESPACE.encode() in k]
+
+
+# -- batched publishing (kombu 5.7) -------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(Producer, "batch"), reason="kombu without Producer.batch")
+def test_batched_publish_keeps_immediate_and_delayed_messages(r, redis_server, prefix):
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        producer = Producer(conn)
+        with producer.batch(max_size=10):
+            for i in range(25):
+                producer.publish({"i": i}, routing_key="now")
+                producer.publish({"i": i}, routing_key="later", headers={"x-delay": 30_000})
+    now = r.lrange(f"{prefix}now", 0, -1)
+    assert [json.loads(_body(m))["i"] for m in reversed(now)] == list(range(25))
+    held = stored(r, prefix)
+    assert len(held) == 25 and {s.envelope.dest for s in held} == {f"{prefix}later"}
+    assert r.llen(f"{prefix}later") == 0
+
+
+def _body(raw: bytes) -> bytes:
+    import base64
+
+    message = json.loads(raw)
+    body = message["body"]
+    return base64.b64decode(body) if message["properties"].get("body_encoding") == "base64" else body
+
+
+# -- the envelope holds the exact pushed bytes ------------------------------------------
+
+
+def test_moved_list_item_is_the_stored_json_byte_for_byte(r, make_app, prefix):
+    make_app(prefix).send_task("t.add", ("é", [], {}, 2**70), countdown=0.3)
+    held = only(stored(r, prefix))
+    store = Store(r, prefix)
+    wait_until(lambda: store.move_due(10).moved)
+    assert r.lrange(f"{prefix}celery", 0, -1) == [held.envelope.payload]
+    message = json.loads(held.envelope.payload)
+    assert "eta" in message["headers"]
+
+
+# -- TLS ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[RedisServer, int, Path]]:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls_port = free_port()
+    server = RedisServer(
+        extra_args=["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                    "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"],
+    )  # fmt: skip
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"this redis-server has no TLS: {exc}")
+    try:
+        yield server, tls_port, cert
+    finally:
+        server.cleanup()
+
+
+def test_delayrediss_speaks_tls_and_verifies_the_certificate(tls_server):
+    server, tls_port, cert = tls_server
+    url = f"delayrediss://127.0.0.1:{tls_port}/0"
+    with Connection(url, ssl={"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(cert)}) as conn:
+        channel = conn.default_channel
+        assert issubclass(channel.pool.connection_class, redis.SSLConnection)
+        Producer(conn).publish({"n": 1}, routing_key="tls", headers={"x-delay": 30_000})
+    plain = server.client()
+    try:
+        assert only(stored(plain)).envelope.dest == "tls"
+    finally:
+        plain.close()
+    # Without options the certificate is verified against the system CAs: ours is refused.
+    with Connection(url) as conn, pytest.raises(Exception) as caught:
+        conn.default_channel  # noqa: B018
+    assert "certificate" in repr(caught.value).lower() or "ssl" in repr(caught.value).lower()
