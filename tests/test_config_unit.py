@@ -1,0 +1,64 @@
+"""Settings, table-driven: options in seconds, environment overrides, CLI-style names, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import ConfigError
+
+OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
+    ("defaults", {}, {}, {"bucket_width_ms": 60_000, "grace_ms": 7 * 86_400_000, "max_delay_ms": 0}),
+    ("seconds-to-ms", {"delay_bucket_width": 1, "delay_max_sleep": 0.25}, {}, {"bucket_width_ms": 1000,
+                                                                              "max_sleep_ms": 250}),
+    ("strings-accepted", {"delay_max_delay": "3600", "delay_batch_size": "10"}, {},
+     {"max_delay_ms": 3_600_000, "batch_size": 10}),
+    ("env-beats-options", {"delay_batch_size": 10}, {"KOMBU_DELAY_BATCH_SIZE": "20"}, {"batch_size": 20}),
+    ("empty-env-ignored", {"delay_batch_size": 10}, {"KOMBU_DELAY_BATCH_SIZE": ""}, {"batch_size": 10}),
+    ("env-seconds", {}, {"KOMBU_DELAY_GRACE": "86400"}, {"grace_ms": 86_400_000}),
+    ("bool-option", {"delay_embedded_mover": "yes"}, {}, {"embedded_mover": True}),
+    ("bool-off", {"delay_embedded_mover": "off"}, {}, {"embedded_mover": False}),
+    ("kombu-options-ignored", {"global_keyprefix": "x:", "visibility_timeout": 10}, {}, {"batch_size": 1000}),
+    ("batch-at-limit", {"delay_batch_size": 5000}, {}, {"batch_size": 5000}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "options", "env", "expected"), OK_CASES, ids=[c[0] for c in OK_CASES])
+def test_from_options(name, options, env, expected):
+    settings = Settings.from_options(options, env=env)
+    for field, value in expected.items():
+        assert getattr(settings, field) == value
+
+
+BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown-option", {"delay_bucket_wdith": 1}, "unknown transport option"),
+    ("zero-width", {"delay_bucket_width": 0}, "delay_bucket_width must be positive"),
+    ("negative-grace", {"delay_grace": -1}, "delay_grace must not be negative"),
+    ("not-a-number", {"delay_max_delay": "ten"}, "delay_max_delay must be a number"),
+    ("nan", {"delay_max_sleep": "nan"}, "delay_max_sleep must be a number"),
+    ("bool-as-number", {"delay_batch_size": True}, "delay_batch_size must be a number"),
+    ("bad-bool", {"delay_embedded_mover": "maybe"}, "delay_embedded_mover"),
+    ("batch-too-big", {"delay_batch_size": 5001}, "at most 5000"),
+]
+
+
+@pytest.mark.parametrize(("name", "options", "message"), BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_options_name_the_option(name, options, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_options(options, env={})
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "expected"),
+    [
+        ({"max_sleep": 60}, "max_sleep_ms", 60_000),  # the CLI's --max-sleep
+        ({"max_sleep_ms": 2}, "max_sleep_ms", 2000),
+        ({"max_rate": "5"}, "max_rate", 5),
+        ({"batch_size": None}, "batch_size", 1000),  # flag not given
+        ({"bucket_width": 0.5}, "bucket_width_ms", 500),
+    ],
+)
+def test_with_values_takes_cli_names_in_user_units(values, field, expected):
+    assert getattr(Settings().with_values(**values), field) == expected
