@@ -6,6 +6,7 @@ import __future__
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
@@ -387,7 +388,7 @@ def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
     out = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.inspect_app", "purge", "-f", "-Q", "emails"],
         cwd=ROOT,
-        env={**__import__("os").environ, **env},
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -453,3 +454,15 @@ def test_control_from_a_kombu_connection_leaves_it_open(r, redis_server, prefix,
             assert ctl.cancel(sent.id) == 1
         assert conn.connected
         assert conn.default_channel.client.ping()
+
+
+def test_app_control_purge_counts_delayed_messages(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    app.conf.task_queues = [Queue("emails")]
+    for _ in range(3):
+        app.send_task("inspect.record", countdown=600, queue="emails")
+    app.send_task("inspect.record", queue="emails")
+    assert app.control.purge() == 4
+    assert truth(r, prefix) == Counter()
+    assert r.llen(f"{prefix}emails") == 0
+    app.close()
