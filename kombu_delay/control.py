@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError
 
 from . import keys
 from .config import Settings
+from .connect import delay_url
 from .envelope import decode
 from .errors import CorruptMember, DelayTooLong, RedisUnavailable
 from .eta import to_ms
@@ -127,8 +128,6 @@ class DelayControl:
     def __init__(self, broker: str | Connection, transport_options: dict[str, Any] | None = None) -> None:
         register()
         if isinstance(broker, str):
-            from .connect import delay_url
-
             self._conn = Connection(delay_url(broker), transport_options=dict(transport_options or {}))
             self._owned = True
         else:
