@@ -166,6 +166,7 @@ def run(view: View, workdir: Path) -> bool:
 
     children: list[Child] = []
     server = RedisServer(directory=str(workdir))
+    producer: Celery | None = None
     try:
         server.start()
         client = server.client()
@@ -231,6 +232,8 @@ def run(view: View, workdir: Path) -> bool:
             time.sleep(REFRESH_S)
         return summary(view, tasks, sum(store.counts().values()))
     finally:
+        if producer is not None:
+            producer.close()
         for child in reversed(children):
             child.stop()
         server.stop()
