@@ -136,8 +136,9 @@ class LpushMonitor:
         return [at for at, command in self.pushes if needle in command]
 
 
-def worker_args(name: str, queue: str = "e2e") -> list[str]:
-    """A stock Celery worker on ``tests.e2e_app`` (broker from ``E2E_BROKER``)."""
+def worker_args(name: str, queue: str = "e2e", pool: str = "solo") -> list[str]:
+    """A stock Celery worker on ``tests.e2e_app`` (broker from ``E2E_BROKER``);
+    ``pool`` is ``solo`` or ``prefork`` (two processes)."""
     return [
         sys.executable,
         "-m",
@@ -146,7 +147,8 @@ def worker_args(name: str, queue: str = "e2e") -> list[str]:
         "tests.e2e_app",
         "worker",
         "--pool",
-        "solo",
+        pool,
+        *(["-c", "2"] if pool == "prefork" else []),
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",

@@ -41,10 +41,11 @@ def records(client: redis.Redis, tag: str | None = None) -> list[dict[str, Any]]
     return [rec for rec in found if tag is None or rec["tag"] == tag]
 
 
-def start_worker(spawn: Callable[..., Proc], broker: str, records_url: str, name: str) -> Proc:
-    return spawn(
-        worker_args(name), env={"E2E_BROKER": broker, "E2E_RECORDS": records_url}, name=f"worker-{name}"
-    )
+def start_worker(
+    spawn: Callable[..., Proc], broker: str, records_url: str, name: str, pool: str = "solo"
+) -> Proc:
+    env = {"E2E_BROKER": broker, "E2E_RECORDS": records_url}
+    return spawn(worker_args(name, pool=pool), env=env, name=f"worker-{name}")
 
 
 def wait_worker_ready(r: redis.Redis, broker: str, worker: Proc) -> None:
@@ -70,9 +71,10 @@ def summary(name: str, values_ms: list[float]) -> str:
 
 
 @pytest.mark.slow
-def test_countdowns_run_once_never_early_on_a_plain_worker(r, redis_server, spawn, start_mover):
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_countdowns_run_once_never_early_on_a_plain_worker(r, redis_server, spawn, start_mover, pool):
     mover = start_mover()
-    worker = start_worker(spawn, redis_server.url, redis_server.url, "plain")
+    worker = start_worker(spawn, redis_server.url, redis_server.url, "plain", pool=pool)
     wait_worker_ready(r, redis_server.url, worker)
 
     app = Celery("e2e-publisher", broker=redis_server.delay_url)
@@ -129,7 +131,7 @@ def test_countdowns_run_once_never_early_on_a_plain_worker(r, redis_server, spaw
         summary("exact ETA -> task start", eta_to_start),
         f"list sampled empty {samples} times before the first due time",
     ]
-    print("\n" + "\n".join(report))
+    print(f"\n[{pool} worker]\n" + "\n".join(report))
     # Loose: a generous ceiling that only a broken wake-up or timer could exceed.
     assert max(due_to_push) < 30_000
 

@@ -451,3 +451,16 @@ def test_blocked_destination_does_not_block_other_destinations(r):
     for _ in range(20):
         store.move_due(2)
     assert r.llen("good") == 1
+
+
+def test_mover_with_another_prefix_warns_about_stranded_messages(r, start_mover):
+    """A mover whose global_keyprefix differs from the publisher's says so at start."""
+    seed(Store(r, "app1:"), 1, ["app1:q"], delay_ms=60_000)
+    mover = start_mover()  # no prefix
+    wait_until(lambda: "app1:kombu_delay:buckets" in mover.output())
+    assert "WARNING" in mover.output() and "global_keyprefix" in mover.output()
+    assert mover.stop() == 0, mover.output()
+    right = start_mover(prefix="app1:")
+    wait_until(lambda: Store(r, "app1:").heartbeats())
+    assert right.stop() == 0
+    assert "other" not in right.output() and "under [" not in right.output()
