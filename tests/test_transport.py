@@ -366,3 +366,22 @@ def test_delayrediss_speaks_tls_and_verifies_the_certificate(tls_server):
     with Connection(url) as conn, pytest.raises(Exception) as caught:
         conn.default_channel  # noqa: B018
     assert "certificate" in repr(caught.value).lower() or "ssl" in repr(caught.value).lower()
+
+
+def test_held_then_moved_message_is_what_plain_redis_would_have_pushed(r, make_app, redis_server, prefix):
+    """The same Celery message with a future ETA: pushed at once by plain redis://, held
+    and later moved by delayredis://. The two list items differ only in the delivery tag."""
+    app = make_app(prefix)
+    task_id = str(uuid.uuid4())
+    eta = datetime.now(UTC) + timedelta(seconds=0.5)
+    found = []
+    for url in (redis_server.url, redis_server.delay_url):
+        with Connection(url, transport_options=options(prefix)) as conn, app.amqp.Producer(conn) as producer:
+            app.send_task("t.add", (1, [2], {"x": 2**70}), task_id=task_id, eta=eta, producer=producer)
+        if url == redis_server.delay_url:
+            assert lists(r) == {}
+            store = Store(r, prefix)
+            wait_until(lambda: store.move_due(10).moved)  # noqa: B023
+        found.append(without_tag(r.rpop(f"{prefix}celery")))
+        assert lists(r) == {} and stored(r, prefix) == []
+    assert found[0] == found[1]
