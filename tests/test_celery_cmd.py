@@ -47,13 +47,16 @@ def test_delay_mover_takes_prefix_and_delay_options_from_the_app(r, redis_server
     assert index, "nothing was scheduled under the app's prefix"
     assert all(int(start) % 2000 == 0 for start in index)
     assert r.llen("eco1:celery") == 0
+    # Two messages already wait on the list: at the cap, so the mover must hold the rest.
+    r.lpush("eco1:celery", "filler-1", "filler-2")
 
     mover = spawn(celery_args("delay", "--log-level", "debug", "mover"), env=eco_env(redis_server, options))
-    wait_until(lambda: r.llen("eco1:celery") >= 2, timeout=90)
-    # All five are due by now (+ a margin); the cap holds three while the list is full.
-    time.sleep(max(0.0, last_due - time.time()) + 1.5)
+    wait_until(lambda: r.zcard(keys.movers("eco1:")) == 1, timeout=90)
+    time.sleep(max(0.0, last_due - time.time()) + 1.5)  # all five are due by now, plus a margin
     assert r.llen("eco1:celery") == 2
-    assert sum(int(n) for n in r.hvals(keys.counts("eco1:"))) == 3
+    assert sum(int(n) for n in r.hvals(keys.counts("eco1:"))) == 5
+    assert r.rpop("eco1:celery") == b"filler-1"
+    assert r.rpop("eco1:celery") == b"filler-2"
     delivered = []
     while len(delivered) < len(sent):
         raw = wait_until(lambda: r.rpop("eco1:celery"), timeout=90)
@@ -61,7 +64,7 @@ def test_delay_mover_takes_prefix_and_delay_options_from_the_app(r, redis_server
     assert sorted(delivered) == sorted(s.id for s in sent)
     assert r.llen("celery") == 0, "something was pushed without the app's prefix"
     assert mover.stop() == 0, mover.output()
-    assert "mover" in mover.output()
+    assert "held=" in mover.output()
 
 
 def test_delay_health_uses_the_app_prefix(r, redis_server, spawn):
