@@ -146,7 +146,9 @@ def _row(item: ScheduledMessage, now: int) -> dict[str, object]:
 
 @click.command(name="ls")
 @click.option("--queue", "-Q", default=None, help="Only messages bound for this queue.")
-@click.option("--limit", "-n", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--limit", "-n", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Messages per page."
+)
 @click.option("--cursor", "-c", default=None, help="Continue after a previous page (its printed cursor).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {items, cursor}.")
 @click.pass_context
@@ -262,7 +264,7 @@ def reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: flo
 @click.option("--yes", is_flag=True, help="Confirm: required, this cannot be undone.")
 @click.pass_context
 def purge(ctx: click.Context, queue: str, yes: bool) -> None:
-    """Remove every scheduled (not yet due) message bound for a queue, all priorities.
+    """Remove every message held for a queue (all priorities) that no mover has moved yet.
 
     Messages already on the queue's list are not touched (`celery purge` removes
     those, and with kombu-delay's transport these too). Exits 1 when the queue
