@@ -3,7 +3,7 @@
 It starts a private redis-server (or uses ``--broker``, whose database it
 flushes), publishes Celery's own messages, runs real mover processes, prints a
 table with the project's targets, writes the results as JSON, and draws charts
-(a PNG with the ``plot`` extra, else in the terminal).
+(in the terminal, and as a PNG with the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -208,10 +208,11 @@ def bench(
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1, default=str))
     click.echo(bench_report.table(rows))
+    click.echo("\n" + bench_report.terminal_charts(results))
     if bench_report.plot(results, plot_out):
         click.echo(f"\nplot: {plot_out}")
     else:
-        click.echo("\n" + bench_report.terminal_charts(results))
+        click.echo("\n(no PNG: pip install 'kombu-delay[plot]' for one)")
     click.echo(
         f"\nresults: {json_out}  ({meta['duration_s']} s, Redis {meta['redis']}, {meta['nproc']} cores)"
     )

@@ -1,7 +1,7 @@
 """The benchmark's output: the results table with its targets, terminal charts, and a PNG.
 
-The PNG needs matplotlib (the ``plot`` extra); without it the same charts are
-drawn in the terminal.
+The charts are always drawn in the terminal; the PNG needs matplotlib (the
+``plot`` extra).
 """
 
 from __future__ import annotations
