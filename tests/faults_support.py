@@ -39,12 +39,22 @@ chaos_only = [
 
 #: Pops up to ARGV[1] items from KEYS[1] and returns the Redis clock with them, in one
 #: atomic step: every item was on the list at that instant, so it was pushed no later.
+#: redis-py silently retries a command whose reply was lost to a disconnect, and a pop is
+#: not idempotent, so each popped batch is kept (KEYS[2], numbered by KEYS[3]) until the
+#: next call says (ARGV[2]) that the consumer has it; a repeated call returns it again.
 POP_LUA = """
 local t = redis.call('TIME')
+local current = tonumber(redis.call('GET', KEYS[3]) or '0')
+if current ~= tonumber(ARGV[2]) then
+  local kept = redis.call('LRANGE', KEYS[2], 0, -1)
+  return {t[1], t[2], current, unpack(kept)}
+end
+redis.call('DEL', KEYS[2])
 local items = redis.call('RPOP', KEYS[1], ARGV[1])
-local out = {t[1], t[2]}
-if items then for _, item in ipairs(items) do out[#out + 1] = item end end
-return out
+if not items then return {t[1], t[2], current} end
+redis.call('RPUSH', KEYS[2], unpack(items))
+current = redis.call('INCR', KEYS[3])
+return {t[1], t[2], current, unpack(items)}
 """
 
 
@@ -171,6 +181,7 @@ class Consumer:
     def __init__(self, client: redis.Redis, key: str, ledger: Ledger, batch: int = 1000) -> None:
         self.client, self.key, self.ledger, self.batch = client, key, ledger, batch
         self.errors = 0
+        self.done = 0  # number of the last batch recorded
         self._pop = client.register_script(POP_LUA)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consumer", daemon=True)
@@ -183,11 +194,16 @@ class Consumer:
         self.stop()
 
     def poll_once(self) -> int:
-        reply = self._pop(keys=[self.key], args=[self.batch])
+        keys_ = [self.key, f"{self.key}:consumer-batch", f"{self.key}:consumer-batch-no"]
+        reply = self._pop(keys=keys_, args=[self.batch, self.done])
         at_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
-        for raw in reply[2:]:
+        number, items = int(reply[2]), reply[3:]
+        if number == self.done:
+            return 0
+        for raw in items:
             self.ledger.arrived(raw, at_ms)
-        return len(reply) - 2
+        self.done = number
+        return len(items)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -762,8 +762,15 @@ def test_tls_transport_publishes_and_moves_with_a_verified_certificate(tmp_path:
         if "tls" in str(exc).lower():
             pytest.skip(f"this redis-server has no TLS support: {exc}")
         raise
+    try:  # not ``with server``: that would start it a second time
+        _tls_round_trip(server, ca, tmp_path)
+    finally:
+        server.cleanup()
+
+
+def _tls_round_trip(server: TLSRedisServer, ca: str, tmp_path: Path) -> None:
     url = f"delayrediss://127.0.0.1:{server.port}/0"
-    with server, Movers(f"{url}?ssl_cert_reqs=required&ssl_ca_certs={ca}", tmp_path) as movers:
+    with Movers(f"{url}?ssl_cert_reqs=required&ssl_ca_certs={ca}", tmp_path) as movers:
         movers.start(1)
         # Verified by default: without our CA the server certificate is refused.
         with pytest.raises(OperationalError, match="certificate verify failed"), Connection(url) as conn:
