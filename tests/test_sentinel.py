@@ -112,6 +112,25 @@ def _span(values: list[float]) -> list[float]:
     return [round(min(values), 2), round(max(values), 2)] if values else []
 
 
+def where(cluster: SentinelCluster, ids: list[str]) -> dict[str, object]:
+    """Look for undelivered ids on every live data node: still scheduled, or on the list."""
+    found: dict[str, object] = {}
+    for node in cluster.data_nodes:
+        try:
+            with node.client(socket_timeout=5) as client:
+                listed = {json.loads(x)["headers"]["id"] for x in client.lrange("celery", 0, -1)}
+                found[str(node.port)] = {
+                    "role": client.info("replication")["role"],
+                    "scheduled": [i for i in ids if client.hexists(keys.ids(""), i)],
+                    "listed": [i for i in ids if i in listed],
+                    "counts": {k.decode(): int(v) for k, v in client.hgetall(keys.counts("")).items()},
+                    "movers": [m.decode() for m in client.zrange(keys.movers(""), 0, -1)],
+                }
+        except (redis.RedisError, OSError) as exc:
+            found[str(node.port)] = repr(exc)
+    return found
+
+
 def consume(cluster: SentinelCluster, ledger: Ledger, stop: threading.Event) -> None:
     """Pop the queue list of whichever node is master, recording each message id."""
     sentinel = redis.sentinel.Sentinel(cluster.addresses, socket_timeout=2)
@@ -202,7 +221,9 @@ def test_failover_during_moving(cluster, spawn, how):
     for i in range(n, n + post_n):
         publish(i, 1.0)
     app.close()
-    wait_until(lambda: set(ledger.acked) <= {i for i, _ in ledger.popped}, timeout=90)
+    deadline = time.monotonic() + 90
+    while not set(ledger.acked) <= {i for i, _ in ledger.popped} and time.monotonic() < deadline:
+        time.sleep(0.1)
     time.sleep(3.0)  # late duplicates would show up here
     stop.set()
     consumer.join(timeout=30)
@@ -212,6 +233,9 @@ def test_failover_during_moving(cluster, spawn, how):
         f"\nfailover ({how}, {cluster.data_args}):",
         json.dumps({**figures, "dup_ids": len(figures["dup_ids"])}),
     )
+    if figures["lost"]:
+        print("where the undelivered are:", json.dumps(where(cluster, figures["lost_ids"])))  # type: ignore[arg-type]
+        print("mover log:", mover.output()[-4000:])
     post = collections.Counter(i for i, _ in ledger.popped if int(i[1:]) >= n)
     assert sorted(post) == sorted(f"t{i:05d}" for i in range(n, n + post_n))
     assert all(c == 1 for c in post.values()), post
