@@ -118,6 +118,7 @@ class Mover:
         self._on_error = on_error
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
+        self._called_at = time.monotonic()
         self._last_log = time.monotonic()
         self._logged_moved = 0
 
@@ -170,6 +171,10 @@ class Mover:
             if allowance < 1:
                 time.sleep(min(self._limiter.wait_for_one(), STOP_SLICE_S))
                 continue
+            # The reply's Redis clock was read just after this instant; sleeps are timed
+            # from here, not from when the reply was parsed, or every wake-up is late by
+            # the round trip and the parsing.
+            self._called_at = time.monotonic()
             result = self.store.move_due(
                 min(self.settings.batch_size, allowance), self.settings.max_queue_length
             )
@@ -234,8 +239,9 @@ class Mover:
         return max(0.0, min(cap, until_due / 1000))
 
     def _wait(self, pubsub: redis.client.PubSub, seconds: float) -> None:
-        """Sleep ``seconds`` on the local clock, or less if a publish wakes us."""
-        deadline = time.monotonic() + seconds
+        """Sleep ``seconds`` from the last move call on the local clock, or less if a
+        publish wakes us."""
+        deadline = self._called_at + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
