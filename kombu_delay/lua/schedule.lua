@@ -46,38 +46,47 @@ local start = due - due % width
 local start_s = string.format('%d', start)
 local bucket = ns .. 'bucket:' .. start_s
 local meta = ns .. 'meta:' .. start_s
-local seq = (redis.call('HINCRBY', meta, 'seq', 1) - 1) % 4096
+local n_seq = redis.call('HINCRBY', meta, 'seq', 1)
+local seq = (n_seq - 1) % 4096
 local member = #task_id .. ':' .. #dest .. ':' .. task_id .. dest .. payload
 if redis.call('ZADD', bucket, 'NX', due + seq / 4096, member) == 0 then
   return {2, due, now}
 end
 redis.call('HINCRBY', meta, 'q:' .. dest, 1)
-redis.call('ZADD', index, start, start_s)
-redis.call('HINCRBY', counts, dest, 1)
+local n_dest = redis.call('HINCRBY', counts, dest, 1)
 redis.call('HINCRBY', totals, 'scheduled', 1)
 
 -- A dead system must not grow Redis forever: the bucket expires after its grace, its
 -- counts a day later (so a mover can still reconcile them), the shared hashes never
--- before the last meta key.
+-- before the last meta key. Every call is a round of Redis commands inside one script, so
+-- this is done only when it can change something: when the meta hash is new (a new
+-- bucket: every script that empties a bucket deletes its meta and its index entry in the
+-- same call, so "meta new" is "bucket new"), or when this destination's count was zero
+-- (the shared hashes may have emptied and vanished, taking their expiry with them).
 local expire_at = start + width + grace
 local meta_expire_at = expire_at + 86400000
-redis.call('PEXPIREAT', bucket, expire_at)
-redis.call('PEXPIREAT', meta, meta_expire_at)
-for _, key in ipairs({ids, counts}) do
-  local ttl = redis.call('PTTL', key)
-  if ttl == -1 or now + ttl < meta_expire_at then
-    redis.call('PEXPIREAT', key, meta_expire_at)
+if n_seq == 1 then
+  redis.call('ZADD', index, start, start_s)
+  redis.call('PEXPIREAT', bucket, expire_at)
+  redis.call('PEXPIREAT', meta, meta_expire_at)
+end
+if n_seq == 1 or n_dest == 1 then
+  for _, key in ipairs({ids, counts}) do
+    local ttl = redis.call('PTTL', key)
+    if ttl == -1 or now + ttl < meta_expire_at then
+      redis.call('PEXPIREAT', key, meta_expire_at)
+    end
   end
 end
 
 local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
-local refs = redis.call('HGET', ids, task_id)
-if refs then ref = refs .. ' ' .. ref end
-redis.call('HSET', ids, task_id, ref)
+if redis.call('HSETNX', ids, task_id, ref) == 0 then  -- a retry reuses its task id
+  redis.call('HSET', ids, task_id, redis.call('HGET', ids, task_id) .. ' ' .. ref)
+end
 
--- Wake the movers only when this message is now the earliest one scheduled.
-local first = redis.call('ZRANGE', index, 0, 0)[1]
-if first == start_s and redis.call('ZRANK', bucket, member) == 0 then
+-- Wake the movers only when this message is now the earliest one scheduled (its
+-- rank first: cheap, and false for almost every publish).
+if redis.call('ZRANK', bucket, member) == 0 and redis.call('ZRANGE', index, 0, 0)[1] == start_s then
   redis.call('PUBLISH', wake, string.format('%d', due))
 end
 return {1, due, now}
