@@ -77,8 +77,21 @@ class MoveResult:
             expired=head[6],
             wrongtype=head[7],
             more=bool(head[8]),
-            lateness_ms=[int(x) for x in reply[9:]],
+            lateness_ms=_runs(reply[9:]),
         )
+
+
+def _runs(coded: list[Any]) -> list[int]:
+    """Expand move.lua's run-length coded lateness: ``-n, value`` is ``value`` n times."""
+    out: list[int] = []
+    values = iter(coded)
+    for raw in values:
+        value = int(raw)
+        if value < 0:
+            out += [int(next(values))] * -value
+        else:
+            out.append(value)
+    return out
 
 
 class Rescheduled(enum.IntEnum):

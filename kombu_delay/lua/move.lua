@@ -9,8 +9,10 @@ ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] limit    most envelopes examined in this call
 ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never)
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
-          dead, held, expired, wrongtype, more (1 if the limit was reached), lateness_ms...}
-         with one lateness_ms (now - due) per moved envelope, in move order.
+          dead, held, expired, wrongtype, more (1 if the limit was reached), lateness...}
+         with the lateness (now - due, ms, >= 0) of each moved envelope in move order,
+         run-length coded: a run of n > 1 equal values is -n followed by the value. A burst
+         due at one instant then costs two integers, not one per message, to send and parse.
 Bound: examines at most ARGV[2] envelopes and ARGV[2] buckets.
 
 Each envelope is removed with ZREM and pushed with LPUSH inside this one script, so a crash
@@ -29,6 +31,15 @@ local upper = '(' .. string.format('%d', now + 1)  -- floor(score) <= now, never
 
 local moved, dead_n, held, expired, wrong = 0, 0, 0, 0, 0
 local lateness = {}
+local run_value, run_count = nil, 0
+local function end_run()
+  if run_count == 1 then
+    lateness[#lateness + 1] = run_value
+  elseif run_count > 1 then
+    lateness[#lateness + 1] = -run_count
+    lateness[#lateness + 1] = run_value
+  end
+end
 local budget = limit
 local blocked = {}   -- dest -> true when it must not be written this call
 
@@ -108,7 +119,11 @@ for _, start_s in ipairs(starts) do
           list[#list + 1] = string.sub(member, hdr_end + il + dl + 1)
           per_dest[dest] = (per_dest[dest] or 0) + 1
           local due = math.floor(score)
-          lateness[#lateness + 1] = now - due
+          local late = now - due
+          if late == run_value then run_count = run_count + 1 else
+            end_run()
+            run_value, run_count = late, 1
+          end
           local seq = (score - due) * 4096
           drop_ref(task_id, start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
         end
@@ -157,5 +172,6 @@ end
 local more = 0
 if budget <= 0 then more = 1 end
 local reply = {moved, next_due, now, now_us, dead_n, held, expired, wrong, more}
+end_run()
 for i = 1, #lateness do reply[#reply + 1] = lateness[i] end
 return reply
