@@ -18,6 +18,8 @@ ROWS: list[Row] = [
     ("publish", "plain redis:// publishes/s", ("publish", "plain_per_s"), "{:,.0f}", "", None),
     ("publish", "delayed publishes/s", ("publish", "delayed_per_s"), "{:,.0f}", "", None),
     ("publish", "delayed / plain", ("publish", "ratio"), "{:.2f}", ">= 0.9", lambda v: v >= 0.9),
+    ("publish", "Redis CPU µs, plain publish", ("publish", "plain_redis_cpu_us"), "{:.1f}", "", None),
+    ("publish", "Redis CPU µs, delayed publish", ("publish", "delayed_redis_cpu_us"), "{:.1f}", "", None),
     ("precision", "lateness p50, ms", ("precision", "p50_ms"), "{:.2f}", "", None),
     ("precision", "lateness p99, ms", ("precision", "p99_ms"), "{:.2f}", "<= 5", lambda v: v <= 5),
     ("precision", "lateness max, ms", ("precision", "max_ms"), "{:.2f}", "", None),

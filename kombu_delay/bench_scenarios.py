@@ -115,17 +115,19 @@ def publish(ctx: Ctx) -> dict[str, Any]:
     for _ in range(50):  # connections, script loading, imports
         plain.send_task(TASK, kwargs=kwargs)
         delayed.send_task(TASK, kwargs=kwargs, countdown=3600)
-    rounds, plain_s, delayed_s = 5, 0.0, 0.0
+    rounds, plain_s, delayed_s, plain_cpu, delayed_cpu = 5, 0.0, 0.0, 0.0, 0.0
     per = max(1, n // rounds)
     for _ in range(rounds):  # interleaved, so a noisy neighbour hits both sides alike
-        started = time.perf_counter()
+        cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
         for _ in range(per):
             plain.send_task(TASK, kwargs=kwargs)
         plain_s += time.perf_counter() - started
-        started = time.perf_counter()
+        plain_cpu += ctx.probe.redis_cpu_s() - cpu
+        cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
         for _ in range(per):
             delayed.send_task(TASK, kwargs=kwargs, countdown=3600)
         delayed_s += time.perf_counter() - started
+        delayed_cpu += ctx.probe.redis_cpu_s() - cpu
     held = sum(ctx.store.counts().values())
     plain.close()
     delayed.close()
@@ -136,6 +138,10 @@ def publish(ctx: Ctx) -> dict[str, Any]:
         "plain_per_s": total / plain_s,
         "delayed_per_s": total / delayed_s,
         "ratio": plain_s / delayed_s,
+        "plain_us_per_publish": plain_s / total * 1e6,
+        "delayed_us_per_publish": delayed_s / total * 1e6,
+        "plain_redis_cpu_us": plain_cpu / total * 1e6,
+        "delayed_redis_cpu_us": delayed_cpu / total * 1e6,
         "delayed_held": held,
     }
 
