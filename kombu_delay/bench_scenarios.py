@@ -39,10 +39,10 @@ class Sizes:
     scale_small: int = 10_000
     scale_large: int = 1_000_000
     scale_probe: int = 2000
-    herd: int = 200_000
-    herd_rate: int = 20_000
-    herd_max_len: int = 10_000
-    herd_consume_rate: int = 20_000
+    herd: int = 100_000
+    herd_rate: int = 10_000
+    herd_max_len: int = 5_000
+    herd_consume_rate: int = 10_000
     e2e_tasks: int = 20_000
     e2e_precision: int = 200
 
