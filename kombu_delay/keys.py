@@ -11,10 +11,10 @@ from __future__ import annotations
 #: Namespace of every key kombu-delay creates, after ``global_keyprefix``.
 NAMESPACE = "kombu_delay:"
 
-#: Sub-millisecond tie-breakers per due millisecond. ``due_ms + seq/4096``
-#: stays an exact double for epoch milliseconds below 2**41 (year 2039) and
-#: keeps 1/4096 ms resolution up to 2**42 (year 2109), the hard ETA ceiling.
-SEQ_SLOTS = 4096
+#: Sub-millisecond tie-breakers per due millisecond. ``due_ms + seq/2048`` is an
+#: exact double for every epoch millisecond below 2**42 (year 2109), the hard ETA
+#: ceiling: a double has 53 bits, 42 for the millisecond and 11 for ``seq``.
+SEQ_SLOTS = 2048
 
 #: Latest due time accepted, epoch ms (2**42 ms is in the year 2109).
 MAX_DUE_MS = 2**42
@@ -31,7 +31,7 @@ def bucket_start(due_ms: int, width_ms: int) -> int:
 
 
 def bucket(prefix: str, start_ms: int) -> str:
-    """ZSET of envelopes due in one bucket, scored ``due_ms + seq/4096``."""
+    """ZSET of envelopes due in one bucket, scored ``due_ms + seq/2048``."""
     return f"{ns(prefix)}bucket:{start_ms}"
 
 

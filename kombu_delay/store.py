@@ -110,7 +110,7 @@ class Stored:
 
     #: Start of its bucket, epoch ms.
     start_ms: int
-    #: Its score, ``due_ms + seq/4096``.
+    #: Its score, ``due_ms + seq/2048``.
     score: float
     member: bytes
 

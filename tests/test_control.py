@@ -262,8 +262,8 @@ def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover
     wait_until(lambda: r.llen(dest) == 300, timeout=120)
 
 
-def test_paging_and_purge_with_more_than_4096_messages_in_one_millisecond(r, redis_server, prefix):
-    # seq wraps at 4096, so members share scores: cursors and purge must count ties.
+def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, redis_server, prefix):
+    # seq wraps at 2048, so members share scores: cursors and purge must count ties.
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         store = ctl.store
         due = store.time_ms() + 600_000
@@ -274,7 +274,7 @@ def test_paging_and_purge_with_more_than_4096_messages_in_one_millisecond(r, red
         store.schedule_many(items, Settings())
         assert (
             len({s for _, s in r.zrange(keys.bucket(prefix, due - due % 60_000), 0, -1, withscores=True)})
-            == 4096
+            == keys.SEQ_SLOTS
         )
         seen: list[str] = []
         cursor = None

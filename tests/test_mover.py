@@ -435,12 +435,6 @@ def test_mover_reads_its_options_from_the_environment(r, start_mover):
     assert mover.stop() == 0, mover.output()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: due messages that must stay put (wrong-type or held destination) "
-    "count against the move limit, so once `limit` of them are due first, later messages for "
-    "other destinations are never reached",
-)
 def test_blocked_destination_does_not_block_other_destinations(r):
     store = Store(r)
     r.set("bad", "a string")
@@ -448,9 +442,24 @@ def test_blocked_destination_does_not_block_other_destinations(r):
     store.schedule_many([*items, (Due(310, True, "g"), "good", kombu_payload("g"))], Settings())
     wait_until(lambda: store.earliest_due_ms() is not None and store.time_ms() > store.earliest_due_ms() + 20)
     time.sleep(0.05)
-    for _ in range(20):
-        store.move_due(2)
-    assert r.llen("good") == 1
+    result = store.move_due(2)
+    assert r.llen("good") == 1, "the message for another queue passes the blocked ones"
+    assert (result.moved, result.wrongtype) == (1, 3)
+    assert r.type("bad") == b"string" and store.counts() == {"bad": 3}
+
+
+def test_queue_length_cap_counts_the_pushes_of_the_same_call(r):
+    """One move call never takes a list past delay_max_queue_length; the rest wait, kept."""
+    store = Store(r)
+    r.rpush("capped", "filler")
+    items = [(Due(200, True, f"c{i}"), "capped", kombu_payload(f"c{i}")) for i in range(5)]
+    store.schedule_many(items, Settings())
+    wait_until(lambda: store.time_ms() > store.earliest_due_ms() + 20)  # type: ignore[operator]
+    result = store.move_due(1000, max_queue_length=3)
+    assert (result.moved, result.held) == (2, 3)
+    assert r.llen("capped") == 3 and store.counts() == {"capped": 3}
+    r.delete("capped")
+    assert store.move_due(1000, max_queue_length=3).moved == 3
 
 
 def test_mover_with_another_prefix_warns_about_stranded_messages(r, start_mover):

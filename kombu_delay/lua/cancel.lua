@@ -9,7 +9,7 @@ ARGV[2] task_id  id-index key
 ARGV[3] limit    most refs handled in this call
 Returns: {cancelled, refs_left}; refs_left > 0 means the caller calls again.
 Bound: ARGV[3] refs; each is one ZRANGEBYSCORE of a single score, which holds one member
-       unless more than 4096 messages of one bucket share a due millisecond.
+       unless more than 2048 messages of one bucket share a due millisecond.
 
 A ref names a score, so the envelope is found in O(log n) without reading its bucket. The
 task id inside the member is checked too: members of other ids may share the score.
@@ -33,7 +33,7 @@ for i = 1, n do
   if start_s then
     local bucket = ns .. 'bucket:' .. start_s
     local meta = ns .. 'meta:' .. start_s
-    local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 4096)
+    local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
     for _, member in ipairs(redis.call('ZRANGEBYSCORE', bucket, score, score)) do
       local _, hdr_end, il, dl = string.find(member, '^(%d+):(%d+):')
       if hdr_end then

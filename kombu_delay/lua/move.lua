@@ -6,14 +6,17 @@ KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dead    LIST  <ns>dead      envelopes that cannot be parsed
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
-ARGV[2] limit    most envelopes examined in this call
-ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never)
+ARGV[2] limit    most envelopes moved (or dead-lettered) in this call
+ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never);
+                 the envelopes this call pushes count too, so a list never passes max_len
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
           dead, held, expired, wrongtype, more (1 if the limit was reached), lateness...}
          with the lateness (now - due, ms, >= 0) of each moved envelope in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value. A burst
          due at one instant then costs two integers, not one per message, to send and parse.
-Bound: examines at most ARGV[2] envelopes and ARGV[2] buckets.
+Bound: moves at most ARGV[2] envelopes, steps over at most 10 * ARGV[2] that must stay put
+       (held or wrong-type destination), and visits at most ARGV[2] buckets. The separate
+       step-over allowance lets messages for other queues pass a held herd.
 
 Each envelope is removed with ZREM and pushed with LPUSH inside this one script, so a crash
 can neither lose nor duplicate it, and several movers can run it at once: a member another
@@ -41,7 +44,8 @@ local function end_run()
   end
 end
 local budget = limit
-local blocked = {}   -- dest -> true when it must not be written this call
+local skip_left = 10 * limit
+local room = {}   -- dest -> pushes still allowed this call; -1 = not a list
 
 local function drop_ref(task_id, ref)
   local refs = redis.call('HGET', ids, task_id)
@@ -62,31 +66,40 @@ local function drop_ref(task_id, ref)
   end
 end
 
-local function can_write(dest)
-  local state = blocked[dest]
-  if state == nil then
+-- Returns false when the envelope may be pushed now (and takes one unit of room), else
+-- 'held' (the list is at max_len) or 'wrongtype' (the key is not a list).
+local function blocked_by(dest)
+  local left = room[dest]
+  if left == nil then
     local kind = redis.call('TYPE', dest)['ok']
     if kind ~= 'list' and kind ~= 'none' then
-      state = 'wrongtype'
-    elseif max_len > 0 and redis.call('LLEN', dest) >= max_len then
-      state = 'held'
+      left = -1
+    elseif max_len > 0 then
+      left = math.max(0, max_len - redis.call('LLEN', dest))
     else
-      state = false
+      left = math.huge
     end
-    blocked[dest] = state
   end
-  return state
+  if left == -1 then
+    room[dest] = left
+    return 'wrongtype'
+  elseif left == 0 then
+    room[dest] = left
+    return 'held'
+  end
+  room[dest] = left - 1
+  return false
 end
 
 local starts = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit)
 for _, start_s in ipairs(starts) do
-  if budget <= 0 then break end
+  if budget <= 0 or skip_left <= 0 then break end
   local start = tonumber(start_s)
   local bucket = ns .. 'bucket:' .. start_s
   local meta = ns .. 'meta:' .. start_s
   local offset = 0
   local scanned_any = false
-  while budget > 0 do
+  while budget > 0 and skip_left > 0 do
     local batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
     if #batch == 0 then break end
     scanned_any = true
@@ -105,10 +118,13 @@ for _, start_s in ipairs(starts) do
       else
         local task_id = string.sub(member, hdr_end + 1, hdr_end + il)
         local dest = string.sub(member, hdr_end + il + 1, hdr_end + il + dl)
-        local state = can_write(dest)
+        local state = blocked_by(dest)
         if state then
+          budget = budget + 1  -- stepping over costs the step-over allowance instead
+          skip_left = skip_left - 1
           offset = offset + 1
           if state == 'held' then held = held + 1 else wrong = wrong + 1 end
+          if skip_left <= 0 then break end
         else
           removed[#removed + 1] = member
           if not pushes[dest] then
@@ -124,7 +140,7 @@ for _, start_s in ipairs(starts) do
             end_run()
             run_value, run_count = late, 1
           end
-          local seq = (score - due) * 4096
+          local seq = (score - due) * 2048
           drop_ref(task_id, start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
         end
       end

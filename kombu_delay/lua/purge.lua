@@ -94,7 +94,7 @@ for _, start_s in ipairs(starts) do
           per_dest[dest] = per_dest[dest] + 1
           local score = tonumber(score_s)
           local due = math.floor(score)
-          local seq = (score - due) * 4096
+          local seq = (score - due) * 2048
           drop_ref(string.sub(member, hdr_end + 1, hdr_end + il),
             start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
         else

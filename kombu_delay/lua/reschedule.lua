@@ -89,9 +89,9 @@ local start = due - due % width
 local start_s = string.format('%d', start)
 local bucket = ns .. 'bucket:' .. start_s
 local meta = ns .. 'meta:' .. start_s
-local seq = (redis.call('HINCRBY', meta, 'seq', 1) - 1) % 4096
+local seq = (redis.call('HINCRBY', meta, 'seq', 1) - 1) % 2048
 local member = #task_id .. ':' .. #dest .. ':' .. task_id .. dest .. payload
-if redis.call('ZADD', bucket, 'NX', due + seq / 4096, member) == 0 then
+if redis.call('ZADD', bucket, 'NX', due + seq / 2048, member) == 0 then
   uncount()
   return {2, due, now}
 end

@@ -47,14 +47,20 @@ local start_s = string.format('%d', start)
 local bucket = ns .. 'bucket:' .. start_s
 local meta = ns .. 'meta:' .. start_s
 local n_seq = redis.call('HINCRBY', meta, 'seq', 1)
-local seq = (n_seq - 1) % 4096
+local seq = (n_seq - 1) % 2048
 local member = #task_id .. ':' .. #dest .. ':' .. task_id .. dest .. payload
-if redis.call('ZADD', bucket, 'NX', due + seq / 4096, member) == 0 then
+if redis.call('ZADD', bucket, 'NX', due + seq / 2048, member) == 0 then
   return {2, due, now}
 end
 redis.call('HINCRBY', meta, 'q:' .. dest, 1)
 local n_dest = redis.call('HINCRBY', counts, dest, 1)
 redis.call('HINCRBY', totals, 'scheduled', 1)
+
+-- Written before the expiry below, which needs the ids hash to exist.
+local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
+if redis.call('HSETNX', ids, task_id, ref) == 0 then  -- a retry reuses its task id
+  redis.call('HSET', ids, task_id, redis.call('HGET', ids, task_id) .. ' ' .. ref)
+end
 
 -- A dead system must not grow Redis forever: the bucket expires after its grace, its
 -- counts a day later (so a mover can still reconcile them), the shared hashes never
@@ -77,11 +83,6 @@ if n_seq == 1 or n_dest == 1 then
       redis.call('PEXPIREAT', key, meta_expire_at)
     end
   end
-end
-
-local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
-if redis.call('HSETNX', ids, task_id, ref) == 0 then  -- a retry reuses its task id
-  redis.call('HSET', ids, task_id, redis.call('HGET', ids, task_id) .. ' ' .. ref)
 end
 
 -- Wake the movers only when this message is now the earliest one scheduled (its
