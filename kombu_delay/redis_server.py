@@ -80,14 +80,16 @@ class RedisServer:
 
     def start(self, timeout: float = 20.0) -> RedisServer:
         """Start the server and wait until it answers PING."""
-        self.process = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        # Startup errors (a bad directive, say "tls-port" on a build without TLS) go to
+        # stdout, not to the log file: keep them for the error message.
+        with open(self.dir / "redis-server.out", "wb") as out:
+            self.process = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         client = self.client()
         try:
             while True:
                 if self.process.poll() is not None:
-                    log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"redis-server exited with {self.process.returncode}: {log}")
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.output()}")
                 try:
                     client.ping()
                     return self
@@ -98,6 +100,15 @@ class RedisServer:
                     time.sleep(0.02)
         finally:
             client.close()
+
+    def output(self) -> str:
+        """Return the tail of the server's startup output and log file."""
+        texts = []
+        for name in ("redis-server.out", "redis.log"):
+            path = self.dir / name
+            if path.exists():
+                texts.append(path.read_text(errors="replace")[-2000:].strip())
+        return "\n".join(text for text in texts if text)
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
