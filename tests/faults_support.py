@@ -198,7 +198,10 @@ class Consumer:
         reply = self._pop(keys=keys_, args=[self.batch, self.done])
         at_ms = int(reply[0]) * 1000 + int(reply[1]) // 1000
         number, items = int(reply[2]), reply[3:]
-        if number == self.done:
+        if number <= self.done:
+            # Nothing new; or Redis went back in time (it lost its last writes in a crash):
+            # the batch it kept is one already recorded.
+            self.done = number
             return 0
         for raw in items:
             self.ledger.arrived(raw, at_ms)
