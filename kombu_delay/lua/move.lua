@@ -16,7 +16,8 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
          due at one instant then costs two integers, not one per message, to send and parse.
 Bound: moves at most ARGV[2] envelopes, steps over at most 10 * ARGV[2] that must stay put
        (held or wrong-type destination), and visits at most ARGV[2] buckets. The separate
-       step-over allowance lets messages for other queues pass a held herd.
+       step-over allowance lets messages for other queues pass a held herd; a bucket whose
+       queues are all blocked is stepped over whole from its meta counts, unread.
 
 Each envelope is removed with ZREM and pushed with LPUSH inside this one script, so a crash
 can neither lose nor duplicate it, and several movers can run it at once: a member another
@@ -68,7 +69,7 @@ end
 
 -- Returns false when the envelope may be pushed now (and takes one unit of room), else
 -- 'held' (the list is at max_len) or 'wrongtype' (the key is not a list).
-local function blocked_by(dest)
+local function room_of(dest)
   local left = room[dest]
   if left == nil then
     local kind = redis.call('TYPE', dest)['ok']
@@ -79,7 +80,13 @@ local function blocked_by(dest)
     else
       left = math.huge
     end
+    room[dest] = left
   end
+  return left
+end
+
+local function blocked_by(dest)
+  local left = room_of(dest)
   if left == -1 then
     room[dest] = left
     return 'wrongtype'
@@ -99,7 +106,44 @@ for _, start_s in ipairs(starts) do
   local meta = ns .. 'meta:' .. start_s
   local offset = 0
   local scanned_any = false
-  while budget > 0 and skip_left > 0 do
+  -- A held herd must not be read member by member on every poll (10x the limit of 1 KB
+  -- members each time keeps Redis busy for nothing): when every destination that has
+  -- messages in this bucket is blocked, its meta counts say so, and the bucket is
+  -- stepped over whole, without reading it.
+  local fields = redis.call('HGETALL', meta)
+  local open, stuck, stuck_wrong = false, 0, 0
+  local dests_here = {}
+  for i = 1, #fields, 2 do
+    local name, n = fields[i], tonumber(fields[i + 1])
+    if n > 0 and string.sub(name, 1, 2) == 'q:' then
+      dests_here[#dests_here + 1] = string.sub(name, 3)
+      local left = room_of(dests_here[#dests_here])
+      if left > 0 then
+        open = true
+      elseif left == -1 then
+        stuck_wrong = stuck_wrong + n
+      else
+        stuck = stuck + n
+      end
+    end
+  end
+  if stuck + stuck_wrong == 0 then
+    open = true  -- no counts to go by: read the bucket
+  elseif not open then
+    local waiting = redis.call('ZCOUNT', bucket, '-inf', upper)  -- due ones only, O(log n)
+    if waiting > 0 then
+      if stuck > 0 then held = held + waiting else wrong = wrong + waiting end
+      scanned_any = true  -- not "all in the future": later buckets may hold open queues
+    end
+  end
+  local function all_blocked()
+    for _, dest in ipairs(dests_here) do
+      if room[dest] == nil or room[dest] > 0 then return false end
+    end
+    return #dests_here > 0
+  end
+  local bucket_blocked, stepped_here = false, 0
+  while open and not bucket_blocked and budget > 0 and skip_left > 0 do
     local batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
     if #batch == 0 then break end
     scanned_any = true
@@ -124,7 +168,12 @@ for _, start_s in ipairs(starts) do
           skip_left = skip_left - 1
           offset = offset + 1
           if state == 'held' then held = held + 1 else wrong = wrong + 1 end
+          stepped_here = stepped_here + 1
           if skip_left <= 0 then break end
+          if all_blocked() then  -- its queues filled up during this call: leave the bucket
+            bucket_blocked = true
+            break
+          end
         else
           removed[#removed + 1] = member
           if not pushes[dest] then
@@ -154,6 +203,14 @@ for _, start_s in ipairs(starts) do
       moved = moved + n
       if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
       redis.call('HINCRBY', meta, 'q:' .. dest, -n)
+    end
+  end
+  if bucket_blocked then  -- count the due ones it did not read, as the pre-check does
+    local unread = redis.call('ZCOUNT', bucket, '-inf', upper) - stepped_here
+    if unread > 0 then
+      local any_held = false
+      for _, dest in ipairs(dests_here) do any_held = any_held or room[dest] == 0 end
+      if any_held then held = held + unread else wrong = wrong + unread end
     end
   end
   if redis.call('EXISTS', bucket) == 0 then
