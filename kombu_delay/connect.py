@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 
@@ -76,7 +77,10 @@ def open_store(url: str, transport_options: Mapping[str, Any] | None = None) -> 
             try:
                 channel = conn.default_channel
             except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
-                raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                cause = exc.__cause__ or exc.__context__
+                if isinstance(cause, redis.ConnectionError | redis.TimeoutError | OSError):
+                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                raise  # an authentication, ACL or other refusal: its own message says it
         store: Store = channel.delay_store
         yield store
     finally:
