@@ -8,11 +8,19 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
+#: Helpers put in front of every script (``lua/_common.lua``): Redis runs each script as
+#: one chunk, so a shared Lua function has to travel inside each script's text.
+COMMON = "_common"
+
 
 @cache
-def source(name: str) -> str:
-    """Return the text of ``lua/<name>.lua``."""
+def _read(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def source(name: str) -> str:
+    """Return the text Redis runs for ``lua/<name>.lua``: the common helpers, then the script."""
+    return _read(COMMON) + _read(name)
 
 
 class Scripts:

@@ -48,25 +48,6 @@ local budget = limit
 local skip_left = 10 * limit
 local room = {}   -- dest -> pushes still allowed this call; -1 = not a list
 
-local function drop_ref(task_id, ref)
-  local refs = redis.call('HGET', ids, task_id)
-  if not refs then return end
-  if refs == ref then
-    redis.call('HDEL', ids, task_id)
-    return
-  end
-  local s, e = string.find(' ' .. refs .. ' ', ' ' .. ref .. ' ', 1, true)
-  if s then
-    local padded = ' ' .. refs .. ' '
-    local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
-    rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
-    -- HDEL first: Redis refuses a script whose first write may grow memory (HSET,
-    -- LPUSH) while maxmemory is exceeded, and the mover must keep moving then.
-    redis.call('HDEL', ids, task_id)
-    if rest ~= '' then redis.call('HSET', ids, task_id, rest) end
-  end
-end
-
 -- Returns false when the envelope may be pushed now (and takes one unit of room), else
 -- 'held' (the list is at max_len) or 'wrongtype' (the key is not a list).
 local function room_of(dest)
@@ -156,7 +137,7 @@ for _, start_s in ipairs(starts) do
       local _, hdr_end, il, dl = string.find(member, '^(%d+):(%d+):')
       il, dl = tonumber(il), tonumber(dl)
       if not hdr_end or dl == 0 or #member <= hdr_end + il + dl then
-        redis.call('ZREM', bucket, member)  -- before LPUSH: see drop_ref on maxmemory
+        redis.call('ZREM', bucket, member)  -- before LPUSH: see drop_ref (_common.lua) on maxmemory
         redis.call('LPUSH', dead, member)
         dead_n = dead_n + 1
       else
@@ -190,7 +171,7 @@ for _, start_s in ipairs(starts) do
             run_value, run_count = late, 1
           end
           local seq = (score - due) * 2048
-          drop_ref(task_id, start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
+          drop_ref(ids, task_id, start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
         end
       end
     end
@@ -217,7 +198,7 @@ for _, start_s in ipairs(starts) do
     -- Emptied by moves, or gone (expired after its grace, or deleted by hand): in the
     -- second case its remaining counts are still in the meta hash; settle them.
     local fields = redis.call('HGETALL', meta)
-    redis.call('DEL', meta)  -- deletes before HINCRBY: see drop_ref on maxmemory
+    redis.call('DEL', meta)  -- deletes before HINCRBY: see drop_ref (_common.lua) on maxmemory
     redis.call('ZREM', index, start_s)
     for i = 1, #fields, 2 do
       local name, n = fields[i], tonumber(fields[i + 1])

@@ -28,24 +28,6 @@ for i = 6, #ARGV do
   fields[#fields + 1] = 'q:' .. ARGV[i]
 end
 
-local function drop_ref(task_id, ref)
-  local refs = redis.call('HGET', ids, task_id)
-  if not refs then return end
-  if refs == ref then
-    redis.call('HDEL', ids, task_id)
-    return
-  end
-  local s, e = string.find(' ' .. refs .. ' ', ' ' .. ref .. ' ', 1, true)
-  if s then
-    local padded = ' ' .. refs .. ' '
-    local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
-    rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
-    -- HDEL first: under maxmemory Redis refuses a script whose first write may grow memory.
-    redis.call('HDEL', ids, task_id)
-    if rest ~= '' then redis.call('HSET', ids, task_id, rest) end
-  end
-end
-
 local removed_total = 0
 local budget = limit
 local starts = redis.call('ZRANGEBYSCORE', index, cursor_start, '+inf', 'LIMIT', 0, limit)
@@ -95,7 +77,7 @@ for _, start_s in ipairs(starts) do
           local score = tonumber(score_s)
           local due = math.floor(score)
           local seq = (score - due) * 2048
-          drop_ref(string.sub(member, hdr_end + 1, hdr_end + il),
+          drop_ref(ids, string.sub(member, hdr_end + 1, hdr_end + il),
             start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
         else
           tie = tie + 1

@@ -49,30 +49,12 @@ if redis.call('ZREM', old_bucket, old_member) == 0 then
   return {0, due, now}
 end
 
-local function drop_ref(ref)
-  local refs = redis.call('HGET', ids, task_id)
-  if not refs then return end
-  if refs == ref then
-    redis.call('HDEL', ids, task_id)
-    return
-  end
-  local s, e = string.find(' ' .. refs .. ' ', ' ' .. ref .. ' ', 1, true)
-  if s then
-    local padded = ' ' .. refs .. ' '
-    local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
-    rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
-    -- HDEL first: under maxmemory Redis refuses a script whose first write may grow memory.
-    redis.call('HDEL', ids, task_id)
-    if rest ~= '' then redis.call('HSET', ids, task_id, rest) end
-  end
-end
-
 local function uncount()
   if redis.call('HINCRBY', counts, dest, -1) <= 0 then redis.call('HDEL', counts, dest) end
 end
 
 redis.call('HINCRBY', ns .. 'meta:' .. old_start, 'q:' .. dest, -1)
-drop_ref(old_ref)
+drop_ref(ids, task_id, old_ref)
 if redis.call('EXISTS', old_bucket) == 0 then
   redis.call('DEL', ns .. 'meta:' .. old_start)
   redis.call('ZREM', index, old_start)
