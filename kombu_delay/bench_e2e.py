@@ -21,6 +21,7 @@ import redis
 from celery import Celery
 
 from .bench_env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
+from .redis_server import stop_process
 
 #: The queue of the stock worker (ETA messages straight onto its list).
 STOCK_QUEUE = "bench-stock"
@@ -50,16 +51,6 @@ def _worker(url: str, queue: str, log: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, BROKER_ENV: url})
     out.close()
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _ready(ctx: Any, sender: Celery, queue: str, timeout: float = 120) -> None:
@@ -122,7 +113,7 @@ def e2e(ctx: Any) -> dict[str, Any]:
         after_stock = _settled_rss(stock.pid, seconds=5.0)
     finally:
         for proc in procs:
-            _stop(proc)
+            stop_process(proc)
         plain.close()
         delayed.close()
     return {

@@ -28,6 +28,7 @@ from celery import Celery
 from . import scripts
 from .config import Settings
 from .eta import Due
+from .redis_server import stop_process
 from .store import Scheduled, Store
 
 #: The queue every scenario publishes to (kombu's list key for priority 0).
@@ -263,13 +264,7 @@ class Movers:
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
     def stop_all(self) -> None:
         for proc in self.procs:

@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from .redis_server import RedisServer
+from .redis_server import RedisServer, stop_process
 from .store import Store
 
 #: Countdowns of the demo's tasks, seconds.
@@ -68,14 +68,7 @@ class Child:
         return "\n".join("    " + line for line in text)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        stop_process(self.popen, timeout)
 
 
 @dataclass

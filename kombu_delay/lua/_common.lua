@@ -8,6 +8,12 @@ drop_ref(ids, task_id, ref)
   Bound: one HGET and at most one HDEL and one HSET.
   HDEL comes before HSET: under maxmemory Redis refuses a script whose first write may grow
   memory, and movers must keep moving then.
+
+keep_until(key, now, at)
+  key  a kombu-delay hash shared by all buckets (ids, counts)
+  now  the Redis clock, epoch ms;  at  epoch ms
+  Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
+  never shortens it. Bound: one PTTL and at most one PEXPIREAT.
 ]]
 local function drop_ref(ids, task_id, ref)
   local refs = redis.call('HGET', ids, task_id)
@@ -23,6 +29,13 @@ local function drop_ref(ids, task_id, ref)
     rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
     redis.call('HDEL', ids, task_id)
     if rest ~= '' then redis.call('HSET', ids, task_id, rest) end
+  end
+end
+
+local function keep_until(key, now, at)
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 or now + ttl < at then
+    redis.call('PEXPIREAT', key, at)
   end
 end
 

@@ -90,12 +90,8 @@ local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.
 local refs = redis.call('HGET', ids, task_id)
 if refs then ref = refs .. ' ' .. ref end
 redis.call('HSET', ids, task_id, ref)
-for _, key in ipairs({ids, counts}) do
-  local ttl = redis.call('PTTL', key)
-  if ttl == -1 or now + ttl < meta_expire_at then
-    redis.call('PEXPIREAT', key, meta_expire_at)
-  end
-end
+keep_until(ids, now, meta_expire_at)
+keep_until(counts, now, meta_expire_at)
 
 local first = redis.call('ZRANGE', index, 0, 0)[1]
 if first == start_s and redis.call('ZRANK', bucket, member) == 0 then

@@ -77,12 +77,8 @@ if n_seq == 1 then
   redis.call('PEXPIREAT', meta, meta_expire_at)
 end
 if n_seq == 1 or n_dest == 1 then
-  for _, key in ipairs({ids, counts}) do
-    local ttl = redis.call('PTTL', key)
-    if ttl == -1 or now + ttl < meta_expire_at then
-      redis.call('PEXPIREAT', key, meta_expire_at)
-    end
-  end
+  keep_until(ids, now, meta_expire_at)
+  keep_until(counts, now, meta_expire_at)
 end
 
 -- Wake the movers only when this message is now the earliest one scheduled (its
