@@ -1,11 +1,13 @@
 --[[ _common: helpers that kombu_delay/scripts.py puts in front of every script (not a script).
 
-drop_ref(ids, task_id, ref)
-  ids      HASH  <ns>ids   task id -> space-separated refs "start:offset:seq"
-  task_id  the id whose entry changes
-  ref      the ref of the envelope that left its bucket (moved, purged or replaced)
-  Removes that ref, and the field with its last ref. Returns nothing.
-  Bound: one HGET and at most one HDEL and one HSET.
+drop_refs(ids, task_ids, refs)
+  ids       HASH  <ns>ids   task id -> space-separated refs "start:offset:seq"
+  task_ids  the ids whose entries change (an id may appear more than once)
+  refs      refs[i] is the ref of task_ids[i]'s envelope that left its bucket (moved, purged
+            or replaced)
+  Removes each ref, and a field with its last ref. Returns nothing.
+  Bound: one HMGET, then at most one HDEL and one HSET, whatever the number of ids: a move
+  of a thousand envelopes costs three commands here, not two thousand.
   HDEL comes before HSET: under maxmemory Redis refuses a script whose first write may grow
   memory, and movers must keep moving then.
 
@@ -15,21 +17,41 @@ keep_until(key, now, at)
   Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
   never shortens it. Bound: one PTTL and at most one PEXPIREAT.
 ]]
-local function drop_ref(ids, task_id, ref)
-  local refs = redis.call('HGET', ids, task_id)
-  if not refs then return end
-  if refs == ref then
-    redis.call('HDEL', ids, task_id)
-    return
-  end
+local function without_ref(refs, ref)
+  if refs == ref then return false end
   local padded = ' ' .. refs .. ' '
   local s, e = string.find(padded, ' ' .. ref .. ' ', 1, true)
-  if s then
-    local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
-    rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
-    redis.call('HDEL', ids, task_id)
-    if rest ~= '' then redis.call('HSET', ids, task_id, rest) end
+  if not s then return refs end
+  local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
+  rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
+  if rest == '' then return false end
+  return rest
+end
+
+local function drop_refs(ids, task_ids, refs)
+  if #task_ids == 0 then return end
+  local stored = redis.call('HMGET', ids, unpack(task_ids))
+  local before, after, order = {}, {}, {}
+  for i, task_id in ipairs(task_ids) do
+    if before[task_id] == nil then
+      before[task_id] = stored[i]
+      after[task_id] = stored[i]
+      order[#order + 1] = task_id
+    end
+    if after[task_id] then after[task_id] = without_ref(after[task_id], refs[i]) end
   end
+  local changed, kept = {}, {}
+  for _, task_id in ipairs(order) do
+    if after[task_id] ~= before[task_id] then
+      changed[#changed + 1] = task_id
+      if after[task_id] then
+        kept[#kept + 1] = task_id
+        kept[#kept + 1] = after[task_id]
+      end
+    end
+  end
+  if #changed > 0 then redis.call('HDEL', ids, unpack(changed)) end
+  if #kept > 0 then redis.call('HSET', ids, unpack(kept)) end
 end
 
 local function keep_until(key, now, at)

@@ -128,26 +128,25 @@ for _, start_s in ipairs(starts) do
     local batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
     if #batch == 0 then break end
     scanned_any = true
-    local removed = {}
+    local removed, dead_here = {}, {}
     local pushes, order = {}, {}
     local per_dest = {}
+    local task_ids, refs = {}, {}
+    local stepped = 0
     for i = 1, #batch, 2 do
       local member, score = batch[i], tonumber(batch[i + 1])
       budget = budget - 1
       local _, hdr_end, il, dl = string.find(member, '^(%d+):(%d+):')
       il, dl = tonumber(il), tonumber(dl)
       if not hdr_end or dl == 0 or #member <= hdr_end + il + dl then
-        redis.call('ZREM', bucket, member)  -- before LPUSH: see drop_ref (_common.lua) on maxmemory
-        redis.call('LPUSH', dead, member)
-        dead_n = dead_n + 1
+        dead_here[#dead_here + 1] = member
       else
-        local task_id = string.sub(member, hdr_end + 1, hdr_end + il)
         local dest = string.sub(member, hdr_end + il + 1, hdr_end + il + dl)
         local state = blocked_by(dest)
         if state then
           budget = budget + 1  -- stepping over costs the step-over allowance instead
           skip_left = skip_left - 1
-          offset = offset + 1
+          stepped = stepped + 1
           if state == 'held' then held = held + 1 else wrong = wrong + 1 end
           stepped_here = stepped_here + 1
           if skip_left <= 0 then break end
@@ -170,13 +169,29 @@ for _, start_s in ipairs(starts) do
             end_run()
             run_value, run_count = late, 1
           end
-          local seq = (score - due) * 2048
-          drop_ref(ids, task_id, start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
+          task_ids[#task_ids + 1] = string.sub(member, hdr_end + 1, hdr_end + il)
+          refs[#refs + 1] = start_s .. ':' .. string.format('%d', due - start) .. ':'
+            .. string.format('%d', (score - due) * 2048)
         end
       end
     end
-    if #removed > 0 then
-      redis.call('ZREM', bucket, unpack(removed))
+    -- Removals come first: under maxmemory Redis refuses a script whose first write may grow
+    -- memory (see drop_refs in _common.lua), and movers must keep moving then.
+    local taken = #removed + #dead_here
+    if stepped == 0 and taken * 2 == #batch then
+      -- Every member read was taken, and they are ranks offset .. offset + taken - 1 (the
+      -- range starts at -inf): removing by rank spares copying each 1 KB member back out of
+      -- Lua and searching the skip list for it.
+      redis.call('ZREMRANGEBYRANK', bucket, offset, offset + taken - 1)
+    else
+      if #removed > 0 then redis.call('ZREM', bucket, unpack(removed)) end
+      if #dead_here > 0 then redis.call('ZREM', bucket, unpack(dead_here)) end
+      offset = offset + stepped
+    end
+    drop_refs(ids, task_ids, refs)
+    if #dead_here > 0 then
+      redis.call('LPUSH', dead, unpack(dead_here))
+      dead_n = dead_n + #dead_here
     end
     for _, dest in ipairs(order) do
       redis.call('LPUSH', dest, unpack(pushes[dest]))
@@ -198,7 +213,7 @@ for _, start_s in ipairs(starts) do
     -- Emptied by moves, or gone (expired after its grace, or deleted by hand): in the
     -- second case its remaining counts are still in the meta hash; settle them.
     local fields = redis.call('HGETALL', meta)
-    redis.call('DEL', meta)  -- deletes before HINCRBY: see drop_ref (_common.lua) on maxmemory
+    redis.call('DEL', meta)  -- deletes before HINCRBY: see drop_refs (_common.lua) on maxmemory
     redis.call('ZREM', index, start_s)
     for i = 1, #fields, 2 do
       local name, n = fields[i], tonumber(fields[i + 1])

@@ -57,6 +57,7 @@ for _, start_s in ipairs(starts) do
       local batch = redis.call('ZRANGEBYSCORE', bucket, from, '+inf', 'WITHSCORES', 'LIMIT', tie, budget)
       if #batch == 0 then break end
       local removed, per_dest, order = {}, {}, {}
+      local task_ids, refs = {}, {}
       for i = 1, #batch, 2 do
         local member, score_s = batch[i], batch[i + 1]
         budget = budget - 1
@@ -77,14 +78,15 @@ for _, start_s in ipairs(starts) do
           local score = tonumber(score_s)
           local due = math.floor(score)
           local seq = (score - due) * 2048
-          drop_ref(ids, string.sub(member, hdr_end + 1, hdr_end + il),
-            start_s .. ':' .. string.format('%d', due - start) .. ':' .. string.format('%d', seq))
+          task_ids[#task_ids + 1] = string.sub(member, hdr_end + 1, hdr_end + il)
+          refs[#refs + 1] = start_s .. ':' .. (due - start) .. ':' .. seq
         else
           tie = tie + 1
         end
       end
       if #removed > 0 then
         redis.call('ZREM', bucket, unpack(removed))
+        drop_refs(ids, task_ids, refs)
         removed_total = removed_total + #removed
         left = left - #removed
       end
