@@ -77,7 +77,7 @@ def _plain_url(url: str) -> str:
 @click.option(
     "--payload-bytes", default=1024, show_default=True, help="Approximate size of each Celery message."
 )
-@click.option("--batch-size", default=1000, show_default=True, help="The movers' --batch-size.")
+@click.option("--batch-size", default=500, show_default=True, help="The movers' --batch-size.")
 @click.option("--publish", "n_publish", default=Sizes.publish, show_default=True, help="Messages per side.")
 @click.option("--precision", "n_precision", default=Sizes.precision, show_default=True)
 @click.option("--precision-window", default=Sizes.precision_window_s, show_default=True, help="Seconds.")

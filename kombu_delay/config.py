@@ -30,8 +30,8 @@ class Settings:
     #: Refuse ETAs further out than this at publish, ms; 0 = no limit (the default).
     #: Option ``delay_max_delay`` (s).
     max_delay_ms: int = 0
-    #: Most envelopes one move call examines. Option ``delay_batch_size``. Default 1000.
-    batch_size: int = 1000
+    #: Most envelopes one move call examines. Option ``delay_batch_size``. Default 500.
+    batch_size: int = 500
     #: Longest a mover sleeps without looking, ms. Option ``delay_max_sleep`` (s). Default 1 s.
     max_sleep_ms: int = 1000
     #: Cap on moves per second per mover; 0 = none. Option ``delay_max_rate``. Default 0.

@@ -31,7 +31,7 @@ kombu-delay creates), plus:
   before Redis expires it. Only a mover outage longer than this loses messages.
 * ``delay_max_delay`` (s, default 0 = off): refuse ETAs further out, with
   :class:`~kombu_delay.errors.DelayTooLong`. ETAs past the year 2109 are always refused.
-* ``delay_batch_size`` (default 1000), ``delay_max_sleep`` (s, default 1),
+* ``delay_batch_size`` (default 500), ``delay_max_sleep`` (s, default 1),
   ``delay_max_rate`` (msgs/s, default 0 = no cap), ``delay_max_queue_length``
   (default 0 = off), ``delay_heartbeat_interval`` (s, default 2): mover options.
 * ``delay_embedded_mover`` (bool, default False): run a mover thread in each worker.

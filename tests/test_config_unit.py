@@ -20,7 +20,7 @@ OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
     ("env-seconds", {}, {"KOMBU_DELAY_GRACE": "86400"}, {"grace_ms": 86_400_000}),
     ("bool-option", {"delay_embedded_mover": "yes"}, {}, {"embedded_mover": True}),
     ("bool-off", {"delay_embedded_mover": "off"}, {}, {"embedded_mover": False}),
-    ("kombu-options-ignored", {"global_keyprefix": "x:", "visibility_timeout": 10}, {}, {"batch_size": 1000}),
+    ("kombu-options-ignored", {"global_keyprefix": "x:", "visibility_timeout": 10}, {}, {"batch_size": 500}),
     ("batch-at-limit", {"delay_batch_size": 5000}, {}, {"batch_size": 5000}),
 ]  # fmt: skip
 
@@ -56,7 +56,7 @@ def test_bad_options_name_the_option(name, options, message):
         ({"max_sleep": 60}, "max_sleep_ms", 60_000),  # the CLI's --max-sleep
         ({"max_sleep_ms": 2}, "max_sleep_ms", 2000),
         ({"max_rate": "5"}, "max_rate", 5),
-        ({"batch_size": None}, "batch_size", 1000),  # flag not given
+        ({"batch_size": None}, "batch_size", 500),  # flag not given
         ({"bucket_width": 0.5}, "bucket_width_ms", 500),
     ],
 )
