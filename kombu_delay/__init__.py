@@ -15,6 +15,7 @@ from .errors import (
     DelayTooLong,
     KombuDelayError,
     PayloadTooLarge,
+    RedisRefused,
     RedisUnavailable,
 )
 from .transport import register
@@ -32,6 +33,7 @@ __all__ = [
     "KombuDelayError",
     "Page",
     "PayloadTooLarge",
+    "RedisRefused",
     "RedisUnavailable",
     "ScheduledMessage",
     "Settings",

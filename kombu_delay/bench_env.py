@@ -29,7 +29,8 @@ from . import scripts
 from .config import Settings
 from .eta import Due
 from .redis_server import stop_process
-from .store import Scheduled, Store
+from .replies import Scheduled
+from .store import Store
 
 #: The queue every scenario publishes to (kombu's list key for priority 0).
 QUEUE = "bench"

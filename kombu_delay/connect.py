@@ -17,7 +17,8 @@ from kombu.exceptions import OperationalError
 
 from .config import Settings
 from .errors import ConfigError, RedisUnavailable
-from .store import Store, translated_errors
+from .replies import translated_errors
+from .store import Store
 from .transport import register
 
 #: Plain kombu schemes and the kombu-delay scheme that serves the same server.

@@ -24,7 +24,8 @@ from .envelope import decode
 from .errors import CorruptMember, DelayTooLong, RedisUnavailable
 from .eta import to_ms
 from .payload import task_name, with_eta
-from .store import Cursor, Rescheduled, Store, Stored, translated_errors
+from .replies import Cursor, Rescheduled, Stored, translated_errors
+from .store import Store
 from .transport import register
 
 HOUR_MS = 3_600_000

@@ -26,6 +26,12 @@ class RedisUnavailable(KombuDelayError, redis.ConnectionError):
     and Celery's connection-retry policies treat it as a connection error."""
 
 
+class RedisRefused(KombuDelayError, redis.ResponseError):
+    """Redis refused a write (``maxmemory`` reached under ``noeviction``, a read-only
+    replica, a failed background save). Also a ``redis.ResponseError``, so it is one of
+    kombu's ``channel_errors``, as the same refusal of plain kombu's ``LPUSH`` would be."""
+
+
 class PayloadTooLarge(KombuDelayError, ValueError):
     """The message is larger than Redis accepts for one string (512 MB)."""
 

@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from . import keys
-from .store import MoveResult, Store
+from .replies import MoveResult
+from .store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import redis
 
 from .config import Settings
-from .store import MoveResult, Store
+from .replies import MoveResult
+from .store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -1,16 +1,14 @@
 """The one layer that talks to Redis: kombu-delay's keys, scripts and replies.
 
 Everything above it (transport, mover, inspection, CLI) calls these methods
-and never builds a Redis command. Script replies become Python values here,
-and ``redis.ConnectionError`` becomes :class:`~kombu_delay.errors.RedisUnavailable`.
+and never builds a Redis command. Script replies become the Python values of
+:mod:`kombu_delay.replies` here, and ``redis.ConnectionError`` becomes
+:class:`~kombu_delay.errors.RedisUnavailable`.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -18,175 +16,19 @@ import redis
 from . import keys
 from .config import Settings
 from .envelope import decode
-from .errors import CorruptMember, DelayTooLong, KombuDelayError, RedisUnavailable
+from .errors import CorruptMember, DelayTooLong
 from .eta import Due
+from .replies import (
+    Census,
+    Cursor,
+    MoveResult,
+    Rescheduled,
+    Scheduled,
+    ScheduleResult,
+    Stored,
+    translated_errors,
+)
 from .scripts import Scripts
-
-
-class RedisRefused(KombuDelayError, redis.ResponseError):
-    """Redis refused a write (``maxmemory`` reached under ``noeviction``, a read-only
-    replica, a failed background save). Also a ``redis.ResponseError``, so it is one of
-    kombu's ``channel_errors``, as the same refusal of plain kombu's ``LPUSH`` would be."""
-
-
-class Scheduled(enum.IntEnum):
-    """What ``schedule.lua`` did with a message."""
-
-    TOO_FAR = -1
-    PUSHED_NOW = 0
-    STORED = 1
-    DUPLICATE = 2
-
-
-@dataclass(frozen=True)
-class ScheduleResult:
-    outcome: Scheduled
-    due_ms: int
-    now_ms: int
-
-
-@dataclass(frozen=True)
-class MoveResult:
-    """One ``move.lua`` call."""
-
-    moved: int
-    #: Earliest due time still scheduled, epoch ms; ``None`` when nothing is.
-    next_due_ms: int | None
-    #: The Redis clock at the call, in ms plus the microseconds past that ms.
-    now_ms: int
-    now_us: int
-    dead: int
-    held: int
-    expired: int
-    wrongtype: int
-    #: True when the call stopped at its limit: more may be due right now.
-    more: bool
-    #: ``now - due`` for each moved message, ms.
-    lateness_ms: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_reply(cls, reply: list[Any]) -> MoveResult:
-        head = [int(x) for x in reply[:9]]
-        return cls(
-            moved=head[0],
-            next_due_ms=None if head[1] < 0 else head[1],
-            now_ms=head[2],
-            now_us=head[3],
-            dead=head[4],
-            held=head[5],
-            expired=head[6],
-            wrongtype=head[7],
-            more=bool(head[8]),
-            lateness_ms=_runs(reply[9:]),
-        )
-
-
-def _runs(coded: list[Any]) -> list[int]:
-    """Expand move.lua's run-length coded lateness: ``-n, value`` is ``value`` n times."""
-    out: list[int] = []
-    values = iter(coded)
-    for raw in values:
-        value = int(raw)
-        if value < 0:
-            out += [int(next(values))] * -value
-        else:
-            out.append(value)
-    return out
-
-
-class Rescheduled(enum.IntEnum):
-    """What ``reschedule.lua`` did with one envelope."""
-
-    TOO_FAR = -1
-    GONE = 0
-    RESCHEDULED = 1
-    MERGED = 2
-    PUSHED_NOW = 3
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One envelope as found in its bucket (for listing, cancel and reschedule)."""
-
-    #: Start of its bucket, epoch ms.
-    start_ms: int
-    #: Its score, ``due_ms + seq/2048``.
-    score: float
-    member: bytes
-
-    @property
-    def due_ms(self) -> int:
-        return int(self.score)
-
-    @property
-    def ref(self) -> str:
-        """The id-index ref ``start:offset:seq`` of this envelope."""
-        due = int(self.score)
-        seq = round((self.score - due) * keys.SEQ_SLOTS)
-        return f"{self.start_ms}:{due - self.start_ms}:{seq}"
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """A listing position: bucket start, score and how many members at that score were seen.
-
-    It names a score, never a rank, so a page does not shift when a mover drains
-    members ahead of it.
-    """
-
-    start_ms: int = 0
-    score: str = "-inf"
-    tie: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.start_ms}:{self.score}:{self.tie}"
-
-    @classmethod
-    def parse(cls, text: str) -> Cursor:
-        """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
-        start, score, tie = text.split(":")
-        if score != "-inf":
-            score = keys.score_text(float(score))
-        cursor = cls(int(start), score, int(tie))
-        if cursor.start_ms < 0 or cursor.tie < 0:
-            raise ValueError(text)
-        return cursor
-
-
-@dataclass(frozen=True)
-class Census:
-    """What ``census.lua`` counted: overdue members and a due-time histogram."""
-
-    #: True when ``max_buckets`` cut the census short.
-    truncated: bool
-    #: Members already due (``floor(score) <= now``) but not moved.
-    overdue: int
-    #: Not-yet-due members per histogram slot, slot 0 starting now.
-    slots: list[int]
-
-
-@contextmanager
-def translated_errors() -> Iterator[None]:
-    """Turn redis-py's connection failures and refusals into kombu-delay errors."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        if isinstance(exc, RedisUnavailable):
-            raise
-        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
-    except redis.ResponseError as exc:
-        if isinstance(exc, RedisRefused):
-            raise
-        text = str(exc)
-        # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
-        # script's refusal in a plain error that keeps it in the text.
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:
-            raise RedisRefused(
-                f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
-            ) from exc
-        if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text or "MISCONF" in text:
-            raise RedisRefused(f"Redis refused the write: {text}") from exc
-        raise
 
 
 class Store:

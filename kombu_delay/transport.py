@@ -51,7 +51,8 @@ from kombu.utils.json import dumps
 from .config import Settings
 from .errors import BadETA
 from .eta import message_due
-from .store import Scheduled, Store
+from .replies import Scheduled
+from .store import Store
 
 logger = logging.getLogger(__name__)
 

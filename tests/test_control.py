@@ -24,7 +24,7 @@ from kombu_delay import BadETA, DelayControl, keys
 from kombu_delay.config import Settings
 from kombu_delay.envelope import decode
 from kombu_delay.eta import Due
-from kombu_delay.store import Rescheduled
+from kombu_delay.replies import Rescheduled
 
 from .conftest import ROOT, wait_until
 from .inspect_app import LEDGER_KEY

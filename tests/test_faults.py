@@ -34,10 +34,11 @@ from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.envelope import decode
-from kombu_delay.errors import BadETA, DelayTooLong, RedisUnavailable
+from kombu_delay.errors import BadETA, DelayTooLong, RedisRefused, RedisUnavailable
 from kombu_delay.eta import Due, to_ms
 from kombu_delay.redis_server import RedisServer
-from kombu_delay.store import RedisRefused, Scheduled, Store
+from kombu_delay.replies import Scheduled
+from kombu_delay.store import Store
 
 from .conftest import wait_until
 from .faults_support import (

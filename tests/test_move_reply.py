@@ -6,7 +6,8 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.store import Store, _runs
+from kombu_delay.replies import _runs
+from kombu_delay.store import Store
 
 from .conftest import wait_until
 

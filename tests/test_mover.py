@@ -20,7 +20,8 @@ from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.redis_server import RedisServer
-from kombu_delay.store import MoveResult, Scheduled, Store
+from kombu_delay.replies import MoveResult, Scheduled
+from kombu_delay.store import Store
 
 from .conftest import wait_until
 from .delay_helpers import kombu_payload, stored, tags_in
