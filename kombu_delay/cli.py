@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from typing import Any
 
 import click
@@ -18,7 +19,7 @@ from .connect import Target
 from .demo import demo
 from .errors import KombuDelayError
 from .health import health
-from .mover import Mover
+from .mover import Mover, mover_id, open_when_reachable
 
 BROKER_ENV = "KOMBU_DELAY_BROKER"
 
@@ -139,20 +140,28 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
         settings = tgt.settings()
     except KombuDelayError as exc:
         raise click.UsageError(str(exc)) from exc
-    with tgt.open() as store:
+    name = mover_id()
+    stopping = threading.Event()
+    running: list[Mover] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+        for worker in running:
+            worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with open_when_reachable(tgt, stopping, name) as store:
+        if store is None:
+            return
         hooks: dict[str, Any] = {}
         if metrics_port is not None:
             from .metrics import serve_metrics
 
             hooks = serve_metrics(store, metrics_port, metrics_addr)
-        worker = Mover(store, settings, **hooks)
-
-        def on_signal(signum: int, frame: object) -> None:
-            worker.stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        worker.run()
+        running.append(Mover(store, settings, name=name, **hooks))
+        if not stopping.is_set():
+            running[0].run()
 
 
 main.add_command(health)

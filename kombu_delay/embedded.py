@@ -24,7 +24,7 @@ from celery import bootsteps, signals
 
 from .config import Settings
 from .connect import Target, app_target
-from .mover import Backoff, Mover, mover_id
+from .mover import Backoff, Mover, mover_id, open_when_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,12 @@ class EmbeddedMover:
         backoff = Backoff()
         while not self._stopping.is_set():
             try:
-                # The Mover itself survives Redis outages; this loop covers opening the
-                # connection, which fails when Redis is down at worker start.
-                with self.target.open() as store:
+                # The Mover itself survives Redis outages, and open_when_reachable waits for
+                # Redis at worker start; this loop keeps the worker's mover alive through
+                # anything else (an ACL refusal fixed later, say).
+                with open_when_reachable(self.target, self._stopping, self.name) as store:
+                    if store is None:
+                        return
                     with self._lock:
                         if self._stopping.is_set():
                             return
@@ -80,9 +83,7 @@ class EmbeddedMover:
                     backoff.reset()
                     self._mover.run()
             except Exception:
-                logger.warning(
-                    "kombu-delay: embedded mover %s cannot connect; retrying", self.name, exc_info=True
-                )
+                logger.warning("kombu-delay: embedded mover %s failed; retrying", self.name, exc_info=True)
                 self._stopping.wait(backoff.next())
 
 

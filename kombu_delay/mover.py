@@ -16,12 +16,15 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import redis
 
 from .config import Settings
+from .connect import Target
+from .errors import RedisUnavailable
 from .replies import MoveResult
 from .store import Store
 
@@ -63,6 +66,29 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+@contextmanager
+def open_when_reachable(target: Target, stopping: threading.Event, name: str) -> Iterator[Store | None]:
+    """Open ``target``'s store, waiting with backoff while Redis cannot be reached.
+
+    A sidecar, or a worker with an embedded mover, may start before its Redis does;
+    it waits instead of dying. Other refusals (a wrong password, an ACL) are raised.
+    Yields ``None`` if ``stopping`` is set before Redis answers.
+    """
+    backoff = Backoff()
+    while not stopping.is_set():
+        with ExitStack() as stack:
+            try:
+                store = stack.enter_context(target.open())
+            except RedisUnavailable as exc:
+                delay = backoff.next()
+                logger.warning("mover %s: %s; retrying in %.1f s", name, exc, delay)
+                stopping.wait(delay)
+                continue
+            yield store
+            return
+    yield None
 
 
 class RateLimiter:

@@ -287,6 +287,34 @@ def test_publish_while_redis_is_down_raises_a_connection_error_and_a_retry_deliv
         assert consistency(server.client())["stored"] == 0
 
 
+def test_a_mover_started_before_its_redis_waits_for_it_then_moves(tmp_path: Path) -> None:
+    """A sidecar may start before Redis does: the mover logs, backs off and keeps trying,
+    and once Redis is up it moves what is due, once."""
+    server = RedisServer()  # its port is chosen now; nothing listens there yet
+    with Movers(server.delay_url, tmp_path) as movers:
+        movers.start(1)
+        mover = movers.procs[0]
+        assert wait_for(lambda: "retrying in" in mover.output(), DEADLINE_S), movers.logs()
+        assert mover.popen.poll() is None, movers.logs()  # waiting, not exited
+        with server:
+            assert wait_for(lambda: started(mover), DEADLINE_S), movers.logs()
+            ledger = Ledger()
+            conn = Connection(server.delay_url)
+            producer = conn.Producer(serializer="json")
+            for i in range(5):
+                mid = f"late-start-{i}"
+                producer.publish(
+                    {"n": mid}, routing_key="faults", headers={"id": mid, "x-delay": 300 + 100 * i}
+                )
+                ledger.published(mid, 0)
+            conn.release()
+            with Consumer(server.client(), "faults", ledger):
+                assert wait_for(ledger.complete, DEADLINE_S), (ledger.summary(), movers.logs())
+                time.sleep(0.5)
+            assert ledger.doubled() == [] and ledger.unknown() == []
+            assert movers.stop() == [0], movers.logs()
+
+
 def test_redis_killed_mid_publish_stream_leaves_nothing_half_written() -> None:
     """SIGKILL Redis (``appendfsync always``) while a publisher runs flat out; after the
     restart every acknowledged message is stored whole and the indexes agree."""
