@@ -9,7 +9,9 @@ Series (counters carry the ``_total`` suffix on the wire):
 * ``kombu_delay_last_move_timestamp_seconds``: gauge, Unix time of the last call that moved
   something; ``kombu_delay_last_pass_timestamp_seconds``: of the last successful move call
   (moving or not), the liveness signal to alert on.
-* ``kombu_delay_redis_errors_total``: counter, failed calls to Redis (the mover retries).
+* ``kombu_delay_redis_errors_total``: counter, failed calls to Redis (the mover retries);
+  ``kombu_delay_mover_errors_total``: counter, any other error in the mover loop (a bug:
+  logged with its traceback, and retried too).
 * ``kombu_delay_dead_letters_total``, ``kombu_delay_expired_total``: counters of anomalies.
 """
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+
+import redis
 
 from . import keys
 from .replies import MoveResult
@@ -51,6 +55,9 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
         "kombu_delay_expired", "Scheduled messages lost to an expired or deleted bucket.", registry=registry
     )
     errors = prom.Counter("kombu_delay_redis_errors", "Errors talking to Redis.", registry=registry)
+    other_errors = prom.Counter(
+        "kombu_delay_mover_errors", "Errors in the mover loop other than Redis errors.", registry=registry
+    )
     lateness = prom.Histogram(
         "kombu_delay_lateness_seconds",
         "Due time to LPUSH onto the queue list.",
@@ -82,8 +89,8 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
     def collect_scheduled() -> None:
         try:
             current = store.counts()
-        except Exception:
-            errors.inc()
+        except Exception as exc:
+            on_error(exc)
             logger.debug("metrics: reading counts failed", exc_info=True)
             return
         per_queue: dict[str, int] = dict.fromkeys(seen_queues, 0)  # emptied queues read 0, not vanish
@@ -116,7 +123,7 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             collect_scheduled()
 
     def on_error(exc: BaseException) -> None:
-        errors.inc()
+        (errors if isinstance(exc, redis.RedisError) else other_errors).inc()
 
     prom.start_http_server(port, addr=addr, registry=registry)
     logger.info("metrics on http://%s:%d/metrics", addr, port)

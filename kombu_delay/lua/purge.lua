@@ -79,7 +79,8 @@ for _, start_s in ipairs(starts) do
           local due = math.floor(score)
           local seq = (score - due) * 2048
           task_ids[#task_ids + 1] = string.sub(member, hdr_end + 1, hdr_end + il)
-          refs[#refs + 1] = start_s .. ':' .. (due - start) .. ':' .. seq
+          refs[#refs + 1] = start_s .. ':' .. string.format('%d', due - start) .. ':'
+            .. string.format('%d', seq)
         else
           tie = tie + 1
         end
