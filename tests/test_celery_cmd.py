@@ -21,6 +21,18 @@ def celery_args(*args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", APP, *args]
 
 
+def run_celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``celery -A <test app> <args>`` to completion with ``env`` added."""
+    return subprocess.run(
+        celery_args(*args),
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def eco_env(redis_server, options: dict[str, object]) -> dict[str, str]:
     return {
         "ECO_BROKER": redis_server.delay_url,
@@ -72,14 +84,7 @@ def test_delay_health_uses_the_app_prefix(r, redis_server, spawn):
     env = eco_env(redis_server, options)
 
     def health(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            celery_args("delay", "health", *flags),
-            cwd=ROOT,
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return run_celery(env, "delay", "health", *flags)
 
     before = health()
     assert before.returncode == 1, before.stdout + before.stderr
@@ -95,14 +100,7 @@ def test_delay_health_uses_the_app_prefix(r, redis_server, spawn):
 
 def test_delay_mover_refuses_a_misspelt_delay_option(r, redis_server):
     env = eco_env(redis_server, {"delay_bucket_widht": 2})
-    done = subprocess.run(
-        celery_args("delay", "mover"),
-        cwd=ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_celery(env, "delay", "mover")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "delay_bucket_widht" in done.stderr
 
@@ -154,14 +152,7 @@ def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_serv
         app.close()
         wait_until(lambda: r.llen("eco:ledger") >= 1, timeout=120)
         check_once_and_on_time(ledger(r), {sent.id: 1.5})
-        probe = subprocess.run(
-            celery_args("delay", "health"),
-            cwd=ROOT,
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        probe = run_celery(env, "delay", "health")
         assert probe.returncode == 0, probe.stdout + probe.stderr
         assert worker.stop(timeout=60) == 0, worker.output()
         assert mover.stop() == 0, mover.output()
