@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from kombu_delay import keys
+from kombu_delay import keys, replies
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.redis_server import RedisServer
@@ -173,6 +173,30 @@ def test_nothing_is_moved_before_its_millisecond(r):
     for now_ms, count in seen:
         assert count <= sum(1 for d in dues if d <= now_ms)  # never more than were due
     assert tags_in(r, "q") == [f"m{i}" for i in range(len(dues))]
+
+
+def test_a_move_drops_only_its_own_refs_of_a_task_id_used_more_than_once(r, prefix):
+    """A retry reuses its task id: the id index then holds several refs under one id. A
+    move takes out the refs of the envelopes it moved (two in one batch here) and keeps
+    the ref of the one still scheduled, which find and cancel then reach."""
+    store = Store(r, prefix)
+    q = f"{prefix}q"
+    due = store.time_ms() + 300
+    items = [
+        (Due(due, task_id="again"), q, kombu_payload("first")),
+        (Due(due + HOUR, task_id="again"), q, kombu_payload("later")),
+        (Due(due + 1, task_id="again"), q, kombu_payload("second")),
+        (Due(due + 2, task_id="once"), q, kombu_payload("once")),
+    ]
+    assert {res.outcome for res in store.schedule_many(items, Settings())} == {Scheduled.STORED}
+    later = next(s for s in stored(r, prefix) if s.due_ms == due + HOUR)
+    wait_until(lambda: store.time_ms() > due + 2)
+    assert store.move_due(100).moved == 3
+    assert tags_in(r, q) == ["first", "second", "once"]
+    ref = replies.Stored(later.start_ms, later.score, later.envelope.encode()).ref
+    assert r.hgetall(keys.ids(prefix)) == {b"again": ref.encode()}
+    assert [s.due_ms for s in store.find("again")] == [due + HOUR]
+    assert store.cancel("again") == 1 and r.hlen(keys.ids(prefix)) == 0
 
 
 # -- the mover as a real process ---------------------------------------------------------

@@ -1,11 +1,14 @@
 --[[ _common: helpers that kombu_delay/scripts.py puts in front of every script (not a script).
 
-drop_refs(ids, task_ids, refs)
+drop_refs(ids, task_ids, ref_of)
   ids       HASH  <ns>ids   task id -> space-separated refs "start:offset:seq"
   task_ids  the ids whose entries change (an id may appear more than once)
-  refs      refs[i] is the ref of task_ids[i]'s envelope that left its bucket (moved, purged
-            or replaced)
+  ref_of    ref_of(i) returns the ref of task_ids[i]'s envelope that left its bucket (moved,
+            purged or replaced)
   Removes each ref, and a field with its last ref. Returns nothing.
+  Every stored envelope has its ref, so a field holding a single ref holds the leaving
+  envelope's: it is deleted without building the ref. ref_of is called only for the ids
+  published more than once (a retry reuses its task id): a move then formats no refs at all.
   Bound: one HMGET, then at most one HDEL and one HSET, whatever the number of ids: a move
   of a thousand envelopes costs three commands here, not two thousand.
   HDEL comes before HSET: under maxmemory Redis refuses a script whose first write may grow
@@ -28,7 +31,7 @@ local function without_ref(refs, ref)
   return rest
 end
 
-local function drop_refs(ids, task_ids, refs)
+local function drop_refs(ids, task_ids, ref_of)
   if #task_ids == 0 then return end
   local stored = redis.call('HMGET', ids, unpack(task_ids))
   local before, after, order = {}, {}, {}
@@ -38,7 +41,14 @@ local function drop_refs(ids, task_ids, refs)
       after[task_id] = stored[i]
       order[#order + 1] = task_id
     end
-    if after[task_id] then after[task_id] = without_ref(after[task_id], refs[i]) end
+    local refs = after[task_id]
+    if refs then
+      if string.find(refs, ' ', 1, true) then
+        after[task_id] = without_ref(refs, ref_of(i))
+      else
+        after[task_id] = false
+      end
+    end
   end
   local changed, kept = {}, {}
   for _, task_id in ipairs(order) do

@@ -24,6 +24,7 @@ can neither lose nor duplicate it, and several movers can run it at once: a memb
 mover already moved is simply not there any more.
 ]]
 local index, ids, counts, totals, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local find, sub, floor = string.find, string.sub, math.floor  -- locals: read once per message
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
 local max_len = tonumber(ARGV[3])
@@ -128,20 +129,22 @@ for _, start_s in ipairs(starts) do
     local batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
     if #batch == 0 then break end
     scanned_any = true
-    local removed, dead_here = {}, {}
+    -- removed[k], task_ids[k] and scores[k] describe the k-th envelope taken; pushes[dest]
+    -- holds per_dest[dest] payloads. Explicit counts: Lua 5.1 finds #t by a search.
+    local removed, task_ids, scores, taken = {}, {}, {}, 0
+    local dead_here = {}
     local pushes, order = {}, {}
     local per_dest = {}
-    local task_ids, refs = {}, {}
     local stepped = 0
     for i = 1, #batch, 2 do
       local member, score = batch[i], tonumber(batch[i + 1])
       budget = budget - 1
-      local _, hdr_end, il, dl = string.find(member, '^(%d+):(%d+):')
+      local _, hdr_end, il, dl = find(member, '^(%d+):(%d+):')
       il, dl = tonumber(il), tonumber(dl)
       if not hdr_end or dl == 0 or #member <= hdr_end + il + dl then
         dead_here[#dead_here + 1] = member
       else
-        local dest = string.sub(member, hdr_end + il + 1, hdr_end + il + dl)
+        local dest = sub(member, hdr_end + il + 1, hdr_end + il + dl)
         local state = blocked_by(dest)
         if state then
           budget = budget + 1  -- stepping over costs the step-over allowance instead
@@ -155,40 +158,46 @@ for _, start_s in ipairs(starts) do
             break
           end
         else
-          removed[#removed + 1] = member
-          if not pushes[dest] then
-            pushes[dest] = {}
+          taken = taken + 1
+          removed[taken] = member
+          task_ids[taken] = sub(member, hdr_end + 1, hdr_end + il)
+          scores[taken] = score
+          local list = pushes[dest]
+          if not list then
+            list = {}
+            pushes[dest] = list
+            per_dest[dest] = 0
             order[#order + 1] = dest
           end
-          local list = pushes[dest]
-          list[#list + 1] = string.sub(member, hdr_end + il + dl + 1)
-          per_dest[dest] = (per_dest[dest] or 0) + 1
-          local due = math.floor(score)
-          local late = now - due
+          local k = per_dest[dest] + 1
+          per_dest[dest] = k
+          list[k] = sub(member, hdr_end + il + dl + 1)
+          local late = now - floor(score)
           if late == run_value then run_count = run_count + 1 else
             end_run()
             run_value, run_count = late, 1
           end
-          task_ids[#task_ids + 1] = string.sub(member, hdr_end + 1, hdr_end + il)
-          refs[#refs + 1] = start_s .. ':' .. string.format('%d', due - start) .. ':'
-            .. string.format('%d', (score - due) * 2048)
         end
       end
     end
     -- Removals come first: under maxmemory Redis refuses a script whose first write may grow
     -- memory (see drop_refs in _common.lua), and movers must keep moving then.
-    local taken = #removed + #dead_here
-    if stepped == 0 and taken * 2 == #batch then
-      -- Every member read was taken, and they are ranks offset .. offset + taken - 1 (the
+    local read = taken + #dead_here
+    if stepped == 0 and read * 2 == #batch then
+      -- Every member read was taken, and they are ranks offset .. offset + read - 1 (the
       -- range starts at -inf): removing by rank spares copying each 1 KB member back out of
       -- Lua and searching the skip list for it.
-      redis.call('ZREMRANGEBYRANK', bucket, offset, offset + taken - 1)
+      redis.call('ZREMRANGEBYRANK', bucket, offset, offset + read - 1)
     else
-      if #removed > 0 then redis.call('ZREM', bucket, unpack(removed)) end
+      if taken > 0 then redis.call('ZREM', bucket, unpack(removed)) end
       if #dead_here > 0 then redis.call('ZREM', bucket, unpack(dead_here)) end
       offset = offset + stepped
     end
-    drop_refs(ids, task_ids, refs)
+    drop_refs(ids, task_ids, function(i)
+      local due = math.floor(scores[i])
+      return start_s .. ':' .. string.format('%d', due - start) .. ':'
+        .. string.format('%d', (scores[i] - due) * 2048)
+    end)
     if #dead_here > 0 then
       redis.call('LPUSH', dead, unpack(dead_here))
       dead_n = dead_n + #dead_here

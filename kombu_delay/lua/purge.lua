@@ -87,7 +87,7 @@ for _, start_s in ipairs(starts) do
       end
       if #removed > 0 then
         redis.call('ZREM', bucket, unpack(removed))
-        drop_refs(ids, task_ids, refs)
+        drop_refs(ids, task_ids, function(i) return refs[i] end)
         removed_total = removed_total + #removed
         left = left - #removed
       end

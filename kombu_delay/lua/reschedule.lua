@@ -54,7 +54,7 @@ local function uncount()
 end
 
 redis.call('HINCRBY', ns .. 'meta:' .. old_start, 'q:' .. dest, -1)
-drop_refs(ids, {task_id}, {old_ref})
+drop_refs(ids, {task_id}, function() return old_ref end)
 if redis.call('EXISTS', old_bucket) == 0 then
   redis.call('DEL', ns .. 'meta:' .. old_start)
   redis.call('ZREM', index, old_start)
