@@ -5,6 +5,7 @@
 mover step explicitly, and ``ECO_LEDGER`` a plain ``redis://`` URL where
 the ``record`` task appends one JSON line per run (task id, its ETA and the
 worker clock, both epoch ms), so a test can count runs and check their timing.
+``fan_out`` publishes ``record`` children with a countdown from inside the worker.
 """
 
 from __future__ import annotations
@@ -54,3 +55,10 @@ def record(self: Any, tag: str = "") -> None:
     eta_ms = parse_iso_ms(eta) if isinstance(eta, str) else None
     entry = {"id": self.request.id, "tag": tag, "eta_ms": eta_ms, "ran_ms": int(time.time() * 1000)}
     ledger().rpush(LEDGER_KEY, json.dumps(entry))
+
+
+@app.task(bind=True, name="eco.fan_out")
+def fan_out(self: Any, n: int, countdown: float) -> None:
+    """Publish ``n`` ``eco.record`` children due ``countdown`` s from now, from inside the worker."""
+    for i in range(n):
+        record.apply_async((f"child:{self.request.id}:{i}",), countdown=countdown)
