@@ -719,7 +719,7 @@ ACL_RULES = (
     "~app1:kombu_delay:* ~app1:_kombu.binding* ~app1:celery* &app1:kombu_delay:* "
     "-@all +ping +multi +exec +evalsha +script|load +time +sadd +smembers +lpush +subscribe "
     "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hincrby +pttl +pexpireat "
-    "+zadd +zrem +zrank +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
+    "+zadd +zrem +zrank +zscore +zcount +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
 )
 
 

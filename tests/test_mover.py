@@ -92,6 +92,17 @@ CASES = {
     "held-by-max-queue-length": Case(
         [(0, "full"), (1, "q")], {"q": [1]}, left=[0], max_len=2, setup=full_list, held=True
     ),
+    # A herd due at one millisecond is read without scores (batches of `limit`).
+    "one-millisecond-herd-in-batches": Case([(5, "q")] * 7 + [(6, "q")], {"q": list(range(8))}, limit=3),
+    "one-millisecond-herd-steps-over-a-held-queue": Case(
+        [(0, "full"), (0, "q"), (0, "q"), (0, "full"), (0, "q")],
+        {"q": [1, 2]},  # then q is at max_len too
+        left=[0, 3, 4],
+        limit=2,
+        max_len=2,
+        setup=full_list,
+        held=True,
+    ),
 }
 
 
@@ -175,23 +186,26 @@ def test_nothing_is_moved_before_its_millisecond(r):
     assert tags_in(r, "q") == [f"m{i}" for i in range(len(dues))]
 
 
-def test_a_move_drops_only_its_own_refs_of_a_task_id_used_more_than_once(r, prefix):
+@pytest.mark.parametrize("offsets", [(0, 1, 2), (0, 0, 0)], ids=["apart", "one-millisecond"])
+def test_a_move_drops_only_its_own_refs_of_a_task_id_used_more_than_once(r, prefix, offsets):
     """A retry reuses its task id: the id index then holds several refs under one id. A
     move takes out the refs of the envelopes it moved (two in one batch here) and keeps
-    the ref of the one still scheduled, which find and cancel then reach."""
+    the ref of the one still scheduled, which find and cancel then reach. Due at one
+    millisecond, the batch is read without scores, and the refs are built from the scores
+    looked up one by one."""
     store = Store(r, prefix)
     q = f"{prefix}q"
     due = store.time_ms() + 300
     items = [
-        (Due(due, task_id="again"), q, kombu_payload("first")),
+        (Due(due + offsets[0], task_id="again"), q, kombu_payload("first")),
         (Due(due + HOUR, task_id="again"), q, kombu_payload("later")),
-        (Due(due + 1, task_id="again"), q, kombu_payload("second")),
-        (Due(due + 2, task_id="once"), q, kombu_payload("once")),
+        (Due(due + offsets[1], task_id="again"), q, kombu_payload("second")),
+        (Due(due + offsets[2], task_id="once"), q, kombu_payload("once")),
     ]
     assert {res.outcome for res in store.schedule_many(items, Settings())} == {Scheduled.STORED}
     later = next(s for s in stored(r, prefix) if s.due_ms == due + HOUR)
     wait_until(lambda: store.time_ms() > due + 2)
-    assert store.move_due(100).moved == 3
+    assert store.move_due(3).moved == 3
     assert tags_in(r, q) == ["first", "second", "once"]
     ref = replies.Stored(later.start_ms, later.score, later.envelope.encode()).ref
     assert r.hgetall(keys.ids(prefix)) == {b"again": ref.encode()}

@@ -126,18 +126,35 @@ for _, start_s in ipairs(starts) do
   end
   local bucket_blocked, stepped_here = false, 0
   while open and not bucket_blocked and budget > 0 and skip_left > 0 do
-    local batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
+    -- A herd due at one millisecond is read without its scores: when the next `budget`
+    -- members share the due millisecond of the first, one number is the lateness of all,
+    -- and each score would be one more Lua string to make and parse. Otherwise each
+    -- member comes with its score (step 2).
+    local batch, step, due_all
+    local first = redis.call('ZRANGE', bucket, offset, offset, 'WITHSCORES')
+    local due_first = first[2] and floor(tonumber(first[2]))
+    if due_first and due_first <= now then
+      local through = '(' .. string.format('%d', due_first + 1)
+      if redis.call('ZCOUNT', bucket, '-inf', through) - offset >= budget then
+        batch, step, due_all = redis.call('ZRANGE', bucket, offset, offset + budget - 1), 1, due_first
+      end
+    end
+    if not batch then
+      batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
+      step = 2
+    end
     if #batch == 0 then break end
     scanned_any = true
-    -- removed[k], task_ids[k] and scores[k] describe the k-th envelope taken; pushes[dest]
-    -- holds per_dest[dest] payloads. Explicit counts: Lua 5.1 finds #t by a search.
+    -- removed[k], task_ids[k] and scores[k] (its due ms, when read without scores) describe
+    -- the k-th envelope taken; pushes[dest] holds per_dest[dest] payloads. Explicit counts:
+    -- Lua 5.1 finds #t by a search.
     local removed, task_ids, scores, taken = {}, {}, {}, 0
     local dead_here = {}
     local pushes, order = {}, {}
     local per_dest = {}
     local stepped = 0
-    for i = 1, #batch, 2 do
-      local member, score = batch[i], tonumber(batch[i + 1])
+    for i = 1, #batch, step do
+      local member, score = batch[i], due_all or tonumber(batch[i + 1])
       budget = budget - 1
       local _, hdr_end, il, dl = find(member, '^(%d+):(%d+):')
       il, dl = tonumber(il), tonumber(dl)
@@ -180,10 +197,17 @@ for _, start_s in ipairs(starts) do
         end
       end
     end
-    -- Removals come first: under maxmemory Redis refuses a script whose first write may grow
-    -- memory (see drop_refs in _common.lua), and movers must keep moving then.
+    -- Before the removals, so a ref can still look its member's score up. Its first write is
+    -- an HDEL: under maxmemory Redis refuses a script whose first write may grow memory
+    -- (see drop_refs in _common.lua), and movers must keep moving then.
+    drop_refs(ids, task_ids, function(i)
+      local score = due_all and tonumber(redis.call('ZSCORE', bucket, removed[i])) or scores[i]
+      local due = floor(score)
+      return start_s .. ':' .. string.format('%d', due - start) .. ':'
+        .. string.format('%d', (score - due) * 2048)
+    end)
     local read = taken + #dead_here
-    if stepped == 0 and read * 2 == #batch then
+    if stepped == 0 and read * step == #batch then
       -- Every member read was taken, and they are ranks offset .. offset + read - 1 (the
       -- range starts at -inf): removing by rank spares copying each 1 KB member back out of
       -- Lua and searching the skip list for it.
@@ -193,11 +217,6 @@ for _, start_s in ipairs(starts) do
       if #dead_here > 0 then redis.call('ZREM', bucket, unpack(dead_here)) end
       offset = offset + stepped
     end
-    drop_refs(ids, task_ids, function(i)
-      local due = math.floor(scores[i])
-      return start_s .. ':' .. string.format('%d', due - start) .. ':'
-        .. string.format('%d', (scores[i] - due) * 2048)
-    end)
     if #dead_here > 0 then
       redis.call('LPUSH', dead, unpack(dead_here))
       dead_n = dead_n + #dead_here
