@@ -126,17 +126,18 @@ for _, start_s in ipairs(starts) do
   end
   local bucket_blocked, stepped_here = false, 0
   while open and not bucket_blocked and budget > 0 and skip_left > 0 do
-    -- A herd due at one millisecond is read without its scores: when the next `budget`
-    -- members share the due millisecond of the first, one number is the lateness of all,
-    -- and each score would be one more Lua string to make and parse. Otherwise each
-    -- member comes with its score (step 2).
+    -- A herd due at one millisecond is read without its scores: when the first and the last
+    -- of the next `budget` members (by rank) are due at the same millisecond, so is every one
+    -- between, one number is the lateness of all, and each score would be one more Lua
+    -- string to make and parse. Otherwise each member comes with its score (step 2).
     local batch, step, due_all
-    local first = redis.call('ZRANGE', bucket, offset, offset, 'WITHSCORES')
-    local due_first = first[2] and floor(tonumber(first[2]))
+    local last = offset + budget - 1
+    local ends = redis.call('ZRANGE', bucket, offset, offset, 'WITHSCORES')
+    local due_first = ends[2] and floor(tonumber(ends[2]))
     if due_first and due_first <= now then
-      local through = '(' .. string.format('%d', due_first + 1)
-      if redis.call('ZCOUNT', bucket, '-inf', through) - offset >= budget then
-        batch, step, due_all = redis.call('ZRANGE', bucket, offset, offset + budget - 1), 1, due_first
+      ends = redis.call('ZRANGE', bucket, last, last, 'WITHSCORES')
+      if ends[2] and floor(tonumber(ends[2])) == due_first then
+        batch, step, due_all = redis.call('ZRANGE', bucket, offset, last), 1, due_first
       end
     end
     if not batch then
@@ -145,9 +146,9 @@ for _, start_s in ipairs(starts) do
     end
     if #batch == 0 then break end
     scanned_any = true
-    -- removed[k], task_ids[k] and scores[k] (its due ms, when read without scores) describe
-    -- the k-th envelope taken; pushes[dest] holds per_dest[dest] payloads. Explicit counts:
-    -- Lua 5.1 finds #t by a search.
+    -- removed[k], task_ids[k] and scores[k] (its rank instead, when read without scores)
+    -- describe the k-th envelope taken; pushes[dest] holds per_dest[dest] payloads. Explicit
+    -- counts: Lua 5.1 finds #t by a search.
     local removed, task_ids, scores, taken = {}, {}, {}, 0
     local dead_here = {}
     local pushes, order = {}, {}
@@ -178,7 +179,7 @@ for _, start_s in ipairs(starts) do
           taken = taken + 1
           removed[taken] = member
           task_ids[taken] = sub(member, hdr_end + 1, hdr_end + il)
-          scores[taken] = score
+          scores[taken] = due_all and offset + (i - 1) or score  -- its rank, read without scores
           local list = pushes[dest]
           if not list then
             list = {}
@@ -197,11 +198,12 @@ for _, start_s in ipairs(starts) do
         end
       end
     end
-    -- Before the removals, so a ref can still look its member's score up. Its first write is
-    -- an HDEL: under maxmemory Redis refuses a script whose first write may grow memory
-    -- (see drop_refs in _common.lua), and movers must keep moving then.
+    -- Before the removals, so a ref can still read its member's score by rank. Its first
+    -- write is an HDEL: under maxmemory Redis refuses a script whose first write may grow
+    -- memory (see drop_refs in _common.lua), and movers must keep moving then.
     drop_refs(ids, task_ids, function(i)
-      local score = due_all and tonumber(redis.call('ZSCORE', bucket, removed[i])) or scores[i]
+      local score = scores[i]
+      if due_all then score = tonumber(redis.call('ZRANGE', bucket, score, score, 'WITHSCORES')[2]) end
       local due = floor(score)
       return start_s .. ':' .. string.format('%d', due - start) .. ':'
         .. string.format('%d', (score - due) * 2048)
