@@ -14,6 +14,10 @@ drop_refs(ids, task_ids, ref_of)
   HDEL comes before HSET: under maxmemory Redis refuses a script whose first write may grow
   memory, and movers must keep moving then.
 
+score_ref(start_s, score)
+  The id-index ref "start:offset:seq" of the envelope at ``score`` in bucket ``start_s``
+  (``score = due + seq/2048``, see keys.py), as schedule.lua wrote it.
+
 keep_until(key, now, at)
   key  a kombu-delay hash shared by all buckets (ids, counts)
   now  the Redis clock, epoch ms;  at  epoch ms
@@ -62,6 +66,12 @@ local function drop_refs(ids, task_ids, ref_of)
   end
   if #changed > 0 then redis.call('HDEL', ids, unpack(changed)) end
   if #kept > 0 then redis.call('HSET', ids, unpack(kept)) end
+end
+
+local function score_ref(start_s, score)
+  local due = math.floor(score)
+  return start_s .. ':' .. string.format('%d', due - tonumber(start_s)) .. ':'
+    .. string.format('%d', (score - due) * 2048)
 end
 
 local function keep_until(key, now, at)

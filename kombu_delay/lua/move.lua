@@ -83,7 +83,6 @@ end
 local starts = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit)
 for _, start_s in ipairs(starts) do
   if budget <= 0 or skip_left <= 0 then break end
-  local start = tonumber(start_s)
   local bucket = ns .. 'bucket:' .. start_s
   local meta = ns .. 'meta:' .. start_s
   local offset = 0
@@ -204,9 +203,7 @@ for _, start_s in ipairs(starts) do
     drop_refs(ids, task_ids, function(i)
       local score = scores[i]
       if due_all then score = tonumber(redis.call('ZRANGE', bucket, score, score, 'WITHSCORES')[2]) end
-      local due = floor(score)
-      return start_s .. ':' .. string.format('%d', due - start) .. ':'
-        .. string.format('%d', (score - due) * 2048)
+      return score_ref(start_s, score)
     end)
     local read = taken + #dead_here
     if stepped == 0 and read * step == #batch then

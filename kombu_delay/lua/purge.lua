@@ -36,7 +36,6 @@ for _, start_s in ipairs(starts) do
     return {removed_total, 0, start_s, '-inf', 0}
   end
   budget = budget - 1
-  local start = tonumber(start_s)
   local bucket = ns .. 'bucket:' .. start_s
   local meta = ns .. 'meta:' .. start_s
   local from, tie = '-inf', 0
@@ -57,7 +56,7 @@ for _, start_s in ipairs(starts) do
       local batch = redis.call('ZRANGEBYSCORE', bucket, from, '+inf', 'WITHSCORES', 'LIMIT', tie, budget)
       if #batch == 0 then break end
       local removed, per_dest, order = {}, {}, {}
-      local task_ids, refs = {}, {}
+      local task_ids, scores = {}, {}
       for i = 1, #batch, 2 do
         local member, score_s = batch[i], batch[i + 1]
         budget = budget - 1
@@ -75,19 +74,15 @@ for _, start_s in ipairs(starts) do
             order[#order + 1] = dest
           end
           per_dest[dest] = per_dest[dest] + 1
-          local score = tonumber(score_s)
-          local due = math.floor(score)
-          local seq = (score - due) * 2048
           task_ids[#task_ids + 1] = string.sub(member, hdr_end + 1, hdr_end + il)
-          refs[#refs + 1] = start_s .. ':' .. string.format('%d', due - start) .. ':'
-            .. string.format('%d', seq)
+          scores[#scores + 1] = tonumber(score_s)
         else
           tie = tie + 1
         end
       end
       if #removed > 0 then
         redis.call('ZREM', bucket, unpack(removed))
-        drop_refs(ids, task_ids, function(i) return refs[i] end)
+        drop_refs(ids, task_ids, function(i) return score_ref(start_s, scores[i]) end)
         removed_total = removed_total + #removed
         left = left - #removed
       end
