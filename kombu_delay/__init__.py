@@ -11,7 +11,6 @@ from .control import DelayControl, Page, ScheduledMessage, Slot, Stats
 from .errors import (
     BadETA,
     ConfigError,
-    CorruptMember,
     DelayTooLong,
     KombuDelayError,
     PayloadTooLarge,
@@ -20,14 +19,13 @@ from .errors import (
 )
 from .transport import register
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 register()
 
 __all__ = [
     "BadETA",
     "ConfigError",
-    "CorruptMember",
     "DelayControl",
     "DelayTooLong",
     "KombuDelayError",

@@ -50,7 +50,7 @@ ROWS: list[Row] = [
     ),
     ("memory", "payload bytes", ("memory", "payload_bytes"), "{:.0f}", "", None),
     ("memory", "of which id index", ("memory", "ids_index_per_msg"), "{:.0f}", "", None),
-    ("memory", "of which envelope header", ("memory", "envelope_header_bytes"), "{:.0f}", "", None),
+    ("memory", "of which task-id lists", ("memory", "task_id_lists_per_msg"), "{:.0f}", "", None),
     ("memory", "of which allocator rounding", ("memory", "allocator_rounding_bytes"), "{:.0f}", "", None),
     ("memory", "of which sorted-set entry", ("memory", "sorted_set_structure_bytes"), "{:.0f}", "", None),
     ("scale", "publish, Redis CPU µs, small", ("scale", "small", "publish_redis_cpu_us"), "{:.1f}", "", None),

@@ -263,9 +263,9 @@ def memory(ctx: Ctx) -> dict[str, Any]:
     payload = statistics.fmean(len(p.encode()) for p in payloads)
     per = (after - before) / count
     ids_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}ids")
-    bucket_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}bucket:*")
-    header = len(f"36:{len(QUEUE)}:") + 36 + len(QUEUE)  # <len(id)>:<len(dest)>:<id><dest>
-    member = payload + header
+    bucket_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}z:*")
+    task_list_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}t:*")
+    member = payload  # the member is the payload itself
     result = {
         "messages": count,
         "payload_bytes": payload,
@@ -273,11 +273,11 @@ def memory(ctx: Ctx) -> dict[str, Any]:
         "overhead_per_msg": per - payload,
         "ids_index_per_msg": ids_bytes / count,
         "buckets_per_msg": bucket_bytes / count,
-        "envelope_header_bytes": header,
+        "task_id_lists_per_msg": task_list_bytes / count,
         # jemalloc hands out size classes: a member of this length is stored in the next one.
         "allocator_rounding_bytes": _size_class(member + 6) - member,
         "sorted_set_structure_bytes": bucket_bytes / count - _size_class(member + 6),
-        "other_per_msg": per - (ids_bytes + bucket_bytes) / count,
+        "other_per_msg": per - (ids_bytes + bucket_bytes + task_list_bytes) / count,
     }
     ctx.probe.flush()
     return result
@@ -298,11 +298,11 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     ctx.fresh()
     wide = Settings(bucket_width_ms=ONE_BUCKET_MS)
     base = int(now_ms()) + 3_600_000
-    small = '{"body":"%s"}' % ("x" * 48)
+    pad = "x" * 40
 
     def filler() -> Iterator[tuple[int, str, str]]:
-        for i in range(size):
-            yield base + random.randrange(3_600_000), f"fill-{i}", small
+        for i in range(size):  # distinct payloads: a bucket stores one copy of a payload per queue
+            yield base + random.randrange(3_600_000), f"fill-{i}", f'{{"body":"{pad}","n":{i}}}'
 
     _, fill_s = fill(ctx.store, wide, filler(), chunk=5000)
     mover = ctx.movers.start()

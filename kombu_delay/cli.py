@@ -94,7 +94,7 @@ def target(ctx: click.Context) -> Target:
 
 
 @main.command()
-@click.option("--batch-size", type=int, default=None, help="Envelopes per move call (default 500).")
+@click.option("--batch-size", type=int, default=None, help="Messages per move call (default 500).")
 @click.option("--max-sleep", type=float, default=None, help="Longest sleep without looking, s (default 1).")
 @click.option("--max-rate", type=int, default=None, help="Moves per second cap, 0 = none (default).")
 @click.option(

@@ -163,7 +163,7 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
     Examples:
       kombu-delay ls
       kombu-delay ls --queue emails --limit 20
-      kombu-delay ls --cursor 1764504000000:1764504012345.25:1
+      kombu-delay ls --cursor 1764504000000:1764504012345.25:1:celery
       kombu-delay ls --json | jq -r '.items[].task_id'
       celery -A proj delay ls -Q celery
     """

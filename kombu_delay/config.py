@@ -30,7 +30,7 @@ class Settings:
     #: Refuse ETAs further out than this at publish, ms; 0 = no limit (the default).
     #: Option ``delay_max_delay`` (s).
     max_delay_ms: int = 0
-    #: Most envelopes one move call examines. Option ``delay_batch_size``. Default 500.
+    #: Most messages one move call moves. Option ``delay_batch_size``. Default 500.
     batch_size: int = 500
     #: Longest a mover sleeps without looking, ms. Option ``delay_max_sleep`` (s). Default 1 s.
     max_sleep_ms: int = 1000

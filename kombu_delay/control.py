@@ -20,10 +20,9 @@ from kombu.exceptions import OperationalError
 from . import keys
 from .config import Settings
 from .connect import delay_url
-from .envelope import decode
-from .errors import CorruptMember, DelayTooLong, RedisUnavailable
+from .errors import DelayTooLong, RedisUnavailable
 from .eta import to_ms
-from .payload import task_name, with_eta
+from .payload import index_id, task_name, with_eta
 from .replies import Cursor, Rescheduled, Stored, translated_errors
 from .store import Store
 from .transport import register
@@ -187,7 +186,7 @@ class DelayControl:
 
     def find(self, task_id: str) -> list[ScheduledMessage]:
         """Return the pending messages of ``task_id`` (through the id index, O(log n))."""
-        return [m for m in (self._message(s) for s in self.store.find(task_id)) if m is not None]
+        return [self._message(s) for s in self.store.find(task_id)]
 
     def reschedule(self, task_id: str, eta: datetime | None = None, countdown: float | None = None) -> int:
         """Move every pending message of ``task_id`` to a new due time; return how many.
@@ -204,14 +203,8 @@ class DelayControl:
         due_ms = to_ms(eta) if eta is not None else store.time_ms() + round(float(countdown or 0) * 1000)
         done = 0
         for stored in store.find(task_id):
-            try:
-                envelope = decode(stored.member)
-            except CorruptMember:
-                continue
-            payload = with_eta(envelope.payload, due_ms)
-            outcome = store.reschedule(
-                stored, envelope.task_id, envelope.dest, payload, due_ms, self._settings
-            )
+            payload = with_eta(stored.payload, due_ms)
+            outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings)
             if outcome is Rescheduled.TOO_FAR:
                 raise DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
             if outcome is not Rescheduled.GONE:
@@ -247,7 +240,7 @@ class DelayControl:
             if not dests:
                 return Page([], None)
         found, nxt = store.page(after, limit, dests)
-        items = [m for m in (self._message(s) for s in found) if m is not None]
+        items = [self._message(s) for s in found]
         return Page(items, str(nxt) if nxt is not None else None)
 
     def stats(self, hours: float = 12, slot_minutes: float = 60, max_buckets: int = 10_000) -> Stats:
@@ -288,16 +281,12 @@ class DelayControl:
             totals=store.totals(),
         )
 
-    def _message(self, stored: Stored) -> ScheduledMessage | None:
-        try:
-            envelope = decode(stored.member)
-        except CorruptMember:
-            return None
+    def _message(self, stored: Stored) -> ScheduledMessage:
         return ScheduledMessage(
-            task_id=envelope.task_id,
-            task=task_name(envelope.payload),
-            queue=self.queue_of(envelope.dest),
-            dest=envelope.dest,
+            task_id=index_id(stored.payload),
+            task=task_name(stored.payload),
+            queue=self.queue_of(stored.dest),
+            dest=stored.dest,
             due_ms=stored.due_ms,
-            size=len(envelope.payload),
+            size=len(stored.payload),
         )

@@ -34,7 +34,3 @@ class RedisRefused(KombuDelayError, redis.ResponseError):
 
 class PayloadTooLarge(KombuDelayError, ValueError):
     """The message is larger than Redis accepts for one string (512 MB)."""
-
-
-class CorruptMember(KombuDelayError, ValueError):
-    """A stored envelope cannot be parsed."""

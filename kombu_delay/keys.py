@@ -30,23 +30,49 @@ def bucket_start(due_ms: int, width_ms: int) -> int:
     return due_ms - due_ms % width_ms
 
 
-def bucket(prefix: str, start_ms: int) -> str:
-    """ZSET of envelopes due in one bucket, scored ``due_ms + seq/2048``."""
-    return f"{ns(prefix)}bucket:{start_ms}"
+def index(prefix: str) -> str:
+    """ZSET of bucket starts holding scheduled messages: member and score = bucket start."""
+    return f"{ns(prefix)}index"
 
 
 def meta(prefix: str, start_ms: int) -> str:
-    """HASH of per-destination counts (and the ``seq`` counter) of one bucket."""
-    return f"{ns(prefix)}meta:{start_ms}"
+    """HASH of one bucket: ``q:<dest>`` counts, the ``seq`` counter and its ``end`` (epoch ms)."""
+    return f"{ns(prefix)}m:{start_ms}"
 
 
-def buckets(prefix: str) -> str:
-    """ZSET index of non-empty buckets: member and score are the bucket start."""
+def queue_set(prefix: str, start_ms: int, dest: str) -> str:
+    """ZSET of one bucket's messages for one destination list: member = the payload itself,
+    score ``due_ms + seq/2048``."""
+    return f"{ns(prefix)}z:{start_ms}:{dest}"
+
+
+def task_ids(prefix: str, start_ms: int) -> str:
+    """LIST of the task ids scheduled into one bucket, for the id-index clean-up once it drains."""
+    return f"{ns(prefix)}t:{start_ms}"
+
+
+def drained(prefix: str) -> str:
+    """ZSET of drained buckets waiting for their id-index clean-up: member = start, score = end."""
+    return f"{ns(prefix)}gc"
+
+
+def legacy_index(prefix: str) -> str:
+    """ZSET index of the buckets written by kombu-delay 0.1 (still drained by movers)."""
     return f"{ns(prefix)}buckets"
 
 
+def legacy_bucket(prefix: str, start_ms: int) -> str:
+    """ZSET of kombu-delay 0.1 envelopes due in one bucket."""
+    return f"{ns(prefix)}bucket:{start_ms}"
+
+
+def legacy_meta(prefix: str, start_ms: int) -> str:
+    """HASH of per-destination counts of one kombu-delay 0.1 bucket."""
+    return f"{ns(prefix)}meta:{start_ms}"
+
+
 def ids(prefix: str) -> str:
-    """HASH task id -> space-separated refs ``start:offset:seq`` of its envelopes."""
+    """HASH task id -> space-separated refs ``start:offset:seq`` of its stored messages."""
     return f"{ns(prefix)}ids"
 
 
@@ -61,7 +87,7 @@ def totals(prefix: str) -> str:
 
 
 def dead(prefix: str) -> str:
-    """LIST of envelopes that could not be parsed (dead letters)."""
+    """LIST of kombu-delay 0.1 envelopes that could not be parsed (dead letters)."""
     return f"{ns(prefix)}dead"
 
 
@@ -94,7 +120,7 @@ def queue_of(dest: str, prefix: str, sep: str) -> str:
 
 
 def score(due_ms: int, seq: int) -> float:
-    """Return the bucket score of an envelope; ``floor(score) == due_ms``."""
+    """Return the bucket score of a stored message; ``floor(score) == due_ms``."""
     return due_ms + seq / SEQ_SLOTS
 
 

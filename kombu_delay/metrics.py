@@ -49,7 +49,9 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
     registry = prom.CollectorRegistry()
     moved = prom.Counter("kombu_delay_moved", "Messages moved onto their queue lists.", registry=registry)
     dead = prom.Counter(
-        "kombu_delay_dead_letters", "Corrupt envelopes moved to the dead-letter list.", registry=registry
+        "kombu_delay_dead_letters",
+        "Corrupt kombu-delay 0.1 envelopes moved to the dead-letter list.",
+        registry=registry,
     )
     expired = prom.Counter(
         "kombu_delay_expired", "Scheduled messages lost to an expired or deleted bucket.", registry=registry

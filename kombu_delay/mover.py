@@ -224,7 +224,9 @@ class Mover:
         stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
         if result.dead:
             logger.warning(
-                "mover %s: moved %d corrupt envelopes to the dead-letter list", self.name, result.dead
+                "mover %s: moved %d corrupt kombu-delay 0.1 envelopes to the dead-letter list",
+                self.name,
+                result.dead,
             )
         if result.expired:
             logger.warning(

@@ -11,6 +11,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from .eta import message_id
+
 
 def iso_utc(ms: int) -> str:
     """Return epoch ``ms`` as ISO-8601 in UTC with an explicit offset (Celery's ``eta`` form)."""
@@ -40,6 +42,17 @@ def _body(message: dict[str, Any]) -> dict[str, Any] | None:
     return decoded if isinstance(decoded, dict) else None
 
 
+def index_id(payload: bytes | str) -> str:
+    """Return the id-index key of a stored payload, as the transport chose it at publish
+    (task id, message id or delivery tag); ``""`` for a payload that is not a kombu message."""
+    message = _load(payload)
+    if message is None:
+        return ""
+    headers = message.get("headers") or {}
+    body = None if "task" in headers or "x-delay" in headers else _body(message)
+    return message_id(message, body)
+
+
 def task_name(payload: bytes | str) -> str | None:
     """Return the Celery task name of a payload (protocol 2 or 1), or ``None``."""
     message = _load(payload)
@@ -60,7 +73,7 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     was delivered, so a message rescheduled earlier must carry its new ETA too.
     Protocol 2: the ``eta`` header; protocol 1: ``eta`` in the JSON body (base64
     ``body_encoding`` kept). Other messages (``x-delay``) are returned unchanged:
-    their delivery time is the envelope's score alone.
+    their delivery time is the stored score alone.
     """
     text = payload.decode("utf-8") if isinstance(payload, bytes) else payload
     message = _load(text)

@@ -52,10 +52,12 @@ class MoveResult:
     more: bool
     #: ``now - due`` for each moved message, ms.
     lateness_ms: list[int] = field(default_factory=list)
+    #: True when kombu-delay 0.1's bucket index exists: ``move_v1.lua`` has work too.
+    legacy: bool = False
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> MoveResult:
-        head = [int(x) for x in reply[:9]]
+        head = [int(x) for x in reply[:10]]
         return cls(
             moved=head[0],
             next_due_ms=None if head[1] < 0 else head[1],
@@ -66,7 +68,25 @@ class MoveResult:
             expired=head[6],
             wrongtype=head[7],
             more=bool(head[8]),
-            lateness_ms=_runs(reply[9:]),
+            lateness_ms=_runs(reply[10:]),
+            legacy=bool(head[9]),
+        )
+
+    def plus(self, older: MoveResult) -> MoveResult:
+        """Combine this call with a ``move_v1.lua`` call made right after it."""
+        dues = [d for d in (self.next_due_ms, older.next_due_ms) if d is not None]
+        return MoveResult(
+            moved=self.moved + older.moved,
+            next_due_ms=min(dues) if dues else None,
+            now_ms=self.now_ms,
+            now_us=self.now_us,
+            dead=self.dead + older.dead,
+            held=self.held + older.held,
+            expired=self.expired + older.expired,
+            wrongtype=self.wrongtype + older.wrongtype,
+            more=self.more or older.more,
+            lateness_ms=self.lateness_ms + older.lateness_ms,
+            legacy=True,
         )
 
 
@@ -84,7 +104,7 @@ def _runs(coded: list[Any]) -> list[int]:
 
 
 class Rescheduled(enum.IntEnum):
-    """What ``reschedule.lua`` did with one envelope."""
+    """What ``reschedule.lua`` did with one stored message."""
 
     TOO_FAR = -1
     GONE = 0
@@ -95,13 +115,16 @@ class Rescheduled(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Stored:
-    """One envelope as found in its bucket (for listing, cancel and reschedule)."""
+    """One stored message as found in its bucket (for listing, cancel and reschedule)."""
 
     #: Start of its bucket, epoch ms.
     start_ms: int
     #: Its score, ``due_ms + seq/2048``.
     score: float
-    member: bytes
+    #: The list key it will be pushed onto.
+    dest: str
+    #: The member: the exact message plain kombu would push.
+    payload: bytes
 
     @property
     def due_ms(self) -> int:
@@ -109,7 +132,7 @@ class Stored:
 
     @property
     def ref(self) -> str:
-        """The id-index ref ``start:offset:seq`` of this envelope."""
+        """The id-index ref ``start:offset:seq`` of this message."""
         due = int(self.score)
         seq = round((self.score - due) * keys.SEQ_SLOTS)
         return f"{self.start_ms}:{due - self.start_ms}:{seq}"
@@ -117,26 +140,29 @@ class Stored:
 
 @dataclass(frozen=True)
 class Cursor:
-    """A listing position: bucket start, score and how many members at that score were seen.
+    """A listing position: bucket start, destination, score and how many members at that
+    score were seen. A listing goes bucket by bucket, and in a bucket destination by
+    destination (a bucket keeps one sorted set per destination).
 
     It names a score, never a rank, so a page does not shift when a mover drains
     members ahead of it.
     """
 
     start_ms: int = 0
+    dest: str = ""
     score: str = "-inf"
     tie: int = 0
 
     def __str__(self) -> str:
-        return f"{self.start_ms}:{self.score}:{self.tie}"
+        return f"{self.start_ms}:{self.score}:{self.tie}:{self.dest}"
 
     @classmethod
     def parse(cls, text: str) -> Cursor:
         """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
-        start, score, tie = text.split(":")
+        start, score, tie, dest = text.split(":", 3)
         if score != "-inf":
             score = keys.score_text(float(score))
-        cursor = cls(int(start), score, int(tie))
+        cursor = cls(int(start), dest, score, int(tie))
         if cursor.start_ms < 0 or cursor.tie < 0:
             raise ValueError(text)
         return cursor

@@ -15,9 +15,9 @@ import redis
 
 from . import keys
 from .config import Settings
-from .envelope import decode
-from .errors import CorruptMember, DelayTooLong
+from .errors import DelayTooLong
 from .eta import Due
+from .payload import index_id
 from .replies import (
     Census,
     Cursor,
@@ -39,7 +39,9 @@ class Store:
         self.prefix = prefix
         self.ns = keys.ns(prefix)
         self._scripts = Scripts(client)
-        self._index = keys.buckets(prefix)
+        self._index = keys.index(prefix)
+        self._gc = keys.drained(prefix)
+        self._legacy = keys.legacy_index(prefix)
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)
         self._totals = keys.totals(prefix)
@@ -114,13 +116,21 @@ class Store:
     # -- moving ---------------------------------------------------------------
 
     def move_due(self, limit: int, max_queue_length: int = 0) -> MoveResult:
-        """Move up to ``limit`` due messages onto their lists (one atomic script call)."""
+        """Move up to ``limit`` due messages onto their lists (one atomic script call, two
+        while messages stored by kombu-delay 0.1 remain: ``move_v1.lua`` moves those)."""
         with translated_errors():
             reply = self._scripts["move"](
-                keys=[self._index, self._ids, self._counts, self._totals, keys.dead(self.prefix)],
+                keys=[self._index, self._ids, self._counts, self._totals, self._gc, self._legacy],
                 args=[self.ns, limit, max_queue_length],
             )
-        return MoveResult.from_reply(reply)
+            result = MoveResult.from_reply(reply)
+            if not result.legacy or result.moved >= limit:
+                return result
+            older = self._scripts["move_v1"](
+                keys=[self._legacy, self._ids, self._counts, self._totals, keys.dead(self.prefix)],
+                args=[self.ns, limit - result.moved, max_queue_length],
+            )
+        return result.plus(MoveResult.from_reply(older))
 
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000) -> int:
         """Record a mover heartbeat; return the Redis clock in epoch ms."""
@@ -151,10 +161,10 @@ class Store:
         """
         found: list[str] = []
         with translated_errors():
-            pattern = f"*{keys.NAMESPACE}buckets"
+            pattern = f"*{keys.NAMESPACE}[ib][nu][dc]*"  # index, or 0.1's buckets
             for seen, key in enumerate(self.client.scan_iter(match=pattern, count=1000)):
                 name = key.decode() if isinstance(key, bytes) else str(key)
-                if name != self._index:
+                if name.endswith(("index", "buckets")) and name not in (self._index, self._legacy):
                     found.append(name)
                 if seen >= scan_limit:
                     break
@@ -175,16 +185,42 @@ class Store:
     def earliest_due_ms(self) -> int | None:
         """Return the due time of the earliest scheduled message, or ``None``.
 
-        A bucket that vanished (expired or deleted) is reported by its start,
-        so an unreconciled bucket shows up as overdue rather than hiding.
+        A bucket whose messages vanished (expired or deleted) is reported by its start,
+        so an unreconciled bucket shows up as overdue rather than hiding. Messages left by
+        kombu-delay 0.1 count too.
         """
         with translated_errors():
-            first: list[Any] = self.client.zrange(self._index, 0, 0)
-            if not first:
-                return None
-            start = _text(first[0])
-            head: list[Any] = self.client.zrange(keys.bucket(self.prefix, int(start)), 0, 0, withscores=True)
-        return int(head[0][1]) if head else int(start)
+            dues = [d for d in (self._first_due(), self._first_legacy_due()) if d is not None]
+        return min(dues) if dues else None
+
+    def _first_due(self) -> int | None:
+        first: list[Any] = self.client.zrange(self._index, 0, 0)
+        if not first:
+            return None
+        start = int(first[0])
+        heads = [head for dest in self._dests(start) for head in self._head(start, dest)]
+        return min(heads) if heads else start
+
+    def _first_legacy_due(self) -> int | None:
+        first: list[Any] = self.client.zrange(self._legacy, 0, 0)
+        if not first:
+            return None
+        start = int(first[0])
+        head: list[Any] = self.client.zrange(keys.legacy_bucket(self.prefix, start), 0, 0, withscores=True)
+        return int(head[0][1]) if head else start
+
+    def _dests(self, start: int) -> list[str]:
+        """Return the destinations a bucket's meta hash counts messages for, sorted."""
+        raw = self.client.hgetall(keys.meta(self.prefix, start))
+        return sorted(
+            name[2:]
+            for name, n in ((_text(k), int(v)) for k, v in raw.items())
+            if name.startswith("q:") and n > 0
+        )
+
+    def _head(self, start: int, dest: str) -> list[int]:
+        head: list[Any] = self.client.zrange(keys.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
+        return [int(head[0][1])] if head else []
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms."""
@@ -195,7 +231,11 @@ class Store:
     # -- inspection and control ---------------------------------------------------
 
     def find(self, task_id: str) -> list[Stored]:
-        """Return the envelopes stored under ``task_id``, via the id index (no scan)."""
+        """Return the messages stored under ``task_id``, via the id index (no scan).
+
+        A ref names a bucket and an exact score; the message at that score is checked to
+        carry ``task_id`` (a ref of a moved message lingers until its bucket's clean-up).
+        """
         with translated_errors():
             refs = self.client.hget(self._ids, task_id)
             if not refs:
@@ -204,41 +244,45 @@ class Store:
             for ref in _text(refs).split():
                 start, offset, seq = (int(part) for part in ref.split(":"))
                 score = keys.score_text(keys.score(start + offset, seq))
-                members: list[Any] = self.client.zrangebyscore(keys.bucket(self.prefix, start), score, score)
-                for member in members:
-                    stored = Stored(start, float(score), bytes(member))
-                    if _member_id(stored.member) == task_id and stored not in found:
-                        found.append(stored)
+                for dest in self._dests(start):
+                    members: list[Any] = self.client.zrangebyscore(
+                        keys.queue_set(self.prefix, start, dest), score, score
+                    )
+                    for member in members:
+                        stored = Stored(start, float(score), dest, bytes(member))
+                        if index_id(stored.payload) == task_id and stored not in found:
+                            found.append(stored)
         return found
 
-    def cancel(self, task_id: str, refs_per_call: int = 100) -> int:
-        """Remove every envelope of ``task_id``; return how many were removed."""
-        total = 0
+    def cancel(self, task_id: str) -> int:
+        """Remove every message of ``task_id``; return how many were removed."""
+        done = 0
         with translated_errors():
-            while True:
-                cancelled, left = self._scripts["cancel"](
-                    keys=[self._index, self._ids, self._counts, self._totals],
-                    args=[self.ns, task_id, refs_per_call],
+            for stored in self.find(task_id):
+                done += int(
+                    self._scripts["cancel"](
+                        keys=[self._index, self._ids, self._counts, self._totals, self._gc],
+                        args=[self.ns, task_id, stored.start_ms, stored.dest, stored.ref, stored.payload],
+                    )
                 )
-                total += int(cancelled)
-                if int(left) == 0:
-                    return total
+        return done
 
     def reschedule(
-        self, old: Stored, task_id: str, dest: str, payload: str, due_ms: int, settings: Settings
+        self, old: Stored, task_id: str, payload: str, due_ms: int, settings: Settings
     ) -> Rescheduled:
         """Replace ``old`` by ``payload`` due at ``due_ms``, atomically (see ``reschedule.lua``)."""
         with translated_errors():
             reply = self._scripts["reschedule"](
-                keys=[self._index, self._ids, self._counts, self._totals, dest],
+                keys=[self._index, self._ids, self._counts, self._totals, old.dest, self._gc],
                 args=[
                     self.ns,
                     settings.bucket_width_ms,
                     settings.grace_ms,
                     old.ref,
-                    old.member,
+                    old.start_ms,
+                    old.payload,
                     task_id,
-                    dest,
+                    old.dest,
                     payload,
                     due_ms,
                     keys.wake_channel(self.prefix),
@@ -249,36 +293,34 @@ class Store:
         return Rescheduled(int(reply[0]))
 
     def purge(self, dests: Iterable[str], limit: int = 1000) -> int:
-        """Remove every envelope bound for one of ``dests``; return how many (loops ``purge.lua``)."""
+        """Remove every message bound for one of ``dests``; return how many (loops ``purge.lua``)."""
         wanted = sorted(set(dests))
         if not wanted:
             return 0
         total = 0
-        cursor: list[Any] = [0, "-inf", 0]
+        cursor: Any = 0
         with translated_errors():
             while True:
                 reply = self._scripts["purge"](
-                    keys=[self._index, self._ids, self._counts, self._totals],
-                    args=[self.ns, limit, *cursor, *wanted],
+                    keys=[self._index, self._counts, self._totals, self._gc],
+                    args=[self.ns, limit, cursor, *wanted],
                 )
                 total += int(reply[0])
                 if int(reply[1]):
                     return total
-                cursor = [_text(reply[2]), _text(reply[3]), int(reply[4])]
+                cursor = _text(reply[2])
 
     def page(
         self, after: Cursor | None, limit: int, dests: Iterable[str] | None = None, examine: int = 10_000
     ) -> tuple[list[Stored], Cursor | None]:
-        """Return up to ``limit`` envelopes after ``after``, in (bucket, score) order.
+        """Return up to ``limit`` messages after ``after``, in (bucket, destination, score) order.
 
-        With ``dests``, only envelopes bound for those lists are returned, and buckets
-        whose meta hash counts none of them are skipped unread. At most ``examine``
-        envelopes are read per call, so a sparse filter may return a short page; the
-        returned cursor is ``None`` when the end was reached.
+        With ``dests``, only messages bound for those lists are read; buckets whose meta
+        hash counts none of them cost one ``HGETALL``. At most ``examine`` messages are read
+        per call; the returned cursor is ``None`` when the end was reached.
         """
         cur = after or Cursor()
         wanted = set(dests) if dests is not None else None
-        fields = [f"q:{d}" for d in sorted(wanted)] if wanted else []
         out: list[Stored] = []
         examined = 0
         with translated_errors():
@@ -286,52 +328,40 @@ class Store:
                 starts: list[Any] = self.client.zrangebyscore(self._index, cur.start_ms, "+inf", 0, 64)
                 if not starts:
                     return out, None
-                holding = self._holding([int(s) for s in starts], fields) if wanted is not None else set()
                 for raw in starts:
+                    if len(out) >= limit:
+                        return out, cur
                     start = int(raw)
                     if start != cur.start_ms:
                         cur = Cursor(start)
-                    if wanted is not None and start not in holding:
-                        examined += 1
-                        cur = Cursor(start + 1)
-                        continue
-                    while True:
-                        if len(out) >= limit or examined >= examine:
-                            return out, cur
-                        want = min(examine - examined, max(limit - len(out), 100 if wanted else 1))
-                        batch: list[Any] = self.client.zrangebyscore(
-                            keys.bucket(self.prefix, start), cur.score, "+inf", cur.tie, want, withscores=True
-                        )
-                        for member, score in batch:
-                            text = keys.score_text(score)
-                            cur = Cursor(start, text, cur.tie + 1 if text == cur.score else 1)
-                            examined += 1
-                            stored = Stored(start, float(score), bytes(member))
-                            if wanted is None or _member_dest(stored.member) in wanted:
-                                out.append(stored)
-                                if len(out) >= limit:
-                                    return out, cur
-                            if examined >= examine:
+                    here = [
+                        d for d in self._dests(start) if (wanted is None or d in wanted) and d >= cur.dest
+                    ]
+                    for dest in here:
+                        if dest != cur.dest:
+                            cur = Cursor(start, dest)
+                        while True:
+                            if len(out) >= limit or examined >= examine:
                                 return out, cur
-                        if len(batch) < want:
-                            cur = Cursor(start + 1)
-                            break
+                            want = min(examine - examined, limit - len(out))
+                            batch: list[Any] = self.client.zrangebyscore(
+                                keys.queue_set(self.prefix, start, dest),
+                                cur.score,
+                                "+inf",
+                                cur.tie,
+                                want,
+                                withscores=True,
+                            )
+                            for member, score in batch:
+                                text = keys.score_text(score)
+                                cur = Cursor(start, dest, text, cur.tie + 1 if text == cur.score else 1)
+                                examined += 1
+                                out.append(Stored(start, float(score), dest, bytes(member)))
+                            if len(batch) < want:
+                                break
+                    cur = Cursor(start + 1)
                 if len(starts) < 64:
                     return out, None
-
-    def _holding(self, starts: list[int], fields: list[str]) -> set[int]:
-        """Return the buckets whose meta hash counts one of ``fields`` (one round trip)."""
-        if not fields:
-            return set()
-        pipe = self.client.pipeline(transaction=False)
-        for start in starts:
-            pipe.hmget(keys.meta(self.prefix, start), fields)
-        replies = pipe.execute()
-        return {
-            start
-            for start, values in zip(starts, replies, strict=True)
-            if sum(max(0, int(v)) for v in values if v is not None) > 0
-        }
 
     def census(self, now_ms: int, slot_ms: int, slots: int, max_buckets: int = 10_000) -> Census:
         """Return the overdue count and a due-time histogram from ``now_ms`` on (``census.lua``).
@@ -362,19 +392,3 @@ class Store:
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-def _member_parts(member: bytes) -> tuple[str, str]:
-    try:
-        envelope = decode(member)
-    except CorruptMember:
-        return "", ""
-    return envelope.task_id, envelope.dest
-
-
-def _member_id(member: bytes) -> str:
-    return _member_parts(member)[0]
-
-
-def _member_dest(member: bytes) -> str:
-    return _member_parts(member)[1]

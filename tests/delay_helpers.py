@@ -14,9 +14,18 @@ from typing import Any
 import redis
 
 from kombu_delay import keys
-from kombu_delay.envelope import Envelope, decode
+from kombu_delay.payload import index_id
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What is known of one stored message: its id-index key, its list key and itself."""
+
+    task_id: str
+    dest: str
+    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -37,13 +46,22 @@ class Stored:
         return decoded
 
 
+def dests_of(client: redis.Redis, prefix: str, start_ms: int) -> list[str]:
+    """The destinations a bucket's meta hash counts (each has its own sorted set)."""
+    meta = client.hgetall(keys.meta(prefix, start_ms))
+    return sorted(k.decode()[2:] for k, v in meta.items() if k.startswith(b"q:") and int(v) > 0)
+
+
 def stored(client: redis.Redis, prefix: str = "") -> list[Stored]:
-    """Every envelope in every indexed bucket, in due order."""
+    """Every message in every indexed bucket, in due order."""
     found: list[Stored] = []
-    for start in client.zrange(keys.buckets(prefix), 0, -1):
+    for start in client.zrange(keys.index(prefix), 0, -1):
         start_ms = int(start)
-        for member, score in client.zrange(keys.bucket(prefix, start_ms), 0, -1, withscores=True):
-            found.append(Stored(start_ms, float(score), decode(member)))
+        for dest in dests_of(client, prefix, start_ms):
+            for member, score in client.zrange(
+                keys.queue_set(prefix, start_ms, dest), 0, -1, withscores=True
+            ):
+                found.append(Stored(start_ms, float(score), Envelope(index_id(member), dest, bytes(member))))
     return sorted(found, key=lambda s: s.score)
 
 

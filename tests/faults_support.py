@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from kombu_delay import keys
-from kombu_delay.envelope import decode
+from kombu_delay.payload import index_id
 
 from .conftest import Proc
 
@@ -301,47 +301,57 @@ def _text(value: bytes | str) -> str:
 def consistency(client: redis.Redis, prefix: str = "") -> dict[str, int]:
     """Check every invariant between kombu-delay's keys at rest; return the totals.
 
-    - the bucket index, the bucket keys and the per-bucket meta keys name the same buckets;
-    - each bucket's meta counts equal its members per destination; ``counts`` is their sum;
-    - each id-index ref points at one stored member, and every member has one ref (refs
-      into a bucket that vanished are not removed by the mover: returned as ``stale_refs``);
-    - ``scheduled - moved - expired - cancelled`` equals the members still stored.
+    - every per-destination sorted set belongs to an indexed bucket, and every indexed
+      bucket's meta hash counts exactly the members of its sorted sets; ``counts`` is their sum;
+    - every meta hash belongs to an indexed bucket or to one waiting in ``gc``;
+    - every member has one id-index ref, a ref that names a member names one of its own task
+      id, and each member's task id is in its bucket's task-id list (which drives the clean-up
+      of refs); refs that name nothing (moved messages whose bucket is not cleaned up yet, or
+      a bucket that vanished) are returned as ``stale_refs``;
+    - ``scheduled - moved - expired - cancelled - purged`` equals the members still stored.
 
     Call it only while no mover runs (or after the movers saw every due bucket).
     """
     ns = keys.ns(prefix)
-    index = {_text(m) for m in client.zrange(keys.buckets(prefix), 0, -1)}
-    bucket_keys = {
-        _text(k)[len(ns + "bucket:") :] for k in client.scan_iter(match=ns + "bucket:*", count=1000)
-    }
-    meta_keys = {_text(k)[len(ns + "meta:") :] for k in client.scan_iter(match=ns + "meta:*", count=1000)}
-    assert index == bucket_keys, f"index {sorted(index)} != buckets {sorted(bucket_keys)}"
-    assert meta_keys <= index, f"meta without a bucket: {sorted(meta_keys - index)}"
+    index = {_text(m) for m in client.zrange(keys.index(prefix), 0, -1)}
+    waiting = {_text(m) for m in client.zrange(keys.drained(prefix), 0, -1)}
+    sets: dict[str, list[str]] = {}
+    for key in client.scan_iter(match=ns + "z:*", count=1000):
+        start, dest = _text(key)[len(ns + "z:") :].split(":", 1)
+        sets.setdefault(start, []).append(dest)
+    assert set(sets) <= index, f"sorted sets of unindexed buckets: {sorted(set(sets) - index)}"
+    meta_keys = {_text(k)[len(ns + "m:") :] for k in client.scan_iter(match=ns + "m:*", count=1000)}
+    assert meta_keys <= index | waiting, f"meta of no known bucket: {sorted(meta_keys - index - waiting)}"
     per_dest: Counter[str] = Counter()
     members: dict[tuple[str, float], str] = {}
     for start in index:
         in_bucket: Counter[str] = Counter()
-        for member, score in client.zrange(keys.bucket(prefix, int(start)), 0, -1, withscores=True):
-            env = decode(member)
-            in_bucket[env.dest] += 1
-            members[(start, float(score))] = env.task_id
+        listed = {_text(t) for t in client.lrange(keys.task_ids(prefix, int(start)), 0, -1)}
+        for dest in sets.get(start, []):
+            for member, score in client.zrange(
+                keys.queue_set(prefix, int(start), dest), 0, -1, withscores=True
+            ):
+                in_bucket[dest] += 1
+                task_id = index_id(member)
+                members[(start, float(score))] = task_id
+                assert task_id in listed, f"bucket {start}: {task_id!r} missing from its task-id list"
         meta = {_text(k): int(v) for k, v in client.hgetall(keys.meta(prefix, int(start))).items()}
         meta_counts = {k[2:]: v for k, v in meta.items() if k.startswith("q:") and v}
         assert meta_counts == dict(in_bucket), f"bucket {start}: meta {meta_counts} != {dict(in_bucket)}"
         per_dest.update(in_bucket)
     counts = {_text(k): int(v) for k, v in client.hgetall(keys.counts(prefix)).items() if int(v)}
     assert counts == dict(per_dest), f"counts {counts} != members {dict(per_dest)}"
-    refs: list[tuple[str, float, str]] = []
+    resolved: dict[tuple[str, float], str] = {}
     stale = 0
     for task_id, value in client.hgetall(keys.ids(prefix)).items():
         for ref in _text(value).split():
             start, offset, seq = ref.split(":")
-            if start not in index:  # its bucket expired or was deleted: known to be left behind
+            at = (start, int(start) + int(offset) + int(seq) / keys.SEQ_SLOTS)
+            if at not in members:  # moved and not cleaned up yet, or its bucket vanished
                 stale += 1
                 continue
-            refs.append((start, int(start) + int(offset) + int(seq) / keys.SEQ_SLOTS, _text(task_id)))
-    resolved = {(start, score): tid for start, score, tid in refs}
-    assert len(resolved) == len(refs), "two id-index refs name the same member"
+            assert at not in resolved, "two id-index refs name the same member"
+            resolved[at] = _text(task_id)
     assert resolved == members, "the id index and the stored members disagree"
     totals = {_text(k): int(v) for k, v in client.hgetall(keys.totals(prefix)).items()}
     stored = len(members)

@@ -55,7 +55,7 @@ def test_delay_mover_takes_prefix_and_delay_options_from_the_app(r, redis_server
     sent = [app.send_task("eco.record", ("x",), countdown=1 + i * 0.3) for i in range(5)]
     last_due = time.time() + 1 + 4 * 0.3
     app.close()
-    index = r.zrange(keys.buckets("eco1:"), 0, -1)
+    index = r.zrange(keys.index("eco1:"), 0, -1)
     assert index, "nothing was scheduled under the app's prefix"
     assert all(int(start) % 2000 == 0 for start in index)
     assert r.llen("eco1:celery") == 0

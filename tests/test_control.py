@@ -22,11 +22,12 @@ from kombu import Connection, Exchange, Producer, Queue
 import kombu_delay
 from kombu_delay import BadETA, DelayControl, keys
 from kombu_delay.config import Settings
-from kombu_delay.envelope import decode
 from kombu_delay.eta import Due
+from kombu_delay.payload import index_id
 from kombu_delay.replies import Rescheduled
 
 from .conftest import ROOT, wait_until
+from .delay_helpers import kombu_payload
 from .inspect_app import LEDGER_KEY
 
 SEP = "\x06\x16"
@@ -44,17 +45,30 @@ def publisher(redis_server, prefix: str, **conf: object) -> Celery:
 
 
 def truth(r, prefix: str) -> Counter[str]:
-    """Count the stored envelopes per destination by reading every bucket (tests only)."""
+    """Count the stored messages per destination by reading every bucket's sorted sets
+    (``<ns>z:<start>:<dest>``), not the counters (tests only)."""
     found: Counter[str] = Counter()
-    for key in r.scan_iter(match=f"{keys.ns(prefix)}bucket:*"):
-        for member in r.zrange(key, 0, -1):
-            found[decode(member).dest] += 1
-    return found
+    head = f"{keys.ns(prefix)}z:"
+    for key in r.scan_iter(match=f"{head}*"):
+        _start, dest = key.decode()[len(head) :].split(":", 1)
+        found[dest] += r.zcard(key)
+    return +found
 
 
 def leftover_keys(r, prefix: str) -> set[str]:
     keep = {keys.totals(prefix), keys.movers(prefix)}
     return {k.decode() for k in r.scan_iter(match=f"{keys.ns(prefix)}*")} - keep
+
+
+def awaiting_cleanup(r, prefix: str, start_ms: int) -> set[str]:
+    """The keys a drained bucket leaves until its end has passed and a move cleans it up: its
+    meta hash (its seq keeps refs unique), its task-id list, and its entry in ``gc``. Each
+    must expire by itself too, so a dead system does not keep them."""
+    left = {keys.meta(prefix, start_ms), keys.task_ids(prefix, start_ms), keys.drained(prefix)}
+    assert all(r.pttl(key) > 0 for key in left), {key: r.pttl(key) for key in left}
+    assert r.zscore(keys.drained(prefix), str(start_ms)) == start_ms + 60_000  # scored by its end
+    assert not r.zscore(keys.index(prefix), str(start_ms))
+    return left
 
 
 def ledger(r) -> list[dict[str, object]]:
@@ -158,7 +172,7 @@ def test_cancel_of_a_retried_task_id_cancels_every_pending_message(r, redis_serv
 
 def _stored_payload(ctl: DelayControl, task_id: str) -> dict[str, object]:
     (stored,) = ctl.store.find(task_id)
-    result: dict[str, object] = json.loads(decode(stored.member).payload)
+    result: dict[str, object] = json.loads(stored.payload)
     return result
 
 
@@ -213,12 +227,14 @@ def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_serve
     app.close()
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         (stored,) = ctl.store.find(sent.id)
+        assert stored.dest == f"{prefix}celery" and index_id(stored.payload) == sent.id
         assert ctl.cancel(sent.id) == 1  # stands for a mover that moved it a moment ago
-        env = decode(stored.member)
-        outcome = ctl.store.reschedule(stored, env.task_id, env.dest, "{}", stored.due_ms + 1000, Settings())
+        outcome = ctl.store.reschedule(stored, sent.id, "{}", stored.due_ms + 1000, Settings())
         assert outcome is Rescheduled.GONE
         assert ctl.stats().scheduled == 0
-        assert leftover_keys(r, prefix) == set()
+        assert r.lrange(f"{prefix}celery", 0, -1) == []
+        # Nothing but the drained bucket's bookkeeping, which waits for the clean-up.
+        assert leftover_keys(r, prefix) == awaiting_cleanup(r, prefix, stored.start_ms)
 
 
 def test_reschedule_to_a_past_time_sends_it_now(r, redis_server, prefix):
@@ -226,11 +242,13 @@ def test_reschedule_to_a_past_time_sends_it_now(r, redis_server, prefix):
     sent = app.send_task("inspect.record", ("x",), countdown=300)
     app.close()
     with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (stored,) = ctl.store.find(sent.id)
         assert ctl.reschedule(sent.id, countdown=-1) == 1
         (raw,) = r.lrange(f"{prefix}celery", 0, -1)
         assert json.loads(raw)["headers"]["id"] == sent.id
         assert ctl.stats().scheduled == 0
-        assert leftover_keys(r, prefix) == set()
+        assert ctl.find(sent.id) == [] and not r.hexists(keys.ids(prefix), sent.id)
+        assert leftover_keys(r, prefix) == awaiting_cleanup(r, prefix, stored.start_ms)
 
 
 def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover, prefix):
@@ -240,8 +258,13 @@ def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover
         wait_until(store.heartbeats, timeout=120)
         now = store.time_ms()
         dest = f"{prefix}celery"
-        early = [(Due(now + 1500 + 10 * i, task_id=f"e{i}"), dest, "{}") for i in range(300)]
-        late = [(Due(now + 600_000 + 10 * i, task_id=f"l{i}"), dest, "{}") for i in range(200)]
+        # A member is its payload: each message carries its own id (its delivery tag).
+        early = [
+            (Due(now + 1500 + 10 * i, task_id=f"e{i}"), dest, kombu_payload(f"e{i}")) for i in range(300)
+        ]
+        late = [
+            (Due(now + 600_000 + 10 * i, task_id=f"l{i}"), dest, kombu_payload(f"l{i}")) for i in range(200)
+        ]
         store.schedule_many(early + late, Settings())
         seen: list[tuple[str, int]] = []
         cursor = None
@@ -268,23 +291,35 @@ def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, red
         store = ctl.store
         due = store.time_ms() + 600_000
         items = [
-            (Due(due, task_id=f"t{i}"), f"{prefix}{'a' if i % 2 else 'b'}", json.dumps({"i": i}))
+            (Due(due, task_id=f"t{i}"), f"{prefix}{'a' if i % 2 else 'b'}", kombu_payload(f"t{i}"))
             for i in range(5000)
         ]
-        store.schedule_many(items, Settings())
-        assert (
-            len({s for _, s in r.zrange(keys.bucket(prefix, due - due % 60_000), 0, -1, withscores=True)})
-            == keys.SEQ_SLOTS
-        )
+        assert {res.outcome.name for res in store.schedule_many(items, Settings())} == {"STORED"}
+        start = keys.bucket_start(due, 60_000)
+        scores = {
+            dest: [
+                s
+                for _, s in r.zrange(keys.queue_set(prefix, start, f"{prefix}{dest}"), 0, -1, withscores=True)
+            ]
+            for dest in "ab"
+        }
+        # The seq counter is the bucket's: the two sets hold the odd and the even seqs, and
+        # within each set members share scores.
+        assert len(set(scores["a"]) | set(scores["b"])) == keys.SEQ_SLOTS
+        assert all(len(found) == 2500 and len(set(found)) == keys.SEQ_SLOTS // 2 for found in scores.values())
         seen: list[str] = []
+        listed_dests: list[str] = []
         cursor = None
         while True:
             page = ctl.scheduled(limit=7, cursor=cursor)
             seen += [m.task_id for m in page.items]
+            listed_dests += [m.dest for m in page.items]
             if page.cursor is None:
                 break
             cursor = page.cursor
         assert sorted(seen) == sorted(f"t{i}" for i in range(5000))
+        # One bucket: listed destination by destination (sorted), each in score order.
+        assert listed_dests == [f"{prefix}a"] * 2500 + [f"{prefix}b"] * 2500
         only_a = []
         cursor = None
         while True:
@@ -297,7 +332,10 @@ def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, red
         assert store.purge([f"{prefix}b"], limit=10) == 2500
         assert truth(r, prefix) == Counter({f"{prefix}a": 2500})
         assert ctl.stats().by_queue == {"a": 2500}
-        assert r.hlen(keys.ids(prefix)) == 2500
+        # A purge leaves the refs to the bucket's clean-up; they name nothing any more.
+        assert r.hlen(keys.ids(prefix)) == 5000
+        assert [ctl.find(f"t{i}") for i in (0, 2, 4998)] == [[], [], []]
+        assert [len(ctl.find(f"t{i}")) for i in (1, 3, 4999)] == [1, 1, 1]
 
 
 def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, redis_server, prefix):
@@ -320,7 +358,9 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
 
         # Overdue: due, but no mover has run yet.
         now = store.time_ms()
-        quick = [(Due(now + 300, task_id=f"q{i}"), f"{prefix}celery", "{}") for i in range(5)]
+        quick = [
+            (Due(now + 300, task_id=f"q{i}"), f"{prefix}celery", kombu_payload(f"q{i}")) for i in range(5)
+        ]
         store.schedule_many(quick, Settings())
         time.sleep(1.0)
         stats = ctl.stats()
@@ -343,14 +383,16 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
         expiring = keys.bucket_start(now + 1000, 1000)
         gone = keys.bucket_start(now + 3000, 1000)
         store.schedule_many(
-            [(Due(now + 1000, task_id=f"x{i}"), f"{prefix}lost", "{}") for i in range(3)], short
+            [(Due(now + 1000, task_id=f"x{i}"), f"{prefix}lost", kombu_payload(f"x{i}")) for i in range(3)],
+            short,
         )
         store.schedule_many(
-            [(Due(gone + 10, task_id=f"d{i}"), f"{prefix}lost", "{}") for i in range(2)], short
+            [(Due(gone + 10, task_id=f"d{i}"), f"{prefix}lost", kombu_payload(f"d{i}")) for i in range(2)],
+            short,
         )
         assert ctl.stats().by_queue["lost"] == 5
-        wait_until(lambda: not r.exists(keys.bucket(prefix, expiring)), timeout=30)
-        r.delete(keys.bucket(prefix, gone))
+        wait_until(lambda: not r.exists(keys.queue_set(prefix, expiring, f"{prefix}lost")), timeout=30)
+        r.delete(keys.queue_set(prefix, gone, f"{prefix}lost"))
         wait_until(lambda: store.time_ms() > gone + 10, timeout=30)
         assert ctl.stats().by_queue["lost"] == 5  # not settled yet
         assert store.move_due(1000).expired == 5
@@ -415,9 +457,10 @@ def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, pr
             for i in range(5000):
                 task_id = f"t{n}-{i}"
                 due = now + 4000 + i % 1000
-                items.append((Due(due, task_id=task_id), dests[i % 3], f'{{"i": {i}}}'))
+                items.append((Due(due, task_id=task_id), dests[i % 3], kombu_payload(task_id)))
                 if i % 10 == 0:  # a retry: a second pending message under the same id
-                    items.append((Due(due + 50, task_id=task_id), dests[i % 3], f'{{"r": {i}}}'))
+                    retry = kombu_payload(task_id, body=base64.b64encode(b'{"retry": 1}').decode())
+                    items.append((Due(due + 50, task_id=task_id), dests[i % 3], retry))
             outcomes = {res.outcome.name for res in store.schedule_many(items, settings)}
             assert outcomes == {"STORED"}
             scheduled += len(items)
@@ -435,6 +478,14 @@ def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, pr
                 return not store.counts()
 
             wait_until(drained, timeout=60, interval=0.05)
+
+        def cleaned_up() -> bool:
+            # Drained buckets wait in gc until their end; then a move drops their refs
+            # (moved messages' refs linger until then) and deletes their meta and task ids.
+            store.move_due(1000)
+            return not leftover_keys(r, prefix)
+
+        wait_until(cleaned_up, timeout=60, interval=0.05)
         totals = store.totals()
     assert leftover_keys(r, prefix) == set()
     assert totals["scheduled"] == scheduled

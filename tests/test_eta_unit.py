@@ -1,4 +1,5 @@
-"""Pure functions, table-driven: ETA parsing, key names, scores and the envelope layout."""
+"""Pure functions, table-driven: ETA parsing, key names, scores, the id a stored payload is
+indexed under and the listing cursor."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from kombu.transport.redis import Channel as KombuChannel
 
 from kombu_delay import keys
-from kombu_delay.envelope import Envelope, decode
-from kombu_delay.errors import BadETA, CorruptMember
+from kombu_delay.errors import BadETA
 from kombu_delay.eta import Due, message_due, parse_iso_ms, to_ms
+from kombu_delay.payload import index_id
+from kombu_delay.replies import Cursor, Stored
 
 T = datetime(2030, 5, 6, 7, 8, 9, 123_456, tzinfo=UTC)
 T_MS = 1_904_281_689_123
@@ -142,23 +144,140 @@ def test_bucket_start(due, width, start):
     assert keys.bucket_start(due, width) == start
 
 
-ENVELOPES = [
-    Envelope("abc", "celery", b'{"body": "x"}'),
-    Envelope("", "q", b"{}"),
-    Envelope("tâche-é", "app1:celery\x06\x169", '{"é": "ü"}'.encode()),
-    Envelope("id:with:colons", "12:34:", b"5:6:payload"),
-]
+@pytest.mark.parametrize("prefix", ["", "app1:"])
+def test_key_names_of_the_v2_layout(prefix):
+    ns = f"{prefix}kombu_delay:"
+    assert keys.ns(prefix) == ns
+    assert keys.index(prefix) == f"{ns}index"
+    assert keys.meta(prefix, 1_796_040_000_000) == f"{ns}m:1796040000000"
+    assert keys.queue_set(prefix, 60_000, f"{prefix}celery") == f"{ns}z:60000:{prefix}celery"
+    assert keys.queue_set(prefix, 0, "q:with:colons\x06\x169") == f"{ns}z:0:q:with:colons\x06\x169"
+    assert keys.task_ids(prefix, 60_000) == f"{ns}t:60000"
+    assert keys.drained(prefix) == f"{ns}gc"
+    # kombu-delay 0.1's keys keep their names: only move_v1.lua reads them.
+    assert keys.legacy_index(prefix) == f"{ns}buckets"
+    assert keys.legacy_bucket(prefix, 60_000) == f"{ns}bucket:60000"
+    assert keys.legacy_meta(prefix, 60_000) == f"{ns}meta:60000"
+    assert keys.dead(prefix) == f"{ns}dead"
+    names = [
+        keys.index(prefix),
+        keys.meta(prefix, 1),
+        keys.queue_set(prefix, 1, "celery"),
+        keys.task_ids(prefix, 1),
+        keys.drained(prefix),
+        keys.ids(prefix),
+        keys.counts(prefix),
+        keys.totals(prefix),
+        keys.movers(prefix),
+        keys.legacy_index(prefix),
+        keys.legacy_bucket(prefix, 1),
+        keys.legacy_meta(prefix, 1),
+        keys.dead(prefix),
+    ]
+    assert len(set(names)) == len(names)
+    assert all(name.startswith(ns) for name in names)
 
 
-@pytest.mark.parametrize("env", ENVELOPES, ids=range(len(ENVELOPES)))
-def test_envelope_round_trip(env):
-    assert decode(env.encode()) == env
+# The id a stored payload is indexed under (Store.find checks it) must be the one the
+# transport chose at publish (message_due): task id, message id or delivery tag.
+INDEXED = {name: (message, due.task_id) for name, (message, due) in DUE_CASES.items() if due is not None}
+
+
+@pytest.mark.parametrize("name", list(INDEXED))
+def test_index_id_is_the_id_the_transport_indexed_at_publish(name):
+    message, expected = INDEXED[name]
+    assert expected  # every case names its message
+    text = json.dumps(message)
+    assert index_id(text) == expected
+    assert index_id(text.encode()) == expected
 
 
 @pytest.mark.parametrize(
-    "member",
-    [b"", b"garbage", b"3:6:ab", b"0:0:x", b"2:99:ab", b"\x00not", b"1:1:a\xff{}", b"9999999999:1:x"],
+    ("message", "expected"),
+    [
+        # Protocol 2: the id header, even when the body is JSON with an id of its own.
+        (
+            {
+                "content-type": "application/json",
+                "headers": {"task": "t", "id": "hdr-id", "eta": None},
+                "body": json.dumps({"id": "body-id"}),
+                "properties": {"delivery_tag": "tag"},
+            },
+            "hdr-id",
+        ),
+        # Protocol 1 with a base64 body: the id inside the body.
+        (p1({"task": "t", "id": "b64-id", "eta": T.isoformat()}), "b64-id"),
+        (p1({"task": "t", "id": "plain-id", "eta": T.isoformat()}, encode=False), "plain-id"),
+        # x-delay: the body is not looked into, the message id comes before the delivery tag.
+        (
+            {
+                "content-type": "application/json",
+                "headers": {"x-delay": 5},
+                "body": json.dumps({"id": "not-this"}),
+                "properties": {"message_id": "m-1", "delivery_tag": "tag-2"},
+            },
+            "m-1",
+        ),
+        ({"headers": {"x-delay": 5}, "properties": {"delivery_tag": "tag-3"}}, "tag-3"),
+        ({"headers": {"x-delay": "7"}, "properties": {}}, ""),
+    ],
+    ids=["p2-header-wins", "p1-base64", "p1-plain", "x-delay-message-id", "x-delay-tag", "x-delay-no-id"],
 )
-def test_corrupt_members_raise(member):
-    with pytest.raises(CorruptMember):
-        decode(member)
+def test_index_id_per_message_kind(message, expected):
+    assert index_id(json.dumps(message)) == expected
+
+
+@pytest.mark.parametrize("payload", [b"", b"garbage", b"[1, 2]", b'"text"', b"\xff{}", b"{"])
+def test_index_id_of_what_is_not_a_kombu_message_is_empty(payload):
+    assert index_id(payload) == ""
+
+
+CURSORS = [
+    Cursor(),
+    Cursor(60_000, "celery", keys.score_text(keys.score(61_234, 7)), 1),
+    Cursor(
+        1_796_040_000_000, "app1:emails:x\x06\x169", keys.score_text(keys.score(1_796_040_000_001, 2047)), 3
+    ),
+    Cursor(0, "a:b:c:", "-inf", 0),
+    Cursor(2**42 - 60_000, "z", keys.score_text(keys.score(2**42 - 1, 2047)), 2049),
+]
+
+
+@pytest.mark.parametrize("cursor", CURSORS, ids=range(len(CURSORS)))
+def test_cursor_round_trips_through_its_text(cursor):
+    text = str(cursor)
+    assert text == f"{cursor.start_ms}:{cursor.score}:{cursor.tie}:{cursor.dest}"
+    assert Cursor.parse(text) == cursor
+
+
+def test_cursor_text_keeps_a_destination_with_colons_whole():
+    cursor = Cursor.parse("60000:61234.5:2:app1:celery:high")
+    assert cursor == Cursor(60_000, "app1:celery:high", "61234.5", 2)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "nonsense",
+        "1:-inf:0",  # kombu-delay 0.1's form: no destination
+        "1:2",
+        "x:-inf:0:q",
+        "1:abc:0:q",
+        "1:-inf:x:q",
+        "-1:-inf:0:q",
+        "1:-inf:-1:q",
+    ],
+)
+def test_cursor_parse_rejects_anything_else(text):
+    with pytest.raises(ValueError):
+        Cursor.parse(text)
+
+
+@pytest.mark.parametrize("seq", [0, 1, 1023, 2047])
+@pytest.mark.parametrize("offset", [0, 1, 59_999])
+def test_stored_ref_and_due_come_from_the_score(seq, offset):
+    start = 1_796_040_000_000
+    stored = Stored(start, keys.score(start + offset, seq), "celery", b"{}")
+    assert stored.due_ms == start + offset
+    assert stored.ref == f"{start}:{offset}:{seq}"  # the ref put() in _common.lua writes

@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import random
+import re
 import shutil
 import ssl
 import subprocess
@@ -33,7 +34,6 @@ from kombu.exceptions import OperationalError
 from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.envelope import decode
 from kombu_delay.errors import BadETA, DelayTooLong, RedisRefused, RedisUnavailable
 from kombu_delay.eta import Due, to_ms
 from kombu_delay.redis_server import RedisServer
@@ -41,6 +41,7 @@ from kombu_delay.replies import Scheduled
 from kombu_delay.store import Store
 
 from .conftest import wait_until
+from .delay_helpers import stored as stored_messages
 from .faults_support import (
     CHAOS,
     Consumer,
@@ -61,6 +62,37 @@ DEADLINE_S = 240.0
 
 def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def legacy_envelope(task_id: str, dest: str, payload: bytes | str) -> bytes:
+    """A kombu-delay 0.1 member: ``<len(id)>:<len(dest)>:<id><dest><payload>`` (byte lengths)."""
+    tid, key = task_id.encode(), dest.encode()
+    body = payload.encode() if isinstance(payload, str) else payload
+    return b"%d:%d:%s%s%s" % (len(tid), len(key), tid, key, body)
+
+
+def legacy_schedule(
+    client: redis.Redis, due_ms: int, task_id: str, dest: str, payload: str, width_ms: int = 60_000
+) -> None:
+    """Store one message as kombu-delay 0.1's schedule.lua did (its keys, counts and ref)."""
+    start = keys.bucket_start(due_ms, width_ms)
+    seq = (client.hincrby(keys.legacy_meta("", start), "seq", 1) - 1) % keys.SEQ_SLOTS
+    member = legacy_envelope(task_id, dest, payload)
+    assert client.zadd(keys.legacy_bucket("", start), {member: keys.score(due_ms, seq)}, nx=True) == 1
+    client.hincrby(keys.legacy_meta("", start), f"q:{dest}", 1)
+    client.hincrby(keys.counts(""), dest, 1)
+    client.hincrby(keys.totals(""), "scheduled", 1)
+    ref = f"{start}:{due_ms - start}:{seq}"
+    old = client.hget(keys.ids(""), task_id)
+    client.hset(keys.ids(""), task_id, f"{old.decode()} {ref}" if old else ref)
+    client.zadd(keys.legacy_index(""), {str(start): start})
+
+
+def legacy_corrupt(client: redis.Redis, due_ms: int, members: list[bytes], width_ms: int = 60_000) -> None:
+    """Put unparsable members into a kombu-delay 0.1 bucket (uncounted, as damage would be)."""
+    start = keys.bucket_start(due_ms, width_ms)
+    client.zadd(keys.legacy_bucket("", start), {m: due_ms - 1 for m in members})
+    client.zadd(keys.legacy_index(""), {str(start): start})
 
 
 # -- 1. mover crashes -------------------------------------------------------------------
@@ -370,15 +402,16 @@ def test_maxmemory_refuses_publishes_clearly_while_the_mover_keeps_moving(tmp_pa
         due = store.time_ms() + 5000
         items = []
         # The first due message's task id has a second envelope (as a Celery retry would),
-        # and a corrupt member comes first of all: both used to need a memory-growing first
-        # write, which Redis refuses in a script while over maxmemory.
+        # and a corrupt envelope left by kombu-delay 0.1 comes first of all: dead-lettering it
+        # (move_v1.lua) and dropping refs used to need a memory-growing first write, which
+        # Redis refuses in a script while over maxmemory.
         for i, mid in enumerate(["twice", "twice", *(f"d{k}" for k in range(50))]):
             items.append((Due(due + i, task_id=mid), "faults", message(mid, iso(due + i))))
         results = store.schedule_many(items, Settings())
         assert all(r.outcome is Scheduled.STORED for r in results)
         for mid in ["twice", *(f"d{k}" for k in range(50))]:
             ledger.published(mid, due)
-        client.zadd(keys.bucket("", keys.bucket_start(due, 60_000)), {b"corrupt member": due - 1})
+        legacy_corrupt(client, due, [b"corrupt member"])
         app = Celery("faults", broker=server.delay_url, set_as_current=False)
         app.send_task("faults.noop", task_id="declared", countdown=1, queue="faults")  # declares
         ledger.published("declared", 0)
@@ -413,7 +446,10 @@ def test_maxmemory_refuses_publishes_clearly_while_the_mover_keeps_moving(tmp_pa
             assert wait_for(ledger.complete, DEADLINE_S), (ledger.summary(), movers.logs())
             assert wait_for(lambda: max(store.heartbeats().values()) > beat, 60), movers.logs()
             assert client.info("memory")["used_memory"] > int(client.config_get("maxmemory")["maxmemory"])
-            assert client.lrange(keys.dead(""), 0, -1) == [b"corrupt member"]
+            assert wait_for(lambda: client.lrange(keys.dead(""), 0, -1) == [b"corrupt member"], 60)
+            assert not client.exists(
+                keys.legacy_index(""), keys.legacy_bucket("", keys.bucket_start(due, 60_000))
+            )
             assert "unexpected error" not in movers.logs()
             # The refused publishes wrote nothing.
             assert [client.hexists(keys.ids(""), m) for m in ("oom-0", "oom-1", "oom-2")] == [False] * 3
@@ -532,7 +568,7 @@ def test_eta_forms_are_held_delivered_or_refused(
             assert due == expected(now)
     else:
         assert r.llen("faults") == 0 and store.counts() == {}
-        assert r.hlen(keys.ids("")) == 0 and not r.exists(keys.buckets(""))
+        assert r.hlen(keys.ids("")) == 0 and not r.exists(keys.index(""))
 
 
 def test_max_delay_option_refuses_further_etas(r: redis.Redis, redis_server: RedisServer) -> None:
@@ -556,9 +592,9 @@ def test_ten_megabyte_payload_is_moved_byte_for_byte(
             headers={"id": "big", "x-delay": 500},
             retry=False,
         )
-    (start,) = r.zrange(keys.buckets(""), 0, -1)
-    ((member, _score),) = r.zrange(keys.bucket("", int(start)), 0, -1, withscores=True)
-    stored = decode(member).payload
+    (held,) = stored_messages(r)
+    assert held.envelope.dest == "faults" and held.envelope.task_id == "big"
+    stored = held.envelope.payload
     mover = start_mover()
     moved = wait_until(lambda: r.rpop("faults"), 120, 0.05)
     assert moved == stored  # the exact string plain kombu would have pushed
@@ -608,47 +644,99 @@ def test_odd_queue_names_and_priorities_reach_plain_kombu_consumers(
     assert mover.stop() == 0
 
 
-def test_corrupt_members_go_to_the_dead_letter_list(
+def test_corrupt_legacy_envelopes_go_to_the_dead_letter_list(
     r: redis.Redis, redis_server: RedisServer, start_mover: Callable[..., Any]
 ) -> None:
+    """Envelopes left by kombu-delay 0.1 are still parsed (move_v1.lua): a good one is
+    delivered and its ref dropped; one that cannot be parsed goes to the dead-letter list."""
     store = Store(r)
     due = store.time_ms() + 300
-    store.schedule(Due(due, task_id="good"), "faults", message("good"), Settings())
-    bucket = keys.bucket("", keys.bucket_start(due, Settings().bucket_width_ms))
+    legacy_schedule(r, due, "good", "faults", message("good"))
     corrupt = [b"garbage", b"99:5:short", b"3:0:abcpayload", b"1:1:ab"]
-    r.zadd(bucket, {m: due - 1 for m in corrupt})
+    legacy_corrupt(r, due, corrupt)
+    assert store.counts() == {"faults": 1} and store.earliest_due_ms() == due - 1
     mover = start_mover()
     assert wait_for(lambda: r.llen("faults") == 1, 60)
     assert wait_for(lambda: r.llen(keys.dead("")) == len(corrupt), 60)
+    assert json.loads(r.rpop("faults") or b"")["headers"]["id"] == "good"
     assert sorted(r.lrange(keys.dead(""), 0, -1)) == sorted(corrupt)
     assert r.hget(keys.totals(""), "dead") == b"4"
+    assert wait_for(lambda: not r.exists(keys.legacy_index("")), 60)
     assert mover.stop() == 0
-    assert "WARNING" in mover.output() and "corrupt envelopes to the dead-letter list" in mover.output()
-    assert consistency(r)["stored"] == 0
+    assert re.search(r"WARNING .*moved 4 corrupt .*envelopes to the dead-letter list", mover.output())
+    start = keys.bucket_start(due, Settings().bucket_width_ms)
+    assert not r.exists(keys.legacy_bucket("", start), keys.legacy_meta("", start))
+    assert store.counts() == {} and r.hlen(keys.ids("")) == 0  # the legacy mover drops refs at once
+    rest = consistency(r)
+    assert rest["stored"] == 0 and rest["moved"] == 1 and rest["dead"] == 4
+
+
+def test_corrupt_members_are_delivered_as_stored(
+    r: redis.Redis, redis_server: RedisServer, start_mover: Callable[..., Any]
+) -> None:
+    """The mover never parses a member: one that is not a kombu message at all, or whose
+    bytes were damaged in Redis, reaches its list byte for byte, counted like any other.
+    Nothing is dead-lettered."""
+    store = Store(r)
+    due = store.time_ms() + 300
+    settings = Settings()
+    raw = ["not json at all", '{"headers": {"id": "half', ""]
+    good = message("good")
+    store.schedule_many(
+        [
+            (Due(due, task_id="good"), "faults", good),
+            (Due(due, task_id="hurt"), "faults", message("hurt")),
+            *((Due(due + 1, task_id=f"raw{i}"), "faults", text) for i, text in enumerate(raw)),
+        ],
+        settings,
+    )
+    # Damage one stored member in place: same score, same counts, bytes no decoder accepts.
+    start = keys.bucket_start(due, settings.bucket_width_ms)
+    zset = keys.queue_set("", start, "faults")
+    ((hurt, score),) = [(m, s) for m, s in r.zrange(zset, 0, -1, withscores=True) if b'"hurt"' in m]
+    damaged = b"\xff\xfe\x00" + hurt[: len(hurt) // 2]
+    assert r.zrem(zset, hurt) == 1 and r.zadd(zset, {damaged: score}) == 1
+    expected = sorted([good.encode(), damaged, *(t.encode() for t in raw)])
+    assert store.counts() == {"faults": 5}
+
+    mover = start_mover()
+    assert wait_for(lambda: r.llen("faults") == 5, 60)
+    assert wait_for(lambda: store.counts() == {}, 60)
+    assert sorted(r.lrange("faults", 0, -1)) == expected  # byte for byte
+    assert mover.stop() == 0
+    assert not r.exists(keys.dead("")) and "dead" not in store.totals()
+    assert "corrupt" not in mover.output() and "WARNING" not in mover.output()
+    assert store.totals()["moved"] == 5 and store.totals()["scheduled"] == 5
+    rest = consistency(r)
+    assert rest["stored"] == 0 and rest["moved"] == 5
 
 
 def test_bucket_deleted_by_hand_is_reported_and_counts_settle(
     r: redis.Redis, redis_server: RedisServer, start_mover: Callable[..., Any]
 ) -> None:
     store = Store(r)
+    # Narrow buckets (1 s): the bucket's end passes soon, so its clean-up is seen too.
+    settings = Settings(bucket_width_ms=1000)
     due = store.time_ms() + 500
-    store.schedule_many(
-        [(Due(due, task_id=f"x{i}"), "faults", message(f"x{i}")) for i in range(3)], Settings()
-    )
+    store.schedule_many([(Due(due, task_id=f"x{i}"), "faults", message(f"x{i}")) for i in range(3)], settings)
     assert store.counts() == {"faults": 3}
-    r.delete(keys.bucket("", keys.bucket_start(due, Settings().bucket_width_ms)))
+    start = keys.bucket_start(due, settings.bucket_width_ms)
+    assert r.delete(keys.queue_set("", start, "faults")) == 1
     mover = start_mover()
     assert wait_for(lambda: r.hget(keys.totals(""), "expired") == b"3", 60)
-    assert store.counts() == {} and r.zcard(keys.buckets("")) == 0
+    assert store.counts() == {} and r.zcard(keys.index("")) == 0
     with DelayControl(redis_server.delay_url) as control:
         stats = control.stats()
         assert stats.scheduled == 0 and stats.totals.get("expired") == 3
+    # The id index named the lost messages until the bucket's end passed; then the mover's
+    # clean-up walked the bucket's task-id list and dropped them with its other keys.
+    assert wait_for(lambda: not r.exists(keys.drained("")), 60), r.zrange(keys.drained(""), 0, -1)
+    assert r.hlen(keys.ids("")) == 0
+    assert not r.exists(keys.meta("", start), keys.task_ids("", start))
     assert mover.stop() == 0
     assert "WARNING" in mover.output() and "3 scheduled messages were lost" in mover.output()
     rest = consistency(r)
-    # The id index still names the lost messages (the bucket held their ids); a cancel or
-    # find by id drops such a ref, and the index expires with the last bucket's meta.
-    assert rest["stored"] == 0 and rest["stale_refs"] == 3
+    assert rest["stored"] == 0 and rest["stale_refs"] == 0 and rest["expired"] == 3
 
 
 def test_destination_of_the_wrong_type_keeps_the_message_scheduled(
@@ -719,7 +807,8 @@ ACL_RULES = (
     "~app1:kombu_delay:* ~app1:_kombu.binding* ~app1:celery* &app1:kombu_delay:* "
     "-@all +ping +multi +exec +evalsha +script|load +time +sadd +smembers +lpush +subscribe "
     "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hincrby +pttl +pexpireat "
-    "+zadd +zrem +zrank +zcount +zrange +zrangebyscore +zremrangebyscore +zremrangebyrank"
+    "+rpush +lrange +ltrim +zadd +zrem +zrank +zscore +zcount +zrange +zrangebyscore +zremrangebyscore "
+    "+zremrangebyrank"
 )
 
 
@@ -728,12 +817,15 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
         admin = server.client()
         admin.execute_command("ACL", "SETUSER", "kombu-delay", *ACL_RULES.split())
         url = f"delayredis://kombu-delay:s3cret@127.0.0.1:{server.port}/0"
-        # A list cap of 1 holds the herd below: the held path runs under this user too.
-        with Movers(url, tmp_path, "--max-queue-length", "1", prefix="app1:") as movers:
+        # A list cap of 1 holds the herd below: the held path runs under this user too. With
+        # 1 s buckets and a batch smaller than the herd, the clean-up of drained buckets runs
+        # too, in several steps (its task-id list is trimmed between them).
+        args = ("--max-queue-length", "1", "--batch-size", "4")
+        with Movers(url, tmp_path, *args, prefix="app1:") as movers:
             movers.start(1)
             assert wait_for(lambda: started(movers.procs[0]), 60), movers.logs()
             app = Celery("faults", broker=url, set_as_current=False)
-            app.conf.broker_transport_options = {"global_keyprefix": "app1:"}
+            app.conf.broker_transport_options = {"global_keyprefix": "app1:", "delay_bucket_width": 1}
             ledger = Ledger()
             now = datetime.now(UTC)
             for i in range(20):
@@ -750,6 +842,12 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
                 assert wait_for(ledger.complete, DEADLINE_S), (ledger.summary(), movers.logs())
                 time.sleep(0.5)
             assert ledger.doubled() == [] and ledger.early() == [] and ledger.unknown() == []
+
+            def cleaned_up() -> bool:
+                left = list(admin.scan_iter(match=keys.ns("app1:") + "[mtz]:*", count=1000))
+                return not left and not admin.exists(keys.drained("app1:"), keys.ids("app1:"))
+
+            assert wait_for(cleaned_up, DEADLINE_S), (admin.keys(keys.ns("app1:") + "*"), movers.logs())
             assert movers.stop() == [0], movers.logs()
         denied = {(e["reason"], e["object"]) for e in admin.acl_log() if e["username"] == "kombu-delay"}
         # Only the mover's optional check for other apps' data (SCAN) is refused; on Redis 6.2
@@ -849,11 +947,7 @@ def test_payloads_are_opaque_and_arrive_byte_identical(
                 headers={"id": f"{n}:{len(text)}:{text}", "x-delay": 300},
                 retry=False,
             )
-    stored = {}
-    for start in r.zrange(keys.buckets(""), 0, -1):
-        for member in r.zrange(keys.bucket("", int(start)), 0, -1):
-            env = decode(member)
-            stored[env.task_id] = env.payload
+    stored = {s.envelope.task_id: s.envelope.payload for s in stored_messages(r)}
     assert len(stored) == len(nasty)
     mover = start_mover()
     assert wait_for(lambda: r.llen("faults") == len(nasty), 60)
@@ -907,7 +1001,8 @@ def test_soak_steady_publish_and_move_keeps_memory_and_index_flat(tmp_path: Path
                             "t_s": round(tick - begun),
                             "used_memory": client.info("memory")["used_memory"],
                             "mover_rss_kb": max(rss_kb(p.pid) for p in movers.procs),
-                            "index": client.zcard(keys.buckets("")),
+                            "index": client.zcard(keys.index("")),
+                            "drained": client.zcard(keys.drained("")),
                             "scheduled": sum(store.counts().values()),
                             "backlog": client.llen("faults"),
                         }
@@ -932,4 +1027,5 @@ def test_soak_steady_publish_and_move_keeps_memory_and_index_flat(tmp_path: Path
         assert mean(last, "used_memory") <= mean(first, "used_memory") * 1.25 + 2_000_000, samples
         assert mean(last, "mover_rss_kb") <= mean(first, "mover_rss_kb") * 1.25 + 5_000, samples
         assert mean(last, "index") <= mean(first, "index") * 1.5 + 5, samples
+        assert mean(last, "drained") <= mean(first, "drained") * 1.5 + 5, samples
         assert consistency(client)["stored"] == 0

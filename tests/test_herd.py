@@ -1,7 +1,7 @@
 """Herd control in move.lua: a queue held by delay_max_queue_length is stepped over whole.
 
-A herd waiting for a full list is counted from the bucket's meta counts and a ZCOUNT, not
-read member by member on every poll; other queues still move, and nothing is lost.
+A herd waiting for a full list is counted with one ZCOUNT of its destination's sorted set,
+not read member by member on every poll; other queues still move, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def test_a_held_herd_is_counted_whole_and_other_queues_still_move(r: redis.Redis
     wait_until(lambda: store.time_ms() > due + 30)
 
     result = store.move_due(10, max_queue_length=2)
-    # Every due message of the held queue is counted, though the limit is 10: it was
-    # stepped over from the counts, not read (reading stops at 10 x the limit).
+    # Every due message of the held queue is counted, though the limit is 10: its sorted set
+    # was skipped whole (one ZCOUNT), not read.
     assert (result.moved, result.held, result.wrongtype) == (1, 3000, 0)
     assert r.llen(other) == 1
     assert store.counts() == {capped: 3000}
@@ -48,3 +48,4 @@ def test_a_held_herd_is_counted_whole_and_other_queues_still_move(r: redis.Redis
         r.delete(capped)  # a worker drained it
     assert moved == 3000
     assert store.counts() == {}
+    assert all(store.find(f"h{i}") == [] for i in range(0, 3000, 97))

@@ -1,12 +1,14 @@
-"""move.lua's lateness reply: run-length coded in Lua, one value per moved message in Python."""
+"""move.lua's reply: the legacy flag, then the lateness, run-length coded in Lua, one value
+per moved message in Python."""
 
 from __future__ import annotations
 
 import redis
 
+from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.replies import _runs
+from kombu_delay.replies import MoveResult, _runs
 from kombu_delay.store import Store
 
 from .conftest import wait_until
@@ -17,6 +19,18 @@ def test_runs_expand_in_order() -> None:
     assert _runs([3, 0, 5]) == [3, 0, 5]
     assert _runs([-3, 7]) == [7, 7, 7]
     assert _runs([b"1", b"-2", b"4", b"0"]) == [1, 4, 4, 0]
+
+
+def test_reply_has_the_legacy_flag_before_the_lateness() -> None:
+    head = [b"3", b"-1", b"1000", b"250", b"0", b"2", b"1", b"0", b"1"]
+    result = MoveResult.from_reply([*head, b"1", b"-2", b"5", b"9"])
+    assert result == MoveResult(3, None, 1000, 250, 0, 2, 1, 0, True, [5, 5, 9], legacy=True)
+    plain = MoveResult.from_reply([*head, 0, 7])
+    assert plain.legacy is False and plain.lateness_ms == [7]
+    # A move_v1.lua call made right after: counts add up, the earliest due wins.
+    older = MoveResult.from_reply([1, 1500, 1001, 0, 1, 0, 0, 4, 0, 1, 0])
+    both = MoveResult.from_reply([2, 2000, 1000, 250, 0, 0, 0, 0, 0, 1, -2, 3]).plus(older)
+    assert both == MoveResult(3, 1500, 1000, 250, 1, 0, 0, 4, False, [3, 3, 0], legacy=True)
 
 
 def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -> None:
@@ -33,3 +47,30 @@ def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -
     late_at = result.now_ms
     assert result.lateness_ms == [late_at - due for due in dues]
     assert r.llen(f"{prefix}q") == 35
+    assert result.legacy is False
+
+
+def test_lateness_follows_the_move_order_destination_by_destination(r: redis.Redis, prefix: str) -> None:
+    """In one bucket, each destination's messages move together, in due order; the
+    lateness list follows that order (which destination goes first is not specified)."""
+    store = Store(r, prefix)
+    width = 60_000
+    now = store.time_ms()
+    start = keys.bucket_start(now + 300, width)
+    if start + width - (now + 300) < 1000:  # keep every due time in one bucket
+        start += width
+    base = max(start, now + 300)
+    dues = {"a": [base + 2 * i for i in range(10)], "b": [base + 2 * i + 1 for i in range(10)]}
+    items = [
+        (Due(due, task_id=f"{dest}{i}"), f"{prefix}{dest}", f"payload-{dest}{i}")
+        for dest, times in dues.items()
+        for i, due in enumerate(times)
+    ]
+    store.schedule_many(items, Settings(bucket_width_ms=width))
+    assert r.zcard(keys.index(prefix)) == 1
+    wait_until(lambda: store.time_ms() > base + 25)
+    result = store.move_due(1000)
+    assert result.moved == 20
+    late = {dest: [result.now_ms - due for due in times] for dest, times in dues.items()}
+    assert result.lateness_ms in (late["a"] + late["b"], late["b"] + late["a"])
+    assert min(result.lateness_ms) >= 0

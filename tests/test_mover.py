@@ -1,8 +1,11 @@
-"""The mover: the move script on seeded buckets (table-driven), then the mover as a real
-process: boundaries, several movers at once, kill -9, a Redis outage, bad members, signals."""
+"""The mover: the move script on seeded buckets (table-driven), the id-index clean-up, the
+kombu-delay 0.1 layout, then the mover as a real process: boundaries, several movers at once,
+kill -9, a Redis outage, legacy dead letters, signals."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +27,8 @@ from kombu_delay.replies import MoveResult, Scheduled
 from kombu_delay.store import Store
 
 from .conftest import wait_until
-from .delay_helpers import kombu_payload, stored, tags_in
+from .delay_helpers import LpushMonitor, kombu_payload, stored, tags_in
+from .faults_support import consistency
 
 # -- the move script on seeded buckets ---------------------------------------------------
 
@@ -32,7 +36,7 @@ from .delay_helpers import kombu_payload, stored, tags_in
 @dataclass
 class Case:
     """Seeds are ``(due offset ms from a bucket boundary, destination)``; the tag of
-    seed ``i`` is ``m<i>``. Offsets of an hour or more are "not due"."""
+    seed ``i`` is ``m<i>``, also its task id. Offsets of an hour or more are "not due"."""
 
     seeds: list[tuple[int, str]]
     #: destination -> seed indexes in the order a worker takes them (BRPOP).
@@ -44,17 +48,11 @@ class Case:
     max_len: int = 0
     #: run after seeding: (client, prefix, boundary_ms) -> None
     setup: Callable[[redis.Redis, str, int], None] | None = None
-    dead: list[bytes] = field(default_factory=list)
     wrongtype: bool = False
     held: bool = False
 
 
 HOUR = 3_600_000
-
-
-def corrupt(client: redis.Redis, prefix: str, boundary: int) -> None:
-    client.zadd(keys.bucket(prefix, boundary), {b"garbage": boundary + 3})
-    client.zadd(keys.bucket(prefix, boundary), {b"2:99:ab": boundary + 4})
 
 
 def wrong_type(client: redis.Redis, prefix: str, boundary: int) -> None:
@@ -86,9 +84,6 @@ CASES = {
         setup=wrong_type,
         wrongtype=True,
     ),
-    "corrupt-members-dead-letter": Case(
-        [(0, "q"), (5, "q")], {"q": [0, 1]}, setup=corrupt, dead=[b"garbage", b"2:99:ab"]
-    ),
     "held-by-max-queue-length": Case(
         [(0, "full"), (1, "q")], {"q": [1]}, left=[0], max_len=2, setup=full_list, held=True
     ),
@@ -106,14 +101,15 @@ CASES = {
 }
 
 
-def run_case(client: redis.Redis, prefix: str, case: Case) -> list[MoveResult]:
+def run_case(client: redis.Redis, prefix: str, case: Case) -> tuple[list[MoveResult], int]:
+    """Seed ``case``, move until nothing more is due; return the results and the boundary."""
     store = Store(client, prefix)
     settings = Settings(bucket_width_ms=case.width_ms)
     now = store.time_ms()
     lead = 700 + max(0, -min(offset for offset, _ in case.seeds))  # the earliest is >= 0.7 s ahead
     boundary = keys.bucket_start(now + lead, case.width_ms) + case.width_ms
     seeds = [
-        (Due(boundary + offset, task_id=f"id{i}"), f"{prefix}{dest}", kombu_payload(f"m{i}"))
+        (Due(boundary + offset, task_id=f"m{i}"), f"{prefix}{dest}", kombu_payload(f"m{i}"))
         for i, (offset, dest) in enumerate(case.seeds)
     ]
     assert {r.outcome for r in store.schedule_many(seeds, settings)} == {Scheduled.STORED}
@@ -128,14 +124,15 @@ def run_case(client: redis.Redis, prefix: str, case: Case) -> list[MoveResult]:
         result = store.move_due(case.limit, case.max_len)
         results.append(result)
         if not result.more:
-            return results
+            return results, boundary
         assert len(results) < 100
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_move_script_table(r, prefix, name):
     case = CASES[name]
-    results = run_case(r, prefix, case)
+    results, boundary = run_case(r, prefix, case)
+    store = Store(r, prefix)
 
     for dest, order in case.moved.items():
         assert tags_in(r, f"{prefix}{dest}") == [f"m{i}" for i in order], dest
@@ -145,23 +142,56 @@ def test_move_script_table(r, prefix, name):
     assert len(lateness) == moved and min(lateness) >= 0  # never before due, by the Redis clock
     left = stored(r, prefix)
     assert sorted(s.message["properties"]["delivery_tag"] for s in left) == sorted(f"m{i}" for i in case.left)
-    assert r.lrange(keys.dead(prefix), 0, -1)[::-1] == case.dead
+    assert r.exists(keys.dead(prefix)) == 0  # the v2 layout never dead-letters
     assert any(res.wrongtype for res in results) == case.wrongtype
     assert any(res.held for res in results) == case.held
     # Bookkeeping: counts, the id index and the bucket index describe what is left.
     expected_counts = Counter(s.envelope.dest for s in left)
-    assert Store(r, prefix).counts() == dict(expected_counts)
+    assert store.counts() == dict(expected_counts)
+    moved_ids = {f"m{i}" for order in case.moved.values() for i in order}
+    left_ids = {f"m{i}" for i in case.left}
+    for task_id in moved_ids:  # a moved message's ref may linger, but find() sees through it
+        assert store.find(task_id) == [], task_id
+    for i in case.left:
+        (found,) = store.find(f"m{i}")
+        assert found.dest == f"{prefix}{case.seeds[i][1]}"
+        assert found.due_ms == boundary + case.seeds[i][0]
     ids = {k.decode() for k in r.hkeys(keys.ids(prefix))}
-    assert ids == {f"id{i}" for i in case.left}
-    index = {int(m) for m in r.zrange(keys.buckets(prefix), 0, -1)}
+    assert left_ids <= ids <= left_ids | moved_ids
+    index = {int(m) for m in r.zrange(keys.index(prefix), 0, -1)}
     assert index == {s.start_ms for s in left}
     totals = r.hgetall(keys.totals(prefix))
     assert int(totals.get(b"moved", 0)) == moved
-    assert int(totals.get(b"dead", 0)) == len(case.dead)
+    assert int(totals.get(b"dead", 0)) == 0
     if case.left:
         assert results[-1].next_due_ms == min(s.due_ms for s in left)
     else:
         assert results[-1].next_due_ms is None
+    assert consistency(r, prefix)["stored"] == len(case.left)
+
+    # The clean-up: once a drained bucket's end has passed, a move call drops its refs and
+    # deletes its task-id list and meta hash. A bucket still holding messages keeps its refs.
+    start_of = [keys.bucket_start(boundary + offset, case.width_ms) for offset, _ in case.seeds]
+    kept = {start_of[i] for i in case.left}
+    drained = {start_of[i] for i in range(len(case.seeds))} - kept
+    # Drained buckets wait in gc until their end (those already ended may be cleaned up).
+    assert {int(m) for m in r.zrange(keys.drained(prefix), 0, -1)} <= drained
+    if drained:
+        last_end = max(drained) + case.width_ms
+        wait_until(lambda: store.time_ms() > last_end)
+    for _ in range(100):
+        result = store.move_due(case.limit, case.max_len)
+        assert result.moved == 0
+        if not result.more:
+            break
+    else:
+        raise AssertionError("the clean-up did not finish in 100 move calls")
+    ids = {k.decode() for k in r.hkeys(keys.ids(prefix))}
+    assert ids == {f"m{i}" for i in range(len(case.seeds)) if start_of[i] in kept}
+    for start in drained:
+        assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 0, start
+    assert r.zcard(keys.drained(prefix)) == 0
+    assert consistency(r, prefix)["stale_refs"] == len(ids) - len(case.left)
 
 
 def test_nothing_is_moved_before_its_millisecond(r):
@@ -186,31 +216,223 @@ def test_nothing_is_moved_before_its_millisecond(r):
     assert tags_in(r, "q") == [f"m{i}" for i in range(len(dues))]
 
 
+def with_id(tag: str, task_id: str, queue: str = "celery") -> str:
+    """A message whose delivery tag is ``tag`` and whose id (in its body) is ``task_id``."""
+    body = base64.b64encode(json.dumps({"id": task_id}).encode()).decode()
+    return kombu_payload(tag, queue, body=body)
+
+
 @pytest.mark.parametrize("offsets", [(0, 1, 2), (0, 0, 0)], ids=["apart", "one-millisecond"])
-def test_a_move_drops_only_its_own_refs_of_a_task_id_used_more_than_once(r, prefix, offsets):
-    """A retry reuses its task id: the id index then holds several refs under one id. A
-    move takes out the refs of the envelopes it moved (two in one batch here) and keeps
-    the ref of the one still scheduled, which find and cancel then reach. Due at one
-    millisecond, the batch is read without scores, and the refs are built from the scores
-    looked up one by one."""
+def test_a_task_id_used_more_than_once_finds_only_its_unmoved_message(r, prefix, offsets):
+    """A retry reuses its task id: the id index then holds several refs under one id. After
+    a move of two of them (in one batch here), find and cancel reach only the one still
+    scheduled, though the moved ones' refs stay until their bucket's clean-up. Due at one
+    millisecond, the batch is read without scores."""
     store = Store(r, prefix)
     q = f"{prefix}q"
+    width = 1000
+    settings = Settings(bucket_width_ms=width)
     due = store.time_ms() + 300
     items = [
-        (Due(due + offsets[0], task_id="again"), q, kombu_payload("first")),
-        (Due(due + HOUR, task_id="again"), q, kombu_payload("later")),
-        (Due(due + offsets[1], task_id="again"), q, kombu_payload("second")),
-        (Due(due + offsets[2], task_id="once"), q, kombu_payload("once")),
+        (Due(due + offsets[0], task_id="again"), q, with_id("first", "again")),
+        (Due(due + HOUR, task_id="again"), q, with_id("later", "again")),
+        (Due(due + offsets[1], task_id="again"), q, with_id("second", "again")),
+        (Due(due + offsets[2], task_id="once"), q, with_id("once", "once")),
     ]
-    assert {res.outcome for res in store.schedule_many(items, Settings())} == {Scheduled.STORED}
+    assert {res.outcome for res in store.schedule_many(items, settings)} == {Scheduled.STORED}
     later = next(s for s in stored(r, prefix) if s.due_ms == due + HOUR)
+    ref = replies.Stored(later.start_ms, later.score, later.envelope.dest, later.envelope.payload).ref
     wait_until(lambda: store.time_ms() > due + 2)
     assert store.move_due(3).moved == 3
     assert tags_in(r, q) == ["first", "second", "once"]
-    ref = replies.Stored(later.start_ms, later.score, later.envelope.encode()).ref
-    assert r.hgetall(keys.ids(prefix)) == {b"again": ref.encode()}
+    assert store.find("once") == []
     assert [s.due_ms for s in store.find("again")] == [due + HOUR]
-    assert store.cancel("again") == 1 and r.hlen(keys.ids(prefix)) == 0
+    assert ref in r.hget(keys.ids(prefix), "again").decode().split()
+    assert store.cancel("again") == 1 and store.find("again") == []
+    # The cancel dropped its own ref; the moved ones' go once their bucket has ended.
+    assert ref not in (r.hget(keys.ids(prefix), "again") or b"").decode().split()
+    ends = {keys.bucket_start(due + o, width) + width for o in offsets}
+    wait_until(lambda: store.time_ms() > max(ends))
+    assert store.move_due(1000).moved == 0
+    assert r.hlen(keys.ids(prefix)) == 0
+    assert r.zcard(keys.drained(prefix)) == 1  # the cancelled one's bucket, until its end
+
+
+def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
+    """Moving leaves the id index alone; find() sees through the stale refs at once. The
+    refs, the task-id list and the meta hash go with the first move call after the end of
+    the drained bucket. A bucket that drains and then gets a new message before its end
+    comes back into the index, delivers it, and is cleaned up after it drains again."""
+    store = Store(r, prefix)
+    q = f"{prefix}q"
+    width = 4000
+    settings = Settings(bucket_width_ms=width)
+    start = keys.bucket_start(store.time_ms() + 500, width) + width  # a bucket wholly ahead
+    end = start + width
+    tags = [f"a{i}" for i in range(5)]
+    items = [(Due(start + 50 + i, task_id=tag), q, kombu_payload(tag)) for i, tag in enumerate(tags)]
+    assert {res.outcome for res in store.schedule_many(items, settings)} == {Scheduled.STORED}
+    assert r.lrange(keys.task_ids(prefix, start), 0, -1) == [t.encode() for t in tags]
+
+    wait_until(lambda: store.time_ms() > start + 60)
+    first = store.move_due(1000)
+    assert first.moved == 5 and tags_in(r, q) == tags
+    assert first.now_ms < end, "the machine stalled for the whole 4 s bucket"
+    for tag in tags:
+        assert store.find(tag) == []
+    # Drained, not ended: out of the index, waiting in gc; refs, t: and m: linger.
+    assert r.zscore(keys.index(prefix), start) is None
+    assert r.zscore(keys.drained(prefix), start) == end
+    assert set(r.hkeys(keys.ids(prefix))) == {t.encode() for t in tags}
+    assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 2
+    assert consistency(r, prefix)["stale_refs"] == 5
+
+    # A new message for the same bucket, before its end: back in the index, delivered.
+    due_b = store.time_ms() + 300
+    assert keys.bucket_start(due_b, width) == start, "the machine stalled past the bucket"
+    assert (
+        store.schedule(Due(due_b, task_id="b"), q, kombu_payload("b"), settings).outcome is Scheduled.STORED
+    )
+    assert r.zscore(keys.index(prefix), start) == start
+    assert [s.due_ms for s in store.find("b")] == [due_b]
+    assert all(store.find(tag) == [] for tag in tags)
+    assert set(r.hkeys(keys.ids(prefix))) == {t.encode() for t in [*tags, "b"]}
+    wait_until(lambda: store.time_ms() > due_b)
+    second = store.move_due(1000)
+    assert second.moved == 1 and tags_in(r, q) == [*tags, "b"]
+    assert min(second.lateness_ms) >= 0
+    assert second.now_ms < end, "the machine stalled for the whole 4 s bucket"
+    assert store.find("b") == []
+    assert r.zscore(keys.index(prefix), start) is None
+    assert r.zscore(keys.drained(prefix), start) == end
+    assert r.hlen(keys.ids(prefix)) == 6  # still lingering: the bucket has not ended
+
+    wait_until(lambda: store.time_ms() > end)
+    assert store.move_due(1000).moved == 0
+    assert r.hlen(keys.ids(prefix)) == 0
+    assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 0
+    assert r.zcard(keys.drained(prefix)) == 0
+    assert consistency(r, prefix) == {"stored": 0, "stale_refs": 0, **store.totals()}
+
+
+# -- the kombu-delay 0.1 layout ----------------------------------------------------------
+
+
+def legacy_put(
+    client: redis.Redis, prefix: str, task_id: str, dest: str, payload: bytes, due_ms: int, seq: int = 0
+) -> None:
+    """Store one message as kombu-delay 0.1 did (see lua/move_v1.lua): an envelope
+    ``<len(id)>:<len(dest)>:<id><dest><payload>`` in the bucket of 60 s that holds it."""
+    start = keys.bucket_start(due_ms, 60_000)
+    member = f"{len(task_id)}:{len(dest)}:{task_id}{dest}".encode() + payload
+    legacy_raw(client, prefix, start, member, keys.score(due_ms, seq))
+    client.hincrby(keys.legacy_meta(prefix, start), f"q:{dest}", 1)
+    client.hincrby(keys.counts(prefix), dest, 1)
+    ref = f"{start}:{due_ms - start}:{seq}"
+    old = client.hget(keys.ids(prefix), task_id)
+    client.hset(keys.ids(prefix), task_id, f"{old.decode()} {ref}" if old else ref)
+
+
+def legacy_raw(client: redis.Redis, prefix: str, start: int, member: bytes, score: float) -> None:
+    """Put ``member`` into a 0.1 bucket as is (no counts: a corrupt one names no destination)."""
+    client.zadd(keys.legacy_bucket(prefix, start), {member: score})
+    client.zadd(keys.legacy_index(prefix), {str(start): start})
+
+
+def test_legacy_layout_moves_good_envelopes_and_dead_letters_corrupt_ones(r, prefix):
+    store = Store(r, prefix)
+    q = f"{prefix}q"
+    due = store.time_ms() + 400
+    start = keys.bucket_start(due, 60_000)
+    tags = [f"old{i}" for i in range(6)]
+    for i, tag in enumerate(tags):
+        legacy_put(r, prefix, tag, q, kombu_payload(tag).encode(), due + i % 3, seq=i)
+    corrupt = [b"garbage", b"2:99:ab", b"3:0:abc" + kombu_payload("nodest").encode()]
+    for i, member in enumerate(corrupt):
+        legacy_raw(r, prefix, start, member, keys.score(due + 1, 10 + i))
+    later_due = due + 1500
+    legacy_put(r, prefix, "later", q, kombu_payload("later").encode(), later_due)
+
+    early = store.move_due(1000)
+    assert early.moved == 0 and early.dead == 0 and early.legacy
+    assert early.next_due_ms == due
+    wait_until(lambda: store.time_ms() > due + 5)
+    results = [store.move_due(2)]
+    while results[-1].more:
+        results.append(store.move_due(2))
+        assert len(results) < 100
+    assert sum(res.moved for res in results) == 6
+    assert sum(res.dead for res in results) == 3
+    assert all(res.legacy for res in results)
+    assert min(ms for res in results for ms in res.lateness_ms) >= 0
+    assert tags_in(r, q) == sorted(tags, key=lambda t: (int(t[3:]) % 3, int(t[3:])))  # due order
+    assert sorted(r.lrange(keys.dead(prefix), 0, -1)) == sorted(corrupt)
+    totals = store.totals()
+    assert (totals["moved"], totals["dead"]) == (6, 3)
+    assert store.counts() == {q: 1}
+    assert r.hkeys(keys.ids(prefix)) == [b"later"]  # 0.1 refs go with the move, as they did
+    assert results[-1].next_due_ms == later_due == store.earliest_due_ms()
+    assert r.exists(keys.legacy_index(prefix)) == 1
+
+    # Once the last 0.1 bucket is drained, its index is gone and move.lua says so.
+    wait_until(lambda: store.time_ms() > later_due)
+    last = store.move_due(1000)
+    assert (last.moved, last.dead, last.legacy) == (1, 0, True)
+    assert tags_in(r, q)[-1] == "later"
+    assert r.exists(keys.legacy_index(prefix)) == 0
+    assert not r.keys(f"{keys.ns(prefix)}bucket:*") and not r.keys(f"{keys.ns(prefix)}meta:*")
+    assert store.counts() == {} and r.hlen(keys.ids(prefix)) == 0
+    after = store.move_due(1000)
+    assert (after.moved, after.legacy, after.next_due_ms) == (0, False, None)
+    assert store.earliest_due_ms() is None
+
+
+def test_both_layouts_due_at_once_deliver_each_message_exactly_once(r, prefix, redis_server):
+    """One move_due loop drains v2 buckets and 0.1 buckets together: every message reaches
+    its list exactly once (one LPUSH), and none before its due millisecond by the Redis
+    clock (MONITOR's timestamp of the LPUSH that carried it)."""
+    store = Store(r, prefix)
+    dests = [f"{prefix}a", f"{prefix}b"]
+    now = store.time_ms()
+    dues: dict[str, int] = {}
+    new_items = []
+    for i in range(60):
+        tag, due = f"new{i:03d}", now + 600 + 7 * i
+        dues[tag] = due
+        new_items.append((Due(due, task_id=tag), dests[i % 2], kombu_payload(tag)))
+    outcomes = {res.outcome for res in store.schedule_many(new_items, Settings(bucket_width_ms=100))}
+    assert outcomes == {Scheduled.STORED}
+    for i in range(60):
+        tag, due = f"old{i:03d}", now + 603 + 7 * i
+        dues[tag] = due
+        legacy_put(r, prefix, tag, dests[i % 2], kombu_payload(tag).encode(), due, seq=i)
+    assert store.time_ms() < min(dues.values()), "seeding took longer than the lead"
+
+    calls = []
+    with LpushMonitor(redis_server.client(), r.ping) as monitor:
+        deadline = time.monotonic() + 120
+        while moved_total(r, prefix) < len(dues):
+            assert time.monotonic() < deadline, f"only {moved_total(r, prefix)} of {len(dues)} moved"
+            result = store.move_due(7)
+            calls.append(result)
+            assert min(result.lateness_ms, default=0) >= 0
+        r.ping()
+    assert sum(res.moved for res in calls) == len(dues)
+    assert any(res.legacy for res in calls)
+    delivered = Counter(all_tags(r, dests))
+    assert set(delivered) == set(dues) and set(delivered.values()) == {1}
+    for tag, due in dues.items():
+        pushes = monitor.first_push_us(tag)
+        assert len(pushes) == 1, (tag, pushes)
+        assert pushes[0] >= due * 1000, (tag, due, pushes)
+    for dest in dests:  # due order within each layout and list
+        for layout in ("new", "old"):
+            order = [t for t in tags_in(r, dest) if t.startswith(layout)]
+            assert order == sorted(order, key=lambda t: dues[t])
+    assert stored(r, prefix) == [] and store.counts() == {}
+    assert r.exists(keys.legacy_index(prefix)) == 0
+    assert r.exists(keys.dead(prefix)) == 0
+    assert store.move_due(7).legacy is False
 
 
 # -- the mover as a real process ---------------------------------------------------------
@@ -274,11 +496,14 @@ def test_mover_process_moves_across_buckets_and_boundaries(r, prefix, start_move
     assert len({s.start_ms for s in stored(r, prefix)}) >= 4
     mover = start_mover(prefix=prefix)
     wait_until(lambda: moved_total(r, prefix) == len(tags))
-    assert stored(r, prefix) == [] and r.zcard(keys.buckets(prefix)) == 0
+    assert stored(r, prefix) == [] and r.zcard(keys.index(prefix)) == 0
     assert sorted(all_tags(r, dests)) == sorted(tags)
     for dest in dests:  # due order within each list
         order = tags_in(r, dest)
         assert order == sorted(order, key=lambda t: (dues[int(t[1:])], int(t[1:])))
+    # The refs go once each drained bucket has ended (the mover looks at least every second).
+    wait_until(lambda: r.hlen(keys.ids(prefix)) == 0 and r.zcard(keys.drained(prefix)) == 0)
+    assert not r.keys(f"{keys.ns(prefix)}t:*") and not r.keys(f"{keys.ns(prefix)}m:*")
     assert mover.stop() == 0, mover.output()
     assert "Traceback" not in mover.output()
 
@@ -413,21 +638,27 @@ def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover)
     assert "WARNING" in mover.output()
 
 
-def test_corrupt_member_goes_to_dead_letters_and_others_still_move(r, start_mover):
+def test_legacy_corrupt_envelope_goes_to_dead_letters_and_others_still_move(r, start_mover):
+    """A mover upgraded over kombu-delay 0.1 data delivers its envelopes and dead-letters
+    the one it cannot parse, then the 0.1 index is gone."""
     store = Store(r)
-    tags = seed(store, 10, ["c"], delay_ms=400)
-    (start,) = {s.start_ms for s in stored(r)}
-    r.zadd(keys.bucket("", start), {b"\x00not an envelope": stored(r)[0].score})
+    due = store.time_ms() + 400
+    tags = [f"c{i}" for i in range(10)]
+    for i, tag in enumerate(tags):
+        legacy_put(r, "", tag, "c", kombu_payload(tag).encode(), due, seq=i)
+    legacy_raw(r, "", keys.bucket_start(due, 60_000), b"\x00not an envelope", keys.score(due, 0))
     mover = start_mover()
     try:
         wait_until(lambda: r.llen("c") == 10)
         wait_until(lambda: r.llen(keys.dead("")) == 1)
     except AssertionError:
-        print(mover.output()[-3000:], stored(r), r.lrange(keys.dead(""), 0, -1))
+        print(mover.output()[-3000:], r.lrange(keys.dead(""), 0, -1))
         raise
     assert r.lrange(keys.dead(""), 0, -1) == [b"\x00not an envelope"]
     assert sorted(tags_in(r, "c")) == sorted(tags)
-    wait_until(lambda: "corrupt envelopes" in mover.output())
+    wait_until(lambda: "to the dead-letter list" in mover.output())
+    wait_until(lambda: r.exists(keys.legacy_index("")) == 0)
+    assert store.counts() == {} and r.hlen(keys.ids("")) == 0
     assert mover.stop() == 0, mover.output()
 
 
@@ -505,7 +736,7 @@ def test_mover_with_another_prefix_warns_about_stranded_messages(r, start_mover)
     """A mover whose global_keyprefix differs from the publisher's says so at start."""
     seed(Store(r, "app1:"), 1, ["app1:q"], delay_ms=60_000)
     mover = start_mover()  # no prefix
-    wait_until(lambda: "app1:kombu_delay:buckets" in mover.output())
+    wait_until(lambda: keys.index("app1:") in mover.output())
     assert "WARNING" in mover.output() and "global_keyprefix" in mover.output()
     assert mover.stop() == 0, mover.output()
     right = start_mover(prefix="app1:")

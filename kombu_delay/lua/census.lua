@@ -1,6 +1,6 @@
---[[ census: due-time histogram and overdue count, from bucket sizes alone.
+--[[ census: count what is scheduled, overdue and by due time, without reading any message.
 
-KEYS[1] index   ZSET  <ns>buckets   member = score = bucket start (epoch ms)
+KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
 ARGV[1] ns           key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] now_ms       a member is due when floor(score) <= now_ms
 ARGV[3] slot_ms      width of one histogram slot, ms; slot 0 starts at now_ms
@@ -10,8 +10,8 @@ Returns: {truncated (1 if max_buckets cut the census), overdue, count_slot_0, co
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
          is one bucket width).
-Bound: ARGV[5] buckets, each one ZCARD and, if it has started, one ZCOUNT; members are
-       never read, so the cost does not grow with the number scheduled per bucket.
+Bound: ARGV[5] buckets, each one HGETALL of its meta hash, and per destination one ZCARD
+       and, if the bucket has started, one ZCOUNT; members are never read.
 ]]
 local index = KEYS[1]
 local ns = ARGV[1]
@@ -27,16 +27,20 @@ for i = 1, slots do reply[i + 2] = 0 end
 if #starts > max_buckets then reply[1] = 1 end
 for i = 1, math.min(#starts, max_buckets) do
   local start = tonumber(starts[i])
-  local bucket = ns .. 'bucket:' .. starts[i]
-  local size = redis.call('ZCARD', bucket)
+  local fields = redis.call('HGETALL', ns .. 'm:' .. starts[i])
   local slot = 0
-  if start <= now then
-    local due = redis.call('ZCOUNT', bucket, '-inf', upper)
-    reply[2] = reply[2] + due
-    size = size - due
-  else
-    slot = math.min(slots - 1, math.floor((start - now) / slot_ms))
+  if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
+  for j = 1, #fields, 2 do
+    if string.sub(fields[j], 1, 2) == 'q:' and tonumber(fields[j + 1]) > 0 then
+      local zset = ns .. 'z:' .. starts[i] .. ':' .. string.sub(fields[j], 3)
+      local size = redis.call('ZCARD', zset)
+      if start <= now then
+        local due = redis.call('ZCOUNT', zset, '-inf', upper)
+        reply[2] = reply[2] + due
+        size = size - due
+      end
+      reply[slot + 3] = reply[slot + 3] + size
+    end
   end
-  reply[slot + 3] = reply[slot + 3] + size
 end
 return reply

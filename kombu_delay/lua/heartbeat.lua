@@ -9,8 +9,7 @@ Bound: O(log n + dropped) in the number of movers.
 local movers = KEYS[1]
 local mover_id = ARGV[1]
 local forget_after = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock()
 -- Trim first: Redis refuses a script whose first write may grow memory (ZADD) while
 -- maxmemory is exceeded, and a mover must keep its heartbeat then.
 redis.call('ZREMRANGEBYSCORE', movers, '-inf', '(' .. string.format('%d', now - forget_after))

@@ -1,273 +1,182 @@
---[[ move: move due envelopes onto their destination lists, oldest first, across every due bucket.
+--[[ move: move due messages onto their destination lists, oldest bucket first.
 
-KEYS[1] index   ZSET  <ns>buckets   member = score = bucket start (epoch ms)
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see schedule.lua)
+KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
-KEYS[5] dead    LIST  <ns>dead      envelopes that cannot be parsed
+KEYS[5] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
+KEYS[6] legacy  ZSET  <ns>buckets   kombu-delay 0.1's index: only checked for existence
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
-ARGV[2] limit    most envelopes moved (or dead-lettered) in this call
+ARGV[2] limit    most messages moved in this call (task ids cleaned up count as well)
 ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never);
-                 the envelopes this call pushes count too, so a list never passes max_len
+                 the messages this call pushes count too, so a list never passes max_len
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
-          dead, held, expired, wrongtype, more (1 if the limit was reached), lateness...}
-         with the lateness (now - due, ms, >= 0) of each moved envelope in move order,
-         run-length coded: a run of n > 1 equal values is -n followed by the value. A burst
-         due at one instant then costs two integers, not one per message, to send and parse.
-Bound: moves at most ARGV[2] envelopes, steps over at most 10 * ARGV[2] that must stay put
-       (held or wrong-type destination), and visits at most ARGV[2] buckets. The separate
-       step-over allowance lets messages for other queues pass a held herd; a bucket whose
-       queues are all blocked is stepped over whole from its meta counts, unread.
+          dead (always 0 here), held, expired, wrongtype, more (1 if the limit was reached or
+          clean-up is left), legacy (1 if kombu-delay 0.1's index exists), lateness...}
+         with the lateness (now - due, ms, >= 0) of each moved message in move order,
+         run-length coded: a run of n > 1 equal values is -n followed by the value.
+Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
+       wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
 
-Each envelope is removed with ZREM and pushed with LPUSH inside this one script, so a crash
-can neither lose nor duplicate it, and several movers can run it at once: a member another
-mover already moved is simply not there any more.
+A bucket keeps one sorted set per destination, whose members are the payloads themselves, so
+a batch goes from one sorted set to one list with no per-message work in Lua: ZRANGE (or
+ZRANGEBYSCORE) from the head, ZREMRANGEBYRANK of the same ranks, LPUSH. Messages are removed
+and pushed inside this one script, so a crash can neither lose nor duplicate one, and several
+movers can run it at once: a member another mover already moved is simply not there.
+
+The id index is not touched here: once a bucket is drained it waits in <ns>gc until its end
+(nothing can be scheduled into it after that), and then its task-id list drives the clean-up
+of its refs, in this script's leftover budget, so a burst is never slowed by it.
 ]]
-local index, ids, counts, totals, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local find, sub, floor = string.find, string.sub, math.floor  -- locals: read once per message
+local index, ids, counts, totals, gc, legacy = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
 local max_len = tonumber(ARGV[3])
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[2]) % 1000
+local now, now_us = clock()
 local upper = '(' .. string.format('%d', now + 1)  -- floor(score) <= now, never earlier
+local k = {ns = ns, index = index, gc = gc}
 
-local moved, dead_n, held, expired, wrong = 0, 0, 0, 0, 0
-local lateness = {}
-local run_value, run_count = nil, 0
-local function end_run()
-  if run_count == 1 then
-    lateness[#lateness + 1] = run_value
-  elseif run_count > 1 then
-    lateness[#lateness + 1] = -run_count
-    lateness[#lateness + 1] = run_value
-  end
-end
+local moved, held, expired, wrong = 0, 0, 0, 0
+local add_late, finish_lateness = lateness_runs()
 local budget = limit
-local skip_left = 10 * limit
-local room = {}   -- dest -> pushes still allowed this call; -1 = not a list
+local room, room_of = room_keeper(max_len)
 
--- Returns false when the envelope may be pushed now (and takes one unit of room), else
--- 'held' (the list is at max_len) or 'wrongtype' (the key is not a list).
-local function room_of(dest)
-  local left = room[dest]
-  if left == nil then
-    local kind = redis.call('TYPE', dest)['ok']
-    if kind ~= 'list' and kind ~= 'none' then
-      left = -1
-    elseif max_len > 0 then
-      left = math.max(0, max_len - redis.call('LLEN', dest))
-    else
-      left = math.huge
+-- Moves the due head of one sorted set, at most `take` messages; returns how many.
+local function move_head(zset, dest, due_first, take)
+  -- When the first and the last of the next `take` members are due at the same millisecond,
+  -- so is every one between: one number is the lateness of all, and the batch is read
+  -- without scores and pushed as it came. Otherwise each member comes with its score.
+  local tail = redis.call('ZRANGE', zset, take - 1, take - 1, 'WITHSCORES')
+  if not tail[2] then tail = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES') end
+  local pushes
+  if floor(tonumber(tail[2])) == due_first then
+    pushes = redis.call('ZRANGE', zset, 0, take - 1)
+    add_late(now - due_first, #pushes)
+  else
+    local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', upper, 'WITHSCORES', 'LIMIT', 0, take)
+    pushes = {}
+    local n = 0
+    for i = 1, #batch, 2 do
+      n = n + 1
+      pushes[n] = batch[i]
+      add_late(now - floor(tonumber(batch[i + 1])), 1)
     end
-    room[dest] = left
   end
-  return left
-end
-
-local function blocked_by(dest)
-  local left = room_of(dest)
-  if left == -1 then
-    room[dest] = left
-    return 'wrongtype'
-  elseif left == 0 then
-    room[dest] = left
-    return 'held'
+  local got = #pushes
+  if got > 0 then
+    -- They are ranks 0 .. got - 1: removing by rank spares copying each member back out of
+    -- Lua and searching the skip list for it.
+    redis.call('ZREMRANGEBYRANK', zset, 0, got - 1)
+    redis.call('LPUSH', dest, unpack(pushes))
   end
-  room[dest] = left - 1
-  return false
+  return got
 end
 
 local starts = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit)
 for _, start_s in ipairs(starts) do
-  if budget <= 0 or skip_left <= 0 then break end
-  local bucket = ns .. 'bucket:' .. start_s
-  local meta = ns .. 'meta:' .. start_s
-  local offset = 0
-  local scanned_any = false
-  -- A held herd must not be read member by member on every poll (10x the limit of 1 KB
-  -- members each time keeps Redis busy for nothing): when every destination that has
-  -- messages in this bucket is blocked, its meta counts say so, and the bucket is
-  -- stepped over whole, without reading it.
+  if budget <= 0 then break end
+  local meta = ns .. 'm:' .. start_s
   local fields = redis.call('HGETALL', meta)
-  local open, stuck, stuck_wrong = false, 0, 0
-  local dests_here = {}
+  local end_ms, left_total = nil, 0
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
-    if n > 0 and string.sub(name, 1, 2) == 'q:' then
-      dests_here[#dests_here + 1] = string.sub(name, 3)
-      local left = room_of(dests_here[#dests_here])
-      if left > 0 then
-        open = true
-      elseif left == -1 then
-        stuck_wrong = stuck_wrong + n
+    if name == 'end' then
+      end_ms = n
+    elseif n > 0 and sub(name, 1, 2) == 'q:' and budget > 0 then
+      local dest = sub(name, 3)
+      local zset = ns .. 'z:' .. start_s .. ':' .. dest
+      local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+      if not head[2] then
+        -- Gone while counted: expired after its grace, or deleted by hand. Settle the count
+        -- (HDEL first: under maxmemory Redis refuses a script whose first write may grow
+        -- memory, and movers must keep moving then).
+        expired = expired + n
+        redis.call('HDEL', meta, name)
+        uncount(counts, dest, n)
+        n = 0
       else
-        stuck = stuck + n
-      end
-    end
-  end
-  if stuck + stuck_wrong == 0 then
-    open = true  -- no counts to go by: read the bucket
-  elseif not open then
-    local waiting = redis.call('ZCOUNT', bucket, '-inf', upper)  -- due ones only, O(log n)
-    if waiting > 0 then
-      if stuck > 0 then held = held + waiting else wrong = wrong + waiting end
-      scanned_any = true  -- not "all in the future": later buckets may hold open queues
-    end
-  end
-  local function all_blocked()
-    for _, dest in ipairs(dests_here) do
-      if room[dest] == nil or room[dest] > 0 then return false end
-    end
-    return #dests_here > 0
-  end
-  local bucket_blocked, stepped_here = false, 0
-  while open and not bucket_blocked and budget > 0 and skip_left > 0 do
-    -- A herd due at one millisecond is read without its scores: when the first and the last
-    -- of the next `budget` members (by rank) are due at the same millisecond, so is every one
-    -- between, one number is the lateness of all, and each score would be one more Lua
-    -- string to make and parse. Otherwise each member comes with its score (step 2).
-    local batch, step, due_all
-    local last = offset + budget - 1
-    local ends = redis.call('ZRANGE', bucket, offset, offset, 'WITHSCORES')
-    local due_first = ends[2] and floor(tonumber(ends[2]))
-    if due_first and due_first <= now then
-      ends = redis.call('ZRANGE', bucket, last, last, 'WITHSCORES')
-      if ends[2] and floor(tonumber(ends[2])) == due_first then
-        batch, step, due_all = redis.call('ZRANGE', bucket, offset, last), 1, due_first
-      end
-    end
-    if not batch then
-      batch = redis.call('ZRANGEBYSCORE', bucket, '-inf', upper, 'WITHSCORES', 'LIMIT', offset, budget)
-      step = 2
-    end
-    if #batch == 0 then break end
-    scanned_any = true
-    -- removed[k], task_ids[k] and scores[k] (its rank instead, when read without scores)
-    -- describe the k-th envelope taken; pushes[dest] holds per_dest[dest] payloads. Explicit
-    -- counts: Lua 5.1 finds #t by a search.
-    local removed, task_ids, scores, taken = {}, {}, {}, 0
-    local dead_here = {}
-    local pushes, order = {}, {}
-    local per_dest = {}
-    local stepped = 0
-    for i = 1, #batch, step do
-      local member, score = batch[i], due_all or tonumber(batch[i + 1])
-      budget = budget - 1
-      local _, hdr_end, il, dl = find(member, '^(%d+):(%d+):')
-      il, dl = tonumber(il), tonumber(dl)
-      if not hdr_end or dl == 0 or #member <= hdr_end + il + dl then
-        dead_here[#dead_here + 1] = member
-      else
-        local dest = sub(member, hdr_end + il + 1, hdr_end + il + dl)
-        local state = blocked_by(dest)
-        if state then
-          budget = budget + 1  -- stepping over costs the step-over allowance instead
-          skip_left = skip_left - 1
-          stepped = stepped + 1
-          if state == 'held' then held = held + 1 else wrong = wrong + 1 end
-          stepped_here = stepped_here + 1
-          if skip_left <= 0 then break end
-          if all_blocked() then  -- its queues filled up during this call: leave the bucket
-            bucket_blocked = true
-            break
-          end
-        else
-          taken = taken + 1
-          removed[taken] = member
-          task_ids[taken] = sub(member, hdr_end + 1, hdr_end + il)
-          scores[taken] = due_all and offset + (i - 1) or score  -- its rank, read without scores
-          local list = pushes[dest]
-          if not list then
-            list = {}
-            pushes[dest] = list
-            per_dest[dest] = 0
-            order[#order + 1] = dest
-          end
-          local k = per_dest[dest] + 1
-          per_dest[dest] = k
-          list[k] = sub(member, hdr_end + il + dl + 1)
-          local late = now - floor(score)
-          if late == run_value then run_count = run_count + 1 else
-            end_run()
-            run_value, run_count = late, 1
+        local due_first = floor(tonumber(head[2]))
+        if due_first <= now then
+          local left = room_of(dest)
+          if left <= 0 then
+            local waiting = redis.call('ZCOUNT', zset, '-inf', upper)
+            if left == -1 then wrong = wrong + waiting else held = held + waiting end
+          else
+            local got = move_head(zset, dest, due_first, math.min(budget, left))
+            if got > 0 then
+              room[dest] = left - got
+              budget = budget - got
+              moved = moved + got
+              n = n - got
+              redis.call('HINCRBY', meta, name, -got)
+              uncount(counts, dest, got)
+            end
+            if room[dest] == 0 then  -- the list just filled up: what is still due is held
+              held = held + redis.call('ZCOUNT', zset, '-inf', upper)
+            end
           end
         end
       end
     end
-    -- Before the removals, so a ref can still read its member's score by rank. Its first
-    -- write is an HDEL: under maxmemory Redis refuses a script whose first write may grow
-    -- memory (see drop_refs in _common.lua), and movers must keep moving then.
-    drop_refs(ids, task_ids, function(i)
-      local score = scores[i]
-      if due_all then score = tonumber(redis.call('ZRANGE', bucket, score, score, 'WITHSCORES')[2]) end
-      return score_ref(start_s, score)
-    end)
-    local read = taken + #dead_here
-    if stepped == 0 and read * step == #batch then
-      -- Every member read was taken, and they are ranks offset .. offset + read - 1 (the
-      -- range starts at -inf): removing by rank spares copying each 1 KB member back out of
-      -- Lua and searching the skip list for it.
-      redis.call('ZREMRANGEBYRANK', bucket, offset, offset + read - 1)
+    if n and sub(name, 1, 2) == 'q:' and n > 0 then left_total = left_total + n end
+  end
+  if left_total == 0 then
+    -- Drained (or only counted members that are gone): the bucket leaves the index.
+    retire(k, start_s, end_ms, now)
+  end
+end
+
+-- Clean-up, in the budget the moves left: the refs of drained buckets whose end has passed.
+local cleanup_left = 0
+if budget > 0 then
+  local ended = redis.call('ZRANGEBYSCORE', gc, '-inf', now, 'LIMIT', 0, limit)
+  for _, start_s in ipairs(ended) do
+    if budget <= 0 then
+      cleanup_left = 1
+      break
+    end
+    if redis.call('ZSCORE', index, start_s) then
+      redis.call('ZREM', gc, start_s)  -- scheduled into again: it comes back when it drains
     else
-      if taken > 0 then redis.call('ZREM', bucket, unpack(removed)) end
-      if #dead_here > 0 then redis.call('ZREM', bucket, unpack(dead_here)) end
-      offset = offset + stepped
-    end
-    if #dead_here > 0 then
-      redis.call('LPUSH', dead, unpack(dead_here))
-      dead_n = dead_n + #dead_here
-    end
-    for _, dest in ipairs(order) do
-      redis.call('LPUSH', dest, unpack(pushes[dest]))
-      local n = per_dest[dest]
-      moved = moved + n
-      if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
-      redis.call('HINCRBY', meta, 'q:' .. dest, -n)
-    end
-  end
-  if bucket_blocked then  -- count the due ones it did not read, as the pre-check does
-    local unread = redis.call('ZCOUNT', bucket, '-inf', upper) - stepped_here
-    if unread > 0 then
-      local any_held = false
-      for _, dest in ipairs(dests_here) do any_held = any_held or room[dest] == 0 end
-      if any_held then held = held + unread else wrong = wrong + unread end
-    end
-  end
-  if redis.call('EXISTS', bucket) == 0 then
-    -- Emptied by moves, or gone (expired after its grace, or deleted by hand): in the
-    -- second case its remaining counts are still in the meta hash; settle them.
-    local fields = redis.call('HGETALL', meta)
-    redis.call('DEL', meta)  -- deletes before HINCRBY: see drop_refs (_common.lua) on maxmemory
-    redis.call('ZREM', index, start_s)
-    for i = 1, #fields, 2 do
-      local name, n = fields[i], tonumber(fields[i + 1])
-      if string.sub(name, 1, 2) == 'q:' and n > 0 then
-        local dest = string.sub(name, 3)
-        expired = expired + n
-        if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
+      local tasks = ns .. 't:' .. start_s
+      local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
+      drop_start_refs(ids, chunk, start_s)
+      if #chunk < budget then
+        redis.call('DEL', tasks, ns .. 'm:' .. start_s)
+        redis.call('ZREM', gc, start_s)
+        budget = budget - math.max(1, #chunk)
+      else
+        redis.call('LTRIM', tasks, #chunk, -1)
+        budget = 0
+        cleanup_left = 1
       end
     end
-  elseif not scanned_any then
-    break  -- this bucket's members are all in the future, and so is every later bucket
   end
 end
 
 if moved > 0 then redis.call('HINCRBY', totals, 'moved', moved) end
-if dead_n > 0 then redis.call('HINCRBY', totals, 'dead', dead_n) end
 if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
 
 local next_due = -1
 local first = redis.call('ZRANGE', index, 0, 0)[1]
 if first then
-  local head = redis.call('ZRANGE', ns .. 'bucket:' .. first, 0, 0, 'WITHSCORES')
-  if head[2] then next_due = math.floor(tonumber(head[2])) else next_due = tonumber(first) end
+  local fields = redis.call('HGETALL', ns .. 'm:' .. first)
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
+      local head = redis.call('ZRANGE', ns .. 'z:' .. first .. ':' .. sub(name, 3), 0, 0, 'WITHSCORES')
+      if head[2] then
+        local due = floor(tonumber(head[2]))
+        if next_due == -1 or due < next_due then next_due = due end
+      end
+    end
+  end
+  if next_due == -1 then next_due = tonumber(first) end  -- counted but gone: settle it now
 end
 local more = 0
-if budget <= 0 then more = 1 end
-local reply = {moved, next_due, now, now_us, dead_n, held, expired, wrong, more}
-end_run()
-for i = 1, #lateness do reply[#reply + 1] = lateness[i] end
+if budget <= 0 or cleanup_left == 1 then more = 1 end
+local reply = {moved, next_due, now, now_us, 0, held, expired, wrong, more, redis.call('EXISTS', legacy)}
+finish_lateness(reply)
 return reply
