@@ -231,27 +231,19 @@ class Store:
     # -- inspection and control ---------------------------------------------------
 
     def find(self, task_id: str) -> list[Stored]:
-        """Return the messages stored under ``task_id``, via the id index (no scan).
+        """Return the messages stored under ``task_id``, via the id index (one script call).
 
-        A ref names a bucket and an exact score; the message at that score is checked to
-        carry ``task_id`` (a ref of a moved message lingers until its bucket's clean-up).
+        A ref names a bucket and an exact score; the message found there is kept only if it
+        carries ``task_id`` (a ref of a moved message lingers until its bucket's clean-up).
         """
         with translated_errors():
-            refs = self.client.hget(self._ids, task_id)
-            if not refs:
-                return []
-            found: list[Stored] = []
-            for ref in _text(refs).split():
-                start, offset, seq = (int(part) for part in ref.split(":"))
-                score = keys.score_text(keys.score(start + offset, seq))
-                for dest in self._dests(start):
-                    members: list[Any] = self.client.zrangebyscore(
-                        keys.queue_set(self.prefix, start, dest), score, score
-                    )
-                    for member in members:
-                        stored = Stored(start, float(score), dest, bytes(member))
-                        if index_id(stored.payload) == task_id and stored not in found:
-                            found.append(stored)
+            flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, task_id])
+        found: list[Stored] = []
+        for i in range(0, len(flat), 4):
+            start, score, dest, member = flat[i : i + 4]
+            stored = Stored(int(start), float(score), _text(dest), bytes(member))
+            if index_id(stored.payload) == task_id and stored not in found:
+                found.append(stored)
         return found
 
     def cancel(self, task_id: str) -> int:

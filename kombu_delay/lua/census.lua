@@ -10,8 +10,8 @@ Returns: {truncated (1 if max_buckets cut the census), overdue, count_slot_0, co
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
          is one bucket width).
-Bound: ARGV[5] buckets, each one HGETALL of its meta hash, and per destination one ZCARD
-       and, if the bucket has started, one ZCOUNT; members are never read.
+Bound: ARGV[5] buckets, each one HGETALL of its meta hash (whose counts give the sizes) and,
+       if the bucket has started, one ZCOUNT per destination; members are never read.
 ]]
 local index = KEYS[1]
 local ns = ARGV[1]
@@ -31,15 +31,14 @@ for i = 1, math.min(#starts, max_buckets) do
   local slot = 0
   if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
   for j = 1, #fields, 2 do
-    if string.sub(fields[j], 1, 2) == 'q:' and tonumber(fields[j + 1]) > 0 then
-      local zset = ns .. 'z:' .. starts[i] .. ':' .. string.sub(fields[j], 3)
-      local size = redis.call('ZCARD', zset)
+    local size = tonumber(fields[j + 1])
+    if string.sub(fields[j], 1, 2) == 'q:' and size > 0 then
       if start <= now then
-        local due = redis.call('ZCOUNT', zset, '-inf', upper)
+        local due = redis.call('ZCOUNT', ns .. 'z:' .. starts[i] .. ':' .. string.sub(fields[j], 3), '-inf', upper)
         reply[2] = reply[2] + due
         size = size - due
       end
-      reply[slot + 3] = reply[slot + 3] + size
+      reply[slot + 3] = reply[slot + 3] + math.max(0, size)
     end
   end
 end
