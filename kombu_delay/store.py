@@ -116,19 +116,24 @@ class Store:
     # -- moving ---------------------------------------------------------------
 
     def move_due(self, limit: int, max_queue_length: int = 0) -> MoveResult:
-        """Move up to ``limit`` due messages onto their lists (one atomic script call, two
-        while messages stored by kombu-delay 0.1 remain: ``move_v1.lua`` moves those)."""
+        """Move up to ``limit`` due messages onto their lists (one atomic script call).
+
+        While messages stored by kombu-delay 0.1 remain, a second call (``move_v1.lua``)
+        moves those, up to the rest of ``limit`` and at least a quarter of it.
+        """
         with translated_errors():
             reply = self._scripts["move"](
                 keys=[self._index, self._ids, self._counts, self._totals, self._gc, self._legacy],
                 args=[self.ns, limit, max_queue_length],
             )
             result = MoveResult.from_reply(reply)
-            if not result.legacy or result.moved >= limit:
+            if not result.legacy:
                 return result
+            # At least a quarter of the limit goes to 0.1's messages, so a steady backlog of
+            # new ones cannot keep them waiting until they expire.
             older = self._scripts["move_v1"](
                 keys=[self._legacy, self._ids, self._counts, self._totals, keys.dead(self.prefix)],
-                args=[self.ns, limit - result.moved, max_queue_length],
+                args=[self.ns, max(limit - result.moved, limit // 4, 1), max_queue_length],
             )
         return result.plus(MoveResult.from_reply(older))
 

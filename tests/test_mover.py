@@ -319,11 +319,18 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
 
 
 def legacy_put(
-    client: redis.Redis, prefix: str, task_id: str, dest: str, payload: bytes, due_ms: int, seq: int = 0
+    client: redis.Redis,
+    prefix: str,
+    task_id: str,
+    dest: str,
+    payload: bytes,
+    due_ms: int,
+    seq: int = 0,
+    width_ms: int = 60_000,
 ) -> None:
     """Store one message as kombu-delay 0.1 did (see lua/move_v1.lua): an envelope
-    ``<len(id)>:<len(dest)>:<id><dest><payload>`` in the bucket of 60 s that holds it."""
-    start = keys.bucket_start(due_ms, 60_000)
+    ``<len(id)>:<len(dest)>:<id><dest><payload>`` in the bucket that holds it."""
+    start = keys.bucket_start(due_ms, width_ms)
     member = f"{len(task_id)}:{len(dest)}:{task_id}{dest}".encode() + payload
     legacy_raw(client, prefix, start, member, keys.score(due_ms, seq))
     client.hincrby(keys.legacy_meta(prefix, start), f"q:{dest}", 1)
@@ -436,6 +443,91 @@ def test_both_layouts_due_at_once_deliver_each_message_exactly_once(r, prefix, r
 
 
 # -- the mover as a real process ---------------------------------------------------------
+
+
+def test_clean_up_of_thousands_of_retried_ids_keeps_their_live_refs(r):
+    """A clean-up chunk of 4,500 task ids that all have a ref in a later bucket (each task
+    retried itself) rewrites 4,500 fields: more values than one Lua call can take at once."""
+    store, n = Store(r), 4500
+    narrow = Settings(bucket_width_ms=1000)
+    now = store.time_ms()
+    due = now - now % 1000 + 4000 + 100
+    first = [(Due(due, task_id=f"t{i}"), "q", with_id(f"first-{i}", f"t{i}", "q")) for i in range(n)]
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(first, narrow))
+    wait_until(lambda: store.time_ms() > due, 30)
+    moved = 0
+    while moved < n:
+        moved += store.move_due(5000).moved
+    later = store.time_ms() + 600_000
+    retries = [(Due(later + i, task_id=f"t{i}"), "q", with_id(f"retry-{i}", f"t{i}", "q")) for i in range(n)]
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(retries, narrow))
+    wait_until(lambda: store.time_ms() > due - due % 1000 + 1000, 30)  # the first bucket ended
+    while r.exists(keys.drained("")):
+        store.move_due(5000)
+    refs = {k.decode(): v.decode() for k, v in r.hgetall(keys.ids("")).items()}
+    first_start = f"{due - due % 1000}:"
+    assert len(refs) == n and not any(" " in ref or ref.startswith(first_start) for ref in refs.values())
+    assert [s.payload for s in store.find("t7")] == [with_id("retry-7", "t7", "q").encode()]
+    rest = consistency(r)
+    assert rest["stored"] == n and rest["stale_refs"] == 0 and rest["moved"] == n
+
+
+def test_clean_up_waits_for_a_legacy_bucket_of_the_same_start(r):
+    """A 0.1 message L and a 0.2 message M of one task id in buckets with the same start: the
+    0.2 bucket's clean-up must not drop L's ref, and moving L must drop L's ref alone, not the
+    ref of a later 0.2 message of that id."""
+    store = Store(r)
+    narrow = Settings(bucket_width_ms=1000)
+    now = store.time_ms()
+    start = now - now % 1000 + 2000
+    legacy_put(r, "", "T", "qL", kombu_payload("L").encode(), start + 500, width_ms=1000)
+    store.schedule(Due(start + 100, task_id="T"), "qM", with_id("M", "T", "qM"), narrow)
+    r.lpush("qL", "filler")  # qL is full under max_queue_length 1: L is held
+    wait_until(lambda: store.time_ms() > start + 1000, 30)
+    for _ in range(3):
+        result = store.move_due(100, max_queue_length=1)
+    assert r.llen("qM") == 1 and result.held == 1 and result.legacy
+    assert r.zrange(keys.drained(""), 0, -1) == [str(start).encode()]  # its clean-up waits
+    assert f"{start}:500:0" in r.hget(keys.ids(""), "T").decode().split()  # L's ref is kept
+    later = store.time_ms() + 60_000
+    store.schedule(Due(later, task_id="T"), "qM", with_id("M2", "T", "qM"), narrow)
+    r.delete("qL")
+    while r.exists(keys.legacy_index(""), keys.drained("")):
+        store.move_due(100, max_queue_length=1)
+    assert r.lrange("qL", 0, -1) == [kombu_payload("L").encode()]
+    assert r.hget(keys.ids(""), "T").decode() == f"{later - later % 1000}:{later % 1000}:0"
+    assert [s.payload for s in store.find("T")] == [with_id("M2", "T", "qM").encode()]
+    assert store.cancel("T") == 1 and store.counts() == {}
+
+
+def test_legacy_messages_get_a_share_of_each_call_under_a_backlog_of_new_ones(r):
+    store = Store(r)
+    due = store.time_ms() + 300
+    new = [(Due(due, task_id=f"n{i}"), "q", kombu_payload(f"n{i}")) for i in range(100)]
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(new, Settings()))
+    for i in range(10):
+        legacy_put(r, "", f"o{i}", "q", kombu_payload(f"o{i}").encode(), due, seq=i)
+    wait_until(lambda: store.time_ms() > due, 30)
+    result = store.move_due(20)
+    assert result.legacy and result.moved == 25  # 20 new ones fill the limit; 5 old ones too
+    assert sum(t.startswith("o") for t in tags_in(r, "q")) == 5
+
+
+def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
+    """Publishers with different bucket widths share a start: the keys of that bucket must
+    live until the wider one's end plus grace, or its message would expire before due."""
+    store = Store(r)
+    narrow = Settings(bucket_width_ms=1000, grace_ms=1000)
+    wide = Settings(bucket_width_ms=10_000, grace_ms=1000)
+    now = store.time_ms()
+    start = now - now % 10_000 + 20_000
+    store.schedule(Due(start + 200, task_id="a"), "q", kombu_payload("a"), narrow)
+    store.schedule(Due(start + 6000, task_id="b"), "q", kombu_payload("b"), wide)
+    at = store.time_ms()
+    assert r.zcard(keys.queue_set("", start, "q")) == 2
+    assert r.pttl(keys.queue_set("", start, "q")) >= start + 10_000 + 1000 - at - 50
+    for key in (keys.meta("", start), keys.task_ids("", start)):
+        assert r.pttl(key) >= start + 10_000 + 1000 + 86_400_000 - at - 50
 
 
 def seed(

@@ -5,12 +5,10 @@ drop_refs(ids, task_ids, ref_of)
   task_ids  the ids whose entries change (an id may appear more than once)
   ref_of    ref_of(i) returns the ref of task_ids[i]'s message that left its bucket (moved
             by move_v1.lua, cancelled or replaced)
-  Removes each ref, and a field with its last ref. Returns nothing.
-  Every stored message has its ref, so a field holding a single ref holds the leaving
-  message's: it is deleted without building the ref. ref_of is called only for the ids
-  published more than once (a retry reuses its task id): a move then formats no refs at all.
-  Bound: one HMGET, then at most one HDEL and one HSET, whatever the number of ids: a move
-  of a thousand messages costs three commands here, not two thousand.
+  Removes each exact ref, and a field with its last ref. Returns nothing. A field may hold
+  refs of messages already moved (their bucket is not cleaned up yet) and of either layout,
+  so a ref is always compared, never assumed.
+  Bound: one HMGET, then HDEL and HSET in slices of 1000, whatever the number of ids.
   HDEL comes before HSET: under maxmemory Redis refuses a script whose first write may grow
   memory, and movers must keep moving then.
 
@@ -22,7 +20,7 @@ clock()
   Returns the Redis clock as epoch ms and the microseconds past that ms (0..999).
 
 keep_until(key, now, at)
-  key  a kombu-delay hash shared by all buckets (ids, counts)
+  key  any kombu-delay key (ids, counts, gc, or a bucket's own keys)
   now  the Redis clock, epoch ms;  at  epoch ms
   Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
   never shortens it. Bound: one PTTL and at most one PEXPIREAT.
@@ -80,6 +78,14 @@ local function without_ref(refs, ref)
   return rest
 end
 
+-- Runs `command key` with the values of list in slices of at most `size` (even), in order:
+-- unpack cannot pass more than about 8,000 values to one call.
+local function call_sliced(command, key, list, size)
+  for first = 1, #list, size do
+    redis.call(command, key, unpack(list, first, math.min(#list, first + size - 1)))
+  end
+end
+
 -- Deletes the fields `changed`, then writes back those whose new value after[id] is a string
 -- (HDEL first: see drop_refs).
 local function rewrite_refs(ids, changed, after)
@@ -91,8 +97,8 @@ local function rewrite_refs(ids, changed, after)
       kept[#kept + 1] = after[task_id]
     end
   end
-  redis.call('HDEL', ids, unpack(changed))
-  if #kept > 0 then redis.call('HSET', ids, unpack(kept)) end
+  call_sliced('HDEL', ids, changed, 1000)
+  call_sliced('HSET', ids, kept, 1000)
 end
 
 local function drop_refs(ids, task_ids, ref_of)
@@ -106,13 +112,7 @@ local function drop_refs(ids, task_ids, ref_of)
       order[#order + 1] = task_id
     end
     local refs = after[task_id]
-    if refs then
-      if string.find(refs, ' ', 1, true) then
-        after[task_id] = without_ref(refs, ref_of(i))
-      else
-        after[task_id] = false
-      end
-    end
+    if refs then after[task_id] = without_ref(refs, ref_of(i)) end
   end
   local changed = {}
   for _, task_id in ipairs(order) do
@@ -256,19 +256,19 @@ local function put(k, now, due, task_id, dest, payload)
   end
   -- A dead system must not grow Redis forever: the messages expire after the grace, the
   -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
-  -- the shared hashes never before the last meta hash. Each is done only when it can change
-  -- something: for a new bucket (a new meta hash), for this destination's first message in
-  -- the bucket (a new sorted set), or when its global count was zero (the shared hashes may
-  -- have emptied and vanished, taking their expiry with them).
+  -- the shared hashes never before the last meta hash. The bucket's own keys get theirs on
+  -- every publish (keep_until never shortens one): publishers with different bucket widths
+  -- may share a start, and a wider one's message must outlive the narrower one's expiry.
+  -- The shared hashes are seen to only when that can change something: for a new bucket,
+  -- or when this destination's global count was zero (they may have emptied and vanished,
+  -- taking their expiry with them).
   local expire_at = start + k.width + k.grace
   local meta_expire_at = expire_at + 86400000
-  if n_seq == 1 then
-    redis.call('HSET', meta, 'end', start + k.width)
-    redis.call('PEXPIREAT', meta, meta_expire_at)
-    redis.call('PEXPIREAT', tasks, meta_expire_at)
-  end
+  if n_seq == 1 then redis.call('HSET', meta, 'end', start + k.width) end
+  keep_until(zset, now, expire_at)
+  keep_until(meta, now, meta_expire_at)
+  keep_until(tasks, now, meta_expire_at)
   if n_here == 1 then
-    redis.call('PEXPIREAT', zset, expire_at)
     redis.call('ZADD', k.index, start, start_s)  -- new, or back from <ns>gc
   end
   if n_seq == 1 or n_dest == 1 then
