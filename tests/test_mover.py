@@ -522,10 +522,14 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
     now = store.time_ms()
     start = now - now % 10_000 + 20_000
     store.schedule(Due(start + 200, task_id="a"), "q", kombu_payload("a"), narrow)
+    store.schedule(Due(start + 300, task_id="c"), "q2", kombu_payload("c"), narrow)
     store.schedule(Due(start + 6000, task_id="b"), "q", kombu_payload("b"), wide)
+    store.schedule(Due(start + 7000, task_id="d"), "q2", kombu_payload("d"), wide)
+    store.schedule(Due(start + 400, task_id="e"), "q3", kombu_payload("e"), narrow)  # a new set
     at = store.time_ms()
-    assert r.zcard(keys.queue_set("", start, "q")) == 2
-    assert r.pttl(keys.queue_set("", start, "q")) >= start + 10_000 + 1000 - at - 50
+    assert r.zcard(keys.queue_set("", start, "q")) == 2 and r.zcard(keys.queue_set("", start, "q2")) == 2
+    for dest in ("q", "q2", "q3"):
+        assert r.pttl(keys.queue_set("", start, dest)) >= start + 10_000 + 1000 - at - 50, dest
     for key in (keys.meta("", start), keys.task_ids("", start)):
         assert r.pttl(key) >= start + 10_000 + 1000 + 86_400_000 - at - 50
 

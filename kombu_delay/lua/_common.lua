@@ -248,7 +248,7 @@ local function put(k, now, due, task_id, dest, payload)
   local n_dest = redis.call('HINCRBY', k.counts, dest, 1)
   if k.counter then redis.call('HINCRBY', k.totals, k.counter, 1) end
   local tasks = k.ns .. 't:' .. start_s
-  redis.call('RPUSH', tasks, task_id)
+  local n_tasks = redis.call('RPUSH', tasks, task_id)
   -- Written before the expiry below, which needs the ids hash to exist.
   local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
   if redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
@@ -256,18 +256,36 @@ local function put(k, now, due, task_id, dest, payload)
   end
   -- A dead system must not grow Redis forever: the messages expire after the grace, the
   -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
-  -- the shared hashes never before the last meta hash. The bucket's own keys get theirs on
-  -- every publish (keep_until never shortens one): publishers with different bucket widths
-  -- may share a start, and a wider one's message must outlive the narrower one's expiry.
-  -- The shared hashes are seen to only when that can change something: for a new bucket,
-  -- or when this destination's global count was zero (they may have emptied and vanished,
-  -- taking their expiry with them).
-  local expire_at = start + k.width + k.grace
-  local meta_expire_at = expire_at + 86400000
-  if n_seq == 1 then redis.call('HSET', meta, 'end', start + k.width) end
-  keep_until(zset, now, expire_at)
-  keep_until(meta, now, meta_expire_at)
-  keep_until(tasks, now, meta_expire_at)
+  -- the shared hashes never before the last meta hash. Publishers with different bucket
+  -- widths (or graces) may share a start: the meta hash keeps the latest end and expiry any
+  -- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
+  -- message outlives a narrower one's expiry. Each expiry is set only when it can change
+  -- something: for a new key, or a later expiry. The shared hashes likewise only for a new
+  -- bucket, or when this destination's global count was zero (they may have emptied and
+  -- vanished, taking their expiry with them).
+  local end_ms, expire_at = start + k.width, start + k.width + k.grace
+  local known = redis.call('HMGET', meta, 'end', 'x')
+  local known_x = tonumber(known[2])
+  if not known_x or expire_at > known_x then
+    if not known[1] or end_ms > tonumber(known[1]) then redis.call('HSET', meta, 'end', end_ms) end
+    redis.call('HSET', meta, 'x', expire_at)
+    redis.call('PEXPIREAT', meta, expire_at + 86400000)
+    redis.call('PEXPIREAT', tasks, expire_at + 86400000)
+    redis.call('PEXPIREAT', zset, expire_at)
+    if n_seq > 1 then  -- other destinations' sets of this bucket, made before this publish
+      local fields = redis.call('HGETALL', meta)
+      for i = 1, #fields, 2 do
+        local name = fields[i]
+        if string.sub(name, 1, 2) == 'q:' and name ~= 'q:' .. dest then
+          redis.call('PEXPIREAT', k.ns .. 'z:' .. start_s .. ':' .. string.sub(name, 3), expire_at)
+        end
+      end
+    end
+  else
+    if n_here == 1 then redis.call('PEXPIREAT', zset, known_x) end
+    if n_tasks == 1 then redis.call('PEXPIREAT', tasks, known_x + 86400000) end
+  end
+  local meta_expire_at = math.max(expire_at, known_x or 0) + 86400000
   if n_here == 1 then
     redis.call('ZADD', k.index, start, start_s)  -- new, or back from <ns>gc
   end
