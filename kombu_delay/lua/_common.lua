@@ -34,7 +34,7 @@ put(k, now, due, task_id, dest, payload)
   not there (its first message, or the first since it drained), sets expiries, and wakes the
   movers when this message may be the earliest scheduled.
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
-  in this bucket (nothing else written). Bound: a constant number of O(log n) commands.
+  in this bucket (nothing written but a step of the bucket's seq counter). Bound: a constant number of O(log n) commands.
 
 retire(k, start_s, end_ms, now)
   A bucket whose meta counts all reached zero leaves the index for <ns>gc (scored by its end),
@@ -65,7 +65,7 @@ lateness_runs()
 drop_start_refs(ids, task_ids, start_s)
   Removes every ref of bucket ``start_s`` from the id-index fields of ``task_ids`` (the
   bucket is drained: all of them are stale), and a field with no ref left. Bound: one HMGET,
-  at most one HDEL and one HSET.
+  then HDEL and HSET in slices of 1000.
 ]]
 local function without_ref(refs, ref)
   if refs == ref then return false end
