@@ -197,14 +197,18 @@ class Probe:
         cpu = self.info("cpu")
         return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
+    def zadd_all(self, key: str, payloads: list[str]) -> None:
+        """Add ``payloads`` to the sorted set ``key`` as they are (score 0), in chunks."""
+        for begin in range(0, len(payloads), 5000):
+            self.client.zadd(key, dict.fromkeys(payloads[begin : begin + 5000], 0))
+
     def floor_move(self, payloads: list[str], limit: int, key: str = QUEUE) -> tuple[float, float]:
         """Time ``bench_floor.lua`` moving ``payloads`` from a sorted set to ``key``.
 
         Returns (wall seconds, Redis CPU seconds).
         """
         source = "kombu_delay_bench:floor"
-        for begin in range(0, len(payloads), 5000):
-            self.client.zadd(source, {p: 0 for p in payloads[begin : begin + 5000]})
+        self.zadd_all(source, payloads)
         script = self.client.register_script(scripts.source("bench_floor"))
         cpu, started = self.redis_cpu_s(), time.perf_counter()
         while int(script(keys=[source, key], args=[limit])):

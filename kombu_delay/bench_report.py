@@ -53,6 +53,22 @@ ROWS: list[Row] = [
     ("memory", "of which task-id lists", ("memory", "task_id_lists_per_msg"), "{:.0f}", "", None),
     ("memory", "of which allocator rounding", ("memory", "allocator_rounding_bytes"), "{:.0f}", "", None),
     ("memory", "of which sorted-set entry", ("memory", "sorted_set_structure_bytes"), "{:.0f}", "", None),
+    (
+        "memory",
+        "plain kombu list, beyond payload",
+        ("memory", "plain_list_overhead_per_msg"),
+        "{:.0f}",
+        "",
+        None,
+    ),
+    (
+        "memory",
+        "floor: bare sorted set, beyond payload",
+        ("memory", "bare_sorted_set_overhead_per_msg"),
+        "{:.0f}",
+        "",
+        None,
+    ),
     ("scale", "publish, Redis CPU µs, small", ("scale", "small", "publish_redis_cpu_us"), "{:.1f}", "", None),
     ("scale", "publish, Redis CPU µs, large", ("scale", "large", "publish_redis_cpu_us"), "{:.1f}", "", None),
     (

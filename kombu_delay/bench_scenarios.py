@@ -13,7 +13,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,8 +279,25 @@ def memory(ctx: Ctx) -> dict[str, Any]:
         "sorted_set_structure_bytes": bucket_bytes / count - _size_class(member + 6),
         "other_per_msg": per - (ids_bytes + bucket_bytes + task_list_bytes) / count,
     }
+    # The same payloads in the two structures the layout is made of, for scale: the list
+    # plain kombu pushes them onto, and a bare sorted set of them (the floor of any layout
+    # that keeps the message itself as a sorted-set member).
+    ctx.probe.flush()
+    result["plain_list_overhead_per_msg"] = (
+        _grown(ctx, lambda: ctx.probe.lpush_ceiling(payloads)) / count - payload
+    )
+    ctx.probe.flush()
+    bare = _grown(ctx, lambda: ctx.probe.zadd_all(QUEUE, payloads)) / count - payload
+    result["bare_sorted_set_overhead_per_msg"] = bare
     ctx.probe.flush()
     return result
+
+
+def _grown(ctx: Ctx, fill: Callable[[], object]) -> int:
+    """Redis ``used_memory`` growth, in bytes, while ``fill`` runs."""
+    before = ctx.probe.used_memory()
+    fill()
+    return ctx.probe.used_memory() - before
 
 
 def _size_class(size: float) -> int:
