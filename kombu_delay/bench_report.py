@@ -69,6 +69,14 @@ ROWS: list[Row] = [
         "",
         None,
     ),
+    (
+        "memory",
+        "floor: sorted set of task ids, per entry",
+        ("memory", "task_id_sorted_set_per_msg"),
+        "{:.0f}",
+        "",
+        None,
+    ),
     ("scale", "publish, Redis CPU µs, small", ("scale", "small", "publish_redis_cpu_us"), "{:.1f}", "", None),
     ("scale", "publish, Redis CPU µs, large", ("scale", "large", "publish_redis_cpu_us"), "{:.1f}", "", None),
     (

@@ -13,6 +13,7 @@ import random
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -279,17 +280,21 @@ def memory(ctx: Ctx) -> dict[str, Any]:
         "sorted_set_structure_bytes": bucket_bytes / count - _size_class(member + 6),
         "other_per_msg": per - (ids_bytes + bucket_bytes + task_list_bytes) / count,
     }
-    # The same payloads in the two structures the layout is made of, for scale: the list
-    # plain kombu pushes them onto, and a bare sorted set of them (the floor of any layout
-    # that keeps the message itself as a sorted-set member).
+    # For scale, the same payloads in the structures a layout can be made of: the list plain
+    # kombu pushes them onto; a bare sorted set of them (the floor of any layout that keeps
+    # the message itself as a sorted-set member); and a sorted set of task ids alone (the
+    # floor of the index of a layout that would keep the payloads elsewhere).
     ctx.probe.flush()
-    result["plain_list_overhead_per_msg"] = (
-        _grown(ctx, lambda: ctx.probe.lpush_ceiling(payloads)) / count - payload
-    )
+    plain = _grown(ctx, lambda: ctx.probe.lpush_ceiling(payloads))
     ctx.probe.flush()
-    bare = _grown(ctx, lambda: ctx.probe.zadd_all(QUEUE, payloads)) / count - payload
-    result["bare_sorted_set_overhead_per_msg"] = bare
+    bare = _grown(ctx, lambda: ctx.probe.zadd_all(QUEUE, payloads))
     ctx.probe.flush()
+    ids = [str(uuid.uuid4()) for _ in range(count)]
+    id_set = _grown(ctx, lambda: ctx.probe.zadd_all(QUEUE, ids))
+    ctx.probe.flush()
+    result["plain_list_overhead_per_msg"] = plain / count - payload
+    result["bare_sorted_set_overhead_per_msg"] = bare / count - payload
+    result["task_id_sorted_set_per_msg"] = id_set / count
     return result
 
 
