@@ -20,7 +20,7 @@ from kombu.exceptions import OperationalError
 from . import keys
 from .config import Settings
 from .connect import delay_url
-from .errors import DelayTooLong, RedisUnavailable
+from .errors import DelayTooLong, RedisRefused, RedisUnavailable
 from .eta import to_ms
 from .payload import index_id, task_name, with_eta
 from .replies import Cursor, Rescheduled, Stored, translated_errors
@@ -195,7 +195,9 @@ class DelayControl:
         ``countdown`` (seconds from now, by the Redis clock). The ETA carried inside a
         Celery message is rewritten too, so a worker runs it at the new time. A new time
         already past sends the message to its queue now. Raises
-        :class:`~kombu_delay.DelayTooLong` past ``delay_max_delay``.
+        :class:`~kombu_delay.DelayTooLong` past ``delay_max_delay``, and
+        :class:`~kombu_delay.RedisRefused` when a time already past would send it to a key
+        that is not a list (the message then stays as it was).
         """
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
@@ -207,6 +209,11 @@ class DelayControl:
             outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings)
             if outcome is Rescheduled.TOO_FAR:
                 raise DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
+            if outcome is Rescheduled.NOT_A_LIST:
+                raise RedisRefused(
+                    f"cannot send {task_id!r} to {stored.dest!r} now: that key holds something other "
+                    "than a list (WRONGTYPE); the message stays scheduled at its old time"
+                )
             if outcome is not Rescheduled.GONE:
                 done += 1
         return done

@@ -106,6 +106,7 @@ def _runs(coded: list[Any]) -> list[int]:
 class Rescheduled(enum.IntEnum):
     """What ``reschedule.lua`` did with one stored message."""
 
+    NOT_A_LIST = -2
     TOO_FAR = -1
     GONE = 0
     RESCHEDULED = 1

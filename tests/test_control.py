@@ -211,6 +211,23 @@ def test_reschedule_keeps_an_x_delay_message_as_it_is(r, redis_server, prefix):
         assert ctl.find(item.task_id)[0].due_ms > item.due_ms + 50_000
 
 
+def test_reschedule_to_now_onto_a_key_that_is_not_a_list_keeps_the_message(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("t.wrongtype", countdown=600, queue="wrongq")
+    dest = keys.destination(prefix, "wrongq", 0, SEP)
+    r.set(dest, "not a list")
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (before,) = ctl.find(sent.id)
+        with pytest.raises(kombu_delay.RedisRefused, match="other than a list"):
+            ctl.reschedule(sent.id, countdown=0)
+        assert ctl.find(sent.id) == [before]
+        assert ctl.stats().totals.get("rescheduled", 0) == 0
+        r.delete(dest)
+        assert ctl.reschedule(sent.id, countdown=0) == 1
+    assert json.loads(r.rpop(dest))["headers"]["id"] == sent.id
+    assert truth(r, prefix) == Counter()
+
+
 def test_reschedule_rejects_naive_datetimes_and_needs_one_time(r, redis_server):
     with DelayControl(redis_server.url) as ctl:
         with pytest.raises(BadETA):

@@ -22,7 +22,8 @@ ARGV[13] max_due   latest due time accepted, epoch ms
 Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (moved or
          cancelled meanwhile; nothing written), 3 new due time passed so pushed onto dest now,
          2 an identical payload was already stored at the new time (the old one is removed),
-         -1 due time beyond max_delay or max_due (nothing written)
+         -1 due time beyond max_delay or max_due (nothing written), -2 new due time passed but
+         dest holds something other than a list (nothing written: the message stays as it was)
 Bound: a constant number of O(log n) commands.
 
 The old message is claimed with ZREM first (take in _common.lua): if a mover moved it a
@@ -36,6 +37,13 @@ local task_id, dest, payload = ARGV[7], ARGV[8], ARGV[9]
 local now = clock()
 if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now}
+end
+
+-- Checked before the old message is taken: a failing LPUSH after that would lose it (a script's
+-- writes are not undone when it fails).
+if due <= now then
+  local kind = redis.call('TYPE', dest_key)['ok']
+  if kind ~= 'list' and kind ~= 'none' then return {-2, due, now} end
 end
 
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
