@@ -530,8 +530,14 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
     assert r.zcard(keys.queue_set("", start, "q")) == 2 and r.zcard(keys.queue_set("", start, "q2")) == 2
     for dest in ("q", "q2", "q3"):
         assert r.pttl(keys.queue_set("", start, dest)) >= start + 10_000 + 1000 - at - 50, dest
-    for key in (keys.meta("", start), keys.task_ids("", start)):
-        assert r.pttl(key) >= start + 10_000 + 1000 + 86_400_000 - at - 50
+    for key in (
+        keys.meta("", start),
+        keys.task_ids("", start),
+        keys.index(""),
+        keys.ids(""),
+        keys.counts(""),
+    ):
+        assert r.pttl(key) >= start + 10_000 + 1000 + 86_400_000 - at - 50, key
 
 
 def seed(

@@ -260,13 +260,14 @@ local function put(k, now, due, task_id, dest, payload)
   -- widths (or graces) may share a start: the meta hash keeps the latest end and expiry any
   -- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
   -- message outlives a narrower one's expiry. Each expiry is set only when it can change
-  -- something: for a new key, or a later expiry. The shared hashes likewise only for a new
-  -- bucket, or when this destination's global count was zero (they may have emptied and
-  -- vanished, taking their expiry with them).
+  -- something: for a new key, or a later expiry. The shared keys (index, ids, counts)
+  -- likewise only for a new bucket, a later expiry, or when this destination's global count
+  -- was zero (they may have emptied and vanished, taking their expiry with them).
   local end_ms, expire_at = start + k.width, start + k.width + k.grace
   local known = redis.call('HMGET', meta, 'end', 'x')
   local known_x = tonumber(known[2])
-  if not known_x or expire_at > known_x then
+  local extended = not known_x or expire_at > known_x
+  if extended then
     if not known[1] or end_ms > tonumber(known[1]) then redis.call('HSET', meta, 'end', end_ms) end
     redis.call('HSET', meta, 'x', expire_at)
     redis.call('PEXPIREAT', meta, expire_at + 86400000)
@@ -289,7 +290,8 @@ local function put(k, now, due, task_id, dest, payload)
   if n_here == 1 then
     redis.call('ZADD', k.index, start, start_s)  -- new, or back from <ns>gc
   end
-  if n_seq == 1 or n_dest == 1 then
+  if extended or n_dest == 1 then
+    keep_until(k.index, now, meta_expire_at)
     keep_until(k.ids, now, meta_expire_at)
     keep_until(k.counts, now, meta_expire_at)
   end
