@@ -7,6 +7,7 @@ wraps each call in :func:`translated_errors`.
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -141,32 +142,40 @@ class Stored:
 
 @dataclass(frozen=True)
 class Cursor:
-    """A listing position: bucket start, destination, score and how many members at that
-    score were seen. A listing goes bucket by bucket, and in a bucket destination by
-    destination (a bucket keeps one sorted set per destination).
+    """A listing position: bucket start, destination, the score of the last message listed
+    and a digest of that message. A listing goes bucket by bucket, and in a bucket
+    destination by destination (a bucket keeps one sorted set per destination).
 
-    It names a score, never a rank, so a page does not shift when a mover drains
-    members ahead of it.
+    It names a score and a member, never a rank, so a page does not shift when a mover
+    drains members ahead of it. Members sharing one score come in byte order; the next
+    page goes on after the one the digest names, or, when that one has left meanwhile
+    (moved, or cancelled), from the first member at that score.
     """
 
     start_ms: int = 0
     dest: str = ""
     score: str = "-inf"
-    tie: int = 0
+    last: str = ""
 
     def __str__(self) -> str:
-        return f"{self.start_ms}:{self.score}:{self.tie}:{self.dest}"
+        return f"{self.start_ms}:{self.score}:{self.last}:{self.dest}"
 
     @classmethod
     def parse(cls, text: str) -> Cursor:
         """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
-        start, score, tie, dest = text.split(":", 3)
+        start, score, last, dest = text.split(":", 3)
         if score != "-inf":
             score = keys.score_text(float(score))
-        cursor = cls(int(start), dest, score, int(tie))
-        if cursor.start_ms < 0 or cursor.tie < 0:
+        cursor = cls(int(start), dest, score, last)
+        if cursor.start_ms < 0 or (last and len(last) != 16) or (score == "-inf") != (not last):
             raise ValueError(text)
+        int(last or "0", 16)
         return cursor
+
+    @staticmethod
+    def digest(member: bytes) -> str:
+        """The short digest of a member that a cursor keeps."""
+        return hashlib.blake2b(member, digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -337,28 +337,39 @@ class Store:
                     for dest in here:
                         if dest != cur.dest:
                             cur = Cursor(start, dest)
+                        key = keys.queue_set(self.prefix, start, dest)
                         while True:
                             if len(out) >= limit or examined >= examine:
                                 return out, cur
                             want = min(examine - examined, limit - len(out))
-                            batch: list[Any] = self.client.zrangebyscore(
-                                keys.queue_set(self.prefix, start, dest),
-                                cur.score,
-                                "+inf",
-                                cur.tie,
-                                want,
-                                withscores=True,
-                            )
-                            for member, score in batch:
-                                text = keys.score_text(score)
-                                cur = Cursor(start, dest, text, cur.tie + 1 if text == cur.score else 1)
+                            batch = self._after(key, cur, want)
+                            for raw_member, score in batch:
+                                member = bytes(raw_member)
+                                cur = Cursor(start, dest, keys.score_text(score), Cursor.digest(member))
                                 examined += 1
-                                out.append(Stored(start, float(score), dest, bytes(member)))
+                                out.append(Stored(start, float(score), dest, member))
                             if len(batch) < want:
                                 break
                     cur = Cursor(start + 1)
                 if len(starts) < 64:
                     return out, None
+
+    def _after(self, key: str, cur: Cursor, want: int) -> list[Any]:
+        """Up to ``want`` (member, score) pairs of sorted set ``key`` after ``cur``."""
+        if cur.score == "-inf":
+            first: list[Any] = self.client.zrangebyscore(key, "-inf", "+inf", 0, want, withscores=True)
+            return first
+        # Members sharing the cursor's score (more than 2048 publishes into the bucket apart,
+        # due at one millisecond) come in byte order: go on after the one listed last.
+        same: list[Any] = self.client.zrangebyscore(key, cur.score, cur.score, withscores=True)
+        digests = [Cursor.digest(bytes(member)) for member, _ in same]
+        rest = same[digests.index(cur.last) + 1 :] if cur.last in digests else same
+        if len(rest) >= want:
+            return rest[:want]
+        later: list[Any] = self.client.zrangebyscore(
+            key, f"({cur.score}", "+inf", 0, want - len(rest), withscores=True
+        )
+        return rest + later
 
     def census(self, now_ms: int, slot_ms: int, slots: int, max_buckets: int = 10_000) -> Census:
         """Return the overdue count and a due-time histogram from ``now_ms`` on (``census.lua``).

@@ -302,6 +302,49 @@ def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover
     wait_until(lambda: r.llen(dest) == 300, timeout=120)
 
 
+def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_server, prefix):
+    """The cursor names the last message listed; when that one is moved or cancelled before
+    the next page, the page goes on from its score, not past an offset."""
+    hour = Settings(bucket_width_ms=3_600_000)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        now = store.time_ms()
+        dest = f"{prefix}celery"
+        # One-hour buckets: all four share one sorted set (unless an hour ends within 5 s).
+        items = [(Due(now + 400, task_id="m0"), dest, kombu_payload("m0"))]
+        items += [(Due(now + 5000 + i, task_id=f"m{i}"), dest, kombu_payload(f"m{i}")) for i in (1, 2, 3)]
+        store.schedule_many(items, hour)
+        first = ctl.scheduled(limit=1)
+        assert [m.task_id for m in first.items] == ["m0"]
+        wait_until(lambda: store.time_ms() > now + 400, timeout=30)
+        assert store.move_due(100).moved == 1
+        second = ctl.scheduled(limit=1, cursor=first.cursor)
+        assert [m.task_id for m in second.items] == ["m1"]
+        assert ctl.cancel("m1") == 1
+        third = ctl.scheduled(limit=5, cursor=second.cursor)
+        assert [m.task_id for m in third.items] == ["m2", "m3"] and third.cursor is None
+
+        # Members sharing one score (seq wraps after 2048 publishes into a bucket): cancel
+        # the last one listed before every next page; none of the others is skipped.
+        due = now + 600_000
+        herd = [(Due(due, task_id=f"h{i}"), dest, kombu_payload(f"h{i}")) for i in range(3 * keys.SEQ_SLOTS)]
+        store.schedule_many(herd, hour)
+        assert r.zcount(keys.queue_set(prefix, keys.bucket_start(due, 3_600_000), dest), due, due) == 3
+        listed: set[str] = set()
+        cancelled: set[str] = set()
+        cursor = None
+        while True:
+            page = ctl.scheduled(limit=5, cursor=cursor)
+            listed.update(m.task_id for m in page.items)
+            if page.cursor is None:
+                break
+            last = page.items[-1].task_id
+            assert ctl.cancel(last) == 1
+            cancelled.add(last)
+            cursor = page.cursor
+        assert {f"h{i}" for i in range(3 * keys.SEQ_SLOTS)} - cancelled <= listed
+
+
 def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, redis_server, prefix):
     # seq wraps at 2048, so members share scores: cursors and purge must count ties.
     with DelayControl(redis_server.url, options(prefix)) as ctl:
