@@ -55,10 +55,16 @@ class MoveResult:
     lateness_ms: list[int] = field(default_factory=list)
     #: True when kombu-delay 0.1's bucket index exists: ``move_v1.lua`` has work too.
     legacy: bool = False
+    #: The bucket start where this call's scan of started buckets stopped short (held
+    #: buckets ahead used up its visits); the next call goes on after it. ``None``: the
+    #: next call starts from the first bucket.
+    scan_after: int | None = None
 
     @classmethod
-    def from_reply(cls, reply: list[Any]) -> MoveResult:
-        head = [int(x) for x in reply[:10]]
+    def from_reply(cls, reply: list[Any], head_size: int = 11) -> MoveResult:
+        """Parse a ``move.lua`` reply (``move_v1.lua``'s has no ``scan_after``: 10)."""
+        head = [int(x) for x in reply[:head_size]]
+        scan_after = head[10] if head_size > 10 and head[10] >= 0 else None
         return cls(
             moved=head[0],
             next_due_ms=None if head[1] < 0 else head[1],
@@ -69,8 +75,9 @@ class MoveResult:
             expired=head[6],
             wrongtype=head[7],
             more=bool(head[8]),
-            lateness_ms=_runs(reply[10:]),
+            lateness_ms=_runs(reply[head_size:]),
             legacy=bool(head[9]),
+            scan_after=scan_after,
         )
 
     def plus(self, older: MoveResult) -> MoveResult:
@@ -88,6 +95,7 @@ class MoveResult:
             more=self.more or older.more,
             lateness_ms=self.lateness_ms + older.lateness_ms,
             legacy=True,
+            scan_after=self.scan_after,
         )
 
 

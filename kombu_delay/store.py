@@ -45,6 +45,8 @@ class Store:
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)
         self._totals = keys.totals(prefix)
+        #: Where the last move call's scan of started buckets stopped short (see move.lua).
+        self._scan_after: int | None = None
 
     # -- publishing ---------------------------------------------------------------
 
@@ -118,15 +120,18 @@ class Store:
     def move_due(self, limit: int, max_queue_length: int = 0) -> MoveResult:
         """Move up to ``limit`` due messages onto their lists (one atomic script call).
 
-        While messages stored by kombu-delay 0.1 remain, a second call (``move_v1.lua``)
-        moves those, up to the rest of ``limit`` and at least a quarter of it.
+        When held buckets ahead use up a call's bucket visits, the next call on this store
+        goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
+        turn. While messages stored by kombu-delay 0.1 remain, a second call
+        (``move_v1.lua``) moves those, up to the rest of ``limit`` and at least a quarter of it.
         """
         with translated_errors():
             reply = self._scripts["move"](
                 keys=[self._index, self._ids, self._counts, self._totals, self._gc, self._legacy],
-                args=[self.ns, limit, max_queue_length],
+                args=[self.ns, limit, max_queue_length, "" if self._scan_after is None else self._scan_after],
             )
             result = MoveResult.from_reply(reply)
+            self._scan_after = result.scan_after
             if not result.legacy:
                 return result
             # At least a quarter of the limit goes to 0.1's messages, so a steady backlog of
@@ -135,7 +140,7 @@ class Store:
                 keys=[self._legacy, self._ids, self._counts, self._totals, keys.dead(self.prefix)],
                 args=[self.ns, max(limit - result.moved, limit // 4, 1), max_queue_length],
             )
-        return result.plus(MoveResult.from_reply(older))
+        return result.plus(MoveResult.from_reply(older, head_size=10))
 
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000) -> int:
         """Record a mover heartbeat; return the Redis clock in epoch ms."""

@@ -6,6 +6,7 @@ not read member by member on every poll; other queues still move, and nothing is
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from kombu_delay.config import Settings
@@ -49,3 +50,37 @@ def test_a_held_herd_is_counted_whole_and_other_queues_still_move(r: redis.Redis
     assert moved == 3000
     assert store.counts() == {}
     assert all(store.find(f"h{i}") == [] for i in range(0, 3000, 97))
+
+
+@pytest.mark.parametrize("block", ["held", "wrongtype"])
+def test_more_blocked_buckets_than_one_call_visits_do_not_starve_the_buckets_behind_them(
+    r: redis.Redis, prefix: str, block: str
+) -> None:
+    """Buckets whose due messages all wait cost no move budget, so a call could visit nothing
+    but them; the next call goes on after the last one it visited."""
+    store = Store(r, prefix)
+    busy, free = f"{prefix}busy", f"{prefix}free"
+    narrow = Settings(bucket_width_ms=10)
+    base = store.time_ms() + 1000
+    store.schedule_many(
+        [(Due(base + 10 * i, task_id=f"b{i}"), busy, kombu_payload(f"b{i}")) for i in range(25)], narrow
+    )
+    store.schedule(Due(base + 300, task_id="f"), free, kombu_payload("f"), narrow)
+    if block == "held":
+        r.rpush(busy, "x")  # at the cap of 1
+    else:
+        r.set(busy, "not a list")
+    wait_until(lambda: store.time_ms() > base + 400)
+
+    results = [store.move_due(10, max_queue_length=1) for _ in range(3)]
+    # 25 blocked buckets, 10 visits per call: the third call reaches the free queue's.
+    assert [x.moved for x in results] == [0, 0, 1]
+    assert [x.scan_after is not None for x in results] == [True, True, False]
+    assert all(x.more for x in results[:2])
+    assert r.lrange(free, 0, -1) == [kombu_payload("f").encode()]
+    blocked = [x.held if block == "held" else x.wrongtype for x in results]
+    assert blocked == [10, 10, 5]
+    # The next call scans from the first bucket again, and nothing left its sorted set.
+    again = store.move_due(10, max_queue_length=1)
+    assert again.moved == 0 and again.scan_after is not None
+    assert store.counts() == {busy: 25}

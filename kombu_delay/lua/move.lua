@@ -10,13 +10,19 @@ ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] limit    most messages moved in this call (task ids cleaned up count as well)
 ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never);
                  the messages this call pushes count too, so a list never passes max_len
+ARGV[4] after    '' to scan the started buckets from the first, or the bucket start the
+                 previous call's scan stopped at (its reply's scan_after), to go on after it
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
-          dead (always 0 here), held, expired, wrongtype, more (1 if the limit was reached or
-          clean-up is left), legacy (1 if kombu-delay 0.1's index exists), lateness...}
+          dead (always 0 here), held, expired, wrongtype, more (1 if the limit was reached,
+          clean-up is left, or the scan stopped short), legacy (1 if kombu-delay 0.1's index
+          exists), scan_after (-1, or the start to pass as ARGV[4] next), lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
+       A bucket whose due messages are all held costs no move budget, so when more such
+       buckets than ARGV[2] lie ahead, the scan stops after ARGV[2] of them and the next call
+       goes on from there (scan_after): the buckets behind them are never starved.
 
 A bucket keeps one sorted set per destination, whose members are the payloads themselves, so
 a batch goes from one sorted set to one list with no per-message work in Lua: ZRANGE (or
@@ -74,9 +80,8 @@ local function move_head(zset, dest, due_first, take)
   return got
 end
 
-local starts = redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, limit)
-for _, start_s in ipairs(starts) do
-  if budget <= 0 then break end
+-- Moves what is due in one started bucket, within the budget; retires it once drained.
+local function visit(start_s)
   local meta = ns .. 'm:' .. start_s
   local fields = redis.call('HGETALL', meta)
   local end_ms, left_total = nil, 0
@@ -126,6 +131,23 @@ for _, start_s in ipairs(starts) do
     -- Drained (or only counted members that are gone): the bucket leaves the index.
     retire(k, start_s, end_ms, now)
   end
+end
+
+local visits, scan_after = limit, -1
+local lower = '-inf'
+local after = ARGV[4] or ''
+if after ~= '' then lower = '(' .. after end
+while budget > 0 and visits > 0 do
+  local page = math.min(visits, 256)
+  local starts = redis.call('ZRANGEBYSCORE', index, lower, now, 'LIMIT', 0, page)
+  for _, start_s in ipairs(starts) do
+    if budget <= 0 then break end
+    visit(start_s)
+    visits = visits - 1
+    lower = '(' .. start_s
+    if visits == 0 and budget > 0 then scan_after = tonumber(start_s) end
+  end
+  if #starts < page then break end
 end
 
 -- Clean-up, in the budget the moves left: the refs of drained buckets whose end has passed.
@@ -180,7 +202,7 @@ if first then
   if next_due == -1 then next_due = tonumber(first) end  -- counted but gone: settle it now
 end
 local more = 0
-if budget <= 0 or cleanup_left == 1 then more = 1 end
-local reply = {moved, next_due, now, now_us, 0, held, expired, wrong, more, legacy_left}
+if budget <= 0 or cleanup_left == 1 or scan_after >= 0 then more = 1 end
+local reply = {moved, next_due, now, now_us, 0, held, expired, wrong, more, legacy_left, scan_after}
 finish_lateness(reply)
 return reply
