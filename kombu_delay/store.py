@@ -204,12 +204,23 @@ class Store:
         return min(dues) if dues else None
 
     def _first_due(self) -> int | None:
+        """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
+        narrower width that start before the best found so far are looked at too)."""
         first: list[Any] = self.client.zrange(self._index, 0, 0)
         if not first:
             return None
         start = int(first[0])
+        best = self._earliest_in(start) or start
+        later: list[Any] = self.client.zrangebyscore(self._index, f"({start}", best, 0, 16)
+        for raw in later:
+            due = self._earliest_in(int(raw))
+            if due is not None and due < best:
+                best = due
+        return best
+
+    def _earliest_in(self, start: int) -> int | None:
         heads = [head for dest in self._dests(start) for head in self._head(start, dest)]
-        return min(heads) if heads else start
+        return min(heads) if heads else None
 
     def _first_legacy_due(self) -> int | None:
         first: list[Any] = self.client.zrange(self._legacy, 0, 0)

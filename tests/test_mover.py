@@ -540,6 +540,30 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
         assert r.pttl(key) >= start + 10_000 + 1000 + 86_400_000 - at - 50, key
 
 
+def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_next(r):
+    """A wide bucket starts first but its message is due late; a narrower publisher's bucket
+    starts after it and holds an earlier message. The publish wakes the movers, and the move
+    reports the earlier due time, so the mover does not sleep past it."""
+    store = Store(r)
+    hour, second = Settings(bucket_width_ms=3_600_000), Settings(bucket_width_ms=1000)
+    now = store.time_ms()
+    wide_start = now - now % 3_600_000 + 3_600_000  # the next hour: both in the future
+    store.schedule(Due(wide_start + 3_599_999, task_id="w"), "q", kombu_payload("w"), hour)
+    assert store.move_due(100).next_due_ms == wide_start + 3_599_999
+    pubsub = store.wake_subscription()
+    narrow_due = wide_start + 1500
+    store.schedule(Due(narrow_due, task_id="n"), "q2", kombu_payload("n"), second)
+    woken = None
+    deadline = time.monotonic() + 10
+    while woken is None and time.monotonic() < deadline:
+        woken = pubsub.get_message(timeout=1)
+    pubsub.close()
+    assert woken is not None and int(woken["data"]) == narrow_due
+    assert r.zrange(keys.index(""), 0, -1) == [str(wide_start).encode(), str(wide_start + 1000).encode()]
+    assert store.move_due(100).next_due_ms == narrow_due
+    assert store.earliest_due_ms() == narrow_due
+
+
 def seed(
     store: Store,
     n: int,

@@ -295,10 +295,14 @@ local function put(k, now, due, task_id, dest, payload)
     keep_until(k.ids, now, meta_expire_at)
     keep_until(k.counts, now, meta_expire_at)
   end
-  -- Wake the movers only when this message may now be the earliest one scheduled (first in
-  -- its sorted set, in the first bucket: cheap, and false for almost every publish).
-  if redis.call('ZRANK', zset, payload) == 0 and redis.call('ZRANGE', k.index, 0, 0)[1] == start_s then
-    redis.call('PUBLISH', k.wake, string.format('%d', due))
+  -- Wake the movers only when this message may now be the earliest one scheduled: first in
+  -- its sorted set, in the first bucket, or before the first bucket's end (publishers with a
+  -- wider bucket width). Cheap, and false for almost every publish.
+  if redis.call('ZRANK', zset, payload) == 0 then
+    local first = redis.call('ZRANGE', k.index, 0, 0)[1]
+    if first == start_s or due < tonumber(redis.call('HGET', k.ns .. 'm:' .. first, 'end') or 0) then
+      redis.call('PUBLISH', k.wake, string.format('%d', due))
+    end
   end
   return 1
 end

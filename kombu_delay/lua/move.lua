@@ -185,21 +185,34 @@ end
 if moved > 0 then redis.call('HINCRBY', totals, 'moved', moved) end
 if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
 
-local next_due = -1
-local first = redis.call('ZRANGE', index, 0, 0)[1]
-if first then
-  local fields = redis.call('HGETALL', ns .. 'm:' .. first)
+-- The earliest due time still scheduled. With one bucket width the first bucket holds it;
+-- publishers with different widths may leave a narrower bucket that starts after a wider
+-- one's start yet holds an earlier message, so the buckets starting before the best due
+-- time found so far are looked at too (none with one width).
+local function earliest_in(start_s)
+  local best
+  local fields = redis.call('HGETALL', ns .. 'm:' .. start_s)
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
-      local head = redis.call('ZRANGE', ns .. 'z:' .. first .. ':' .. sub(name, 3), 0, 0, 'WITHSCORES')
+      local head = redis.call('ZRANGE', ns .. 'z:' .. start_s .. ':' .. sub(name, 3), 0, 0, 'WITHSCORES')
       if head[2] then
         local due = floor(tonumber(head[2]))
-        if next_due == -1 or due < next_due then next_due = due end
+        if not best or due < best then best = due end
       end
     end
   end
-  if next_due == -1 then next_due = tonumber(first) end  -- counted but gone: settle it now
+  return best
+end
+
+local next_due = -1
+local first = redis.call('ZRANGE', index, 0, 0)[1]
+if first then
+  next_due = earliest_in(first) or tonumber(first)  -- counted but gone: settle it now
+  for _, start_s in ipairs(redis.call('ZRANGEBYSCORE', index, '(' .. first, next_due, 'LIMIT', 0, 16)) do
+    local due = earliest_in(start_s)
+    if due and due < next_due then next_due = due end
+  end
 end
 local more = 0
 if budget <= 0 or cleanup_left == 1 or scan_after >= 0 then more = 1 end
