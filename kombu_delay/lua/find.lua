@@ -6,8 +6,9 @@ ARGV[2] task_id  id-index key
 Returns: {start, score, dest, member, start, score, dest, member, ...} for every member found
          at the score of one of the id's refs, in any destination of that bucket. The caller
          keeps those whose payload carries task_id (Lua never decodes a payload): a ref of a
-         moved message lingers until its bucket's clean-up, and another message may then sit at
-         its score only past 2048 messages due at one millisecond of one bucket.
+         moved message lingers until its bucket's clean-up, and another message due at the
+         same millisecond may sit at its score once 2048 more publishes went into the bucket
+         (seq is the bucket's publish counter modulo 2048).
 Bound: one HGETALL per ref, and one ZRANGEBYSCORE of a single score per destination.
 ]]
 local ns, task_id = ARGV[1], ARGV[2]
