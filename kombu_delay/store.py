@@ -164,19 +164,23 @@ class Store:
         return pubsub
 
     def foreign_indexes(self, scan_limit: int = 100_000) -> list[str]:
-        """Return bucket indexes under other key prefixes (a bounded ``SCAN``).
+        """Return bucket indexes under other key prefixes, from a ``SCAN`` of about
+        ``scan_limit`` keys (1000 per call), however many keys Redis holds.
 
         A mover whose ``global_keyprefix`` differs from the publisher's would
         strand their messages; the mover warns when it sees such an index.
         """
         found: list[str] = []
+        pattern = f"*{keys.NAMESPACE}[ib][nu][dc]*"  # index, or 0.1's buckets
+        cursor = 0
         with translated_errors():
-            pattern = f"*{keys.NAMESPACE}[ib][nu][dc]*"  # index, or 0.1's buckets
-            for seen, key in enumerate(self.client.scan_iter(match=pattern, count=1000)):
-                name = key.decode() if isinstance(key, bytes) else str(key)
-                if name.endswith(("index", "buckets")) and name not in (self._index, self._legacy):
-                    found.append(name)
-                if seen >= scan_limit:
+            for _ in range(max(1, scan_limit // 1000)):
+                cursor, batch = self.client.scan(cursor, match=pattern, count=1000)
+                for key in batch:
+                    name = _text(key)
+                    if name.endswith(("index", "buckets")) and name not in (self._index, self._legacy):
+                        found.append(name)
+                if cursor == 0:
                     break
         return found
 
