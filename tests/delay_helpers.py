@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable
+import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -115,38 +116,46 @@ class LpushMonitor:
 
     Uses ``MONITOR``, whose timestamps come from the server clock when the command
     runs inside the script: an independent record of when each message reached a list.
+    ``other`` is a second connection: its ``ECHO`` of a marker shows the reader where the
+    stream ends, however far behind the reader is.
     """
 
     client: redis.Redis
-    poke: Callable[[], object]
+    other: redis.Redis
     pushes: list[tuple[int, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._ready = threading.Event()
+        self._marker = f"lpush-monitor-{uuid.uuid4()}"
+        self._seen_start = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> LpushMonitor:
         self._thread.start()
-        self._ready.wait(30)
-        self.poke()  # the first line proves MONITOR is active before the test goes on
+        # Echoed until MONITOR shows it: from then on every command is recorded.
+        deadline = time.monotonic() + 30
+        while not self._seen_start.wait(0.05):
+            assert time.monotonic() < deadline, "MONITOR did not start"
+            self.other.echo(f"{self._marker}-start")
         return self
 
     def _run(self) -> None:
         with self.client.monitor() as monitor:
-            self._ready.set()
-            while not self._stop.is_set():
+            while True:
                 try:
                     line = monitor.next_command()
                 except redis.ConnectionError:
                     return
-                if line.get("client_type") == "lua" and line["command"].startswith("LPUSH "):
-                    self.pushes.append((round(float(line["time"]) * 1_000_000), line["command"]))
+                command = line["command"]
+                if self._marker in command:
+                    if command.endswith("-end"):
+                        return
+                    self._seen_start.set()
+                elif line.get("client_type") == "lua" and command.startswith("LPUSH "):
+                    self.pushes.append((round(float(line["time"]) * 1_000_000), command))
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.poke()  # MONITOR sees this command, so the reader wakes and stops
-        self._thread.join(30)
+        self.other.echo(f"{self._marker}-end")  # the last line the reader needs
+        self._thread.join(60)
         self.client.close()
 
     def first_push_us(self, needle: str) -> list[int]:

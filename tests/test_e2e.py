@@ -79,7 +79,7 @@ def test_countdowns_run_once_never_early_on_a_plain_worker(r, redis_server, spaw
 
     app = Celery("e2e-publisher", broker=redis_server.delay_url)
     store = Store(r)
-    with LpushMonitor(redis_server.client(), r.ping) as monitor:
+    with LpushMonitor(redis_server.client(), r) as monitor:
         try:
             sent = [
                 app.send_task("e2e.record", ("e2e",), queue=QUEUE, countdown=1 + 2 * i / (N_TASKS - 1)).id

@@ -416,7 +416,7 @@ def test_both_layouts_due_at_once_deliver_each_message_exactly_once(r, prefix, r
     assert store.time_ms() < min(dues.values()), "seeding took longer than the lead"
 
     calls = []
-    with LpushMonitor(redis_server.client(), r.ping) as monitor:
+    with LpushMonitor(redis_server.client(), r) as monitor:
         deadline = time.monotonic() + 120
         while moved_total(r, prefix) < len(dues):
             assert time.monotonic() < deadline, f"only {moved_total(r, prefix)} of {len(dues)} moved"
