@@ -36,6 +36,8 @@ LOG_EVERY_S = 10.0
 HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
+#: Most doublings a backoff applies: past any useful cap, and far from a float overflow.
+MAX_DOUBLINGS = 30
 
 
 @dataclass
@@ -60,7 +62,12 @@ class Backoff:
         self.base, self.cap, self.attempt = base, cap, 0
 
     def next(self) -> float:
-        delay = min(self.cap, self.base * 2**self.attempt)
+        """Return the next delay, at most ``cap``; any number of calls is safe.
+
+        The exponent is bounded: an unbounded one overflows a float after about 1024
+        failures (an hour of outage), and the error would kill the mover it protects.
+        """
+        delay = min(self.cap, self.base * 2 ** min(self.attempt, MAX_DOUBLINGS))
         self.attempt += 1
         return random.uniform(delay / 2, delay)
 
@@ -168,7 +175,6 @@ class Mover:
                 if pubsub is None:
                     pubsub = self.store.wake_subscription()
                 result = self.drain()
-                self._beat()
                 backoff.reset()
                 self._wait(pubsub, self._sleep_for(result))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
@@ -192,8 +198,14 @@ class Mover:
         logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
 
     def drain(self) -> MoveResult:
-        """Move until nothing is due (or the rate cap or a stop request says wait)."""
+        """Move until nothing is due (or the rate cap or a stop request says wait).
+
+        Heartbeats are written in here, not between drains: a long backlog (a rate cap,
+        catching up after an outage) keeps this loop busy for minutes, and a probe must
+        not take a working mover for a dead one.
+        """
         while True:
+            self._beat()
             allowance = self._limiter.allowance()
             if allowance < 1:
                 time.sleep(min(self._limiter.wait_for_one(), STOP_SLICE_S))
@@ -281,6 +293,7 @@ class Mover:
                 return
 
     def _beat(self) -> None:
+        """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""
         now = time.monotonic()
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
             self.store.heartbeat(self.name)

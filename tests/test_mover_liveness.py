@@ -1,0 +1,68 @@
+"""A mover stays alive and says so: its backoff survives any outage length, and it keeps
+beating while it drains a long backlog, so a liveness probe never kills it mid catch-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from kombu_delay import keys
+from kombu_delay.config import Settings
+from kombu_delay.eta import Due
+from kombu_delay.mover import Backoff
+from kombu_delay.replies import Scheduled
+from kombu_delay.store import Store
+
+from .conftest import ROOT, wait_until
+from .delay_helpers import kombu_payload
+
+#: Backlog size and rate cap: the drain takes BACKLOG / RATE s (20 s), far past MAX_AGE_S.
+BACKLOG, RATE = 4000, 200
+#: The probe's heartbeat threshold, s; the mover beats every 0.5 s here.
+MAX_AGE_S = 5
+
+
+def test_backoff_stays_within_its_cap_after_any_number_of_failures():
+    """Thousands of failures (hours of outage) neither overflow nor pass the cap."""
+    backoff = Backoff(base=0.1, cap=5.0)
+    delays = [backoff.next() for _ in range(5000)]
+    assert all(0 < d <= 5.0 for d in delays)
+    assert all(d >= 2.5 for d in delays[1100:])  # jitter keeps the upper half of the cap
+    backoff.reset()
+    assert backoff.next() <= 0.1
+
+
+def health(server, *flags: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "kombu_delay", "-b", server.delay_url, "health", *flags]
+    return subprocess.run(args, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120)
+
+
+def test_health_sees_the_mover_alive_while_it_drains_a_backlog(r, redis_server, start_mover):
+    """A mover started with a rate-capped backlog waiting beats from the start and all
+    through the drain; every probe taken while the list still grows says OK."""
+    store = Store(r)
+    due = store.time_ms() + 5000  # a past due time is pushed at once, not stored
+    items = [(Due(due, task_id=f"t{i}"), "celery", kombu_payload(f"m{i}")) for i in range(BACKLOG)]
+    assert {res.outcome for res in store.schedule_many(items, Settings())} == {Scheduled.STORED}
+    wait_until(lambda: store.time_ms() > due, timeout=30)
+
+    mover = start_mover("--max-rate", str(RATE), env={"KOMBU_DELAY_HEARTBEAT_INTERVAL": "0.5"})
+    wait_until(lambda: r.llen("celery") > 0, timeout=90)
+    started = time.monotonic()
+    probes: list[tuple[float, int, str]] = []  # (s into the drain, exit status, line)
+    while True:
+        at = time.monotonic() - started
+        seen = health(redis_server, "--max-heartbeat-age", str(MAX_AGE_S), "--max-overdue", "0")
+        if r.llen("celery") >= BACKLOG:
+            break  # the drain ended during this probe: it proves nothing either way
+        probes.append((at, seen.returncode, seen.stdout.strip()))
+        assert seen.returncode == 0, (probes, mover.output()[-2000:])
+        time.sleep(0.5)
+    assert r.zcard(keys.movers("")) == 1
+    # Probes landed both early in the drain and after a full staleness window of it.
+    assert probes and probes[0][0] < MAX_AGE_S, probes
+    assert any(at > MAX_AGE_S + 1 for at, _, _ in probes), probes
+    wait_until(lambda: r.llen("celery") == BACKLOG, timeout=120)
+    assert mover.stop() == 0, mover.output()[-2000:]
