@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import BadETA
+from .errors import BadETA, DelayTooLong
+from .keys import MAX_DUE_MS
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _body_json(message: dict[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         decoded = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
         return None
     return decoded if isinstance(decoded, dict) else None
 
@@ -86,7 +87,7 @@ def message_due(message: dict[str, Any]) -> Due | None:
     headers = message.get("headers") or {}
     if "task" in headers:  # Celery protocol 2
         eta = headers.get("eta")
-        if eta is None:
+        if eta is None or eta == "":  # the worker, too, reads an empty ETA as none
             return None
         return Due(parse_iso_ms(eta), task_id=message_id(message))
     if "x-delay" in headers:
@@ -99,6 +100,8 @@ def message_due(message: dict[str, Any]) -> Due | None:
             raise BadETA(f"x-delay {raw!r} is not a number of milliseconds") from exc
         if delay <= 0:
             return None
+        if delay >= MAX_DUE_MS:
+            raise DelayTooLong(f"x-delay {raw!r} ms is past the year-2109 ceiling of a due time")
         return Due(delay, relative=True, task_id=message_id(message))
     body = _body_json(message)
     if body is not None and "task" in body and body.get("eta"):  # Celery protocol 1

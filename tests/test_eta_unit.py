@@ -13,7 +13,7 @@ import pytest
 from kombu.transport.redis import Channel as KombuChannel
 
 from kombu_delay import keys
-from kombu_delay.errors import BadETA
+from kombu_delay.errors import BadETA, DelayTooLong
 from kombu_delay.eta import Due, message_due, parse_iso_ms, to_ms
 from kombu_delay.payload import index_id
 from kombu_delay.replies import Cursor, Stored
@@ -46,11 +46,16 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "p2-plus-0200": (p2(T.astimezone(timezone(timedelta(hours=2))).isoformat()), Due(T_MS, task_id="abc")),
     "p2-naive-is-utc": (p2("2030-05-06T07:08:09.123456"), Due(T_MS, task_id="abc")),
     "p2-no-eta": (p2(None), None),
+    "p2-empty-eta": (p2(""), None),
     "p2-wins-over-x-delay": (p2(T.isoformat(), **{"x-delay": 5}), Due(T_MS, task_id="abc")),
     "p1-body-base64": (p1({"task": "t", "id": "b1", "eta": T.isoformat()}), Due(T_MS, task_id="b1")),
     "p1-body-plain": (p1({"task": "t", "id": "b1", "eta": T.isoformat()}, False), Due(T_MS, task_id="b1")),
     "p1-no-eta": (p1({"task": "t", "id": "b1", "eta": None}), None),
     "not-celery-body": (p1({"eta": T.isoformat()}), None),
+    "json-nested-too-deep": (
+        {"content-type": "application/json", "headers": {}, "body": "[" * 100_000, "properties": {}},
+        None,
+    ),
     "x-delay-int": (xd(1500), Due(1500, relative=True, task_id="tag-1")),
     "x-delay-str": (xd("1500"), Due(1500, relative=True, task_id="tag-1")),
     "x-delay-float": (xd(1500.9), Due(1500, relative=True, task_id="tag-1")),
@@ -83,6 +88,12 @@ BAD_CASES = {
 def test_unusable_delays_raise_bad_eta(name):
     with pytest.raises(BadETA):
         message_due(BAD_CASES[name])
+
+
+@pytest.mark.parametrize("delay", [keys.MAX_DUE_MS, 10**30, "1e30"])
+def test_an_x_delay_past_the_due_time_ceiling_is_too_long(delay):
+    with pytest.raises(DelayTooLong, match="year-2109"):
+        message_due(xd(delay))
 
 
 @pytest.mark.parametrize(
@@ -234,25 +245,32 @@ def test_index_id_of_what_is_not_a_kombu_message_is_empty(payload):
 
 CURSORS = [
     Cursor(),
-    Cursor(60_000, "celery", keys.score_text(keys.score(61_234, 7)), 1),
+    Cursor(60_000, "celery", keys.score_text(keys.score(61_234, 7)), Cursor.digest(b"m1")),
     Cursor(
-        1_796_040_000_000, "app1:emails:x\x06\x169", keys.score_text(keys.score(1_796_040_000_001, 2047)), 3
+        1_796_040_000_000,
+        "app1:emails:x\x06\x169",
+        keys.score_text(keys.score(1_796_040_000_001, 2047)),
+        Cursor.digest(b'{"body": "x"}'),
     ),
-    Cursor(0, "a:b:c:", "-inf", 0),
-    Cursor(2**42 - 60_000, "z", keys.score_text(keys.score(2**42 - 1, 2047)), 2049),
+    Cursor(0, "a:b:c:", "-inf", ""),
+    Cursor(2**42 - 60_000, "z", keys.score_text(keys.score(2**42 - 1, 2047)), "0123456789abcdef"),
 ]
 
 
 @pytest.mark.parametrize("cursor", CURSORS, ids=range(len(CURSORS)))
 def test_cursor_round_trips_through_its_text(cursor):
     text = str(cursor)
-    assert text == f"{cursor.start_ms}:{cursor.score}:{cursor.tie}:{cursor.dest}"
+    assert text == f"{cursor.start_ms}:{cursor.score}:{cursor.last}:{cursor.dest}"
     assert Cursor.parse(text) == cursor
 
 
 def test_cursor_text_keeps_a_destination_with_colons_whole():
-    cursor = Cursor.parse("60000:61234.5:2:app1:celery:high")
-    assert cursor == Cursor(60_000, "app1:celery:high", "61234.5", 2)
+    cursor = Cursor.parse("60000:61234.5:00000000000000ff:app1:celery:high")
+    assert cursor == Cursor(60_000, "app1:celery:high", "61234.5", "00000000000000ff")
+
+
+def test_a_cursor_digest_names_one_member():
+    assert len(Cursor.digest(b"a")) == 16 and Cursor.digest(b"a") != Cursor.digest(b"b")
 
 
 @pytest.mark.parametrize(
@@ -260,13 +278,16 @@ def test_cursor_text_keeps_a_destination_with_colons_whole():
     [
         "",
         "nonsense",
+        "1:-inf:",  # no destination
         "1:-inf:0",  # kombu-delay 0.1's form: no destination
         "1:2",
-        "x:-inf:0:q",
-        "1:abc:0:q",
-        "1:-inf:x:q",
-        "-1:-inf:0:q",
-        "1:-inf:-1:q",
+        "x:-inf::q",
+        "1:abc:0123456789abcdef:q",
+        "1:5.5:1:q",  # 0.2.0's form: a count, not a digest
+        "1:5.5::q",  # a score needs the digest of its member
+        "1:-inf:0123456789abcdef:q",  # and no score none
+        "1:5.5:0123456789abcdeg:q",
+        "-1:-inf::q",
     ],
 )
 def test_cursor_parse_rejects_anything_else(text):
