@@ -8,6 +8,7 @@ as the click context object, so the same commands serve ``kombu-delay ...`` and
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 import threading
@@ -24,13 +25,36 @@ from .mover import Mover, mover_id, open_when_reachable
 BROKER_ENV = "KOMBU_DELAY_BROKER"
 
 
+#: ``-o`` words that stand for Python constants (any case), as in Celery's and kombu's config.
+OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None}
+
+
+def option_value(text: str) -> Any:
+    """Type one ``-o`` value: ``true``/``false``/``none`` (any case), an integer or a finite
+    decimal number become that Python value; anything else stays a string.
+
+    redis-py and kombu want ``socket_timeout=5`` as a number and ``max_connections=20`` as
+    an int, as they would get them from ``broker_transport_options``.
+    """
+    if text.lower() in OPTION_WORDS:
+        return OPTION_WORDS[text.lower()]
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        if math.isfinite(number):
+            return number
+    return text
+
+
 def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--transport-option")
-        options[key.strip()] = value
+        options[key.strip()] = option_value(value)
     return options
 
 
@@ -59,7 +83,9 @@ def setup_logging(level: str) -> None:
     "transport_options",
     multiple=True,
     metavar="KEY=VALUE",
-    help="A broker_transport_options entry (repeatable), e.g. -o master_name=mymaster.",
+    help="A broker_transport_options entry (repeatable), e.g. -o master_name=mymaster "
+    "-o socket_timeout=5. Integers and decimals become numbers, true/false/none (any case) "
+    "become True/False/None; any other VALUE is a string.",
 )
 @click.option(
     "--log-level",

@@ -7,6 +7,7 @@ that queue), 2 usage error, 3 Redis unavailable or another kombu-delay error.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -14,8 +15,9 @@ from datetime import UTC, datetime
 import click
 
 from .connect import Target
-from .control import DelayControl, ScheduledMessage, Stats
+from .control import HOUR_MS, MAX_SLOTS, DelayControl, ScheduledMessage, Stats
 from .errors import KombuDelayError
+from .replies import Cursor
 
 NOT_FOUND = 1
 FAILED = 3
@@ -122,13 +124,17 @@ def stats(ctx: click.Context, hours: float, slot: float, as_json: bool) -> None:
       kombu-delay stats --json | jq .overdue
       celery -A proj delay stats
     """
-    if hours <= 0 or slot <= 0:
-        raise click.BadParameter("--hours and --slot must be positive")
+    if not (math.isfinite(hours) and math.isfinite(slot)) or hours <= 0 or slot <= 0:
+        raise click.BadParameter("--hours and --slot must be finite and positive")
+    # The same count DelayControl.stats refuses past MAX_SLOTS, checked here so that only
+    # this, and no error from Redis or the transport options, reads as a bad --hours/--slot.
+    slots = max(1, round(hours * HOUR_MS / max(1, round(slot * 60_000))))
+    if slots > MAX_SLOTS:
+        raise click.BadParameter(
+            f"{slots} histogram slots asked for; at most {MAX_SLOTS}", param_hint="--hours/--slot"
+        )
     with control(ctx) as ctl:
-        try:
-            snapshot = ctl.stats(hours=hours, slot_minutes=slot)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--hours/--slot") from exc
+        snapshot = ctl.stats(hours=hours, slot_minutes=slot)
     click.echo(json.dumps(snapshot.to_dict(), indent=2) if as_json else render_stats(snapshot))
 
 
@@ -167,13 +173,15 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
       kombu-delay ls --json | jq -r '.items[].task_id'
       celery -A proj delay ls -Q celery
     """
-    with control(ctx) as ctl:
+    if cursor:
         try:
-            page = ctl.scheduled(queue=queue, limit=limit, cursor=cursor)
+            Cursor.parse(cursor)
         except ValueError as exc:
             raise click.BadParameter(
                 f"{cursor!r} is not a cursor printed by ls", param_hint="--cursor"
             ) from exc
+    with control(ctx) as ctl:
+        page = ctl.scheduled(queue=queue, limit=limit, cursor=cursor)
         now = ctl.store.time_ms()
     rows = [_row(item, now) for item in page.items]
     if as_json:
@@ -241,6 +249,8 @@ def reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: flo
     """
     if (eta is None) == (countdown is None):
         raise click.UsageError("give exactly one of --eta or --countdown")
+    if countdown is not None and not math.isfinite(countdown):
+        raise click.BadParameter(f"{countdown} is not a finite number of seconds", param_hint="--countdown")
     new_eta = None
     if eta is not None:
         try:

@@ -2,7 +2,8 @@
 
 Every option is a ``broker_transport_options`` key, an environment variable
 (upper case, ``KOMBU_DELAY_`` instead of ``delay_``), or a CLI flag, in
-rising precedence. User-facing durations are seconds; fields are milliseconds.
+rising precedence. User-facing durations are seconds (a fraction down to 1 ms);
+fields are milliseconds. Counts (messages, messages per second) are whole numbers.
 """
 
 from __future__ import annotations
@@ -115,6 +116,15 @@ def _convert(name: str, raw: Any) -> Any:
         number = float(raw)
         if number != number or number in (float("inf"), float("-inf")):
             raise ValueError(raw)
-        return round(number * 1000) if name.endswith("_ms") else int(number)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{option} must be a number, got {raw!r}") from exc
+    if not name.endswith("_ms"):
+        # A count (messages, messages/s): int() would turn 0.5 into 0, which means "no limit".
+        if not number.is_integer():
+            raise ConfigError(f"{option} must be a whole number, got {raw!r}")
+        return int(number)
+    ms = round(number * 1000)
+    if ms == 0 and number > 0:
+        # Rounding must not turn a positive duration into 0, which means "no limit" for some.
+        raise ConfigError(f"{option} must be at least 0.001 s (1 ms), got {raw!r}")
+    return ms

@@ -22,6 +22,10 @@ OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
     ("bool-off", {"delay_embedded_mover": "off"}, {}, {"embedded_mover": False}),
     ("kombu-options-ignored", {"global_keyprefix": "x:", "visibility_timeout": 10}, {}, {"batch_size": 500}),
     ("batch-at-limit", {"delay_batch_size": 5000}, {}, {"batch_size": 5000}),
+    ("whole-counts", {"delay_max_rate": 5.0, "delay_max_queue_length": "100"},
+     {"KOMBU_DELAY_BATCH_SIZE": "1e3"}, {"max_rate": 5, "max_queue_length": 100, "batch_size": 1000}),
+    ("one-ms", {"delay_max_delay": 0.001, "delay_max_sleep": "0.0015"}, {}, {"max_delay_ms": 1,
+                                                                           "max_sleep_ms": 2}),
 ]  # fmt: skip
 
 
@@ -41,6 +45,16 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("bool-as-number", {"delay_batch_size": True}, "delay_batch_size must be a number"),
     ("bad-bool", {"delay_embedded_mover": "maybe"}, "delay_embedded_mover"),
     ("batch-too-big", {"delay_batch_size": 5001}, "at most 5000"),
+    # A fraction of a count used to become 0, which switches the limit off.
+    ("fractional-rate", {"delay_max_rate": 0.5}, "delay_max_rate must be a whole number, got 0.5"),
+    ("fractional-rate-text", {"delay_max_rate": "2.5"}, "delay_max_rate must be a whole number"),
+    ("fractional-length", {"delay_max_queue_length": 0.9}, "delay_max_queue_length must be a whole number"),
+    ("fractional-batch", {"delay_batch_size": 10.5}, "delay_batch_size must be a whole number"),
+    ("negative-fraction", {"delay_max_rate": -0.5}, "delay_max_rate must be a whole number"),
+    ("huge-int", {"delay_max_queue_length": 10**400}, "delay_max_queue_length must be a number"),
+    # Likewise a positive duration under 1 ms: 0 is "no limit" for delay_max_delay.
+    ("sub-ms-delay", {"delay_max_delay": 0.0004}, "delay_max_delay must be at least 0.001 s"),
+    ("sub-ms-sleep", {"delay_max_sleep": "0.0001"}, "delay_max_sleep must be at least 0.001 s"),
 ]
 
 
@@ -48,6 +62,22 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
 def test_bad_options_name_the_option(name, options, message):
     with pytest.raises(ConfigError, match=message):
         Settings.from_options(options, env={})
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("KOMBU_DELAY_MAX_RATE", "0.5"), ("KOMBU_DELAY_MAX_QUEUE_LENGTH", "0.5"), ("KOMBU_DELAY_GRACE", "1e-4")],
+)
+def test_env_never_turns_a_positive_limit_into_zero(var, value):
+    option = "delay_" + var[len("KOMBU_DELAY_") :].lower()
+    with pytest.raises(ConfigError, match=f"^{option} must be"):
+        Settings.from_options({}, env={var: value})
+
+
+@pytest.mark.parametrize("values", [{"max_rate": 0.5}, {"max_queue_length": "0.5"}, {"max_delay": 0.0001}])
+def test_with_values_never_turns_a_positive_limit_into_zero(values):
+    with pytest.raises(ConfigError):
+        Settings().with_values(**values)
 
 
 @pytest.mark.parametrize(
