@@ -14,6 +14,7 @@ from .errors import (
     DelayTooLong,
     KombuDelayError,
     PayloadTooLarge,
+    RedisAuthError,
     RedisRefused,
     RedisUnavailable,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "KombuDelayError",
     "Page",
     "PayloadTooLarge",
+    "RedisAuthError",
     "RedisRefused",
     "RedisUnavailable",
     "ScheduledMessage",

@@ -18,7 +18,7 @@ import click
 
 from .connect import Target
 from .demo import demo
-from .errors import KombuDelayError
+from .errors import KombuDelayError, RedisAuthError
 from .health import health
 from .mover import Mover, mover_id, open_when_reachable
 
@@ -177,17 +177,20 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with open_when_reachable(tgt, stopping, name) as store:
-        if store is None:
-            return
-        hooks: dict[str, Any] = {}
-        if metrics_port is not None:
-            from .metrics import serve_metrics
+    try:
+        with open_when_reachable(tgt, stopping, name) as store:
+            if store is None:
+                return
+            hooks: dict[str, Any] = {}
+            if metrics_port is not None:
+                from .metrics import serve_metrics
 
-            hooks = serve_metrics(store, metrics_port, metrics_addr)
-        running.append(Mover(store, settings, name=name, **hooks))
-        if not stopping.is_set():
-            running[0].run()
+                hooks = serve_metrics(store, metrics_port, metrics_addr)
+            running.append(Mover(store, settings, name=name, **hooks))
+            if not stopping.is_set():
+                running[0].run()
+    except RedisAuthError as exc:  # waiting cannot fix the credentials: say so, and stop
+        raise click.ClickException(str(exc)) from exc
 
 
 main.add_command(health)

@@ -26,6 +26,13 @@ class RedisUnavailable(KombuDelayError, redis.ConnectionError):
     and Celery's connection-retry policies treat it as a connection error."""
 
 
+class RedisAuthError(KombuDelayError, redis.AuthenticationError):
+    """Redis refused the credentials: a wrong password or user name, a missing password, or
+    a disabled user. Retrying cannot help, so the mover stops with this error. Also a
+    ``redis.AuthenticationError``, so kombu and Celery treat it as they treat the same
+    refusal of plain kombu's own connection."""
+
+
 class RedisRefused(KombuDelayError, redis.ResponseError):
     """Redis refused a write (``maxmemory`` reached under ``noeviction``, a read-only
     replica, a failed background save). Also a ``redis.ResponseError``, so it is one of

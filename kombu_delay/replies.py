@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from . import keys
-from .errors import RedisRefused, RedisUnavailable
+from .errors import RedisAuthError, RedisRefused, RedisUnavailable
 
 
 class Scheduled(enum.IntEnum):
@@ -203,6 +203,12 @@ def translated_errors() -> Iterator[None]:
     """Turn redis-py's connection failures and refusals into kombu-delay errors."""
     try:
         yield
+    except (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError) as exc:
+        # Before the connection errors: redis-py's AuthenticationError is one of them, but
+        # retrying with the same credentials cannot help.
+        if isinstance(exc, RedisAuthError):
+            raise
+        raise RedisAuthError(f"Redis authentication failed: {exc}") from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         if isinstance(exc, RedisUnavailable):
             raise

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -130,14 +131,15 @@ class Transport(kombu_redis.Transport):  # type: ignore[misc]
 
 
 class TLSTransport(Transport):
-    """``delayrediss://``: always TLS. Without ``broker_use_ssl`` options the server
-    certificate is verified against the system CAs (kombu's ``rediss://`` would not verify)."""
+    """``delayrediss://``: always TLS. Without ``broker_use_ssl`` options (none, ``True`` or
+    ``{}``) the server certificate is verified against the system CAs (kombu's ``rediss://``
+    would not verify without options, and with ``True`` would not even use TLS)."""
 
     def __init__(self, client: Any, *args: Any, **kwargs: Any) -> None:
-        if not client.ssl:
+        # kombu's Redis channel uses TLS only for a non-empty mapping of redis-py SSL
+        # options: anything else (``True``, ``{}``) would connect in plaintext.
+        if not client.ssl or not isinstance(client.ssl, Mapping):
             client.ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
-        elif client.ssl is True:
-            client.ssl = {}
         super().__init__(client, *args, **kwargs)
 
 

@@ -1,0 +1,257 @@
+"""TLS that cannot be switched off by ``ssl=True``, and credentials that are refused at once.
+
+Every test starts its own redis-server (plain, TLS-only, or with ``requirepass``) and
+stops it, and every mover process by its PID.
+"""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from click.testing import CliRunner
+from kombu import Connection
+from kombu.exceptions import OperationalError
+
+from kombu_delay.cli import main
+from kombu_delay.connect import open_store
+from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
+from kombu_delay.redis_server import RedisServer
+
+from .conftest import Proc
+from .delay_helpers import stored
+
+PASSWORD = "s3cret"
+#: Generous: the suite shares two cores with other work.
+DEADLINE_S = 120.0
+#: Bounds on one connection attempt, so a TLS client facing a plaintext server cannot hang.
+TIMEOUTS = {"socket_connect_timeout": 3, "socket_timeout": 3, "max_retries": 0}
+
+
+def calls(client: redis.Redis, command: str) -> int:
+    """How many times the server has run ``command`` (``INFO commandstats``)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0))
+
+
+# -- delayrediss:// with ssl=True ---------------------------------------------------------
+
+
+class PasswordRedisServer(RedisServer):
+    """A plain (not TLS) redis-server that wants ``PASSWORD``."""
+
+    def __init__(self) -> None:
+        super().__init__(extra_args=["--requirepass", PASSWORD])
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return super().client(password=PASSWORD, **kwargs)
+
+
+@pytest.fixture
+def password_server() -> Iterator[PasswordRedisServer]:
+    with PasswordRedisServer() as server:
+        yield server
+
+
+def _kombu_channel(url: str) -> Any:
+    with Connection(url, ssl=True, transport_options=TIMEOUTS) as conn:
+        return conn.default_channel
+
+
+def _celery_channel(url: str) -> Any:
+    app = Celery("tls", broker=url, set_as_current=False)
+    app.conf.broker_use_ssl = True
+    app.conf.broker_transport_options = TIMEOUTS
+    with app.connection_for_write() as conn:
+        return conn.default_channel
+
+
+@pytest.mark.parametrize(
+    "channel", [_kombu_channel, _celery_channel], ids=["kombu-ssl-true", "celery-use-ssl-true"]
+)
+def test_delayrediss_with_ssl_true_never_talks_plaintext(
+    password_server: PasswordRedisServer, channel: Callable[[str], Any]
+) -> None:
+    """``ssl=True`` (kombu) or ``broker_use_ssl=True`` (Celery) against a server that speaks
+    no TLS: the connection fails; no password and no command reach the server in the clear."""
+    url = f"delayrediss://:{PASSWORD}@127.0.0.1:{password_server.port}/0"
+    admin = password_server.client()
+    try:
+        before = calls(admin, "auth"), calls(admin, "hello"), calls(admin, "ping")
+        started = time.monotonic()
+        with pytest.raises((OperationalError, redis.RedisError, OSError)):
+            channel(url)
+        assert time.monotonic() - started < DEADLINE_S
+        assert (calls(admin, "auth"), calls(admin, "hello"), calls(admin, "ping")) == before
+    finally:
+        admin.close()
+
+
+def test_delayrediss_ssl_true_means_verified_tls(password_server: PasswordRedisServer) -> None:
+    conn = Connection(f"delayrediss://127.0.0.1:{password_server.port}/0", ssl=True)
+    try:
+        conn.transport  # noqa: B018  (creating the transport settles the options)
+        assert conn.ssl == {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    finally:
+        conn.release()
+
+
+def _tls_files(directory: Path) -> tuple[str, str, str]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with ``openssl``."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl binary to generate a test certificate")
+    ca_key, ca, key, csr, cert = (str(directory / n) for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt"))
+    ext = directory / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    run("req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test CA")
+    run("req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-extfile", str(ext),
+        "-out", cert, "-days", "1")  # fmt: skip
+    return ca, cert, key
+
+
+class TLSRedisServer(RedisServer):
+    """A redis-server that speaks only TLS on its port."""
+
+    def __init__(self, ca: str, cert: str, key: str) -> None:
+        super().__init__()
+        self.ca = ca
+        self.extra_args = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert]
+        self.extra_args += ["--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return super().client(ssl=True, ssl_ca_certs=self.ca, **kwargs)
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[TLSRedisServer]:
+    server = TLSRedisServer(*_tls_files(tmp_path))
+    try:
+        server.start()
+    except RuntimeError as exc:
+        if "tls" in str(exc).lower():
+            pytest.skip(f"this redis-server has no TLS support: {exc}")
+        raise
+    try:  # not ``with server``: that would start it a second time
+        yield server
+    finally:
+        server.cleanup()
+
+
+def test_delayrediss_with_ssl_true_verifies_then_works_against_a_tls_server(
+    tls_server: TLSRedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"delayrediss://127.0.0.1:{tls_server.port}/0"
+    # Verified against the system CAs, which do not know our test CA: refused.
+    with pytest.raises(OperationalError, match="certificate verify failed"):
+        _kombu_channel(url)
+    # Trusting our CA the way OpenSSL's defaults allow, the same ssl=True connects over TLS.
+    monkeypatch.setenv("SSL_CERT_FILE", tls_server.ca)
+    with Connection(url, ssl=True, transport_options=TIMEOUTS) as conn:
+        channel = conn.default_channel
+        assert issubclass(channel.pool.connection_class, redis.SSLConnection)
+        conn.Producer().publish({"n": 1}, routing_key="tls", headers={"x-delay": 30_000}, retry=False)
+    admin = tls_server.client()
+    try:
+        [held] = stored(admin)
+        assert held.envelope.dest == "tls"
+    finally:
+        admin.close()
+
+
+# -- credentials --------------------------------------------------------------------------
+
+
+def _urls(server: RedisServer) -> dict[str, str]:
+    where = f"127.0.0.1:{server.port}/0"
+    return {
+        "wrong-password": f"delayredis://:wrong@{where}",
+        "no-password": f"delayredis://{where}",
+        "wrong-user": f"delayredis://nobody:{PASSWORD}@{where}",
+    }
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "no-password"])
+def test_mover_with_bad_credentials_exits_at_once_naming_authentication(
+    password_server: PasswordRedisServer, spawn: Callable[..., Proc], case: str
+) -> None:
+    """README: a wrong password stops the mover at once, with the error; it is not an outage.
+    (``spawn`` stops the process by its PID if it is still running at the end.)"""
+    url = _urls(password_server)[case]
+    mover = spawn([sys.executable, "-m", "kombu_delay", "--broker", url, "mover"], name="mover")
+    deadline = time.monotonic() + DEADLINE_S
+    while mover.popen.poll() is None and "retrying" not in mover.output():
+        assert time.monotonic() < deadline, f"the mover neither exited nor retried: {mover.output()}"
+        time.sleep(0.1)
+    output = mover.output()
+    assert "retrying" not in output, output
+    assert mover.popen.returncode not in (None, 0), output
+    assert "authentication failed" in output.lower(), output
+    assert "Traceback" not in output, output  # one line that names the problem
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "no-password", "wrong-user"])
+def test_open_store_raises_an_authentication_error_not_an_outage(
+    password_server: PasswordRedisServer, case: str
+) -> None:
+    with (
+        pytest.raises(RedisAuthError, match="authentication failed") as caught,
+        open_store(_urls(password_server)[case]),
+    ):
+        pass
+    assert not isinstance(caught.value, RedisUnavailable)  # what the mover waits out
+
+
+def test_health_names_the_authentication_failure(password_server: PasswordRedisServer) -> None:
+    result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], "health"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("UNREACHABLE: Redis authentication failed"), result.output
+
+
+def test_publisher_sees_an_authentication_error_from_a_held_message(
+    password_server: PasswordRedisServer,
+) -> None:
+    """The password changes under a running publisher: the held-message path (kombu-delay's
+    own Redis call) raises what plain kombu's LPUSH would, a ``redis.AuthenticationError``,
+    which kombu's retry policy treats as a connection error and reports as its own."""
+    admin = password_server.client()
+    conn = Connection(
+        f"delayredis://:{PASSWORD}@127.0.0.1:{password_server.port}/0", transport_options=TIMEOUTS
+    )
+    try:
+        producer = conn.Producer()
+        producer.publish({"n": 0}, routing_key="auth", headers={"x-delay": 30_000}, retry=False)
+        admin.config_set("requirepass", "rotated")  # this admin connection stays logged in
+        conn.default_channel.pool.disconnect()  # the next call logs in again, with the old password
+        with pytest.raises(redis.AuthenticationError) as caught:
+            producer.publish({"n": 1}, routing_key="auth", headers={"x-delay": 30_000}, retry=False)
+        assert isinstance(caught.value, RedisAuthError) and isinstance(caught.value, KombuDelayError)
+        assert not isinstance(caught.value, RedisUnavailable)
+        assert "authentication failed" in str(caught.value).lower()
+        with pytest.raises(OperationalError):
+            producer.publish(
+                {"n": 2},
+                routing_key="auth",
+                headers={"x-delay": 30_000},
+                retry=True,
+                retry_policy={"max_retries": 1},
+            )
+        assert len(stored(admin)) == 1
+    finally:
+        conn.release()
+        admin.close()
