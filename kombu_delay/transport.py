@@ -113,11 +113,26 @@ class DelayChannelMixin:
         # message left behind would reappear on the purged queue when due. So the queue's
         # delayed messages go too, and are counted in the number purged.
         purged = int(super()._purge(queue))  # type: ignore[misc]
-        dests = [
+        return purged + self.delay_store.purge(self._delay_dests(queue))
+
+    def queue_delete(
+        self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
+    ) -> None:
+        # A deleted queue's delayed messages go with it: left behind, they would recreate
+        # its list when due, a queue nobody consumes. (As with RabbitMQ's delayed-message
+        # exchange, a delayed message is not in the queue yet, so ``if_empty`` looks at the
+        # list alone.)
+        if if_empty and self._size(queue):  # type: ignore[attr-defined]
+            return
+        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)  # type: ignore[misc]
+        self.delay_store.purge(self._delay_dests(queue))
+
+    def _delay_dests(self, queue: str) -> list[str]:
+        """The list keys of ``queue``, one per priority step, as the store names them."""
+        return [
             self.global_keyprefix + self._q_for_pri(queue, pri)  # type: ignore[attr-defined]
             for pri in self.priority_steps  # type: ignore[attr-defined]
         ]
-        return purged + self.delay_store.purge(dests)
 
 
 class Channel(DelayChannelMixin, kombu_redis.Channel):  # type: ignore[misc]

@@ -482,6 +482,31 @@ def test_purge_removes_every_priority_of_one_queue_only(r, redis_server, prefix)
         assert ctl.stats().totals["purged"] == 3
 
 
+def test_deleting_a_queue_drops_its_delayed_messages_too(r, redis_server, prefix):
+    """Left behind, they would recreate the deleted queue's list when due."""
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        channel = conn.default_channel
+        queues = [Queue(name, Exchange(name, "direct"), name, channel=channel) for name in ("gone", "kept")]
+        for queue in queues:
+            queue.declare()
+            for pri in (0, 9):
+                Producer(channel).publish(
+                    {"n": pri},
+                    exchange=queue.exchange,
+                    routing_key=queue.name,
+                    priority=pri,
+                    headers={"x-delay": 600_000},
+                )
+        Producer(channel).publish({"now": 1}, exchange=queues[1].exchange, routing_key="kept")
+        assert truth(r, prefix) == Counter(
+            {f"{prefix}gone": 1, f"{prefix}gone{SEP}9": 1, f"{prefix}kept": 1, f"{prefix}kept{SEP}9": 1}
+        )
+        queues[1].delete(if_empty=True)  # its list holds a message: nothing is deleted
+        queues[0].delete()
+        assert truth(r, prefix) == Counter({f"{prefix}kept": 1, f"{prefix}kept{SEP}9": 1})
+        assert r.llen(f"{prefix}kept") == 1
+
+
 def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
     app = publisher(redis_server, prefix)
     for i in range(4):
