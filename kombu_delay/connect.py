@@ -72,23 +72,29 @@ def app_target(app: Any) -> Target:
     return Target(str(url), dict(conf.broker_transport_options or {}))
 
 
+def default_channel(conn: Connection) -> Any:
+    """Return ``conn.default_channel``; refused credentials raise :class:`RedisAuthError`,
+    an unreachable server :class:`RedisUnavailable`, and another refusal (an ACL, say)
+    kombu's own ``OperationalError``, whose message says it."""
+    with translated_errors():
+        try:
+            return conn.default_channel
+        except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, _AUTH_ERRORS):  # before ConnectionError, of which it is one
+                raise RedisAuthError(f"Redis authentication failed: {exc}") from exc
+            if isinstance(cause, redis.ConnectionError | redis.TimeoutError | OSError):
+                raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+            raise
+
+
 @contextmanager
 def open_store(url: str, transport_options: Mapping[str, Any] | None = None) -> Iterator[Store]:
     """Yield the :class:`Store` of the kombu-delay data behind ``url``."""
     register()
     conn = Connection(delay_url(url), transport_options=dict(transport_options or {}))
     try:
-        with translated_errors():
-            try:
-                channel = conn.default_channel
-            except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
-                cause = exc.__cause__ or exc.__context__
-                if isinstance(cause, _AUTH_ERRORS):  # before ConnectionError, of which it is one
-                    raise RedisAuthError(f"Redis authentication failed: {exc}") from exc
-                if isinstance(cause, redis.ConnectionError | redis.TimeoutError | OSError):
-                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
-                raise  # an ACL or other refusal: its own message says it
-        store: Store = channel.delay_store
+        store: Store = default_channel(conn).delay_store
         yield store
     finally:
         conn.release()

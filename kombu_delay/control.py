@@ -19,11 +19,11 @@ from kombu.exceptions import OperationalError
 
 from . import keys
 from .config import Settings
-from .connect import delay_url
+from .connect import default_channel, delay_url
 from .errors import DelayTooLong, RedisRefused, RedisUnavailable
 from .eta import to_ms
 from .payload import index_id, task_name, with_eta
-from .replies import Cursor, Rescheduled, Stored, translated_errors
+from .replies import Cursor, Rescheduled, Stored
 from .store import Store
 from .transport import register
 
@@ -144,11 +144,10 @@ class DelayControl:
         """The :class:`~kombu_delay.store.Store` behind this control (opened on first use)."""
         with self._lock:
             if self._store is None:
-                with translated_errors():
-                    try:
-                        channel = self._conn.default_channel
-                    except OperationalError as exc:  # kombu's wrapper of redis-py's connection errors
-                        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                try:
+                    channel = default_channel(self._conn)
+                except OperationalError as exc:  # another refusal, reported as before
+                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
                 self._sep = str(channel.sep)
                 self._steps = [int(p) for p in channel.priority_steps]
                 found = getattr(channel, "delay_store", None)

@@ -223,6 +223,16 @@ def test_health_names_the_authentication_failure(password_server: PasswordRedisS
     assert result.output.startswith("UNREACHABLE: Redis authentication failed"), result.output
 
 
+@pytest.mark.parametrize("command", [["stats"], ["ls"], ["cancel", "some-id"]])
+def test_inspection_commands_name_the_authentication_failure(
+    password_server: PasswordRedisServer, command: list[str]
+) -> None:
+    result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], *command])
+    assert result.exit_code == 3, result.output
+    assert "authentication failed" in result.output.lower(), result.output
+    assert "unavailable" not in result.output.lower(), result.output
+
+
 def test_publisher_sees_an_authentication_error_from_a_held_message(
     password_server: PasswordRedisServer,
 ) -> None:
