@@ -15,7 +15,7 @@ import redis
 
 from . import keys
 from .config import Settings
-from .errors import DelayTooLong
+from .errors import DelayTooLong, PayloadTooLarge
 from .eta import Due
 from .payload import index_id
 from .replies import (
@@ -29,6 +29,9 @@ from .replies import (
     translated_errors,
 )
 from .scripts import Scripts
+
+#: Redis's default limit for one string argument (``proto-max-bulk-len``), bytes.
+MAX_PAYLOAD_BYTES = 512 * 2**20
 
 
 class Store:
@@ -94,6 +97,13 @@ class Store:
     def _schedule_call(
         self, due: Due, dest: str, payload: str, settings: Settings
     ) -> tuple[list[str], list[Any]]:
+        # Redis drops the connection on a longer argument; kombu would take that for an
+        # outage and send the same message again and again.
+        if len(payload) > MAX_PAYLOAD_BYTES // 4 and len(payload.encode()) > MAX_PAYLOAD_BYTES:
+            raise PayloadTooLarge(
+                f"a {len(payload.encode()):,}-byte message is over Redis's limit for one string "
+                f"({MAX_PAYLOAD_BYTES:,} bytes, proto-max-bulk-len); nothing was stored"
+            )
         call_keys = [self._index, self._ids, self._counts, self._totals, dest]
         call_args: list[Any] = [
             self.ns,

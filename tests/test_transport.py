@@ -19,10 +19,11 @@ import redis
 from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 
-from kombu_delay import DelayTooLong, keys
-from kombu_delay.eta import parse_iso_ms
+from kombu_delay import DelayTooLong, PayloadTooLarge, keys
+from kombu_delay.config import Settings
+from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.redis_server import RedisServer, free_port
-from kombu_delay.store import Store
+from kombu_delay.store import MAX_PAYLOAD_BYTES, Store
 
 from .conftest import wait_until
 from .delay_helpers import Stored, stored
@@ -416,3 +417,18 @@ def test_held_then_moved_message_is_what_plain_redis_would_have_pushed(r, make_a
         found.append(without_tag(item))
         assert lists(r) == {} and stored(r, prefix) == []
     assert found[0] == found[1]
+
+
+def test_a_message_over_redis_string_limit_is_refused_before_it_is_sent(r):
+    """Redis would drop the connection on it, and kombu would retry it as an outage."""
+    store = Store(r)
+    due = Due(store.time_ms() + 60_000, task_id="huge")
+    settings = Settings()
+    huge = "x" * (MAX_PAYLOAD_BYTES + 1)
+    with pytest.raises(PayloadTooLarge, match="over Redis's limit"):
+        store.schedule(due, "celery", huge, settings)
+    del huge
+    assert r.ping() and store.counts() == {} and not r.exists(keys.ids(""))
+    big = "y" * (8 * 2**20)  # large, but under the limit: stored as it is
+    assert store.schedule(due, "celery", big, settings).outcome.name == "STORED"
+    assert store.counts() == {"celery": 1}
