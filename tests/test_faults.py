@@ -9,14 +9,11 @@ ones and the soak. Tests that restart or reconfigure Redis start their own serve
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import random
 import re
-import shutil
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -47,11 +44,13 @@ from .faults_support import (
     Consumer,
     Ledger,
     Movers,
+    TLSRedisServer,
     chaos_only,
     consistency,
     figures,
     message,
     rss_kb,
+    running_tls_server,
     started,
     wait_for,
 )
@@ -863,49 +862,9 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
             user.flushall()
 
 
-def _tls_files(directory: Path) -> tuple[str, str, str]:
-    """A throwaway CA and a server certificate for 127.0.0.1, made with ``openssl``."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl binary to generate a test certificate")
-    ca_key, ca, key, csr, cert = (str(directory / n) for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt"))
-    ext = directory / "san.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run = functools.partial(subprocess.run, check=True, capture_output=True)
-    run([openssl, "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test CA"])
-    run([openssl, "req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"])
-    sign = ["-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-extfile", str(ext)]
-    run([openssl, "x509", "-req", "-in", csr, *sign, "-out", cert, "-days", "1"])
-    return ca, cert, key
-
-
-class TLSRedisServer(RedisServer):
-    """A redis-server that speaks only TLS on its port."""
-
-    def __init__(self, ca: str, cert: str, key: str) -> None:
-        super().__init__()
-        self.ca = ca
-        self.extra_args = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert]
-        self.extra_args += ["--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
-
-    def client(self, **kwargs: object) -> redis.Redis:
-        return super().client(ssl=True, ssl_ca_certs=self.ca, **kwargs)
-
-
 def test_tls_transport_publishes_and_moves_with_a_verified_certificate(tmp_path: Path) -> None:
-    ca, cert, key = _tls_files(tmp_path)
-    server = TLSRedisServer(ca, cert, key)
-    try:
-        server.start()
-    except RuntimeError as exc:
-        if "tls" in str(exc).lower():
-            pytest.skip(f"this redis-server has no TLS support: {exc}")
-        raise
-    try:  # not ``with server``: that would start it a second time
-        _tls_round_trip(server, ca, tmp_path)
-    finally:
-        server.cleanup()
+    with running_tls_server(tmp_path) as server:
+        _tls_round_trip(server, server.ca, tmp_path)
 
 
 def _tls_round_trip(server: TLSRedisServer, ca: str, tmp_path: Path) -> None:

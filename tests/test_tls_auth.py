@@ -6,9 +6,7 @@ stops it, and every mover process by its PID.
 
 from __future__ import annotations
 
-import shutil
 import ssl
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +27,7 @@ from kombu_delay.redis_server import RedisServer
 
 from .conftest import Proc
 from .delay_helpers import stored
+from .faults_support import TLSRedisServer, running_tls_server
 
 PASSWORD = "s3cret"
 #: Generous: the suite shares two cores with other work.
@@ -105,52 +104,10 @@ def test_delayrediss_ssl_true_means_verified_tls(password_server: PasswordRedisS
         conn.release()
 
 
-def _tls_files(directory: Path) -> tuple[str, str, str]:
-    """A throwaway CA and a server certificate for 127.0.0.1, made with ``openssl``."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl binary to generate a test certificate")
-    ca_key, ca, key, csr, cert = (str(directory / n) for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt"))
-    ext = directory / "san.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], check=True, capture_output=True)
-
-    run("req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test CA")
-    run("req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1")
-    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-extfile", str(ext),
-        "-out", cert, "-days", "1")  # fmt: skip
-    return ca, cert, key
-
-
-class TLSRedisServer(RedisServer):
-    """A redis-server that speaks only TLS on its port."""
-
-    def __init__(self, ca: str, cert: str, key: str) -> None:
-        super().__init__()
-        self.ca = ca
-        self.extra_args = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert]
-        self.extra_args += ["--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
-
-    def client(self, **kwargs: object) -> redis.Redis:
-        return super().client(ssl=True, ssl_ca_certs=self.ca, **kwargs)
-
-
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[TLSRedisServer]:
-    server = TLSRedisServer(*_tls_files(tmp_path))
-    try:
-        server.start()
-    except RuntimeError as exc:
-        if "tls" in str(exc).lower():
-            pytest.skip(f"this redis-server has no TLS support: {exc}")
-        raise
-    try:  # not ``with server``: that would start it a second time
+    with running_tls_server(tmp_path) as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 def test_delayrediss_with_ssl_true_verifies_then_works_against_a_tls_server(
