@@ -20,7 +20,7 @@ from .errors import (
 )
 from .transport import register
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 register()
 

@@ -300,7 +300,7 @@ local function put(k, now, due, task_id, dest, payload)
   -- wider bucket width). Cheap, and false for almost every publish.
   if redis.call('ZRANK', zset, payload) == 0 then
     local first = redis.call('ZRANGE', k.index, 0, 0)[1]
-    if first == start_s or due < tonumber(redis.call('HGET', k.ns .. 'm:' .. first, 'end') or 0) then
+    if first == start_s or (first and due < tonumber(redis.call('HGET', k.ns .. 'm:' .. first, 'end') or 0)) then
       redis.call('PUBLISH', k.wake, string.format('%d', due))
     end
   end
