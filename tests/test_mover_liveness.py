@@ -18,8 +18,8 @@ from kombu_delay.store import Store
 from .conftest import ROOT, wait_until
 from .delay_helpers import kombu_payload
 
-#: Backlog size and rate cap: the drain takes BACKLOG / RATE s (20 s), far past MAX_AGE_S.
-BACKLOG, RATE = 4000, 200
+#: Backlog size and rate cap: the drain takes BACKLOG / RATE s (12 s), past MAX_AGE_S.
+BACKLOG, RATE = 2400, 200
 #: The probe's heartbeat threshold, s; the mover beats every 0.5 s here.
 MAX_AGE_S = 5
 
