@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import click
 
 from .connect import Target
-from .control import HOUR_MS, MAX_SLOTS, DelayControl, ScheduledMessage, Stats
+from .control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from .errors import KombuDelayError
 from .replies import Cursor
 
@@ -126,13 +126,12 @@ def stats(ctx: click.Context, hours: float, slot: float, as_json: bool) -> None:
     """
     if not (math.isfinite(hours) and math.isfinite(slot)) or hours <= 0 or slot <= 0:
         raise click.BadParameter("--hours and --slot must be finite and positive")
-    # The same count DelayControl.stats refuses past MAX_SLOTS, checked here so that only
-    # this, and no error from Redis or the transport options, reads as a bad --hours/--slot.
-    slots = max(1, round(hours * HOUR_MS / max(1, round(slot * 60_000))))
-    if slots > MAX_SLOTS:
-        raise click.BadParameter(
-            f"{slots} histogram slots asked for; at most {MAX_SLOTS}", param_hint="--hours/--slot"
-        )
+    # Checked before connecting, so that only this, and no error from Redis or the transport
+    # options, reads as a bad --hours/--slot.
+    try:
+        histogram_slots(hours, slot)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--hours/--slot") from exc
     with control(ctx) as ctl:
         snapshot = ctl.stats(hours=hours, slot_minutes=slot)
     click.echo(json.dumps(snapshot.to_dict(), indent=2) if as_json else render_stats(snapshot))

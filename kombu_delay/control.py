@@ -109,6 +109,16 @@ class Stats:
         return data
 
 
+def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
+    """Return (slot width in ms, slot count) of a ``stats`` histogram; raise ``ValueError``
+    for more than ``MAX_SLOTS`` slots."""
+    slot_ms = max(1, round(slot_minutes * 60_000))
+    slots = max(1, round(hours * HOUR_MS / slot_ms))
+    if slots > MAX_SLOTS:
+        raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")
+    return slot_ms, slots
+
+
 class DelayControl:
     """Inspect and control kombu-delay's scheduled messages.
 
@@ -256,12 +266,9 @@ class DelayControl:
         Cost is per bucket (``ZCARD``/``ZCOUNT``), never per message; the histogram's
         resolution is one bucket width.
         """
+        slot_ms, slots = histogram_slots(hours, slot_minutes)
         store = self.store
         now = store.time_ms()
-        slot_ms = max(1, round(slot_minutes * 60_000))
-        slots = max(1, round(hours * HOUR_MS / slot_ms))
-        if slots > MAX_SLOTS:
-            raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")
         by_dest = store.counts()
         by_queue: dict[str, int] = {}
         for dest, n in by_dest.items():
