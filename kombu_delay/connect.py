@@ -17,16 +17,12 @@ from kombu.exceptions import OperationalError
 
 from .config import Settings
 from .errors import ConfigError, RedisAuthError, RedisUnavailable
-from .replies import translated_errors
+from .replies import AUTH_ERRORS, translated_errors
 from .store import Store
 from .transport import register
 
 #: Plain kombu schemes and the kombu-delay scheme that serves the same server.
 _DELAY_SCHEMES = {"redis": "delayredis", "rediss": "delayrediss", "sentinel": "delaysentinel"}
-
-#: redis-py's refusals of the credentials. ``AuthenticationError`` is a ``ConnectionError``,
-#: but unlike one it does not go away by waiting.
-_AUTH_ERRORS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 
 
 def delay_url(url: str) -> str:
@@ -81,7 +77,7 @@ def default_channel(conn: Connection) -> Any:
             return conn.default_channel
         except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
             cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, _AUTH_ERRORS):  # before ConnectionError, of which it is one
+            if isinstance(cause, AUTH_ERRORS):  # before ConnectionError, of which it is one
                 raise RedisAuthError(f"Redis authentication failed: {exc}") from exc
             if isinstance(cause, redis.ConnectionError | redis.TimeoutError | OSError):
                 raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc

@@ -198,12 +198,17 @@ class Census:
     slots: list[int]
 
 
+#: redis-py's refusals of the credentials. ``AuthenticationError`` is a ``ConnectionError``,
+#: but unlike one it does not go away by waiting.
+AUTH_ERRORS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn redis-py's connection failures and refusals into kombu-delay errors."""
     try:
         yield
-    except (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError) as exc:
+    except AUTH_ERRORS as exc:
         # Before the connection errors: redis-py's AuthenticationError is one of them, but
         # retrying with the same credentials cannot help.
         if isinstance(exc, RedisAuthError):
