@@ -85,7 +85,14 @@ def _plain_url(url: str) -> str:
 @click.option("--memory", "n_memory", default=Sizes.memory, show_default=True)
 @click.option("--scale-small", default=Sizes.scale_small, show_default=True)
 @click.option("--scale-large", default=Sizes.scale_large, show_default=True)
-@click.option("--scale-probe", default=Sizes.scale_probe, show_default=True, help="Messages timed per size.")
+@click.option("--scale-probe", default=Sizes.scale_probe, show_default=True, help="Messages timed per round.")
+@click.option(
+    "--scale-rounds",
+    type=click.IntRange(min=1),
+    default=Sizes.scale_rounds,
+    show_default=True,
+    help="Rounds per size; each figure is their median.",
+)
 @click.option("--herd", "n_herd", default=Sizes.herd, show_default=True)
 @click.option("--herd-rate", default=Sizes.herd_rate, show_default=True, help="The mover's --max-rate.")
 @click.option("--herd-max-len", default=Sizes.herd_max_len, show_default=True, help="--max-queue-length.")
@@ -112,6 +119,7 @@ def bench(
     scale_small: int,
     scale_large: int,
     scale_probe: int,
+    scale_rounds: int,
     n_herd: int,
     herd_rate: int,
     herd_max_len: int,
@@ -146,6 +154,7 @@ def bench(
         scale_small=scale_small,
         scale_large=scale_large,
         scale_probe=scale_probe,
+        scale_rounds=scale_rounds,
         herd=n_herd,
         herd_rate=herd_rate,
         herd_max_len=herd_max_len,

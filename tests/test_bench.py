@@ -24,6 +24,7 @@ TINY = [
     "--scale-small", "200",
     "--scale-large", "2000",
     "--scale-probe", "100",
+    "--scale-rounds", "2",
     "--herd", "1000",
     "--herd-rate", "2000",
     "--herd-max-len", "200",
@@ -59,6 +60,7 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
     ):
         assert memory[floor] != 0, floor
     assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
+    assert [len(results["scale"][size]["rounds"]) for size in ("small", "large")] == [2, 2]
     for ramp in ("max_rate", "max_queue_length"):
         herd = results["herd"][ramp]
         assert herd["delivered"] == 1000, herd
