@@ -7,6 +7,7 @@ index or per-bucket counters, so none of them scans the scheduled messages.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +31,9 @@ from .transport import register
 HOUR_MS = 3_600_000
 #: Most rows a due-time histogram may have.
 MAX_SLOTS = 1000
+#: Longest histogram horizon or slot, ms: nothing can be due further out than the year-2109
+#: ceiling of a due time, and longer spans make slot times past what a datetime can hold.
+MAX_SPAN_MS = keys.MAX_DUE_MS
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,17 @@ class Stats:
 
 def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
     """Return (slot width in ms, slot count) of a ``stats`` histogram; raise ``ValueError``
-    for more than ``MAX_SLOTS`` slots."""
+    for more than ``MAX_SLOTS`` slots, and for an ``hours`` or ``slot_minutes`` that is not
+    finite or spans more than ``MAX_SPAN_MS``."""
+    if not (math.isfinite(hours) and math.isfinite(slot_minutes)):
+        raise ValueError(f"histogram of {hours} hours in {slot_minutes}-minute slots: both must be finite")
+    # Checked as floats, before rounding: round() of an infinite product raises OverflowError,
+    # and a slot start past the year 9999 cannot be shown as a time.
+    if abs(hours) * HOUR_MS > MAX_SPAN_MS or abs(slot_minutes) * 60_000 > MAX_SPAN_MS:
+        raise ValueError(
+            f"histogram of {hours:g} hours in {slot_minutes:g}-minute slots: each is at most "
+            f"{MAX_SPAN_MS / HOUR_MS:,.0f} hours (nothing is due after the year 2109)"
+        )
     slot_ms = max(1, round(slot_minutes * 60_000))
     slots = max(1, round(hours * HOUR_MS / slot_ms))
     if slots > MAX_SLOTS:
@@ -203,21 +217,41 @@ class DelayControl:
         Give ``eta`` (an aware datetime; naive ones raise :class:`~kombu_delay.BadETA`) or
         ``countdown`` (seconds from now, by the Redis clock). The ETA carried inside a
         Celery message is rewritten too, so a worker runs it at the new time. A new time
-        already past sends the message to its queue now. Raises
-        :class:`~kombu_delay.DelayTooLong` past ``delay_max_delay``, and
+        already past, however far, sends the message to its queue now (a time before 1970
+        is written into it as 1970-01-01). Raises :class:`~kombu_delay.DelayTooLong` past
+        ``delay_max_delay`` or the year-2109 ceiling (the message then stays as it was),
+        ``ValueError`` for a ``countdown`` that is not finite, and
         :class:`~kombu_delay.RedisRefused` when a time already past would send it to a key
         that is not a list (the message then stays as it was).
         """
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
         store = self.store
-        due_ms = to_ms(eta) if eta is not None else store.time_ms() + round(float(countdown or 0) * 1000)
+        if eta is not None:
+            due_ms = to_ms(eta)
+        else:
+            seconds = float(countdown or 0)
+            if not math.isfinite(seconds):
+                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
+            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
+            # either way is far past the ceiling or before the epoch, so no outcome changes.
+            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
+            due_ms = store.time_ms() + round(seconds * 1000)
+        # Any time before the epoch is as past as the epoch: the message goes to its queue now
+        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
+        # fails before the year 1, and on some platforms before 1970) and read by any worker.
+        due_ms = max(due_ms, 0)
         done = 0
         for stored in store.find(task_id):
+            # Checked before with_eta as well as by the script: far enough past the ceiling the
+            # ETA cannot even be formatted (datetime ends with the year 9999), and the script
+            # would refuse it anyway.
+            if due_ms > keys.MAX_DUE_MS:
+                raise self._too_far(task_id, due_ms)
             payload = with_eta(stored.payload, due_ms)
             outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings)
             if outcome is Rescheduled.TOO_FAR:
-                raise DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
+                raise self._too_far(task_id, due_ms)
             if outcome is Rescheduled.NOT_A_LIST:
                 raise RedisRefused(
                     f"cannot send {task_id!r} to {stored.dest!r} now: that key holds something other "
@@ -293,6 +327,10 @@ class DelayControl:
             movers=store.heartbeats(),
             totals=store.totals(),
         )
+
+    @staticmethod
+    def _too_far(task_id: str, due_ms: int) -> DelayTooLong:
+        return DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
 
     def _message(self, stored: Stored) -> ScheduledMessage:
         return ScheduledMessage(
