@@ -15,6 +15,7 @@ from .errors import (
     KombuDelayError,
     PayloadTooLarge,
     RedisAuthError,
+    RedisPermissionError,
     RedisRefused,
     RedisUnavailable,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Page",
     "PayloadTooLarge",
     "RedisAuthError",
+    "RedisPermissionError",
     "RedisRefused",
     "RedisUnavailable",
     "ScheduledMessage",

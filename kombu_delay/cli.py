@@ -18,7 +18,7 @@ import click
 
 from .connect import Target
 from .demo import demo
-from .errors import KombuDelayError, RedisAuthError
+from .errors import KombuDelayError
 from .health import health
 from .mover import Mover, mover_id, open_when_reachable
 
@@ -27,6 +27,12 @@ BROKER_ENV = "KOMBU_DELAY_BROKER"
 
 #: ``-o`` words that stand for Python constants (any case), as in Celery's and kombu's config.
 OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None}
+
+#: kombu and redis-py options whose values are names, kept as typed: ``-o
+#: global_keyprefix=0123`` is the prefix ``0123``, not the number 123.
+STRING_OPTIONS = frozenset(
+    {"global_keyprefix", "master_name", "sep", "client_name", "username", "password", "queue_order_strategy"}
+)
 
 
 def option_value(text: str) -> Any:
@@ -54,7 +60,8 @@ def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--transport-option")
-        options[key.strip()] = option_value(value)
+        key = key.strip()
+        options[key] = value if key in STRING_OPTIONS else option_value(value)
     return options
 
 
@@ -74,7 +81,7 @@ def setup_logging(level: str) -> None:
     default="delayredis://localhost:6379/0",
     show_default=True,
     help=f"Broker URL (env {BROKER_ENV} or CELERY_BROKER_URL). "
-    "redis://, rediss:// and sentinel:// are accepted too.",
+    "redis://, rediss://, sentinel:// and redis+socket:// are accepted too.",
 )
 @click.option("--prefix", default=None, help="kombu's global_keyprefix, as the publisher sets it.")
 @click.option(
@@ -171,6 +178,8 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
     running: list[Mover] = []
 
     def on_signal(signum: int, frame: object) -> None:
+        if stopping.is_set():  # asked twice: leave now; a move in flight is one atomic script
+            raise SystemExit(f"mover {name}: stopped by a second {signal.Signals(signum).name}")
         stopping.set()
         for worker in running:
             worker.stop()
@@ -185,11 +194,15 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
             if metrics_port is not None:
                 from .metrics import serve_metrics
 
-                hooks = serve_metrics(store, metrics_port, metrics_addr)
+                try:
+                    hooks = serve_metrics(store, metrics_port, metrics_addr)
+                except OSError as exc:  # the port is taken, say
+                    where = f"{metrics_addr}:{metrics_port}"
+                    raise click.ClickException(f"cannot serve metrics on {where}: {exc}") from exc
             running.append(Mover(store, settings, name=name, **hooks))
             if not stopping.is_set():
                 running[0].run()
-    except RedisAuthError as exc:  # waiting cannot fix the credentials: say so, and stop
+    except KombuDelayError as exc:  # a bad URL or option, credentials or ACL: waiting cannot fix it
         raise click.ClickException(str(exc)) from exc
 
 

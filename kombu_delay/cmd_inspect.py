@@ -37,7 +37,7 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
     if tgt is None:  # pragma: no cover - both entry points set it
         raise click.UsageError("no broker given")
     try:
-        with DelayControl(tgt.url, tgt.transport_options) as ctl:
+        with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
             yield ctl
     except KombuDelayError as exc:
         raise InspectError(str(exc)) from exc

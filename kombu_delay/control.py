@@ -14,14 +14,12 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-import redis
 from kombu.connection import Connection
-from kombu.exceptions import OperationalError
 
 from . import keys
 from .config import Settings
-from .connect import default_channel, delay_url
-from .errors import DelayTooLong, RedisRefused, RedisUnavailable
+from .connect import connection, default_channel, store_of
+from .errors import DelayTooLong, RedisRefused
 from .eta import to_ms
 from .payload import index_id, task_name, with_eta
 from .replies import Cursor, Rescheduled, Stored
@@ -139,7 +137,8 @@ class DelayControl:
     Build it from a broker URL (``delayredis://``, or plain ``redis://``, ``rediss://``,
     ``sentinel://`` of the same server) plus ``broker_transport_options`` (for
     ``global_keyprefix``), or from a kombu :class:`~kombu.Connection`, for example
-    ``app.connection_for_write()``. It connects on first use, is safe to share between
+    ``app.connection_for_write()``; ``ssl`` is kombu's ``ssl`` argument (Celery's
+    ``broker_use_ssl``) for a URL. It connects on first use, is safe to share between
     threads, and should be closed (or used as a context manager) when it owns the connection.
 
     Example::
@@ -149,10 +148,12 @@ class DelayControl:
         control.reschedule(task_id, countdown=60)    # -> 1
     """
 
-    def __init__(self, broker: str | Connection, transport_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, broker: str | Connection, transport_options: dict[str, Any] | None = None, ssl: Any = None
+    ) -> None:
         register()
         if isinstance(broker, str):
-            self._conn = Connection(delay_url(broker), transport_options=dict(transport_options or {}))
+            self._conn = connection(broker, transport_options, ssl)
             self._owned = True
         else:
             self._conn = broker
@@ -168,16 +169,10 @@ class DelayControl:
         """The :class:`~kombu_delay.store.Store` behind this control (opened on first use)."""
         with self._lock:
             if self._store is None:
-                try:
-                    channel = default_channel(self._conn)
-                except OperationalError as exc:  # another refusal, reported as before
-                    raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+                channel = default_channel(self._conn)
                 self._sep = str(channel.sep)
                 self._steps = [int(p) for p in channel.priority_steps]
-                found = getattr(channel, "delay_store", None)
-                if found is None:  # a plain redis:// Connection: same server, same keys
-                    found = Store(redis.Redis(connection_pool=channel.pool), channel.global_keyprefix)
-                self._store = found
+                self._store = store_of(channel)
             return self._store
 
     def close(self) -> None:

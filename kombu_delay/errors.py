@@ -33,6 +33,13 @@ class RedisAuthError(KombuDelayError, redis.AuthenticationError):
     refusal of plain kombu's own connection."""
 
 
+class RedisPermissionError(KombuDelayError, redis.exceptions.NoPermissionError):
+    """Redis's ACL does not let this user run a command or touch a key that kombu-delay
+    needs (``NOPERM``; the README's ACL line lists them). Retrying cannot help, so the mover
+    stops with this error. Also a ``redis.exceptions.NoPermissionError``, as redis-py
+    raises for the same refusal outside a script."""
+
+
 class RedisRefused(KombuDelayError, redis.ResponseError):
     """Redis refused a write (``maxmemory`` reached under ``noeviction``, a read-only
     replica, a failed background save). Also a ``redis.ResponseError``, so it is one of

@@ -2,9 +2,10 @@
 
 It keeps a client-side timer (precise to the millisecond, unlike a blocking
 Redis timeout) and a pub/sub subscription that a publish uses to wake it for an
-earlier message. Its sleep is capped, so a lost wake-up or a wedged connection
-can never stall it for long. "Due" is judged inside the move script by the
-Redis clock alone.
+earlier message. Its sleep is capped, so a lost wake-up cannot stall it for
+long, and its connection has socket timeouts unless the options set their own, so
+a server that stops answering cannot either. "Due" is judged inside the move
+script by the Redis clock alone.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 
 from .config import Settings
 from .connect import Target
 from .errors import RedisUnavailable
-from .replies import MoveResult
+from .replies import FATAL_ERRORS, MoveResult
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,11 @@ HELD_POLL_S = 0.05
 STOP_SLICE_S = 0.25
 #: Most doublings a backoff applies: past any useful cap, and far from a float overflow.
 MAX_DOUBLINGS = 30
+#: A mover's ``socket_timeout`` and ``socket_connect_timeout`` when the transport options
+#: set none (redis-py's default is to wait forever), seconds. Every command a mover sends
+#: is answered within milliseconds, so a silent server is given up on, reconnected to, and
+#: a stop request is heard.
+SOCKET_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -81,9 +87,12 @@ def open_when_reachable(target: Target, stopping: threading.Event, name: str) ->
 
     A sidecar, or a worker with an embedded mover, may start before its Redis does;
     it waits instead of dying. Other refusals (a wrong password, an ACL) are raised.
-    Yields ``None`` if ``stopping`` is set before Redis answers.
+    Yields ``None`` if ``stopping`` is set before Redis answers. The connection gets
+    :data:`SOCKET_TIMEOUT_S` socket timeouts unless the transport options set their own.
     """
     backoff = Backoff()
+    options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
+    target = replace(target, transport_options={**options, **target.transport_options})
     while not stopping.is_set():
         with ExitStack() as stack:
             try:
@@ -165,7 +174,9 @@ class Mover:
         return self._stop.is_set()
 
     def run(self) -> None:
-        """Run until :meth:`stop`. Never raises for Redis trouble: it backs off and retries."""
+        """Run until :meth:`stop`. Redis trouble is logged, backed off from and retried,
+        except what waiting cannot fix: refused credentials (:class:`RedisAuthError`) and an
+        ACL that denies a command or key (:class:`RedisPermissionError`) are raised."""
         logger.info("mover %s started (prefix %r)", self.name, self.store.prefix)
         self._warn_foreign_prefixes()
         backoff = Backoff()
@@ -181,6 +192,11 @@ class Mover:
                 self.stats.errors += 1
                 if self._on_error is not None:
                     self._on_error(exc)
+                if isinstance(exc, FATAL_ERRORS):
+                    if pubsub is not None:
+                        _close_quietly(pubsub)
+                    logger.error("mover %s: %s; stopping", self.name, exc)
+                    raise
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
                 else:

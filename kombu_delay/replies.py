@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from . import keys
-from .errors import RedisAuthError, RedisRefused, RedisUnavailable
+from .errors import RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
 
 
 class Scheduled(enum.IntEnum):
@@ -202,6 +202,14 @@ class Census:
 #: but unlike one it does not go away by waiting.
 AUTH_ERRORS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 
+#: What a mover cannot wait out: refused credentials, and an ACL that denies it a command
+#: or a key (raw or translated).
+FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError)
+
+#: How an ACL refusal reads when Redis 7 reports it from inside a script, where redis-py
+#: sees a plain error (Redis 6 keeps the ``NOPERM`` code in the text).
+_SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
+
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
@@ -219,9 +227,11 @@ def translated_errors() -> Iterator[None]:
             raise
         raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
     except redis.ResponseError as exc:
-        if isinstance(exc, RedisRefused):
+        if isinstance(exc, RedisRefused | RedisPermissionError):
             raise
         text = str(exc)
+        if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
+            raise RedisPermissionError(f"Redis's ACL refused this user: {text}") from exc
         # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
         # script's refusal in a plain error that keeps it in the text.
         if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:

@@ -52,10 +52,17 @@ take(k, start_s, dest, payload, task_id, ref, now)
 uncount(counts, dest, n)
   Takes n off a destination's scheduled count; a count that reaches zero is deleted.
 
+assert_may_push(dest)
+  On Redis 7 and later, raises a NOPERM error when this user's ACL refuses LPUSH onto dest.
+  A script's writes are not undone when it fails, so a push refused after its messages were
+  taken would lose them: callers check before taking anything for dest. Redis 6 cannot tell
+  beforehand; there the ACL must grant LPUSH on every queue (README › Security).
+
 room_keeper(max_len)
   Returns room, room_of for one move call: room[dest] is how many more pushes the list
   ``dest`` takes in this call (math.huge without max_len, -1 when the key is not a list);
-  room_of(dest) returns it, asking Redis (TYPE, and LLEN under max_len) the first time.
+  room_of(dest) returns it, asking Redis (TYPE, and LLEN under max_len) the first time,
+  after assert_may_push(dest).
 
 lateness_runs()
   Returns add(late, n), which records n moves ``late`` ms after their due time, and
@@ -168,11 +175,18 @@ local function drop_start_refs(ids, task_ids, start_s)
   rewrite_refs(ids, changed, after)
 end
 
+local function assert_may_push(dest)
+  if redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', dest, 'x') then
+    error({err = 'NOPERM this user may not LPUSH onto ' .. dest .. '; nothing was taken for it'})
+  end
+end
+
 local function room_keeper(max_len)
   local room = {}
   local function room_of(dest)
     local left = room[dest]
     if left == nil then
+      assert_may_push(dest)
       local kind = redis.call('TYPE', dest)['ok']
       if kind ~= 'list' and kind ~= 'none' then
         left = -1

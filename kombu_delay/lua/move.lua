@@ -18,6 +18,8 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           exists), scan_after (-1, or the start to pass as ARGV[4] next), lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
+Raises: NOPERM (Redis 7+) when the ACL refuses LPUSH onto a destination, before anything of
+        that destination is taken (assert_may_push in _common.lua).
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
        A bucket whose due messages are all held costs no move budget, so when more such

@@ -24,6 +24,8 @@ Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (
          2 an identical payload was already stored at the new time (the old one is removed),
          -1 due time beyond max_delay or max_due (nothing written), -2 new due time passed but
          dest holds something other than a list (nothing written: the message stays as it was)
+Raises: NOPERM (Redis 7+) when the due time has passed and the ACL refuses LPUSH onto the
+        destination, before the old message is taken.
 Bound: a constant number of O(log n) commands.
 
 The old message is claimed with ZREM first (take in _common.lua): if a mover moved it a
@@ -42,6 +44,7 @@ end
 -- Checked before the old message is taken: a failing LPUSH after that would lose it (a script's
 -- writes are not undone when it fails).
 if due <= now then
+  assert_may_push(dest_key)
   local kind = redis.call('TYPE', dest_key)['ok']
   if kind ~= 'list' and kind ~= 'none' then return {-2, due, now} end
 end

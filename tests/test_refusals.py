@@ -1,0 +1,286 @@
+"""What waiting cannot fix: ACL refusals, bad broker URLs and options, a busy metrics port,
+and a server that stops answering. Each is a clear error, never a traceback or a lost message.
+
+Every test starts its own redis-server or uses the session one, and stops every process it
+starts by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+from click.testing import CliRunner
+from kombu import Connection
+
+from kombu_delay.cli import main, parse_option
+from kombu_delay.connect import app_target, open_store
+from kombu_delay.control import DelayControl
+from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
+from kombu_delay.redis_server import RedisServer
+
+from .conftest import Proc, wait_until
+from .delay_helpers import stored
+from .faults_support import TLSRedisServer, running_tls_server
+
+#: Generous: the suite shares two cores with other work.
+DEADLINE_S = 120.0
+QUEUE = "refusals"
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A private server: these tests add ACL users and stop the process."""
+    with RedisServer() as started:
+        yield started
+
+
+def pid_of(server: RedisServer) -> int:
+    assert server.process is not None
+    return server.process.pid
+
+
+def redis_major(client: redis.Redis) -> int:
+    return int(str(client.info("server")["redis_version"]).split(".")[0])
+
+
+def add_user(client: redis.Redis, name: str, *rules: str) -> str:
+    """An ACL user with password ``pw``; returns its ``delayredis://`` URL."""
+    client.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all", *rules)
+    port = client.connection_pool.connection_kwargs["port"]
+    return f"delayredis://{name}:pw@127.0.0.1:{port}/0"
+
+
+def publish_due_soon(url: str, count: int, delay_ms: int = 300) -> None:
+    with Connection(url) as conn:
+        producer = conn.Producer()
+        for n in range(count):
+            producer.publish({"n": n}, routing_key=QUEUE, headers={"x-delay": delay_ms}, retry=False)
+
+
+def mover_args(url: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kombu_delay", "--broker", url, "mover", *extra]
+
+
+def wait_for_exit(proc: Proc, timeout: float = DEADLINE_S) -> int:
+    wait_until(lambda: proc.popen.poll() is not None, timeout=timeout, interval=0.1)
+    return int(proc.popen.returncode)
+
+
+# -- ACL ----------------------------------------------------------------------------------
+
+
+def test_a_mover_refused_lpush_onto_a_queue_stops_and_takes_nothing(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    """The move takes messages out of their sorted set before it pushes them, and Redis does
+    not undo a failed script: a refused LPUSH would lose the batch. On Redis 7 the script
+    asks the ACL first, so the messages stay stored and the mover stops, naming the ACL."""
+    admin = server.client()
+    if redis_major(admin) < 7:
+        pytest.skip("Redis 6 cannot check an ACL from a script (see the README's Security section)")
+    url = add_user(admin, "nolpush", "-lpush")
+    publish_due_soon(server.delay_url, 3)
+    time.sleep(0.5)  # all due
+    mover = spawn(mover_args(url), name="mover")
+    assert wait_for_exit(mover) != 0
+    output = mover.output()
+    assert "ACL" in output and "LPUSH" in output, output
+    assert "Traceback" not in output and "retrying" not in output, output
+    assert len(stored(admin)) == 3 and admin.llen(QUEUE) == 0
+    # With the rights, every message is delivered once.
+    good = spawn(mover_args(server.delay_url), name="good")
+    wait_until(lambda: admin.llen(QUEUE) == 3, timeout=DEADLINE_S)
+    good.stop()
+    assert stored(admin) == [] and admin.llen(QUEUE) == 3
+
+
+def test_a_reschedule_to_the_past_refused_lpush_keeps_the_message(server: RedisServer) -> None:
+    admin = server.client()
+    if redis_major(admin) < 7:
+        pytest.skip("Redis 6 cannot check an ACL from a script (see the README's Security section)")
+    url = add_user(admin, "nolpush", "-lpush")
+    with Connection(server.delay_url) as conn:
+        conn.Producer().publish(
+            {"n": 1}, routing_key=QUEUE, headers={"x-delay": 600_000, "id": "t-1"}, retry=False
+        )
+    [before] = stored(admin)
+    with DelayControl(url) as control, pytest.raises(RedisPermissionError, match="LPUSH"):
+        control.reschedule(before.envelope.task_id, countdown=0)
+    assert stored(admin) == [before] and admin.llen(QUEUE) == 0
+
+
+def test_a_mover_denied_scripting_stops_at_once_naming_the_acl(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    url = add_user(server.client(), "noscript", "-@scripting")
+    mover = spawn(mover_args(url), name="mover")
+    assert wait_for_exit(mover) != 0
+    output = mover.output()
+    assert "ACL refused" in output, output
+    assert "Traceback" not in output and "retrying" not in output, output
+
+
+@pytest.mark.parametrize("command", [["stats"], ["cancel", "some-id"]])
+def test_inspection_commands_name_an_acl_refusal(server: RedisServer, command: list[str]) -> None:
+    url = add_user(server.client(), "noscript", "-@scripting")
+    result = CliRunner().invoke(main, ["-b", url, *command])
+    assert result.exit_code == 3, result.output
+    assert "ACL refused" in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_health_names_an_acl_refusal_at_connect(server: RedisServer) -> None:
+    url = add_user(server.client(), "noping", "-ping")
+    result = CliRunner().invoke(main, ["-b", url, "health"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("UNREACHABLE: Redis's ACL refused"), result.output
+
+
+# -- bad URLs and options -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "error", "text"),
+    [
+        ("delayredis://127.0.0.1:notaport/0", [], ConfigError, "bad broker URL"),
+        ("delayredis://127.0.0.1:{port}/abc", [], ConfigError, "bad broker URL"),
+        ("http://127.0.0.1:{port}/0", [], ConfigError, "bad broker URL"),
+        ("delayredis://127.0.0.1:{port}/0", ["socket_timeout=abc"], ConfigError, "bad broker URL or option"),
+        ("delayredis://127.0.0.1:{port}/99", [], RedisRefused, "DB index is out of range"),
+    ],
+    ids=["port", "database", "scheme", "option", "database-range"],
+)
+def test_a_bad_url_or_option_is_a_clear_error_everywhere(
+    redis_server: RedisServer,
+    spawn: Callable[..., Proc],
+    url: str,
+    options: list[str],
+    error: type[Exception],
+    text: str,
+) -> None:
+    url = url.format(port=redis_server.port)
+    flags = [part for option in options for part in ("-o", option)]
+    with pytest.raises(error, match=text), open_store(url, parse_option(tuple(options))):
+        pass
+    for command, code in ((["stats"], 3), (["health"], 2)):
+        result = CliRunner().invoke(main, ["-b", url, *flags, *command])
+        assert result.exit_code == code, result.output
+        assert text in result.output, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, *flags, "mover"], name="mover")
+    assert wait_for_exit(mover) == 1
+    output = mover.output()
+    assert text in output and "Traceback" not in output, output
+
+
+def test_a_plain_unix_socket_url_serves_the_mover_and_health(
+    tmp_path: Path, spawn: Callable[..., Proc]
+) -> None:
+    """``redis+socket://`` is a CELERY_BROKER_URL a mover may be given, like ``redis://``."""
+    sock = tmp_path / "r.sock"
+    with RedisServer(extra_args=["--unixsocket", str(sock), "--unixsocketperm", "700"]) as unix_server:
+        publish_due_soon(unix_server.delay_url, 2)
+        url = f"redis+socket://{sock}"
+        mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, "mover"], name="mover")
+        client = unix_server.client()
+        wait_until(lambda: client.llen(QUEUE) == 2, timeout=DEADLINE_S)
+        result = CliRunner().invoke(main, ["-b", url, "health", "--max-heartbeat-age", "60"])
+        assert result.exit_code == 0, result.output
+        assert mover.stop() == 0
+
+
+def test_dash_o_keeps_names_as_typed() -> None:
+    options = parse_option(("global_keyprefix=0123", "master_name=1", "socket_timeout=5", "x=0123"))
+    assert options == {"global_keyprefix": "0123", "master_name": "1", "socket_timeout": 5, "x": 123}
+
+
+def test_a_taken_metrics_port_is_a_clear_error(redis_server: RedisServer, spawn: Callable[..., Proc]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mover = spawn(mover_args(redis_server.delay_url, "--metrics-port", str(port)), name="mover")
+        assert wait_for_exit(mover) == 1
+    output = mover.output()
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in output and "Traceback" not in output, output
+
+
+# -- TLS settings of a Celery app ---------------------------------------------------------
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[TLSRedisServer]:
+    with running_tls_server(tmp_path) as started:
+        yield started
+
+
+def test_the_app_movers_and_commands_use_broker_use_ssl(
+    tls_server: TLSRedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``celery -A app delay ...`` and the embedded mover connect as the app's publishers
+    do, with its ``broker_use_ssl``: here a private CA that the system does not trust."""
+    import ssl
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    app = Celery("tls", broker=f"delayrediss://127.0.0.1:{tls_server.port}/0", set_as_current=False)
+    app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": tls_server.ca}
+    app.conf.broker_transport_options = {"socket_timeout": 10, "socket_connect_timeout": 10}
+    with app.connection_for_write() as conn:
+        conn.Producer().publish({"n": 1}, routing_key=QUEUE, headers={"x-delay": 600_000}, retry=False)
+    target = app_target(app)
+    with target.open() as store:
+        assert store.counts() == {QUEUE: 1}
+    result = CliRunner().invoke(main, ["stats"], obj=target)
+    assert result.exit_code == 0, result.output
+    assert "1" in result.output
+
+
+# -- a server that stops answering --------------------------------------------------------
+
+
+def test_a_mover_stops_on_sigterm_while_redis_does_not_answer(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    """redis-py waits forever by default; a mover's connection gives up after its socket
+    timeout, so a stop request is heard (and kubelet need not SIGKILL it)."""
+    mover = spawn(mover_args(server.delay_url), name="mover")
+    client = server.client()
+    wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
+    client.close()
+    os.kill(pid_of(server), signal.SIGSTOP)
+    try:
+        time.sleep(1.5)  # the mover's next call is now waiting on a silent socket
+        mover.popen.send_signal(signal.SIGTERM)
+        assert wait_for_exit(mover, timeout=60) == 0
+    finally:
+        os.kill(pid_of(server), signal.SIGCONT)
+
+
+def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Callable[..., Proc]) -> None:
+    # A long socket timeout: here only the second signal can end the wait.
+    url = server.delay_url
+    mover = spawn(
+        [sys.executable, "-m", "kombu_delay", "-b", url, "-o", "socket_timeout=600", "mover"], name="mover"
+    )
+    client = server.client()
+    wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
+    client.close()
+    os.kill(pid_of(server), signal.SIGSTOP)
+    try:
+        time.sleep(1.5)
+        mover.popen.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        mover.popen.send_signal(signal.SIGTERM)
+        assert wait_for_exit(mover, timeout=60) == 1
+        assert "second SIGTERM" in mover.output()
+    finally:
+        os.kill(pid_of(server), signal.SIGCONT)
