@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 #: How often, at most, a mover logs its progress at INFO, seconds.
 LOG_EVERY_S = 10.0
-#: How long a mover polls while messages are held by backpressure, seconds.
+#: How often a mover looks while due messages wait (backpressure, a key that is not a list), seconds.
 HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
@@ -163,6 +163,7 @@ class Mover:
         self._last_beat = float("-inf")
         self._called_at = time.monotonic()
         self._last_log = time.monotonic()
+        self._wrongtype_logged_at = float("-inf")
         self._logged_moved = 0
 
     def stop(self) -> None:
@@ -263,16 +264,18 @@ class Mover:
                 self.name,
                 result.expired,
             )
-        if result.wrongtype:
+        now = time.monotonic()
+        # Polled every HELD_POLL_S while they wait: said once per LOG_EVERY_S, not per poll.
+        if result.wrongtype and now - self._wrongtype_logged_at >= LOG_EVERY_S:
             logger.warning(
                 "mover %s: %d due messages stay scheduled: their destination key is not a list",
                 self.name,
                 result.wrongtype,
             )
+            self._wrongtype_logged_at = now
         logger.debug("mover %s: %s", self.name, result)
         if self._on_result is not None:
             self._on_result(result)
-        now = time.monotonic()
         if now - self._last_log >= LOG_EVERY_S:
             moved = stats.moved - self._logged_moved
             if moved or stats.lag_ms:
@@ -288,7 +291,10 @@ class Mover:
     def _sleep_for(self, result: MoveResult) -> float:
         cap = self.settings.max_sleep_ms / 1000
         if result.held or result.wrongtype or result.more:
-            return min(cap, HELD_POLL_S) if not result.wrongtype else cap
+            # Messages that must wait (a full list, a key that is not a list) are due, so they
+            # are the earliest scheduled and no publish of a later one wakes the movers: poll,
+            # or every other queue's messages would be up to max_sleep late.
+            return min(cap, HELD_POLL_S)
         if result.next_due_ms is None:
             return cap
         # Redis times the wait, in µs: due_ms is reached when now_ms + now_us/1000 >= due_ms.

@@ -764,6 +764,28 @@ def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover)
     assert "WARNING" in mover.output()
 
 
+def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_late(
+    r, redis_server, start_mover
+):
+    """Stuck messages are already due, so they are the earliest scheduled: a later publish to
+    another queue wakes no mover. The mover keeps polling while any are stuck, as it does
+    while messages are held, instead of sleeping its whole ``--max-sleep``."""
+    store = Store(r)
+    narrow = Settings(bucket_width_ms=1000)
+    r.set("blocked", "not a list")
+    seed(store, 2, ["blocked"], delay_ms=300, width_ms=1000)
+    mover = start_mover("--max-sleep", "60")
+    wait_until(lambda: "destination key is not a list" in mover.output())
+    with LpushMonitor(redis_server.client(), r) as monitor:
+        due = store.time_ms() + 1500  # a later bucket than the stuck one's
+        store.schedule(Due(due, task_id="later"), "fine", kombu_payload("later"), narrow)
+        wait_until(lambda: r.llen("fine") == 1, timeout=30)  # a 60 s sleep would miss this
+    [pushed_us] = monitor.first_push_us("later")
+    assert pushed_us >= due * 1000
+    assert store.counts() == {"blocked": 2}
+    assert mover.stop() == 0, mover.output()
+
+
 def test_legacy_corrupt_envelope_goes_to_dead_letters_and_others_still_move(r, start_mover):
     """A mover upgraded over kombu-delay 0.1 data delivers its envelopes and dead-letters
     the one it cannot parse, then the 0.1 index is gone."""
