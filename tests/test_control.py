@@ -266,6 +266,29 @@ def test_reschedule_to_a_past_time_sends_it_now(r, redis_server, prefix):
         assert ctl.stats().scheduled == 0
         assert ctl.find(sent.id) == [] and not r.hexists(keys.ids(prefix), sent.id)
         assert leftover_keys(r, prefix) == awaiting_cleanup(r, prefix, stored.start_ms)
+        # It left the store onto its list: the lifetime totals still add up to what is stored.
+        totals = ctl.stats().totals
+        assert (totals["scheduled"], totals["moved"], totals["rescheduled"]) == (1, 1, 1)
+
+
+def test_reschedule_onto_an_identical_message_merges_them_and_totals_add_up(r, redis_server, prefix):
+    """An x-delay message carries no ETA to rewrite: rescheduled onto the time of its identical
+    twin, it merges with it (a bucket stores one copy of a payload per queue)."""
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        now = store.time_ms()
+        dest, payload = f"{prefix}celery", kombu_payload("twin")
+        for due in (now + 300_000, now + 600_000):
+            store.schedule(Due(due, task_id="twin"), dest, payload, Settings())
+        assert ctl.reschedule("twin", eta=datetime.fromtimestamp((now + 600_000) / 1000, UTC)) == 2
+        assert len(ctl.find("twin")) == 1
+        stats = ctl.stats()
+        assert stats.scheduled == 1
+        assert (stats.totals["scheduled"], stats.totals["cancelled"], stats.totals["rescheduled"]) == (
+            2,
+            1,
+            2,
+        )
 
 
 def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover, prefix):

@@ -56,9 +56,14 @@ if not take(k, ARGV[5], dest, ARGV[6], task_id, ARGV[4], now) then
 end
 redis.call('HINCRBY', k.totals, 'rescheduled', 1)
 
+-- The lifetime totals keep scheduled - moved - expired - cancelled - purged equal to what is
+-- stored: a message pushed now has moved, and one merged into its identical twin is gone as
+-- a cancelled one is.
 if due <= now then
   redis.call('LPUSH', dest_key, payload)
+  redis.call('HINCRBY', k.totals, 'moved', 1)
   return {3, due, now}
 end
 local code = put(k, now, due, task_id, dest, payload)
+if code == 2 then redis.call('HINCRBY', k.totals, 'cancelled', 1) end
 return {code, due, now}
