@@ -104,9 +104,14 @@ class DelayChannelMixin:
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
         result = self.delay_store.schedule(due, dest, dumps(message), self.delay_settings)
         if result.outcome is Scheduled.PUSHED_NOW and queue in self._expires:  # type: ignore[attr-defined]
-            with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
-                for pri in self.priority_steps:  # type: ignore[attr-defined]
-                    client.pexpire(self._q_for_pri(queue, pri), self._expires[queue])  # type: ignore[attr-defined]
+            # The message is on its list already: a failure here must not reach kombu, whose
+            # retry would publish it a second time. The next publish renews the expiry.
+            try:
+                with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
+                    for pri in self.priority_steps:  # type: ignore[attr-defined]
+                        client.pexpire(self._q_for_pri(queue, pri), self._expires[queue])  # type: ignore[attr-defined]
+            except redis.RedisError as exc:
+                logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
 
     def _purge(self, queue: str) -> int:
         # ``celery purge`` and ``Queue.purge()`` mean "these tasks must not run": a delayed
