@@ -10,12 +10,12 @@ import math
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from celery import Celery
-from click.testing import CliRunner
 
 from kombu_delay import DelayControl, DelayTooLong, keys
-from kombu_delay.cli import main
 from kombu_delay.control import HOUR_MS, histogram_slots
+
+from .test_cli_inspect import kd, options
+from .test_cli_inspect import publish as publish_tasks
 
 #: The latest aware datetime there is, 23:59 behind UTC: in UTC it is in the year 10000.
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=23, minutes=59)))
@@ -23,25 +23,10 @@ LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=23,
 EARLIEST = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
 
 
-def options(prefix: str) -> dict[str, object]:
-    return {"global_keyprefix": prefix} if prefix else {}
-
-
-def publish(redis_server, prefix: str, countdown: float = 600) -> str:
-    app = Celery("pub", broker=redis_server.delay_url)
-    app.conf.broker_transport_options = options(prefix)
-    task_id = str(app.send_task("inspect.record", ("x",), countdown=countdown).id)
-    app.close()
-    return task_id
-
-
-def kd(redis_server, prefix: str, *args: str) -> tuple[int, str]:
-    """Run ``kombu-delay`` in-process; an uncaught exception (a traceback) fails the test."""
-    base = ["--broker", redis_server.url, "--log-level", "warning"]
-    if prefix:
-        base += ["--prefix", prefix]
-    result = CliRunner().invoke(main, [*base, *args], catch_exceptions=False)
-    return result.exit_code, result.output
+def publish(redis_server, prefix: str) -> str:
+    """One task, 600 s out."""
+    [task_id] = publish_tasks(redis_server, prefix, n=1)
+    return str(task_id)
 
 
 @pytest.mark.parametrize(

@@ -17,19 +17,17 @@ from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection
 
 from kombu_delay.cli import main, parse_option
-from kombu_delay.connect import app_target, open_store
+from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
 from kombu_delay.redis_server import RedisServer
 
 from .conftest import Proc, wait_until
 from .delay_helpers import stored
-from .faults_support import TLSRedisServer, running_tls_server
 
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 120.0
@@ -213,36 +211,6 @@ def test_a_taken_metrics_port_is_a_clear_error(redis_server: RedisServer, spawn:
         assert wait_for_exit(mover) == 1
     output = mover.output()
     assert f"cannot serve metrics on 127.0.0.1:{port}" in output and "Traceback" not in output, output
-
-
-# -- TLS settings of a Celery app ---------------------------------------------------------
-
-
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[TLSRedisServer]:
-    with running_tls_server(tmp_path) as started:
-        yield started
-
-
-def test_the_app_movers_and_commands_use_broker_use_ssl(
-    tls_server: TLSRedisServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``celery -A app delay ...`` and the embedded mover connect as the app's publishers
-    do, with its ``broker_use_ssl``: here a private CA that the system does not trust."""
-    import ssl
-
-    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-    app = Celery("tls", broker=f"delayrediss://127.0.0.1:{tls_server.port}/0", set_as_current=False)
-    app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": tls_server.ca}
-    app.conf.broker_transport_options = {"socket_timeout": 10, "socket_connect_timeout": 10}
-    with app.connection_for_write() as conn:
-        conn.Producer().publish({"n": 1}, routing_key=QUEUE, headers={"x-delay": 600_000}, retry=False)
-    target = app_target(app)
-    with target.open() as store:
-        assert store.counts() == {QUEUE: 1}
-    result = CliRunner().invoke(main, ["stats"], obj=target)
-    assert result.exit_code == 0, result.output
-    assert "1" in result.output
 
 
 # -- a server that stops answering --------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +22,9 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from kombu_delay.cli import main
-from kombu_delay.connect import open_store
+from kombu_delay.connect import app_target, open_store
 from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
+from kombu_delay.mover import Mover, open_when_reachable
 from kombu_delay.redis_server import RedisServer
 
 from .conftest import Proc
@@ -129,6 +131,36 @@ def test_delayrediss_with_ssl_true_verifies_then_works_against_a_tls_server(
         assert held.envelope.dest == "tls"
     finally:
         admin.close()
+
+
+def test_the_app_movers_and_commands_use_broker_use_ssl(
+    tls_server: TLSRedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``celery -A app delay ...`` and the embedded mover connect as the app's publishers
+    do, with its ``broker_use_ssl``: here a private CA that the system does not trust."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    app = Celery("tls", broker=f"delayrediss://127.0.0.1:{tls_server.port}/0", set_as_current=False)
+    app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": tls_server.ca}
+    app.conf.broker_transport_options = {"socket_timeout": 10, "socket_connect_timeout": 10}
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        producer.publish({"n": 1}, routing_key="tls", headers={"x-delay": 600_000}, retry=False)
+        producer.publish({"n": 2}, routing_key="tls", headers={"x-delay": 200}, retry=False)
+    target = app_target(app)
+    time.sleep(0.5)
+    # The embedded mover's way in: open_when_reachable(app_target(app)).
+    with open_when_reachable(target, threading.Event(), "tls-test") as store:
+        assert store is not None
+        assert Mover(store, target.settings()).drain().moved == 1
+    admin = tls_server.client()
+    try:
+        assert admin.llen("tls") == 1
+    finally:
+        admin.close()
+    # celery -A app delay stats builds its command on the same target.
+    result = CliRunner().invoke(main, ["stats", "--json"], obj=target)
+    assert result.exit_code == 0, result.output
+    assert '"scheduled": 1' in result.output
 
 
 # -- credentials --------------------------------------------------------------------------
