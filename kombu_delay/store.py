@@ -273,13 +273,13 @@ class Store:
         """
         with translated_errors():
             flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, task_id])
-        found: list[Stored] = []
+        found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
         for i in range(0, len(flat), 4):
             start, score, dest, member = flat[i : i + 4]
             stored = Stored(int(start), float(score), _text(dest), bytes(member))
-            if index_id(stored.payload) == task_id and stored not in found:
-                found.append(stored)
-        return found
+            if index_id(stored.payload) == task_id:
+                found.setdefault(stored)
+        return list(found)
 
     def cancel(self, task_id: str) -> int:
         """Remove every message of ``task_id``; return how many were removed."""
