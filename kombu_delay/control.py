@@ -24,7 +24,6 @@ from .eta import to_ms
 from .payload import index_id, task_name, with_eta
 from .replies import Cursor, Rescheduled, Stored
 from .store import Store
-from .transport import register
 
 HOUR_MS = 3_600_000
 #: Most rows a due-time histogram may have.
@@ -151,7 +150,6 @@ class DelayControl:
     def __init__(
         self, broker: str | Connection, transport_options: dict[str, Any] | None = None, ssl: Any = None
     ) -> None:
-        register()
         if isinstance(broker, str):
             self._conn = connection(broker, transport_options, ssl)
             self._owned = True
