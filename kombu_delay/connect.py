@@ -113,7 +113,7 @@ def store_of(channel: Any) -> Store:
     plain ``redis://`` one, a store on its pool (same server, same keys)."""
     found: Store | None = getattr(channel, "delay_store", None)
     if found is None:
-        found = Store(redis.Redis(connection_pool=channel.pool), channel.global_keyprefix)
+        found = Store(redis.Redis(connection_pool=channel.pool), channel.global_keyprefix, str(channel.sep))
     return found
 
 

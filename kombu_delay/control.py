@@ -159,7 +159,6 @@ class DelayControl:
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._settings = Settings.from_options(self._conn.transport_options)
-        self._sep = "\x06\x16"
         self._steps: list[int] = [0]
 
     @property
@@ -168,7 +167,6 @@ class DelayControl:
         with self._lock:
             if self._store is None:
                 channel = default_channel(self._conn)
-                self._sep = str(channel.sep)
                 self._steps = [int(p) for p in channel.priority_steps]
                 self._store = store_of(channel)
             return self._store
@@ -188,8 +186,7 @@ class DelayControl:
 
     def queue_of(self, dest: str) -> str:
         """Return the queue name of a destination list key."""
-        store = self.store
-        return keys.queue_of(dest, store.prefix, self._sep)
+        return self.store.queue_of(dest)
 
     def cancel(self, task_id: str) -> int:
         """Unschedule every pending message of ``task_id``; return how many were removed.
@@ -262,7 +259,7 @@ class DelayControl:
         """
         store = self.store
         dests = {d for d in store.counts() if self.queue_of(d) == queue}
-        dests.update(keys.destination(store.prefix, queue, p, self._sep) for p in self._steps)
+        dests.update(keys.destination(store.prefix, queue, p, store.sep) for p in self._steps)
         return store.purge(dests)
 
     def scheduled(self, queue: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:

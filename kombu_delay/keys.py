@@ -16,6 +16,9 @@ NAMESPACE = "kombu_delay:"
 #: ceiling: a double has 53 bits, 42 for the millisecond and 11 for ``seq``.
 SEQ_SLOTS = 2048
 
+#: kombu's default ``sep`` transport option, between a queue name and its priority step.
+KOMBU_PRIORITY_SEP = "\x06\x16"
+
 #: Latest due time accepted, epoch ms (2**42 ms is in the year 2109).
 MAX_DUE_MS = 2**42
 

@@ -23,7 +23,6 @@ from typing import Any
 
 import redis
 
-from . import keys
 from .replies import MoveResult
 from .store import Store
 
@@ -31,8 +30,6 @@ logger = logging.getLogger(__name__)
 
 #: Lateness buckets (due -> LPUSH), seconds: the mover aims at milliseconds.
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-#: kombu's separator between a queue name and its priority step in list keys.
-KOMBU_PRIORITY_SEP = "\x06\x16"
 #: How often, at most, the per-queue scheduled counts are re-read, seconds.
 SCHEDULED_REFRESH_S = 1.0
 
@@ -97,7 +94,7 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             return
         per_queue: dict[str, int] = dict.fromkeys(seen_queues, 0)  # emptied queues read 0, not vanish
         for dest, n in current.items():
-            queue = keys.queue_of(dest, store.prefix, KOMBU_PRIORITY_SEP)
+            queue = store.queue_of(dest)
             per_queue[queue] = per_queue.get(queue, 0) + n
         for queue, n in per_queue.items():
             scheduled.labels(queue=queue).set(n)

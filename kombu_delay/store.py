@@ -37,9 +37,11 @@ MAX_PAYLOAD_BYTES = 512 * 2**20
 class Store:
     """kombu-delay's data in one Redis database, under one ``global_keyprefix``."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "") -> None:
+    def __init__(self, client: redis.Redis, prefix: str = "", sep: str = keys.KOMBU_PRIORITY_SEP) -> None:
         self.client = client
         self.prefix = prefix
+        #: kombu's ``sep`` transport option, between a queue name and its priority step.
+        self.sep = sep
         self.ns = keys.ns(prefix)
         self._scripts = Scripts(client)
         self._index = keys.index(prefix)
@@ -50,6 +52,10 @@ class Store:
         self._totals = keys.totals(prefix)
         #: Where the last move call's scan of started buckets stopped short (see move.lua).
         self._scan_after: int | None = None
+
+    def queue_of(self, dest: str) -> str:
+        """Return the queue name of a destination list key."""
+        return keys.queue_of(dest, self.prefix, self.sep)
 
     # -- publishing ---------------------------------------------------------------
 

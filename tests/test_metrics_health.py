@@ -14,6 +14,11 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from kombu_delay import keys
+from kombu_delay.config import Settings
+from kombu_delay.connect import open_store
+from kombu_delay.control import DelayControl
+from kombu_delay.metrics import serve_metrics
+from kombu_delay.mover import Mover
 from kombu_delay.redis_server import RedisServer, free_port
 from kombu_delay.store import Store
 
@@ -202,3 +207,38 @@ def test_health_follows_the_mover(private_server, spawn, prefix):
     assert gone.returncode == 2, gone.stdout
     assert gone.stdout.startswith("UNREACHABLE:")
     client.close()
+
+
+def test_custom_priority_separator(redis_server, r, prefix):
+    """With kombu's ``sep`` transport option set, a priority list is still told from its
+    queue: the mover moves onto kombu's own key, and metrics and DelayControl count it
+    under the queue's name."""
+    options = {"global_keyprefix": prefix, "sep": ":", "priority_steps": [0, 3, 6, 9]}
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options
+    for priority in (None, 3, 6):
+        app.send_task("eco.record", countdown=600, priority=priority, queue="mail")
+    app.send_task("eco.record", countdown=1, priority=3, queue="mail")
+    app.close()
+
+    with open_store(redis_server.delay_url, options) as store:
+        assert store.sep == ":"
+        assert set(store.counts()) == {f"{prefix}mail", f"{prefix}mail:3", f"{prefix}mail:6"}
+        port = free_port()
+        mover = Mover(store, Settings.from_options(options), name="sep", **serve_metrics(store, port))
+
+        def settled() -> dict | None:
+            mover.drain()
+            samples = scrape(port)
+            done = samples.get(("kombu_delay_scheduled_messages", (("queue", "mail"),))) == 3
+            return samples if done and r.llen(f"{prefix}mail:3") == 1 else None
+
+        samples = wait_until(settled, timeout=60, interval=0.2)
+    assert isinstance(samples, dict)
+    labels = {labels for name, labels in samples if name == "kombu_delay_scheduled_messages"}
+    assert labels == {(("queue", "mail"),)}
+
+    with DelayControl(redis_server.delay_url, options) as control:
+        assert control.stats().by_queue == {"mail": 3}
+        assert {m.queue for m in control.scheduled().items} == {"mail"}
+        assert control.purge("mail") == 3
