@@ -25,7 +25,7 @@ import redis
 
 from .config import Settings
 from .connect import Target
-from .errors import RedisUnavailable
+from .errors import RedisRefused, RedisUnavailable
 from .replies import FATAL_ERRORS, MoveResult
 from .store import Store
 
@@ -200,6 +200,11 @@ class Mover:
                     raise
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
+                elif isinstance(exc, RedisRefused):
+                    # A read-only replica (a failover under way, or a URL that names a
+                    # replica), maxmemory, a failing disk: Redis wrote nothing, and waiting
+                    # may fix it, so this is not an unexpected error.
+                    logger.warning("mover %s: %s; retrying", self.name, exc)
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 if pubsub is not None:

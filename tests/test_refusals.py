@@ -253,3 +253,44 @@ def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Call
         assert "second SIGTERM" in mover.output()
     finally:
         os.kill(pid_of(server), signal.SIGCONT)
+
+
+# -- a read-only replica ------------------------------------------------------------------
+
+
+def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplog) -> None:
+    """During a failover a mover may talk to a replica for a while: every move is refused
+    (READONLY) before it writes anything. The mover says so in one line per try, without a
+    traceback, keeps everything stored, and moves it all once the replica is promoted."""
+    import threading
+
+    from kombu_delay.config import Settings
+    from kombu_delay.mover import Mover
+
+    publish_due_soon(server.delay_url, 3, delay_ms=200)
+    primary = server.client()
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port)]) as replica:
+        client = replica.client()
+        wait_until(lambda: len(stored(client)) == 3, timeout=DEADLINE_S, interval=0.1)
+        time.sleep(0.3)  # all due
+        caplog.set_level("WARNING", logger="kombu_delay")
+        with open_store(replica.delay_url) as store:
+            mover = Mover(store, Settings())
+            thread = threading.Thread(target=mover.run, daemon=True)
+            thread.start()
+            try:
+                wait_until(lambda: mover.stats.errors >= 2, timeout=DEADLINE_S, interval=0.1)
+                assert len(stored(client)) == 3 and client.llen(QUEUE) == 0  # nothing taken
+                assert len(stored(primary)) == 3 and primary.llen(QUEUE) == 0
+                refused = [r for r in caplog.records if "read only replica" in r.getMessage()]
+                assert refused and all(r.levelname == "WARNING" and not r.exc_info for r in refused)
+                assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
+
+                client.execute_command("REPLICAOF", "NO", "ONE")  # the failover completes
+                wait_until(lambda: client.llen(QUEUE) == 3, timeout=DEADLINE_S, interval=0.1)
+            finally:
+                mover.stop()
+                thread.join(timeout=DEADLINE_S)
+            assert not thread.is_alive()
+        assert stored(client) == [] and client.llen(QUEUE) == 3
+        client.close()
