@@ -394,6 +394,27 @@ def test_legacy_layout_moves_good_envelopes_and_dead_letters_corrupt_ones(r, pre
     assert store.earliest_due_ms() is None
 
 
+def test_legacy_mixed_widths_a_narrow_bucket_is_not_kept_behind_a_wider_one(r, prefix):
+    """0.1 publishers with different bucket widths: a wide bucket that started first but
+    holds only a later message must not hide a narrower, later-starting bucket's due one,
+    from the move or from the next due time the mover sleeps until."""
+    store = Store(r, prefix)
+    q = f"{prefix}q"
+    now = store.time_ms()
+    far, soon = now + 600_000, now + 300
+    legacy_put(r, prefix, "far", q, kombu_payload("far").encode(), far, width_ms=10**13)  # starts at 0
+    legacy_put(r, prefix, "soon", q, kombu_payload("soon").encode(), soon, width_ms=1000)
+    assert r.zrange(keys.legacy_index(prefix), 0, -1) == [b"0", str(keys.bucket_start(soon, 1000)).encode()]
+
+    before = store.move_due(1000)
+    assert (before.moved, before.next_due_ms) == (0, soon)
+    wait_until(lambda: store.time_ms() > soon)
+    moved = store.move_due(1000)
+    assert moved.moved == 1 and min(moved.lateness_ms) >= 0
+    assert tags_in(r, q) == ["soon"]
+    assert moved.next_due_ms == far and store.counts() == {q: 1}
+
+
 def test_both_layouts_due_at_once_deliver_each_message_exactly_once(r, prefix, redis_server):
     """One move_due loop drains v2 buckets and 0.1 buckets together: every message reaches
     its list exactly once (one LPUSH), and none before its due millisecond by the Redis

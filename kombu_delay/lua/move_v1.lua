@@ -63,7 +63,6 @@ for _, start_s in ipairs(starts) do
   local bucket = ns .. 'bucket:' .. start_s
   local meta = ns .. 'meta:' .. start_s
   local offset = 0
-  local scanned_any = false
   -- A held herd must not be read member by member on every poll (10x the limit of 1 KB
   -- members each time keeps Redis busy for nothing): when every destination that has
   -- messages in this bucket is blocked, its meta counts say so, and the bucket is
@@ -91,7 +90,6 @@ for _, start_s in ipairs(starts) do
     local waiting = redis.call('ZCOUNT', bucket, '-inf', upper)  -- due ones only, O(log n)
     if waiting > 0 then
       if stuck > 0 then held = held + waiting else wrong = wrong + waiting end
-      scanned_any = true  -- not "all in the future": later buckets may hold open queues
     end
   end
   local function all_blocked()
@@ -121,7 +119,6 @@ for _, start_s in ipairs(starts) do
       step = 2
     end
     if #batch == 0 then break end
-    scanned_any = true
     -- removed[k], task_ids[k] and scores[k] (its rank instead, when read without scores)
     -- describe the k-th envelope taken; pushes[dest] holds per_dest[dest] payloads. Explicit
     -- counts: Lua 5.1 finds #t by a search.
@@ -223,20 +220,30 @@ for _, start_s in ipairs(starts) do
         if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
       end
     end
-  elseif not scanned_any then
-    break  -- this bucket's members are all in the future, and so is every later bucket
   end
+  -- A started bucket whose members are all in the future does not end the scan: 0.1
+  -- publishers with different bucket widths leave narrower buckets that start after a wider
+  -- one yet hold earlier messages. With one width only the last started bucket can be so.
 end
 
 if moved > 0 then redis.call('HINCRBY', totals, 'moved', moved) end
 if dead_n > 0 then redis.call('HINCRBY', totals, 'dead', dead_n) end
 if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
 
+-- The earliest due time still scheduled: the first bucket's head, or with mixed widths an
+-- earlier head of a narrower bucket that starts before it (as in move.lua).
+local function head_of(start_s)
+  local head = redis.call('ZRANGE', ns .. 'bucket:' .. start_s, 0, 0, 'WITHSCORES')
+  return head[2] and floor(tonumber(head[2]))
+end
 local next_due = -1
 local first = redis.call('ZRANGE', index, 0, 0)[1]
 if first then
-  local head = redis.call('ZRANGE', ns .. 'bucket:' .. first, 0, 0, 'WITHSCORES')
-  if head[2] then next_due = math.floor(tonumber(head[2])) else next_due = tonumber(first) end
+  next_due = head_of(first) or tonumber(first)
+  for _, start_s in ipairs(redis.call('ZRANGEBYSCORE', index, '(' .. first, next_due, 'LIMIT', 0, 16)) do
+    local due = head_of(start_s)
+    if due and due < next_due then next_due = due end
+  end
 end
 local more = 0
 if budget <= 0 then more = 1 end
