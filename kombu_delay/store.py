@@ -59,14 +59,19 @@ class Store:
 
     # -- publishing ---------------------------------------------------------------
 
-    def schedule(self, due: Due, dest: str, payload: str, settings: Settings) -> ScheduleResult:
+    def schedule(
+        self, due: Due, dest: str, payload: str, settings: Settings, expires_ms: int = 0
+    ) -> ScheduleResult:
         """Store ``payload`` for ``dest`` until ``due``, or push it now if already due.
+
+        ``expires_ms``: the queue's ``x-expires``. The mover then renews the expiry of
+        ``dest`` when it pushes the message, as kombu's own publish would.
 
         Raises :class:`DelayTooLong` when the due time is past ``max_delay`` or the
         year-2109 ceiling; nothing is written then.
         """
         with translated_errors():
-            reply = self._scripts["schedule"](*self._schedule_call(due, dest, payload, settings))
+            reply = self._scripts["schedule"](*self._schedule_call(due, dest, payload, settings, expires_ms))
         result = ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2]))
         if result.outcome is Scheduled.TOO_FAR:
             limit = (
@@ -101,7 +106,7 @@ class Store:
         return results
 
     def _schedule_call(
-        self, due: Due, dest: str, payload: str, settings: Settings
+        self, due: Due, dest: str, payload: str, settings: Settings, expires_ms: int = 0
     ) -> tuple[list[str], list[Any]]:
         # Redis drops the connection on a longer argument; kombu would take that for an
         # outage and send the same message again and again.
@@ -123,6 +128,7 @@ class Store:
             keys.wake_channel(self.prefix),
             settings.max_delay_ms,
             keys.MAX_DUE_MS,
+            expires_ms,
         ]
         return call_keys, call_args
 

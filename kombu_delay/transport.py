@@ -52,7 +52,6 @@ from kombu.utils.json import dumps
 from .config import Settings
 from .errors import BadETA
 from .eta import message_due
-from .replies import Scheduled
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -102,14 +101,17 @@ class DelayChannelMixin:
         kwargs.pop("_publish_batch", None)
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
-        result = self.delay_store.schedule(due, dest, dumps(message), self.delay_settings)
-        if result.outcome is Scheduled.PUSHED_NOW and queue in self._expires:  # type: ignore[attr-defined]
-            # The message is on its list already: a failure here must not reach kombu, whose
-            # retry would publish it a second time. The next publish renews the expiry.
+        expires = getattr(self, "_expires", {}).get(queue, 0)  # kombu 5.3+: x-expires
+        self.delay_store.schedule(due, dest, dumps(message), self.delay_settings, expires)
+        if expires:
+            # A queue declared with x-expires: a publish renews the expiry of its lists, as
+            # kombu's own does (the mover renews it again when it pushes the message). The
+            # message is written already: a failure here must not reach kombu, whose retry
+            # would publish it a second time. The next publish renews the expiry.
             try:
                 with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
                     for pri in self.priority_steps:  # type: ignore[attr-defined]
-                        client.pexpire(self._q_for_pri(queue, pri), self._expires[queue])  # type: ignore[attr-defined]
+                        client.pexpire(self._q_for_pri(queue, pri), expires)  # type: ignore[attr-defined]
             except redis.RedisError as exc:
                 logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
 

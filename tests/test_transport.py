@@ -18,9 +18,11 @@ import pytest
 import redis
 from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
+from kombu.transport import redis as kombu_redis
 
 from kombu_delay import DelayTooLong, PayloadTooLarge, keys
 from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl
 from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.redis_server import RedisServer, free_port
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store
@@ -432,3 +434,71 @@ def test_a_message_over_redis_string_limit_is_refused_before_it_is_sent(r):
     big = "y" * (8 * 2**20)  # large, but under the limit: stored as it is
     assert store.schedule(due, "celery", big, settings).outcome.name == "STORED"
     assert store.counts() == {"celery": 1}
+
+
+def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix):
+    """An ETA a millisecond ahead is often still future when the transport looks and past
+    when the script runs: the script then pushes the message itself, and the publish returns
+    normally on every supported kombu (before 5.6 kombu has no x-expires to look up)."""
+    app = make_app(prefix)
+    r.config_resetstat()
+    sent = pushed_by_script = 0
+    with app.producer_or_acquire() as producer:
+        while pushed_by_script == 0 and sent < 5000:  # about a quarter of them, usually
+            for _ in range(100):
+                app.send_task("t.x", eta=datetime.now(UTC) + timedelta(milliseconds=1), producer=producer)
+            sent += 100
+            scripted = int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+            on_list = r.llen(f"{prefix}celery")
+            pushed_by_script = on_list - (sent - scripted)
+    assert pushed_by_script > 0
+    assert on_list + len(stored(r, prefix)) == sent
+
+
+# -- queues declared with x-expires -------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.6 has no x-expires on Redis"
+)
+def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, prefix):
+    """kombu renews a queue's x-expires on each publish and read of its lists. A delayed
+    message reaches its list through the mover (or a reschedule), which renews it too, so an
+    abandoned queue still vanishes; the publish renews the lists already there."""
+    temp = Queue("temp", Exchange("temp"), "temp", expires=30)  # seconds: x-expires 30,000 ms
+    kept = Queue("kept", Exchange("kept"), "kept")
+    older = f"{prefix}temp{keys.KOMBU_PRIORITY_SEP}3"
+    r.lpush(older, b"older")  # a priority list of the queue, with no expiry yet
+    store = Store(r, prefix)
+
+    def publish(queue: Queue, delay_ms: int, task_id: str) -> None:
+        with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+            Producer(conn).publish(
+                {"n": 1},
+                exchange=queue.exchange,
+                routing_key=queue.name,
+                headers={"x-delay": delay_ms, "id": task_id},
+                declare=[queue],
+            )
+
+    def expiry(key: str) -> int:
+        return int(r.pttl(key))
+
+    publish(temp, 300, "t-1")
+    publish(kept, 300, "k-1")
+    assert 0 < expiry(older) <= 30_000 and len(stored(r, prefix)) == 2
+    wait_until(lambda: store.move_due(10) and r.llen(f"{prefix}temp") + r.llen(f"{prefix}kept") == 2)
+    assert 0 < expiry(f"{prefix}temp") <= 30_000
+    assert expiry(f"{prefix}kept") == -1  # no x-expires: no expiry, as with plain kombu
+
+    # A rescheduled message keeps its queue's expiry, whether it is stored again or pushed now.
+    r.delete(f"{prefix}temp")
+    publish(temp, 600_000, "t-2")
+    publish(temp, 600_000, "t-3")
+    with DelayControl(redis_server.delay_url, options(prefix)) as control:
+        assert control.reschedule("t-2", countdown=0.3) == 1
+        wait_until(lambda: store.move_due(10) and r.llen(f"{prefix}temp") == 1)
+        assert 0 < expiry(f"{prefix}temp") <= 30_000
+        r.delete(f"{prefix}temp")
+        assert control.reschedule("t-3", countdown=0) == 1
+    assert r.llen(f"{prefix}temp") == 1 and 0 < expiry(f"{prefix}temp") <= 30_000

@@ -27,7 +27,8 @@ keep_until(key, now, at)
 
 put(k, now, due, task_id, dest, payload)
   Stores one message due in the future (schedule.lua and reschedule.lua). ``k`` holds the
-  shared keys and settings: ns, index, ids, counts, totals, width, grace, wake.
+  shared keys and settings: ns, index, ids, counts, totals, width, grace, wake, and
+  optionally expires (the queue's x-expires, ms), kept as the meta field ``e:<dest>``.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -259,6 +260,7 @@ local function put(k, now, due, task_id, dest, payload)
     return 2
   end
   local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, 1)
+  if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
   local n_dest = redis.call('HINCRBY', k.counts, dest, 1)
   if k.counter then redis.call('HINCRBY', k.totals, k.counter, 1) end
   local tasks = k.ns .. 't:' .. start_s

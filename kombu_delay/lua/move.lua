@@ -87,10 +87,13 @@ local function visit(start_s)
   local meta = ns .. 'm:' .. start_s
   local fields = redis.call('HGETALL', meta)
   local end_ms, left_total = nil, 0
+  local expiry, pushed = {}, {}
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
     if name == 'end' then
       end_ms = n
+    elseif sub(name, 1, 2) == 'e:' then
+      expiry[sub(name, 3)] = n
     elseif n > 0 and sub(name, 1, 2) == 'q:' and budget > 0 then
       local dest = sub(name, 3)
       local zset = ns .. 'z:' .. start_s .. ':' .. dest
@@ -113,6 +116,7 @@ local function visit(start_s)
           else
             local got = move_head(zset, dest, due_first, math.min(budget, left))
             if got > 0 then
+              pushed[#pushed + 1] = dest
               room[dest] = left - got
               budget = budget - got
               moved = moved + got
@@ -128,6 +132,10 @@ local function visit(start_s)
       end
     end
     if n and sub(name, 1, 2) == 'q:' and n > 0 then left_total = left_total + n end
+  end
+  -- A queue declared with x-expires: the push renews its list's expiry, as kombu's would.
+  for _, dest in ipairs(pushed) do
+    if expiry[dest] then redis.call('PEXPIRE', dest, expiry[dest]) end
   end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index.

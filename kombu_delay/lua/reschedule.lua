@@ -49,8 +49,11 @@ if due <= now then
   if kind ~= 'list' and kind ~= 'none' then return {-2, due, now} end
 end
 
+-- The queue's x-expires, if its publish gave one, goes with the message.
+local expires = tonumber(redis.call('HGET', ARGV[1] .. 'm:' .. ARGV[5], 'e:' .. dest) or 0)
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
-           gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11]}
+           gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
+           expires = expires}
 if not take(k, ARGV[5], dest, ARGV[6], task_id, ARGV[4], now) then
   return {0, due, now}
 end
@@ -61,6 +64,7 @@ redis.call('HINCRBY', k.totals, 'rescheduled', 1)
 -- a cancelled one is.
 if due <= now then
   redis.call('LPUSH', dest_key, payload)
+  if expires > 0 then redis.call('PEXPIRE', dest_key, expires) end
   redis.call('HINCRBY', k.totals, 'moved', 1)
   return {3, due, now}
 end

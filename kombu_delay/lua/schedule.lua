@@ -16,6 +16,8 @@ ARGV[8] payload    the exact JSON string plain kombu would LPUSH; stored as it i
 ARGV[9] wake       pub/sub channel that wakes movers
 ARGV[10] max_delay furthest delay accepted, ms (0 = no limit)
 ARGV[11] max_due   latest due time accepted, epoch ms
+ARGV[12] expires   the queue's x-expires, ms (0 = none): kept in the bucket's meta hash, so
+                   the mover renews the list's expiry when it pushes the message
 Returns: {code, due_ms, now_ms}; code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          max_due (nothing written)
@@ -44,5 +46,5 @@ end
 
 local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
-           counter = 'scheduled'}
+           counter = 'scheduled', expires = tonumber(ARGV[12])}
 return {put(k, now, due, task_id, dest, payload), due, now}
