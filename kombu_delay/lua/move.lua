@@ -18,8 +18,9 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           exists), scan_after (-1, or the start to pass as ARGV[4] next), lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
-Raises: NOPERM (Redis 7+) when the ACL refuses LPUSH onto a destination, before anything of
-        that destination is taken (assert_may_push in _common.lua).
+Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of that
+        destination is taken: Redis 7+ is asked first (assert_may_push in _common.lua), and
+        on Redis 6 the LPUSH comes before the removal (move_head).
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
        A bucket whose due messages are all held costs no move budget, so when more such
@@ -74,10 +75,16 @@ local function move_head(zset, dest, due_first, take)
   end
   local got = #pushes
   if got > 0 then
-    -- They are ranks 0 .. got - 1: removing by rank spares copying each member back out of
+    -- Push, then remove: Redis does not undo a script's earlier writes when it refuses a later
+    -- command, so a refused LPUSH (an ACL that Redis 6 cannot check beforehand) must come
+    -- before anything is taken. The empty ZREMRANGEBYRANK first removes nothing, but Redis
+    -- checks the ACL on it, and it is this script's first write: under maxmemory Redis refuses
+    -- a script whose first write may grow memory, and movers must keep moving then.
+    -- The batch is ranks 0 .. got - 1: removing by rank spares copying each member back out of
     -- Lua and searching the skip list for it.
+    checked_call('ZREMRANGEBYRANK', zset, 1, 0)
+    checked_call('LPUSH', dest, unpack(pushes))
     redis.call('ZREMRANGEBYRANK', zset, 0, got - 1)
-    redis.call('LPUSH', dest, unpack(pushes))
   end
   return got
 end

@@ -24,8 +24,9 @@ Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (
          2 an identical payload was already stored at the new time (the old one is removed),
          -1 due time beyond max_delay or max_due (nothing written), -2 new due time passed but
          dest holds something other than a list (nothing written: the message stays as it was)
-Raises: NOPERM (Redis 7+) when the due time has passed and the ACL refuses LPUSH onto the
-        destination, before the old message is taken.
+Raises: NOPERM when the due time has passed and the ACL refuses LPUSH onto the destination,
+        before the old message is taken (Redis 7+ is asked first; on Redis 6 the push comes
+        before the take).
 Bound: a constant number of O(log n) commands.
 
 The old message is claimed with ZREM first (take in _common.lua): if a mover moved it a
@@ -54,6 +55,17 @@ local expires = tonumber(redis.call('HGET', ARGV[1] .. 'm:' .. ARGV[5], 'e:' .. 
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
            expires = expires}
+if due <= now then
+  -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that
+  -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
+  -- known to be there; the empty ZREMRANGEBYRANK is this script's first write, one that
+  -- cannot grow memory, so that under maxmemory the push is still allowed.
+  local old_set = k.ns .. 'z:' .. ARGV[5] .. ':' .. dest
+  if not redis.call('ZSCORE', old_set, ARGV[6]) then return {0, due, now} end
+  checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
+  checked_call('LPUSH', dest_key, payload)
+  if expires > 0 then redis.call('PEXPIRE', dest_key, expires) end
+end
 if not take(k, ARGV[5], dest, ARGV[6], task_id, ARGV[4], now) then
   return {0, due, now}
 end
@@ -63,8 +75,6 @@ redis.call('HINCRBY', k.totals, 'rescheduled', 1)
 -- stored: a message pushed now has moved, and one merged into its identical twin is gone as
 -- a cancelled one is.
 if due <= now then
-  redis.call('LPUSH', dest_key, payload)
-  if expires > 0 then redis.call('PEXPIRE', dest_key, expires) end
   redis.call('HINCRBY', k.totals, 'moved', 1)
   return {3, due, now}
 end
