@@ -42,8 +42,8 @@ if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now}
 end
 
--- Checked before the old message is taken: a failing LPUSH after that would lose it (a script's
--- writes are not undone when it fails).
+-- Checked before anything is written: an ACL refusal (asked on Redis 7+) names the
+-- destination, and a destination that is not a list leaves the message as it was.
 if due <= now then
   assert_may_push(dest_key)
   local kind = redis.call('TYPE', dest_key)['ok']
