@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
-from kombu import Connection
+from kombu import Connection, Exchange, Queue
+from kombu.transport import redis as kombu_redis
 
 from kombu_delay.cli import main, parse_option
 from kombu_delay.connect import open_store
@@ -293,3 +294,32 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
             assert not thread.is_alive()
         assert stored(client) == [] and client.llen(QUEUE) == 3
         client.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.6 has no x-expires on Redis"
+)
+def test_a_user_without_pexpire_still_moves_an_x_expires_queue_once(server: RedisServer) -> None:
+    """Renewing a queue's x-expires is best effort, as in kombu's publish: a refused PEXPIRE
+    must neither stop the move nor leave a pushed message stored (it would come twice)."""
+    admin = server.client()
+    url = add_user(admin, "nopexpire", "-pexpire")
+    temp = Queue(QUEUE, Exchange(QUEUE), QUEUE, expires=30)
+    with Connection(server.delay_url) as conn:
+        for n, delay in ((1, 200), (2, 600_000)):
+            conn.Producer().publish(
+                {"n": n},
+                exchange=temp.exchange,
+                routing_key=QUEUE,
+                headers={"x-delay": delay, "id": f"t-{n}"},
+                declare=[temp],
+                retry=False,
+            )
+    time.sleep(0.3)  # the first is due
+    with open_store(url) as store:
+        assert store.move_due(100).moved == 1
+        with DelayControl(url) as control:
+            assert control.reschedule("t-2", countdown=0) == 1
+        assert store.move_due(100).moved == 0
+    assert stored(admin) == [] and admin.llen(QUEUE) == 2
+    assert admin.pttl(QUEUE) == -1  # not renewed: the user may not

@@ -56,8 +56,9 @@ uncount(counts, dest, n)
 assert_may_push(dest)
   On Redis 7 and later, raises a NOPERM error when this user's ACL refuses LPUSH onto dest,
   naming it, before anything is read for dest. Redis 6 cannot tell beforehand; there the
-  refusal comes from the push itself, which callers make before they take anything (a
-  script's writes are not undone when it fails).
+  refusal comes from the push itself, which move.lua and reschedule.lua make before they
+  take anything (a script's writes are not undone when it fails). move_v1.lua, for the
+  0.1 layout, still takes before it pushes.
 
 checked_call(command, key, ...)
   redis.call, except that a refusal (an ACL, maxmemory, a read-only replica) is raised naming

@@ -29,9 +29,10 @@ Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held
 
 A bucket keeps one sorted set per destination, whose members are the payloads themselves, so
 a batch goes from one sorted set to one list with no per-message work in Lua: ZRANGE (or
-ZRANGEBYSCORE) from the head, ZREMRANGEBYRANK of the same ranks, LPUSH. Messages are removed
-and pushed inside this one script, so a crash can neither lose nor duplicate one, and several
-movers can run it at once: a member another mover already moved is simply not there.
+ZRANGEBYSCORE) from the head, LPUSH, ZREMRANGEBYRANK of the same ranks (see move_head for the
+order). Messages are pushed and removed inside this one script, so a crash can neither lose
+nor duplicate one, and several movers can run it at once: a member another mover already
+moved is simply not there.
 
 The id index is not touched here: once a bucket is drained it waits in <ns>gc until its end
 (nothing can be scheduled into it after that), and then its task-id list drives the clean-up
@@ -141,8 +142,10 @@ local function visit(start_s)
     if n and sub(name, 1, 2) == 'q:' and n > 0 then left_total = left_total + n end
   end
   -- A queue declared with x-expires: the push renews its list's expiry, as kombu's would.
+  -- Best effort, as kombu's own renewal (a refusal, say an ACL without PEXPIRE, must not
+  -- stop the mover: the next publish or read of the queue renews it).
   for _, dest in ipairs(pushed) do
-    if expiry[dest] then redis.call('PEXPIRE', dest, expiry[dest]) end
+    if expiry[dest] then redis.pcall('PEXPIRE', dest, expiry[dest]) end
   end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index.

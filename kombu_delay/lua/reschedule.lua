@@ -29,8 +29,9 @@ Raises: NOPERM when the due time has passed and the ACL refuses LPUSH onto the d
         before the take).
 Bound: a constant number of O(log n) commands.
 
-The old message is claimed with ZREM first (take in _common.lua): if a mover moved it a
-moment ago, nothing happens, so a message is never both delivered and rescheduled.
+The old message is claimed in this one script (ZSCORE, then ZREM in take in _common.lua): if
+a mover moved it a moment ago, nothing happens, so a message is never both delivered and
+rescheduled.
 ]]
 local dest_key = KEYS[5]
 local due = tonumber(ARGV[10])
@@ -64,7 +65,6 @@ if due <= now then
   if not redis.call('ZSCORE', old_set, ARGV[6]) then return {0, due, now} end
   checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
   checked_call('LPUSH', dest_key, payload)
-  if expires > 0 then redis.call('PEXPIRE', dest_key, expires) end
 end
 if not take(k, ARGV[5], dest, ARGV[6], task_id, ARGV[4], now) then
   return {0, due, now}
@@ -76,6 +76,8 @@ redis.call('HINCRBY', k.totals, 'rescheduled', 1)
 -- a cancelled one is.
 if due <= now then
   redis.call('HINCRBY', k.totals, 'moved', 1)
+  -- Best effort, as kombu's own renewal: a refusal must not undo the move (it cannot).
+  if expires > 0 then redis.pcall('PEXPIRE', dest_key, expires) end
   return {3, due, now}
 end
 local code = put(k, now, due, task_id, dest, payload)
