@@ -101,7 +101,7 @@ class DelayChannelMixin:
         kwargs.pop("_publish_batch", None)
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
-        expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.6+
+        expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
         self.delay_store.schedule(due, dest, dumps(message), self.delay_settings, expires)
         if expires:
             # A queue declared with x-expires: a publish renews the expiry of its lists, as

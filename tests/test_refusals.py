@@ -297,7 +297,7 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
 
 
 @pytest.mark.skipif(
-    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.6 has no x-expires on Redis"
+    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.7 has no x-expires on Redis"
 )
 def test_a_user_without_pexpire_still_moves_an_x_expires_queue_once(server: RedisServer) -> None:
     """Renewing a queue's x-expires is best effort, as in kombu's publish: a refused PEXPIRE

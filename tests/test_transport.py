@@ -439,7 +439,7 @@ def test_a_message_over_redis_string_limit_is_refused_before_it_is_sent(r):
 def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix):
     """An ETA a millisecond ahead is often still future when the transport looks and past
     when the script runs: the script then pushes the message itself, and the publish returns
-    normally on every supported kombu (before 5.6 kombu has no x-expires to look up)."""
+    normally on every supported kombu (before 5.7 kombu has no x-expires to look up)."""
     app = make_app(prefix)
     r.config_resetstat()
     sent = pushed_by_script = 0
@@ -459,7 +459,7 @@ def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix)
 
 
 @pytest.mark.skipif(
-    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.6 has no x-expires on Redis"
+    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.7 has no x-expires on Redis"
 )
 def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, prefix):
     """kombu renews a queue's x-expires on each publish and read of its lists. A delayed
