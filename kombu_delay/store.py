@@ -132,6 +132,15 @@ class Store:
         ]
         return call_keys, call_args
 
+    def renew_expiry(self, lists: Iterable[str], expires_ms: int) -> None:
+        """Set the expiry of the existing ``lists`` to ``expires_ms`` (a queue's x-expires),
+        in one pipelined round trip, as kombu's own publish does."""
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key in lists:
+                pipe.pexpire(key, expires_ms)
+            pipe.execute()
+
     def count(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to a lifetime counter (for example a fallback taken at publish)."""
         with translated_errors():

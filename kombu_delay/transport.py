@@ -109,9 +109,7 @@ class DelayChannelMixin:
             # message is written already: a failure here must not reach kombu, whose retry
             # would publish it a second time. The next publish renews the expiry.
             try:
-                with self.conn_or_acquire() as client:  # type: ignore[attr-defined]
-                    for pri in self.priority_steps:  # type: ignore[attr-defined]
-                        client.pexpire(self._q_for_pri(queue, pri), expires)  # type: ignore[attr-defined]
+                self.delay_store.renew_expiry(self._delay_dests(queue), expires)
             except redis.RedisError as exc:
                 logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
 
