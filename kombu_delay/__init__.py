@@ -21,7 +21,7 @@ from .errors import (
 )
 from .transport import register
 
-__version__ = "0.2.3"
+__version__ = "0.3.0"
 
 register()
 

@@ -136,6 +136,12 @@ def target(ctx: click.Context) -> Target:
     default=None,
     help="Hold messages while their list is this long, 0 = never (default).",
 )
+@click.option(
+    "--thaw-ahead",
+    type=float,
+    default=None,
+    help="Restore compressed messages this long before they are due, s (default 30).",
+)
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.pass_context
@@ -145,6 +151,7 @@ def mover(
     max_sleep: float | None,
     max_rate: int | None,
     max_queue_length: int | None,
+    thaw_ahead: float | None,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -162,7 +169,11 @@ def mover(
     """
     tgt = target(ctx)
     tgt.overrides.update(
-        batch_size=batch_size, max_sleep=max_sleep, max_rate=max_rate, max_queue_length=max_queue_length
+        batch_size=batch_size,
+        max_sleep=max_sleep,
+        max_rate=max_rate,
+        max_queue_length=max_queue_length,
+        thaw_ahead=thaw_ahead,
     )
     run_mover(tgt, metrics_port=metrics_port, metrics_addr=metrics_addr)
 

@@ -43,20 +43,33 @@ class Settings:
     #: How often a mover records its heartbeat, ms. Option ``delay_heartbeat_interval`` (s).
     #: Default 2 s.
     heartbeat_interval_ms: int = 2000
+    #: Store a message due further ahead than this compressed, in the cold space, ms;
+    #: 0 = never. Option ``delay_compress_after`` (s). Default 60 s. Publisher only; when
+    #: set, it must be longer than ``delay_thaw_ahead``.
+    compress_after_ms: int = 60_000
+    #: How long before their due time movers restore (thaw) compressed messages into the
+    #: buckets they move from, ms. Option ``delay_thaw_ahead`` (s). Default 30 s. A
+    #: publisher refuses to store a message compressed closer to its due time than this.
+    thaw_ahead_ms: int = 30_000
     #: Run a mover thread inside each Celery worker. Option ``delay_embedded_mover``.
     #: Default off: the sidecar is the recommended deployment.
     embedded_mover: bool = False
 
     def __post_init__(self) -> None:
-        positive = ("bucket_width_ms", "batch_size", "max_sleep_ms", "heartbeat_interval_ms")
+        positive = ("bucket_width_ms", "batch_size", "max_sleep_ms", "heartbeat_interval_ms", "thaw_ahead_ms")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_option(name)} must be positive, got {_shown(self, name)}")
-        for name in ("grace_ms", "max_delay_ms", "max_rate", "max_queue_length"):
+        for name in ("grace_ms", "max_delay_ms", "max_rate", "max_queue_length", "compress_after_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_option(name)} must not be negative, got {_shown(self, name)}")
         if self.batch_size > 5000:
             raise ConfigError(f"delay_batch_size must be at most 5000, got {self.batch_size}")
+        if 0 < self.compress_after_ms <= self.thaw_ahead_ms:
+            raise ConfigError(
+                f"delay_compress_after ({_shown(self, 'compress_after_ms')}) must be longer than "
+                f"delay_thaw_ahead ({_shown(self, 'thaw_ahead_ms')}), or 0 to store nothing compressed"
+            )
 
     @classmethod
     def from_options(

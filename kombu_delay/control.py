@@ -19,7 +19,7 @@ from kombu.connection import Connection
 from . import keys
 from .config import Settings
 from .connect import connection, default_channel, store_of
-from .errors import DelayTooLong, RedisRefused
+from .errors import CorruptMember, DelayTooLong, RedisRefused
 from .eta import to_ms
 from .payload import index_id, task_name, with_eta
 from .replies import Cursor, Rescheduled, Stored
@@ -238,7 +238,7 @@ class DelayControl:
             # would refuse it anyway.
             if due_ms > keys.MAX_DUE_MS:
                 raise self._too_far(task_id, due_ms)
-            payload = with_eta(stored.payload, due_ms)
+            payload = with_eta(stored.message, due_ms)
             outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings)
             if outcome is Rescheduled.TOO_FAR:
                 raise self._too_far(task_id, due_ms)
@@ -323,11 +323,22 @@ class DelayControl:
         return DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
 
     def _message(self, stored: Stored) -> ScheduledMessage:
+        try:
+            message = stored.message
+        except CorruptMember:  # listed as it is; a mover's thaw moves it to the dead letters
+            return ScheduledMessage(
+                task_id="",
+                task=None,
+                queue=self.queue_of(stored.dest),
+                dest=stored.dest,
+                due_ms=stored.due_ms,
+                size=len(stored.payload),
+            )
         return ScheduledMessage(
-            task_id=index_id(stored.payload),
-            task=task_name(stored.payload),
+            task_id=index_id(message),
+            task=task_name(message),
             queue=self.queue_of(stored.dest),
             dest=stored.dest,
             due_ms=stored.due_ms,
-            size=len(stored.payload),
+            size=len(message),
         )

@@ -48,3 +48,8 @@ class RedisRefused(KombuDelayError, redis.ResponseError):
 
 class PayloadTooLarge(KombuDelayError, ValueError):
     """The message is larger than Redis accepts for one string (512 MB)."""
+
+
+class CorruptMember(KombuDelayError, ValueError):
+    """A stored compressed message cannot be restored (altered or truncated in Redis). The
+    mover keeps it on the dead-letter list, counted, and never pushes it."""

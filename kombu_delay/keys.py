@@ -38,15 +38,28 @@ def index(prefix: str) -> str:
     return f"{ns(prefix)}index"
 
 
-def meta(prefix: str, start_ms: int) -> str:
+#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.cold`).
+#: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
+#: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs
+#: read ``c<start>:<offset>:<seq>``. Movers never push from it: they thaw its messages into
+#: the ordinary buckets first, so a mover of an older version never sees one.
+COLD = "c"
+
+
+def meta(prefix: str, start_ms: int, space: str = "") -> str:
     """HASH of one bucket: ``q:<dest>`` counts, the ``seq`` counter and its ``end`` (epoch ms)."""
-    return f"{ns(prefix)}m:{start_ms}"
+    return f"{ns(prefix)}{space}m:{start_ms}"
 
 
-def queue_set(prefix: str, start_ms: int, dest: str) -> str:
-    """ZSET of one bucket's messages for one destination list: member = the payload itself,
-    score ``due_ms + seq/2048``."""
-    return f"{ns(prefix)}z:{start_ms}:{dest}"
+def queue_set(prefix: str, start_ms: int, dest: str, space: str = "") -> str:
+    """ZSET of one bucket's messages for one destination list: member = the payload itself
+    (compressed in the cold space), score ``due_ms + seq/2048``."""
+    return f"{ns(prefix)}{space}z:{start_ms}:{dest}"
+
+
+def cold_index(prefix: str) -> str:
+    """ZSET of the cold buckets' starts, as :func:`index` for the ordinary ones."""
+    return f"{ns(prefix)}{COLD}index"
 
 
 def task_ids(prefix: str, start_ms: int) -> str:

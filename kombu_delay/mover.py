@@ -44,6 +44,9 @@ MAX_DOUBLINGS = 30
 #: is answered within milliseconds, so a silent server is given up on, reconnected to, and
 #: a stop request is heard.
 SOCKET_TIMEOUT_S = 10.0
+#: Most compressed messages one thaw step restores: a step is one short script call
+#: (a few ms), so a message due meanwhile waits at most that long for its move.
+THAW_BATCH = 50
 
 
 @dataclass
@@ -55,6 +58,7 @@ class MoverStats:
     expired: int = 0
     held: int = 0
     wrongtype: int = 0
+    thawed: int = 0  #: compressed messages restored into the ordinary buckets
     errors: int = 0
     calls: int = 0
     last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
@@ -165,6 +169,7 @@ class Mover:
         self._last_log = time.monotonic()
         self._wrongtype_logged_at = float("-inf")
         self._logged_moved = 0
+        self._next_thaw = float("-inf")
 
     def stop(self) -> None:
         """Ask the loop to finish the batch in hand and return."""
@@ -187,8 +192,9 @@ class Mover:
                 if pubsub is None:
                     pubsub = self.store.wake_subscription()
                 result = self.drain()
+                thaw_in = self.thaw()
                 backoff.reset()
-                self._wait(pubsub, self._sleep_for(result))
+                self._wait(pubsub, min(self._sleep_for(result), thaw_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
                 if self._on_error is not None:
@@ -242,6 +248,37 @@ class Mover:
             self._account(result)
             if not result.more or result.moved == 0 or self._stop.is_set():
                 return result
+
+    def thaw(self) -> float:
+        """Restore one batch of the compressed messages due within ``thaw_ahead``, when it is
+        time to look; return the seconds until the next look.
+
+        One batch per call, between drains, so a due message never waits behind more than
+        one. A compressed message is always stored at least ``thaw_ahead`` before its due
+        time (the publish refuses it otherwise), and a mover looks at least three times
+        in that span, so even one published after the last look is thawed in time.
+        """
+        now = time.monotonic()
+        if now < self._next_thaw:
+            return self._next_thaw - now
+        ahead = self.settings.thaw_ahead_ms
+        result = self.store.thaw(ahead, min(THAW_BATCH, self.settings.batch_size))
+        self.stats.thawed += result.thawed
+        self.stats.dead += result.dead
+        if result.expired:
+            logger.warning(
+                "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
+                "was deleted before they were thawed",
+                self.name,
+                result.expired,
+            )
+        wait = ahead / 3000
+        if result.more or result.thawed:
+            wait = 0.0  # more to thaw, or thawed messages already due: the next drain moves them
+        elif result.next_ms is not None:
+            wait = min(wait, max(0.0, (result.next_ms - ahead - result.now_ms) / 1000))
+        self._next_thaw = now + wait
+        return wait
 
     def _account(self, result: MoveResult) -> None:
         stats = self.stats

@@ -15,13 +15,16 @@ from typing import Any
 
 import redis
 
-from . import keys
+from . import cold, keys
 from .errors import RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
 
 
 class Scheduled(enum.IntEnum):
     """What ``schedule.lua`` did with a message."""
 
+    #: A compressed message due too soon for the cold space: nothing was written, and
+    #: :class:`~kombu_delay.store.Store` sends the message uncompressed instead.
+    TOO_SOON_FOR_COLD = -2
     TOO_FAR = -1
     PUSHED_NOW = 0
     STORED = 1
@@ -115,6 +118,8 @@ def _runs(coded: list[Any]) -> list[int]:
 class Rescheduled(enum.IntEnum):
     """What ``reschedule.lua`` did with one stored message."""
 
+    #: As :attr:`Scheduled.TOO_SOON_FOR_COLD` (handled inside the store).
+    TOO_SOON_FOR_COLD = -3
     NOT_A_LIST = -2
     TOO_FAR = -1
     GONE = 0
@@ -133,19 +138,33 @@ class Stored:
     score: float
     #: The list key it will be pushed onto.
     dest: str
-    #: The member: the exact message plain kombu would push.
+    #: The member, exactly as stored: the message plain kombu would push, or in the cold
+    #: space (``cold``) its compressed form (:mod:`kombu_delay.cold`).
     payload: bytes
+    #: True when it is stored compressed, in the cold space.
+    cold: bool = False
 
     @property
     def due_ms(self) -> int:
         return int(self.score)
 
     @property
+    def bucket(self) -> str:
+        """Its bucket as the scripts name it: the start, ``c<start>`` in the cold space."""
+        return f"{keys.COLD if self.cold else ''}{self.start_ms}"
+
+    @property
     def ref(self) -> str:
-        """The id-index ref ``start:offset:seq`` of this message."""
+        """The id-index ref ``start:offset:seq`` of this message (``c`` first when cold)."""
         due = int(self.score)
         seq = round((self.score - due) * keys.SEQ_SLOTS)
-        return f"{self.start_ms}:{due - self.start_ms}:{seq}"
+        return f"{self.bucket}:{due - self.start_ms}:{seq}"
+
+    @property
+    def message(self) -> bytes:
+        """The message plain kombu would push; raises :class:`CorruptMember` for a cold
+        member that cannot be restored."""
+        return cold.unpack(self.payload)[1] if self.cold else self.payload
 
 
 @dataclass(frozen=True)
@@ -158,15 +177,19 @@ class Cursor:
     drains members ahead of it. Members sharing one score come in byte order; the next
     page goes on after the one the digest names, or, when that one has left meanwhile
     (moved, or cancelled), from the first member at that score.
+
+    The ordinary buckets are listed first, then the cold ones (``cold``).
     """
 
     start_ms: int = 0
     dest: str = ""
     score: str = "-inf"
     last: str = ""
+    cold: bool = False
 
     def __str__(self) -> str:
-        return f"{self.start_ms}:{self.score}:{self.last}:{self.dest}"
+        space = keys.COLD if self.cold else ""
+        return f"{space}{self.start_ms}:{self.score}:{self.last}:{self.dest}"
 
     @classmethod
     def parse(cls, text: str) -> Cursor:
@@ -174,7 +197,12 @@ class Cursor:
         start, score, last, dest = text.split(":", 3)
         if score != "-inf":
             score = keys.score_text(float(score))
-        cursor = cls(int(start), dest, score, last)
+        is_cold = start.startswith(keys.COLD)
+        if is_cold:
+            start = start[len(keys.COLD) :]
+        if not start.isdigit():
+            raise ValueError(text)
+        cursor = cls(int(start), dest, score, last, is_cold)
         if cursor.start_ms < 0 or (last and len(last) != 16) or (score == "-inf") != (not last):
             raise ValueError(text)
         int(last or "0", 16)
@@ -184,6 +212,26 @@ class Cursor:
     def digest(member: bytes) -> str:
         """The short digest of a member that a cursor keeps."""
         return hashlib.blake2b(member, digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class ThawResult:
+    """One thaw step of a mover: ``thaw_scan.lua``, restoring in Python, ``thaw.lua``."""
+
+    #: Cold messages restored into the ordinary buckets.
+    thawed: int
+    #: Members that could not be restored, now on the dead-letter list.
+    dead: int
+    #: Listed members another mover thawed first (or cancelled meanwhile).
+    gone: int
+    #: Counted cold messages found gone (expired after their grace, or deleted).
+    expired: int
+    #: The Redis clock at the scan, epoch ms.
+    now_ms: int
+    #: No cold message not yet thawed is due before this (epoch ms); ``None``: none stored.
+    next_ms: int | None
+    #: True when the limit cut the step short: more are due within the thaw horizon.
+    more: bool
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,16 @@ and never builds a Redis command. Script replies become the Python values of
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import redis
 
-from . import keys
+from . import cold, keys
 from .config import Settings
-from .errors import DelayTooLong, PayloadTooLarge
+from .errors import CorruptMember, DelayTooLong, PayloadTooLarge
 from .eta import Due
 from .payload import index_id
 from .replies import (
@@ -26,9 +28,12 @@ from .replies import (
     Scheduled,
     ScheduleResult,
     Stored,
+    ThawResult,
     translated_errors,
 )
 from .scripts import Scripts
+
+logger = logging.getLogger(__name__)
 
 #: Redis's default limit for one string argument (``proto-max-bulk-len``), bytes.
 MAX_PAYLOAD_BYTES = 512 * 2**20
@@ -45,6 +50,7 @@ class Store:
         self.ns = keys.ns(prefix)
         self._scripts = Scripts(client)
         self._index = keys.index(prefix)
+        self._cold_index = keys.cold_index(prefix)
         self._gc = keys.drained(prefix)
         self._legacy = keys.legacy_index(prefix)
         self._ids = keys.ids(prefix)
@@ -67,11 +73,20 @@ class Store:
         ``expires_ms``: the queue's ``x-expires``. The mover then renews the expiry of
         ``dest`` when it pushes the message, as kombu's own publish would.
 
+        A message due further ahead than ``settings.compress_after_ms`` is stored
+        compressed, in the cold space (see :mod:`kombu_delay.cold`).
+
         Raises :class:`DelayTooLong` when the due time is past ``max_delay`` or the
         year-2109 ceiling; nothing is written then.
         """
+        member = self._cold_member(due, payload, settings)
         with translated_errors():
-            reply = self._scripts["schedule"](*self._schedule_call(due, dest, payload, settings, expires_ms))
+            reply = self._scripts["schedule"](
+                *self._schedule_call(due, dest, payload, settings, expires_ms, member)
+            )
+            if int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD:  # this clock runs behind Redis's
+                plain = self._schedule_call(due, dest, payload, settings, expires_ms)
+                reply = self._scripts["schedule"](*plain)
         result = ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2]))
         if result.outcome is Scheduled.TOO_FAR:
             limit = (
@@ -98,16 +113,43 @@ class Store:
         with translated_errors():
             for begin in range(0, len(batch), chunk):
                 pipe = self.client.pipeline(transaction=False)
-                for due, dest, payload in batch[begin : begin + chunk]:
-                    call_keys, call_args = self._schedule_call(due, dest, payload, settings)
+                part = batch[begin : begin + chunk]
+                for due, dest, payload in part:
+                    member = self._cold_member(due, payload, settings)
+                    call_keys, call_args = self._schedule_call(due, dest, payload, settings, 0, member)
                     script(keys=call_keys, args=call_args, client=pipe)
-                for reply in pipe.execute():
+                for (due, dest, payload), reply in zip(part, pipe.execute(), strict=True):
+                    if int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD:
+                        call_keys, call_args = self._schedule_call(due, dest, payload, settings)
+                        reply = script(keys=call_keys, args=call_args)
                     results.append(ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2])))
         return results
 
+    @staticmethod
+    def _cold_member(due: Due, payload: str, settings: Settings) -> bytes | None:
+        """The compressed member of ``payload`` when it is due far enough ahead, else ``None``.
+
+        The local clock is good enough here: the script checks against Redis's clock, and
+        a message refused there (``TOO_SOON_FOR_COLD``) is sent again uncompressed.
+        """
+        if not settings.compress_after_ms:
+            return None
+        ahead = due.ms if due.relative else due.ms - time.time() * 1000
+        if ahead <= settings.compress_after_ms:
+            return None
+        return cold.pack(payload, due.task_id)
+
     def _schedule_call(
-        self, due: Due, dest: str, payload: str, settings: Settings, expires_ms: int = 0
+        self,
+        due: Due,
+        dest: str,
+        payload: str,
+        settings: Settings,
+        expires_ms: int = 0,
+        member: bytes | None = None,
     ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of ``schedule.lua``; ``member``: the cold member to store
+        instead of ``payload``."""
         # Redis drops the connection on a longer argument; kombu would take that for an
         # outage and send the same message again and again.
         if len(payload) > MAX_PAYLOAD_BYTES // 4 and len(payload.encode()) > MAX_PAYLOAD_BYTES:
@@ -124,11 +166,13 @@ class Store:
             1 if due.relative else 0,
             due.task_id,
             dest,
-            payload,
+            payload if member is None else member,
             keys.wake_channel(self.prefix),
             settings.max_delay_ms,
             keys.MAX_DUE_MS,
             expires_ms,
+            0 if member is None else 1,
+            settings.thaw_ahead_ms,
         ]
         return call_keys, call_args
 
@@ -172,6 +216,59 @@ class Store:
                 args=[self.ns, max(limit - result.moved, limit // 4, 1), max_queue_length],
             )
         return result.plus(MoveResult.from_reply(older, head_size=10))
+
+    def thaw(self, ahead_ms: int, limit: int) -> ThawResult:
+        """Restore up to ``limit`` cold messages due within ``ahead_ms`` into the ordinary
+        buckets (``thaw_scan.lua``, :func:`cold.unpack` here, then ``thaw.lua``).
+
+        A member that cannot be restored goes to the dead-letter list, counted as dead,
+        and is logged; each message is taken from the cold space and stored in the
+        ordinary one in one atomic call, so a crash in between loses nothing.
+        """
+        with translated_errors():
+            reply = self._scripts["thaw_scan"](
+                keys=[self._cold_index, self._counts, self._totals], args=[self.ns, ahead_ms, limit]
+            )
+            now_ms, next_ms, more, expired = (int(x) for x in reply[:4])
+            items: list[Any] = []
+            for i in range(4, len(reply), 4):
+                start, score, dest, member = reply[i : i + 4]
+                try:
+                    message: bytes = cold.unpack(bytes(member))[1]
+                except CorruptMember as exc:
+                    logger.error(
+                        "cold message in bucket %s for %s cannot be restored (%s); it goes to the "
+                        "dead-letter list %s",
+                        _text(start),
+                        _text(dest),
+                        exc,
+                        keys.dead(self.prefix),
+                    )
+                    message = b""
+                items += [start, score, dest, member, message]
+            thawed = dead = gone = 0
+            if items:
+                done = self._scripts["thaw"](
+                    keys=[
+                        self._index,
+                        self._ids,
+                        self._counts,
+                        self._totals,
+                        self._cold_index,
+                        keys.dead(self.prefix),
+                    ],
+                    args=[self.ns, keys.wake_channel(self.prefix), *items],
+                )
+                thawed, dead, gone = (int(x) for x in done)
+        return ThawResult(
+            thawed=thawed,
+            dead=dead,
+            gone=gone,
+            expired=expired,
+            now_ms=now_ms,
+            next_ms=None if next_ms < 0 else next_ms,
+            more=bool(more),
+        )
 
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000) -> int:
         """Record a mover heartbeat; return the Redis clock in epoch ms."""
@@ -232,29 +329,31 @@ class Store:
 
         A bucket whose messages vanished (expired or deleted) is reported by its start,
         so an unreconciled bucket shows up as overdue rather than hiding. Messages left by
-        kombu-delay 0.1 count too.
+        kombu-delay 0.1 count too, and so do compressed ones (the cold space).
         """
         with translated_errors():
-            dues = [d for d in (self._first_due(), self._first_legacy_due()) if d is not None]
+            firsts = (self._first_due(), self._first_due(keys.COLD), self._first_legacy_due())
+            dues = [d for d in firsts if d is not None]
         return min(dues) if dues else None
 
-    def _first_due(self) -> int | None:
+    def _first_due(self, space: str = "") -> int | None:
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
-        first: list[Any] = self.client.zrange(self._index, 0, 0)
+        index = self._cold_index if space else self._index
+        first: list[Any] = self.client.zrange(index, 0, 0)
         if not first:
             return None
         start = int(first[0])
-        best = self._earliest_in(start) or start
-        later: list[Any] = self.client.zrangebyscore(self._index, f"({start}", best, 0, 16)
+        best = self._earliest_in(start, space) or start
+        later: list[Any] = self.client.zrangebyscore(index, f"({start}", best, 0, 16)
         for raw in later:
-            due = self._earliest_in(int(raw))
+            due = self._earliest_in(int(raw), space)
             if due is not None and due < best:
                 best = due
         return best
 
-    def _earliest_in(self, start: int) -> int | None:
-        heads = [head for dest in self._dests(start) for head in self._head(start, dest)]
+    def _earliest_in(self, start: int, space: str = "") -> int | None:
+        heads = [head for dest in self._dests(start, space) for head in self._head(start, dest, space)]
         return min(heads) if heads else None
 
     def _first_legacy_due(self) -> int | None:
@@ -265,17 +364,19 @@ class Store:
         head: list[Any] = self.client.zrange(keys.legacy_bucket(self.prefix, start), 0, 0, withscores=True)
         return int(head[0][1]) if head else start
 
-    def _dests(self, start: int) -> list[str]:
+    def _dests(self, start: int, space: str = "") -> list[str]:
         """Return the destinations a bucket's meta hash counts messages for, sorted."""
-        raw = self.client.hgetall(keys.meta(self.prefix, start))
+        raw = self.client.hgetall(keys.meta(self.prefix, start, space))
         return sorted(
             name[2:]
             for name, n in ((_text(k), int(v)) for k, v in raw.items())
             if name.startswith("q:") and n > 0
         )
 
-    def _head(self, start: int, dest: str) -> list[int]:
-        head: list[Any] = self.client.zrange(keys.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
+    def _head(self, start: int, dest: str, space: str = "") -> list[int]:
+        head: list[Any] = self.client.zrange(
+            keys.queue_set(self.prefix, start, dest, space), 0, 0, withscores=True
+        )
         return [int(head[0][1])] if head else []
 
     def time_ms(self) -> int:
@@ -291,14 +392,23 @@ class Store:
 
         A ref names a bucket and an exact score; the message found there is kept only if it
         carries ``task_id`` (a ref of a moved message lingers until its bucket's clean-up).
+        A compressed message that cannot be restored is left out (a mover's thaw moves it to
+        the dead-letter list).
         """
         with translated_errors():
             flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, task_id])
         found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
         for i in range(0, len(flat), 4):
             start, score, dest, member = flat[i : i + 4]
-            stored = Stored(int(start), float(score), _text(dest), bytes(member))
-            if index_id(stored.payload) == task_id:
+            bucket = _text(start)
+            is_cold = bucket.startswith(keys.COLD)
+            start_ms = int(bucket[len(keys.COLD) :] if is_cold else bucket)
+            stored = Stored(start_ms, float(score), _text(dest), bytes(member), is_cold)
+            try:
+                message = stored.message
+            except CorruptMember:
+                continue
+            if index_id(message) == task_id:
                 found.setdefault(stored)
         return list(found)
 
@@ -310,7 +420,7 @@ class Store:
                 done += int(
                     self._scripts["cancel"](
                         keys=[self._index, self._ids, self._counts, self._totals, self._gc],
-                        args=[self.ns, task_id, stored.start_ms, stored.dest, stored.ref, stored.payload],
+                        args=[self.ns, task_id, stored.bucket, stored.dest, stored.ref, stored.payload],
                     )
                 )
         return done
@@ -318,27 +428,37 @@ class Store:
     def reschedule(
         self, old: Stored, task_id: str, payload: str, due_ms: int, settings: Settings
     ) -> Rescheduled:
-        """Replace ``old`` by ``payload`` due at ``due_ms``, atomically (see ``reschedule.lua``)."""
+        """Replace ``old`` by ``payload`` due at ``due_ms``, atomically (see ``reschedule.lua``).
+
+        ``payload`` is the message itself; it is stored compressed when due far enough ahead,
+        as :meth:`schedule` does.
+        """
+        member = self._cold_member(Due(due_ms, task_id=task_id), payload, settings)
         with translated_errors():
-            reply = self._scripts["reschedule"](
-                keys=[self._index, self._ids, self._counts, self._totals, old.dest, self._gc],
-                args=[
-                    self.ns,
-                    settings.bucket_width_ms,
-                    settings.grace_ms,
-                    old.ref,
-                    old.start_ms,
-                    old.payload,
-                    task_id,
-                    old.dest,
-                    payload,
-                    due_ms,
-                    keys.wake_channel(self.prefix),
-                    settings.max_delay_ms,
-                    keys.MAX_DUE_MS,
-                ],
-            )
-        return Rescheduled(int(reply[0]))
+            while True:
+                reply = self._scripts["reschedule"](
+                    keys=[self._index, self._ids, self._counts, self._totals, old.dest, self._gc],
+                    args=[
+                        self.ns,
+                        settings.bucket_width_ms,
+                        settings.grace_ms,
+                        old.ref,
+                        old.bucket,
+                        old.payload,
+                        task_id,
+                        old.dest,
+                        payload if member is None else member,
+                        due_ms,
+                        keys.wake_channel(self.prefix),
+                        settings.max_delay_ms,
+                        keys.MAX_DUE_MS,
+                        0 if member is None else 1,
+                        settings.thaw_ahead_ms,
+                    ],
+                )
+                if int(reply[0]) != Rescheduled.TOO_SOON_FOR_COLD:
+                    return Rescheduled(int(reply[0]))
+                member = None  # this clock runs behind Redis's: send the message as it is
 
     def purge(self, dests: Iterable[str], limit: int = 1000) -> int:
         """Remove every message bound for one of ``dests``; return how many (loops ``purge.lua``)."""
@@ -346,17 +466,19 @@ class Store:
         if not wanted:
             return 0
         total = 0
-        cursor: Any = 0
         with translated_errors():
-            while True:
-                reply = self._scripts["purge"](
-                    keys=[self._index, self._counts, self._totals, self._gc],
-                    args=[self.ns, limit, cursor, *wanted],
-                )
-                total += int(reply[0])
-                if int(reply[1]):
-                    return total
-                cursor = _text(reply[2])
+            for space, index in (("", self._index), (keys.COLD, self._cold_index)):
+                cursor: Any = 0
+                while True:
+                    reply = self._scripts["purge"](
+                        keys=[index, self._counts, self._totals, self._gc, self._ids],
+                        args=[self.ns, limit, cursor, space, *wanted],
+                    )
+                    total += int(reply[0])
+                    if int(reply[1]):
+                        break
+                    cursor = _text(reply[2])
+        return total
 
     def page(
         self, after: Cursor | None, limit: int, dests: Iterable[str] | None = None, examine: int = 10_000
@@ -365,7 +487,8 @@ class Store:
 
         With ``dests``, only messages bound for those lists are read; buckets whose meta
         hash counts none of them cost one ``HGETALL``. At most ``examine`` messages are read
-        per call; the returned cursor is ``None`` when the end was reached.
+        per call; the returned cursor is ``None`` when the end was reached. The ordinary
+        buckets come first, then the cold ones (compressed messages).
         """
         cur = after or Cursor()
         wanted = set(dests) if dests is not None else None
@@ -373,22 +496,29 @@ class Store:
         examined = 0
         with translated_errors():
             while True:
-                starts: list[Any] = self.client.zrangebyscore(self._index, cur.start_ms, "+inf", 0, 64)
+                space = keys.COLD if cur.cold else ""
+                index = self._cold_index if cur.cold else self._index
+                starts: list[Any] = self.client.zrangebyscore(index, cur.start_ms, "+inf", 0, 64)
                 if not starts:
-                    return out, None
+                    if cur.cold:
+                        return out, None
+                    cur = Cursor(cold=True)
+                    continue
                 for raw in starts:
                     if len(out) >= limit:
                         return out, cur
                     start = int(raw)
                     if start != cur.start_ms:
-                        cur = Cursor(start)
+                        cur = Cursor(start, cold=cur.cold)
                     here = [
-                        d for d in self._dests(start) if (wanted is None or d in wanted) and d >= cur.dest
+                        d
+                        for d in self._dests(start, space)
+                        if (wanted is None or d in wanted) and d >= cur.dest
                     ]
                     for dest in here:
                         if dest != cur.dest:
-                            cur = Cursor(start, dest)
-                        key = keys.queue_set(self.prefix, start, dest)
+                            cur = Cursor(start, dest, cold=cur.cold)
+                        key = keys.queue_set(self.prefix, start, dest, space)
                         while True:
                             if len(out) >= limit or examined >= examine:
                                 return out, cur
@@ -396,14 +526,17 @@ class Store:
                             batch = self._after(key, cur, want)
                             for raw_member, score in batch:
                                 member = bytes(raw_member)
-                                cur = Cursor(start, dest, keys.score_text(score), Cursor.digest(member))
+                                digest = Cursor.digest(member)
+                                cur = Cursor(start, dest, keys.score_text(score), digest, cur.cold)
                                 examined += 1
-                                out.append(Stored(start, float(score), dest, member))
+                                out.append(Stored(start, float(score), dest, member, cur.cold))
                             if len(batch) < want:
                                 break
-                    cur = Cursor(start + 1)
+                    cur = Cursor(start + 1, cold=cur.cold)
                 if len(starts) < 64:
-                    return out, None
+                    if cur.cold:
+                        return out, None
+                    cur = Cursor(cold=True)
 
     def _after(self, key: str, cur: Cursor, want: int) -> list[Any]:
         """Up to ``want`` (member, score) pairs of sorted set ``key`` after ``cur``."""
@@ -427,13 +560,16 @@ class Store:
 
         Costs one ZCARD (and one ZCOUNT for a started bucket) per bucket, never a
         read of members; at most ``max_buckets`` buckets are examined.
+        Compressed messages (the cold space) are counted too, in a second call.
         """
+        totals = [0] * (2 + int(slots))
         with translated_errors():
-            reply = self._scripts["census"](
-                keys=[self._index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets]
-            )
-        values = [int(x) for x in reply]
-        return Census(truncated=bool(values[0]), overdue=values[1], slots=values[2:])
+            for space, index in (("", self._index), (keys.COLD, self._cold_index)):
+                reply = self._scripts["census"](
+                    keys=[index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space]
+                )
+                totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
+        return Census(truncated=bool(totals[0]), overdue=totals[1], slots=totals[2:])
 
     def totals(self) -> dict[str, int]:
         """Return the lifetime counters (scheduled, moved, cancelled, ...)."""

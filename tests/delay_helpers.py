@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from kombu_delay import keys
+from kombu_delay import cold, keys
 from kombu_delay.payload import index_id
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -36,6 +36,8 @@ class Stored:
     start_ms: int
     score: float
     envelope: Envelope
+    #: Stored compressed, in the cold space (``envelope.payload`` is then the restored message).
+    cold: bool = False
 
     @property
     def due_ms(self) -> int:
@@ -47,22 +49,24 @@ class Stored:
         return decoded
 
 
-def dests_of(client: redis.Redis, prefix: str, start_ms: int) -> list[str]:
+def dests_of(client: redis.Redis, prefix: str, start_ms: int, space: str = "") -> list[str]:
     """The destinations a bucket's meta hash counts (each has its own sorted set)."""
-    meta = client.hgetall(keys.meta(prefix, start_ms))
+    meta = client.hgetall(keys.meta(prefix, start_ms, space))
     return sorted(k.decode()[2:] for k, v in meta.items() if k.startswith(b"q:") and int(v) > 0)
 
 
 def stored(client: redis.Redis, prefix: str = "") -> list[Stored]:
-    """Every message in every indexed bucket, in due order."""
+    """Every message in every indexed bucket, the compressed ones (restored) included, in due order."""
     found: list[Stored] = []
-    for start in client.zrange(keys.index(prefix), 0, -1):
-        start_ms = int(start)
-        for dest in dests_of(client, prefix, start_ms):
-            for member, score in client.zrange(
-                keys.queue_set(prefix, start_ms, dest), 0, -1, withscores=True
-            ):
-                found.append(Stored(start_ms, float(score), Envelope(index_id(member), dest, bytes(member))))
+    for space, index in (("", keys.index(prefix)), (keys.COLD, keys.cold_index(prefix))):
+        for start in client.zrange(index, 0, -1):
+            start_ms = int(start)
+            for dest in dests_of(client, prefix, start_ms, space):
+                key = keys.queue_set(prefix, start_ms, dest, space)
+                for member, score in client.zrange(key, 0, -1, withscores=True):
+                    payload = cold.unpack(member)[1] if space else bytes(member)
+                    envelope = Envelope(index_id(payload), dest, payload)
+                    found.append(Stored(start_ms, float(score), envelope, bool(space)))
     return sorted(found, key=lambda s: s.score)
 
 

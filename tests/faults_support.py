@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 
-from kombu_delay import keys
+from kombu_delay import cold, keys
 from kombu_delay.payload import index_id
 from kombu_delay.redis_server import RedisServer
 
@@ -344,6 +344,25 @@ def consistency(client: redis.Redis, prefix: str = "") -> dict[str, int]:
         meta_counts = {k[2:]: v for k, v in meta.items() if k.startswith("q:") and v}
         assert meta_counts == dict(in_bucket), f"bucket {start}: meta {meta_counts} != {dict(in_bucket)}"
         per_dest.update(in_bucket)
+    # The cold space (compressed messages): the same checks, its members' ids read off them.
+    cold_index = {_text(m) for m in client.zrange(keys.cold_index(prefix), 0, -1)}
+    cold_sets: dict[str, list[str]] = {}
+    for key in client.scan_iter(match=ns + "cz:*", count=1000):
+        start, dest = _text(key)[len(ns + "cz:") :].split(":", 1)
+        cold_sets.setdefault(start, []).append(dest)
+    unindexed = sorted(set(cold_sets) - cold_index)
+    assert not unindexed, f"cold sets of unindexed buckets: {unindexed}"
+    for start in cold_index:
+        in_bucket = Counter()
+        for dest in cold_sets.get(start, []):
+            key = keys.queue_set(prefix, int(start), dest, keys.COLD)
+            for member, score in client.zrange(key, 0, -1, withscores=True):
+                in_bucket[dest] += 1
+                members[(keys.COLD + start, float(score))] = cold.unpack(member)[0]
+        meta = {_text(k): int(v) for k, v in client.hgetall(keys.meta(prefix, int(start), keys.COLD)).items()}
+        meta_counts = {k[2:]: v for k, v in meta.items() if k.startswith("q:") and v}
+        assert meta_counts == dict(in_bucket), f"cold bucket {start}: meta {meta_counts} != {dict(in_bucket)}"
+        per_dest.update(in_bucket)
     counts = {_text(k): int(v) for k, v in client.hgetall(keys.counts(prefix)).items() if int(v)}
     assert counts == dict(per_dest), f"counts {counts} != members {dict(per_dest)}"
     resolved: dict[tuple[str, float], str] = {}
@@ -351,7 +370,7 @@ def consistency(client: redis.Redis, prefix: str = "") -> dict[str, int]:
     for task_id, value in client.hgetall(keys.ids(prefix)).items():
         for ref in _text(value).split():
             start, offset, seq = ref.split(":")
-            at = (start, int(start) + int(offset) + int(seq) / keys.SEQ_SLOTS)
+            at = (start, int(start.removeprefix(keys.COLD)) + int(offset) + int(seq) / keys.SEQ_SLOTS)
             if at not in members:  # moved and not cleaned up yet, or its bucket vanished
                 stale += 1
                 continue

@@ -32,9 +32,15 @@ from .inspect_app import LEDGER_KEY
 
 SEP = "\x06\x16"
 
+#: The ordinary layout, which these tests look into (test_cold.py covers the cold space).
+ORDINARY = Settings(compress_after_ms=0)
+
 
 def options(prefix: str) -> dict[str, object]:
-    return {"global_keyprefix": prefix} if prefix else {}
+    """Transport options of these tests: the ordinary layout, which they look into
+    (test_cold.py covers the cold space)."""
+    ordinary: dict[str, object] = {"delay_compress_after": 0}
+    return {"global_keyprefix": prefix, **ordinary} if prefix else ordinary
 
 
 def publisher(redis_server, prefix: str, **conf: object) -> Celery:
@@ -172,7 +178,7 @@ def test_cancel_of_a_retried_task_id_cancels_every_pending_message(r, redis_serv
 
 def _stored_payload(ctl: DelayControl, task_id: str) -> dict[str, object]:
     (stored,) = ctl.store.find(task_id)
-    result: dict[str, object] = json.loads(stored.payload)
+    result: dict[str, object] = json.loads(stored.message)
     return result
 
 
@@ -246,7 +252,7 @@ def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_serve
         (stored,) = ctl.store.find(sent.id)
         assert stored.dest == f"{prefix}celery" and index_id(stored.payload) == sent.id
         assert ctl.cancel(sent.id) == 1  # stands for a mover that moved it a moment ago
-        outcome = ctl.store.reschedule(stored, sent.id, "{}", stored.due_ms + 1000, Settings())
+        outcome = ctl.store.reschedule(stored, sent.id, "{}", stored.due_ms + 1000, ORDINARY)
         assert outcome is Rescheduled.GONE
         assert ctl.stats().scheduled == 0
         assert r.lrange(f"{prefix}celery", 0, -1) == []
@@ -279,7 +285,7 @@ def test_reschedule_onto_an_identical_message_merges_them_and_totals_add_up(r, r
         now = store.time_ms()
         dest, payload = f"{prefix}celery", kombu_payload("twin")
         for due in (now + 300_000, now + 600_000):
-            store.schedule(Due(due, task_id="twin"), dest, payload, Settings())
+            store.schedule(Due(due, task_id="twin"), dest, payload, ORDINARY)
         assert ctl.reschedule("twin", eta=datetime.fromtimestamp((now + 600_000) / 1000, UTC)) == 2
         assert len(ctl.find("twin")) == 1
         stats = ctl.stats()
@@ -305,7 +311,7 @@ def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover
         late = [
             (Due(now + 600_000 + 10 * i, task_id=f"l{i}"), dest, kombu_payload(f"l{i}")) for i in range(200)
         ]
-        store.schedule_many(early + late, Settings())
+        store.schedule_many(early + late, ORDINARY)
         seen: list[tuple[str, int]] = []
         cursor = None
         moved_while_listing = 0
@@ -328,7 +334,7 @@ def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover
 def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_server, prefix):
     """The cursor names the last message listed; when that one is moved or cancelled before
     the next page, the page goes on from its score, not past an offset."""
-    hour = Settings(bucket_width_ms=3_600_000)
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         store = ctl.store
         now = store.time_ms()
@@ -377,7 +383,7 @@ def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, red
             (Due(due, task_id=f"t{i}"), f"{prefix}{'a' if i % 2 else 'b'}", kombu_payload(f"t{i}"))
             for i in range(5000)
         ]
-        assert {res.outcome.name for res in store.schedule_many(items, Settings())} == {"STORED"}
+        assert {res.outcome.name for res in store.schedule_many(items, ORDINARY)} == {"STORED"}
         start = keys.bucket_start(due, 60_000)
         scores = {
             dest: [
@@ -444,7 +450,7 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
         quick = [
             (Due(now + 300, task_id=f"q{i}"), f"{prefix}celery", kombu_payload(f"q{i}")) for i in range(5)
         ]
-        store.schedule_many(quick, Settings())
+        store.schedule_many(quick, ORDINARY)
         time.sleep(1.0)
         stats = ctl.stats()
         assert stats.overdue == 5
@@ -462,7 +468,7 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
         # are settled by the next move, through the bucket's meta hash.
         # Due times are 1 s and more ahead, so a slow machine still stores (not pushes) them.
         now = store.time_ms()
-        short = Settings(bucket_width_ms=1000, grace_ms=0)
+        short = Settings(compress_after_ms=0, bucket_width_ms=1000, grace_ms=0)
         expiring = keys.bucket_start(now + 1000, 1000)
         gone = keys.bucket_start(now + 3000, 1000)
         store.schedule_many(
@@ -553,7 +559,7 @@ def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
 
 
 def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, prefix):
-    settings = Settings(bucket_width_ms=1000)
+    settings = Settings(compress_after_ms=0, bucket_width_ms=1000)
     dests = [f"{prefix}celery", f"{prefix}emails", f"{prefix}emails{SEP}9"]
     expected_cancelled = expected_rescheduled = scheduled = 0
     with DelayControl(redis_server.url, options(prefix)) as ctl:

@@ -32,6 +32,9 @@ from .faults_support import consistency
 
 # -- the move script on seeded buckets ---------------------------------------------------
 
+#: The ordinary layout, which these tests look into (test_cold.py covers the cold space).
+ORDINARY = Settings(compress_after_ms=0)
+
 
 @dataclass
 class Case:
@@ -104,7 +107,7 @@ CASES = {
 def run_case(client: redis.Redis, prefix: str, case: Case) -> tuple[list[MoveResult], int]:
     """Seed ``case``, move until nothing more is due; return the results and the boundary."""
     store = Store(client, prefix)
-    settings = Settings(bucket_width_ms=case.width_ms)
+    settings = Settings(compress_after_ms=0, bucket_width_ms=case.width_ms)
     now = store.time_ms()
     lead = 700 + max(0, -min(offset for offset, _ in case.seeds))  # the earliest is >= 0.7 s ahead
     boundary = keys.bucket_start(now + lead, case.width_ms) + case.width_ms
@@ -201,7 +204,7 @@ def test_nothing_is_moved_before_its_millisecond(r):
     now = store.time_ms()
     dues = [now + 200 + 13 * i for i in range(40)]
     seeds = [(Due(d, task_id=f"id{i}"), "q", kombu_payload(f"m{i}")) for i, d in enumerate(dues)]
-    store.schedule_many(seeds, Settings())
+    store.schedule_many(seeds, ORDINARY)
     seen: list[tuple[int, int]] = []  # (redis now, moved so far)
     moved_total = 0
     deadline = time.monotonic() + 60
@@ -231,7 +234,7 @@ def test_a_task_id_used_more_than_once_finds_only_its_unmoved_message(r, prefix,
     store = Store(r, prefix)
     q = f"{prefix}q"
     width = 1000
-    settings = Settings(bucket_width_ms=width)
+    settings = Settings(compress_after_ms=0, bucket_width_ms=width)
     due = store.time_ms() + 300
     items = [
         (Due(due + offsets[0], task_id="again"), q, with_id("first", "again")),
@@ -266,7 +269,7 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
     store = Store(r, prefix)
     q = f"{prefix}q"
     width = 4000
-    settings = Settings(bucket_width_ms=width)
+    settings = Settings(compress_after_ms=0, bucket_width_ms=width)
     start = keys.bucket_start(store.time_ms() + 500, width) + width  # a bucket wholly ahead
     end = start + width
     tags = [f"a{i}" for i in range(5)]
@@ -428,7 +431,8 @@ def test_both_layouts_due_at_once_deliver_each_message_exactly_once(r, prefix, r
         tag, due = f"new{i:03d}", now + 600 + 7 * i
         dues[tag] = due
         new_items.append((Due(due, task_id=tag), dests[i % 2], kombu_payload(tag)))
-    outcomes = {res.outcome for res in store.schedule_many(new_items, Settings(bucket_width_ms=100))}
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=100)
+    outcomes = {res.outcome for res in store.schedule_many(new_items, narrow)}
     assert outcomes == {Scheduled.STORED}
     for i in range(60):
         tag, due = f"old{i:03d}", now + 603 + 7 * i
@@ -470,7 +474,7 @@ def test_clean_up_of_thousands_of_retried_ids_keeps_their_live_refs(r):
     """A clean-up chunk of 4,500 task ids that all have a ref in a later bucket (each task
     retried itself) rewrites 4,500 fields: more values than one Lua call can take at once."""
     store, n = Store(r), 4500
-    narrow = Settings(bucket_width_ms=1000)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
     now = store.time_ms()
     due = now - now % 1000 + 4000 + 100
     first = [(Due(due, task_id=f"t{i}"), "q", with_id(f"first-{i}", f"t{i}", "q")) for i in range(n)]
@@ -498,7 +502,7 @@ def test_clean_up_waits_for_a_legacy_bucket_of_the_same_start(r):
     0.2 bucket's clean-up must not drop L's ref, and moving L must drop L's ref alone, not the
     ref of a later 0.2 message of that id."""
     store = Store(r)
-    narrow = Settings(bucket_width_ms=1000)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
     now = store.time_ms()
     start = now - now % 1000 + 2000
     legacy_put(r, "", "T", "qL", kombu_payload("L").encode(), start + 500, width_ms=1000)
@@ -525,7 +529,7 @@ def test_legacy_messages_get_a_share_of_each_call_under_a_backlog_of_new_ones(r)
     store = Store(r)
     due = store.time_ms() + 300
     new = [(Due(due, task_id=f"n{i}"), "q", kombu_payload(f"n{i}")) for i in range(100)]
-    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(new, Settings()))
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(new, ORDINARY))
     for i in range(10):
         legacy_put(r, "", f"o{i}", "q", kombu_payload(f"o{i}").encode(), due, seq=i)
     wait_until(lambda: store.time_ms() > due, 30)
@@ -538,8 +542,8 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
     """Publishers with different bucket widths share a start: the keys of that bucket must
     live until the wider one's end plus grace, or its message would expire before due."""
     store = Store(r)
-    narrow = Settings(bucket_width_ms=1000, grace_ms=1000)
-    wide = Settings(bucket_width_ms=10_000, grace_ms=1000)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000, grace_ms=1000)
+    wide = Settings(compress_after_ms=0, bucket_width_ms=10_000, grace_ms=1000)
     now = store.time_ms()
     start = now - now % 10_000 + 20_000
     store.schedule(Due(start + 200, task_id="a"), "q", kombu_payload("a"), narrow)
@@ -566,7 +570,8 @@ def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_ne
     starts after it and holds an earlier message. The publish wakes the movers, and the move
     reports the earlier due time, so the mover does not sleep past it."""
     store = Store(r)
-    hour, second = Settings(bucket_width_ms=3_600_000), Settings(bucket_width_ms=1000)
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
+    second = Settings(compress_after_ms=0, bucket_width_ms=1000)
     now = store.time_ms()
     wide_start = now - now % 3_600_000 + 3_600_000  # the next hour: both in the future
     store.schedule(Due(wide_start + 3_599_999, task_id="w"), "q", kombu_payload("w"), hour)
@@ -607,7 +612,7 @@ def seed(
         (Due(dues[i].ms, dues[i].relative, tags[i]), dests[i % len(dests)], kombu_payload(tags[i]))
         for i in range(n)
     ]
-    results = Store.schedule_many(store, items, Settings(bucket_width_ms=width_ms))
+    results = Store.schedule_many(store, items, Settings(compress_after_ms=0, bucket_width_ms=width_ms))
     outcomes = Counter(r.outcome for r in results)
     assert outcomes == {Scheduled.STORED: n}, f"seeding was too slow for the chosen due time: {outcomes}"
     return tags
@@ -792,7 +797,7 @@ def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_l
     another queue wakes no mover. The mover keeps polling while any are stuck, as it does
     while messages are held, instead of sleeping its whole ``--max-sleep``."""
     store = Store(r)
-    narrow = Settings(bucket_width_ms=1000)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
     r.set("blocked", "not a list")
     seed(store, 2, ["blocked"], delay_ms=300, width_ms=1000)
     mover = start_mover("--max-sleep", "60")
@@ -878,7 +883,7 @@ def test_blocked_destination_does_not_block_other_destinations(r):
     store = Store(r)
     r.set("bad", "a string")
     items = [(Due(300, True, f"b{i}"), "bad", kombu_payload(f"b{i}")) for i in range(3)]
-    store.schedule_many([*items, (Due(310, True, "g"), "good", kombu_payload("g"))], Settings())
+    store.schedule_many([*items, (Due(310, True, "g"), "good", kombu_payload("g"))], ORDINARY)
     wait_until(lambda: store.earliest_due_ms() is not None and store.time_ms() > store.earliest_due_ms() + 20)
     time.sleep(0.05)
     result = store.move_due(2)
@@ -892,7 +897,7 @@ def test_queue_length_cap_counts_the_pushes_of_the_same_call(r):
     store = Store(r)
     r.rpush("capped", "filler")
     items = [(Due(200, True, f"c{i}"), "capped", kombu_payload(f"c{i}")) for i in range(5)]
-    store.schedule_many(items, Settings())
+    store.schedule_many(items, ORDINARY)
     wait_until(lambda: store.time_ms() > store.earliest_due_ms() + 20)  # type: ignore[operator]
     result = store.move_due(1000, max_queue_length=3)
     assert (result.moved, result.held) == (2, 3)

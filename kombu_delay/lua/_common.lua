@@ -26,9 +26,12 @@ keep_until(key, now, at)
   never shortens it. Bound: one PTTL and at most one PEXPIREAT.
 
 put(k, now, due, task_id, dest, payload)
-  Stores one message due in the future (schedule.lua and reschedule.lua). ``k`` holds the
+  Stores one message due in the future (schedule.lua and reschedule.lua; thaw.lua too, whose
+  message may be overdue). ``k`` holds the
   shared keys and settings: ns, index, ids, counts, totals, width, grace, wake, and
-  optionally expires (the queue's x-expires, ms), kept as the meta field ``e:<dest>``.
+  optionally expires (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, and
+  sp: 'c' for the cold space (keys.py: its keys and refs start with 'c', its bucket has no
+  task-id list, and no mover is woken for it), absent for the ordinary one.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -40,15 +43,19 @@ put(k, now, due, task_id, dest, payload)
 retire(k, start_s, end_ms, now)
   A bucket whose meta counts all reached zero leaves the index for <ns>gc (scored by its end),
   where the mover drops its id-index refs once nothing more can be scheduled into it. Its
-  meta hash stays until then: its seq counter keeps the refs of the bucket unique.
+  meta hash stays until then: its seq counter keeps the refs of the bucket unique. A cold
+  bucket (k.sp) is deleted at once: its refs left the id index with its messages.
 
 drained_counts(meta)
   Returns true when the meta hash counts no message (or is gone), and the bucket's end.
 
 take(k, start_s, dest, payload, task_id, ref, now)
-  Removes one stored message (cancel.lua, reschedule.lua): ZREM first, so a message a mover
+  Removes one stored message (cancel.lua, reschedule.lua, thaw.lua; k.sp as for put): ZREM first, so a message a mover
   moved a moment ago is left alone (returns false, nothing written); else uncounts it, drops
   its ref from the id index, retires the bucket if that was its last message, returns true.
+
+cold_task_id(member)
+  The task id a cold member carries in the clear (kombu_delay/cold.py), for its id-index ref.
 
 uncount(counts, dest, n)
   Takes n off a destination's scheduled count; a count that reaches zero is deleted.
@@ -259,17 +266,22 @@ local function drained_counts(meta)
 end
 
 local function retire(k, start_s, end_ms, now)
-  local at = end_ms or tonumber(start_s)
   redis.call('ZREM', k.index, start_s)
+  if (k.sp or '') ~= '' then  -- a cold bucket: no ref of it is left, nothing to clean up
+    redis.call('DEL', k.ns .. k.sp .. 'm:' .. start_s)
+    return
+  end
+  local at = end_ms or tonumber(start_s)
   redis.call('ZADD', k.gc, at, start_s)
   keep_until(k.gc, now, math.max(now, at) + 86400000)
 end
 
 local function put(k, now, due, task_id, dest, payload)
+  local sp = k.sp or ''
   local start = due - due % k.width
   local start_s = string.format('%d', start)
-  local meta = k.ns .. 'm:' .. start_s
-  local zset = k.ns .. 'z:' .. start_s .. ':' .. dest
+  local meta = k.ns .. sp .. 'm:' .. start_s
+  local zset = k.ns .. sp .. 'z:' .. start_s .. ':' .. dest
   local n_seq = redis.call('HINCRBY', meta, 'seq', 1)
   local seq = (n_seq - 1) % 2048
   if redis.call('ZADD', zset, 'NX', due + seq / 2048, payload) == 0 then
@@ -279,10 +291,14 @@ local function put(k, now, due, task_id, dest, payload)
   if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
   local n_dest = redis.call('HINCRBY', k.counts, dest, 1)
   if k.counter then redis.call('HINCRBY', k.totals, k.counter, 1) end
-  local tasks = k.ns .. 't:' .. start_s
-  local n_tasks = redis.call('RPUSH', tasks, task_id)
+  -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
+  local tasks, n_tasks = nil, 0
+  if sp == '' then
+    tasks = k.ns .. 't:' .. start_s
+    n_tasks = redis.call('RPUSH', tasks, task_id)
+  end
   -- Written before the expiry below, which needs the ids hash to exist.
-  local ref = start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
+  local ref = sp .. start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
   if redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
     redis.call('HSET', k.ids, task_id, redis.call('HGET', k.ids, task_id) .. ' ' .. ref)
   end
@@ -303,20 +319,20 @@ local function put(k, now, due, task_id, dest, payload)
     if not known[1] or end_ms > tonumber(known[1]) then redis.call('HSET', meta, 'end', end_ms) end
     redis.call('HSET', meta, 'x', expire_at)
     redis.call('PEXPIREAT', meta, expire_at + 86400000)
-    redis.call('PEXPIREAT', tasks, expire_at + 86400000)
+    if tasks then redis.call('PEXPIREAT', tasks, expire_at + 86400000) end
     redis.call('PEXPIREAT', zset, expire_at)
     if n_seq > 1 then  -- other destinations' sets of this bucket, made before this publish
       local fields = redis.call('HGETALL', meta)
       for i = 1, #fields, 2 do
         local name = fields[i]
         if string.sub(name, 1, 2) == 'q:' and name ~= 'q:' .. dest then
-          redis.call('PEXPIREAT', k.ns .. 'z:' .. start_s .. ':' .. string.sub(name, 3), expire_at)
+          redis.call('PEXPIREAT', k.ns .. sp .. 'z:' .. start_s .. ':' .. string.sub(name, 3), expire_at)
         end
       end
     end
   else
     if n_here == 1 then redis.call('PEXPIREAT', zset, known_x) end
-    if n_tasks == 1 then redis.call('PEXPIREAT', tasks, known_x + 86400000) end
+    if tasks and n_tasks == 1 then redis.call('PEXPIREAT', tasks, known_x + 86400000) end
   end
   local meta_expire_at = math.max(expire_at, known_x or 0) + 86400000
   if n_here == 1 then
@@ -330,7 +346,7 @@ local function put(k, now, due, task_id, dest, payload)
   -- Wake the movers only when this message may now be the earliest one scheduled: first in
   -- its sorted set, in the first bucket, or before the first bucket's end (publishers with a
   -- wider bucket width). Cheap, and false for almost every publish.
-  if redis.call('ZRANK', zset, payload) == 0 then
+  if sp == '' and redis.call('ZRANK', zset, payload) == 0 then
     local first = redis.call('ZRANGE', k.index, 0, 0)[1]
     if first == start_s or (first and due < tonumber(redis.call('HGET', k.ns .. 'm:' .. first, 'end') or 0)) then
       redis.call('PUBLISH', k.wake, string.format('%d', due))
@@ -339,13 +355,18 @@ local function put(k, now, due, task_id, dest, payload)
   return 1
 end
 
+local function cold_task_id(member)
+  return string.sub(member, 3, 2 + (string.byte(member, 2) or 0))
+end
+
 local function uncount(counts, dest, n)
   if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
 end
 
 local function take(k, start_s, dest, payload, task_id, ref, now)
-  if redis.call('ZREM', k.ns .. 'z:' .. start_s .. ':' .. dest, payload) == 0 then return false end
-  local meta = k.ns .. 'm:' .. start_s
+  local sp = k.sp or ''
+  if redis.call('ZREM', k.ns .. sp .. 'z:' .. start_s .. ':' .. dest, payload) == 0 then return false end
+  local meta = k.ns .. sp .. 'm:' .. start_s
   redis.call('HINCRBY', meta, 'q:' .. dest, -1)
   uncount(k.counts, dest, 1)
   drop_refs(k.ids, {task_id}, function() return ref end)

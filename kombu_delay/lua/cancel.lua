@@ -7,7 +7,7 @@ KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] task_id  id-index key
-ARGV[3] start    the message's bucket start, epoch ms
+ARGV[3] start    the message's bucket start, epoch ms ("c<start>" for a cold bucket)
 ARGV[4] dest     its destination list key
 ARGV[5] ref      its id-index ref "start:offset:seq"
 ARGV[6] payload  the member, exactly as stored
@@ -20,6 +20,8 @@ delivered and cancelled.
 ]]
 local now = clock()
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], gc = KEYS[5]}
-if not take(k, ARGV[3], ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
+local sp, start_s = string.match(ARGV[3], '^(c?)(%d+)$')
+if sp == 'c' then k.sp, k.index = sp, ARGV[1] .. 'cindex' end
+if not take(k, start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
 redis.call('HINCRBY', KEYS[4], 'cancelled', 1)
 return 1

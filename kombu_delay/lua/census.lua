@@ -6,6 +6,7 @@ ARGV[2] now_ms       a member is due when floor(score) <= now_ms
 ARGV[3] slot_ms      width of one histogram slot, ms; slot 0 starts at now_ms
 ARGV[4] slots        number of slots
 ARGV[5] max_buckets  most buckets examined
+ARGV[6] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
 Returns: {truncated (1 if max_buckets cut the census), overdue, count_slot_0, count_slot_1, ...}
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
@@ -18,6 +19,7 @@ local ns = ARGV[1]
 local now = tonumber(ARGV[2])
 local slot_ms, slots = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_buckets = tonumber(ARGV[5])
+local sp = ARGV[6] or ''
 local upper = '(' .. string.format('%d', now + 1)
 local horizon = '(' .. string.format('%d', now + slot_ms * slots)
 
@@ -27,14 +29,14 @@ for i = 1, slots do reply[i + 2] = 0 end
 if #starts > max_buckets then reply[1] = 1 end
 for i = 1, math.min(#starts, max_buckets) do
   local start = tonumber(starts[i])
-  local fields = redis.call('HGETALL', ns .. 'm:' .. starts[i])
+  local fields = redis.call('HGETALL', ns .. sp .. 'm:' .. starts[i])
   local slot = 0
   if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
   for j = 1, #fields, 2 do
     local size = tonumber(fields[j + 1])
     if string.sub(fields[j], 1, 2) == 'q:' and size > 0 then
       if start <= now then
-        local due = redis.call('ZCOUNT', ns .. 'z:' .. starts[i] .. ':' .. string.sub(fields[j], 3), '-inf', upper)
+        local due = redis.call('ZCOUNT', ns .. sp .. 'z:' .. starts[i] .. ':' .. string.sub(fields[j], 3), '-inf', upper)
         reply[2] = reply[2] + due
         size = size - due
       end

@@ -4,7 +4,8 @@ KEYS[1] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] task_id  id-index key
 Returns: {start, score, dest, member, start, score, dest, member, ...} for every member found
-         at the score of one of the id's refs, in any destination of that bucket. The caller
+         at the score of one of the id's refs, in any destination of that bucket; start is
+         "c<start>" for a cold bucket (keys.py), whose member is compressed. The caller
          keeps those whose payload carries task_id (Lua never decodes a payload): a ref of a
          moved message lingers until its bucket's clean-up, and another message due at the
          same millisecond may sit at its score once 2048 more publishes went into the bucket
@@ -16,17 +17,17 @@ local refs = redis.call('HGET', KEYS[1], task_id)
 local found = {}
 if not refs then return found end
 for ref in string.gmatch(refs, '%S+') do
-  local start_s, offset, seq = string.match(ref, '^(%d+):(%d+):(%d+)$')
+  local sp, start_s, offset, seq = string.match(ref, '^(c?)(%d+):(%d+):(%d+)$')
   if start_s then
     local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
-    local fields = redis.call('HGETALL', ns .. 'm:' .. start_s)
+    local fields = redis.call('HGETALL', ns .. sp .. 'm:' .. start_s)
     for i = 1, #fields, 2 do
       local name = fields[i]
       if string.sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
         local dest = string.sub(name, 3)
-        local members = redis.call('ZRANGEBYSCORE', ns .. 'z:' .. start_s .. ':' .. dest, score, score, 'WITHSCORES')
+        local members = redis.call('ZRANGEBYSCORE', ns .. sp .. 'z:' .. start_s .. ':' .. dest, score, score, 'WITHSCORES')
         for j = 1, #members, 2 do
-          found[#found + 1] = start_s
+          found[#found + 1] = sp .. start_s
           found[#found + 1] = members[j + 1]
           found[#found + 1] = dest
           found[#found + 1] = members[j]

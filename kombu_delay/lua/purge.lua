@@ -4,28 +4,32 @@ KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding m
 KEYS[2] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[3] totals  HASH  <ns>totals    lifetime counters
 KEYS[4] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
+KEYS[5] ids     HASH  <ns>ids       task id -> refs (written only for the cold space)
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] limit    most messages plus buckets handled in this call
 ARGV[3] start    cursor: bucket start to resume at, epoch ms (0 to begin)
-ARGV[4..] dest   destination list keys to purge
+ARGV[4] space    "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
+ARGV[5..] dest   destination list keys to purge
 Returns: {removed, done, start}; done 0 means call again with the returned cursor.
 Bound: removes at most ARGV[2] messages and visits at most ARGV[2] buckets.
 
 A bucket keeps one sorted set per destination, so a purge removes those sets from the head
 by rank and never reads a message; buckets whose meta hash counts none of these lists cost
-one HMGET. The refs of purged messages are dropped with their bucket's (see move.lua).
+one HMGET. The refs of purged messages are dropped with their bucket's (see move.lua); a cold
+bucket has no task-id list, so there they are read off the members (cold_task_id) first.
 ]]
 local index, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
 local cursor = ARGV[3]
 local dests, fields = {}, {}
-for i = 4, #ARGV do
+local sp = ARGV[4]
+for i = 5, #ARGV do
   dests[#dests + 1] = ARGV[i]
   fields[#fields + 1] = 'q:' .. ARGV[i]
 end
 local now = clock()
-local k = {ns = ns, index = index, gc = KEYS[4]}
+local k = {ns = ns, index = index, gc = KEYS[4], sp = sp}
 
 local removed, lost = 0, 0
 local budget = limit
@@ -39,14 +43,23 @@ local starts = redis.call('ZRANGEBYSCORE', index, cursor, '+inf', 'LIMIT', 0, li
 for _, start_s in ipairs(starts) do
   if budget <= 0 then return finish(0, start_s) end
   budget = budget - 1
-  local meta = ns .. 'm:' .. start_s
+  local meta = ns .. sp .. 'm:' .. start_s
   local counted = redis.call('HMGET', meta, unpack(fields))
   local touched = false
   for i, dest in ipairs(dests) do
     local n = tonumber(counted[i] or '0')
     while n > 0 do
       if budget <= 0 then return finish(0, start_s) end
-      local zset = ns .. 'z:' .. start_s .. ':' .. dest
+      local zset = ns .. sp .. 'z:' .. start_s .. ':' .. dest
+      if sp == 'c' then
+        local doomed = redis.call('ZRANGE', zset, 0, budget - 1, 'WITHSCORES')
+        local task_ids, refs = {}, {}
+        for j = 1, #doomed, 2 do
+          task_ids[#task_ids + 1] = cold_task_id(doomed[j])
+          refs[#refs + 1] = 'c' .. score_ref(start_s, tonumber(doomed[j + 1]))
+        end
+        drop_refs(KEYS[5], task_ids, function(j) return refs[j] end)
+      end
       local gone = redis.call('ZREMRANGEBYRANK', zset, 0, budget - 1)
       if gone == 0 then  -- counted but not stored (expired): settle the count
         lost = lost + n

@@ -10,8 +10,8 @@ ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] width      bucket width, ms
 ARGV[3] grace      how long a bucket outlives its end, ms
 ARGV[4] old_ref    "start:offset:seq" of the message to replace
-ARGV[5] old_start  its bucket start, epoch ms
-ARGV[6] old        its payload, exactly as stored
+ARGV[5] old_start  its bucket start, epoch ms ("c<start>" for a cold bucket)
+ARGV[6] old        its member, exactly as stored (compressed in a cold bucket)
 ARGV[7] task_id    id-index key (the id inside both payloads)
 ARGV[8] dest       same string as KEYS[5]
 ARGV[9] payload    the new JSON string (its ETA rewritten by the caller); stored as it is
@@ -19,11 +19,14 @@ ARGV[10] due       new due time, epoch ms
 ARGV[11] wake      pub/sub channel that wakes movers
 ARGV[12] max_delay furthest delay accepted, ms (0 = no limit)
 ARGV[13] max_due   latest due time accepted, epoch ms
+ARGV[14] cold      "1" when ARGV[9] is a cold member (kombu_delay/cold.py), to store cold
+ARGV[15] thaw      ms: a cold member due no later than now + this is refused (code -3)
 Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (moved or
          cancelled meanwhile; nothing written), 3 new due time passed so pushed onto dest now,
          2 an identical payload was already stored at the new time (the old one is removed),
          -1 due time beyond max_delay or max_due (nothing written), -2 new due time passed but
-         dest holds something other than a list (nothing written: the message stays as it was)
+         dest holds something other than a list (nothing written: the message stays as it was),
+         -3 a cold member due too soon (nothing written: the caller sends the message itself)
 Raises: NOPERM when the due time has passed and the ACL refuses LPUSH onto the destination,
         before the old message is taken (Redis 7+ is asked first; on Redis 6 the push comes
         before the take).
@@ -42,6 +45,11 @@ local now = clock()
 if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now}
 end
+local cold = ARGV[14] == '1'
+if cold and due <= now + tonumber(ARGV[15]) then
+  return {-3, due, now}
+end
+local old_sp, old_start = string.match(ARGV[5], '^(c?)(%d+)$')
 
 -- Checked before anything is written: an ACL refusal (asked on Redis 7+) names the
 -- destination, and a destination that is not a list leaves the message as it was.
@@ -52,21 +60,25 @@ if due <= now then
 end
 
 -- The queue's x-expires, if its publish gave one, goes with the message.
-local expires = tonumber(redis.call('HGET', ARGV[1] .. 'm:' .. ARGV[5], 'e:' .. dest) or 0)
+local expires = tonumber(redis.call('HGET', ARGV[1] .. old_sp .. 'm:' .. old_start, 'e:' .. dest) or 0)
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
            expires = expires}
+local old_k = k
+if old_sp == 'c' then
+  old_k = {ns = k.ns, sp = 'c', index = k.ns .. 'cindex', ids = k.ids, counts = k.counts}
+end
 if due <= now then
   -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
   -- known to be there; the empty ZREMRANGEBYRANK is this script's first write, one that
   -- cannot grow memory, so that under maxmemory the push is still allowed.
-  local old_set = k.ns .. 'z:' .. ARGV[5] .. ':' .. dest
+  local old_set = k.ns .. old_sp .. 'z:' .. old_start .. ':' .. dest
   if not redis.call('ZSCORE', old_set, ARGV[6]) then return {0, due, now} end
   checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
   checked_call('LPUSH', dest_key, payload)
 end
-if not take(k, ARGV[5], dest, ARGV[6], task_id, ARGV[4], now) then
+if not take(old_k, old_start, dest, ARGV[6], task_id, ARGV[4], now) then
   return {0, due, now}
 end
 redis.call('HINCRBY', k.totals, 'rescheduled', 1)
@@ -79,6 +91,9 @@ if due <= now then
   -- Best effort, as kombu's own renewal: a refusal must not undo the move (it cannot).
   if expires > 0 then redis.pcall('PEXPIRE', dest_key, expires) end
   return {3, due, now}
+end
+if cold then
+  k.sp, k.index = 'c', k.ns .. 'cindex'
 end
 local code = put(k, now, due, task_id, dest, payload)
 if code == 2 then redis.call('HINCRBY', k.totals, 'cancelled', 1) end

@@ -18,9 +18,14 @@ ARGV[10] max_delay furthest delay accepted, ms (0 = no limit)
 ARGV[11] max_due   latest due time accepted, epoch ms
 ARGV[12] expires   the queue's x-expires, ms (0 = none): kept in the bucket's meta hash, so
                    the mover renews the list's expiry when it pushes the message
+ARGV[13] cold      "1" when ARGV[8] is a cold member (kombu_delay/cold.py): stored in the cold
+                   space (keys.py), never pushed from here
+ARGV[14] thaw      ms: a cold member due no later than now + this is refused (code -2), so
+                   movers, which thaw that far ahead, always have time to thaw one
 Returns: {code, due_ms, now_ms}; code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
-         max_due (nothing written)
+         max_due (nothing written), -2 a cold member due too soon (nothing written: the
+         caller stores the message itself)
 Bound: a constant number of O(log n) commands (put in _common.lua).
 
 The bucket's own keys (<ns>m:<start>, <ns>z:<start>:<dest>, <ns>t:<start>) are named from the
@@ -33,9 +38,14 @@ local relative = ARGV[5] == '1'
 local task_id, dest, payload = ARGV[6], ARGV[7], ARGV[8]
 local max_delay, max_due = tonumber(ARGV[10]), tonumber(ARGV[11])
 
+local cold = ARGV[13] == '1'
+
 local now = clock()
 local due = when
 if relative then due = now + when end
+if cold and due <= now + tonumber(ARGV[14]) then
+  return {-2, due, now}
+end
 if due <= now then
   redis.call('LPUSH', dest_key, payload)
   return {0, due, now}
@@ -47,4 +57,7 @@ end
 local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
            counter = 'scheduled', expires = tonumber(ARGV[12])}
+if cold then
+  k.sp, k.index = 'c', ns .. 'cindex'
+end
 return {put(k, now, due, task_id, dest, payload), due, now}

@@ -1,0 +1,97 @@
+"""Compressed ("cold") storage of messages due far ahead.
+
+A Celery message is about 1 KB of JSON that differs from the next one in little
+more than its ids and ETA, so a message due further ahead than
+``delay_compress_after`` is stored deflated against a preset dictionary of what
+Celery messages share: about a fifth of its size. It is kept apart from the
+messages movers push (see :mod:`kombu_delay.keys`), and a mover restores
+("thaws") it to the exact original string, into the ordinary layout, some time
+before it is due (``delay_thaw_ahead``). Lua in Redis has no zlib, so the
+restoring is done by the mover in Python; a move never decodes anything.
+
+The member format: one version byte, the length of the task id (one byte), the
+task id, then raw deflate data made with :data:`DICTIONARY` followed by the task
+id. A dictionary, once released, never changes (a test pins its
+digest): a new one needs a new version byte, and the old one stays readable.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+
+from .errors import CorruptMember
+
+#: First byte of a cold member made with :data:`DICTIONARY`.
+VERSION = 1
+#: Longest message a cold member may hold once restored, bytes (Redis's string limit).
+MAX_MESSAGE_BYTES = 512 * 2**20
+
+
+def _dictionary() -> bytes:
+    """What Celery protocol 2 messages on Redis share, as kombu serialises them: the field
+    names and constant values, and the base64 of the tail of the body every task sends (in
+    each of its three alignments). deflate finds matches in the last 32 KB and codes the
+    nearer ones shorter, so the most common text comes last."""
+    tail = b', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+    bodies = b"".join(base64.b64encode(b"x" * pad + tail)[4:] for pad in (0, 1, 2))
+    skeleton = (
+        b'{"body": "W1tdLCB7fSwgeyJjYWxsYmFja3MiOiBudWxsLCAiZXJyYmFja3MiOiBudWxsLCAiY2hhaW4iOiBudWxsLCAi'
+        b'Y2hvcmQiOiBudWxsfV0=", "content-encoding": "utf-8", "content-type": "application/json", '
+        b'"headers": {"lang": "py", "task": "tasks.", "id": "", "shadow": null, "eta": "'
+        b'T00:00:00.000000+00:00", "expires": null, "group": null, "group_index": null, '
+        b'"retries": 0, "timelimit": [null, null], "root_id": "", "parent_id": null, '
+        b'"argsrepr": "()", "kwargsrepr": "{}", "origin": "gen@", "ignore_result": false, '
+        b'"replaced_task_nesting": 0, "stamped_headers": null, "stamps": {}}, "properties": '
+        b'{"correlation_id": "", "reply_to": "", "delivery_mode": 2, "delivery_info": '
+        b'{"exchange": "", "routing_key": "celery"}, "priority": 0, "body_encoding": "base64", '
+        b'"delivery_tag": ""}}'
+    )
+    return bodies + skeleton
+
+
+#: The preset dictionary of version 1 (see :func:`_dictionary`).
+DICTIONARY = _dictionary()
+
+
+#: Longest task id a cold member carries, bytes (its length is one byte).
+MAX_TASK_ID_BYTES = 255
+
+
+def pack(message: str | bytes, task_id: str) -> bytes | None:
+    """Return the cold member of ``message`` (the JSON string plain kombu would push) under
+    ``task_id`` (its id-index key), or ``None`` when the id is too long to carry.
+
+    The member starts with the task id in the clear, so Lua can name the id-index entry of a
+    member it removes without decoding it; the id then joins the dictionary, so the copies
+    of it inside the message cost almost nothing.
+    """
+    tid = task_id.encode("utf-8")
+    if len(tid) > MAX_TASK_ID_BYTES:
+        return None
+    raw = message.encode("utf-8") if isinstance(message, str) else message
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, DICTIONARY + tid)
+    return bytes([VERSION, len(tid)]) + tid + deflate.compress(raw) + deflate.flush()
+
+
+def unpack(member: bytes) -> tuple[str, bytes]:
+    """Return ``(task_id, message)`` of a cold member, the message byte for byte as it was
+    published.
+
+    Raises :class:`CorruptMember` for anything :func:`pack` did not make (an unknown version
+    byte, truncated or altered data): the caller keeps such a member, it never guesses.
+    """
+    if len(member) < 2 or member[0] != VERSION:
+        version = member[0] if member else None
+        raise CorruptMember(f"not a kombu-delay cold member (version byte {version!r})")
+    end = 2 + member[1]
+    tid = member[2:end]
+    inflate = zlib.decompressobj(-15, DICTIONARY + tid)
+    try:
+        task_id = tid.decode("utf-8")
+        message = inflate.decompress(member[end:], MAX_MESSAGE_BYTES)
+    except (zlib.error, UnicodeDecodeError) as exc:
+        raise CorruptMember(f"cold member does not inflate: {exc}") from exc
+    if len(tid) != member[1] or not inflate.eof or inflate.unused_data or inflate.unconsumed_tail:
+        raise CorruptMember("cold member is truncated, or has data past its end")
+    return task_id, message

@@ -1,0 +1,82 @@
+--[[ thaw_scan: list the cold messages due soon, for a mover to restore them (thaw.lua).
+
+KEYS[1] cindex  ZSET  <ns>cindex    member = score = start of a cold bucket holding messages
+KEYS[2] counts  HASH  <ns>counts    destination list key -> scheduled count
+KEYS[3] totals  HASH  <ns>totals    lifetime counters
+ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
+ARGV[2] ahead   ms: the cold messages due no later than now + ahead are listed
+ARGV[3] limit   most messages listed (and most cold buckets visited)
+Returns: {now_ms, next_ms, more, expired, start, score, dest, member, start, score, ...}
+         next_ms: no cold message left unlisted is due before it (-1: none is stored), so
+         the mover need not look again before next_ms - ahead. more: 1 when the limit cut
+         the list. expired: counted messages whose cold set was gone (expired after its
+         grace, or deleted by hand), whose counts this call settled, as move.lua does.
+Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, one ZRANGEBYSCORE
+       of at most the messages still wanted and one of a single member.
+
+Listing takes nothing: a member two movers both list is thawed by the first (thaw.lua's
+ZREM), and a mover that dies between the two calls leaves it where it was.
+]]
+local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
+local ns = ARGV[1]
+local limit = tonumber(ARGV[3])
+local now = clock()
+local horizon = now + tonumber(ARGV[2])
+local horizon_s = string.format('%d', horizon)
+local k = {ns = ns, sp = 'c', index = cindex}
+
+local listed, expired = {}, 0
+local wanted = limit
+local next_ms, more = -1, 0
+local function later(due)
+  if next_ms < 0 or due < next_ms then next_ms = due end
+end
+
+local starts = redis.call('ZRANGEBYSCORE', cindex, '-inf', horizon_s, 'LIMIT', 0, limit)
+for _, start_s in ipairs(starts) do
+  if wanted <= 0 then
+    more = 1
+    break
+  end
+  local meta = ns .. 'cm:' .. start_s
+  local fields = redis.call('HGETALL', meta)
+  local settled = false
+  for i = 1, #fields, 2 do
+    local name, n = fields[i], tonumber(fields[i + 1])
+    if string.sub(name, 1, 2) == 'q:' and n > 0 then
+      local dest = string.sub(name, 3)
+      local zset = ns .. 'cz:' .. start_s .. ':' .. dest
+      if redis.call('EXISTS', zset) == 0 then
+        -- Gone while counted: settle the count (HDEL first, as move.lua does).
+        expired = expired + n
+        redis.call('HDEL', meta, name)
+        uncount(counts, dest, n)
+        settled = true
+      elseif wanted > 0 then
+        local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, wanted)
+        for j = 1, #batch, 2 do
+          listed[#listed + 1] = start_s
+          listed[#listed + 1] = batch[j + 1]
+          listed[#listed + 1] = dest
+          listed[#listed + 1] = batch[j]
+        end
+        wanted = wanted - #batch / 2
+        local rest = redis.call('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        if rest[2] then later(math.floor(tonumber(rest[2]))) end
+      else
+        more = 1
+      end
+    end
+  end
+  if settled then
+    local empty, end_ms = drained_counts(meta)
+    if empty then retire(k, start_s, end_ms, now) end
+  end
+end
+if more == 0 and #starts == limit then more = 1 end
+local first = redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1]
+if first then later(tonumber(first)) end
+if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
+local reply = {now, next_ms, more, expired}
+for i = 1, #listed do reply[#reply + 1] = listed[i] end
+return reply

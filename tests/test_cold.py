@@ -1,0 +1,347 @@
+"""The cold space: messages due far ahead are stored compressed, and movers restore them
+(thaw) into the ordinary buckets before they are due, byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import zlib
+from collections import Counter
+
+import pytest
+import redis
+from celery import Celery
+
+from kombu_delay import cold, keys
+from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl
+from kombu_delay.errors import ConfigError, CorruptMember
+from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.mover import Mover
+from kombu_delay.replies import Cursor, Scheduled
+from kombu_delay.store import Store
+
+from .conftest import wait_until
+from .delay_helpers import kombu_payload, stored, tags_in
+from .e2e_app import QUEUE
+from .test_e2e import records, start_worker, wait_worker_ready
+
+#: Short spans, so a test waits seconds, not the default minute.
+FAST = Settings(compress_after_ms=3000, thaw_ahead_ms=2000)
+#: A message due 2.1 s ahead is stored compressed, and is due soon after its thaw horizon.
+JUST_COLD = Settings(compress_after_ms=2050, thaw_ahead_ms=2000)
+
+
+def celery_message(r: redis.Redis, queue: str = "capture") -> str:
+    """A message exactly as Celery's apply_async makes it (sent through plain redis://)."""
+    pool = r.connection_pool.connection_kwargs
+    app = Celery("capture", broker=f"redis://{pool['host']}:{pool['port']}/0")
+    try:
+        app.send_task("proj.tasks.add", args=[2, 3], kwargs={"note": "é ✓"}, countdown=600, queue=queue)
+    finally:
+        app.close()
+    raw = r.rpop(queue)
+    assert raw is not None
+    return raw.decode()
+
+
+def cold_members(r: redis.Redis, prefix: str = "") -> list[tuple[int, str, bytes, float]]:
+    """Every member of the cold space: (bucket start, dest, member, score)."""
+    found = []
+    for start in r.zrange(keys.cold_index(prefix), 0, -1):
+        meta = r.hgetall(keys.meta(prefix, int(start), keys.COLD))
+        for name in meta:
+            if name.startswith(b"q:"):
+                dest = name[2:].decode()
+                key = keys.queue_set(prefix, int(start), dest, keys.COLD)
+                for member, score in r.zrange(key, 0, -1, withscores=True):
+                    found.append((int(start), dest, bytes(member), float(score)))
+    return found
+
+
+def test_the_format_restores_celery_messages_byte_for_byte(r):
+    message = celery_message(r)
+    task_id = json.loads(message)["headers"]["id"]
+    member = cold.pack(message, task_id)
+    assert member is not None
+    assert member[0] == cold.VERSION and member[2 : 2 + member[1]] == task_id.encode()
+    assert len(member) < len(message.encode()) / 3
+    assert cold.unpack(member) == (task_id, message.encode())
+    # A released dictionary never changes: members stored by it must stay readable.
+    assert hashlib.sha256(cold.DICTIONARY).hexdigest()[:16] == "40f6ada0aac67e7e"
+    assert cold.pack(message, "x" * 256) is None  # the id's length must fit its byte
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda m: m[:-3],  # truncated
+        lambda m: m + b"tail",  # data past the end
+        lambda m: bytes([2]) + m[1:],  # an unknown version
+        lambda m: m[:1] + bytes([200]) + m[2:],  # an id length past the end
+        lambda m: m[:-6] + bytes([m[-6] ^ 0xFF]) + m[-5:],  # a flipped byte
+        lambda m: b"",
+    ],
+    ids=["truncated", "trailing", "version", "id-length", "flipped", "empty"],
+)
+def test_a_damaged_member_is_refused_never_guessed(r, damage):
+    message = celery_message(r)
+    member = cold.pack(message, "tid")
+    assert member is not None
+    with pytest.raises(CorruptMember):
+        got = cold.unpack(damage(member))
+        assert got[1] != message.encode()  # a flipped byte that still inflates is caught here
+        raise CorruptMember("inflated to something else")
+
+
+def test_options_validate(r):
+    with pytest.raises(ConfigError, match="delay_compress_after"):
+        Settings.from_options({"delay_compress_after": 20, "delay_thaw_ahead": 30}, env={})
+    with pytest.raises(ConfigError, match="delay_thaw_ahead"):
+        Settings.from_options({"delay_thaw_ahead": 0}, env={})
+    assert Settings.from_options({"delay_compress_after": 0}, env={}).compress_after_ms == 0
+    defaults = Settings.from_options({}, env={})
+    assert (defaults.compress_after_ms, defaults.thaw_ahead_ms) == (60_000, 30_000)
+
+
+def test_a_far_countdown_is_stored_compressed_and_seen_by_every_view(r, redis_server, prefix):
+    app = Celery("cold", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    try:
+        far = app.send_task("proj.tasks.add", args=[1, 2], queue="q1", countdown=3600).id
+        near = app.send_task("proj.tasks.add", args=[3, 4], queue="q1", countdown=30).id
+    finally:
+        app.close()
+    members = cold_members(r, prefix)
+    assert [cold.unpack(m)[0] for _, _, m, _ in members] == [far]
+    assert [s.envelope.task_id for s in stored(r, prefix) if not s.cold] == [near]
+    message = json.loads(cold.unpack(members[0][2])[1])
+    assert message["headers"]["id"] == far and message["properties"]["delivery_info"]["routing_key"] == "q1"
+
+    control = DelayControl(redis_server.delay_url, {"global_keyprefix": prefix})
+    stats = control.stats(hours=2, slot_minutes=30)
+    assert stats.scheduled == 2 and stats.later == 0
+    # The near one in the first slot; the far one in a later slot (by its bucket's start).
+    assert stats.histogram[0].count == 1 and sum(s.count for s in stats.histogram) == 2
+    [found] = control.find(far)
+    assert (
+        found.task == "proj.tasks.add"
+        and found.queue == "q1"
+        and found.size == len(cold.unpack(members[0][2])[1])
+    )
+    listed, cursor = [], None
+    while True:  # one message per page: the cursor crosses from the ordinary space to the cold one
+        page = control.scheduled(limit=1, cursor=cursor)
+        listed += [m.task_id for m in page.items]
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert listed == [near, far]
+    assert Cursor.parse(str(Cursor(5, "d", cold=True))).cold
+
+
+def test_a_mover_thaws_ahead_and_delivers_each_message_once_exactly_as_published(r):
+    store = Store(r)
+    message = celery_message(r)
+    now = store.time_ms()
+    dues = [now + 3500 + 37 * i for i in range(40)]
+    payloads = [message.replace("proj.tasks.add", f"proj.tasks.t{i}") for i in range(40)]
+    for i, (due, payload) in enumerate(zip(dues, payloads, strict=True)):
+        assert store.schedule(Due(due, task_id=f"t{i}"), "q", payload, FAST).outcome is Scheduled.STORED
+    assert len(cold_members(r)) == 40 and all(s.cold for s in stored(r))
+
+    mover = Mover(store, FAST)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        arrived: dict[str, int] = {}
+        deadline = time.monotonic() + 60
+        while len(arrived) < 40 and time.monotonic() < deadline:
+            got = r.brpop(["q"], timeout=1)
+            if got:
+                arrived[got[1].decode()] = store.time_ms()
+        # Thawed about thaw_ahead before due (never pushed from the cold space).
+        assert mover.stats.thawed == 40
+    finally:
+        mover.stop()
+        runner.join(30)
+    assert sorted(arrived) == sorted(payloads)  # byte for byte, each once
+    for payload, due in zip(payloads, dues, strict=True):
+        assert arrived[payload] >= due  # never early (Redis clock at the BRPOP return)
+    assert r.llen("q") == 0 and not cold_members(r) and store.counts() == {}
+    assert store.totals() == {"scheduled": 40, "moved": 40}
+    assert r.hlen(keys.ids("")) == 40 and not r.exists(keys.cold_index(""))
+
+
+def test_a_move_without_a_thaw_never_pushes_a_compressed_message(r, redis_server):
+    """What a mover of an older version does: it moves the ordinary buckets only."""
+    store = Store(r)
+    now = store.time_ms()
+    store.schedule(
+        Due(now + 2100, task_id="t"),
+        "q",
+        kombu_payload("t"),
+        JUST_COLD,
+    )
+    assert len(cold_members(r)) == 1
+    wait_until(lambda: store.time_ms() > now + 2200, timeout=30)
+    assert store.move_due(100).moved == 0 and r.llen("q") == 0
+    # The overdue message still counts, and a thaw then a move deliver it.
+    assert store.earliest_due_ms() == now + 2100
+    assert DelayControl(redis_server.delay_url).stats().overdue == 1
+    assert store.thaw(2000, 10).thawed == 1
+    result = store.move_due(100)
+    assert result.moved == 1 and result.lateness_ms[0] >= 100
+    assert tags_in(r, "q") == ["t"]
+
+
+def test_two_movers_thaw_the_same_messages_each_once(r, redis_server):
+    store = Store(r)
+    now = store.time_ms()
+    n = 3000
+    items = [(Due(now + 4000 + i % 500, task_id=f"t{i}"), "q", kombu_payload(f"t{i}")) for i in range(n)]
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(items, FAST))
+    assert len(cold_members(r)) == n
+    movers = [Mover(Store(redis_server.client()), FAST) for _ in range(2)]
+    runners = [threading.Thread(target=m.run, daemon=True) for m in movers]
+    for t in runners:
+        t.start()
+    try:
+        wait_until(lambda: r.llen("q") >= n, timeout=120)
+        time.sleep(0.5)  # room for a duplicate to show up
+    finally:
+        for m in movers:
+            m.stop()
+        for t in runners:
+            t.join(30)
+    tags = Counter(tags_in(r, "q"))
+    assert len(tags) == n and set(tags.values()) == {1}
+    assert sum(m.stats.thawed for m in movers) == n
+    assert store.totals() == {"scheduled": n, "moved": n}
+
+
+def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_lost(r, prefix):
+    store = Store(r, prefix)
+    now = store.time_ms()
+    for tag in ("good", "bad"):
+        store.schedule(
+            Due(now + 2100, task_id=tag),
+            "q",
+            kombu_payload(tag),
+            JUST_COLD,
+        )
+    start, dest, member, score = next(m for m in cold_members(r, prefix) if cold.unpack(m[2])[0] == "bad")
+    key = keys.queue_set(prefix, start, dest, keys.COLD)
+    damaged = member[:-4]
+    r.zrem(key, member)
+    r.zadd(key, {damaged: score})
+    wait_until(lambda: store.time_ms() > now + 150, timeout=30)  # within the thaw horizon
+    result = store.thaw(2000, 10)
+    assert (result.thawed, result.dead) == (1, 1)
+    assert r.lrange(keys.dead(prefix), 0, -1) == [damaged]  # kept as it was stored
+    wait_until(lambda: store.move_due(10).moved or r.llen("q"), timeout=30)
+    assert tags_in(r, "q") == ["good"]
+    assert store.totals()["dead"] == 1 and store.counts() == {}
+    assert not r.exists(keys.cold_index(prefix))
+
+
+def test_cancel_reschedule_and_purge_reach_compressed_messages(r, redis_server, prefix):
+    store = Store(r, prefix)
+    control = DelayControl(redis_server.delay_url, {"global_keyprefix": prefix})
+    app = Celery("cold", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    try:
+        ids = [app.send_task("proj.tasks.add", args=[i], queue="q1", countdown=7200).id for i in range(4)]
+    finally:
+        app.close()
+    assert len(cold_members(r, prefix)) == 4
+    assert control.cancel(ids[0]) == 1 and control.find(ids[0]) == []
+    # Cold to cold (far), cold to the ordinary space (near), cold to now.
+    assert control.reschedule(ids[1], countdown=3600) == 1
+    assert control.reschedule(ids[2], countdown=20) == 1
+    assert control.reschedule(ids[3], countdown=-1) == 1
+    assert [cold.unpack(m)[0] for _, _, m, _ in cold_members(r, prefix)] == [ids[1]]
+    assert [s.envelope.task_id for s in stored(r, prefix) if not s.cold] == [ids[2]]
+    pushed = json.loads(r.lpop(f"{prefix}q1"))
+    assert pushed["headers"]["id"] == ids[3]
+    # The compressed message carries its new ETA, as the ordinary one would.
+    [(_, _, member, score)] = cold_members(r, prefix)
+    assert parse_iso_ms(json.loads(cold.unpack(member)[1])["headers"]["eta"]) == int(score)
+    assert control.purge("q1") == 2
+    assert store.counts() == {} and not cold_members(r, prefix) and not stored(r, prefix)
+    assert not r.hget(keys.ids(prefix), ids[1])  # the cold message's ref left with it
+
+
+def test_a_publisher_clock_behind_redis_stores_the_message_uncompressed(r, monkeypatch):
+    store = Store(r)
+    due = store.time_ms() + 1500  # within FAST's thaw horizon (2 s)
+    # This process believes the message is due far ahead; Redis's clock says otherwise.
+    monkeypatch.setattr("kombu_delay.store.time.time", lambda: (due - 10_000) / 1000)
+    result = store.schedule(Due(due, task_id="t"), "q", kombu_payload("t"), FAST)
+    assert result.outcome is Scheduled.STORED
+    assert not cold_members(r) and [s.envelope.task_id for s in stored(r)] == ["t"]
+
+
+def test_zero_compress_after_stores_nothing_compressed(r):
+    store = Store(r)
+    store.schedule(
+        Due(3_600_000, relative=True, task_id="t"), "q", kombu_payload("t"), Settings(compress_after_ms=0)
+    )
+    assert not cold_members(r) and len(stored(r)) == 1
+
+
+def test_overdue_compressed_messages_are_delivered_once_after_a_mover_outage(r):
+    store = Store(r)
+    settings = JUST_COLD
+    now = store.time_ms()
+    for i in range(5):
+        store.schedule(Due(now + 2100, task_id=f"t{i}"), "q", kombu_payload(f"t{i}"), settings)
+    wait_until(lambda: store.time_ms() > now + 3000, timeout=30)  # no mover ran meanwhile
+    mover = Mover(store, settings)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: r.llen("q") >= 5, timeout=60)
+    finally:
+        mover.stop()
+        runner.join(30)
+    assert sorted(tags_in(r, "q")) == [f"t{i}" for i in range(5)]
+    assert store.counts() == {} and r.zcard(keys.index("")) == 0
+
+
+@pytest.mark.slow
+def test_a_worker_runs_a_compressed_task_at_its_due_time_once(r, redis_server, spawn, start_mover):
+    env = {"KOMBU_DELAY_THAW_AHEAD": "1"}
+    start_mover(env=env)
+    worker = start_worker(spawn, redis_server.url, redis_server.url, "cold")
+    wait_worker_ready(r, redis_server.url, worker)
+    app = Celery("cold", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"delay_compress_after": 2, "delay_thaw_ahead": 1}
+    try:
+        sent = [
+            app.send_task("e2e.record", ("cold",), queue=QUEUE, countdown=3 + i / 10).id for i in range(5)
+        ]
+    finally:
+        app.close()
+    assert len(cold_members(r)) == 5
+    dues = {cold.unpack(m)[0]: int(s) for _, _, m, s in cold_members(r)}
+    wait_until(lambda: len(records(r, "cold")) >= 5, timeout=120)
+    time.sleep(1.0)  # room for a duplicate to show up
+    runs = records(r, "cold")
+    assert Counter(rec["id"] for rec in runs) == Counter(sent)
+    for rec in runs:
+        assert rec["start_us"] >= dues[rec["id"]] * 1000  # never before its due millisecond
+    assert worker.popen.poll() is None, worker.output()
+
+
+def test_any_kombu_message_restores_not_only_celery_tasks():
+    for payload in (kombu_payload("t"), json.dumps({"body": "x" * 5000, "headers": {"x-delay": 5}}), "{}"):
+        member = cold.pack(payload, "t")
+        assert member is not None and cold.unpack(member)[1] == payload.encode()
+    # The format is plain raw deflate with a preset dictionary: any zlib can read it.
+    member = cold.pack("{}", "abc")
+    assert member is not None
+    inflate = zlib.decompressobj(-15, cold.DICTIONARY + b"abc")
+    assert inflate.decompress(member[5:]) == b"{}"
