@@ -1,4 +1,4 @@
-"""``kombu-delay bench``: measure publish rate, precision, bursts, memory, scale and herds.
+"""``kombu-delay bench``: measure publish rate, precision, bursts, memory, thaws, scale and herds.
 
 It starts a private redis-server (or uses ``--broker``, whose database it
 flushes), publishes Celery's own messages, runs real mover processes, prints a
@@ -63,7 +63,7 @@ def _plain_url(url: str) -> str:
 @click.option(
     "--only",
     default="",
-    help="Comma-separated scenarios (publish,precision,burst,memory,scale,herd,e2e,inspect).",
+    help="Comma-separated scenarios (publish,precision,burst,memory,thaw,scale,herd,e2e,inspect).",
 )
 @click.option(
     "--e2e", "with_e2e", is_flag=True, help="Also run the end-to-end scenario with stock Celery workers."
@@ -83,6 +83,7 @@ def _plain_url(url: str) -> str:
 @click.option("--precision-window", default=Sizes.precision_window_s, show_default=True, help="Seconds.")
 @click.option("--burst", "n_burst", default=Sizes.burst, show_default=True)
 @click.option("--memory", "n_memory", default=Sizes.memory, show_default=True)
+@click.option("--thaw", "n_thaw", default=Sizes.thaw, show_default=True, help="Messages stored compressed.")
 @click.option("--scale-small", default=Sizes.scale_small, show_default=True)
 @click.option("--scale-large", default=Sizes.scale_large, show_default=True)
 @click.option("--scale-probe", default=Sizes.scale_probe, show_default=True, help="Messages timed per round.")
@@ -116,6 +117,7 @@ def bench(
     precision_window: float,
     n_burst: int,
     n_memory: int,
+    n_thaw: int,
     scale_small: int,
     scale_large: int,
     scale_probe: int,
@@ -151,6 +153,7 @@ def bench(
         precision_window_s=precision_window,
         burst=n_burst,
         memory=n_memory,
+        thaw=n_thaw,
         scale_small=scale_small,
         scale_large=scale_large,
         scale_probe=scale_probe,

@@ -1,4 +1,4 @@
-"""The benchmark's scenarios: publish, precision, burst, memory, scale and herd.
+"""The benchmark's scenarios: publish, precision, burst, memory, thaw, scale and herd.
 
 Each scenario takes a :class:`Ctx`, starts from an empty database, and returns a
 JSON-ready dict. Messages are Celery's own (see :class:`~kombu_delay.bench_env.Payloads`),
@@ -15,9 +15,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from . import cold, keys
 from .bench_env import QUEUE, TASK, Movers, Payloads, Probe, celery_app, eta_of, fill, now_ms, rss_mb
 from .config import Settings
 from .eta import Due, parse_iso_ms
@@ -37,6 +38,7 @@ class Sizes:
     precision_window_s: float = 30.0
     burst: int = 100_000
     memory: int = 100_000
+    thaw: int = 100_000
     scale_small: int = 10_000
     scale_large: int = 1_000_000
     scale_probe: int = 2000
@@ -255,32 +257,64 @@ def burst(ctx: Ctx) -> dict[str, Any]:
 
 
 def memory(ctx: Ctx) -> dict[str, Any]:
-    """Redis used_memory per scheduled message, beyond its payload, ids index included."""
+    """Redis used_memory per scheduled message, beyond its payload, ids index included:
+    stored compressed (the default for messages due this far ahead), then uncompressed."""
     ctx.fresh()
     n = ctx.sizes.memory
-    before = ctx.probe.used_memory()
     start = int(now_ms()) + 600_000
-    count, _, payloads = ctx.fill_celery(iter(start + random.randrange(3_600_000) for _ in range(n)))
-    after = ctx.probe.used_memory()
+    messages = []
+    for _ in range(n):
+        due_ms = start + random.randrange(3_600_000)
+        messages.append((due_ms, *ctx.payloads.make(due_ms)))
+    payloads = [payload for _, _, payload in messages]
     payload = statistics.fmean(len(p.encode()) for p in payloads)
-    per = (after - before) / count
-    ids_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}ids")
-    bucket_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}z:*")
-    task_list_bytes = ctx.probe.sizes_of(f"{ctx.store.ns}t:*")
-    member = payload  # the member is the payload itself
-    result = {
+    ns = ctx.store.ns
+
+    # The default settings: due 10-70 min ahead, every message is stored compressed.
+    before = ctx.probe.used_memory()
+    count, fill_s = fill(ctx.store, ctx.settings, iter(messages))
+    per = (ctx.probe.used_memory() - before) / count
+    ctx.fill_rate = count / max(fill_s, 1e-6)
+    ids_bytes = ctx.probe.sizes_of(f"{ns}ids")
+    cold_bytes = ctx.probe.sizes_of(f"{ns}cz:*")
+    member = statistics.fmean(len(cold.pack(p, task_id) or b"") for _, task_id, p in messages)
+    result: dict[str, Any] = {
         "messages": count,
         "payload_bytes": payload,
+        "stored_compressed": _members_of(ctx, f"{ns}cz:*"),
         "used_memory_per_msg": per,
         "overhead_per_msg": per - payload,
+        "compressed_member_bytes": member,
+        "compressed_sets_per_msg": cold_bytes / count,
         "ids_index_per_msg": ids_bytes / count,
-        "buckets_per_msg": bucket_bytes / count,
-        "task_id_lists_per_msg": task_list_bytes / count,
-        # jemalloc hands out size classes: a member of this length is stored in the next one.
-        "allocator_rounding_bytes": _size_class(member + 6) - member,
-        "sorted_set_structure_bytes": bucket_bytes / count - _size_class(member + 6),
-        "other_per_msg": per - (ids_bytes + bucket_bytes + task_list_bytes) / count,
+        "other_per_msg": per - (ids_bytes + cold_bytes) / count,
     }
+
+    # The same messages with compression off: the layout movers move from, and the one a
+    # message due sooner than delay_compress_after is stored in.
+    ctx.probe.flush()
+    before = ctx.probe.used_memory()
+    count, _ = fill(ctx.store, replace(ctx.settings, compress_after_ms=0), iter(messages))
+    per = (ctx.probe.used_memory() - before) / count
+    ids_bytes = ctx.probe.sizes_of(f"{ns}ids")
+    bucket_bytes = ctx.probe.sizes_of(f"{ns}z:*")
+    task_list_bytes = ctx.probe.sizes_of(f"{ns}t:*")
+    plain_member = payload  # the member is the payload itself
+    result.update(
+        {
+            "uncompressed_stored": _members_of(ctx, f"{ns}z:*"),
+            "uncompressed_used_memory_per_msg": per,
+            "uncompressed_overhead_per_msg": per - payload,
+            "uncompressed_ids_index_per_msg": ids_bytes / count,
+            "uncompressed_buckets_per_msg": bucket_bytes / count,
+            "uncompressed_task_id_lists_per_msg": task_list_bytes / count,
+            # jemalloc hands out size classes: a member of this length is stored in the next
+            # one. (Compressed members vary in length, so one class says nothing about them.)
+            "uncompressed_allocator_rounding_bytes": _size_class(plain_member + 6) - plain_member,
+            "uncompressed_sorted_set_structure_bytes": bucket_bytes / count - _size_class(plain_member + 6),
+            "uncompressed_other_per_msg": per - (ids_bytes + bucket_bytes + task_list_bytes) / count,
+        }
+    )
     # For scale, the same payloads in the structures a layout can be made of: the list plain
     # kombu pushes them onto; a bare sorted set of them (the floor of any layout that keeps
     # the message itself as a sorted-set member); and a sorted set of task ids alone (the
@@ -297,6 +331,12 @@ def memory(ctx: Ctx) -> dict[str, Any]:
     result["bare_sorted_set_overhead_per_msg"] = bare / count - payload
     result["task_id_sorted_set_per_msg"] = id_set / count
     return result
+
+
+def _members_of(ctx: Ctx, pattern: str) -> int:
+    """How many members the sorted sets matching ``pattern`` hold together."""
+    client = ctx.probe.client
+    return sum(int(client.zcard(key)) for key in client.scan_iter(match=pattern, count=1000))
 
 
 def _grown(ctx: Ctx, fill: Callable[[], object]) -> int:
@@ -317,9 +357,87 @@ def _size_class(size: float) -> int:
     return spacing * math.ceil(n / spacing)
 
 
+def thaw(ctx: Ctx) -> dict[str, Any]:
+    """N messages due at one instant, stored compressed, one mover: the thaw ahead of the due
+    time (rate, largest script call, Redis CPU), then due -> all on the list."""
+    ctx.fresh()
+    n = ctx.sizes.thaw
+    # A short thaw horizon keeps the run short; the thaw itself is the same at any horizon.
+    settings = replace(ctx.settings, compress_after_ms=11_000, thaw_ahead_ms=10_000)
+    ahead = settings.thaw_ahead_ms
+    mover = ctx.movers.start("--thaw-ahead", str(ahead / 1000))
+    due = int(now_ms() + ctx.lead_ms(n) + settings.compress_after_ms + 1000)
+    count, fill_s, _ = ctx.fill_celery(iter([due] * n), settings)
+    if now_ms() > due - settings.compress_after_ms:
+        raise RuntimeError("the fill ended too close to the due time to store it compressed; rerun")
+    client = ctx.probe.client
+    cold_set = keys.queue_set(ctx.store.prefix, due - due % settings.bucket_width_ms, QUEUE, keys.COLD)
+    stored_cold = int(client.zcard(cold_set))
+    if stored_cold != count:
+        raise RuntimeError(f"only {stored_cold} of {count} messages were stored compressed")
+    _sleep_until(due - ahead - 500)
+    if int(client.zcard(cold_set)) != stored_cold:
+        raise RuntimeError("the thaw began before the fill was measured; rerun")
+    ctx.probe.reset_stats(slower_than_us=0)
+    cpu = ctx.probe.redis_cpu_s()
+    series: list[tuple[float, int, int]] = []  # (ms after due, still compressed, on the list)
+    began_at = done_at = listed_at = 0.0
+    left_at_first = 0
+    slowest = thaw_cpu = 0.0
+    early = 0
+    deadline = time.monotonic() + ahead / 1000 + 120
+    while time.monotonic() < deadline:
+        pipe = client.pipeline(transaction=False)
+        pipe.zcard(cold_set)
+        pipe.llen(QUEUE)
+        left, length = (int(x) for x in pipe.execute())
+        at = now_ms()  # read after the sample, so a message is never taken for early
+        series.append((round(at - due, 2), left, length))
+        if at < due:
+            early = max(early, length)
+        if left < stored_cold and not began_at:
+            began_at, left_at_first = at, left
+        if left == 0 and not done_at:
+            done_at = at
+            thaw_cpu = ctx.probe.redis_cpu_s() - cpu
+            slowest = ctx.probe.slowest_script_ms()
+        if length >= n:
+            listed_at = at
+            break
+        time.sleep(0.005)
+    length = ctx.probe.llen()
+    ctx.movers.stop(mover)
+    ctx.probe.flush()
+    ctx.probe.reset_stats()
+    thaw_s = (done_at - began_at) / 1000 if done_at else float("nan")
+    drain_s = (listed_at - due) / 1000 if listed_at else float("nan")
+    return {
+        "messages": count,
+        "payload_bytes": ctx.payloads.size,
+        "fill_s": fill_s,
+        "stored_cold": stored_cold,
+        "thaw_ahead_ms": ahead,
+        "thaw_started_ms_before_due": due - began_at if began_at else float("nan"),
+        "thaw_s": thaw_s,
+        # Counted from the first sample that saw a batch gone, so that batch is left out.
+        "thawed_per_s": left_at_first / thaw_s if thaw_s > 0 else float("nan"),
+        "thaw_done_before_due": bool(done_at) and done_at < due,
+        "thaw_done_ms_before_due": due - done_at if done_at else float("nan"),
+        "largest_thaw_script_call_ms": slowest,
+        "thaw_redis_cpu_us_per_msg": thaw_cpu * 1e6 / max(stored_cold, 1),
+        "drain_s": drain_s,
+        "moved_per_s": n / drain_s if drain_s > 0 else 0.0,
+        "early": early,
+        "lost": n - length,
+        "series": series[:: max(1, len(series) // 400)] + series[-1:],
+    }
+
+
 def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     ctx.fresh()
-    wide = Settings(bucket_width_ms=ONE_BUCKET_MS)
+    # Uncompressed, whatever the due time: this measures the layout movers move from (the
+    # cold space, which they thaw from, is measured by the thaw scenario).
+    wide = Settings(bucket_width_ms=ONE_BUCKET_MS, compress_after_ms=0)
     base = int(now_ms()) + 3_600_000
     pad = "x" * 40
 
@@ -459,6 +577,7 @@ SCENARIOS = {
     "precision": precision,
     "burst": burst,
     "memory": memory,
+    "thaw": thaw,
     "scale": scale,
     "herd": herd,
 }

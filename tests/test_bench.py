@@ -21,6 +21,7 @@ TINY = [
     "--precision-window", "1",
     "--burst", "500",
     "--memory", "500",
+    "--thaw", "500",
     "--scale-small", "200",
     "--scale-large", "2000",
     "--scale-probe", "100",
@@ -43,7 +44,17 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads(out.read_text())
     results = report["results"]
-    assert set(results) == {"publish", "precision", "burst", "memory", "scale", "herd", "e2e", "inspect"}
+    assert set(results) == {
+        "publish",
+        "precision",
+        "burst",
+        "memory",
+        "thaw",
+        "scale",
+        "herd",
+        "e2e",
+        "inspect",
+    }
     assert report["errors"] == {}
     assert report["meta"]["redis"]
 
@@ -52,6 +63,10 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
     assert results["burst"]["messages"] == 500 and results["burst"]["drain_s"] > 0
     memory = results["memory"]
     assert memory["messages"] == 500
+    # Due 10-70 min ahead, the default settings store every message compressed; the
+    # uncompressed layout is measured on the same messages.
+    assert memory["stored_compressed"] == 500 and memory["uncompressed_stored"] == 500
+    assert 0 < memory["compressed_member_bytes"] < memory["payload_bytes"]
     # The reference structures are measured in the same run.
     for floor in (
         "plain_list_overhead_per_msg",
@@ -59,6 +74,10 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
         "task_id_sorted_set_per_msg",
     ):
         assert memory[floor] != 0, floor
+    thaw = results["thaw"]
+    assert thaw["stored_cold"] == 500
+    assert thaw["thaw_done_before_due"], thaw
+    assert thaw["early"] == 0 and thaw["lost"] == 0
     assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
     assert [len(results["scale"][size]["rounds"]) for size in ("small", "large")] == [2, 2]
     for ramp in ("max_rate", "max_queue_length"):
@@ -67,5 +86,5 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
         assert herd["lost"] == 0 and herd["still_scheduled"] == 0
     assert results["e2e"]["lateness"]["started"] == 5
     assert results["e2e"]["lateness"]["early"] == 0
-    assert {row["scenario"] for row in report["targets"]} >= {"publish", "burst", "memory", "scale"}
+    assert {row["scenario"] for row in report["targets"]} >= {"publish", "burst", "memory", "thaw", "scale"}
     assert "| scenario | metric |" in done.stdout
