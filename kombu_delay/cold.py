@@ -70,7 +70,8 @@ def pack(message: str | bytes, task_id: str) -> bytes | None:
     if len(tid) > MAX_TASK_ID_BYTES:
         return None
     raw = message.encode("utf-8") if isinstance(message, str) else message
-    deflate = zlib.compressobj(6, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, DICTIONARY + tid)
+    # Level 1: a publish pays for it, and higher levels shrink a Celery message by only 5 %.
+    deflate = zlib.compressobj(1, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, DICTIONARY + tid)
     return bytes([VERSION, len(tid)]) + tid + deflate.compress(raw) + deflate.flush()
 
 

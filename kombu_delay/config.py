@@ -44,8 +44,8 @@ class Settings:
     #: Default 2 s.
     heartbeat_interval_ms: int = 2000
     #: Store a message due further ahead than this compressed, in the cold space, ms;
-    #: 0 = never. Option ``delay_compress_after`` (s). Default 60 s. Publisher only; when
-    #: set, it must be longer than ``delay_thaw_ahead``.
+    #: 0 = never. Option ``delay_compress_after`` (s). Default 60 s. Publisher only. A
+    #: message due within ``delay_thaw_ahead`` is never stored compressed, whatever this says.
     compress_after_ms: int = 60_000
     #: How long before their due time movers restore (thaw) compressed messages into the
     #: buckets they move from, ms. Option ``delay_thaw_ahead`` (s). Default 30 s. A
@@ -65,11 +65,6 @@ class Settings:
                 raise ConfigError(f"{_option(name)} must not be negative, got {_shown(self, name)}")
         if self.batch_size > 5000:
             raise ConfigError(f"delay_batch_size must be at most 5000, got {self.batch_size}")
-        if 0 < self.compress_after_ms <= self.thaw_ahead_ms:
-            raise ConfigError(
-                f"delay_compress_after ({_shown(self, 'compress_after_ms')}) must be longer than "
-                f"delay_thaw_ahead ({_shown(self, 'thaw_ahead_ms')}), or 0 to store nothing compressed"
-            )
 
     @classmethod
     def from_options(

@@ -240,6 +240,9 @@ class DelayControl:
                 raise self._too_far(task_id, due_ms)
             payload = with_eta(stored.message, due_ms)
             outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings)
+            if outcome is Rescheduled.GONE and (copy := store.thawed_copy(task_id, stored)) is not None:
+                # A mover thawed it between the find and now: the same message, uncompressed.
+                outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings)
             if outcome is Rescheduled.TOO_FAR:
                 raise self._too_far(task_id, due_ms)
             if outcome is Rescheduled.NOT_A_LIST:

@@ -13,6 +13,7 @@ Series (counters carry the ``_total`` suffix on the wire):
   ``kombu_delay_mover_errors_total``: counter, any other error in the mover loop (a bug:
   logged with its traceback, and retried too).
 * ``kombu_delay_dead_letters_total``, ``kombu_delay_expired_total``: counters of anomalies.
+* ``kombu_delay_thawed_total``: counter, compressed messages restored ahead of their due time.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import redis
 
-from .replies import MoveResult
+from .replies import MoveResult, ThawResult
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,12 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
     moved = prom.Counter("kombu_delay_moved", "Messages moved onto their queue lists.", registry=registry)
     dead = prom.Counter(
         "kombu_delay_dead_letters",
-        "Corrupt kombu-delay 0.1 envelopes moved to the dead-letter list.",
+        "Messages moved to the dead-letter list: corrupt kombu-delay 0.1 envelopes, and compressed "
+        "messages that could not be restored.",
         registry=registry,
+    )
+    thawed = prom.Counter(
+        "kombu_delay_thawed", "Compressed messages restored into the buckets movers move.", registry=registry
     )
     expired = prom.Counter(
         "kombu_delay_expired", "Scheduled messages lost to an expired or deleted bucket.", registry=registry
@@ -121,9 +126,17 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             last_refresh[0] = now
             collect_scheduled()
 
+    def on_thaw(result: ThawResult) -> None:
+        if result.thawed:
+            thawed.inc(result.thawed)
+        if result.dead:
+            dead.inc(result.dead)
+        if result.expired:
+            expired.inc(result.expired)
+
     def on_error(exc: BaseException) -> None:
         (errors if isinstance(exc, redis.RedisError) else other_errors).inc()
 
     prom.start_http_server(port, addr=addr, registry=registry)
     logger.info("metrics on http://%s:%d/metrics", addr, port)
-    return {"on_result": on_result, "on_error": on_error}
+    return {"on_result": on_result, "on_error": on_error, "on_thaw": on_thaw}

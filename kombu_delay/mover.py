@@ -26,7 +26,7 @@ import redis
 from .config import Settings
 from .connect import Target
 from .errors import RedisRefused, RedisUnavailable
-from .replies import FATAL_ERRORS, MoveResult
+from .replies import FATAL_ERRORS, MoveResult, ThawResult
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ MAX_DOUBLINGS = 30
 SOCKET_TIMEOUT_S = 10.0
 #: Most compressed messages one thaw step restores: a step is one short script call
 #: (a few ms), so a message due meanwhile waits at most that long for its move.
-THAW_BATCH = 50
+THAW_BATCH = 100
 
 
 @dataclass
@@ -155,6 +155,7 @@ class Mover:
         name: str | None = None,
         on_result: Callable[[MoveResult], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        on_thaw: Callable[[ThawResult], None] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -163,6 +164,7 @@ class Mover:
         self._stop = threading.Event()
         self._on_result = on_result
         self._on_error = on_error
+        self._on_thaw = on_thaw
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
         self._called_at = time.monotonic()
@@ -170,6 +172,7 @@ class Mover:
         self._wrongtype_logged_at = float("-inf")
         self._logged_moved = 0
         self._next_thaw = float("-inf")
+        self._thaw_refused_logged_at = float("-inf")
 
     def stop(self) -> None:
         """Ask the loop to finish the batch in hand and return."""
@@ -246,6 +249,7 @@ class Mover:
                 min(self.settings.batch_size, allowance), self.settings.max_queue_length
             )
             self._account(result)
+            self.thaw()  # a long backlog must not keep compressed messages from their thaw
             if not result.more or result.moved == 0 or self._stop.is_set():
                 return result
 
@@ -262,9 +266,20 @@ class Mover:
         if now < self._next_thaw:
             return self._next_thaw - now
         ahead = self.settings.thaw_ahead_ms
-        result = self.store.thaw(ahead, min(THAW_BATCH, self.settings.batch_size))
+        try:
+            result = self.store.thaw(ahead, min(THAW_BATCH, self.settings.batch_size))
+        except RedisRefused as exc:
+            # maxmemory, say: a thaw grows memory, a move frees it, so moves go on meanwhile.
+            if now - self._thaw_refused_logged_at >= LOG_EVERY_S:
+                logger.warning("mover %s: thaw refused (%s); moves go on, thaws are retried", self.name, exc)
+                self._thaw_refused_logged_at = now
+            self._next_thaw = now + 1.0
+            return 1.0
         self.stats.thawed += result.thawed
         self.stats.dead += result.dead
+        self.stats.expired += result.expired
+        if self._on_thaw is not None:
+            self._on_thaw(result)
         if result.expired:
             logger.warning(
                 "mover %s: %d compressed scheduled messages were lost: their bucket expired or "

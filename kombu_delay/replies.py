@@ -178,7 +178,7 @@ class Cursor:
     page goes on after the one the digest names, or, when that one has left meanwhile
     (moved, or cancelled), from the first member at that score.
 
-    The ordinary buckets are listed first, then the cold ones (``cold``).
+    The cold buckets (``cold``) are listed first, then the ordinary ones.
     """
 
     start_ms: int = 0

@@ -135,7 +135,8 @@ class Store:
         if not settings.compress_after_ms:
             return None
         ahead = due.ms if due.relative else due.ms - time.time() * 1000
-        if ahead <= settings.compress_after_ms:
+        # Never within the thaw horizon: the script would refuse it (see schedule.lua).
+        if ahead <= max(settings.compress_after_ms, settings.thaw_ahead_ms):
             return None
         return cold.pack(payload, due.task_id)
 
@@ -413,17 +414,38 @@ class Store:
         return list(found)
 
     def cancel(self, task_id: str) -> int:
-        """Remove every message of ``task_id``; return how many were removed."""
+        """Remove every message of ``task_id``; return how many were removed.
+
+        A compressed message a mover thawed between the find and its removal is looked for
+        again, in the ordinary buckets (a thaw only ever moves a message there).
+        """
         done = 0
         with translated_errors():
+            missed = False
             for stored in self.find(task_id):
-                done += int(
-                    self._scripts["cancel"](
-                        keys=[self._index, self._ids, self._counts, self._totals, self._gc],
-                        args=[self.ns, task_id, stored.bucket, stored.dest, stored.ref, stored.payload],
-                    )
-                )
+                removed = self._cancel_one(task_id, stored)
+                done += removed
+                missed = missed or (stored.cold and not removed)
+            if missed:
+                done += sum(self._cancel_one(task_id, again) for again in self.find(task_id))
         return done
+
+    def _cancel_one(self, task_id: str, stored: Stored) -> int:
+        return int(
+            self._scripts["cancel"](
+                keys=[self._index, self._ids, self._counts, self._totals, self._gc],
+                args=[self.ns, task_id, stored.bucket, stored.dest, stored.ref, stored.payload],
+            )
+        )
+
+    def thawed_copy(self, task_id: str, stored: Stored) -> Stored | None:
+        """Return the ordinary copy of the compressed message ``stored`` when a mover thawed
+        it meanwhile (same destination, due time and message), else ``None``."""
+        if not stored.cold:
+            return None
+        wanted = (stored.dest, stored.due_ms, stored.message)
+        found = (s for s in self.find(task_id) if not s.cold and (s.dest, s.due_ms, s.payload) == wanted)
+        return next(found, None)
 
     def reschedule(
         self, old: Stored, task_id: str, payload: str, due_ms: int, settings: Settings
@@ -467,7 +489,9 @@ class Store:
             return 0
         total = 0
         with translated_errors():
-            for space, index in (("", self._index), (keys.COLD, self._cold_index)):
+            # The cold space first: a message a mover thaws meanwhile moves into the ordinary
+            # buckets, which are purged after it.
+            for space, index in ((keys.COLD, self._cold_index), ("", self._index)):
                 cursor: Any = 0
                 while True:
                     reply = self._scripts["purge"](
@@ -487,10 +511,12 @@ class Store:
 
         With ``dests``, only messages bound for those lists are read; buckets whose meta
         hash counts none of them cost one ``HGETALL``. At most ``examine`` messages are read
-        per call; the returned cursor is ``None`` when the end was reached. The ordinary
-        buckets come first, then the cold ones (compressed messages).
+        per call; the returned cursor is ``None`` when the end was reached. The cold buckets
+        (compressed messages, due furthest ahead) come first, then the ordinary ones: a
+        message a mover thaws meanwhile moves into a part not listed yet, so it may be listed
+        twice, never skipped.
         """
-        cur = after or Cursor()
+        cur = after or Cursor(cold=True)
         wanted = set(dests) if dests is not None else None
         out: list[Stored] = []
         examined = 0
@@ -500,9 +526,9 @@ class Store:
                 index = self._cold_index if cur.cold else self._index
                 starts: list[Any] = self.client.zrangebyscore(index, cur.start_ms, "+inf", 0, 64)
                 if not starts:
-                    if cur.cold:
+                    if not cur.cold:
                         return out, None
-                    cur = Cursor(cold=True)
+                    cur = Cursor()
                     continue
                 for raw in starts:
                     if len(out) >= limit:
@@ -534,9 +560,9 @@ class Store:
                                 break
                     cur = Cursor(start + 1, cold=cur.cold)
                 if len(starts) < 64:
-                    if cur.cold:
+                    if not cur.cold:
                         return out, None
-                    cur = Cursor(cold=True)
+                    cur = Cursor()
 
     def _after(self, key: str, cur: Cursor, want: int) -> list[Any]:
         """Up to ``want`` (member, score) pairs of sorted set ``key`` after ``cur``."""

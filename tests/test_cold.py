@@ -17,9 +17,10 @@ from celery import Celery
 from kombu_delay import cold, keys
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import ConfigError, CorruptMember
+from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
 from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.mover import Mover
+from kombu_delay.redis_server import RedisServer
 from kombu_delay.replies import Cursor, Scheduled
 from kombu_delay.store import Store
 
@@ -96,14 +97,21 @@ def test_a_damaged_member_is_refused_never_guessed(r, damage):
         raise CorruptMember("inflated to something else")
 
 
-def test_options_validate(r):
-    with pytest.raises(ConfigError, match="delay_compress_after"):
-        Settings.from_options({"delay_compress_after": 20, "delay_thaw_ahead": 30}, env={})
+def test_options_validate_and_the_thaw_horizon_bounds_compression(r):
     with pytest.raises(ConfigError, match="delay_thaw_ahead"):
         Settings.from_options({"delay_thaw_ahead": 0}, env={})
+    with pytest.raises(ConfigError, match="delay_compress_after"):
+        Settings.from_options({"delay_compress_after": -1}, env={})
     assert Settings.from_options({"delay_compress_after": 0}, env={}).compress_after_ms == 0
     defaults = Settings.from_options({}, env={})
     assert (defaults.compress_after_ms, defaults.thaw_ahead_ms) == (60_000, 30_000)
+    # A mover may thaw further ahead than publishers compress: nothing due within the thaw
+    # horizon is stored compressed then.
+    wide = Settings.from_options({"delay_compress_after": 2, "delay_thaw_ahead": 3}, env={})
+    store = Store(r)
+    store.schedule(Due(2500, relative=True, task_id="near"), "q", kombu_payload("near"), wide)
+    store.schedule(Due(3500, relative=True, task_id="far"), "q", kombu_payload("far"), wide)
+    assert [cold.unpack(m)[0] for _, _, m, _ in cold_members(r)] == ["far"]
 
 
 def test_a_far_countdown_is_stored_compressed_and_seen_by_every_view(r, redis_server, prefix):
@@ -132,13 +140,13 @@ def test_a_far_countdown_is_stored_compressed_and_seen_by_every_view(r, redis_se
         and found.size == len(cold.unpack(members[0][2])[1])
     )
     listed, cursor = [], None
-    while True:  # one message per page: the cursor crosses from the ordinary space to the cold one
+    while True:  # one message per page: the cursor crosses from the cold space to the ordinary one
         page = control.scheduled(limit=1, cursor=cursor)
         listed += [m.task_id for m in page.items]
         if page.cursor is None:
             break
         cursor = page.cursor
-    assert listed == [near, far]
+    assert listed == [far, near]
     assert Cursor.parse(str(Cursor(5, "d", cold=True))).cold
 
 
@@ -243,7 +251,10 @@ def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_l
     assert r.lrange(keys.dead(prefix), 0, -1) == [damaged]  # kept as it was stored
     wait_until(lambda: store.move_due(10).moved or r.llen("q"), timeout=30)
     assert tags_in(r, "q") == ["good"]
-    assert store.totals()["dead"] == 1 and store.counts() == {}
+    totals = store.totals()
+    assert totals["dead"] == 1 and store.counts() == {}
+    # Lost to delivery, so counted as expired too: the totals add up to what is stored (0).
+    assert totals["scheduled"] - totals["moved"] - totals["expired"] == 0
     assert not r.exists(keys.cold_index(prefix))
 
 
@@ -345,3 +356,101 @@ def test_any_kombu_message_restores_not_only_celery_tasks():
     assert member is not None
     inflate = zlib.decompressobj(-15, cold.DICTIONARY + b"abc")
     assert inflate.decompress(member[5:]) == b"{}"
+
+
+def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis_server, monkeypatch):
+    store = Store(r)
+    now = store.time_ms()
+    for tag in ("a", "b"):
+        store.schedule(Due(now + 2100, task_id=tag), "q", kombu_payload(tag), JUST_COLD)
+    before = {tag: store.find(tag) for tag in ("a", "b")}
+    assert all(found[0].cold for found in before.values())
+    wait_until(lambda: store.time_ms() > now + 150, timeout=30)
+    assert store.thaw(2000, 10).thawed == 2  # a mover thaws them after the find
+    real_find = Store.find
+    stale = dict(before)
+
+    def find_once_stale(self: Store, task_id: str) -> list:
+        return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
+
+    monkeypatch.setattr(Store, "find", find_once_stale)
+    assert store.cancel("a") == 1
+    with DelayControl(redis_server.delay_url) as control:
+        monkeypatch.setattr(type(control.store), "find", find_once_stale)
+        assert control.reschedule("b", countdown=600) == 1
+    monkeypatch.setattr(Store, "find", real_find)
+    assert store.find("a") == []
+    [moved] = store.find("b")
+    assert moved.due_ms > now + 500_000 and store.counts() == {"q": 1}
+
+
+def test_a_long_rate_capped_drain_still_thaws_in_time(r):
+    store = Store(r)
+    now = store.time_ms()
+    backlog = [(Due(now - 1000 + i % 10, task_id=f"w{i}"), "q", kombu_payload(f"w{i}")) for i in range(3000)]
+    plain = Settings(compress_after_ms=0, bucket_width_ms=1000)
+    assert {x.outcome for x in store.schedule_many(backlog, plain)} == {Scheduled.PUSHED_NOW}
+    r.delete("q")
+    due = now + 2500
+    store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
+    later = [(Due(now + 400 + i % 10, task_id=f"l{i}"), "q", kombu_payload(f"l{i}")) for i in range(3000)]
+    assert {x.outcome for x in store.schedule_many(later, plain)} == {Scheduled.STORED}
+    # 3,000 messages due at once under a 300/s cap: one drain of about ten seconds.
+    mover = Mover(store, Settings(max_rate=300, thaw_ahead_ms=2000))
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: store.time_ms() > due - 100, timeout=60)
+        assert not cold_members(r), "the compressed message waited for the drain to end"
+        assert r.llen("q") < 3000  # the drain was still going
+    finally:
+        mover.stop()
+        runner.join(30)
+
+
+def test_a_drained_bucket_thawed_into_keeps_the_shared_keys_expiring(r):
+    store = Store(r)
+    now = store.time_ms()
+    due = now + 2100
+    if due % 60_000 > 59_000:  # both messages must share one minute bucket
+        due += 2000
+    store.schedule(Due(due, task_id="w"), "q", kombu_payload("w"), Settings(compress_after_ms=0))
+    store.schedule(Due(due + 1, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
+    assert store.cancel("w") == 1 and not r.exists(keys.index(""))  # the ordinary index emptied
+    wait_until(lambda: store.time_ms() > due + 1 - 1900, timeout=30)
+    assert store.thaw(2000, 10).thawed == 1
+    assert r.pttl(keys.index("")) > 0 and r.pttl(keys.ids("")) > 0 and r.pttl(keys.counts("")) > 0
+
+
+def test_a_cold_bucket_whose_meta_is_gone_leaves_its_index(r):
+    store = Store(r)
+    store.schedule(Due(2100, relative=True, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
+    [(start, _, _, _)] = cold_members(r)
+    r.delete(keys.meta("", start, keys.COLD), keys.queue_set("", start, "q", keys.COLD))
+    wait_until(lambda: store.thaw(2000, 10).next_ms is None and not r.exists(keys.cold_index("")), timeout=30)
+    assert store.earliest_due_ms() is None
+
+
+def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on(tmp_path):
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        client = server.client()
+        store = Store(client)
+        now = store.time_ms()
+        store.schedule(Due(now + 2100, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
+        store.schedule(Due(now + 300, task_id="w"), "q", kombu_payload("w"), JUST_COLD)
+        wait_until(lambda: store.time_ms() > now + 400, timeout=30)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 100_000)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(10_000):
+                client.set(f"filler:{i}", b"x" * 4096)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
+        with pytest.raises(RedisRefused, match="maxmemory"):
+            store.thaw(2000, 10)
+        assert len(cold_members(client)) == 1  # nothing taken
+        mover = Mover(store, JUST_COLD)
+        assert mover.thaw() == 1.0  # refused: retried in a second, the mover carries on
+        assert store.move_due(10).moved == 1  # a move frees memory: it is not refused
+        client.config_set("maxmemory", 0)
+        wait_until(lambda: store.thaw(2000, 10).thawed == 1, timeout=30)
+        wait_until(lambda: store.move_due(10).moved == 1, timeout=30)
+        assert tags_in(client, "q") == ["w", "c"]

@@ -26,8 +26,7 @@ keep_until(key, now, at)
   never shortens it. Bound: one PTTL and at most one PEXPIREAT.
 
 put(k, now, due, task_id, dest, payload)
-  Stores one message due in the future (schedule.lua and reschedule.lua; thaw.lua too, whose
-  message may be overdue). ``k`` holds the
+  Stores one message due in the future (schedule.lua and reschedule.lua; see put_group). ``k`` holds the
   shared keys and settings: ns, index, ids, counts, totals, width, grace, wake, and
   optionally expires (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, and
   sp: 'c' for the cold space (keys.py: its keys and refs start with 'c', its bucket has no
@@ -40,6 +39,13 @@ put(k, now, due, task_id, dest, payload)
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
   in this bucket (nothing written but a step of the bucket's seq counter). Bound: a constant number of O(log n) commands.
 
+put_group(k, now, start, dest, msgs)
+  put for several messages of one bucket (``start``, as put computes it from k.width) and
+  one destination, sharing its per-bucket work (thaw.lua, whose messages may be overdue). msgs[i] = {due, task_id, payload,
+  old_ref}: old_ref, when given, is the message's current ref in the id index, replaced by
+  the new one. k.counted: the messages are counted already (in counts). Returns the code of
+  each, as put. Bound: four commands per message, and put's per-bucket ones once.
+
 retire(k, start_s, end_ms, now)
   A bucket whose meta counts all reached zero leaves the index for <ns>gc (scored by its end),
   where the mover drops its id-index refs once nothing more can be scheduled into it. Its
@@ -50,7 +56,7 @@ drained_counts(meta)
   Returns true when the meta hash counts no message (or is gone), and the bucket's end.
 
 take(k, start_s, dest, payload, task_id, ref, now)
-  Removes one stored message (cancel.lua, reschedule.lua, thaw.lua; k.sp as for put): ZREM first, so a message a mover
+  Removes one stored message (cancel.lua, reschedule.lua; k.sp as for put): ZREM first, so a message a mover
   moved a moment ago is left alone (returns false, nothing written); else uncounts it, drops
   its ref from the id index, retires the bucket if that was its last message, returns true.
 
@@ -276,31 +282,50 @@ local function retire(k, start_s, end_ms, now)
   keep_until(k.gc, now, math.max(now, at) + 86400000)
 end
 
-local function put(k, now, due, task_id, dest, payload)
+local function put_group(k, now, start, dest, msgs)
   local sp = k.sp or ''
-  local start = due - due % k.width
   local start_s = string.format('%d', start)
   local meta = k.ns .. sp .. 'm:' .. start_s
   local zset = k.ns .. sp .. 'z:' .. start_s .. ':' .. dest
-  local n_seq = redis.call('HINCRBY', meta, 'seq', 1)
-  local seq = (n_seq - 1) % 2048
-  if redis.call('ZADD', zset, 'NX', due + seq / 2048, payload) == 0 then
-    return 2
+  local n_seq = redis.call('HINCRBY', meta, 'seq', #msgs)
+  local codes, added, first = {}, {}, nil
+  for i, m in ipairs(msgs) do
+    m.seq = (n_seq - #msgs + i - 1) % 2048
+    if redis.call('ZADD', zset, 'NX', m.due + m.seq / 2048, m.payload) == 0 then
+      codes[i] = 2
+    else
+      codes[i] = 1
+      added[#added + 1] = m
+      if not first or m.due < first.due then first = m end
+    end
   end
-  local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, 1)
+  if #added == 0 then return codes end
+  local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, #added)
   if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
-  local n_dest = redis.call('HINCRBY', k.counts, dest, 1)
-  if k.counter then redis.call('HINCRBY', k.totals, k.counter, 1) end
+  local dest_new = false
+  if not k.counted then
+    dest_new = redis.call('HINCRBY', k.counts, dest, #added) == #added
+  end
+  if k.counter then redis.call('HINCRBY', k.totals, k.counter, #added) end
   -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
   local tasks, n_tasks = nil, 0
   if sp == '' then
     tasks = k.ns .. 't:' .. start_s
-    n_tasks = redis.call('RPUSH', tasks, task_id)
+    local task_ids = {}
+    for i, m in ipairs(added) do task_ids[i] = m.task_id end
+    n_tasks = redis.call('RPUSH', tasks, unpack(task_ids))
   end
-  -- Written before the expiry below, which needs the ids hash to exist.
-  local ref = sp .. start_s .. ':' .. string.format('%d', due - start) .. ':' .. seq
-  if redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
-    redis.call('HSET', k.ids, task_id, redis.call('HGET', k.ids, task_id) .. ' ' .. ref)
+  -- Written before the expiry below, which needs the ids hash to exist. A message that
+  -- already has a ref (m.old_ref: thawed out of the cold space) gets it replaced.
+  for _, m in ipairs(added) do
+    local ref = sp .. start_s .. ':' .. string.format('%d', m.due - start) .. ':' .. m.seq
+    if m.old_ref then
+      local refs = redis.call('HGET', k.ids, m.task_id)
+      local kept = refs and without_ref(refs, m.old_ref)
+      redis.call('HSET', k.ids, m.task_id, kept and (kept .. ' ' .. ref) or ref)
+    elseif redis.call('HSETNX', k.ids, m.task_id, ref) == 0 then  -- a retry reuses its task id
+      redis.call('HSET', k.ids, m.task_id, redis.call('HGET', k.ids, m.task_id) .. ' ' .. ref)
+    end
   end
   -- A dead system must not grow Redis forever: the messages expire after the grace, the
   -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
@@ -309,8 +334,9 @@ local function put(k, now, due, task_id, dest, payload)
   -- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
   -- message outlives a narrower one's expiry. Each expiry is set only when it can change
   -- something: for a new key, or a later expiry. The shared keys (index, ids, counts)
-  -- likewise only for a new bucket, a later expiry, or when this destination's global count
-  -- was zero (they may have emptied and vanished, taking their expiry with them).
+  -- likewise only for a later expiry, a set that was empty (its bucket may have drained,
+  -- and the index with it), or when this destination's global count was zero (they may
+  -- have emptied and vanished, taking their expiry with them).
   local end_ms, expire_at = start + k.width, start + k.width + k.grace
   local known = redis.call('HMGET', meta, 'end', 'x')
   local known_x = tonumber(known[2])
@@ -321,7 +347,7 @@ local function put(k, now, due, task_id, dest, payload)
     redis.call('PEXPIREAT', meta, expire_at + 86400000)
     if tasks then redis.call('PEXPIREAT', tasks, expire_at + 86400000) end
     redis.call('PEXPIREAT', zset, expire_at)
-    if n_seq > 1 then  -- other destinations' sets of this bucket, made before this publish
+    if n_seq > #msgs then  -- other destinations' sets of this bucket, made before this call
       local fields = redis.call('HGETALL', meta)
       for i = 1, #fields, 2 do
         local name = fields[i]
@@ -331,28 +357,32 @@ local function put(k, now, due, task_id, dest, payload)
       end
     end
   else
-    if n_here == 1 then redis.call('PEXPIREAT', zset, known_x) end
-    if tasks and n_tasks == 1 then redis.call('PEXPIREAT', tasks, known_x + 86400000) end
+    if n_here == #added then redis.call('PEXPIREAT', zset, known_x) end
+    if tasks and n_tasks == #added then redis.call('PEXPIREAT', tasks, known_x + 86400000) end
   end
   local meta_expire_at = math.max(expire_at, known_x or 0) + 86400000
-  if n_here == 1 then
+  if n_here == #added then
     redis.call('ZADD', k.index, start, start_s)  -- new, or back from <ns>gc
   end
-  if extended or n_dest == 1 then
+  if extended or dest_new or n_here == #added then
     keep_until(k.index, now, meta_expire_at)
     keep_until(k.ids, now, meta_expire_at)
     keep_until(k.counts, now, meta_expire_at)
   end
-  -- Wake the movers only when this message may now be the earliest one scheduled: first in
+  -- Wake the movers only when a message may now be the earliest one scheduled: first in
   -- its sorted set, in the first bucket, or before the first bucket's end (publishers with a
   -- wider bucket width). Cheap, and false for almost every publish.
-  if sp == '' and redis.call('ZRANK', zset, payload) == 0 then
-    local first = redis.call('ZRANGE', k.index, 0, 0)[1]
-    if first == start_s or (first and due < tonumber(redis.call('HGET', k.ns .. 'm:' .. first, 'end') or 0)) then
-      redis.call('PUBLISH', k.wake, string.format('%d', due))
+  if sp == '' and redis.call('ZRANK', zset, first.payload) == 0 then
+    local head = redis.call('ZRANGE', k.index, 0, 0)[1]
+    if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.ns .. 'm:' .. head, 'end') or 0)) then
+      redis.call('PUBLISH', k.wake, string.format('%d', first.due))
     end
   end
-  return 1
+  return codes
+end
+
+local function put(k, now, due, task_id, dest, payload)
+  return put_group(k, now, due - due % k.width, dest, {{due = due, task_id = task_id, payload = payload}})[1]
 end
 
 local function cold_task_id(member)

@@ -13,48 +13,112 @@ ARGV[3..] one group of five per message: start (its cold bucket), score, dest, m
         cold member, exactly as listed), message (the JSON string it restores to; "" when it
         could not be restored)
 Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that were
-         cancelled meanwhile (nothing written for them).
-Bound: a constant number of O(log n) commands per message.
+         cancelled meanwhile (nothing written for them), and the rare one whose identical
+         twin was stored already (counted as cancelled).
+Bound: about six O(log n) commands per message, and a constant number per bucket.
 
-Each message leaves the cold space (take in _common.lua: ZREM first, so a member already
-gone is left alone) and enters the ordinary one (put) in this one script, so a crash can
-neither lose nor duplicate one. It keeps its due time, and its bucket width, grace and
+Each message leaves the cold space (ZREM first, so a member already gone is left alone)
+and enters the ordinary one (put_group in _common.lua) in this one script, so a crash can
+neither lose nor duplicate one; its id-index ref is replaced by the new one. It keeps its due time, and its bucket width, grace and
 x-expires as its publisher set them; one that is overdue (no mover ran in time) goes into
 a bucket that is due now, and is moved by the next move call. A message that could not be
-restored leaves the cold space for the dead-letter list, counted as dead.
+restored leaves the cold space for the dead-letter list, counted as dead (and as expired,
+so the lifetime totals add up). Under maxmemory the call is refused as a whole.
 ]]
 local ns = ARGV[1]
+-- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
+-- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
+-- member that is not there writes nothing.) Moves, which free memory, go on meanwhile.
+redis.call('ZADD', KEYS[5], 'XX', 0, '')
 local now = clock()
-local thawed, dead, gone = 0, 0, 0
+local thawed, dead, merged, gone = 0, 0, 0, 0
 local cold = {ns = ns, sp = 'c', index = KEYS[5], ids = KEYS[2], counts = KEYS[3]}
+local cold_meta, removed, touched = {}, {}, {}
+local groups, order = {}, {}
+
+-- Each message is taken from its cold set first (ZREM: a member another mover thawed, or
+-- that was cancelled, is gone, and nothing is written for it). The counts stay: the
+-- messages are still scheduled. The ordinary buckets' work is then done per bucket and
+-- destination (put_group), and the cold buckets' meta counts once per bucket.
 for i = 3, #ARGV, 5 do
   local start_s, score_s, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local task_id = cold_task_id(member)
-  local score = tonumber(score_s)
-  local due = math.floor(score)
-  -- Read before take, which deletes the meta hash of a bucket it drains.
-  local known = redis.call('HMGET', ns .. 'cm:' .. start_s, 'end', 'x', 'e:' .. dest)
-  local ref = 'c' .. score_ref(start_s, score)
-  if not take(cold, start_s, dest, member, task_id, ref, now) then
-    gone = gone + 1
-  elseif message == '' then
-    redis.call('LPUSH', KEYS[6], member)
-    dead = dead + 1
-  else
+  local meta = cold_meta[start_s]
+  if not meta then
+    local known = redis.call('HMGET', ns .. 'cm:' .. start_s, 'end', 'x')
     local end_ms = tonumber(known[1]) or (tonumber(start_s) + 60000)
-    local grace = (tonumber(known[2]) or end_ms) - end_ms
-    local k = {ns = ns, index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
-               width = math.max(1, end_ms - tonumber(start_s)),
-               -- An overdue message's bucket must not expire before its mover comes.
-               grace = grace + math.max(0, now - due),
-               wake = ARGV[2], expires = tonumber(known[3])}
-    if put(k, now, due, task_id, dest, message) == 2 then
-      -- Its identical twin is stored already (a publish retried across the threshold):
-      -- one of them is gone, as reschedule.lua counts a merge.
-      redis.call('HINCRBY', KEYS[4], 'cancelled', 1)
+    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = (tonumber(known[2]) or end_ms) - end_ms,
+            expires = {}}
+    cold_meta[start_s] = meta
+  end
+  if meta.expires[dest] == nil then
+    meta.expires[dest] = tonumber(redis.call('HGET', ns .. 'cm:' .. start_s, 'e:' .. dest) or 0)
+  end
+  if redis.call('ZREM', ns .. 'cz:' .. start_s .. ':' .. dest, member) == 0 then
+    gone = gone + 1
+  else
+    local score = tonumber(score_s)
+    local due = math.floor(score)
+    local task_id = cold_task_id(member)
+    local ref = 'c' .. score_ref(start_s, score)
+    if not removed[start_s] then
+      removed[start_s] = {}
+      touched[#touched + 1] = start_s
     end
-    thawed = thawed + 1
+    removed[start_s][dest] = (removed[start_s][dest] or 0) + 1
+    if message == '' then
+      -- Counted as dead and as expired (lost to delivery), so the lifetime totals still
+      -- add up to what is stored (see reschedule.lua).
+      redis.call('LPUSH', KEYS[6], member)
+      drop_refs(KEYS[2], {task_id}, function() return ref end)
+      uncount(KEYS[3], dest, 1)
+      dead = dead + 1
+    else
+      local start = due - due % meta.width
+      local key = start .. ' ' .. meta.width .. ' ' .. meta.grace .. ' ' .. dest
+      local group = groups[key]
+      if not group then
+        group = {start = start, dest = dest, width = meta.width, grace = meta.grace,
+                 expires = meta.expires[dest], msgs = {}, first_due = due}
+        groups[key] = group
+        order[#order + 1] = key
+      end
+      group.msgs[#group.msgs + 1] = {due = due, task_id = task_id, payload = message, old_ref = ref}
+      if due < group.first_due then group.first_due = due end
+    end
   end
 end
-if dead > 0 then redis.call('HINCRBY', KEYS[4], 'dead', dead) end
-return {thawed, dead, gone}
+
+for _, start_s in ipairs(touched) do
+  local meta = ns .. 'cm:' .. start_s
+  for dest, n in pairs(removed[start_s]) do redis.call('HINCRBY', meta, 'q:' .. dest, -n) end
+  local empty, end_ms = drained_counts(meta)
+  if empty then retire(cold, start_s, end_ms, now) end
+end
+
+for _, key in ipairs(order) do
+  local g = groups[key]
+  local k = {ns = ns, index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
+             width = g.width,
+             -- An overdue message's bucket must not expire before its mover comes.
+             grace = g.grace + math.max(0, now - g.first_due),
+             wake = ARGV[2], expires = g.expires, counted = true}
+  local codes = put_group(k, now, g.start, g.dest, g.msgs)
+  for i, code in ipairs(codes) do
+    if code == 2 then
+      -- Its identical twin is stored already (a publish retried across the threshold): one
+      -- of them is gone, as reschedule.lua counts a merge.
+      local m = g.msgs[i]
+      drop_refs(KEYS[2], {m.task_id}, function() return m.old_ref end)
+      uncount(KEYS[3], g.dest, 1)
+      merged = merged + 1
+    else
+      thawed = thawed + 1
+    end
+  end
+end
+if dead > 0 then
+  redis.call('HINCRBY', KEYS[4], 'dead', dead)
+  redis.call('HINCRBY', KEYS[4], 'expired', dead)
+end
+if merged > 0 then redis.call('HINCRBY', KEYS[4], 'cancelled', merged) end
+return {thawed, dead, gone + merged}

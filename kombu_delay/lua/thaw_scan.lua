@@ -40,19 +40,21 @@ for _, start_s in ipairs(starts) do
   end
   local meta = ns .. 'cm:' .. start_s
   local fields = redis.call('HGETALL', meta)
-  local settled = false
+  local left, end_ms = 0, nil
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
+    if name == 'end' then end_ms = n end
     if string.sub(name, 1, 2) == 'q:' and n > 0 then
       local dest = string.sub(name, 3)
       local zset = ns .. 'cz:' .. start_s .. ':' .. dest
       if redis.call('EXISTS', zset) == 0 then
-        -- Gone while counted: settle the count (HDEL first, as move.lua does).
+        -- Gone while counted: settle the count (HDEL first, as move.lua does). Their refs
+        -- stay in the id index (a cold bucket keeps no task-id list) and name nothing.
         expired = expired + n
         redis.call('HDEL', meta, name)
         uncount(counts, dest, n)
-        settled = true
       elseif wanted > 0 then
+        left = left + n
         local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, wanted)
         for j = 1, #batch, 2 do
           listed[#listed + 1] = start_s
@@ -64,14 +66,14 @@ for _, start_s in ipairs(starts) do
         local rest = redis.call('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
         if rest[2] then later(math.floor(tonumber(rest[2]))) end
       else
+        left = left + n
         more = 1
       end
     end
   end
-  if settled then
-    local empty, end_ms = drained_counts(meta)
-    if empty then retire(k, start_s, end_ms, now) end
-  end
+  -- Drained, or only counted messages that are gone, or its meta hash gone (expired a day
+  -- after its grace, or deleted): the bucket leaves the index, as move.lua retires one.
+  if left == 0 then retire(k, start_s, end_ms, now) end
 end
 if more == 0 and #starts == limit then more = 1 end
 local first = redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1]
