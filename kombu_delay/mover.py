@@ -258,9 +258,11 @@ class Mover:
         time to look; return the seconds until the next look.
 
         One batch per call, between drains, so a due message never waits behind more than
-        one. A compressed message is always stored at least ``thaw_ahead`` before its due
-        time (the publish refuses it otherwise), and a mover looks at least three times
-        in that span, so even one published after the last look is thawed in time.
+        one. A compressed message is always stored at least the publisher's
+        ``thaw_ahead`` before its due time (the publish refuses it otherwise). A mover looks
+        at least three times in its own ``thaw_ahead``, by the earliest compressed message
+        it saw, and whenever a publish wakes it: a publish into the first cold bucket
+        does, so a mover that thaws further ahead than a publisher is not late either.
         """
         now = time.monotonic()
         if now < self._next_thaw:
@@ -369,6 +371,7 @@ class Mover:
             if pubsub.get_message(timeout=min(left, STOP_SLICE_S)) is not None:
                 while pubsub.get_message(timeout=0) is not None:
                     pass  # several wake-ups, one drain
+                self._next_thaw = float("-inf")  # it may announce a compressed message: look
                 return
 
     def _beat(self) -> None:

@@ -454,3 +454,29 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on(tmp_path):
         wait_until(lambda: store.thaw(2000, 10).thawed == 1, timeout=30)
         wait_until(lambda: store.move_due(10).moved == 1, timeout=30)
         assert tags_in(client, "q") == ["w", "c"]
+
+
+def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):
+    """The mover looks every 20 s (a third of its 60 s horizon); the publisher stores a message
+    compressed only 3 s before its due time. Its publish wakes the mover, which thaws it now."""
+    store = Store(r)
+    mover = Mover(store, Settings(thaw_ahead_ms=60_000, max_sleep_ms=60_000))
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: mover.stats.calls > 0, timeout=30)  # it has looked once: nothing
+        time.sleep(0.5)
+        due = store.time_ms() + 3500
+        publisher = Settings(compress_after_ms=3000, thaw_ahead_ms=2000)
+        assert (
+            store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), publisher).outcome
+            is Scheduled.STORED
+        )
+        assert len(cold_members(r)) == 1
+        got = r.brpop(["q"], timeout=60)
+        arrived = store.time_ms()
+        # Never early; late loosely: without the wake it comes with the next look, 20 s on.
+        assert got is not None and due <= arrived < due + 10_000, arrived - due
+    finally:
+        mover.stop()
+        runner.join(30)

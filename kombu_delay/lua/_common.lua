@@ -30,7 +30,8 @@ put(k, now, due, task_id, dest, payload)
   shared keys and settings: ns, index, ids, counts, totals, width, grace, wake, and
   optionally expires (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, and
   sp: 'c' for the cold space (keys.py: its keys and refs start with 'c', its bucket has no
-  task-id list, and no mover is woken for it), absent for the ordinary one.
+  task-id list, and movers are woken only for a message in its first bucket, so they look
+  for something to thaw), absent for the ordinary one.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -372,7 +373,13 @@ local function put_group(k, now, start, dest, msgs)
   -- Wake the movers only when a message may now be the earliest one scheduled: first in
   -- its sorted set, in the first bucket, or before the first bucket's end (publishers with a
   -- wider bucket width). Cheap, and false for almost every publish.
-  if sp == '' and redis.call('ZRANK', zset, first.payload) == 0 then
+  -- A compressed message in the first cold bucket may be the next one to thaw: the wake lets
+  -- a mover that looks rarely (a longer delay_thaw_ahead than this publisher's) look now.
+  if sp ~= '' then
+    if redis.call('ZRANGE', k.index, 0, 0)[1] == start_s then
+      redis.call('PUBLISH', k.wake, string.format('%d', first.due))
+    end
+  elseif redis.call('ZRANK', zset, first.payload) == 0 then
     local head = redis.call('ZRANGE', k.index, 0, 0)[1]
     if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.ns .. 'm:' .. head, 'end') or 0)) then
       redis.call('PUBLISH', k.wake, string.format('%d', first.due))
