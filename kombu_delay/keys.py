@@ -57,6 +57,16 @@ def queue_set(prefix: str, start_ms: int, dest: str, space: str = "") -> str:
     return f"{ns(prefix)}{space}z:{start_ms}:{dest}"
 
 
+def split_bucket(text: str) -> tuple[str, int]:
+    """Split a bucket as the scripts name it (``<start>``, or ``c<start>`` in the cold space)
+    into its space (``""`` or :data:`COLD`) and start; raise ``ValueError`` for anything else."""
+    space = COLD if text.startswith(COLD) else ""
+    start = text[len(space) :]
+    if not start.isdigit():
+        raise ValueError(text)
+    return space, int(start)
+
+
 def cold_index(prefix: str) -> str:
     """ZSET of the cold buckets' starts, as :func:`index` for the ordinary ones."""
     return f"{ns(prefix)}{COLD}index"

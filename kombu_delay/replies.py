@@ -197,12 +197,8 @@ class Cursor:
         start, score, last, dest = text.split(":", 3)
         if score != "-inf":
             score = keys.score_text(float(score))
-        is_cold = start.startswith(keys.COLD)
-        if is_cold:
-            start = start[len(keys.COLD) :]
-        if not start.isdigit():
-            raise ValueError(text)
-        cursor = cls(int(start), dest, score, last, is_cold)
+        space, start_ms = keys.split_bucket(start)
+        cursor = cls(start_ms, dest, score, last, bool(space))
         if cursor.start_ms < 0 or (last and len(last) != 16) or (score == "-inf") != (not last):
             raise ValueError(text)
         int(last or "0", 16)

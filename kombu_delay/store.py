@@ -51,6 +51,9 @@ class Store:
         self._scripts = Scripts(client)
         self._index = keys.index(prefix)
         self._cold_index = keys.cold_index(prefix)
+        #: Each space and its index, the cold one first: a message a mover thaws during a walk
+        #: over both (purge, census) moves into the part still to come.
+        self._spaces = ((keys.COLD, self._cold_index), ("", self._index))
         self._gc = keys.drained(prefix)
         self._legacy = keys.legacy_index(prefix)
         self._ids = keys.ids(prefix)
@@ -340,7 +343,7 @@ class Store:
     def _first_due(self, space: str = "") -> int | None:
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
-        index = self._cold_index if space else self._index
+        index = dict(self._spaces)[space]
         first: list[Any] = self.client.zrange(index, 0, 0)
         if not first:
             return None
@@ -401,10 +404,8 @@ class Store:
         found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
         for i in range(0, len(flat), 4):
             start, score, dest, member = flat[i : i + 4]
-            bucket = _text(start)
-            is_cold = bucket.startswith(keys.COLD)
-            start_ms = int(bucket[len(keys.COLD) :] if is_cold else bucket)
-            stored = Stored(start_ms, float(score), _text(dest), bytes(member), is_cold)
+            space, start_ms = keys.split_bucket(_text(start))
+            stored = Stored(start_ms, float(score), _text(dest), bytes(member), bool(space))
             try:
                 message = stored.message
             except CorruptMember:
@@ -489,9 +490,7 @@ class Store:
             return 0
         total = 0
         with translated_errors():
-            # The cold space first: a message a mover thaws meanwhile moves into the ordinary
-            # buckets, which are purged after it.
-            for space, index in ((keys.COLD, self._cold_index), ("", self._index)):
+            for space, index in self._spaces:  # the cold space first: see _spaces
                 cursor: Any = 0
                 while True:
                     reply = self._scripts["purge"](
@@ -522,8 +521,7 @@ class Store:
         examined = 0
         with translated_errors():
             while True:
-                space = keys.COLD if cur.cold else ""
-                index = self._cold_index if cur.cold else self._index
+                space, index = self._spaces[0 if cur.cold else 1]
                 starts: list[Any] = self.client.zrangebyscore(index, cur.start_ms, "+inf", 0, 64)
                 if not starts:
                     if not cur.cold:
@@ -590,7 +588,7 @@ class Store:
         """
         totals = [0] * (2 + int(slots))
         with translated_errors():
-            for space, index in (("", self._index), (keys.COLD, self._cold_index)):
+            for space, index in self._spaces:
                 reply = self._scripts["census"](
                     keys=[index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space]
                 )

@@ -15,9 +15,13 @@ from typing import Any
 import redis
 
 from kombu_delay import cold, keys
+from kombu_delay.config import Settings
 from kombu_delay.payload import index_id
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+#: The ordinary layout, for tests that look into it (test_cold.py covers the cold space).
+ORDINARY = Settings(compress_after_ms=0)
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,10 @@ from kombu_delay.payload import index_id
 from kombu_delay.replies import Rescheduled
 
 from .conftest import ROOT, wait_until
-from .delay_helpers import kombu_payload
+from .delay_helpers import ORDINARY, kombu_payload
 from .inspect_app import LEDGER_KEY
 
 SEP = "\x06\x16"
-
-#: The ordinary layout, which these tests look into (test_cold.py covers the cold space).
-ORDINARY = Settings(compress_after_ms=0)
 
 
 def options(prefix: str) -> dict[str, object]:

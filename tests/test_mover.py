@@ -27,13 +27,10 @@ from kombu_delay.replies import MoveResult, Scheduled
 from kombu_delay.store import Store
 
 from .conftest import wait_until
-from .delay_helpers import LpushMonitor, kombu_payload, stored, tags_in
+from .delay_helpers import ORDINARY, LpushMonitor, kombu_payload, stored, tags_in
 from .faults_support import consistency
 
 # -- the move script on seeded buckets ---------------------------------------------------
-
-#: The ordinary layout, which these tests look into (test_cold.py covers the cold space).
-ORDINARY = Settings(compress_after_ms=0)
 
 
 @dataclass

@@ -64,6 +64,20 @@ take(k, start_s, dest, payload, task_id, ref, now)
 cold_task_id(member)
   The task id a cold member carries in the clear (kombu_delay/cold.py), for its id-index ref.
 
+split_bucket(text)
+  Splits a bucket as the callers name it ("<start>", or "c<start>" in the cold space) into
+  its space ('' or 'c') and its start.
+
+in_space(k, sp)
+  Returns k for the space sp: unchanged for '', else a copy whose sp is 'c' and whose index
+  is <ns>cindex (for put, take and retire).
+
+settle_gone(meta, name, counts, dest, n)
+  A destination whose sorted set is gone while its meta field ``name`` counts n messages
+  (expired after its grace, or deleted by hand): deletes the field (HDEL first: under
+  maxmemory Redis refuses a script whose first write may grow memory, and movers must keep
+  moving then) and takes n off its count.
+
 uncount(counts, dest, n)
   Takes n off a destination's scheduled count; a count that reaches zero is deleted.
 
@@ -396,8 +410,25 @@ local function cold_task_id(member)
   return string.sub(member, 3, 2 + (string.byte(member, 2) or 0))
 end
 
+local function split_bucket(text)
+  return string.match(text, '^(c?)(%d+)$')
+end
+
+local function in_space(k, sp)
+  if sp == '' then return k end
+  local copy = {}
+  for name, value in pairs(k) do copy[name] = value end
+  copy.sp, copy.index = 'c', k.ns .. 'cindex'
+  return copy
+end
+
 local function uncount(counts, dest, n)
   if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
+end
+
+local function settle_gone(meta, name, counts, dest, n)
+  redis.call('HDEL', meta, name)
+  uncount(counts, dest, n)
 end
 
 local function take(k, start_s, dest, payload, task_id, ref, now)

@@ -20,8 +20,7 @@ delivered and cancelled.
 ]]
 local now = clock()
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], gc = KEYS[5]}
-local sp, start_s = string.match(ARGV[3], '^(c?)(%d+)$')
-if sp == 'c' then k.sp, k.index = sp, ARGV[1] .. 'cindex' end
-if not take(k, start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
+local sp, start_s = split_bucket(ARGV[3])
+if not take(in_space(k, sp), start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
 redis.call('HINCRBY', KEYS[4], 'cancelled', 1)
 return 1

@@ -107,12 +107,9 @@ local function visit(start_s)
       local zset = ns .. 'z:' .. start_s .. ':' .. dest
       local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
       if not head[2] then
-        -- Gone while counted: expired after its grace, or deleted by hand. Settle the count
-        -- (HDEL first: under maxmemory Redis refuses a script whose first write may grow
-        -- memory, and movers must keep moving then).
+        -- Gone while counted: expired after its grace, or deleted by hand.
         expired = expired + n
-        redis.call('HDEL', meta, name)
-        uncount(counts, dest, n)
+        settle_gone(meta, name, counts, dest, n)
         n = 0
       else
         local due_first = floor(tonumber(head[2]))

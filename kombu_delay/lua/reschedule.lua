@@ -49,7 +49,7 @@ local cold = ARGV[14] == '1'
 if cold and due <= now + tonumber(ARGV[15]) then
   return {-3, due, now}
 end
-local old_sp, old_start = string.match(ARGV[5], '^(c?)(%d+)$')
+local old_sp, old_start = split_bucket(ARGV[5])
 
 -- Checked before anything is written: an ACL refusal (asked on Redis 7+) names the
 -- destination, and a destination that is not a list leaves the message as it was.
@@ -64,10 +64,6 @@ local expires = tonumber(redis.call('HGET', ARGV[1] .. old_sp .. 'm:' .. old_sta
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
            expires = expires}
-local old_k = k
-if old_sp == 'c' then
-  old_k = {ns = k.ns, sp = 'c', index = k.ns .. 'cindex', ids = k.ids, counts = k.counts}
-end
 if due <= now then
   -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
@@ -78,7 +74,7 @@ if due <= now then
   checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
   checked_call('LPUSH', dest_key, payload)
 end
-if not take(old_k, old_start, dest, ARGV[6], task_id, ARGV[4], now) then
+if not take(in_space(k, old_sp), old_start, dest, ARGV[6], task_id, ARGV[4], now) then
   return {0, due, now}
 end
 redis.call('HINCRBY', k.totals, 'rescheduled', 1)
@@ -92,9 +88,6 @@ if due <= now then
   if expires > 0 then redis.pcall('PEXPIRE', dest_key, expires) end
   return {3, due, now}
 end
-if cold then
-  k.sp, k.index = 'c', k.ns .. 'cindex'
-end
-local code = put(k, now, due, task_id, dest, payload)
+local code = put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload)
 if code == 2 then redis.call('HINCRBY', k.totals, 'cancelled', 1) end
 return {code, due, now}

@@ -57,7 +57,4 @@ end
 local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
            counter = 'scheduled', expires = tonumber(ARGV[12])}
-if cold then
-  k.sp, k.index = 'c', ns .. 'cindex'
-end
-return {put(k, now, due, task_id, dest, payload), due, now}
+return {put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload), due, now}

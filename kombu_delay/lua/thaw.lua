@@ -32,7 +32,7 @@ local ns = ARGV[1]
 redis.call('ZADD', KEYS[5], 'XX', 0, '')
 local now = clock()
 local thawed, dead, merged, gone = 0, 0, 0, 0
-local cold = {ns = ns, sp = 'c', index = KEYS[5], ids = KEYS[2], counts = KEYS[3]}
+local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
 local cold_meta, removed, touched = {}, {}, {}
 local groups, order = {}, {}
 

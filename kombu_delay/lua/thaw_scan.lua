@@ -23,7 +23,7 @@ local limit = tonumber(ARGV[3])
 local now = clock()
 local horizon = now + tonumber(ARGV[2])
 local horizon_s = string.format('%d', horizon)
-local k = {ns = ns, sp = 'c', index = cindex}
+local k = in_space({ns = ns}, 'c')
 
 local listed, expired = {}, 0
 local wanted = limit
@@ -48,11 +48,10 @@ for _, start_s in ipairs(starts) do
       local dest = string.sub(name, 3)
       local zset = ns .. 'cz:' .. start_s .. ':' .. dest
       if redis.call('EXISTS', zset) == 0 then
-        -- Gone while counted: settle the count (HDEL first, as move.lua does). Their refs
-        -- stay in the id index (a cold bucket keeps no task-id list) and name nothing.
+        -- Gone while counted: settle the count, as move.lua does. Their refs stay in the
+        -- id index (a cold bucket keeps no task-id list) and name nothing.
         expired = expired + n
-        redis.call('HDEL', meta, name)
-        uncount(counts, dest, n)
+        settle_gone(meta, name, counts, dest, n)
       elseif wanted > 0 then
         left = left + n
         local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, wanted)
