@@ -16,6 +16,10 @@ from typing import Any
 from .errors import ConfigError
 
 DAY_MS = 86_400_000
+#: The shortest ``delay_grace`` accepted, ms. The grace is how long scheduled messages survive
+#: with no mover running (a live mover renews the expiry of everything it holds), so it must
+#: outlast a restart or a deploy with room to spare.
+MIN_GRACE_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,9 @@ class Settings:
     #: Width of one time bucket, ms. Option ``delay_bucket_width`` (s). Default 60 s.
     #: Publisher only: movers find buckets through the index, whatever their width.
     bucket_width_ms: int = 60_000
-    #: How long a bucket outlives its end before Redis expires it, ms. Option
-    #: ``delay_grace`` (s). Default 7 days: a mover outage shorter than that loses nothing.
+    #: How long scheduled messages survive with no mover running, ms. Option ``delay_grace``
+    #: (s). Default 7 days, at least 1 hour: a mover outage shorter than this loses nothing.
+    #: While a mover runs, nothing it holds expires, however long it is held.
     grace_ms: int = 7 * DAY_MS
     #: Refuse ETAs further out than this at publish, ms; 0 = no limit (the default).
     #: Option ``delay_max_delay`` (s).
@@ -60,7 +65,12 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{_option(name)} must be positive, got {_shown(self, name)}")
-        for name in ("grace_ms", "max_delay_ms", "max_rate", "max_queue_length", "compress_after_ms"):
+        if self.grace_ms < MIN_GRACE_MS:
+            raise ConfigError(
+                f"delay_grace must be at least {MIN_GRACE_MS // 1000} s (1 hour), got "
+                f"{_shown(self, 'grace_ms')}: scheduled messages expire when no mover runs for that long"
+            )
+        for name in ("max_delay_ms", "max_rate", "max_queue_length", "compress_after_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_option(name)} must not be negative, got {_shown(self, name)}")
         if self.batch_size > 5000:

@@ -18,6 +18,7 @@ OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
     ("env-beats-options", {"delay_batch_size": 10}, {"KOMBU_DELAY_BATCH_SIZE": "20"}, {"batch_size": 20}),
     ("empty-env-ignored", {"delay_batch_size": 10}, {"KOMBU_DELAY_BATCH_SIZE": ""}, {"batch_size": 10}),
     ("env-seconds", {}, {"KOMBU_DELAY_GRACE": "86400"}, {"grace_ms": 86_400_000}),
+    ("shortest-grace", {"delay_grace": 3600}, {}, {"grace_ms": 3_600_000}),
     ("bool-option", {"delay_embedded_mover": "yes"}, {}, {"embedded_mover": True}),
     ("bool-off", {"delay_embedded_mover": "off"}, {}, {"embedded_mover": False}),
     ("kombu-options-ignored", {"global_keyprefix": "x:", "visibility_timeout": 10}, {}, {"batch_size": 500}),
@@ -39,7 +40,11 @@ def test_from_options(name, options, env, expected):
 BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-option", {"delay_bucket_wdith": 1}, "unknown transport option"),
     ("zero-width", {"delay_bucket_width": 0}, "delay_bucket_width must be positive"),
-    ("negative-grace", {"delay_grace": -1}, "delay_grace must not be negative"),
+    # A grace shorter than a mover restart deletes what no mover is there to renew.
+    ("negative-grace", {"delay_grace": -1}, "delay_grace must be at least 3600 s .1 hour., got -1 s"),
+    ("zero-grace", {"delay_grace": 0}, "delay_grace must be at least 3600 s .1 hour., got 0 s"),
+    ("tiny-grace", {"delay_grace": "59"}, "delay_grace must be at least 3600 s"),
+    ("just-short-grace", {"delay_grace": 3599.999}, "delay_grace must be at least 3600 s"),
     ("not-a-number", {"delay_max_delay": "ten"}, "delay_max_delay must be a number"),
     ("nan", {"delay_max_sleep": "nan"}, "delay_max_sleep must be a number"),
     ("bool-as-number", {"delay_batch_size": True}, "delay_batch_size must be a number"),
