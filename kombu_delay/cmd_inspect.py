@@ -74,7 +74,7 @@ def bar(count: int, peak: int) -> str:
 
 def render_stats(stats: Stats) -> str:
     now = stats.now_ms
-    lines = []
+    lines = [f"WARNING    {text}" for text in stats.warnings]
     earliest = "nothing scheduled"
     if stats.earliest_due_ms is not None:
         left = stats.earliest_due_ms - now
@@ -84,6 +84,11 @@ def render_stats(stats: Stats) -> str:
     lag = f"   oldest is {span(stats.oldest_overdue_ms)} late" if stats.overdue else ""
     more = "+" if stats.truncated else ""
     lines.append(f"overdue    {stats.overdue:,}{more}{lag}")
+    if stats.vanished:
+        lines.append(
+            f"vanished   {stats.vanished:,} counted messages are gone from Redis (expired or evicted); "
+            "a mover settles them as expired"
+        )
     if stats.movers:
         beat = stats.last_heartbeat_ms or 0
         lines.append(f"movers     {len(stats.movers)}, last heartbeat {span(now - beat)} ago")

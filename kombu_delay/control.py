@@ -17,6 +17,7 @@ from typing import Any
 from kombu.connection import Connection
 
 from . import keys
+from .checks import eviction_problem
 from .config import Settings
 from .connect import connection, default_channel, store_of
 from .errors import CorruptMember, DelayTooLong, RedisRefused
@@ -24,6 +25,7 @@ from .eta import to_ms
 from .payload import index_id, task_name, with_eta
 from .replies import Cursor, Rescheduled, Stored
 from .store import Store
+from .watch import ALERT_KEEP_MS
 
 HOUR_MS = 3_600_000
 #: Most rows a due-time histogram may have.
@@ -97,6 +99,12 @@ class Stats:
     movers: dict[str, int]
     #: Lifetime counters: scheduled, moved, cancelled, rescheduled, purged, expired, dead, ...
     totals: dict[str, int] = field(default_factory=dict)
+    #: Messages still counted in ``by_destination`` whose sorted set is gone (expired or
+    #: evicted) and that no mover has settled yet; not in ``scheduled``.
+    vanished: int = 0
+    #: What endangers scheduled messages now (an evicting ``maxmemory-policy``, messages
+    #: stranded under another key prefix): one sentence each, saying what to do.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def last_heartbeat_ms(self) -> int | None:
@@ -128,6 +136,14 @@ def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
     if slots > MAX_SLOTS:
         raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")
     return slot_ms, slots
+
+
+def warnings(store: Store) -> list[str]:
+    """What endangers the scheduled messages of ``store`` now: Redis's eviction policy, read
+    here, and what movers recorded in the alerts hash (stranded key prefixes)."""
+    found = [eviction_problem(store.eviction_policy())]
+    found += list(store.alerts(ALERT_KEEP_MS).values())
+    return [text for text in found if text]
 
 
 class DelayControl:
@@ -303,7 +319,7 @@ class DelayControl:
             by_queue[name] = by_queue.get(name, 0) + n
         census = store.census(now, slot_ms, slots, max_buckets)
         overdue, counts = census.overdue, census.slots
-        total = sum(by_dest.values())
+        total = sum(by_dest.values()) - census.vanished
         earliest = store.earliest_due_ms()
         oldest = now - earliest if earliest is not None and earliest <= now and overdue else 0
         return Stats(
@@ -319,6 +335,8 @@ class DelayControl:
             truncated=census.truncated,
             movers=store.heartbeats(),
             totals=store.totals(),
+            vanished=census.vanished,
+            warnings=warnings(store),
         )
 
     @staticmethod

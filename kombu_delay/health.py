@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import click
 
+from .checks import eviction_problem
 from .connect import Target
 from .errors import KombuDelayError
 from .store import Store
+from .watch import ALERT_KEEP_MS
 
 #: Exit statuses.
 HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2
@@ -32,10 +34,16 @@ class Health:
     heartbeat_age_ms: int | None
     #: How long the oldest due message has been waiting; 0 when none is due.
     overdue_ms: int
+    #: What endangers scheduled messages whatever the movers do (an evicting
+    #: ``maxmemory-policy``, messages stranded under another key prefix).
+    warnings: tuple[str, ...] = ()
 
-    def problems(self, max_heartbeat_age_ms: int, max_overdue_ms: int) -> list[str]:
-        """Return the reasons to call this unhealthy (a threshold of 0 skips its check)."""
-        found = []
+    def problems(
+        self, max_heartbeat_age_ms: int, max_overdue_ms: int, redis_checks: bool = True
+    ) -> list[str]:
+        """Return the reasons to call this unhealthy (a threshold of 0 skips its check;
+        ``redis_checks`` false skips the warnings, which a mover restart cannot fix)."""
+        found = list(self.warnings) if redis_checks else []
         if max_heartbeat_age_ms:
             if self.heartbeat_age_ms is None:
                 found.append("no mover heartbeat")
@@ -64,6 +72,7 @@ def check(store: Store, host: str | None = None) -> Health:
     With ``host``, only movers on that host count (mover ids are
     ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover.
     """
+    warnings = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
     beats = store.heartbeats()
     if host is not None:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
@@ -74,6 +83,7 @@ def check(store: Store, host: str | None = None) -> Health:
         movers=len(beats),
         heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
         overdue_ms=0 if earliest is None else max(0, now - earliest),
+        warnings=tuple(text for text in warnings if text),
     )
 
 
@@ -97,32 +107,48 @@ def check(store: Store, host: str | None = None) -> Health:
     is_flag=True,
     help="Count only movers on this host (a liveness probe next to its own mover).",
 )
+@click.option(
+    "--liveness",
+    is_flag=True,
+    help="A liveness probe next to its own mover: the same as --this-host --max-overdue 0, and the "
+    "Redis checks (eviction policy, stranded key prefixes) are skipped, as a restart cannot fix them.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing when healthy.")
 @click.pass_context
 def health(
-    ctx: click.Context, max_heartbeat_age: float, max_overdue: float, this_host: bool, quiet: bool
+    ctx: click.Context,
+    max_heartbeat_age: float,
+    max_overdue: float,
+    this_host: bool,
+    liveness: bool,
+    quiet: bool,
 ) -> None:
-    """Exit 0 when a mover is alive and due messages move; 1 when not; 2 when Redis is unreachable.
+    """Exit 0 when a mover is alive, due messages move and Redis keeps them safe; 1 when not;
+    2 when Redis is unreachable.
 
+    Unhealthy as well: a maxmemory-policy that lets Redis delete scheduled messages, and
+    messages stranded under another key prefix that no mover serves (found by the movers).
     Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...".
 
     \b
     Examples:
       kombu-delay -b delayredis://redis:6379/0 health
       kombu-delay -b delayredis://redis:6379/0 health --max-heartbeat-age 10 --max-overdue 30
-      kombu-delay health --this-host --quiet     # liveness of the mover in this pod
+      kombu-delay health --liveness --quiet      # liveness of the mover in this pod
       celery -A proj delay health --max-overdue 120
     """
     tgt = ctx.find_object(Target)
     if tgt is None:  # pragma: no cover - both entry points set it
         raise click.UsageError("no broker given")
+    if liveness:
+        this_host, max_overdue = True, 0.0
     try:
         with tgt.open() as store:
             seen = check(store, socket.gethostname() if this_host else None)
     except KombuDelayError as exc:
         click.echo(f"UNREACHABLE: {exc}")
         ctx.exit(UNREACHABLE)
-    problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000))
+    problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000), not liveness)
     if problems:
         click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
         ctx.exit(UNHEALTHY)

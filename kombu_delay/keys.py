@@ -82,21 +82,6 @@ def drained(prefix: str) -> str:
     return f"{ns(prefix)}gc"
 
 
-def legacy_index(prefix: str) -> str:
-    """ZSET index of the buckets written by kombu-delay 0.1 (still drained by movers)."""
-    return f"{ns(prefix)}buckets"
-
-
-def legacy_bucket(prefix: str, start_ms: int) -> str:
-    """ZSET of kombu-delay 0.1 envelopes due in one bucket."""
-    return f"{ns(prefix)}bucket:{start_ms}"
-
-
-def legacy_meta(prefix: str, start_ms: int) -> str:
-    """HASH of per-destination counts of one kombu-delay 0.1 bucket."""
-    return f"{ns(prefix)}meta:{start_ms}"
-
-
 def ids(prefix: str) -> str:
     """HASH task id -> space-separated refs ``start:offset:seq`` of its stored messages."""
     return f"{ns(prefix)}ids"
@@ -113,13 +98,32 @@ def totals(prefix: str) -> str:
 
 
 def dead(prefix: str) -> str:
-    """LIST of kombu-delay 0.1 envelopes that could not be parsed (dead letters)."""
+    """LIST of dead letters: compressed members that could not be restored, kept as stored."""
     return f"{ns(prefix)}dead"
 
 
 def movers(prefix: str) -> str:
     """ZSET mover id -> last heartbeat (epoch ms, Redis clock)."""
     return f"{ns(prefix)}movers"
+
+
+def alerts(prefix: str) -> str:
+    """HASH of what movers found wrong that no single call shows (another key prefix's
+    stranded messages): name -> ``<epoch ms checked> <text>``. Movers rewrite it on each check."""
+    return f"{ns(prefix)}alerts"
+
+
+#: The names of the index keys, after a namespace: how the key prefix of another app's
+#: kombu-delay data is found in a shared database.
+INDEX_SUFFIXES = (f"{NAMESPACE}index", f"{NAMESPACE}{COLD}index")
+
+
+def prefix_of_index(key: str) -> str | None:
+    """Return the ``global_keyprefix`` of an index key (either space), else ``None``."""
+    for suffix in INDEX_SUFFIXES:
+        if key.endswith(suffix):
+            return key[: -len(suffix)]
+    return None
 
 
 def wake_channel(prefix: str) -> str:

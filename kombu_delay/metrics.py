@@ -3,6 +3,10 @@
 Series (counters carry the ``_total`` suffix on the wire):
 
 * ``kombu_delay_scheduled_messages{queue}``: gauge, messages waiting per queue (all priorities).
+  Bounded: the :data:`MAX_QUEUE_SERIES` queues with the most waiting have a series each, the
+  rest are summed under ``queue="(other)"``, and a queue that emptied reads 0 for
+  :data:`ZERO_KEEP_S`, then its series is dropped. So thousands of short-lived queues cost a
+  few hundred series, not one each.
 * ``kombu_delay_moved_total``: counter, messages moved onto their queue lists.
 * ``kombu_delay_lateness_seconds``: histogram, due time to LPUSH of each moved message.
 * ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited.
@@ -14,6 +18,10 @@ Series (counters carry the ``_total`` suffix on the wire):
   logged with its traceback, and retried too).
 * ``kombu_delay_dead_letters_total``, ``kombu_delay_expired_total``: counters of anomalies.
 * ``kombu_delay_thawed_total``: counter, compressed messages restored ahead of their due time.
+* ``kombu_delay_eviction_policy_unsafe``: gauge, 1 while Redis's ``maxmemory-policy`` lets it
+  delete scheduled messages (anything but ``noeviction``).
+* ``kombu_delay_stranded_messages``, ``kombu_delay_stranded_prefixes``: gauges, messages (and
+  key prefixes) in this database under another ``global_keyprefix`` that no mover serves.
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ from typing import Any
 
 import redis
 
-from .replies import MoveResult, ThawResult
+from .replies import MoveResult, SweepResult, ThawResult
 from .store import Store
+from .watch import Findings
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +42,42 @@ logger = logging.getLogger(__name__)
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: How often, at most, the per-queue scheduled counts are re-read, seconds.
 SCHEDULED_REFRESH_S = 1.0
+#: Most queues with a ``kombu_delay_scheduled_messages`` series of their own.
+MAX_QUEUE_SERIES = 200
+#: How long a queue that emptied keeps reading 0 before its series is dropped, seconds.
+ZERO_KEEP_S = 300.0
+#: The ``queue`` label of what the queues past :data:`MAX_QUEUE_SERIES` hold.
+OTHER_QUEUES = "(other)"
+
+
+class QueueSeries:
+    """Which queues get a series of their own, and what each reads: bounded however many
+    queues come and go (the top :data:`MAX_QUEUE_SERIES` by count, the rest under
+    :data:`OTHER_QUEUES`; emptied ones read 0 for :data:`ZERO_KEEP_S`)."""
+
+    def __init__(self, limit: int = MAX_QUEUE_SERIES, zero_keep_s: float = ZERO_KEEP_S) -> None:
+        self.limit = limit
+        self.zero_keep_s = zero_keep_s
+        #: Queue -> when it last held something (monotonic), for the queues shown.
+        self._shown: dict[str, float] = {}
+
+    def values(self, per_queue: dict[str, int], now: float) -> tuple[dict[str, int], list[str]]:
+        """Return the series to set (label -> value) and the labels to drop."""
+        busy = sorted((q for q, n in per_queue.items() if n > 0), key=lambda q: (-per_queue[q], q))
+        top, rest = busy[: self.limit], busy[self.limit :]
+        out = {q: per_queue[q] for q in top}
+        for queue in top:
+            self._shown[queue] = now
+        room = self.limit - len(top)
+        for queue, seen in sorted(self._shown.items(), key=lambda item: -item[1]):
+            if queue not in out and room > 0 and now - seen < self.zero_keep_s:
+                out[queue] = 0  # emptied a moment ago: reads 0 rather than vanishing
+                room -= 1
+        dropped = [q for q in self._shown if q not in out]
+        for queue in dropped:
+            del self._shown[queue]
+        out[OTHER_QUEUES] = sum(per_queue[q] for q in rest)
+        return out, dropped
 
 
 def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str, Any]:
@@ -48,8 +93,7 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
     moved = prom.Counter("kombu_delay_moved", "Messages moved onto their queue lists.", registry=registry)
     dead = prom.Counter(
         "kombu_delay_dead_letters",
-        "Messages moved to the dead-letter list: corrupt kombu-delay 0.1 envelopes, and compressed "
-        "messages that could not be restored.",
+        "Compressed messages that could not be restored, moved to the dead-letter list.",
         registry=registry,
     )
     thawed = prom.Counter(
@@ -90,6 +134,22 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
         registry=registry,
     )
 
+    unsafe = prom.Gauge(
+        "kombu_delay_eviction_policy_unsafe",
+        "1 while Redis's maxmemory-policy lets it delete scheduled messages (set noeviction).",
+        registry=registry,
+    )
+    stranded = prom.Gauge(
+        "kombu_delay_stranded_messages",
+        "Messages in this database under another key prefix that no mover serves.",
+        registry=registry,
+    )
+    stranded_prefixes = prom.Gauge(
+        "kombu_delay_stranded_prefixes",
+        "Other key prefixes in this database holding messages that no mover serves.",
+        registry=registry,
+    )
+
     def collect_scheduled() -> None:
         try:
             current = store.counts()
@@ -97,15 +157,17 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             on_error(exc)
             logger.debug("metrics: reading counts failed", exc_info=True)
             return
-        per_queue: dict[str, int] = dict.fromkeys(seen_queues, 0)  # emptied queues read 0, not vanish
+        per_queue: dict[str, int] = {}
         for dest, n in current.items():
             queue = store.queue_of(dest)
             per_queue[queue] = per_queue.get(queue, 0) + n
-        for queue, n in per_queue.items():
+        shown, dropped = series.values(per_queue, time.monotonic())
+        for queue in dropped:
+            scheduled.remove(queue)
+        for queue, n in shown.items():
             scheduled.labels(queue=queue).set(n)
-        seen_queues.update(per_queue)
 
-    seen_queues: set[str] = set()
+    series = QueueSeries()
     last_refresh = [float("-inf")]
 
     def on_result(result: MoveResult) -> None:
@@ -115,8 +177,6 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             last_move.set(time.time())
             for ms in result.lateness_ms:
                 lateness.observe(ms / 1000)
-        if result.dead:
-            dead.inc(result.dead)
         if result.expired:
             expired.inc(result.expired)
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
@@ -134,9 +194,24 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
         if result.expired:
             expired.inc(result.expired)
 
+    def on_sweep(result: SweepResult) -> None:
+        if result.lost:
+            expired.inc(result.lost)
+
+    def on_findings(findings: Findings) -> None:
+        unsafe.set(1 if findings.evicting else 0)
+        stranded.set(sum(findings.stranded.values()))
+        stranded_prefixes.set(len(findings.stranded))
+
     def on_error(exc: BaseException) -> None:
         (errors if isinstance(exc, redis.RedisError) else other_errors).inc()
 
     prom.start_http_server(port, addr=addr, registry=registry)
     logger.info("metrics on http://%s:%d/metrics", addr, port)
-    return {"on_result": on_result, "on_error": on_error, "on_thaw": on_thaw}
+    return {
+        "on_result": on_result,
+        "on_error": on_error,
+        "on_thaw": on_thaw,
+        "on_sweep": on_sweep,
+        "on_findings": on_findings,
+    }

@@ -26,8 +26,9 @@ import redis
 from .config import Settings
 from .connect import Target
 from .errors import RedisRefused, RedisUnavailable
-from .replies import FATAL_ERRORS, MoveResult, ThawResult
+from .replies import FATAL_ERRORS, MoveResult, SweepResult, ThawResult
 from .store import Store
+from .watch import Findings, Watch
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ SOCKET_TIMEOUT_S = 10.0
 #: Most compressed messages one thaw step restores: a step is one short script call
 #: (a few ms), so a message due meanwhile waits at most that long for its move.
 THAW_BATCH = 100
+#: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
+#: what it holds, and settles buckets found gone), seconds.
+SWEEP_EVERY_S = 60.0
+#: Buckets per sweep call: a call takes about a millisecond.
+SWEEP_PAGE = 500
+#: A sweep takes at most this share of a mover's time, however many buckets there are: a
+#: cycle that took ``t`` seconds of calls starts again ``t / SWEEP_SHARE`` later at the soonest.
+SWEEP_SHARE = 0.02
 
 
 @dataclass
@@ -59,6 +68,7 @@ class MoverStats:
     held: int = 0
     wrongtype: int = 0
     thawed: int = 0  #: compressed messages restored into the ordinary buckets
+    renewed: int = 0  #: buckets whose expiry a sweep pushed out
     errors: int = 0
     calls: int = 0
     last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
@@ -156,6 +166,9 @@ class Mover:
         on_result: Callable[[MoveResult], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         on_thaw: Callable[[ThawResult], None] | None = None,
+        on_sweep: Callable[[SweepResult], None] | None = None,
+        on_findings: Callable[[Findings], None] | None = None,
+        watch: bool = True,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -165,6 +178,7 @@ class Mover:
         self._on_result = on_result
         self._on_error = on_error
         self._on_thaw = on_thaw
+        self._on_sweep = on_sweep
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
         self._called_at = time.monotonic()
@@ -173,6 +187,11 @@ class Mover:
         self._logged_moved = 0
         self._next_thaw = float("-inf")
         self._thaw_refused_logged_at = float("-inf")
+        self._sweep_cursor: str | None = None
+        self._next_sweep = float("-inf")
+        self._sweep_began = self._sweep_busy = 0.0
+        #: The background checks (eviction policy, stranded key prefixes); ``None`` when off.
+        self.watch = Watch(store, self.name, on_findings) if watch else None
 
     def stop(self) -> None:
         """Ask the loop to finish the batch in hand and return."""
@@ -187,7 +206,8 @@ class Mover:
         except what waiting cannot fix: refused credentials (:class:`RedisAuthError`) and an
         ACL that denies a command or key (:class:`RedisPermissionError`) are raised."""
         logger.info("mover %s started (prefix %r)", self.name, self.store.prefix)
-        self._warn_foreign_prefixes()
+        if self.watch is not None:
+            self.watch.start()
         backoff = Backoff()
         pubsub: redis.client.PubSub | None = None
         while not self._stop.is_set():
@@ -196,8 +216,9 @@ class Mover:
                     pubsub = self.store.wake_subscription()
                 result = self.drain()
                 thaw_in = self.thaw()
+                sweep_in = self.sweep()
                 backoff.reset()
-                self._wait(pubsub, min(self._sleep_for(result), thaw_in))
+                self._wait(pubsub, min(self._sleep_for(result), thaw_in, sweep_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
                 if self._on_error is not None:
@@ -222,6 +243,8 @@ class Mover:
                 self._stop.wait(backoff.next())
         if pubsub is not None:
             _close_quietly(pubsub)
+        if self.watch is not None:
+            self.watch.stop()
         try:
             self.store.forget_mover(self.name)
         except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
@@ -250,6 +273,7 @@ class Mover:
             )
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw
+            self.sweep()  # nor what it holds from having its expiry pushed out
             if not result.more or result.moved == 0 or self._stop.is_set():
                 return result
 
@@ -297,12 +321,60 @@ class Mover:
         self._next_thaw = now + wait
         return wait
 
+    def sweep(self) -> float:
+        """Run one page of the sweep when one is due; return the seconds until the next page.
+
+        A cycle walks every bucket of both spaces, a page per call, between drains: it gives
+        each bucket its grace again from now (so nothing this mover holds back expires, however
+        long it is held) and settles the counts of buckets found gone. A cycle starts every
+        :data:`SWEEP_EVERY_S`, or less often when pages take longer than :data:`SWEEP_SHARE`
+        of the time.
+        """
+        now = time.monotonic()
+        if self._sweep_cursor is None:
+            if now < self._next_sweep:
+                return self._next_sweep - now
+            self._sweep_cursor, self._sweep_began, self._sweep_busy = "", now, 0.0
+        try:
+            result = self.store.sweep(self._sweep_cursor, SWEEP_PAGE)
+        except RedisRefused as exc:  # a read-only replica, say: the next cycle tries again
+            logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
+            self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
+            return SWEEP_EVERY_S
+        self._sweep_busy += time.monotonic() - now
+        self._account_sweep(result)
+        if result.cursor:
+            self._sweep_cursor = result.cursor
+            return 0.0
+        self._sweep_cursor = None
+        self._next_sweep = self._sweep_began + max(SWEEP_EVERY_S, self._sweep_busy / SWEEP_SHARE)
+        return max(0.0, self._next_sweep - time.monotonic())
+
+    def _account_sweep(self, result: SweepResult) -> None:
+        self.stats.renewed += result.renewed
+        self.stats.expired += result.lost
+        if result.lost:
+            logger.warning(
+                "mover %s: %d scheduled messages were lost: their bucket expired or was evicted "
+                "(see Redis's maxmemory-policy) or deleted",
+                self.name,
+                result.lost,
+            )
+        if result.rebuilt:
+            logger.error(
+                "mover %s: %d buckets had lost their meta hash (evicted or deleted); rebuilt from "
+                "their sorted sets",
+                self.name,
+                result.rebuilt,
+            )
+        if self._on_sweep is not None:
+            self._on_sweep(result)
+
     def _account(self, result: MoveResult) -> None:
         stats = self.stats
         stats.calls += 1
         self._limiter.spend(result.moved)
         stats.moved += result.moved
-        stats.dead += result.dead
         stats.expired += result.expired
         stats.held += result.held
         stats.wrongtype += result.wrongtype
@@ -310,12 +382,6 @@ class Mover:
             stats.last_move_at = time.time()
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
         stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
-        if result.dead:
-            logger.warning(
-                "mover %s: moved %d corrupt kombu-delay 0.1 envelopes to the dead-letter list",
-                self.name,
-                result.dead,
-            )
         if result.expired:
             logger.warning(
                 "mover %s: %d scheduled messages were lost: their bucket expired or "
@@ -380,22 +446,6 @@ class Mover:
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
             self.store.heartbeat(self.name)
             self._last_beat = now
-
-    def _warn_foreign_prefixes(self) -> None:
-        try:
-            foreign = self.store.foreign_indexes()
-        except Exception:
-            logger.debug("mover %s: prefix check failed", self.name, exc_info=True)
-            return
-        if foreign:
-            logger.warning(
-                "mover %s serves key prefix %r, but this database also holds kombu-delay data "
-                "under %s; run a mover with the same global_keyprefix as each publisher, or "
-                "those messages are never delivered",
-                self.name,
-                self.store.prefix,
-                foreign,
-            )
 
 
 def _close_quietly(pubsub: redis.client.PubSub) -> None:

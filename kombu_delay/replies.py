@@ -33,9 +33,22 @@ class Scheduled(enum.IntEnum):
 
 @dataclass(frozen=True)
 class ScheduleResult:
+    """One ``schedule.lua`` call."""
+
     outcome: Scheduled
     due_ms: int
     now_ms: int
+    #: Movers with a fresh heartbeat, when the call asked (``movers_fresh_ms``), else ``None``.
+    movers: int | None = None
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> ScheduleResult:
+        movers = int(reply[3])
+        return cls(Scheduled(int(reply[0])), int(reply[1]), int(reply[2]), None if movers < 0 else movers)
+
+
+#: Integers before the run-length coded lateness in a ``move.lua`` reply.
+MOVE_HEAD = 9
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,6 @@ class MoveResult:
     #: The Redis clock at the call, in ms plus the microseconds past that ms.
     now_ms: int
     now_us: int
-    dead: int
     held: int
     expired: int
     wrongtype: int
@@ -56,49 +68,26 @@ class MoveResult:
     more: bool
     #: ``now - due`` for each moved message, ms.
     lateness_ms: list[int] = field(default_factory=list)
-    #: True when kombu-delay 0.1's bucket index exists: ``move_v1.lua`` has work too.
-    legacy: bool = False
     #: The bucket start where this call's scan of started buckets stopped short (held
     #: buckets ahead used up its visits); the next call goes on after it. ``None``: the
     #: next call starts from the first bucket.
     scan_after: int | None = None
 
     @classmethod
-    def from_reply(cls, reply: list[Any], head_size: int = 11) -> MoveResult:
-        """Parse a ``move.lua`` reply (``move_v1.lua``'s has no ``scan_after``: 10)."""
-        head = [int(x) for x in reply[:head_size]]
-        scan_after = head[10] if head_size > 10 and head[10] >= 0 else None
+    def from_reply(cls, reply: list[Any]) -> MoveResult:
+        """Parse a ``move.lua`` reply."""
+        head = [int(x) for x in reply[:MOVE_HEAD]]
         return cls(
             moved=head[0],
             next_due_ms=None if head[1] < 0 else head[1],
             now_ms=head[2],
             now_us=head[3],
-            dead=head[4],
-            held=head[5],
-            expired=head[6],
-            wrongtype=head[7],
-            more=bool(head[8]),
-            lateness_ms=_runs(reply[head_size:]),
-            legacy=bool(head[9]),
-            scan_after=scan_after,
-        )
-
-    def plus(self, older: MoveResult) -> MoveResult:
-        """Combine this call with a ``move_v1.lua`` call made right after it."""
-        dues = [d for d in (self.next_due_ms, older.next_due_ms) if d is not None]
-        return MoveResult(
-            moved=self.moved + older.moved,
-            next_due_ms=min(dues) if dues else None,
-            now_ms=self.now_ms,
-            now_us=self.now_us,
-            dead=self.dead + older.dead,
-            held=self.held + older.held,
-            expired=self.expired + older.expired,
-            wrongtype=self.wrongtype + older.wrongtype,
-            more=self.more or older.more,
-            lateness_ms=self.lateness_ms + older.lateness_ms,
-            legacy=True,
-            scan_after=self.scan_after,
+            held=head[4],
+            expired=head[5],
+            wrongtype=head[6],
+            more=bool(head[7]),
+            lateness_ms=_runs(reply[MOVE_HEAD:]),
+            scan_after=head[8] if head[8] >= 0 else None,
         )
 
 
@@ -231,6 +220,30 @@ class ThawResult:
 
 
 @dataclass(frozen=True)
+class SweepResult:
+    """One ``sweep.lua`` page."""
+
+    #: Buckets whose expiry was pushed out to their grace from now.
+    renewed: int
+    #: Counted messages whose sorted set was gone (expired or evicted), now settled.
+    lost: int
+    #: Buckets whose meta hash was gone, rebuilt from their sorted sets.
+    rebuilt: int
+    #: Where the next page starts; ``""`` when the walk reached the end of both spaces.
+    cursor: str
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> SweepResult:
+        cursor = reply[3]
+        return cls(
+            int(reply[0]),
+            int(reply[1]),
+            int(reply[2]),
+            cursor.decode() if isinstance(cursor, bytes) else cursor,
+        )
+
+
+@dataclass(frozen=True)
 class Census:
     """What ``census.lua`` counted: overdue members and a due-time histogram."""
 
@@ -238,6 +251,8 @@ class Census:
     truncated: bool
     #: Members already due (``floor(score) <= now``) but not moved.
     overdue: int
+    #: Messages still counted whose sorted set is gone (expired or evicted), not yet settled.
+    vanished: int
     #: Not-yet-due members per histogram slot, slot 0 starting now.
     slots: list[int]
 

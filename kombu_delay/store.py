@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -28,6 +28,7 @@ from .replies import (
     Scheduled,
     ScheduleResult,
     Stored,
+    SweepResult,
     ThawResult,
     translated_errors,
 )
@@ -42,8 +43,19 @@ MAX_PAYLOAD_BYTES = 512 * 2**20
 class Store:
     """kombu-delay's data in one Redis database, under one ``global_keyprefix``."""
 
-    def __init__(self, client: redis.Redis, prefix: str = "", sep: str = keys.KOMBU_PRIORITY_SEP) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "",
+        sep: str = keys.KOMBU_PRIORITY_SEP,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.client = client
+        #: Where "now" comes from, epoch ms: ``None`` (production) means the Redis clock, read
+        #: inside each script. Tests pass a clock of their own to drive time instead of
+        #: waiting for it; it must never run behind Redis's clock by more than ``delay_grace``,
+        #: or the expiries it sets delete what they should keep.
+        self.clock = clock
         self.prefix = prefix
         #: kombu's ``sep`` transport option, between a queue name and its priority step.
         self.sep = sep
@@ -55,12 +67,15 @@ class Store:
         #: over both (purge, census) moves into the part still to come.
         self._spaces = ((keys.COLD, self._cold_index), ("", self._index))
         self._gc = keys.drained(prefix)
-        self._legacy = keys.legacy_index(prefix)
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)
         self._totals = keys.totals(prefix)
         #: Where the last move call's scan of started buckets stopped short (see move.lua).
         self._scan_after: int | None = None
+
+    def _now(self) -> str:
+        """The ``now_ms`` argument of every script: '' for the Redis clock."""
+        return "" if self.clock is None else str(int(self.clock()))
 
     def queue_of(self, dest: str) -> str:
         """Return the queue name of a destination list key."""
@@ -69,7 +84,13 @@ class Store:
     # -- publishing ---------------------------------------------------------------
 
     def schedule(
-        self, due: Due, dest: str, payload: str, settings: Settings, expires_ms: int = 0
+        self,
+        due: Due,
+        dest: str,
+        payload: str,
+        settings: Settings,
+        expires_ms: int = 0,
+        movers_fresh_ms: int = 0,
     ) -> ScheduleResult:
         """Store ``payload`` for ``dest`` until ``due``, or push it now if already due.
 
@@ -81,16 +102,19 @@ class Store:
 
         Raises :class:`DelayTooLong` when the due time is past ``max_delay`` or the
         year-2109 ceiling; nothing is written then.
+
+        ``movers_fresh_ms``: when positive, the same call counts the movers whose heartbeat is
+        that fresh (``ScheduleResult.movers``), at no extra round trip.
         """
         member = self._cold_member(due, payload, settings)
         with translated_errors():
             reply = self._scripts["schedule"](
-                *self._schedule_call(due, dest, payload, settings, expires_ms, member)
+                *self._schedule_call(due, dest, payload, settings, expires_ms, member, movers_fresh_ms)
             )
             if int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD:  # this clock runs behind Redis's
-                plain = self._schedule_call(due, dest, payload, settings, expires_ms)
+                plain = self._schedule_call(due, dest, payload, settings, expires_ms, None, movers_fresh_ms)
                 reply = self._scripts["schedule"](*plain)
-        result = ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2]))
+        result = ScheduleResult.from_reply(reply)
         if result.outcome is Scheduled.TOO_FAR:
             limit = (
                 f"delay_max_delay is {settings.max_delay_ms / 1000:g} s"
@@ -125,11 +149,10 @@ class Store:
                     if int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD:
                         call_keys, call_args = self._schedule_call(due, dest, payload, settings)
                         reply = script(keys=call_keys, args=call_args)
-                    results.append(ScheduleResult(Scheduled(int(reply[0])), int(reply[1]), int(reply[2])))
+                    results.append(ScheduleResult.from_reply(reply))
         return results
 
-    @staticmethod
-    def _cold_member(due: Due, payload: str, settings: Settings) -> bytes | None:
+    def _cold_member(self, due: Due, payload: str, settings: Settings) -> bytes | None:
         """The compressed member of ``payload`` when it is due far enough ahead, else ``None``.
 
         The local clock is good enough here: the script checks against Redis's clock, and
@@ -137,7 +160,8 @@ class Store:
         """
         if not settings.compress_after_ms:
             return None
-        ahead = due.ms if due.relative else due.ms - time.time() * 1000
+        now = time.time() * 1000 if self.clock is None else self.clock()
+        ahead = due.ms if due.relative else due.ms - now
         # Never within the thaw horizon: the script would refuse it (see schedule.lua).
         if ahead <= max(settings.compress_after_ms, settings.thaw_ahead_ms):
             return None
@@ -151,6 +175,7 @@ class Store:
         settings: Settings,
         expires_ms: int = 0,
         member: bytes | None = None,
+        movers_fresh_ms: int = 0,
     ) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``schedule.lua``; ``member``: the cold member to store
         instead of ``payload``."""
@@ -161,7 +186,7 @@ class Store:
                 f"a {len(payload.encode()):,}-byte message is over Redis's limit for one string "
                 f"({MAX_PAYLOAD_BYTES:,} bytes, proto-max-bulk-len); nothing was stored"
             )
-        call_keys = [self._index, self._ids, self._counts, self._totals, dest]
+        call_keys = [self._index, self._ids, self._counts, self._totals, dest, keys.movers(self.prefix)]
         call_args: list[Any] = [
             self.ns,
             settings.bucket_width_ms,
@@ -177,6 +202,8 @@ class Store:
             expires_ms,
             0 if member is None else 1,
             settings.thaw_ahead_ms,
+            self._now(),
+            movers_fresh_ms,
         ]
         return call_keys, call_args
 
@@ -201,25 +228,22 @@ class Store:
 
         When held buckets ahead use up a call's bucket visits, the next call on this store
         goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
-        turn. While messages stored by kombu-delay 0.1 remain, a second call
-        (``move_v1.lua``) moves those, up to the rest of ``limit`` and at least a quarter of it.
+        turn.
         """
         with translated_errors():
             reply = self._scripts["move"](
-                keys=[self._index, self._ids, self._counts, self._totals, self._gc, self._legacy],
-                args=[self.ns, limit, max_queue_length, "" if self._scan_after is None else self._scan_after],
+                keys=[self._index, self._ids, self._counts, self._totals, self._gc],
+                args=[
+                    self.ns,
+                    limit,
+                    max_queue_length,
+                    "" if self._scan_after is None else self._scan_after,
+                    self._now(),
+                ],
             )
-            result = MoveResult.from_reply(reply)
-            self._scan_after = result.scan_after
-            if not result.legacy:
-                return result
-            # At least a quarter of the limit goes to 0.1's messages, so a steady backlog of
-            # new ones cannot keep them waiting until they expire.
-            older = self._scripts["move_v1"](
-                keys=[self._legacy, self._ids, self._counts, self._totals, keys.dead(self.prefix)],
-                args=[self.ns, max(limit - result.moved, limit // 4, 1), max_queue_length],
-            )
-        return result.plus(MoveResult.from_reply(older, head_size=10))
+        result = MoveResult.from_reply(reply)
+        self._scan_after = result.scan_after
+        return result
 
     def thaw(self, ahead_ms: int, limit: int) -> ThawResult:
         """Restore up to ``limit`` cold messages due within ``ahead_ms`` into the ordinary
@@ -231,7 +255,8 @@ class Store:
         """
         with translated_errors():
             reply = self._scripts["thaw_scan"](
-                keys=[self._cold_index, self._counts, self._totals], args=[self.ns, ahead_ms, limit]
+                keys=[self._cold_index, self._counts, self._totals],
+                args=[self.ns, ahead_ms, limit, self._now()],
             )
             now_ms, next_ms, more, expired = (int(x) for x in reply[:4])
             items: list[Any] = []
@@ -261,7 +286,7 @@ class Store:
                         self._cold_index,
                         keys.dead(self.prefix),
                     ],
-                    args=[self.ns, keys.wake_channel(self.prefix), *items],
+                    args=[self.ns, keys.wake_channel(self.prefix), self._now(), *items],
                 )
                 thawed, dead, gone = (int(x) for x in done)
         return ThawResult(
@@ -274,11 +299,39 @@ class Store:
             more=bool(more),
         )
 
+    def sweep(self, after: str, limit: int) -> SweepResult:
+        """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):
+        give each its grace again from now, so nothing a running mover holds expires, and
+        settle the counts of those whose messages are gone (``sweep.lua``). Pass the reply's
+        cursor back until it is ``""``."""
+        with translated_errors():
+            reply = self._scripts["sweep"](
+                keys=[self._index, self._cold_index, self._ids, self._counts, self._totals, self._gc],
+                args=[self.ns, after, limit, self._now()],
+            )
+        return SweepResult.from_reply(reply)
+
+    def eviction_policy(self) -> str | None:
+        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read.
+
+        ``INFO memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL
+        users): a policy other than ``noeviction`` lets Redis delete scheduled messages.
+        """
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("memory")
+            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
+                return None
+        policy = info.get("maxmemory_policy")
+        return None if policy is None else _text(policy)
+
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000) -> int:
         """Record a mover heartbeat; return the Redis clock in epoch ms."""
         with translated_errors():
             return int(
-                self._scripts["heartbeat"](keys=[keys.movers(self.prefix)], args=[mover_id, forget_after_ms])
+                self._scripts["heartbeat"](
+                    keys=[keys.movers(self.prefix)], args=[mover_id, forget_after_ms, self._now()]
+                )
             )
 
     def forget_mover(self, mover_id: str) -> None:
@@ -295,25 +348,54 @@ class Store:
             pubsub.subscribe(keys.wake_channel(self.prefix))
         return pubsub
 
-    def foreign_indexes(self, scan_limit: int = 100_000) -> list[str]:
-        """Return bucket indexes under other key prefixes, from a ``SCAN`` of about
-        ``scan_limit`` keys (1000 per call), however many keys Redis holds.
+    def stranded(self, fresh_ms: int, page: int = 10_000) -> dict[str, int]:
+        """Return the other key prefixes in this database whose kombu-delay data holds scheduled
+        messages (either space) and no mover heartbeat younger than ``fresh_ms``: prefix ->
+        messages. A publisher whose ``global_keyprefix`` no mover shares strands them.
 
-        A mover whose ``global_keyprefix`` differs from the publisher's would
-        strand their messages; the mover warns when it sees such an index.
+        A full ``SCAN`` for the index keys, ``page`` keys per call (about a second for a million
+        keys), so it belongs in a background check, never in a probe.
         """
-        found: list[str] = []
-        pattern = f"*{keys.NAMESPACE}[ib][nu][dc]*"  # index, or 0.1's buckets
-        cursor = 0
+        prefixes: set[str] = set()
         with translated_errors():
-            for _ in range(max(1, scan_limit // 1000)):
-                cursor, batch = self.client.scan(cursor, match=pattern, count=1000)
-                for key in batch:
-                    name = _text(key)
-                    if name.endswith(("index", "buckets")) and name not in (self._index, self._legacy):
-                        found.append(name)
-                if cursor == 0:
-                    break
+            for key in self.client.scan_iter(match=f"*{keys.NAMESPACE}*index", count=page):
+                other = keys.prefix_of_index(_text(key))
+                if other is not None and other != self.prefix:
+                    prefixes.add(other)
+            now = self.time_ms()
+            found: dict[str, int] = {}
+            for other in sorted(prefixes):
+                waiting = sum(int(n) for n in self.client.hvals(keys.counts(other)))
+                beats: list[Any] = self.client.zrevrange(keys.movers(other), 0, 0, withscores=True)
+                served = bool(beats) and now - int(beats[0][1]) <= fresh_ms
+                if waiting > 0 and not served:
+                    found[other] = waiting
+        return found
+
+    def set_alert(self, name: str, text: str | None, keep_ms: int) -> None:
+        """Record (or, with ``text`` ``None``, clear) an alert for ``stats`` and ``health``; the
+        record vanishes ``keep_ms`` after the last write, so a mover that stopped checking
+        leaves no stale alert behind."""
+        key = keys.alerts(self.prefix)
+        with translated_errors():
+            if text is None:
+                self.client.hdel(key, name)
+                return
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(key, name, f"{self.time_ms()} {text}")
+            pipe.pexpire(key, keep_ms)
+            pipe.execute()
+
+    def alerts(self, max_age_ms: int) -> dict[str, str]:
+        """Return the alerts recorded within ``max_age_ms``: name -> text."""
+        with translated_errors():
+            raw = self.client.hgetall(keys.alerts(self.prefix))
+        now = self.time_ms()
+        found = {}
+        for name, value in raw.items():
+            at, _, text = _text(value).partition(" ")
+            if at.isdigit() and now - int(at) <= max_age_ms:
+                found[_text(name)] = text
         return found
 
     def counts(self) -> dict[str, int]:
@@ -332,11 +414,11 @@ class Store:
         """Return the due time of the earliest scheduled message, or ``None``.
 
         A bucket whose messages vanished (expired or deleted) is reported by its start,
-        so an unreconciled bucket shows up as overdue rather than hiding. Messages left by
-        kombu-delay 0.1 count too, and so do compressed ones (the cold space).
+        so an unreconciled bucket shows up as overdue rather than hiding. Compressed messages
+        (the cold space) count too.
         """
         with translated_errors():
-            firsts = (self._first_due(), self._first_due(keys.COLD), self._first_legacy_due())
+            firsts = (self._first_due(), self._first_due(keys.COLD))
             dues = [d for d in firsts if d is not None]
         return min(dues) if dues else None
 
@@ -360,14 +442,6 @@ class Store:
         heads = [head for dest in self._dests(start, space) for head in self._head(start, dest, space)]
         return min(heads) if heads else None
 
-    def _first_legacy_due(self) -> int | None:
-        first: list[Any] = self.client.zrange(self._legacy, 0, 0)
-        if not first:
-            return None
-        start = int(first[0])
-        head: list[Any] = self.client.zrange(keys.legacy_bucket(self.prefix, start), 0, 0, withscores=True)
-        return int(head[0][1]) if head else start
-
     def _dests(self, start: int, space: str = "") -> list[str]:
         """Return the destinations a bucket's meta hash counts messages for, sorted."""
         raw = self.client.hgetall(keys.meta(self.prefix, start, space))
@@ -384,7 +458,9 @@ class Store:
         return [int(head[0][1])] if head else []
 
     def time_ms(self) -> int:
-        """Return the Redis clock in epoch ms."""
+        """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""
+        if self.clock is not None:
+            return int(self.clock())
         with translated_errors():
             sec, usec = self.client.time()
         return int(sec) * 1000 + int(usec) // 1000
@@ -435,7 +511,7 @@ class Store:
         return int(
             self._scripts["cancel"](
                 keys=[self._index, self._ids, self._counts, self._totals, self._gc],
-                args=[self.ns, task_id, stored.bucket, stored.dest, stored.ref, stored.payload],
+                args=[self.ns, task_id, stored.bucket, stored.dest, stored.ref, stored.payload, self._now()],
             )
         )
 
@@ -477,6 +553,7 @@ class Store:
                         keys.MAX_DUE_MS,
                         0 if member is None else 1,
                         settings.thaw_ahead_ms,
+                        self._now(),
                     ],
                 )
                 if int(reply[0]) != Rescheduled.TOO_SOON_FOR_COLD:
@@ -495,7 +572,7 @@ class Store:
                 while True:
                     reply = self._scripts["purge"](
                         keys=[index, self._counts, self._totals, self._gc, self._ids],
-                        args=[self.ns, limit, cursor, space, *wanted],
+                        args=[self.ns, limit, cursor, space, self._now(), *wanted],
                     )
                     total += int(reply[0])
                     if int(reply[1]):
@@ -586,14 +663,14 @@ class Store:
         read of members; at most ``max_buckets`` buckets are examined.
         Compressed messages (the cold space) are counted too, in a second call.
         """
-        totals = [0] * (2 + int(slots))
+        totals = [0] * (3 + int(slots))
         with translated_errors():
             for space, index in self._spaces:
                 reply = self._scripts["census"](
                     keys=[index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space]
                 )
                 totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
-        return Census(truncated=bool(totals[0]), overdue=totals[1], slots=totals[2:])
+        return Census(truncated=bool(totals[0]), overdue=totals[1], vanished=totals[2], slots=totals[3:])
 
     def totals(self) -> dict[str, int]:
         """Return the lifetime counters (scheduled, moved, cancelled, ...)."""

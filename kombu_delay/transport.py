@@ -40,7 +40,9 @@ kombu-delay creates), plus:
 from __future__ import annotations
 
 import logging
+import os
 import ssl
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -49,12 +51,19 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from .checks import FRESH_HEARTBEAT_MS
 from .config import Settings
 from .errors import BadETA
 from .eta import message_due
 from .store import Store
 
 logger = logging.getLogger(__name__)
+
+#: The namespaces this process has asked whether a mover serves them: (pid, broker, prefix).
+#: Asked once, inside the first delayed publish's own script call, so no publish pays a round
+#: trip for it. A forked child (a prefork worker publishing retries) asks again.
+_asked: set[tuple[int, str, str]] = set()
+_asked_lock = threading.Lock()
 
 SCHEMES = {
     "delayredis": "kombu_delay.transport:Transport",
@@ -68,6 +77,12 @@ class DelayChannelMixin:
 
     _delay_store: Store | None = None
     _delay_settings: Settings | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Validated when the channel opens: a bad delay_* option (a grace too short to be
+        # safe, say) fails the publisher at its start, not at its first delayed message.
+        _ = self.delay_settings
 
     @property
     def delay_settings(self) -> Settings:
@@ -102,7 +117,13 @@ class DelayChannelMixin:
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
-        self.delay_store.schedule(due, dest, dumps(message), self.delay_settings, expires)
+        where = (os.getpid(), self.connection.client.as_uri(), self.global_keyprefix)  # type: ignore[attr-defined]
+        ask = where not in _asked
+        result = self.delay_store.schedule(
+            due, dest, dumps(message), self.delay_settings, expires, FRESH_HEARTBEAT_MS if ask else 0
+        )
+        if ask:
+            self._tell_if_no_mover(where, result.movers)
         if expires:
             # A queue declared with x-expires: a publish renews the expiry of its lists, as
             # kombu's own does (the mover renews it again when it pushes the message). The
@@ -112,6 +133,27 @@ class DelayChannelMixin:
                 self.delay_store.renew_expiry(self._delay_dests(queue), expires)
             except redis.RedisError as exc:
                 logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
+
+    @staticmethod
+    def _tell_if_no_mover(where: tuple[int, str, str], movers: int | None) -> None:
+        """Warn once per process and namespace when a delayed message was stored and no mover
+        has a fresh heartbeat there: without one, the message is never delivered."""
+        with _asked_lock:
+            if where in _asked:
+                return
+            _asked.add(where)
+        if movers == 0:
+            _, broker, prefix = where
+            logger.warning(
+                "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last "
+                "%d s): delayed messages are stored but not delivered until one runs; start one "
+                "with `celery -A <your app> delay mover` or `kombu-delay --broker <broker URL> "
+                "--prefix %r mover`",
+                prefix,
+                broker,
+                FRESH_HEARTBEAT_MS // 1000,
+                prefix,
+            )
 
     def _purge(self, queue: str) -> int:
         # ``celery purge`` and ``Queue.purge()`` mean "these tasks must not run": a delayed

@@ -194,3 +194,31 @@ def worker_args(name: str, queue: str = "e2e", pool: str = "solo") -> list[str]:
         "-l",
         "info",
     ]
+
+
+class FakeClock:
+    """A clock for :class:`~kombu_delay.store.Store` (epoch ms) that moves only when told to.
+
+    It starts at Redis's own clock and only ever runs ahead of it, so the expiries the scripts
+    set from it never fall due during a test: a test drives time through it instead of waiting.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        sec, usec = client.time()
+        self.ms = int(sec) * 1000 + int(usec) // 1000
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def advance(self, ms: int) -> int:
+        self.ms += ms
+        return self.ms
+
+
+def expires_at(client: redis.Redis, key: str) -> int | None:
+    """When Redis will delete ``key``, epoch ms by its clock (``None``: no expiry, or no key)."""
+    ttl = client.pttl(key)
+    if ttl < 0:
+        return None
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000 + ttl

@@ -9,6 +9,7 @@ import threading
 import time
 import zlib
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -464,8 +465,7 @@ def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):
     runner = threading.Thread(target=mover.run, daemon=True)
     runner.start()
     try:
-        wait_until(lambda: mover.stats.calls > 0, timeout=30)  # it has looked once: nothing
-        time.sleep(0.5)
+        wait_until(lambda: mover.stats.calls > 0, timeout=30)  # subscribed, and looked once: nothing
         due = store.time_ms() + 3500
         publisher = Settings(compress_after_ms=3000, thaw_ahead_ms=2000)
         assert (
@@ -473,6 +473,76 @@ def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):
             is Scheduled.STORED
         )
         assert len(cold_members(r)) == 1
+        got = r.brpop(["q"], timeout=60)
+        arrived = store.time_ms()
+        # Never early; late loosely: without the wake it comes with the next look, 20 s on.
+        assert got is not None and due <= arrived < due + 10_000, arrived - due
+    finally:
+        mover.stop()
+        runner.join(30)
+
+
+def wakes(r: redis.Redis, publish: Callable[[], object]) -> list[int]:
+    """The due times that ``publish`` announced on the wake channel."""
+    pubsub = r.pubsub()
+    pubsub.subscribe(keys.wake_channel(""))
+    try:
+        confirmed = pubsub.get_message(timeout=30)  # subscribed before anything is published
+        assert confirmed is not None and confirmed["type"] == "subscribe"
+        publish()
+        r.publish(keys.wake_channel(""), "end")  # the stream is read up to here
+        seen = []
+        while (message := pubsub.get_message(timeout=30)) is not None and message["data"] != b"end":
+            seen.append(int(message["data"]))
+        return seen
+    finally:
+        pubsub.close()
+
+
+def test_a_compressed_message_due_before_the_first_cold_bucket_ends_wakes_the_movers(r):
+    """Publishers with different bucket widths: an hour-wide cold bucket starts first but holds
+    a message due late; a narrower publisher's compressed message lands in a bucket that starts
+    after it yet is due sooner. Its publish must wake the movers (a mover that thaws further
+    ahead than this publisher looks rarely), and a later one in the narrow bucket need not."""
+    store = Store(r)
+    hour = Settings(bucket_width_ms=3_600_000, compress_after_ms=2000, thaw_ahead_ms=1000)
+    narrow = Settings(bucket_width_ms=1000, compress_after_ms=2000, thaw_ahead_ms=1000)
+    now = store.time_ms()
+    wide_due = now - now % 3_600_000 + 3_599_000  # late in the current hour, 1 s before its end
+    if wide_due - now < 120_000:
+        wide_due += 3_600_000
+    soon = now + 30_000
+    publish_wide = lambda: store.schedule(Due(wide_due, task_id="w"), "q", kombu_payload("w"), hour)  # noqa: E731
+    assert wakes(r, publish_wide) == [wide_due]
+    assert r.zrange(keys.cold_index(""), 0, 0) == [str(wide_due - wide_due % 3_600_000).encode()]
+    assert wakes(r, lambda: store.schedule(Due(soon, task_id="n"), "q", kombu_payload("n"), narrow)) == [soon]
+    # Later than an earlier one in its own set: not the earliest, no wake.
+    later = soon + 100
+    assert wakes(r, lambda: store.schedule(Due(later, task_id="n2"), "q", kombu_payload("n2"), narrow)) == []
+    assert len(cold_members(r)) == 3
+
+
+def test_a_mover_that_thaws_far_ahead_is_in_time_with_a_narrow_publisher_behind_a_wide_bucket(r):
+    """The end to end case of the review: a wide cold bucket first, a mover that thaws 60 s
+    ahead (so it looks every 20 s), and a narrow publisher's message due 3.5 s later."""
+    store = Store(r)
+    hour = Settings(bucket_width_ms=3_600_000)
+    now = store.time_ms()
+    wide_due = now - now % 3_600_000 + 3_599_000
+    if wide_due - now < 300_000:
+        wide_due += 3_600_000
+    store.schedule(Due(wide_due, task_id="w"), "q", kombu_payload("w"), hour)
+    mover = Mover(store, Settings(thaw_ahead_ms=60_000, max_sleep_ms=60_000))
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: mover.stats.calls > 0, timeout=30)
+        due = store.time_ms() + 3500
+        publisher = Settings(bucket_width_ms=1000, compress_after_ms=3000, thaw_ahead_ms=2000)
+        assert (
+            store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), publisher).outcome
+            is Scheduled.STORED
+        )
         got = r.brpop(["q"], timeout=60)
         arrived = store.time_ms()
         # Never early; late loosely: without the wake it comes with the next look, 20 s on.

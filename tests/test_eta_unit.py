@@ -165,10 +165,6 @@ def test_key_names_of_the_v2_layout(prefix):
     assert keys.queue_set(prefix, 0, "q:with:colons\x06\x169") == f"{ns}z:0:q:with:colons\x06\x169"
     assert keys.task_ids(prefix, 60_000) == f"{ns}t:60000"
     assert keys.drained(prefix) == f"{ns}gc"
-    # kombu-delay 0.1's keys keep their names: only move_v1.lua reads them.
-    assert keys.legacy_index(prefix) == f"{ns}buckets"
-    assert keys.legacy_bucket(prefix, 60_000) == f"{ns}bucket:60000"
-    assert keys.legacy_meta(prefix, 60_000) == f"{ns}meta:60000"
     assert keys.dead(prefix) == f"{ns}dead"
     names = [
         keys.index(prefix),
@@ -180,9 +176,6 @@ def test_key_names_of_the_v2_layout(prefix):
         keys.counts(prefix),
         keys.totals(prefix),
         keys.movers(prefix),
-        keys.legacy_index(prefix),
-        keys.legacy_bucket(prefix, 1),
-        keys.legacy_meta(prefix, 1),
         keys.dead(prefix),
     ]
     assert len(set(names)) == len(names)

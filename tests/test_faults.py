@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import random
-import re
 import ssl
 import threading
 import time
@@ -61,37 +60,6 @@ DEADLINE_S = 240.0
 
 def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
-
-
-def legacy_envelope(task_id: str, dest: str, payload: bytes | str) -> bytes:
-    """A kombu-delay 0.1 member: ``<len(id)>:<len(dest)>:<id><dest><payload>`` (byte lengths)."""
-    tid, key = task_id.encode(), dest.encode()
-    body = payload.encode() if isinstance(payload, str) else payload
-    return b"%d:%d:%s%s%s" % (len(tid), len(key), tid, key, body)
-
-
-def legacy_schedule(
-    client: redis.Redis, due_ms: int, task_id: str, dest: str, payload: str, width_ms: int = 60_000
-) -> None:
-    """Store one message as kombu-delay 0.1's schedule.lua did (its keys, counts and ref)."""
-    start = keys.bucket_start(due_ms, width_ms)
-    seq = (client.hincrby(keys.legacy_meta("", start), "seq", 1) - 1) % keys.SEQ_SLOTS
-    member = legacy_envelope(task_id, dest, payload)
-    assert client.zadd(keys.legacy_bucket("", start), {member: keys.score(due_ms, seq)}, nx=True) == 1
-    client.hincrby(keys.legacy_meta("", start), f"q:{dest}", 1)
-    client.hincrby(keys.counts(""), dest, 1)
-    client.hincrby(keys.totals(""), "scheduled", 1)
-    ref = f"{start}:{due_ms - start}:{seq}"
-    old = client.hget(keys.ids(""), task_id)
-    client.hset(keys.ids(""), task_id, f"{old.decode()} {ref}" if old else ref)
-    client.zadd(keys.legacy_index(""), {str(start): start})
-
-
-def legacy_corrupt(client: redis.Redis, due_ms: int, members: list[bytes], width_ms: int = 60_000) -> None:
-    """Put unparsable members into a kombu-delay 0.1 bucket (uncounted, as damage would be)."""
-    start = keys.bucket_start(due_ms, width_ms)
-    client.zadd(keys.legacy_bucket("", start), {m: due_ms - 1 for m in members})
-    client.zadd(keys.legacy_index(""), {str(start): start})
 
 
 # -- 1. mover crashes -------------------------------------------------------------------
@@ -400,17 +368,15 @@ def test_maxmemory_refuses_publishes_clearly_while_the_mover_keeps_moving(tmp_pa
         ledger = Ledger()
         due = store.time_ms() + 5000
         items = []
-        # The first due message's task id has a second envelope (as a Celery retry would),
-        # and a corrupt envelope left by kombu-delay 0.1 comes first of all: dead-lettering it
-        # (move_v1.lua) and dropping refs used to need a memory-growing first write, which
-        # Redis refuses in a script while over maxmemory.
+        # The first due message's task id has a second envelope (as a Celery retry would):
+        # dropping refs used to need a memory-growing first write, which Redis refuses in a
+        # script while over maxmemory.
         for i, mid in enumerate(["twice", "twice", *(f"d{k}" for k in range(50))]):
             items.append((Due(due + i, task_id=mid), "faults", message(mid, iso(due + i))))
         results = store.schedule_many(items, Settings())
         assert all(r.outcome is Scheduled.STORED for r in results)
         for mid in ["twice", *(f"d{k}" for k in range(50))]:
             ledger.published(mid, due)
-        legacy_corrupt(client, due, [b"corrupt member"])
         app = Celery("faults", broker=server.delay_url, set_as_current=False)
         app.send_task("faults.noop", task_id="declared", countdown=1, queue="faults")  # declares
         ledger.published("declared", 0)
@@ -445,15 +411,11 @@ def test_maxmemory_refuses_publishes_clearly_while_the_mover_keeps_moving(tmp_pa
             assert wait_for(ledger.complete, DEADLINE_S), (ledger.summary(), movers.logs())
             assert wait_for(lambda: max(store.heartbeats().values()) > beat, 60), movers.logs()
             assert client.info("memory")["used_memory"] > int(client.config_get("maxmemory")["maxmemory"])
-            assert wait_for(lambda: client.lrange(keys.dead(""), 0, -1) == [b"corrupt member"], 60)
-            assert not client.exists(
-                keys.legacy_index(""), keys.legacy_bucket("", keys.bucket_start(due, 60_000))
-            )
             assert "unexpected error" not in movers.logs()
             # The refused publishes wrote nothing.
             assert [client.hexists(keys.ids(""), m) for m in ("oom-0", "oom-1", "oom-2")] == [False] * 3
             rest = consistency(client)
-            assert rest["stored"] == 0 and rest["dead"] == 1
+            assert rest["stored"] == 0
 
             # Memory freed and the limit raised: publishing works again, delivered once.
             for start in range(0, filler, 500):
@@ -641,33 +603,6 @@ def test_odd_queue_names_and_priorities_reach_plain_kombu_consumers(
         assert isinstance(raw, bytes) and json.loads(raw)["headers"]["id"] == key
     assert Store(r).counts() == {}
     assert mover.stop() == 0
-
-
-def test_corrupt_legacy_envelopes_go_to_the_dead_letter_list(
-    r: redis.Redis, redis_server: RedisServer, start_mover: Callable[..., Any]
-) -> None:
-    """Envelopes left by kombu-delay 0.1 are still parsed (move_v1.lua): a good one is
-    delivered and its ref dropped; one that cannot be parsed goes to the dead-letter list."""
-    store = Store(r)
-    due = store.time_ms() + 300
-    legacy_schedule(r, due, "good", "faults", message("good"))
-    corrupt = [b"garbage", b"99:5:short", b"3:0:abcpayload", b"1:1:ab"]
-    legacy_corrupt(r, due, corrupt)
-    assert store.counts() == {"faults": 1} and store.earliest_due_ms() == due - 1
-    mover = start_mover()
-    assert wait_for(lambda: r.llen("faults") == 1, 60)
-    assert wait_for(lambda: r.llen(keys.dead("")) == len(corrupt), 60)
-    assert json.loads(r.rpop("faults") or b"")["headers"]["id"] == "good"
-    assert sorted(r.lrange(keys.dead(""), 0, -1)) == sorted(corrupt)
-    assert r.hget(keys.totals(""), "dead") == b"4"
-    assert wait_for(lambda: not r.exists(keys.legacy_index("")), 60)
-    assert mover.stop() == 0
-    assert re.search(r"WARNING .*moved 4 corrupt .*envelopes to the dead-letter list", mover.output())
-    start = keys.bucket_start(due, Settings().bucket_width_ms)
-    assert not r.exists(keys.legacy_bucket("", start), keys.legacy_meta("", start))
-    assert store.counts() == {} and r.hlen(keys.ids("")) == 0  # the legacy mover drops refs at once
-    rest = consistency(r)
-    assert rest["stored"] == 0 and rest["moved"] == 1 and rest["dead"] == 4
 
 
 def test_corrupt_members_are_delivered_as_stored(

@@ -1,4 +1,4 @@
-"""move.lua's reply: the legacy flag, then the lateness, run-length coded in Lua, one value
+"""move.lua's reply: the counts and the scan position, then the lateness, run-length coded in Lua, one value
 per moved message in Python."""
 
 from __future__ import annotations
@@ -21,19 +21,12 @@ def test_runs_expand_in_order() -> None:
     assert _runs([b"1", b"-2", b"4", b"0"]) == [1, 4, 4, 0]
 
 
-def test_reply_has_the_legacy_flag_and_the_scan_position_before_the_lateness() -> None:
-    head = [b"3", b"-1", b"1000", b"250", b"0", b"2", b"1", b"0", b"1"]
-    result = MoveResult.from_reply([*head, b"1", b"-1", b"-2", b"5", b"9"])
-    assert result == MoveResult(3, None, 1000, 250, 0, 2, 1, 0, True, [5, 5, 9], legacy=True)
-    plain = MoveResult.from_reply([*head, 0, 60_000, 7])
-    assert plain.legacy is False and plain.scan_after == 60_000 and plain.lateness_ms == [7]
-    # A move_v1.lua call made right after (its reply has no scan position): counts add up,
-    # the earliest due wins, and the scan position is the move.lua call's.
-    older = MoveResult.from_reply([1, 1500, 1001, 0, 1, 0, 0, 4, 0, 1, 0], head_size=10)
-    both = MoveResult.from_reply([2, 2000, 1000, 250, 0, 0, 0, 0, 0, 1, 120_000, -2, 3]).plus(older)
-    assert both == MoveResult(
-        3, 1500, 1000, 250, 1, 0, 0, 4, False, [3, 3, 0], legacy=True, scan_after=120_000
-    )
+def test_reply_has_the_scan_position_before_the_lateness() -> None:
+    head = [b"3", b"-1", b"1000", b"250", b"2", b"1", b"0", b"1"]
+    result = MoveResult.from_reply([*head, b"-1", b"-2", b"5", b"9"])
+    assert result == MoveResult(3, None, 1000, 250, 2, 1, 0, True, [5, 5, 9])
+    plain = MoveResult.from_reply([*head, 60_000, 7])
+    assert plain.scan_after == 60_000 and plain.lateness_ms == [7]
 
 
 def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -> None:
@@ -50,7 +43,6 @@ def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -
     late_at = result.now_ms
     assert result.lateness_ms == [late_at - due for due in dues]
     assert r.llen(f"{prefix}q") == 35
-    assert result.legacy is False
 
 
 def test_lateness_follows_the_move_order_destination_by_destination(r: redis.Redis, prefix: str) -> None:

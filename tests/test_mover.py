@@ -1,6 +1,6 @@
 """The mover: the move script on seeded buckets (table-driven), the id-index clean-up, the
-kombu-delay 0.1 layout, then the mover as a real process: boundaries, several movers at once,
-kill -9, a Redis outage, legacy dead letters, signals."""
+the mover as a real process: boundaries, several movers at once, kill -9, a Redis outage,
+signals."""
 
 from __future__ import annotations
 
@@ -315,155 +315,6 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
     assert consistency(r, prefix) == {"stored": 0, "stale_refs": 0, **store.totals()}
 
 
-# -- the kombu-delay 0.1 layout ----------------------------------------------------------
-
-
-def legacy_put(
-    client: redis.Redis,
-    prefix: str,
-    task_id: str,
-    dest: str,
-    payload: bytes,
-    due_ms: int,
-    seq: int = 0,
-    width_ms: int = 60_000,
-) -> None:
-    """Store one message as kombu-delay 0.1 did (see lua/move_v1.lua): an envelope
-    ``<len(id)>:<len(dest)>:<id><dest><payload>`` in the bucket that holds it."""
-    start = keys.bucket_start(due_ms, width_ms)
-    member = f"{len(task_id)}:{len(dest)}:{task_id}{dest}".encode() + payload
-    legacy_raw(client, prefix, start, member, keys.score(due_ms, seq))
-    client.hincrby(keys.legacy_meta(prefix, start), f"q:{dest}", 1)
-    client.hincrby(keys.counts(prefix), dest, 1)
-    ref = f"{start}:{due_ms - start}:{seq}"
-    old = client.hget(keys.ids(prefix), task_id)
-    client.hset(keys.ids(prefix), task_id, f"{old.decode()} {ref}" if old else ref)
-
-
-def legacy_raw(client: redis.Redis, prefix: str, start: int, member: bytes, score: float) -> None:
-    """Put ``member`` into a 0.1 bucket as is (no counts: a corrupt one names no destination)."""
-    client.zadd(keys.legacy_bucket(prefix, start), {member: score})
-    client.zadd(keys.legacy_index(prefix), {str(start): start})
-
-
-def test_legacy_layout_moves_good_envelopes_and_dead_letters_corrupt_ones(r, prefix):
-    store = Store(r, prefix)
-    q = f"{prefix}q"
-    due = store.time_ms() + 400
-    start = keys.bucket_start(due, 60_000)
-    tags = [f"old{i}" for i in range(6)]
-    for i, tag in enumerate(tags):
-        legacy_put(r, prefix, tag, q, kombu_payload(tag).encode(), due + i % 3, seq=i)
-    corrupt = [b"garbage", b"2:99:ab", b"3:0:abc" + kombu_payload("nodest").encode()]
-    for i, member in enumerate(corrupt):
-        legacy_raw(r, prefix, start, member, keys.score(due + 1, 10 + i))
-    later_due = due + 1500
-    legacy_put(r, prefix, "later", q, kombu_payload("later").encode(), later_due)
-
-    early = store.move_due(1000)
-    assert early.moved == 0 and early.dead == 0 and early.legacy
-    assert early.next_due_ms == due
-    wait_until(lambda: store.time_ms() > due + 5)
-    results = [store.move_due(2)]
-    while results[-1].more:
-        results.append(store.move_due(2))
-        assert len(results) < 100
-    assert sum(res.moved for res in results) == 6
-    assert sum(res.dead for res in results) == 3
-    assert all(res.legacy for res in results)
-    assert min(ms for res in results for ms in res.lateness_ms) >= 0
-    assert tags_in(r, q) == sorted(tags, key=lambda t: (int(t[3:]) % 3, int(t[3:])))  # due order
-    assert sorted(r.lrange(keys.dead(prefix), 0, -1)) == sorted(corrupt)
-    totals = store.totals()
-    assert (totals["moved"], totals["dead"]) == (6, 3)
-    assert store.counts() == {q: 1}
-    assert r.hkeys(keys.ids(prefix)) == [b"later"]  # 0.1 refs go with the move, as they did
-    assert results[-1].next_due_ms == later_due == store.earliest_due_ms()
-    assert r.exists(keys.legacy_index(prefix)) == 1
-
-    # Once the last 0.1 bucket is drained, its index is gone and move.lua says so.
-    wait_until(lambda: store.time_ms() > later_due)
-    last = store.move_due(1000)
-    assert (last.moved, last.dead, last.legacy) == (1, 0, True)
-    assert tags_in(r, q)[-1] == "later"
-    assert r.exists(keys.legacy_index(prefix)) == 0
-    assert not r.keys(f"{keys.ns(prefix)}bucket:*") and not r.keys(f"{keys.ns(prefix)}meta:*")
-    assert store.counts() == {} and r.hlen(keys.ids(prefix)) == 0
-    after = store.move_due(1000)
-    assert (after.moved, after.legacy, after.next_due_ms) == (0, False, None)
-    assert store.earliest_due_ms() is None
-
-
-def test_legacy_mixed_widths_a_narrow_bucket_is_not_kept_behind_a_wider_one(r, prefix):
-    """0.1 publishers with different bucket widths: a wide bucket that started first but
-    holds only a later message must not hide a narrower, later-starting bucket's due one,
-    from the move or from the next due time the mover sleeps until."""
-    store = Store(r, prefix)
-    q = f"{prefix}q"
-    now = store.time_ms()
-    far, soon = now + 600_000, now + 300
-    legacy_put(r, prefix, "far", q, kombu_payload("far").encode(), far, width_ms=10**13)  # starts at 0
-    legacy_put(r, prefix, "soon", q, kombu_payload("soon").encode(), soon, width_ms=1000)
-    assert r.zrange(keys.legacy_index(prefix), 0, -1) == [b"0", str(keys.bucket_start(soon, 1000)).encode()]
-
-    before = store.move_due(1000)
-    assert (before.moved, before.next_due_ms) == (0, soon)
-    wait_until(lambda: store.time_ms() > soon)
-    moved = store.move_due(1000)
-    assert moved.moved == 1 and min(moved.lateness_ms) >= 0
-    assert tags_in(r, q) == ["soon"]
-    assert moved.next_due_ms == far and store.counts() == {q: 1}
-
-
-def test_both_layouts_due_at_once_deliver_each_message_exactly_once(r, prefix, redis_server):
-    """One move_due loop drains v2 buckets and 0.1 buckets together: every message reaches
-    its list exactly once (one LPUSH), and none before its due millisecond by the Redis
-    clock (MONITOR's timestamp of the LPUSH that carried it)."""
-    store = Store(r, prefix)
-    dests = [f"{prefix}a", f"{prefix}b"]
-    now = store.time_ms()
-    dues: dict[str, int] = {}
-    new_items = []
-    for i in range(60):
-        tag, due = f"new{i:03d}", now + 600 + 7 * i
-        dues[tag] = due
-        new_items.append((Due(due, task_id=tag), dests[i % 2], kombu_payload(tag)))
-    narrow = Settings(compress_after_ms=0, bucket_width_ms=100)
-    outcomes = {res.outcome for res in store.schedule_many(new_items, narrow)}
-    assert outcomes == {Scheduled.STORED}
-    for i in range(60):
-        tag, due = f"old{i:03d}", now + 603 + 7 * i
-        dues[tag] = due
-        legacy_put(r, prefix, tag, dests[i % 2], kombu_payload(tag).encode(), due, seq=i)
-    assert store.time_ms() < min(dues.values()), "seeding took longer than the lead"
-
-    calls = []
-    with LpushMonitor(redis_server.client(), r) as monitor:
-        deadline = time.monotonic() + 120
-        while moved_total(r, prefix) < len(dues):
-            assert time.monotonic() < deadline, f"only {moved_total(r, prefix)} of {len(dues)} moved"
-            result = store.move_due(7)
-            calls.append(result)
-            assert min(result.lateness_ms, default=0) >= 0
-        r.ping()
-    assert sum(res.moved for res in calls) == len(dues)
-    assert any(res.legacy for res in calls)
-    delivered = Counter(all_tags(r, dests))
-    assert set(delivered) == set(dues) and set(delivered.values()) == {1}
-    for tag, due in dues.items():
-        pushes = monitor.first_push_us(tag)
-        assert len(pushes) == 1, (tag, pushes)
-        assert pushes[0] >= due * 1000, (tag, due, pushes)
-    for dest in dests:  # due order within each layout and list
-        for layout in ("new", "old"):
-            order = [t for t in tags_in(r, dest) if t.startswith(layout)]
-            assert order == sorted(order, key=lambda t: dues[t])
-    assert stored(r, prefix) == [] and store.counts() == {}
-    assert r.exists(keys.legacy_index(prefix)) == 0
-    assert r.exists(keys.dead(prefix)) == 0
-    assert store.move_due(7).legacy is False
-
-
 # -- the mover as a real process ---------------------------------------------------------
 
 
@@ -494,53 +345,12 @@ def test_clean_up_of_thousands_of_retried_ids_keeps_their_live_refs(r):
     assert rest["stored"] == n and rest["stale_refs"] == 0 and rest["moved"] == n
 
 
-def test_clean_up_waits_for_a_legacy_bucket_of_the_same_start(r):
-    """A 0.1 message L and a 0.2 message M of one task id in buckets with the same start: the
-    0.2 bucket's clean-up must not drop L's ref, and moving L must drop L's ref alone, not the
-    ref of a later 0.2 message of that id."""
-    store = Store(r)
-    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
-    now = store.time_ms()
-    start = now - now % 1000 + 2000
-    legacy_put(r, "", "T", "qL", kombu_payload("L").encode(), start + 500, width_ms=1000)
-    store.schedule(Due(start + 100, task_id="T"), "qM", with_id("M", "T", "qM"), narrow)
-    r.lpush("qL", "filler")  # qL is full under max_queue_length 1: L is held
-    wait_until(lambda: store.time_ms() > start + 1000, 30)
-    for _ in range(3):
-        result = store.move_due(100, max_queue_length=1)
-    assert r.llen("qM") == 1 and result.held == 1 and result.legacy
-    assert r.zrange(keys.drained(""), 0, -1) == [str(start).encode()]  # its clean-up waits
-    assert f"{start}:500:0" in r.hget(keys.ids(""), "T").decode().split()  # L's ref is kept
-    later = store.time_ms() + 60_000
-    store.schedule(Due(later, task_id="T"), "qM", with_id("M2", "T", "qM"), narrow)
-    r.delete("qL")
-    while r.exists(keys.legacy_index(""), keys.drained("")):
-        store.move_due(100, max_queue_length=1)
-    assert r.lrange("qL", 0, -1) == [kombu_payload("L").encode()]
-    assert r.hget(keys.ids(""), "T").decode() == f"{later - later % 1000}:{later % 1000}:0"
-    assert [s.payload for s in store.find("T")] == [with_id("M2", "T", "qM").encode()]
-    assert store.cancel("T") == 1 and store.counts() == {}
-
-
-def test_legacy_messages_get_a_share_of_each_call_under_a_backlog_of_new_ones(r):
-    store = Store(r)
-    due = store.time_ms() + 300
-    new = [(Due(due, task_id=f"n{i}"), "q", kombu_payload(f"n{i}")) for i in range(100)]
-    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(new, ORDINARY))
-    for i in range(10):
-        legacy_put(r, "", f"o{i}", "q", kombu_payload(f"o{i}").encode(), due, seq=i)
-    wait_until(lambda: store.time_ms() > due, 30)
-    result = store.move_due(20)
-    assert result.legacy and result.moved == 25  # 20 new ones fill the limit; 5 old ones too
-    assert sum(t.startswith("o") for t in tags_in(r, "q")) == 5
-
-
 def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
     """Publishers with different bucket widths share a start: the keys of that bucket must
     live until the wider one's end plus grace, or its message would expire before due."""
     store = Store(r)
-    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000, grace_ms=1000)
-    wide = Settings(compress_after_ms=0, bucket_width_ms=10_000, grace_ms=1000)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000, grace_ms=3_600_000)
+    wide = Settings(compress_after_ms=0, bucket_width_ms=10_000, grace_ms=3_600_000)
     now = store.time_ms()
     start = now - now % 10_000 + 20_000
     store.schedule(Due(start + 200, task_id="a"), "q", kombu_payload("a"), narrow)
@@ -551,7 +361,7 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
     at = store.time_ms()
     assert r.zcard(keys.queue_set("", start, "q")) == 2 and r.zcard(keys.queue_set("", start, "q2")) == 2
     for dest in ("q", "q2", "q3"):
-        assert r.pttl(keys.queue_set("", start, dest)) >= start + 10_000 + 1000 - at - 50, dest
+        assert r.pttl(keys.queue_set("", start, dest)) >= start + 10_000 + 3_600_000 - at - 50, dest
     for key in (
         keys.meta("", start),
         keys.task_ids("", start),
@@ -559,7 +369,7 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
         keys.ids(""),
         keys.counts(""),
     ):
-        assert r.pttl(key) >= start + 10_000 + 1000 + 86_400_000 - at - 50, key
+        assert r.pttl(key) >= start + 10_000 + 3_600_000 + 86_400_000 - at - 50, key
 
 
 def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_next(r):
@@ -806,30 +616,6 @@ def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_l
     [pushed_us] = monitor.first_push_us("later")
     assert pushed_us >= due * 1000
     assert store.counts() == {"blocked": 2}
-    assert mover.stop() == 0, mover.output()
-
-
-def test_legacy_corrupt_envelope_goes_to_dead_letters_and_others_still_move(r, start_mover):
-    """A mover upgraded over kombu-delay 0.1 data delivers its envelopes and dead-letters
-    the one it cannot parse, then the 0.1 index is gone."""
-    store = Store(r)
-    due = store.time_ms() + 400
-    tags = [f"c{i}" for i in range(10)]
-    for i, tag in enumerate(tags):
-        legacy_put(r, "", tag, "c", kombu_payload(tag).encode(), due, seq=i)
-    legacy_raw(r, "", keys.bucket_start(due, 60_000), b"\x00not an envelope", keys.score(due, 0))
-    mover = start_mover()
-    try:
-        wait_until(lambda: r.llen("c") == 10)
-        wait_until(lambda: r.llen(keys.dead("")) == 1)
-    except AssertionError:
-        print(mover.output()[-3000:], r.lrange(keys.dead(""), 0, -1))
-        raise
-    assert r.lrange(keys.dead(""), 0, -1) == [b"\x00not an envelope"]
-    assert sorted(tags_in(r, "c")) == sorted(tags)
-    wait_until(lambda: "to the dead-letter list" in mover.output())
-    wait_until(lambda: r.exists(keys.legacy_index("")) == 0)
-    assert store.counts() == {} and r.hlen(keys.ids("")) == 0
     assert mover.stop() == 0, mover.output()
 
 

@@ -7,6 +7,7 @@ import logging
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.redis_server import RedisServer, free_port
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store
 
-from .conftest import wait_until
+from .conftest import ROOT, wait_until
 from .delay_helpers import Stored, stored
 
 
@@ -502,3 +503,46 @@ def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, 
         r.delete(f"{prefix}temp")
         assert control.reschedule("t-3", countdown=0) == 1
     assert r.llen(f"{prefix}temp") == 1 and 0 < expiry(f"{prefix}temp") <= 30_000
+
+
+PUBLISH_FIVE = """
+import logging, sys
+import kombu_delay
+from kombu import Connection
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+with Connection(sys.argv[1], transport_options={"global_keyprefix": sys.argv[2]}) as conn:
+    producer = conn.Producer(serializer="json")
+    for i in range(5):
+        producer.publish({"n": i}, routing_key="forgotten", headers={"x-delay": 600_000})
+"""
+
+
+def publish_five(url: str, prefix: str) -> str:
+    """Five delayed publishes in a fresh process; return what it logged."""
+    done = subprocess.run(
+        [sys.executable, "-c", PUBLISH_FIVE, url, prefix],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_a_delayed_publish_with_no_mover_warns_once_per_process_naming_the_namespace(r, redis_server, prefix):
+    url = redis_server.delay_url
+    said = publish_five(url, prefix)
+    warnings = [line for line in said.splitlines() if "no mover serves" in line]
+    assert len(warnings) == 1, said
+    assert f"key prefix {prefix!r}" in warnings[0] and "delay mover" in warnings[0]
+    assert f"127.0.0.1:{redis_server.port}" in warnings[0]
+    assert len(publish_five(url, prefix).splitlines()) == 1  # the next process tells its own
+    # With a mover's fresh heartbeat in the namespace, nothing to say.
+    Store(r, prefix).heartbeat("a-mover")
+    assert "no mover serves" not in publish_five(url, prefix)
+    # A heartbeat under another prefix serves nobody here.
+    r.delete(keys.movers(prefix))
+    Store(r, "other:" if prefix == "" else "").heartbeat("elsewhere")
+    assert "no mover serves" in publish_five(url, prefix)
+    assert r.llen(f"{prefix}forgotten") == 0 and len(stored(r, prefix)) == 20

@@ -4,7 +4,7 @@ drop_refs(ids, task_ids, ref_of)
   ids       HASH  <ns>ids   task id -> space-separated refs "start:offset:seq"
   task_ids  the ids whose entries change (an id may appear more than once)
   ref_of    ref_of(i) returns the ref of task_ids[i]'s message that left its bucket (moved
-            by move_v1.lua, cancelled or replaced)
+            cancelled or replaced)
   Removes each exact ref, and a field with its last ref. Returns nothing. A field may hold
   refs of messages already moved (their bucket is not cleaned up yet) and of either layout,
   so a ref is always compared, never assumed.
@@ -16,8 +16,10 @@ score_ref(start_s, score)
   The id-index ref "start:offset:seq" of the message at ``score`` in bucket ``start_s``
   (``score = due + seq/2048``, see keys.py), as schedule.lua wrote it.
 
-clock()
-  Returns the Redis clock as epoch ms and the microseconds past that ms (0..999).
+clock(at)
+  Returns the Redis clock as epoch ms and the microseconds past that ms (0..999); with ``at``
+  (an ARGV, epoch ms; '' or nil = Redis TIME), that time instead, with 0 µs: tests drive time
+  through it rather than wait for it.
 
 keep_until(key, now, at)
   key  any kombu-delay key (ids, counts, gc, or a bucket's own keys)
@@ -85,8 +87,7 @@ assert_may_push(dest)
   On Redis 7 and later, raises a NOPERM error when this user's ACL refuses LPUSH onto dest,
   naming it, before anything is read for dest. Redis 6 cannot tell beforehand; there the
   refusal comes from the push itself, which move.lua and reschedule.lua make before they
-  take anything (a script's writes are not undone when it fails). move_v1.lua, for the
-  0.1 layout, still takes before it pushes.
+  take anything (a script's writes are not undone when it fails).
 
 checked_call(command, key, ...)
   redis.call, except that a refusal (an ACL, maxmemory, a read-only replica) is raised naming
@@ -169,7 +170,8 @@ local function score_ref(start_s, score)
     .. string.format('%d', (score - due) * 2048)
 end
 
-local function clock()
+local function clock(at)
+  if at and at ~= '' then return math.floor(tonumber(at)), 0 end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[2]) % 1000
 end
@@ -384,18 +386,15 @@ local function put_group(k, now, start, dest, msgs)
     keep_until(k.ids, now, meta_expire_at)
     keep_until(k.counts, now, meta_expire_at)
   end
-  -- Wake the movers only when a message may now be the earliest one scheduled: first in
-  -- its sorted set, in the first bucket, or before the first bucket's end (publishers with a
-  -- wider bucket width). Cheap, and false for almost every publish.
-  -- A compressed message in the first cold bucket may be the next one to thaw: the wake lets
-  -- a mover that looks rarely (a longer delay_thaw_ahead than this publisher's) look now.
-  if sp ~= '' then
-    if redis.call('ZRANGE', k.index, 0, 0)[1] == start_s then
-      redis.call('PUBLISH', k.wake, string.format('%d', first.due))
-    end
-  elseif redis.call('ZRANK', zset, first.payload) == 0 then
+  -- Wake the movers only when a message may now be the earliest one of its space: first in
+  -- its sorted set, and in the first bucket or due before the first bucket's end (with
+  -- publishers of different bucket widths, a later-starting narrow bucket can hold the
+  -- earliest message). Cheap, and false for almost every publish. In the cold space the
+  -- wake makes a mover look for something to thaw now: one that looks rarely (a longer
+  -- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
+  if redis.call('ZRANK', zset, first.payload) == 0 then
     local head = redis.call('ZRANGE', k.index, 0, 0)[1]
-    if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.ns .. 'm:' .. head, 'end') or 0)) then
+    if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.ns .. sp .. 'm:' .. head, 'end') or 0)) then
       redis.call('PUBLISH', k.wake, string.format('%d', first.due))
     end
   end

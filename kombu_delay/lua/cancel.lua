@@ -11,6 +11,7 @@ ARGV[3] start    the message's bucket start, epoch ms ("c<start>" for a cold buc
 ARGV[4] dest     its destination list key
 ARGV[5] ref      its id-index ref "start:offset:seq"
 ARGV[6] payload  the member, exactly as stored
+ARGV[7] now_ms   epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 Returns: 1 removed, 0 already gone (moved or cancelled meanwhile; nothing written)
 Bound: a constant number of O(log n) commands.
 
@@ -18,7 +19,7 @@ The caller reads the message first (Store.find checks the task id inside the pay
 Lua never decodes), so ZREM of that exact member is the claim: a message is never both
 delivered and cancelled.
 ]]
-local now = clock()
+local now = clock(ARGV[7])
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], gc = KEYS[5]}
 local sp, start_s = split_bucket(ARGV[3])
 if not take(in_space(k, sp), start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end

@@ -5,17 +5,18 @@ KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
-KEYS[6] legacy  ZSET  <ns>buckets   kombu-delay 0.1's index: only checked for existence
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] limit    most messages moved in this call (task ids cleaned up count as well)
 ARGV[3] max_len  hold a destination while its list has this many items or more (0 = never);
                  the messages this call pushes count too, so a list never passes max_len
 ARGV[4] after    '' to scan the started buckets from the first, or the bucket start the
                  previous call's scan stopped at (its reply's scan_after), to go on after it
+ARGV[5] now_ms   epoch ms to judge "due" by; '' = Redis TIME (the production path; tests
+                 drive time through it)
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
-          dead (always 0 here), held, expired, wrongtype, more (1 if the limit was reached,
-          clean-up is left, or the scan stopped short), legacy (1 if kombu-delay 0.1's index
-          exists), scan_after (-1, or the start to pass as ARGV[4] next), lateness...}
+          held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, or
+          the scan stopped short), scan_after (-1, or the start to pass as ARGV[4] next),
+          lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
 Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of that
@@ -38,13 +39,13 @@ The id index is not touched here: once a bucket is drained it waits in <ns>gc un
 (nothing can be scheduled into it after that), and then its task-id list drives the clean-up
 of its refs, in this script's leftover budget, so a burst is never slowed by it.
 ]]
-local index, ids, counts, totals, gc, legacy = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
 local max_len = tonumber(ARGV[3])
 
-local now, now_us = clock()
+local now, now_us = clock(ARGV[5])
 local upper = '(' .. string.format('%d', now + 1)  -- floor(score) <= now, never earlier
 local k = {ns = ns, index = index, gc = gc}
 
@@ -169,7 +170,6 @@ end
 
 -- Clean-up, in the budget the moves left: the refs of drained buckets whose end has passed.
 local cleanup_left = 0
-local legacy_left = redis.call('EXISTS', legacy)
 if budget > 0 then
   local ended = redis.call('ZRANGEBYSCORE', gc, '-inf', now, 'LIMIT', 0, limit)
   for _, start_s in ipairs(ended) do
@@ -179,9 +179,6 @@ if budget > 0 then
     end
     if redis.call('ZSCORE', index, start_s) then
       redis.call('ZREM', gc, start_s)  -- scheduled into again: it comes back when it drains
-    elseif legacy_left == 1 and redis.call('EXISTS', ns .. 'bucket:' .. start_s) == 1 then
-      -- A kombu-delay 0.1 bucket with the same start still holds messages, whose refs look
-      -- like this bucket's: the clean-up waits until move_v1.lua has emptied it.
     else
       local tasks = ns .. 't:' .. start_s
       local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
@@ -233,6 +230,6 @@ if first then
 end
 local more = 0
 if budget <= 0 or cleanup_left == 1 or scan_after >= 0 then more = 1 end
-local reply = {moved, next_due, now, now_us, 0, held, expired, wrong, more, legacy_left, scan_after}
+local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after}
 finish_lateness(reply)
 return reply

@@ -9,7 +9,8 @@ ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] limit    most messages plus buckets handled in this call
 ARGV[3] start    cursor: bucket start to resume at, epoch ms (0 to begin)
 ARGV[4] space    "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
-ARGV[5..] dest   destination list keys to purge
+ARGV[5] now_ms   epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[6..] dest   destination list keys to purge
 Returns: {removed, done, start}; done 0 means call again with the returned cursor.
 Bound: removes at most ARGV[2] messages and visits at most ARGV[2] buckets.
 
@@ -24,11 +25,11 @@ local limit = tonumber(ARGV[2])
 local cursor = ARGV[3]
 local dests, fields = {}, {}
 local sp = ARGV[4]
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   dests[#dests + 1] = ARGV[i]
   fields[#fields + 1] = 'q:' .. ARGV[i]
 end
-local now = clock()
+local now = clock(ARGV[5])
 local k = {ns = ns, index = index, gc = KEYS[4], sp = sp}
 
 local removed, lost = 0, 0

@@ -21,6 +21,7 @@ ARGV[12] max_delay furthest delay accepted, ms (0 = no limit)
 ARGV[13] max_due   latest due time accepted, epoch ms
 ARGV[14] cold      "1" when ARGV[9] is a cold member (kombu_delay/cold.py), to store cold
 ARGV[15] thaw      ms: a cold member due no later than now + this is refused (code -3)
+ARGV[16] now_ms    epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (moved or
          cancelled meanwhile; nothing written), 3 new due time passed so pushed onto dest now,
          2 an identical payload was already stored at the new time (the old one is removed),
@@ -41,7 +42,7 @@ local due = tonumber(ARGV[10])
 local max_delay, max_due = tonumber(ARGV[12]), tonumber(ARGV[13])
 local task_id, dest, payload = ARGV[7], ARGV[8], ARGV[9]
 
-local now = clock()
+local now = clock(ARGV[16])
 if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now}
 end

@@ -5,6 +5,7 @@ KEYS[2] ids     HASH  <ns>ids       task id -> "start:offset:seq[ start:offset:s
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dest    LIST  kombu's queue list key (written only when already due)
+KEYS[6] movers  ZSET  <ns>movers    mover id -> last heartbeat (read only with ARGV[16])
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] width      bucket width, ms
 ARGV[3] grace      how long a bucket outlives its end, ms
@@ -22,7 +23,11 @@ ARGV[13] cold      "1" when ARGV[8] is a cold member (kombu_delay/cold.py): stor
                    space (keys.py), never pushed from here
 ARGV[14] thaw      ms: a cold member due no later than now + this is refused (code -2), so
                    movers, which thaw that far ahead, always have time to thaw one
-Returns: {code, due_ms, now_ms}; code 1 stored, 0 pushed onto dest now, 2 duplicate (this
+ARGV[15] now_ms    epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[16] fresh     ms: when not '0', also count the movers with a heartbeat this fresh (a
+                   publisher asks once, to warn when no mover serves its namespace)
+Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[16]), else -1;
+         code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          max_due (nothing written), -2 a cold member due too soon (nothing written: the
          caller stores the message itself)
@@ -40,21 +45,24 @@ local max_delay, max_due = tonumber(ARGV[10]), tonumber(ARGV[11])
 
 local cold = ARGV[13] == '1'
 
-local now = clock()
+local now = clock(ARGV[15])
 local due = when
 if relative then due = now + when end
+local movers = -1
+local fresh = tonumber(ARGV[16])
+if fresh > 0 then movers = redis.call('ZCOUNT', KEYS[6], now - fresh, '+inf') end
 if cold and due <= now + tonumber(ARGV[14]) then
-  return {-2, due, now}
+  return {-2, due, now, movers}
 end
 if due <= now then
   redis.call('LPUSH', dest_key, payload)
-  return {0, due, now}
+  return {0, due, now, movers}
 end
 if due > max_due or (max_delay > 0 and due - now > max_delay) then
-  return {-1, due, now}
+  return {-1, due, now, movers}
 end
 
 local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
            counter = 'scheduled', expires = tonumber(ARGV[12])}
-return {put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload), due, now}
+return {put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload), due, now, movers}

@@ -9,7 +9,8 @@ KEYS[5] cindex  ZSET  <ns>cindex    the cold buckets' index
 KEYS[6] dead    LIST  <ns>dead      dead letters: what could not be restored, kept as stored
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] wake    pub/sub channel that wakes movers
-ARGV[3..] one group of five per message: start (its cold bucket), score, dest, member (the
+ARGV[3] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[4..] one group of five per message: start (its cold bucket), score, dest, member (the
         cold member, exactly as listed), message (the JSON string it restores to; "" when it
         could not be restored)
 Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that were
@@ -30,7 +31,7 @@ local ns = ARGV[1]
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
 -- member that is not there writes nothing.) Moves, which free memory, go on meanwhile.
 redis.call('ZADD', KEYS[5], 'XX', 0, '')
-local now = clock()
+local now = clock(ARGV[3])
 local thawed, dead, merged, gone = 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
 local cold_meta, removed, touched = {}, {}, {}
@@ -40,7 +41,7 @@ local groups, order = {}, {}
 -- that was cancelled, is gone, and nothing is written for it). The counts stay: the
 -- messages are still scheduled. The ordinary buckets' work is then done per bucket and
 -- destination (put_group), and the cold buckets' meta counts once per bucket.
-for i = 3, #ARGV, 5 do
+for i = 4, #ARGV, 5 do
   local start_s, score_s, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local meta = cold_meta[start_s]
   if not meta then

@@ -6,6 +6,7 @@ KEYS[3] totals  HASH  <ns>totals    lifetime counters
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] ahead   ms: the cold messages due no later than now + ahead are listed
 ARGV[3] limit   most messages listed (and most cold buckets visited)
+ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 Returns: {now_ms, next_ms, more, expired, start, score, dest, member, start, score, ...}
          next_ms: no cold message left unlisted is due before it (-1: none is stored), so
          the mover need not look again before next_ms - ahead. more: 1 when the limit cut
@@ -20,7 +21,7 @@ ZREM), and a mover that dies between the two calls leaves it where it was.
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
-local now = clock()
+local now = clock(ARGV[4])
 local horizon = now + tonumber(ARGV[2])
 local horizon_s = string.format('%d', horizon)
 local k = in_space({ns = ns}, 'c')

@@ -1,0 +1,125 @@
+--[[ sweep: keep what a mover holds from expiring, and settle buckets found gone, a page at a time.
+
+KEYS[1] index   ZSET  <ns>index     ordinary buckets holding messages (member = score = start)
+KEYS[2] cindex  ZSET  <ns>cindex    cold buckets holding messages, as index
+KEYS[3] ids     HASH  <ns>ids       task id -> refs (its expiry follows the buckets')
+KEYS[4] counts  HASH  <ns>counts    destination list key -> scheduled count
+KEYS[5] totals  HASH  <ns>totals    lifetime counters
+KEYS[6] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
+ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
+ARGV[2] after   cursor: '' to begin with the first ordinary bucket, else the reply's cursor
+ARGV[3] limit   most buckets visited in this call
+ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+Returns: {renewed, lost, rebuilt, cursor}: buckets whose expiry was pushed out, messages whose
+         sorted set was gone (expired or evicted; their counts are settled here and counted as
+         expired), buckets whose meta hash was gone and was rebuilt from their sorted sets,
+         and the cursor to pass next ('' when both indexes were walked to the end).
+Bound: ARGV[3] buckets, each one HGETALL and one EXISTS per destination (a rebuilt one: HKEYS
+       of counts and one ZCARD per destination there); a renewed one a PEXPIREAT per key.
+
+Why: every key of a bucket is written with an expiry of its end plus the publisher's grace, so
+that a system whose movers are all gone cannot grow Redis forever. A message a mover holds back
+(a full list under delay_max_queue_length, a key that is not a list, a thaw refused under
+maxmemory, a rate-capped backlog) would outlive that expiry while a mover runs the whole time.
+So each bucket visited here is given its grace again from now: a message expires only after no
+mover swept it for a whole grace. A bucket due in the future has more than its grace left
+already, and costs nothing but the reads.
+]]
+local ns = ARGV[1]
+local limit = tonumber(ARGV[3])
+local now = clock(ARGV[4])
+local DAY = 86400000
+local DEFAULT_GRACE = 7 * DAY
+local sub = string.sub
+local spaces = {{sp = '', index = KEYS[1]}, {sp = 'c', index = KEYS[2]}}
+
+local renewed, lost, rebuilt, visited = 0, 0, 0, 0
+local keep_shared = 0
+
+-- A meta hash gone while its bucket is indexed (evicted, or deleted by hand): its destinations
+-- are found again among the counted ones, so its messages are tracked (and kept) again.
+local function rebuild(meta, sp, start_s)
+  local found = {}
+  for _, dest in ipairs(redis.call('HKEYS', KEYS[4])) do
+    local n = redis.call('ZCARD', ns .. sp .. 'z:' .. start_s .. ':' .. dest)
+    if n > 0 then
+      found[#found + 1] = 'q:' .. dest
+      found[#found + 1] = n
+    end
+  end
+  if #found == 0 then return {} end
+  local start = tonumber(start_s)
+  redis.call('HSET', meta, 'end', start + 60000, 'x', start + 60000 + DEFAULT_GRACE, unpack(found))
+  rebuilt = rebuilt + 1
+  return redis.call('HGETALL', meta)
+end
+
+local function visit(space, start_s)
+  local sp = space.sp
+  local meta = ns .. sp .. 'm:' .. start_s
+  local fields = redis.call('HGETALL', meta)
+  if #fields == 0 then fields = rebuild(meta, sp, start_s) end
+  local end_ms, x, live, left = nil, nil, {}, 0
+  for i = 1, #fields, 2 do
+    local name, n = fields[i], tonumber(fields[i + 1])
+    if name == 'end' then
+      end_ms = n
+    elseif name == 'x' then
+      x = n
+    elseif sub(name, 1, 2) == 'q:' and n > 0 then
+      local dest = sub(name, 3)
+      local zset = ns .. sp .. 'z:' .. start_s .. ':' .. dest
+      if redis.call('EXISTS', zset) == 0 then
+        lost = lost + n
+        settle_gone(meta, name, KEYS[4], dest, n)
+      else
+        left = left + n
+        live[#live + 1] = zset
+      end
+    end
+  end
+  if left == 0 then
+    retire(in_space({ns = ns, index = space.index, gc = KEYS[6]}, sp), start_s, end_ms, now)
+    return
+  end
+  local grace = DEFAULT_GRACE
+  if end_ms and x and x > end_ms then grace = x - end_ms end
+  local until_ms = now + grace
+  if x and x >= until_ms then return end
+  -- The expiries first: under maxmemory Redis refuses a script whose first write may grow
+  -- memory (HSET), and a held message must keep its expiry pushed out then too.
+  for _, zset in ipairs(live) do redis.call('PEXPIREAT', zset, until_ms) end
+  redis.call('PEXPIREAT', meta, until_ms + DAY)
+  if sp == '' then redis.call('PEXPIREAT', ns .. 't:' .. start_s, until_ms + DAY) end
+  redis.call('HSET', meta, 'x', until_ms)
+  renewed = renewed + 1
+  if until_ms + DAY > keep_shared then keep_shared = until_ms + DAY end
+end
+
+local function finish(cursor)
+  if keep_shared > 0 then
+    for _, key in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}) do
+      if redis.call('EXISTS', key) == 1 then keep_until(key, now, keep_shared) end
+    end
+  end
+  if lost > 0 then redis.call('HINCRBY', KEYS[5], 'expired', lost) end
+  return {renewed, lost, rebuilt, cursor}
+end
+
+local first, lower = 1, '-inf'
+if ARGV[2] ~= '' then
+  local sp, start_s = string.match(ARGV[2], '^(c?):(%d+)$')
+  if sp == 'c' then first = 2 end
+  lower = '(' .. start_s
+end
+for i = first, 2 do
+  local space = spaces[i]
+  if i > first then lower = '-inf' end
+  local starts = redis.call('ZRANGEBYSCORE', space.index, lower, '+inf', 'LIMIT', 0, limit - visited)
+  for _, start_s in ipairs(starts) do
+    visit(space, start_s)
+    visited = visited + 1
+    if visited >= limit then return finish(space.sp .. ':' .. start_s) end
+  end
+end
+return finish('')

@@ -1,0 +1,130 @@
+"""A mover's background checks: Redis's eviction policy and other key prefixes' stranded messages.
+
+They run in a thread of their own, so a scan of a large database never delays a move: at the
+mover's start, then the policy every :data:`POLICY_CHECK_EVERY_S` and the prefixes every
+:data:`PREFIX_CHECK_EVERY_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
+it lasts), handed to the metrics, and recorded in the namespace's alerts hash, which ``stats``
+and ``health`` read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .checks import FRESH_HEARTBEAT_MS, eviction_problem, stranded_problem
+from .errors import RedisPermissionError
+from .store import Store
+
+logger = logging.getLogger(__name__)
+
+#: How often the eviction policy is read, seconds (one ``INFO memory``).
+POLICY_CHECK_EVERY_S = 60.0
+#: How often the database is scanned for other key prefixes, seconds (a full ``SCAN``).
+PREFIX_CHECK_EVERY_S = 300.0
+#: How often a problem that lasts is logged again, seconds.
+LOG_REPEAT_S = 600.0
+#: How long an alert recorded for ``stats`` and ``health`` stays valid without a new check, ms.
+ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
+#: The alerts-hash field of stranded prefixes.
+STRANDED = "stranded"
+#: What is logged when a problem is gone.
+RESOLVED = {
+    "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
+    "stranded": "no messages are stranded under other key prefixes any more",
+}
+
+
+@dataclass
+class Findings:
+    """What the last checks found."""
+
+    #: The server's ``maxmemory-policy``, when it could be read.
+    policy: str | None = None
+    #: Other key prefixes holding messages no mover serves: prefix -> messages.
+    stranded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def evicting(self) -> bool:
+        return eviction_problem(self.policy) is not None
+
+
+class Watch:
+    """Runs the checks for one mover's store until :meth:`stop`."""
+
+    def __init__(
+        self, store: Store, name: str, on_findings: Callable[[Findings], None] | None = None
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.findings = Findings()
+        self._on_findings = on_findings
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._logged: dict[str, tuple[str, float]] = {}
+        self._scan_allowed = True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="kombu-delay-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        next_policy = next_prefixes = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_policy:
+                    self.check_policy()
+                    next_policy = now + POLICY_CHECK_EVERY_S
+                if now >= next_prefixes:
+                    self.check_prefixes()
+                    next_prefixes = now + PREFIX_CHECK_EVERY_S
+            except Exception:  # the top of this loop: the mover's own loop reports Redis trouble
+                logger.debug("mover %s: a background check failed; retrying", self.name, exc_info=True)
+                next_policy = next_prefixes = min(next_policy, next_prefixes, now + 5.0)
+            self._stop.wait(max(0.05, min(next_policy, next_prefixes) - time.monotonic()))
+
+    def check_policy(self) -> None:
+        """Read the eviction policy; log an ERROR while it lets Redis delete messages."""
+        self.findings.policy = self.store.eviction_policy()
+        self._tell("policy", eviction_problem(self.findings.policy), logging.ERROR)
+        self._report()
+
+    def check_prefixes(self) -> None:
+        """Scan for other key prefixes whose messages no mover serves; log and record them."""
+        if not self._scan_allowed:
+            return
+        try:
+            self.findings.stranded = self.store.stranded(FRESH_HEARTBEAT_MS)
+        except RedisPermissionError:
+            self._scan_allowed = False
+            logger.info("mover %s: this user may not SCAN; other key prefixes are not checked", self.name)
+            return
+        problem = stranded_problem(self.findings.stranded)
+        self.store.set_alert(STRANDED, problem, ALERT_KEEP_MS)
+        self._tell("stranded", problem, logging.WARNING)
+        self._report()
+
+    def _tell(self, what: str, problem: str | None, level: int) -> None:
+        """Log ``problem`` when it is new, or once per LOG_REPEAT_S while it lasts."""
+        if problem is None:
+            if self._logged.pop(what, None) is not None:
+                logger.info("mover %s: %s", self.name, RESOLVED[what])
+            return
+        said, at = self._logged.get(what, ("", float("-inf")))
+        now = time.monotonic()
+        if said != problem or now - at >= LOG_REPEAT_S:
+            logger.log(level, "mover %s: %s", self.name, problem)
+            self._logged[what] = (problem, now)
+
+    def _report(self) -> None:
+        if self._on_findings is not None:
+            self._on_findings(self.findings)
