@@ -17,7 +17,8 @@ from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
-from kombu_delay.metrics import serve_metrics
+from kombu_delay.eta import Due
+from kombu_delay.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
 from kombu_delay.mover import Mover
 from kombu_delay.redis_server import RedisServer, free_port
 from kombu_delay.store import Store
@@ -242,3 +243,61 @@ def test_custom_priority_separator(redis_server, r, prefix):
         assert control.stats().by_queue == {"mail": 3}
         assert {m.queue for m in control.scheduled().items} == {"mail"}
         assert control.purge("mail") == 3
+
+
+def test_queue_series_are_bounded_however_many_queues_come_and_go() -> None:
+    """A day of short-lived queues, in steps: never more series than the limit plus (other),
+    an emptied queue reads 0 for a while and is then dropped, and nothing is lost from the sum."""
+    series = QueueSeries(limit=50, zero_keep_s=300)
+    shown: set[str] = set()
+    now = 0.0
+    for step in range(1440):  # a minute each
+        now += 60
+        waiting = {f"job-{step}-{i}": 1 + i for i in range(20)}  # 20 new queues a minute
+        waiting["steady"] = 1000
+        values, dropped = series.values(waiting, now)
+        assert not set(dropped) & set(values)
+        shown = (shown | set(values)) - set(dropped)
+        assert len(values) <= 51 and shown == set(values)
+        assert sum(values.values()) == sum(waiting.values())
+        assert values["steady"] == 1000
+    # 28,800 queues came and went; 50 series and (other) remain, the emptied ones at 0.
+    assert len(shown) == 51
+    values, dropped = series.values({}, now + 301)
+    assert values == {OTHER_QUEUES: 0} and len(dropped) == 50
+
+
+def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private_server, spawn):
+    client = private_server.client()
+    store = Store(client)
+    due = store.time_ms() + 3_600_000
+    items = [(Due(due, task_id=f"q{i}"), f"short-{i}", f"m{i}") for i in range(1500)]
+    store.schedule_many(items, Settings(compress_after_ms=0))
+    port = free_port()
+    spawn(
+        [
+            sys.executable,
+            "-m",
+            "kombu_delay",
+            "-b",
+            private_server.delay_url,
+            "mover",
+            "--metrics-port",
+            str(port),
+        ]
+    )
+
+    def bounded() -> dict | None:
+        samples = try_scrape(port)
+        if not samples:
+            return None
+        queues = {
+            dict(labels)["queue"]: v
+            for (name, labels), v in samples.items()
+            if name == "kombu_delay_scheduled_messages"
+        }
+        return queues if sum(queues.values()) == 1500 else None
+
+    queues = wait_until(bounded, timeout=90, interval=0.2)
+    assert isinstance(queues, dict)
+    assert len(queues) == MAX_QUEUE_SERIES + 1 and queues[OTHER_QUEUES] == 1500 - MAX_QUEUE_SERIES
