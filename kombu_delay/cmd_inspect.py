@@ -17,7 +17,7 @@ import click
 from .connect import Target
 from .control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from .errors import KombuDelayError
-from .replies import Cursor
+from .listing import Cursor
 
 NOT_FOUND = 1
 FAILED = 3

@@ -22,8 +22,9 @@ from .config import Settings
 from .connect import connection, default_channel, store_of
 from .errors import CorruptMember, DelayTooLong, RedisRefused
 from .eta import to_ms
+from .listing import Cursor
 from .payload import index_id, task_name, with_eta
-from .replies import Cursor, Rescheduled, Stored
+from .replies import Rescheduled, Stored
 from .store import Store
 from .watch import ALERT_KEEP_MS
 

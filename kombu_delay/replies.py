@@ -7,7 +7,6 @@ wraps each call in :func:`translated_errors`.
 from __future__ import annotations
 
 import enum
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -154,49 +153,6 @@ class Stored:
         """The message plain kombu would push; raises :class:`CorruptMember` for a cold
         member that cannot be restored."""
         return cold.unpack(self.payload)[1] if self.cold else self.payload
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """A listing position: bucket start, destination, the score of the last message listed
-    and a digest of that message. A listing goes bucket by bucket, and in a bucket
-    destination by destination (a bucket keeps one sorted set per destination).
-
-    It names a score and a member, never a rank, so a page does not shift when a mover
-    drains members ahead of it. Members sharing one score come in byte order; the next
-    page goes on after the one the digest names, or, when that one has left meanwhile
-    (moved, or cancelled), from the first member at that score.
-
-    The cold buckets (``cold``) are listed first, then the ordinary ones.
-    """
-
-    start_ms: int = 0
-    dest: str = ""
-    score: str = "-inf"
-    last: str = ""
-    cold: bool = False
-
-    def __str__(self) -> str:
-        space = keys.COLD if self.cold else ""
-        return f"{space}{self.start_ms}:{self.score}:{self.last}:{self.dest}"
-
-    @classmethod
-    def parse(cls, text: str) -> Cursor:
-        """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
-        start, score, last, dest = text.split(":", 3)
-        if score != "-inf":
-            score = keys.score_text(float(score))
-        space, start_ms = keys.split_bucket(start)
-        cursor = cls(start_ms, dest, score, last, bool(space))
-        if cursor.start_ms < 0 or (last and len(last) != 16) or (score == "-inf") != (not last):
-            raise ValueError(text)
-        int(last or "0", 16)
-        return cursor
-
-    @staticmethod
-    def digest(member: bytes) -> str:
-        """The short digest of a member that a cursor keeps."""
-        return hashlib.blake2b(member, digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,14 @@ from typing import Any
 
 import redis
 
-from . import cold, keys
+from . import cold, keys, listing
 from .config import Settings
 from .errors import CorruptMember, DelayTooLong, PayloadTooLarge
 from .eta import Due
+from .listing import Cursor
 from .payload import index_id
 from .replies import (
     Census,
-    Cursor,
     MoveResult,
     Rescheduled,
     Scheduled,
@@ -65,7 +65,7 @@ class Store:
         self._cold_index = keys.cold_index(prefix)
         #: Each space and its index, the cold one first: a message a mover thaws during a walk
         #: over both (purge, census) moves into the part still to come.
-        self._spaces = ((keys.COLD, self._cold_index), ("", self._index))
+        self.spaces = ((keys.COLD, self._cold_index), ("", self._index))
         self._gc = keys.drained(prefix)
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)
@@ -425,7 +425,7 @@ class Store:
     def _first_due(self, space: str = "") -> int | None:
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
-        index = dict(self._spaces)[space]
+        index = dict(self.spaces)[space]
         first: list[Any] = self.client.zrange(index, 0, 0)
         if not first:
             return None
@@ -439,10 +439,10 @@ class Store:
         return best
 
     def _earliest_in(self, start: int, space: str = "") -> int | None:
-        heads = [head for dest in self._dests(start, space) for head in self._head(start, dest, space)]
+        heads = [head for dest in self.dests(start, space) for head in self._head(start, dest, space)]
         return min(heads) if heads else None
 
-    def _dests(self, start: int, space: str = "") -> list[str]:
+    def dests(self, start: int, space: str = "") -> list[str]:
         """Return the destinations a bucket's meta hash counts messages for, sorted."""
         raw = self.client.hgetall(keys.meta(self.prefix, start, space))
         return sorted(
@@ -567,7 +567,7 @@ class Store:
             return 0
         total = 0
         with translated_errors():
-            for space, index in self._spaces:  # the cold space first: see _spaces
+            for space, index in self.spaces:  # the cold space first: see _spaces
                 cursor: Any = 0
                 while True:
                     reply = self._scripts["purge"](
@@ -583,78 +583,14 @@ class Store:
     def page(
         self, after: Cursor | None, limit: int, dests: Iterable[str] | None = None, examine: int = 10_000
     ) -> tuple[list[Stored], Cursor | None]:
-        """Return up to ``limit`` messages after ``after``, in (bucket, destination, score) order.
+        """Return up to ``limit`` messages after ``after``, earliest due first across both spaces,
+        and the cursor of the next page (``None`` at the end); see :mod:`kombu_delay.listing`.
 
-        With ``dests``, only messages bound for those lists are read; buckets whose meta
-        hash counts none of them cost one ``HGETALL``. At most ``examine`` messages are read
-        per call; the returned cursor is ``None`` when the end was reached. The cold buckets
-        (compressed messages, due furthest ahead) come first, then the ordinary ones: a
-        message a mover thaws meanwhile moves into a part not listed yet, so it may be listed
-        twice, never skipped.
+        With ``dests``, only messages bound for those lists are read. At most about ``examine``
+        members are read per call, so a page may come back short.
         """
-        cur = after or Cursor(cold=True)
-        wanted = set(dests) if dests is not None else None
-        out: list[Stored] = []
-        examined = 0
         with translated_errors():
-            while True:
-                space, index = self._spaces[0 if cur.cold else 1]
-                starts: list[Any] = self.client.zrangebyscore(index, cur.start_ms, "+inf", 0, 64)
-                if not starts:
-                    if not cur.cold:
-                        return out, None
-                    cur = Cursor()
-                    continue
-                for raw in starts:
-                    if len(out) >= limit:
-                        return out, cur
-                    start = int(raw)
-                    if start != cur.start_ms:
-                        cur = Cursor(start, cold=cur.cold)
-                    here = [
-                        d
-                        for d in self._dests(start, space)
-                        if (wanted is None or d in wanted) and d >= cur.dest
-                    ]
-                    for dest in here:
-                        if dest != cur.dest:
-                            cur = Cursor(start, dest, cold=cur.cold)
-                        key = keys.queue_set(self.prefix, start, dest, space)
-                        while True:
-                            if len(out) >= limit or examined >= examine:
-                                return out, cur
-                            want = min(examine - examined, limit - len(out))
-                            batch = self._after(key, cur, want)
-                            for raw_member, score in batch:
-                                member = bytes(raw_member)
-                                digest = Cursor.digest(member)
-                                cur = Cursor(start, dest, keys.score_text(score), digest, cur.cold)
-                                examined += 1
-                                out.append(Stored(start, float(score), dest, member, cur.cold))
-                            if len(batch) < want:
-                                break
-                    cur = Cursor(start + 1, cold=cur.cold)
-                if len(starts) < 64:
-                    if not cur.cold:
-                        return out, None
-                    cur = Cursor()
-
-    def _after(self, key: str, cur: Cursor, want: int) -> list[Any]:
-        """Up to ``want`` (member, score) pairs of sorted set ``key`` after ``cur``."""
-        if cur.score == "-inf":
-            first: list[Any] = self.client.zrangebyscore(key, "-inf", "+inf", 0, want, withscores=True)
-            return first
-        # Members sharing the cursor's score (more than 2048 publishes into the bucket apart,
-        # due at one millisecond) come in byte order: go on after the one listed last.
-        same: list[Any] = self.client.zrangebyscore(key, cur.score, cur.score, withscores=True)
-        digests = [Cursor.digest(bytes(member)) for member, _ in same]
-        rest = same[digests.index(cur.last) + 1 :] if cur.last in digests else same
-        if len(rest) >= want:
-            return rest[:want]
-        later: list[Any] = self.client.zrangebyscore(
-            key, f"({cur.score}", "+inf", 0, want - len(rest), withscores=True
-        )
-        return rest + later
+            return listing.page(self, after, limit, None if dests is None else set(dests), examine)
 
     def census(self, now_ms: int, slot_ms: int, slots: int, max_buckets: int = 10_000) -> Census:
         """Return the overdue count and a due-time histogram from ``now_ms`` on (``census.lua``).
@@ -665,7 +601,7 @@ class Store:
         """
         totals = [0] * (3 + int(slots))
         with translated_errors():
-            for space, index in self._spaces:
+            for space, index in self.spaces:
                 reply = self._scripts["census"](
                     keys=[index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space]
                 )

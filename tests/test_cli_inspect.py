@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from kombu_delay import DelayControl
 from kombu_delay.cli import main
 from kombu_delay.cmd_inspect import COMMANDS, span
+from kombu_delay.listing import Cursor
 from kombu_delay.redis_server import free_port
-from kombu_delay.replies import Cursor
 
 from .conftest import ROOT
 
@@ -78,10 +78,9 @@ def test_ls_pages_with_the_printed_cursor(r, redis_server, prefix):
     assert lines[-1].startswith("next page: --cursor ")
     seen = [line.split()[0] for line in lines[1:3]]
     cursor = lines[-1].split()[-1]
-    # "start:score:last:dest": a bucket keeps one sorted set per destination list; `last` is
-    # a digest of the last message listed.
+    # The last message listed, by due time, space, score, bucket, destination and a digest of it.
     printed = Cursor.parse(cursor)
-    assert printed.dest == f"{prefix}celery" and len(printed.last) == 16 and str(printed) == cursor
+    assert printed.at.dest == f"{prefix}celery" and len(printed.at.last) == 16 and str(printed) == cursor
     while True:
         code, out = kd(redis_server, prefix, "ls", "--limit", "2", "--cursor", cursor, "--json")
         page = json.loads(out)
@@ -95,8 +94,8 @@ def test_ls_pages_with_the_printed_cursor(r, redis_server, prefix):
         assert 0 < item["left_ms"] <= 605_000 and item["queue"] == "celery"
     code, out = kd(redis_server, prefix, "ls", "--cursor", "nonsense")
     assert code == 2
-    # A cursor printed by kombu-delay 0.1 ("start:score:tie") names no destination: refused.
-    old_form = f"{printed.start_ms}:{printed.score}:1"
+    # A cursor of another form (0.3's "start:score:digest:dest") is refused.
+    old_form = f"{printed.at.start_ms}:{printed.at.score}:{printed.at.last}:{printed.at.dest}"
     code, out = kd(redis_server, prefix, "ls", "--cursor", old_form)
     assert code == 2 and "is not a cursor printed by ls" in out
 

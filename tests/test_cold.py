@@ -22,7 +22,7 @@ from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
 from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.mover import Mover
 from kombu_delay.redis_server import RedisServer
-from kombu_delay.replies import Cursor, Scheduled
+from kombu_delay.replies import Scheduled
 from kombu_delay.store import Store
 
 from .conftest import wait_until
@@ -141,14 +141,13 @@ def test_a_far_countdown_is_stored_compressed_and_seen_by_every_view(r, redis_se
         and found.size == len(cold.unpack(members[0][2])[1])
     )
     listed, cursor = [], None
-    while True:  # one message per page: the cursor crosses from the cold space to the ordinary one
+    while True:  # one message per page: the cursor crosses from the ordinary space to the cold one
         page = control.scheduled(limit=1, cursor=cursor)
         listed += [m.task_id for m in page.items]
         if page.cursor is None:
             break
         cursor = page.cursor
-    assert listed == [far, near]
-    assert Cursor.parse(str(Cursor(5, "d", cold=True))).cold
+    assert listed == [near, far]  # earliest first, whatever the space
 
 
 def test_a_mover_thaws_ahead_and_delivers_each_message_once_exactly_as_published(r):

@@ -25,9 +25,10 @@ from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.payload import index_id
 from kombu_delay.replies import Rescheduled
+from kombu_delay.store import Store
 
 from .conftest import ROOT, wait_until
-from .delay_helpers import ORDINARY, kombu_payload
+from .delay_helpers import ORDINARY, FakeClock, kombu_payload
 from .inspect_app import LEDGER_KEY
 
 SEP = "\x06\x16"
@@ -403,9 +404,16 @@ def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, red
             if page.cursor is None:
                 break
             cursor = page.cursor
-        assert sorted(seen) == sorted(f"t{i}" for i in range(5000))
-        # One bucket: listed destination by destination (sorted), each in score order.
-        assert listed_dests == [f"{prefix}a"] * 2500 + [f"{prefix}b"] * 2500
+        # Due order: by score, then destination, then member (byte order within one score).
+        members = [
+            (score, dest, member)
+            for dest in "ab"
+            for member, score in r.zrange(
+                keys.queue_set(prefix, start, f"{prefix}{dest}"), 0, -1, withscores=True
+            )
+        ]
+        assert seen == [index_id(member) for _, _, member in sorted(members)]
+        assert listed_dests.count(f"{prefix}a") == 2500
         only_a = []
         cursor = None
         while True:
@@ -633,3 +641,46 @@ def test_app_control_purge_counts_delayed_messages(r, redis_server, prefix):
     assert truth(r, prefix) == Counter()
     assert r.llen(f"{prefix}emails") == 0
     app.close()
+
+
+def test_listing_is_earliest_first_across_spaces_widths_and_queues(r, redis_server, prefix):
+    """Compressed messages due in an hour, ordinary ones due in seconds, hour-wide and
+    second-wide buckets, three destinations: every page size lists them in due order, and a
+    thaw between pages skips nothing."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    now = clock()
+    hour = Settings(bucket_width_ms=3_600_000, compress_after_ms=60_000)
+    second = Settings(bucket_width_ms=1000, compress_after_ms=60_000)
+    dests = [f"{prefix}a", f"{prefix}b", f"{prefix}b\x06\x163"]
+    plan = []
+    for i in range(60):
+        ahead = [9_000, 30_000, 59 * 60_000, 2 * 3_600_000][i % 4] + 997 * i  # distinct due times
+        plan.append((f"t{i:02d}", now + ahead, dests[i % 3], hour if i % 2 else second))
+    for task_id, due, dest, settings in plan:
+        store.schedule(Due(due, task_id=task_id), dest, kombu_payload(task_id), settings)
+    assert r.zcard(keys.cold_index(prefix)) and r.zcard(keys.index(prefix))  # both spaces in use
+    truth = [task_id for task_id, *_ in sorted(plan, key=lambda p: p[1])]
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        for limit in (1, 3, 7, 100):
+            listed, cursor = [], None
+            while True:
+                page = ctl.scheduled(limit=limit, cursor=cursor)
+                listed += [m.task_id for m in page.items]
+                if page.cursor is None:
+                    break
+                cursor = page.cursor
+            assert listed == truth, limit
+        # A mover thaws between pages: nothing skipped, still in due order.
+        first = ctl.scheduled(limit=20)
+        clock.advance(59 * 60_000)
+        while store.thaw(30_000, 100).thawed:
+            pass
+        listed, cursor = [m.task_id for m in first.items], first.cursor
+        while cursor is not None:
+            page = ctl.scheduled(limit=6, cursor=cursor)
+            listed += [m.task_id for m in page.items]
+            cursor = page.cursor
+        assert set(listed) == set(truth)
+        order = [dict((p[0], p[1]) for p in plan)[t] for t in listed]
+        assert order == sorted(order)

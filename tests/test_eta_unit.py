@@ -15,8 +15,9 @@ from kombu.transport.redis import Channel as KombuChannel
 from kombu_delay import keys
 from kombu_delay.errors import BadETA, DelayTooLong
 from kombu_delay.eta import Due, message_due, parse_iso_ms, to_ms
+from kombu_delay.listing import Cursor, Position, digest
 from kombu_delay.payload import index_id
-from kombu_delay.replies import Cursor, Stored
+from kombu_delay.replies import Stored
 
 T = datetime(2030, 5, 6, 7, 8, 9, 123_456, tzinfo=UTC)
 T_MS = 1_904_281_689_123
@@ -236,34 +237,40 @@ def test_index_id_of_what_is_not_a_kombu_message_is_empty(payload):
     assert index_id(payload) == ""
 
 
+def at(due: int, seq: int, start: int, dest: str, rank: int = 1, member: bytes = b"m") -> Position:
+    return Position(due, rank, keys.score(due, seq), start, dest, digest(member))
+
+
 CURSORS = [
-    Cursor(),
-    Cursor(60_000, "celery", keys.score_text(keys.score(61_234, 7)), Cursor.digest(b"m1")),
-    Cursor(
-        1_796_040_000_000,
-        "app1:emails:x\x06\x169",
-        keys.score_text(keys.score(1_796_040_000_001, 2047)),
-        Cursor.digest(b'{"body": "x"}'),
-    ),
-    Cursor(0, "a:b:c:", "-inf", ""),
-    Cursor(2**42 - 60_000, "z", keys.score_text(keys.score(2**42 - 1, 2047)), "0123456789abcdef"),
+    Cursor(60_000, at(61_234, 7, 60_000, "celery")),
+    Cursor(0, at(1_796_040_000_001, 2047, 1_796_040_000_000, "app1:emails:x\x06\x169", rank=0)),
+    Cursor(0, at(5, 0, 0, "a:b:c:")),
+    Cursor(2**42 - 60_000, at(2**42 - 1, 2047, 2**42 - 60_000, "z")),
 ]
 
 
 @pytest.mark.parametrize("cursor", CURSORS, ids=range(len(CURSORS)))
 def test_cursor_round_trips_through_its_text(cursor):
     text = str(cursor)
-    assert text == f"{cursor.start_ms}:{cursor.score}:{cursor.last}:{cursor.dest}"
-    assert Cursor.parse(text) == cursor
+    assert text.endswith(f":{cursor.at.dest}") and text.startswith(f"{cursor.lo}:{cursor.at.due_ms}:")
+    parsed = Cursor.parse(text)
+    assert parsed == cursor and parsed.at.last == cursor.at.last
 
 
 def test_cursor_text_keeps_a_destination_with_colons_whole():
-    cursor = Cursor.parse("60000:61234.5:00000000000000ff:app1:celery:high")
-    assert cursor == Cursor(60_000, "app1:celery:high", "61234.5", "00000000000000ff")
+    cursor = Cursor.parse("60000:61234:1:61234.5:60000:00000000000000ff:app1:celery:high")
+    assert cursor.at.dest == "app1:celery:high" and cursor.at.score == 61234.5 and cursor.lo == 60_000
 
 
 def test_a_cursor_digest_names_one_member():
-    assert len(Cursor.digest(b"a")) == 16 and Cursor.digest(b"a") != Cursor.digest(b"b")
+    assert len(digest(b"a")) == 16 and digest(b"a") != digest(b"b")
+
+
+def test_positions_order_by_due_time_then_space_then_score():
+    cold = at(1000, 5, 0, "q", rank=0)
+    ordinary = at(1000, 1, 1000, "q")
+    assert cold < ordinary < at(1001, 0, 0, "a", rank=0)
+    assert at(1000, 1, 0, "b") < at(1000, 2, 0, "a")  # the score before the destination
 
 
 @pytest.mark.parametrize(
@@ -271,16 +278,16 @@ def test_a_cursor_digest_names_one_member():
     [
         "",
         "nonsense",
-        "1:-inf:",  # no destination
-        "1:-inf:0",  # kombu-delay 0.1's form: no destination
-        "1:2",
-        "x:-inf::q",
-        "1:abc:0123456789abcdef:q",
-        "1:5.5:1:q",  # 0.2.0's form: a count, not a digest
-        "1:5.5::q",  # a score needs the digest of its member
-        "1:-inf:0123456789abcdef:q",  # and no score none
-        "1:5.5:0123456789abcdeg:q",
-        "-1:-inf::q",
+        "1:-inf:",
+        "60000:1:2",
+        "60000:61234.5:00000000000000ff:celery",  # 0.3's form: no due time, space or start
+        "0:61234:2:61234.5:60000:00000000000000ff:q",  # no such space
+        "0:61234:1:61235.5:60000:00000000000000ff:q",  # the score is not of that due time
+        "0:61234:1:61234.5:60000:00000000000000f:q",  # a short digest
+        "0:61234:1:61234.5:60000:00000000000000fg:q",
+        "70000:61234:1:61234.5:60000:00000000000000ff:q",  # lo after the start
+        "-1:61234:1:61234.5:60000:00000000000000ff:q",
+        "x:61234:1:61234.5:60000:00000000000000ff:q",
     ],
 )
 def test_cursor_parse_rejects_anything_else(text):

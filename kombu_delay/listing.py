@@ -1,0 +1,227 @@
+"""Listing what is scheduled in due order, across both spaces, a bounded page at a time.
+
+Part of the store layer (it reads Redis for :meth:`Store.page`). Messages live in one sorted set
+per bucket, destination and space, so due order across them is a merge: a bucket is opened (its
+sets read from the cursor on) only once nothing earlier is left unlisted, since a bucket holds
+nothing due before its start. Publishers of different bucket widths may leave a wide bucket that
+starts before a narrow one and ends after it: the merge handles that, and the cursor keeps the
+start of the earliest bucket still open (``lo``), so the next page opens it again.
+
+Order: due millisecond, then the cold space before the ordinary one, then score, bucket start,
+destination and member. A mover thawing a message moves it from the cold space to the ordinary
+one at the same due millisecond, that is, later in this order: a message thawed while a listing
+pages may be listed twice, never skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import keys
+from .replies import Stored
+
+if TYPE_CHECKING:
+    from .store import Store
+
+#: Members read from one sorted set per call.
+CHUNK = 64
+#: Bucket starts read from an index per call.
+STARTS = 64
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """Where a message stands in the listing order."""
+
+    due_ms: int
+    #: 0 for the cold space, 1 for the ordinary one.
+    rank: int
+    score: float
+    start_ms: int
+    dest: str
+    #: Digest of the member (:func:`digest`), for members that share everything else.
+    last: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A listing position: the last message listed, and ``lo``, the start of the earliest bucket
+    that may still hold messages after it. Printed as
+    ``<lo>:<due>:<rank>:<score>:<start>:<digest>:<dest>`` (the destination may hold colons)."""
+
+    lo: int
+    at: Position
+
+    def __str__(self) -> str:
+        at = self.at
+        return (
+            f"{self.lo}:{at.due_ms}:{at.rank}:{keys.score_text(at.score)}:{at.start_ms}:{at.last}:{at.dest}"
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor:
+        """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
+        lo, due, rank, score, start, last, dest = text.split(":", 6)
+        numbers = (lo, due, start)
+        if not all(n.isdigit() for n in numbers) or rank not in ("0", "1") or len(last) != 16:
+            raise ValueError(text)
+        int(last, 16)
+        at = Position(int(due), int(rank), float(score), int(start), dest, last)
+        if int(at.score) != at.due_ms or int(lo) > at.start_ms:
+            raise ValueError(text)
+        return cls(int(lo), at)
+
+
+def digest(member: bytes) -> str:
+    """The short digest of a member that a cursor keeps."""
+    return hashlib.blake2b(member, digest_size=8).hexdigest()
+
+
+class _Source:
+    """The members of one sorted set from the cursor on, read a chunk at a time."""
+
+    def __init__(self, store: Store, space: str, start: int, dest: str, after: Position | None) -> None:
+        self.store, self.space, self.start, self.dest = store, space, start, dest
+        self.key = keys.queue_set(store.prefix, start, dest, space)
+        self.rank = 0 if space else 1
+        #: True once the set has nothing more to read.
+        self.done = False
+        #: Members read so far (the page's budget).
+        self.read = 0
+        self._buffer: list[tuple[Position, bytes]] = []
+        self._after = after
+        self._lower = "-inf" if after is None else self._first_score(after)
+
+    def _first_score(self, after: Position) -> str:
+        """The lowest score that may hold members not listed yet: the cursor's own score in its
+        space, its whole millisecond in the ordinary space when it is in the cold one (which
+        comes first), and the next millisecond in the cold space when it is in the ordinary one.
+        So at most one run of members sharing a score is read and skipped, however many pages."""
+        if self.rank == after.rank:
+            return keys.score_text(after.score)
+        return str(after.due_ms if self.rank > after.rank else after.due_ms + 1)
+
+    @property
+    def open(self) -> bool:
+        """True while it may still hold members not listed."""
+        return bool(self._buffer) or not self.done
+
+    def peek(self) -> Position | None:
+        while not self._buffer and not self.done:
+            self._fill()
+        return self._buffer[0][0] if self._buffer else None
+
+    def pop(self) -> tuple[Position, bytes]:
+        return self._buffer.pop(0)
+
+    def _fill(self) -> None:
+        client = self.store.client
+        raw: list[Any] = client.zrangebyscore(self.key, self._lower, "+inf", 0, CHUNK, withscores=True)
+        self.done = len(raw) < CHUNK
+        if not self.done:  # the run of the last score is read whole: no run is split between reads
+            tail = raw[-1][1]
+            raw = [pair for pair in raw if pair[1] != tail]
+            raw += client.zrangebyscore(self.key, tail, tail, withscores=True)
+        if raw:
+            self._lower = f"({keys.score_text(float(raw[-1][1]))}"
+        self.read += len(raw)
+        items = [
+            (Position(int(score), self.rank, float(score), self.start, self.dest, digest(bytes(m))), bytes(m))
+            for m, score in raw
+        ]
+        if self._after is not None:
+            items = self._unlisted(items, self._after)
+        self._buffer += items
+
+    def _unlisted(self, items: list[tuple[Position, bytes]], after: Position) -> list[tuple[Position, bytes]]:
+        """Drop what the cursor listed already. In the cursor's own set, members sharing its
+        score come in byte order: go on after the one it names or, when that one left meanwhile
+        (moved, cancelled), from the first of them (a repeat, never a skip)."""
+        kept = [item for item in items if not item[0] < after]
+        names = [at.last for at, _ in kept if at == after]
+        if after.last in names:
+            kept = kept[names.index(after.last) + 1 :]
+        if self.done or any(after < at for at, _ in kept):
+            self._after = None  # past the cursor for good
+        return kept
+
+
+class _Buckets:
+    """Bucket starts of both spaces from ``lo`` on, merged in start order."""
+
+    def __init__(self, store: Store, lo: int) -> None:
+        self._streams = [self._starts(store, space, index, lo) for space, index in store.spaces]
+        self._heads: list[tuple[int, int, str]] = []
+        for i, stream in enumerate(self._streams):
+            self._advance(i, stream)
+
+    @staticmethod
+    def _starts(store: Store, space: str, index: str, lo: int) -> Iterator[tuple[int, str]]:
+        lower = str(lo)
+        while True:
+            raw: list[Any] = store.client.zrangebyscore(index, lower, "+inf", 0, STARTS)
+            for start in raw:
+                yield int(start), space
+            if len(raw) < STARTS:
+                return
+            lower = f"({int(raw[-1])}"
+
+    def _advance(self, i: int, stream: Iterator[tuple[int, str]]) -> None:
+        nxt = next(stream, None)
+        if nxt is not None:
+            heapq.heappush(self._heads, (nxt[0], i, nxt[1]))
+
+    def peek(self) -> int | None:
+        return self._heads[0][0] if self._heads else None
+
+    def pop(self) -> tuple[int, str]:
+        start, i, space = heapq.heappop(self._heads)
+        self._advance(i, self._streams[i])
+        return start, space
+
+
+def page(
+    store: Store, after: Cursor | None, limit: int, dests: set[str] | None, examine: int
+) -> tuple[list[Stored], Cursor | None]:
+    """Return up to ``limit`` messages after ``after`` in due order, and the next cursor
+    (``None`` at the end). At most about ``examine`` members are read per call."""
+    buckets = _Buckets(store, after.lo if after else 0)
+    at = after.at if after else None
+    heap: list[tuple[Position, int, _Source]] = []
+    opened: list[_Source] = []
+    out: list[Stored] = []
+    last = at
+
+    def push(source: _Source) -> None:
+        head = source.peek()
+        if head is not None:
+            heapq.heappush(heap, (head, id(source), source))
+
+    while len(out) < limit and sum(s.read for s in opened) < examine:
+        nxt = buckets.peek()
+        # A bucket holds nothing due before its start: open it once nothing earlier is left.
+        if nxt is not None and (not heap or nxt <= heap[0][0].due_ms):
+            start, space = buckets.pop()
+            for dest in store.dests(start, space):
+                if dests is None or dest in dests:
+                    opened.append(source := _Source(store, space, start, dest, at))
+                    push(source)
+            continue
+        if not heap:
+            return out, None
+        last, _, source = heapq.heappop(heap)
+        _, member = source.pop()
+        out.append(Stored(source.start, last.score, source.dest, member, bool(source.space)))
+        push(source)
+    if last is None:
+        return out, None
+    still = [
+        s.start
+        for s in opened
+        if s.open or (s.start, s.dest, s.rank) == (last.start_ms, last.dest, last.rank)
+    ]
+    return out, Cursor(min([last.start_ms, *still]), last)
