@@ -4,9 +4,9 @@ Series (counters carry the ``_total`` suffix on the wire):
 
 * ``kombu_delay_scheduled_messages{queue}``: gauge, messages waiting per queue (all priorities).
   Bounded: the :data:`MAX_QUEUE_SERIES` queues with the most waiting have a series each, the
-  rest are summed under ``queue="(other)"``, and a queue that emptied reads 0 for
-  :data:`ZERO_KEEP_S`, then its series is dropped. So thousands of short-lived queues cost a
-  few hundred series, not one each.
+  rest are summed under ``queue="(other)"`` (a series that appears once there are more), and
+  a queue that emptied reads 0 for :data:`ZERO_KEEP_S`, then its series is dropped. So
+  thousands of short-lived queues cost a few hundred series, not one each.
 * ``kombu_delay_moved_total``: counter, messages moved onto their queue lists.
 * ``kombu_delay_lateness_seconds``: histogram, due time to LPUSH of each moved message.
 * ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited.
@@ -60,6 +60,7 @@ class QueueSeries:
         self.zero_keep_s = zero_keep_s
         #: Queue -> when it last held something (monotonic), for the queues shown.
         self._shown: dict[str, float] = {}
+        self._other = False
 
     def values(self, per_queue: dict[str, int], now: float) -> tuple[dict[str, int], list[str]]:
         """Return the series to set (label -> value) and the labels to drop."""
@@ -76,7 +77,10 @@ class QueueSeries:
         dropped = [q for q in self._shown if q not in out]
         for queue in dropped:
             del self._shown[queue]
-        out[OTHER_QUEUES] = sum(per_queue[q] for q in rest)
+        other = sum(per_queue[q] for q in rest)
+        self._other = self._other or bool(rest)
+        if self._other:  # only once some queue went past the limit: one series, kept from then on
+            out[OTHER_QUEUES] = other
         return out, dropped
 
 

@@ -381,9 +381,10 @@ class Store:
             if text is None:
                 self.client.hdel(key, name)
                 return
+            now = self.time_ms()
             pipe = self.client.pipeline(transaction=False)
-            pipe.hset(key, name, f"{self.time_ms()} {text}")
-            pipe.pexpire(key, keep_ms)
+            pipe.hset(key, name, f"{now} {text}")
+            pipe.pexpireat(key, now + keep_ms)
             pipe.execute()
 
     def alerts(self, max_age_ms: int) -> dict[str, str]:

@@ -95,6 +95,11 @@ class Watch:
     def check_policy(self) -> None:
         """Read the eviction policy; log an ERROR while it lets Redis delete messages."""
         self.findings.policy = self.store.eviction_policy()
+        if self.findings.policy is None and "unknown" not in self._logged:
+            logger.info(
+                "mover %s: cannot read Redis's maxmemory-policy (INFO refused); not checked", self.name
+            )
+            self._logged["unknown"] = ("", time.monotonic())
         self._tell("policy", eviction_problem(self.findings.policy), logging.ERROR)
         self._report()
 

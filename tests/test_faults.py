@@ -739,10 +739,10 @@ def test_two_apps_with_different_prefixes_never_touch_each_other(
 ACL_RULES = (
     "on >s3cret resetkeys resetchannels "
     "~app1:kombu_delay:* ~app1:_kombu.binding* ~app1:celery* &app1:kombu_delay:* "
-    "-@all +ping +multi +exec +evalsha +script|load +time +sadd +smembers +lpush +subscribe "
-    "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hincrby +pttl +pexpireat "
-    "+rpush +lrange +ltrim +zadd +zrem +zrank +zscore +zcount +zrange +zrangebyscore +zremrangebyscore "
-    "+zremrangebyrank"
+    "-@all +ping +multi +exec +evalsha +script|load +time +info +sadd +smembers +lpush +subscribe "
+    "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hkeys +hincrby +pttl "
+    "+pexpireat +rpush +lrange +ltrim +zadd +zrem +zrank +zscore +zcard +zcount +zrange +zrangebyscore "
+    "+zremrangebyscore +zremrangebyrank"
 )
 
 
