@@ -14,20 +14,22 @@ import click
 
 from . import cli
 from . import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
+from .cli_common import LOG_FILTER, LOG_LEVELS, RedactingGroup, global_options
 from .connect import app_target
 from .errors import KombuDelayError
 from .health import health
+from .redact import Redactor
 from .transport import register
 
 register()
 
 
-@click.group(name="delay")
+@click.group(name="delay", cls=RedactingGroup)
 @click.option(
     "--log-level",
     default="info",
     show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
 )
 @click.pass_context
 def delay(ctx: click.Context, log_level: str) -> None:
@@ -46,11 +48,14 @@ def delay(ctx: click.Context, log_level: str) -> None:
     cli.setup_logging(log_level)
     app: Any = ctx.obj.app
     try:
-        ctx.obj = app_target(app)
+        tgt = app_target(app)
     except KombuDelayError as exc:
         raise click.UsageError(str(exc)) from exc
+    LOG_FILTER.redactor = Redactor.for_url(tgt.url, tgt.transport_options)
+    ctx.obj = tgt
 
 
+@global_options
 @delay.command()
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")

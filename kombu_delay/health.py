@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import click
 
-from .connect import Target
+from .cli_common import announce, global_options, target
 from .errors import KombuDelayError
 from .store import Store
 
@@ -77,6 +77,7 @@ def check(store: Store, host: str | None = None) -> Health:
     )
 
 
+@global_options
 @click.command()
 @click.option(
     "--max-heartbeat-age",
@@ -104,25 +105,28 @@ def health(
 ) -> None:
     """Exit 0 when a mover is alive and due messages move; 1 when not; 2 when Redis is unreachable.
 
-    Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...".
+    Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...", and on stderr which broker
+    it read (not with --quiet when healthy).
 
     \b
     Examples:
       kombu-delay -b delayredis://redis:6379/0 health
       kombu-delay -b delayredis://redis:6379/0 health --max-heartbeat-age 10 --max-overdue 30
-      kombu-delay health --this-host --quiet     # liveness of the mover in this pod
+      kombu-delay health --this-host --max-overdue 0 --quiet     # liveness of this pod's mover
+      kombu-delay health -b delayredis://redis:6379/0 --this-host --max-overdue 120
       celery -A proj delay health --max-overdue 120
     """
-    tgt = ctx.find_object(Target)
-    if tgt is None:  # pragma: no cover - both entry points set it
-        raise click.UsageError("no broker given")
+    tgt = target(ctx)
     try:
         with tgt.open() as store:
             seen = check(store, socket.gethostname() if this_host else None)
     except KombuDelayError as exc:
-        click.echo(f"UNREACHABLE: {exc}")
+        announce(ctx)
+        click.echo(f"UNREACHABLE: {tgt.redact(str(exc))}")
         ctx.exit(UNREACHABLE)
     problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000))
+    if problems or not quiet:
+        announce(ctx)
     if problems:
         click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
         ctx.exit(UNHEALTHY)

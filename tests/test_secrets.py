@@ -1,26 +1,33 @@
-"""No part of a broker password reaches what kombu-delay raises, whatever the URL: the redactor,
-URL masking and the refusal of URLs kombu would misread, against a real redis-server that wants
-another password.
+"""No part of a broker password reaches what kombu-delay prints, logs or raises, whatever the URL.
+
+Hostile passwords (``/``, ``#``, ``?``, ``@``, ``:``, ``%2F``, spaces) are given raw, with a user
+name, percent-encoded and in the query string, to every command of ``kombu-delay`` and of
+``celery -A app delay``, against a real redis-server that wants another password. Then a
+server that wants such a password is reached with the percent-encoded URL. Every process is
+stopped by its PID.
 """
+
 from __future__ import annotations
 
 import io
 import logging
 import os
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from urllib.parse import quote, unquote
 
 import pytest
 import redis
+from celery import Celery
 
 from kombu_delay import DelayControl
 from kombu_delay.connect import connection
 from kombu_delay.errors import ConfigError, KombuDelayError
-from kombu_delay.redact import RedactingFilter, Redactor, mask_url, url_secrets
+from kombu_delay.redact import MASK, RedactingFilter, Redactor, mask_url, url_secrets
 from kombu_delay.redis_server import RedisServer
 
-from .conftest import ROOT
+from .conftest import ROOT, Proc, wait_until
 
 #: What the server wants: none of the hostile passwords.
 SERVER_PASSWORD = "s3cret"
@@ -177,3 +184,68 @@ def test_a_wrong_password_is_an_authentication_error_without_the_password(passwo
     with pytest.raises(redis.AuthenticationError) as caught:
         DelayControl(url, {"max_retries": 0}).stats()
     assert "authentication failed" in str(caught.value).lower()
+
+
+# -- every command, end to end ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_command_of_kombu_delay_shows_any_part_of_a_password(password_server, command):
+    for password, url in urls(password_server.port):
+        done = run([sys.executable, "-m", "kombu_delay", "-b", url, *NO_RETRIES, *COMMANDS[command]])
+        output = done.stdout + done.stderr
+        assert done.returncode not in (0, None), output
+        assert not leaks(output, password), (url, leaks(output, password), output)
+        assert "Traceback" not in output, output
+        assert "kombu-delay: broker delayredis://" in output, output
+        assert (
+            "percent-encode it" in output
+            or "authentication failed" in output.lower()
+            or "bad broker URL" in output
+        ), output
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_command_of_celery_delay_shows_any_part_of_a_password(password_server, command):
+    # The app's configuration carries the URL.
+    for password, url in urls(password_server.port)[::2]:
+        env = {"ECO_BROKER": url, "ECO_OPTIONS": '{"max_retries": 0}'}
+        done = run(
+            [sys.executable, "-m", "celery", "-A", "tests.ecosystem_app", "delay", *COMMANDS[command]], env
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode not in (0, None), output
+        assert not leaks(output, password), (url, leaks(output, password), output)
+        assert "Traceback" not in output, output
+
+
+def test_a_password_with_url_delimiters_works_percent_encoded(spawn: Callable[..., Proc]) -> None:
+    password = "Zq7/Xk#Wv?Jp@Hm:Ty%2F"
+    with PasswordServer(password) as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "kd-user", "on", f">{password}", "~*", "&*", "+@all")
+        encoded = quote(password, safe="")
+        where = f"127.0.0.1:{server.port}/0"
+        for user in ("", "kd-user"):
+            url = f"delayredis://{user}:{encoded}@{where}"
+            masked = f"delayredis://{user}:{MASK}@{where}"
+            app = Celery("pub", broker=url, set_as_current=False)
+            task_id = app.send_task("secrets.noop", countdown=600).id
+            app.send_task("secrets.noop", countdown=0.5)
+            app.close()
+            base = [sys.executable, "-m", "kombu_delay", "-b", url]
+            listed = run([*base, "ls", "--json"])
+            assert listed.returncode == 0, listed.stderr
+            assert task_id in listed.stdout
+            assert f"kombu-delay: broker {masked} (--broker), key prefix ''" in listed.stderr
+            mover = spawn([*base, "mover"], name="mover")
+            wait_until(lambda: admin.llen("celery") == 1)
+            probe = run([*base, "health", "--max-overdue", "0"])
+            assert probe.returncode == 0 and probe.stdout.startswith("OK: "), probe.stdout + probe.stderr
+            assert run([*base, "cancel", task_id]).returncode == 0
+            assert mover.stop() == 0, mover.output()
+            for output in (listed.stdout + listed.stderr, probe.stdout + probe.stderr, mover.output()):
+                assert not leaks(output, password), output
+            assert masked in mover.output()
+            admin.delete("celery")
+        admin.close()
