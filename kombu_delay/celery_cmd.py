@@ -14,20 +14,35 @@ import click
 
 from . import cli
 from . import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
-from .connect import app_target
+from .cli_common import LOG_FILTER, LOG_LEVELS, RedactingGroup, global_options
+from .connect import PLAIN_SCHEMES, app_target, check_url
 from .errors import KombuDelayError
 from .health import health
+from .redact import Redactor, mask_url
 from .transport import register
 
 register()
 
 
-@click.group(name="delay")
+def app_broker_warning(url: str) -> str | None:
+    """What to tell the user about an app broker URL that is plain Redis, else ``None``."""
+    schemes = {one.partition("://")[0].lower() for one in url.split(";")}
+    if not schemes & PLAIN_SCHEMES:
+        return None
+    return (
+        f"kombu-delay: the Celery app's broker URL {mask_url(url)} is plain Redis: its publishers "
+        "send ETA and countdown tasks straight to the workers, which hold them in memory. Only "
+        "messages published through delayredis:// (delayrediss://, delaysentinel://) wait in Redis; "
+        "set broker_url to that scheme (and import kombu_delay where the app publishes)."
+    )
+
+
+@click.group(name="delay", cls=RedactingGroup)
 @click.option(
     "--log-level",
     default="info",
     show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
 )
 @click.pass_context
 def delay(ctx: click.Context, log_level: str) -> None:
@@ -46,11 +61,21 @@ def delay(ctx: click.Context, log_level: str) -> None:
     cli.setup_logging(log_level)
     app: Any = ctx.obj.app
     try:
-        ctx.obj = app_target(app)
+        tgt = app_target(app)
     except KombuDelayError as exc:
         raise click.UsageError(str(exc)) from exc
+    LOG_FILTER.redactor = Redactor.for_url(tgt.url, tgt.transport_options)
+    try:
+        check_url(tgt.url)
+    except KombuDelayError as exc:  # its text starts "broker URL <masked>: ..."
+        raise click.UsageError(f"the Celery app's {exc}") from exc
+    ctx.obj = tgt
+    warning = app_broker_warning(tgt.url)
+    if warning:
+        click.echo(warning, err=True)
 
 
+@global_options
 @delay.command()
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")

@@ -8,125 +8,46 @@ as the click context object, so the same commands serve ``kombu-delay ...`` and
 from __future__ import annotations
 
 import logging
-import math
 import signal
-import sys
 import threading
 from typing import Any
 
 import click
 
+from .cli_common import RedactingGroup, global_options, parse_option, setup_logging, target
 from .connect import Target
 from .demo import demo
 from .errors import KombuDelayError
 from .health import health
 from .mover import Mover, mover_id, open_when_reachable
 
-BROKER_ENV = "KOMBU_DELAY_BROKER"
+__all__ = ["main", "parse_option", "run_mover", "setup_logging", "target"]
+
+logger = logging.getLogger(__name__)
 
 
-#: ``-o`` words that stand for Python constants (any case), as in Celery's and kombu's config.
-OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None}
-
-#: kombu and redis-py options whose values are names, kept as typed: ``-o
-#: global_keyprefix=0123`` is the prefix ``0123``, not the number 123.
-STRING_OPTIONS = frozenset(
-    {"global_keyprefix", "master_name", "sep", "client_name", "username", "password", "queue_order_strategy"}
+@global_options
+@click.group(
+    cls=RedactingGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
 )
-
-
-def option_value(text: str) -> Any:
-    """Type one ``-o`` value: ``true``/``false``/``none`` (any case), an integer or a finite
-    decimal number become that Python value; anything else stays a string.
-
-    redis-py and kombu want ``socket_timeout=5`` as a number and ``max_connections=20`` as
-    an int, as they would get them from ``broker_transport_options``.
-    """
-    if text.lower() in OPTION_WORDS:
-        return OPTION_WORDS[text.lower()]
-    for kind in (int, float):
-        try:
-            number = kind(text)
-        except ValueError:
-            continue
-        if math.isfinite(number):
-            return number
-    return text
-
-
-def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--transport-option")
-        key = key.strip()
-        options[key] = value if key in STRING_OPTIONS else option_value(value)
-    return options
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option(
-    "--broker",
-    "-b",
-    envvar=[BROKER_ENV, "CELERY_BROKER_URL"],
-    default="delayredis://localhost:6379/0",
-    show_default=True,
-    help=f"Broker URL (env {BROKER_ENV} or CELERY_BROKER_URL). "
-    "redis://, rediss://, sentinel:// and redis+socket:// are accepted too.",
-)
-@click.option("--prefix", default=None, help="kombu's global_keyprefix, as the publisher sets it.")
-@click.option(
-    "--transport-option",
-    "-o",
-    "transport_options",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A broker_transport_options entry (repeatable), e.g. -o master_name=mymaster "
-    "-o socket_timeout=5. Integers and decimals become numbers, true/false/none (any case) "
-    "become True/False/None; any other VALUE is a string.",
-)
-@click.option(
-    "--log-level",
-    default="info",
-    show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-)
-@click.pass_context
-def main(
-    ctx: click.Context, broker: str, prefix: str | None, transport_options: tuple[str, ...], log_level: str
-) -> None:
+def main() -> None:
     """kombu-delay: delayed delivery for Celery on Redis.
+
+    The options below work after the command too (kombu-delay mover -b URL); given in both
+    places, the command's value wins.
 
     \b
     Examples:
       kombu-delay --broker delayredis://localhost:6379/0 mover
       kombu-delay -b redis://cache:6379/1 --prefix myapp: stats
+      kombu-delay stats -b redis://cache:6379/1 --prefix myapp:
     """
-    setup_logging(log_level)
-    options = parse_option(transport_options)
-    if prefix is not None:
-        options["global_keyprefix"] = prefix
-    if ctx.obj is None:
-        ctx.obj = Target(broker, options)
+    if click.get_current_context().params["log_level"] is None:
+        setup_logging("info")
 
 
-def target(ctx: click.Context) -> Target:
-    found = ctx.find_object(Target)
-    if found is None:  # pragma: no cover - both entry points set it
-        raise click.UsageError("no broker given")
-    return found
-
-
-@main.command()
+@global_options
+@click.command()
 @click.option("--batch-size", type=int, default=None, help="Messages per move call (default 500).")
 @click.option("--max-sleep", type=float, default=None, help="Longest sleep without looking, s (default 1).")
 @click.option("--max-rate", type=int, default=None, help="Moves per second cap, 0 = none (default).")
@@ -166,6 +87,7 @@ def mover(
       kombu-delay -b delayredis://localhost:6379/0 mover
       kombu-delay -b delayredis://redis:6379/0 --prefix myapp: mover --metrics-port 9808
       KOMBU_DELAY_MAX_RATE=5000 kombu-delay mover --max-queue-length 10000
+      kombu-delay mover -b delayredis://redis:6379/0 --log-level debug
     """
     tgt = target(ctx)
     tgt.overrides.update(
@@ -178,12 +100,16 @@ def mover(
     run_mover(tgt, metrics_port=metrics_port, metrics_addr=metrics_addr)
 
 
+main.add_command(mover)
+
+
 def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
     """Run a mover in the foreground with signal handling; shared by both CLIs."""
+    logger.info("kombu-delay: %s", tgt.describe())
     try:
         settings = tgt.settings()
     except KombuDelayError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise click.UsageError(tgt.redact(str(exc))) from exc
     name = mover_id()
     stopping = threading.Event()
     running: list[Mover] = []
@@ -214,12 +140,12 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
             if not stopping.is_set():
                 running[0].run()
     except KombuDelayError as exc:  # a bad URL or option, credentials or ACL: waiting cannot fix it
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(tgt.redact(str(exc))) from exc
 
 
 main.add_command(health)
 
-main.add_command(demo)
+main.add_command(global_options(demo))
 
 # Inspection and control: stats, ls, cancel, reschedule, purge.
 from .cmd_inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
@@ -229,7 +155,7 @@ for _command in _INSPECT:
 
 from .bench import bench as _bench  # noqa: E402  (kept next to its registration)
 
-main.add_command(_bench)
+main.add_command(global_options(_bench))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import click
 
-from .connect import Target
+from .cli_common import announce, global_options, target
 from .control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from .errors import KombuDelayError
 from .listing import Cursor
@@ -32,15 +32,15 @@ class InspectError(click.ClickException):
 
 @contextmanager
 def control(ctx: click.Context) -> Iterator[DelayControl]:
-    """Yield a :class:`DelayControl` for the command's broker, turning errors into exit 3."""
-    tgt = ctx.find_object(Target)
-    if tgt is None:  # pragma: no cover - both entry points set it
-        raise click.UsageError("no broker given")
+    """Yield a :class:`DelayControl` for the command's broker, turning errors into exit 3.
+    Says first, on stderr, which broker it reads."""
+    tgt = target(ctx)
+    announce(ctx)
     try:
         with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
             yield ctl
     except KombuDelayError as exc:
-        raise InspectError(str(exc)) from exc
+        raise InspectError(tgt.redact(str(exc))) from exc
 
 
 def when(ms: int) -> str:
@@ -112,6 +112,7 @@ def render_stats(stats: Stats) -> str:
     return "\n".join(lines)
 
 
+@global_options
 @click.command()
 @click.option("--hours", type=float, default=12, show_default=True, help="Histogram horizon, hours.")
 @click.option("--slot", type=float, default=60, show_default=True, help="Histogram row width, minutes.")
@@ -154,6 +155,7 @@ def _row(item: ScheduledMessage, now: int) -> dict[str, object]:
     }
 
 
+@global_options
 @click.command(name="ls")
 @click.option("--queue", "-Q", default=None, help="Only messages bound for this queue.")
 @click.option(
@@ -206,6 +208,7 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
         click.echo("end of listing")
 
 
+@global_options
 @click.command()
 @click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
 @click.pass_context
@@ -234,6 +237,7 @@ def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
         ctx.exit(NOT_FOUND)
 
 
+@global_options
 @click.command()
 @click.argument("task_id")
 @click.option("--eta", default=None, help="New due time, ISO-8601 with an offset, e.g. 2030-01-01T09:00Z.")
@@ -273,6 +277,7 @@ def reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: flo
     click.echo(f"{task_id}: rescheduled {n} message{'s' if n != 1 else ''}, {due}")
 
 
+@global_options
 @click.command()
 @click.option("--queue", "-Q", required=True, help="Queue whose scheduled messages are removed.")
 @click.option("--yes", is_flag=True, help="Confirm: required, this cannot be undone.")

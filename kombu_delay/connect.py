@@ -6,6 +6,7 @@ Sentinel discovery work exactly as they do for the publisher.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,17 +18,51 @@ from kombu.exceptions import OperationalError
 
 from .config import Settings
 from .errors import ConfigError, RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
+from .redact import Redactor, mask_url, split_url, url_secrets
 from .replies import AUTH_ERRORS, translated_errors
 from .store import Store
 from .transport import register
 
 #: Plain kombu schemes and the kombu-delay scheme that serves the same server.
-_DELAY_SCHEMES = {
+DELAY_SCHEMES = {
     "redis": "delayredis",
     "rediss": "delayrediss",
     "sentinel": "delaysentinel",
     "redis+socket": "delayredis+socket",
 }
+#: Schemes that name a Redis server but publish without kombu-delay.
+PLAIN_SCHEMES = frozenset(DELAY_SCHEMES)
+
+
+#: kombu reads ``+`` in a scheme as "transport + inner URL": ``redis+delay://host`` is plain
+#: Redis on localhost:6379, its host ignored. These are the only ``+`` schemes that mean what
+#: they say.
+_PLUS_SCHEMES = frozenset({"redis+socket", "delayredis+socket"})
+#: What cuts a user-info part short for kombu's URL parser (urllib's): the rest of the
+#: password is read as the host, path, query or fragment.
+_USERINFO_BREAKERS = "/#?"
+
+
+def check_url(url: str) -> None:
+    """Refuse a broker URL that kombu would silently or noisily misread, with one line that
+    names the problem and shows the URL with its password masked (:class:`ConfigError`)."""
+    for one in url.split(";"):
+        scheme = one.partition("://")[0] if "://" in one else ""
+        if "+" in scheme and scheme.lower() not in _PLUS_SCHEMES:
+            raise ConfigError(
+                f"broker URL {mask_url(one)}: kombu reads the '+' in {scheme!r} as transport "
+                f"{scheme.split('+')[0]!r} plus an inner URL, so the host is not used as written "
+                "(redis+delay://host is plain Redis on localhost:6379, with no delayed delivery); "
+                "use delayredis:// (delayrediss://, delaysentinel://)"
+            )
+        userinfo = split_url(one).userinfo or ""
+        found = [char for char in _USERINFO_BREAKERS if char in userinfo]
+        if found:
+            chars = " ".join(repr(char) for char in found)
+            raise ConfigError(
+                f"broker URL {mask_url(one)}: the user name or password holds an unescaped {chars}, which "
+                'ends it early for kombu; percent-encode it: urllib.parse.quote(password, safe="")'
+            )
 
 
 def delay_url(url: str) -> str:
@@ -35,7 +70,7 @@ def delay_url(url: str) -> str:
     parts = []
     for one in url.split(";"):
         scheme, sep, rest = one.partition("://")
-        parts.append(f"{_DELAY_SCHEMES.get(scheme, scheme)}{sep}{rest}")
+        parts.append(f"{DELAY_SCHEMES.get(scheme, scheme)}{sep}{rest}")
     return ";".join(parts)
 
 
@@ -49,6 +84,18 @@ class Target:
     overrides: dict[str, Any] = field(default_factory=dict)
     #: kombu's ``ssl`` connection argument: Celery's ``broker_use_ssl``.
     ssl: Any = None
+    #: Where ``url`` came from, as the commands say it (``--broker``, ``KOMBU_DELAY_BROKER``, ...).
+    source: str = ""
+
+    def describe(self) -> str:
+        """``broker <URL, password masked> (<source>), key prefix '<prefix>'``."""
+        where = f" ({self.source})" if self.source else ""
+        prefix = self.transport_options.get("global_keyprefix") or ""
+        return f"broker {mask_url(self.url)}{where}, key prefix {prefix!r}"
+
+    def redact(self, text: str) -> str:
+        """``text`` with this target's passwords (URL and options) masked."""
+        return Redactor.for_url(self.url, self.transport_options)(text)
 
     def settings(self) -> Settings:
         return Settings.from_options(self.transport_options).with_values(**self.overrides)
@@ -72,27 +119,42 @@ def app_target(app: Any) -> Target:
         url = ";".join(str(one) for one in url)
     if not url:
         raise ConfigError("the Celery app has no broker_url")
-    return Target(str(url), dict(conf.broker_transport_options or {}), ssl=conf.broker_use_ssl)
+    own_write_url = os.environ.get("CELERY_BROKER_WRITE_URL") or conf.get("broker_write_url")
+    source = "the Celery app's " + ("broker_write_url" if own_write_url else "broker_url")
+    return Target(str(url), dict(conf.broker_transport_options or {}), ssl=conf.broker_use_ssl, source=source)
 
 
 def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl: Any = None) -> Connection:
     """Return a kombu :class:`~kombu.Connection` to the kombu-delay transport of ``url``
-    (not yet connected); a URL kombu cannot read raises :class:`ConfigError`."""
+    (not yet connected); a URL kombu cannot read, or would misread, raises :class:`ConfigError`.
+    No exception raised here quotes a password."""
     register()
-    try:
-        return Connection(
-            delay_url(url), transport_options=dict(transport_options or {}), ssl=False if ssl is None else ssl
-        )
-    except (KeyError, ValueError, TypeError) as exc:  # an unknown scheme, a bad port or database
-        raise ConfigError(f"bad broker URL: {exc}") from exc
+    check_url(url)
+    with Redactor.for_url(url, transport_options).scrubbing():
+        try:
+            return Connection(
+                delay_url(url),
+                transport_options=dict(transport_options or {}),
+                ssl=False if ssl is None else ssl,
+            )
+        except (KeyError, ValueError, TypeError) as exc:  # an unknown scheme, a bad port or database
+            raise ConfigError(f"bad broker URL {mask_url(url)}: {exc}") from exc
+
+
+def _redactor(conn: Connection) -> Redactor:
+    """The passwords a kombu connection knows: its own, its alternates' and its options'."""
+    found = [str(conn.password)] if isinstance(conn.password, str) else []
+    urls = [one for one in conn.alt or [] if isinstance(one, str)]
+    return Redactor(found + url_secrets(";".join(urls), conn.transport_options))
 
 
 def default_channel(conn: Connection) -> Any:
     """Return ``conn.default_channel``, with every failure as a kombu-delay error:
     refused credentials :class:`RedisAuthError`, an ACL refusal :class:`RedisPermissionError`,
     another refusal (a database number the server lacks) :class:`RedisRefused`, a transport
-    option redis-py cannot use :class:`ConfigError`, and anything else :class:`RedisUnavailable`."""
-    with translated_errors():
+    option redis-py cannot use :class:`ConfigError`, and anything else :class:`RedisUnavailable`.
+    No exception raised here quotes a password."""
+    with _redactor(conn).scrubbing(), translated_errors():
         try:
             return conn.default_channel
         except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own

@@ -6,7 +6,8 @@ Accepted, in this order:
 
 1. Celery protocol 2: the ``eta`` header, ISO-8601. With an offset it is
    taken as written; without one it is UTC, as the Celery worker reads it.
-2. Celery protocol 1: ``eta`` inside a JSON body (``application/json``).
+2. Celery protocol 1: ``eta`` inside a JSON body (``application/json``), for a message of
+   protocol 1's full shape only (:func:`protocol1_body`); other JSON bodies are app data.
 3. Plain kombu: an ``x-delay`` header in milliseconds from now, judged by the
    Redis clock (the RabbitMQ delayed-message convention).
 """
@@ -52,20 +53,49 @@ def parse_iso_ms(text: str) -> int:
     return to_ms(when)
 
 
-def _body_json(message: dict[str, Any]) -> dict[str, Any] | None:
-    if message.get("content-type") != "application/json":
+#: Keys every Celery protocol 1 body has, as they appear in its JSON: a cheap test of the raw
+#: bytes, so that a plain kombu body is decoded only when it could be a Celery task at all.
+_PROTOCOL1_KEYS = (b'"task"', b'"id"', b'"args"', b'"kwargs"', b'"eta"')
+
+
+def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the decoded body of a Celery protocol 1 task message, else ``None``.
+
+    Recognised by its full shape, as Celery's ``as_task_v1`` builds it and its worker reads it:
+    no ``task`` header, and a JSON object body with ``task`` and ``id`` strings, an ``args``
+    list, a ``kwargs`` mapping and an ``eta`` key. Application data that merely has ``task`` and
+    ``eta`` keys is not a Celery task, and plain kombu delivers it as it is.
+    """
+    headers = message.get("headers") or {}
+    if "task" in headers or message.get("content-type") != "application/json":
         return None
     body = message.get("body")
     props = message.get("properties") or {}
-    if props.get("body_encoding") == "base64" and isinstance(body, str):
-        body = base64.b64decode(body)
-    if not isinstance(body, str | bytes):
+    if isinstance(body, str):
+        try:
+            raw = base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
+        except ValueError:  # not base64 after all (binascii.Error), or a lone surrogate
+            return None
+    elif isinstance(body, bytes):
+        raw = body
+    else:
+        return None
+    if not all(key in raw for key in _PROTOCOL1_KEYS):
         return None
     try:
-        decoded = json.loads(body)
+        decoded = json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
         return None
-    return decoded if isinstance(decoded, dict) else None
+    if (
+        isinstance(decoded, dict)
+        and isinstance(decoded.get("task"), str)
+        and isinstance(decoded.get("id"), str)
+        and isinstance(decoded.get("args"), list)
+        and isinstance(decoded.get("kwargs"), dict)
+        and "eta" in decoded
+    ):
+        return decoded
+    return None
 
 
 def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
@@ -103,8 +133,8 @@ def message_due(message: dict[str, Any]) -> Due | None:
         if delay >= MAX_DUE_MS:
             raise DelayTooLong(f"x-delay {raw!r} ms is past the year-2109 ceiling of a due time")
         return Due(delay, relative=True, task_id=message_id(message))
-    body = _body_json(message)
-    if body is not None and "task" in body and body.get("eta"):  # Celery protocol 1
+    body = protocol1_body(message)
+    if body is not None and body["eta"]:
         eta = body["eta"]
         if not isinstance(eta, str):
             raise BadETA(f"ETA {eta!r} is not ISO-8601")

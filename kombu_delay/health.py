@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import click
 
 from .checks import eviction_problem
-from .connect import Target
+from .cli_common import announce, global_options, target
 from .errors import KombuDelayError
 from .store import Store
 from .watch import ALERT_KEEP_MS
@@ -87,6 +87,7 @@ def check(store: Store, host: str | None = None) -> Health:
     )
 
 
+@global_options
 @click.command()
 @click.option(
     "--max-heartbeat-age",
@@ -128,27 +129,30 @@ def health(
 
     Unhealthy as well: a maxmemory-policy that lets Redis delete scheduled messages, and
     messages stranded under another key prefix that no mover serves (found by the movers).
-    Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...".
+    Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...", and on stderr which broker
+    it read (not with --quiet when healthy).
 
     \b
     Examples:
       kombu-delay -b delayredis://redis:6379/0 health
       kombu-delay -b delayredis://redis:6379/0 health --max-heartbeat-age 10 --max-overdue 30
       kombu-delay health --liveness --quiet      # liveness of the mover in this pod
+      kombu-delay health -b delayredis://redis:6379/0 --this-host --max-overdue 120
       celery -A proj delay health --max-overdue 120
     """
-    tgt = ctx.find_object(Target)
-    if tgt is None:  # pragma: no cover - both entry points set it
-        raise click.UsageError("no broker given")
+    tgt = target(ctx)
     if liveness:
         this_host, max_overdue = True, 0.0
     try:
         with tgt.open() as store:
             seen = check(store, socket.gethostname() if this_host else None)
     except KombuDelayError as exc:
-        click.echo(f"UNREACHABLE: {exc}")
+        announce(ctx)
+        click.echo(f"UNREACHABLE: {tgt.redact(str(exc))}")
         ctx.exit(UNREACHABLE)
     problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000), not liveness)
+    if problems or not quiet:
+        announce(ctx)
     if problems:
         click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
         ctx.exit(UNHEALTHY)

@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from .eta import message_id
+from .eta import message_id, protocol1_body
 
 
 def iso_utc(ms: int) -> str:
@@ -27,21 +27,6 @@ def _load(payload: bytes | str) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
-def _body(message: dict[str, Any]) -> dict[str, Any] | None:
-    """Return the decoded JSON body of a Celery protocol 1 message, else ``None``."""
-    if message.get("content-type") != "application/json":
-        return None
-    body = message.get("body")
-    props = message.get("properties") or {}
-    try:
-        if props.get("body_encoding") == "base64" and isinstance(body, str):
-            body = base64.b64decode(body)
-        decoded = json.loads(body) if isinstance(body, str | bytes) else None
-    except ValueError:
-        return None
-    return decoded if isinstance(decoded, dict) else None
-
-
 def index_id(payload: bytes | str) -> str:
     """Return the id-index key of a stored payload, as the transport chose it at publish
     (task id, message id or delivery tag); ``""`` for a payload that is not a kombu message."""
@@ -49,7 +34,7 @@ def index_id(payload: bytes | str) -> str:
     if message is None:
         return ""
     headers = message.get("headers") or {}
-    body = None if "task" in headers or "x-delay" in headers else _body(message)
+    body = None if "x-delay" in headers else protocol1_body(message)
     return message_id(message, body)
 
 
@@ -61,8 +46,8 @@ def task_name(payload: bytes | str) -> str | None:
     headers = message.get("headers") or {}
     name = headers.get("task")
     if name is None:
-        body = _body(message)
-        name = body.get("task") if body is not None else None
+        body = protocol1_body(message)
+        name = body["task"] if body is not None else None
     return name if isinstance(name, str) else None
 
 
@@ -84,8 +69,8 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     if "task" in headers:
         headers["eta"] = eta
         return json.dumps(message)
-    body = _body(message)
-    if body is None or "task" not in body:
+    body = protocol1_body(message)
+    if body is None:
         return text
     body["eta"] = eta
     encoded = json.dumps(body).encode("utf-8")

@@ -18,7 +18,7 @@ Capabilities
 ETA sources, in this order
 ==========================
 1. Celery protocol 2: the ``eta`` header, ISO-8601 (an offset is honoured; none means UTC).
-2. Celery protocol 1: ``eta`` in a JSON body.
+2. Celery protocol 1: ``eta`` in a JSON body of protocol 1's full shape (other JSON is app data).
 3. Plain kombu: header ``x-delay``, milliseconds from now, by the Redis clock.
 
 Transport options (``broker_transport_options``)

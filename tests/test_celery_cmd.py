@@ -167,3 +167,34 @@ def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_serv
     finally:
         r.execute_command("ACL", "DELUSER", "eco")
         r.execute_command("ACL", "LOG", "RESET")
+
+
+def test_delay_refuses_an_app_broker_url_with_a_plus_scheme(r, redis_server):
+    # kombu would read it as plain Redis on localhost:6379; an option redis-py refuses before
+    # it opens a socket keeps even a URL let through from connecting there.
+    env = {
+        "ECO_BROKER": f"redis+delay://127.0.0.1:{redis_server.port}/0",
+        "ECO_OPTIONS": json.dumps({"socket_connect_timeout": "abc"}),
+    }
+    for command in (["stats"], ["health"], ["mover"]):
+        done = run_celery(env, "delay", *command)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "the Celery app's broker URL redis+delay://127.0.0.1:" in done.stderr, done.stderr
+        assert "kombu reads the '+' in 'redis+delay' as transport 'redis'" in done.stderr
+        assert "use delayredis://" in done.stderr
+
+
+def test_delay_says_when_the_app_publishes_through_plain_redis(r, redis_server):
+    plain = {"ECO_BROKER": redis_server.url, "ECO_OPTIONS": "{}"}
+    done = run_celery(plain, "delay", "stats", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["scheduled"] == 0  # stdout is the JSON alone
+    assert (
+        "is plain Redis: its publishers send ETA and countdown tasks straight to the workers" in done.stderr
+    )
+    assert (
+        f"kombu-delay: broker {redis_server.url} (the Celery app's broker_url), key prefix ''" in done.stderr
+    )
+    delayed = run_celery({**plain, "ECO_BROKER": redis_server.delay_url}, "delay", "stats", "--json")
+    assert delayed.returncode == 0, delayed.stderr
+    assert "plain Redis" not in delayed.stderr

@@ -36,12 +36,14 @@ def publish(
 
 
 def kd(redis_server, prefix: str, *args: str) -> tuple[int, str]:
-    """Run ``kombu-delay`` in-process; return (exit code, stdout + stderr)."""
+    """Run ``kombu-delay`` in-process; return (exit code, stdout + stderr without the line that
+    names the broker: test_every_command_names_its_broker_on_stderr covers that)."""
     base = ["--broker", redis_server.url, "--log-level", "warning"]
     if prefix:
         base += ["--prefix", prefix]
     result = CliRunner().invoke(main, [*base, *args], catch_exceptions=False)
-    return result.exit_code, result.output
+    lines = result.output.splitlines(keepends=True)
+    return result.exit_code, "".join(line for line in lines if not line.startswith("kombu-delay: broker "))
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)

@@ -16,7 +16,7 @@ from kombu_delay import keys
 from kombu_delay.errors import BadETA, DelayTooLong
 from kombu_delay.eta import Due, message_due, parse_iso_ms, to_ms
 from kombu_delay.listing import Cursor, Position, digest
-from kombu_delay.payload import index_id
+from kombu_delay.payload import index_id, task_name, with_eta
 from kombu_delay.replies import Stored
 
 T = datetime(2030, 5, 6, 7, 8, 9, 123_456, tzinfo=UTC)
@@ -37,6 +37,25 @@ def p1(body: dict[str, Any], encode: bool = True) -> dict[str, Any]:
     }
 
 
+def task(**fields: Any) -> dict[str, Any]:
+    """A Celery protocol 1 body, as ``as_task_v1`` builds it (the fields the worker reads)."""
+    return {"task": "t", "id": "b1", "args": [], "kwargs": {}, "eta": None, **fields}
+
+
+#: JSON app data sent with plain kombu (no ``task`` header): not Celery, never held.
+APP_DATA = {
+    "app-data-task-and-eta": {"task": "buy milk", "eta": "2099-01-01T09:00:00"},
+    "app-data-past-ceiling": {"task": "buy milk", "eta": "2200-01-01T09:00:00"},
+    "app-data-bad-eta": {"task": "buy milk", "eta": 12},
+    "no-args": {k: v for k, v in task(eta=T.isoformat()).items() if k != "args"},
+    "args-not-a-list": task(eta=T.isoformat(), args="1, 2"),
+    "kwargs-not-a-dict": task(eta=T.isoformat(), kwargs=[]),
+    "id-not-a-string": task(eta=T.isoformat(), id=7),
+    "task-not-a-string": task(eta=T.isoformat(), task=["t"]),
+    "no-eta-key": {k: v for k, v in task().items() if k != "eta"},
+}
+
+
 def xd(value: Any) -> dict[str, Any]:
     return {"headers": {"x-delay": value}, "properties": {"delivery_tag": "tag-1"}}
 
@@ -49,10 +68,16 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "p2-no-eta": (p2(None), None),
     "p2-empty-eta": (p2(""), None),
     "p2-wins-over-x-delay": (p2(T.isoformat(), **{"x-delay": 5}), Due(T_MS, task_id="abc")),
-    "p1-body-base64": (p1({"task": "t", "id": "b1", "eta": T.isoformat()}), Due(T_MS, task_id="b1")),
-    "p1-body-plain": (p1({"task": "t", "id": "b1", "eta": T.isoformat()}, False), Due(T_MS, task_id="b1")),
-    "p1-no-eta": (p1({"task": "t", "id": "b1", "eta": None}), None),
+    "p1-body-base64": (p1(task(eta=T.isoformat())), Due(T_MS, task_id="b1")),
+    "p1-body-plain": (p1(task(eta=T.isoformat()), False), Due(T_MS, task_id="b1")),
+    "p1-no-eta": (p1(task()), None),
     "not-celery-body": (p1({"eta": T.isoformat()}), None),
+    "p1-under-a-task-header": (
+        {**p1(task(eta=T.isoformat())), "headers": {"task": "t", "id": "h1"}},
+        None,  # protocol 2 with no eta header; the body is the app's
+    ),
+    **{name: (p1(body), None) for name, body in APP_DATA.items()},
+    **{f"{name}-plain": (p1(body, False), None) for name, body in APP_DATA.items()},
     "json-nested-too-deep": (
         {"content-type": "application/json", "headers": {}, "body": "[" * 100_000, "properties": {}},
         None,
@@ -77,7 +102,7 @@ BAD_CASES = {
     "p2-garbage": p2("next tuesday"),
     "p2-month-13": p2("2030-13-01T00:00:00"),
     "p2-number": p2(12345),
-    "p1-number-eta": p1({"task": "t", "id": "b", "eta": 12}),
+    "p1-number-eta": p1(task(eta=12)),
     "x-delay-word": xd("soon"),
     "x-delay-bool": xd(True),
     "x-delay-list": xd([1]),
@@ -211,8 +236,8 @@ def test_index_id_is_the_id_the_transport_indexed_at_publish(name):
             "hdr-id",
         ),
         # Protocol 1 with a base64 body: the id inside the body.
-        (p1({"task": "t", "id": "b64-id", "eta": T.isoformat()}), "b64-id"),
-        (p1({"task": "t", "id": "plain-id", "eta": T.isoformat()}, encode=False), "plain-id"),
+        (p1(task(id="b64-id", eta=T.isoformat())), "b64-id"),
+        (p1(task(id="plain-id", eta=T.isoformat()), encode=False), "plain-id"),
         # x-delay: the body is not looked into, the message id comes before the delivery tag.
         (
             {
@@ -230,6 +255,23 @@ def test_index_id_is_the_id_the_transport_indexed_at_publish(name):
 )
 def test_index_id_per_message_kind(message, expected):
     assert index_id(json.dumps(message)) == expected
+
+
+@pytest.mark.parametrize("name", list(APP_DATA))
+def test_inspection_leaves_app_data_alone(name):
+    """payload.py reads and rewrites only what the transport held as protocol 1."""
+    message = {**p1(APP_DATA[name]), "properties": {"body_encoding": "base64", "delivery_tag": "tag-9"}}
+    text = json.dumps(message)
+    assert index_id(text) == "tag-9"
+    assert task_name(text) is None
+    assert with_eta(text, T_MS) == text
+
+
+def test_inspection_reads_and_rewrites_protocol_1():
+    text = json.dumps(p1(task(task="proj.add", eta="2030-01-01T00:00:00+00:00")))
+    assert (index_id(text), task_name(text)) == ("b1", "proj.add")
+    rewritten = json.loads(with_eta(text, T_MS))
+    assert parse_iso_ms(json.loads(base64.b64decode(rewritten["body"]))["eta"]) == T_MS
 
 
 @pytest.mark.parametrize("payload", [b"", b"garbage", b"[1, 2]", b'"text"', b"\xff{}", b"{"])

@@ -8,6 +8,7 @@ starts by its PID.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -141,7 +142,7 @@ def test_health_names_an_acl_refusal_at_connect(server: RedisServer) -> None:
     url = add_user(server.client(), "noping", "-ping")
     result = CliRunner().invoke(main, ["-b", url, "health"])
     assert result.exit_code == 2, result.output
-    assert result.output.startswith("UNREACHABLE: Redis's ACL refused"), result.output
+    assert result.stdout.startswith("UNREACHABLE: Redis's ACL refused"), result.output
 
 
 # -- bad URLs and options -----------------------------------------------------------------
@@ -195,6 +196,30 @@ def test_a_plain_unix_socket_url_serves_the_mover_and_health(
         result = CliRunner().invoke(main, ["-b", url, "health", "--max-heartbeat-age", "60"])
         assert result.exit_code == 0, result.output
         assert mover.stop() == 0
+
+
+#: kombu reads "+" in a scheme as transport + inner URL: these name plain Redis on localhost:6379.
+PLUS_SCHEMES = ["redis+delay", "rediss+delay", "delay+redis"]
+
+
+@pytest.mark.parametrize("scheme", PLUS_SCHEMES)
+def test_a_plus_scheme_is_refused_not_read_as_localhost(
+    redis_server: RedisServer, spawn: Callable[..., Proc], scheme: str
+) -> None:
+    url = f"{scheme}://127.0.0.1:{redis_server.port}/0"
+    # Were the URL let through, it would mean localhost:6379, which the suite never touches:
+    # an option redis-py refuses before it opens a socket keeps even that from connecting.
+    no_socket = ["-o", "socket_connect_timeout=abc"]
+    text = f"kombu reads the '+' in {scheme!r} as transport {scheme.split('+')[0]!r} plus an inner URL"
+    with pytest.raises(ConfigError, match=re.escape(text)):
+        DelayControl(url, parse_option(tuple(no_socket[1::2])))
+    for command, code in ((["stats"], 3), (["ls"], 3), (["health"], 2)):
+        result = CliRunner().invoke(main, ["-b", url, *no_socket, *command])
+        assert result.exit_code == code, result.output
+        assert text in result.output and "use delayredis://" in result.output, result.output
+    mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, *no_socket, "mover"], name="mover")
+    assert wait_for_exit(mover) == 1
+    assert text in mover.output() and "Traceback" not in mover.output(), mover.output()
 
 
 def test_dash_o_keeps_names_as_typed() -> None:

@@ -280,6 +280,41 @@ def test_kombu_immediate_publish_is_byte_identical_to_plain_redis(r, redis_serve
         assert "delivering message" in warned[0].getMessage()
 
 
+#: JSON app data sent with plain kombu, no ``task`` header: keys like Celery protocol 1's, but
+#: not its shape. Before, the first was held until 2099 and the second refused (DelayTooLong).
+APP_DATA = {
+    "task-and-eta": {"task": "buy milk", "eta": "2099-01-01T09:00:00"},
+    "eta-past-the-ceiling": {"task": "buy milk", "eta": "2200-01-01T09:00:00"},
+    "almost-a-task": {"task": "buy milk", "id": "m1", "args": "milk", "kwargs": {}, "eta": "2099-01-01"},
+}
+
+
+@pytest.mark.parametrize("case", list(APP_DATA))
+def test_app_data_that_looks_like_a_celery_body_passes_untouched(r, redis_server, case, caplog):
+    def publish(conn: Connection) -> None:
+        Producer(conn).publish(APP_DATA[case], routing_key="plain", serializer="json")
+
+    with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+        plain, delayed = pushed_by_both(r, redis_server, publish)  # on the list at once, both times
+    assert delayed == plain
+    assert json.loads(delayed)["content-type"] == "application/json"
+    assert not caplog.records  # nothing taken for a bad ETA either
+
+
+def test_celery_protocol_1_countdowns_are_still_held(r, make_app, redis_server, prefix):
+    app = make_app(prefix)
+    app.conf.task_protocol = 1
+    before = time.time()
+    task_id = app.send_task("t.add", (1, 2), countdown=30).id
+    assert lists(r) == {}
+    held = only(stored(r, prefix))
+    assert held.envelope.task_id == task_id and "task" not in (held.message["headers"] or {})
+    assert before + 30 <= held.due_ms / 1000 <= time.time() + 30
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (item,) = ctl.scheduled().items
+    assert (item.task_id, item.task) == (task_id, "t.add")
+
+
 def test_garbage_eta_is_delivered_now_warned_and_counted(r, redis_server, prefix, caplog):
     with (
         caplog.at_level(logging.WARNING, logger="kombu_delay"),

@@ -1,0 +1,211 @@
+"""What every CLI command shares: the global options, where the broker came from, logging, redaction.
+
+``--broker/-b``, ``--prefix``, ``--transport-option/-o`` and ``--log-level`` are accepted
+before the sub-command and after it (the sub-command's value wins), on ``kombu-delay`` and
+``celery -A proj delay`` alike. Every message the CLI prints or logs goes through a
+:class:`~kombu_delay.redact.Redactor` of the broker's passwords.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import sys
+import traceback
+from typing import Any, TypeVar
+
+import click
+
+from .connect import Target
+from .redact import RedactingFilter, Redactor
+
+BROKER_ENV = "KOMBU_DELAY_BROKER"
+CELERY_ENV = "CELERY_BROKER_URL"
+DEFAULT_BROKER = "delayredis://localhost:6379/0"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+#: ``-o`` words that stand for Python constants (any case), as in Celery's and kombu's config.
+OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None}
+
+#: kombu and redis-py options whose values are names, kept as typed: ``-o
+#: global_keyprefix=0123`` is the prefix ``0123``, not the number 123.
+STRING_OPTIONS = frozenset(
+    {"global_keyprefix", "master_name", "sep", "client_name", "username", "password", "queue_order_strategy"}
+)
+
+#: Scrubs every log line of the CLI's process; its redactor follows the broker in use.
+LOG_FILTER = RedactingFilter()
+_HANDLER_NAME = "kombu-delay"
+
+
+def option_value(text: str) -> Any:
+    """Type one ``-o`` value: ``true``/``false``/``none`` (any case), an integer or a finite
+    decimal number become that Python value; anything else stays a string.
+
+    redis-py and kombu want ``socket_timeout=5`` as a number and ``max_connections=20`` as
+    an int, as they would get them from ``broker_transport_options``.
+    """
+    if text.lower() in OPTION_WORDS:
+        return OPTION_WORDS[text.lower()]
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        if math.isfinite(number):
+            return number
+    return text
+
+
+def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
+    """Turn ``-o KEY=VALUE`` flags into transport options (see :func:`option_value`)."""
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep:  # the text is not echoed: it may be a password typed with the wrong separator
+            raise click.BadParameter("expected KEY=VALUE, found no '='", param_hint="--transport-option")
+        key = key.strip()
+        options[key] = value if key in STRING_OPTIONS else option_value(value)
+    return options
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr at ``level`` (once per process; a later call changes the level), every
+    handler scrubbed by :data:`LOG_FILTER`."""
+    root = logging.getLogger()
+    if not root.handlers:
+        ours = logging.StreamHandler(sys.stderr)
+        ours.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        ours.set_name(_HANDLER_NAME)
+        root.addHandler(ours)
+    if any(handler.get_name() == _HANDLER_NAME for handler in root.handlers):
+        root.setLevel(getattr(logging, level.upper()))
+    for handler in root.handlers:  # also handlers someone else set up: they print our errors too
+        if LOG_FILTER not in handler.filters:
+            handler.addFilter(LOG_FILTER)
+
+
+def resolve_broker(flag: str | None) -> tuple[str, str]:
+    """Return the broker URL and where it came from: the flag, an environment variable, or
+    the default."""
+    if flag is not None:
+        return flag, "--broker"
+    for name in (BROKER_ENV, CELERY_ENV):
+        if os.environ.get(name):
+            return os.environ[name], name
+    return DEFAULT_BROKER, f"default; give --broker or {BROKER_ENV}"
+
+
+def target(ctx: click.Context) -> Target:
+    """The command's :class:`Target` (set by ``kombu-delay`` or by ``celery ... delay``)."""
+    found = ctx.find_object(Target)
+    if found is None:  # pragma: no cover - both entry points set it
+        raise click.UsageError("no broker given")
+    return found
+
+
+def announce(ctx: click.Context) -> None:
+    """Say on stderr which broker and key prefix the command reads, and where they came from
+    (stdout stays clean for ``--json``)."""
+    click.echo(f"kombu-delay: {target(ctx).describe()}", err=True)
+
+
+def merge_options(
+    ctx: click.Context,
+    broker: str | None,
+    prefix: str | None,
+    transport_options: tuple[str, ...],
+    log_level: str | None,
+) -> None:
+    """Apply global options given at this level: the first level builds the :class:`Target`,
+    a later one (after the sub-command) changes it, so its values win."""
+    if log_level is not None:
+        setup_logging(log_level)
+    found = ctx.find_object(Target)
+    if found is None:
+        url, source = resolve_broker(broker)
+        found = ctx.obj = Target(url, source=source)
+    elif broker is not None:
+        found.url, found.source = broker, "--broker"
+    found.transport_options.update(parse_option(transport_options))
+    if prefix is not None:
+        found.transport_options["global_keyprefix"] = prefix
+    LOG_FILTER.redactor = Redactor.for_url(found.url, found.transport_options)
+
+
+def _options() -> list[click.Parameter]:
+    """Fresh instances of the global options (each command owns its parameters)."""
+    return [
+        click.Option(
+            ["--broker", "-b"],
+            default=None,
+            help=f"Broker URL (else env {BROKER_ENV}, then {CELERY_ENV}, then {DEFAULT_BROKER}). "
+            "redis://, rediss://, sentinel:// and redis+socket:// are accepted too.",
+        ),
+        click.Option(["--prefix"], default=None, help="kombu's global_keyprefix, as the publisher sets it."),
+        click.Option(
+            ["--transport-option", "-o", "transport_options"],
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="A broker_transport_options entry (repeatable), e.g. -o master_name=mymaster "
+            "-o socket_timeout=5. Integers and decimals become numbers, true/false/none (any case) "
+            "become True/False/None; any other VALUE is a string.",
+        ),
+        click.Option(
+            ["--log-level"],
+            default=None,
+            type=click.Choice(LOG_LEVELS, case_sensitive=False),
+            help="Log level (default info).",
+        ),
+    ]
+
+
+C = TypeVar("C", bound=click.Command)
+
+
+def global_options(command: C) -> C:
+    """Give a click command (or group) the global options, applied before its body runs; on a
+    sub-command they change what the group set, so the sub-command's values win. An option the
+    command defines itself keeps the command's meaning (``bench --broker`` is a Redis to flush)."""
+    callback = command.callback
+    own = {param.name for param in command.params}
+    added = [option for option in _options() if option.name not in own]
+    names = [str(option.name) for option in added]
+
+    @functools.wraps(callback or (lambda: None))
+    def merged(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in names}
+        merge_options(
+            click.get_current_context(),
+            given.get("broker"),
+            given.get("prefix"),
+            given.get("transport_options") or (),
+            given.get("log_level"),
+        )
+        return callback(*args, **kwargs) if callback is not None else None
+
+    command.params.extend(added)
+    command.callback = merged
+    return command
+
+
+class RedactingGroup(click.Group):
+    """A click group whose errors are scrubbed of the broker's passwords before click prints
+    them, including a traceback nobody translated."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:
+            # click marks ``message`` final for type checkers; it is a plain attribute, printed later.
+            setattr(exc, "message", LOG_FILTER.redactor(exc.message))  # noqa: B010
+            raise
+        except Exception:
+            if not LOG_FILTER.redactor:
+                raise
+            click.echo(LOG_FILTER.redactor(traceback.format_exc()).rstrip(), err=True)
+            ctx.exit(1)
