@@ -92,6 +92,24 @@ def unanswered(port: int) -> bool:
     return False
 
 
+def silence(server: RedisServer, mover: Proc) -> None:
+    """Stop ``server`` (SIGSTOP) and wait until the mover's next call waits on it.
+
+    The server is stopped while the mover is (SIGSTOP too), once it has read and answered
+    everything the mover sent: a call it had read but not answered would leave the mover
+    waiting with no unread bytes to see. The mover then goes on, and its next call's bytes wait
+    unread."""
+    os.kill(mover.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: not unanswered(server.port))  # every request read...
+        with server.client() as admin:
+            admin.ping()  # ...and answered: Redis answers in the order it reads
+        os.kill(pid_of(server), signal.SIGSTOP)
+    finally:
+        os.kill(mover.pid, signal.SIGCONT)
+    wait_until(lambda: unanswered(server.port))
+
+
 # -- ACL ----------------------------------------------------------------------------------
 
 
@@ -247,9 +265,8 @@ def test_a_mover_stops_on_sigterm_while_redis_does_not_answer(
     client = server.client()
     wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
     client.close()
-    os.kill(pid_of(server), signal.SIGSTOP)
     try:
-        wait_until(lambda: unanswered(server.port))  # the mover's next call waits on a silent socket
+        silence(server, mover)  # the mover's next call waits on a silent socket
         mover.popen.send_signal(signal.SIGTERM)
         assert wait_for_exit(mover, timeout=60) == 0
     finally:
@@ -265,9 +282,8 @@ def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Call
     client = server.client()
     wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
     client.close()
-    os.kill(pid_of(server), signal.SIGSTOP)
     try:
-        wait_until(lambda: unanswered(server.port))  # the mover's next call waits on a silent socket
+        silence(server, mover)  # the mover's next call waits on a silent socket
         mover.popen.send_signal(signal.SIGTERM)
 
         def stopped() -> bool:
