@@ -204,8 +204,7 @@ class FakeClock:
     """
 
     def __init__(self, client: redis.Redis) -> None:
-        sec, usec = client.time()
-        self.ms = int(sec) * 1000 + int(usec) // 1000
+        self.ms = redis_ms(client)
 
     def __call__(self) -> int:
         return self.ms
@@ -215,10 +214,28 @@ class FakeClock:
         return self.ms
 
 
+def behind(client: redis.Redis, ms: int = 60_000) -> FakeClock:
+    """A clock ``ms`` behind Redis's (far less than the shortest grace, an hour), for a store
+    that publishes: what it stores as due soon is overdue by Redis's clock already, as a mover
+    outage leaves it. A mover process (which judges by Redis's clock) finds it due at once, so
+    a test neither waits for a due time nor races one; it never tells whether a move is early."""
+    clock = FakeClock(client)
+    clock.ms -= ms
+    return clock
+
+
+def redis_ms(client: redis.Redis) -> int:
+    """Redis's clock, epoch ms."""
+    sec, usec = client.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
 def expires_at(client: redis.Redis, key: str) -> int | None:
-    """When Redis will delete ``key``, epoch ms by its clock (``None``: no expiry, or no key)."""
+    """When Redis will delete ``key``, epoch ms by its clock (``None``: no expiry, or no key).
+
+    A PTTL, then TIME: never earlier than the real expiry, later by at most the round trip (a
+    transaction would be exact, but Redis refuses to queue one over maxmemory)."""
     ttl = client.pttl(key)
     if ttl < 0:
         return None
-    sec, usec = client.time()
-    return int(sec) * 1000 + int(usec) // 1000 + ttl
+    return redis_ms(client) + ttl

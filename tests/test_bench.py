@@ -76,7 +76,8 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
         assert memory[floor] != 0, floor
     thaw = results["thaw"]
     assert thaw["stored_cold"] == 500
-    assert thaw["thaw_done_before_due"], thaw
+    # Whether the thaw finished before the due time is a figure of speed, reported, not
+    # asserted here; test_cold.py shows the thaw comes ahead, on a driven clock.
     assert thaw["early"] == 0 and thaw["lost"] == 0
     assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
     assert [len(results["scale"][size]["rounds"]) for size in ("small", "large")] == [2, 2]

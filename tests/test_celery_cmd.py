@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from celery import Celery
 
@@ -52,8 +51,8 @@ def test_delay_mover_takes_prefix_and_delay_options_from_the_app(r, redis_server
     # (mover side): all three must come from the app's broker_transport_options.
     options = {"global_keyprefix": "eco1:", "delay_bucket_width": 2, "delay_max_queue_length": 2}
     app = publisher(redis_server, options)
-    sent = [app.send_task("eco.record", ("x",), countdown=1 + i * 0.3) for i in range(5)]
-    last_due = time.time() + 1 + 4 * 0.3
+    # Due 5 s on and later: all stored however slow the publish (and the checks below).
+    sent = [app.send_task("eco.record", ("x",), countdown=5 + i * 0.3) for i in range(5)]
     app.close()
     index = r.zrange(keys.index("eco1:"), 0, -1)
     assert index, "nothing was scheduled under the app's prefix"
@@ -64,7 +63,8 @@ def test_delay_mover_takes_prefix_and_delay_options_from_the_app(r, redis_server
 
     mover = spawn(celery_args("delay", "--log-level", "debug", "mover"), env=eco_env(redis_server, options))
     wait_until(lambda: r.zcard(keys.movers("eco1:")) == 1, timeout=90)
-    time.sleep(max(0.0, last_due - time.time()) + 1.5)  # all five are due by now, plus a margin
+    # The mover looked once all five were due and held them (its debug log of the move).
+    wait_until(lambda: "held=5," in mover.output(), timeout=90)
     assert r.llen("eco1:celery") == 2
     assert sum(int(n) for n in r.hvals(keys.counts("eco1:"))) == 5
     assert r.rpop("eco1:celery") == b"filler-1"
@@ -113,13 +113,13 @@ def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
     old = start_worker(spawn, redis_server, "old", "threads", {}, ECO_BROKER=redis_server.url)
     wait_until(lambda: "ready" in old.output(), timeout=120)
     plain = Celery("old-pub", broker=redis_server.url)
-    held = plain.send_task("eco.record", ("held",), countdown=8)
+    held = plain.send_task("eco.record", ("held",), countdown=15)  # held till the old worker stops
     plain.close()
     wait_until(lambda: r.hlen("unacked") == 1, timeout=60)  # the old worker holds it
 
     mover = spawn([sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "mover"], name="mover")
     new = publisher(redis_server, {})
-    stored = new.send_task("eco.record", ("stored",), countdown=3)
+    stored = new.send_task("eco.record", ("stored",), countdown=6)
     new.close()
     assert r.hlen(keys.counts("")) == 1  # held in Redis, not by a worker
 
@@ -128,8 +128,11 @@ def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
     assert r.llen("celery") == 1
     worker = start_worker(spawn, redis_server, "new", "threads", {})
     wait_until(lambda: r.llen("eco:ledger") >= 2, timeout=120)
-    time.sleep(1.0)
-    check_once_and_on_time(ledger(r), {held.id: 8, stored.id: 3})
+    # Two deliveries in all (the restored one, and one push by the mover) and nothing left to
+    # deliver: no run can come after these two.
+    wait_until(lambda: not r.hgetall(keys.counts("")) and r.llen("celery") == 0, timeout=60)
+    assert r.hget(keys.totals(""), "moved") == b"1"
+    check_once_and_on_time(ledger(r), {held.id: 15, stored.id: 6})
     assert worker.stop(timeout=60) == 0, worker.output()
     assert mover.stop() == 0, mover.output()
 
@@ -148,10 +151,11 @@ def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_serv
         wait_until(lambda: r.zcard(keys.movers("acl:")) == 1, timeout=90)
         app = Celery("pub", broker=url)
         app.conf.broker_transport_options = options
-        sent = app.send_task("eco.record", ("acl",), countdown=1.5)
+        sent = app.send_task("eco.record", ("acl",), countdown=5)  # stored, however slow the publish
         app.close()
         wait_until(lambda: r.llen("eco:ledger") >= 1, timeout=120)
-        check_once_and_on_time(ledger(r), {sent.id: 1.5})
+        assert r.hget(keys.totals("acl:"), "moved") == b"1"  # the mover moved it, as this user
+        check_once_and_on_time(ledger(r), {sent.id: 5})
         probe = run_celery(env, "delay", "health")
         assert probe.returncode == 0, probe.stdout + probe.stderr
         assert worker.stop(timeout=60) == 0, worker.output()

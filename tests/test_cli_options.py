@@ -12,9 +12,13 @@ from click.testing import CliRunner, Result
 
 from kombu_delay import DelayControl
 from kombu_delay.cli import main, parse_option
+from kombu_delay.config import Settings
+from kombu_delay.eta import Due
 from kombu_delay.redis_server import free_port
+from kombu_delay.store import Store
 
 from .conftest import ROOT, wait_until
+from .delay_helpers import behind, kombu_payload
 
 TIMEOUTS = ("-o", "socket_timeout=5", "-o", "socket_connect_timeout=2.5", "-o", "max_connections=20")
 
@@ -70,13 +74,15 @@ def test_numeric_options_work_for_stats_and_health(r, redis_server):
 def test_mover_runs_with_numeric_options(r, redis_server, spawn):
     base = [sys.executable, "-m", "kombu_delay", "--broker", redis_server.delay_url, "--log-level", "debug"]
     proc = spawn([*base, *TIMEOUTS, "mover"], name="mover")
-    publish(redis_server, 1, countdown=0.5)
+    clock = behind(r)  # stored however slow this is, and due at once for the mover
+    Store(r, clock=clock).schedule(Due(clock() + 500, task_id="o"), "celery", kombu_payload("o"), Settings())
 
     def delivered() -> bool:
         assert proc.popen.poll() is None, f"mover exited {proc.popen.returncode}: {proc.output()}"
         return bool(r.llen("celery") == 1)
 
     wait_until(delivered)
+    assert Store(r).totals()["moved"] == 1  # by the mover
     assert proc.stop() == 0, proc.output()
 
 

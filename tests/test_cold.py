@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -22,11 +21,11 @@ from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
 from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.mover import Mover
 from kombu_delay.redis_server import RedisServer
-from kombu_delay.replies import Scheduled
+from kombu_delay.replies import Scheduled, ThawResult
 from kombu_delay.store import Store
 
 from .conftest import wait_until
-from .delay_helpers import kombu_payload, stored, tags_in
+from .delay_helpers import FakeClock, kombu_payload, stored, tags_in
 from .e2e_app import QUEUE
 from .test_e2e import records, start_worker, wait_worker_ready
 
@@ -151,79 +150,88 @@ def test_a_far_countdown_is_stored_compressed_and_seen_by_every_view(r, redis_se
 
 
 def test_a_mover_thaws_ahead_and_delivers_each_message_once_exactly_as_published(r):
-    store = Store(r)
+    """The mover's loop runs in a thread; time is driven (a fake clock) in steps, and at each
+    step the clock stands still while the test waits for the mover: what it may do is decided
+    by the clock, never by how fast the machine is."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
     message = celery_message(r)
-    now = store.time_ms()
+    now = clock()
     dues = [now + 3500 + 37 * i for i in range(40)]
     payloads = [message.replace("proj.tasks.add", f"proj.tasks.t{i}") for i in range(40)]
     for i, (due, payload) in enumerate(zip(dues, payloads, strict=True)):
         assert store.schedule(Due(due, task_id=f"t{i}"), "q", payload, FAST).outcome is Scheduled.STORED
     assert len(cold_members(r)) == 40 and all(s.cold for s in stored(r))
 
-    mover = Mover(store, FAST)
+    mover = Mover(store, FAST, watch=False)
     runner = threading.Thread(target=mover.run, daemon=True)
     runner.start()
     try:
-        arrived: dict[str, int] = {}
-        deadline = time.monotonic() + 60
-        while len(arrived) < 40 and time.monotonic() < deadline:
-            got = r.brpop(["q"], timeout=1)
-            if got:
-                arrived[got[1].decode()] = store.time_ms()
-        # Thawed about thaw_ahead before due (never pushed from the cold space).
-        assert mover.stats.thawed == 40
+        # A millisecond before the first due time every message is within the thaw horizon
+        # (2 s): all are thawed ahead, none is pushed.
+        clock.ms = dues[0] - 1
+        wait_until(lambda: mover.stats.thawed == 40)
+        assert not cold_members(r) and r.llen("q") == 0
+        for step in range(0, 40, 3):  # 0, 3, ..., 39
+            clock.ms = dues[step]
+            wait_until(lambda: r.llen("q") == step + 1)  # noqa: B023
+            # Never early: what is on the list is exactly what is due by the clock.
+            assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads[: step + 1])
     finally:
         mover.stop()
         runner.join(30)
-    assert sorted(arrived) == sorted(payloads)  # byte for byte, each once
-    for payload, due in zip(payloads, dues, strict=True):
-        assert arrived[payload] >= due  # never early (Redis clock at the BRPOP return)
-    assert r.llen("q") == 0 and not cold_members(r) and store.counts() == {}
+    assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # byte for byte, each once
+    assert not cold_members(r) and store.counts() == {}
     assert store.totals() == {"scheduled": 40, "moved": 40}
     assert r.hlen(keys.ids("")) == 40 and not r.exists(keys.cold_index(""))
 
 
 def test_a_move_without_a_thaw_never_pushes_a_compressed_message(r, redis_server):
     """What a mover of an older version does: it moves the ordinary buckets only."""
-    store = Store(r)
-    now = store.time_ms()
-    store.schedule(
-        Due(now + 2100, task_id="t"),
-        "q",
-        kombu_payload("t"),
-        JUST_COLD,
-    )
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 2100
+    store.schedule(Due(due, task_id="t"), "q", kombu_payload("t"), JUST_COLD)
     assert len(cold_members(r)) == 1
-    wait_until(lambda: store.time_ms() > now + 2200, timeout=30)
+    clock.advance(2200)
     assert store.move_due(100).moved == 0 and r.llen("q") == 0
     # The overdue message still counts, and a thaw then a move deliver it.
-    assert store.earliest_due_ms() == now + 2100
-    assert DelayControl(redis_server.delay_url).stats().overdue == 1
+    assert store.earliest_due_ms() == due
+    with DelayControl(redis_server.delay_url) as control:
+        control.store.clock = clock
+        assert control.stats().overdue == 1
     assert store.thaw(2000, 10).thawed == 1
     result = store.move_due(100)
-    assert result.moved == 1 and result.lateness_ms[0] >= 100
+    assert result.moved == 1 and result.lateness_ms == [100]
     assert tags_in(r, "q") == ["t"]
 
 
 def test_two_movers_thaw_the_same_messages_each_once(r, redis_server):
-    store = Store(r)
-    now = store.time_ms()
+    """Two mover threads on one driven clock: both find the same 3,000 messages within their
+    thaw horizon at once, then due at once."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    now = clock()
     n = 3000
     items = [(Due(now + 4000 + i % 500, task_id=f"t{i}"), "q", kombu_payload(f"t{i}")) for i in range(n)]
     assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(items, FAST))
     assert len(cold_members(r)) == n
-    movers = [Mover(Store(redis_server.client()), FAST) for _ in range(2)]
+    movers = [Mover(Store(redis_server.client(), clock=clock), FAST, watch=False) for _ in range(2)]
     runners = [threading.Thread(target=m.run, daemon=True) for m in movers]
     for t in runners:
         t.start()
     try:
-        wait_until(lambda: r.llen("q") >= n, timeout=120)
-        time.sleep(0.5)  # room for a duplicate to show up
+        clock.ms = now + 3000  # every message within the thaw horizon (2 s), none due
+        wait_until(lambda: not cold_members(r), timeout=120)
+        assert r.llen("q") == 0
+        clock.ms = now + 4500  # all due
+        wait_until(lambda: store.counts() == {}, timeout=120)
     finally:
         for m in movers:
             m.stop()
         for t in runners:
             t.join(30)
+    # Nothing is left to push: what is on the list is all that will ever be.
     tags = Counter(tags_in(r, "q"))
     assert len(tags) == n and set(tags.values()) == {1}
     assert sum(m.stats.thawed for m in movers) == n
@@ -231,8 +239,9 @@ def test_two_movers_thaw_the_same_messages_each_once(r, redis_server):
 
 
 def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_lost(r, prefix):
-    store = Store(r, prefix)
-    now = store.time_ms()
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    now = clock()
     for tag in ("good", "bad"):
         store.schedule(
             Due(now + 2100, task_id=tag),
@@ -245,11 +254,12 @@ def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_l
     damaged = member[:-4]
     r.zrem(key, member)
     r.zadd(key, {damaged: score})
-    wait_until(lambda: store.time_ms() > now + 150, timeout=30)  # within the thaw horizon
+    clock.advance(150)  # within the thaw horizon
     result = store.thaw(2000, 10)
     assert (result.thawed, result.dead) == (1, 1)
     assert r.lrange(keys.dead(prefix), 0, -1) == [damaged]  # kept as it was stored
-    wait_until(lambda: store.move_due(10).moved or r.llen("q"), timeout=30)
+    clock.advance(2000)
+    assert store.move_due(10).moved == 1
     assert tags_in(r, "q") == ["good"]
     totals = store.totals()
     assert totals["dead"] == 1 and store.counts() == {}
@@ -287,10 +297,12 @@ def test_cancel_reschedule_and_purge_reach_compressed_messages(r, redis_server, 
 
 def test_a_publisher_clock_behind_redis_stores_the_message_uncompressed(r, monkeypatch):
     store = Store(r)
-    due = store.time_ms() + 1500  # within FAST's thaw horizon (2 s)
-    # This process believes the message is due far ahead; Redis's clock says otherwise.
-    monkeypatch.setattr("kombu_delay.store.time.time", lambda: (due - 10_000) / 1000)
-    result = store.schedule(Due(due, task_id="t"), "q", kombu_payload("t"), FAST)
+    # A ten-minute thaw horizon: the message is due within it, by Redis's clock, for minutes.
+    settings = Settings(compress_after_ms=3000, thaw_ahead_ms=600_000)
+    due = store.time_ms() + 300_000
+    # This process believes the message is due hours ahead; Redis's clock says otherwise.
+    monkeypatch.setattr("kombu_delay.store.time.time", lambda: (due - 10_000_000) / 1000)
+    result = store.schedule(Due(due, task_id="t"), "q", kombu_payload("t"), settings)
     assert result.outcome is Scheduled.STORED
     assert not cold_members(r) and [s.envelope.task_id for s in stored(r)] == ["t"]
 
@@ -304,13 +316,15 @@ def test_zero_compress_after_stores_nothing_compressed(r):
 
 
 def test_overdue_compressed_messages_are_delivered_once_after_a_mover_outage(r):
-    store = Store(r)
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
     settings = JUST_COLD
-    now = store.time_ms()
+    now = clock()
     for i in range(5):
         store.schedule(Due(now + 2100, task_id=f"t{i}"), "q", kombu_payload(f"t{i}"), settings)
-    wait_until(lambda: store.time_ms() > now + 3000, timeout=30)  # no mover ran meanwhile
-    mover = Mover(store, settings)
+    assert len(cold_members(r)) == 5
+    clock.advance(3000)  # due, never thawed: no mover ran meanwhile
+    mover = Mover(store, settings, watch=False)
     runner = threading.Thread(target=mover.run, daemon=True)
     runner.start()
     try:
@@ -320,6 +334,7 @@ def test_overdue_compressed_messages_are_delivered_once_after_a_mover_outage(r):
         runner.join(30)
     assert sorted(tags_in(r, "q")) == [f"t{i}" for i in range(5)]
     assert store.counts() == {} and r.zcard(keys.index("")) == 0
+    assert store.totals() == {"scheduled": 5, "moved": 5}
 
 
 @pytest.mark.slow
@@ -330,16 +345,20 @@ def test_a_worker_runs_a_compressed_task_at_its_due_time_once(r, redis_server, s
     wait_worker_ready(r, redis_server.url, worker)
     app = Celery("cold", broker=redis_server.delay_url)
     app.conf.broker_transport_options = {"delay_compress_after": 2, "delay_thaw_ahead": 1}
+    # Due 10 s on: stored compressed (more than 2 s ahead) however slow the publish, and
+    # still compressed when counted below (a mover thaws 1 s before due).
     try:
         sent = [
-            app.send_task("e2e.record", ("cold",), queue=QUEUE, countdown=3 + i / 10).id for i in range(5)
+            app.send_task("e2e.record", ("cold",), queue=QUEUE, countdown=10 + i / 10).id for i in range(5)
         ]
     finally:
         app.close()
     assert len(cold_members(r)) == 5
     dues = {cold.unpack(m)[0]: int(s) for _, _, m, s in cold_members(r)}
     wait_until(lambda: len(records(r, "cold")) >= 5, timeout=120)
-    time.sleep(1.0)  # room for a duplicate to show up
+    # Each pushed once by a mover, and nothing left to push: no duplicate can come later.
+    wait_until(lambda: not stored(r) and r.llen(QUEUE) == 0, timeout=60)
+    assert Store(r).totals() == {"scheduled": 5, "moved": 5}
     runs = records(r, "cold")
     assert Counter(rec["id"] for rec in runs) == Counter(sent)
     for rec in runs:
@@ -359,13 +378,14 @@ def test_any_kombu_message_restores_not_only_celery_tasks():
 
 
 def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis_server, monkeypatch):
-    store = Store(r)
-    now = store.time_ms()
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    now = clock()
     for tag in ("a", "b"):
         store.schedule(Due(now + 2100, task_id=tag), "q", kombu_payload(tag), JUST_COLD)
     before = {tag: store.find(tag) for tag in ("a", "b")}
     assert all(found[0].cold for found in before.values())
-    wait_until(lambda: store.time_ms() > now + 150, timeout=30)
+    clock.advance(150)
     assert store.thaw(2000, 10).thawed == 2  # a mover thaws them after the find
     real_find = Store.find
     stale = dict(before)
@@ -385,39 +405,57 @@ def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis
 
 
 def test_a_long_rate_capped_drain_still_thaws_in_time(r):
-    store = Store(r)
-    now = store.time_ms()
-    backlog = [(Due(now - 1000 + i % 10, task_id=f"w{i}"), "q", kombu_payload(f"w{i}")) for i in range(3000)]
-    plain = Settings(compress_after_ms=0, bucket_width_ms=1000)
-    assert {x.outcome for x in store.schedule_many(backlog, plain)} == {Scheduled.PUSHED_NOW}
-    r.delete("q")
-    due = now + 2500
+    """A backlog under a rate cap keeps one drain() busy for seconds; a compressed message whose
+    thaw horizon begins meanwhile is thawed during that drain, before its due time, not after it.
+
+    Time is driven: the clock enters the thaw horizon once a third of the backlog has moved. The
+    rate cap bounds the rest of the drain from below (1,000 messages at 300/s, at least 2.3 s
+    however slow the machine), and a mover looks for something to thaw at least every 0.67 s
+    (a third of its 2 s horizon)."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    n = 1500
+    due = clock() + 60_000
     store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
-    later = [(Due(now + 400 + i % 10, task_id=f"l{i}"), "q", kombu_payload(f"l{i}")) for i in range(3000)]
-    assert {x.outcome for x in store.schedule_many(later, plain)} == {Scheduled.STORED}
-    # 3,000 messages due at once under a 300/s cap: one drain of about ten seconds.
-    mover = Mover(store, Settings(max_rate=300, thaw_ahead_ms=2000))
-    runner = threading.Thread(target=mover.run, daemon=True)
-    runner.start()
-    try:
-        wait_until(lambda: store.time_ms() > due - 100, timeout=60)
-        assert not cold_members(r), "the compressed message waited for the drain to end"
-        assert r.llen("q") < 3000  # the drain was still going
-    finally:
-        mover.stop()
-        runner.join(30)
+    assert len(cold_members(r)) == 1
+    plain = Settings(compress_after_ms=0, bucket_width_ms=1000)
+    backlog = [(Due(clock() + 400 + i % 10, task_id=f"l{i}"), "q", kombu_payload(f"l{i}")) for i in range(n)]
+    assert {x.outcome for x in store.schedule_many(backlog, plain)} == {Scheduled.STORED}
+    clock.advance(1000)  # the backlog is due, all at once
+    thaws: list[tuple[int, int, int]] = []  # (thawed, clock, listed) at each thaw
+
+    def on_result(result: object) -> None:
+        if mover.stats.moved >= n // 3 and clock() < due - 1500:
+            clock.ms = due - 1500  # within the thaw horizon (2 s), not due
+
+    def on_thaw(result: ThawResult) -> None:
+        if result.thawed:
+            thaws.append((result.thawed, clock(), r.llen("q")))
+
+    mover = Mover(
+        store, Settings(max_rate=300, thaw_ahead_ms=2000), watch=False, on_result=on_result, on_thaw=on_thaw
+    )
+    mover.drain()  # returns once nothing is due
+    assert thaws, "the compressed message waited for the drain to end"
+    [(thawed, at, listed)] = thaws
+    assert thawed == 1 and at < due and listed < n, thaws  # during the drain, before its due time
+    assert r.llen("q") == n and not cold_members(r)
+    clock.ms = due
+    wait_until(lambda: mover.drain() and r.llen("q") == n + 1)
+    assert tags_in(r, "q")[-1] == "c" and store.counts() == {}
 
 
 def test_a_drained_bucket_thawed_into_keeps_the_shared_keys_expiring(r):
-    store = Store(r)
-    now = store.time_ms()
-    due = now + 2100
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 2100
     if due % 60_000 > 59_000:  # both messages must share one minute bucket
         due += 2000
     store.schedule(Due(due, task_id="w"), "q", kombu_payload("w"), Settings(compress_after_ms=0))
     store.schedule(Due(due + 1, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
+    assert len(cold_members(r)) == 1
     assert store.cancel("w") == 1 and not r.exists(keys.index(""))  # the ordinary index emptied
-    wait_until(lambda: store.time_ms() > due + 1 - 1900, timeout=30)
+    clock.ms = due + 1 - 1900  # within the thaw horizon
     assert store.thaw(2000, 10).thawed == 1
     assert r.pttl(keys.index("")) > 0 and r.pttl(keys.ids("")) > 0 and r.pttl(keys.counts("")) > 0
 
@@ -434,11 +472,13 @@ def test_a_cold_bucket_whose_meta_is_gone_leaves_its_index(r):
 def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on(tmp_path):
     with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
         client = server.client()
-        store = Store(client)
-        now = store.time_ms()
+        clock = FakeClock(client)
+        store = Store(client, clock=clock)
+        now = clock()
         store.schedule(Due(now + 2100, task_id="c"), "q", kombu_payload("c"), JUST_COLD)
         store.schedule(Due(now + 300, task_id="w"), "q", kombu_payload("w"), JUST_COLD)
-        wait_until(lambda: store.time_ms() > now + 400, timeout=30)
+        assert len(cold_members(client)) == 1
+        clock.advance(400)  # w is due, c within the thaw horizon
         client.config_set("maxmemory", client.info("memory")["used_memory"] + 100_000)
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             for i in range(10_000):
@@ -447,35 +487,42 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on(tmp_path):
         with pytest.raises(RedisRefused, match="maxmemory"):
             store.thaw(2000, 10)
         assert len(cold_members(client)) == 1  # nothing taken
-        mover = Mover(store, JUST_COLD)
+        mover = Mover(store, JUST_COLD, watch=False)
         assert mover.thaw() == 1.0  # refused: retried in a second, the mover carries on
         assert store.move_due(10).moved == 1  # a move frees memory: it is not refused
         client.config_set("maxmemory", 0)
-        wait_until(lambda: store.thaw(2000, 10).thawed == 1, timeout=30)
-        wait_until(lambda: store.move_due(10).moved == 1, timeout=30)
+        assert store.thaw(2000, 10).thawed == 1
+        clock.ms = now + 2100
+        assert store.move_due(10).moved == 1
         assert tags_in(client, "q") == ["w", "c"]
 
 
 def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):
-    """The mover looks every 20 s (a third of its 60 s horizon); the publisher stores a message
-    compressed only 3 s before its due time. Its publish wakes the mover, which thaws it now."""
-    store = Store(r)
-    mover = Mover(store, Settings(thaw_ahead_ms=60_000, max_sleep_ms=60_000))
+    """The mover thaws 30 min ahead, so it looks for something to thaw every 10 min (a third of
+    its horizon) and sleeps up to an hour; the publisher stores a message compressed only 3.5 s
+    before its due time. Its publish wakes the mover, which thaws it at once: without the wake
+    the wait below would run out long before the mover's next look. Time is driven, so the
+    message is due only when the test says."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    looked = threading.Event()
+    settings = Settings(thaw_ahead_ms=30 * 60_000, max_sleep_ms=3_600_000)
+    mover = Mover(store, settings, watch=False, on_thaw=lambda _: looked.set())
     runner = threading.Thread(target=mover.run, daemon=True)
     runner.start()
     try:
-        wait_until(lambda: mover.stats.calls > 0, timeout=30)  # subscribed, and looked once: nothing
-        due = store.time_ms() + 3500
+        assert looked.wait(60)  # subscribed, and looked once: nothing; the next look is 10 min on
+        due = clock() + 3500
         publisher = Settings(compress_after_ms=3000, thaw_ahead_ms=2000)
         assert (
             store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), publisher).outcome
             is Scheduled.STORED
         )
-        assert len(cold_members(r)) == 1
+        wait_until(lambda: mover.stats.thawed == 1, timeout=60)  # stored compressed, thawed now
+        assert r.llen("q") == 0  # thawed ahead, not due
+        clock.ms = due
         got = r.brpop(["q"], timeout=60)
-        arrived = store.time_ms()
-        # Never early; late loosely: without the wake it comes with the next look, 20 s on.
-        assert got is not None and due <= arrived < due + 10_000, arrived - due
+        assert got is not None and got[1] == kombu_payload("c").encode()
     finally:
         mover.stop()
         runner.join(30)
@@ -503,18 +550,19 @@ def test_a_compressed_message_due_before_the_first_cold_bucket_ends_wakes_the_mo
     a message due late; a narrower publisher's compressed message lands in a bucket that starts
     after it yet is due sooner. Its publish must wake the movers (a mover that thaws further
     ahead than this publisher looks rarely), and a later one in the narrow bucket need not."""
-    store = Store(r)
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
     hour = Settings(bucket_width_ms=3_600_000, compress_after_ms=2000, thaw_ahead_ms=1000)
     narrow = Settings(bucket_width_ms=1000, compress_after_ms=2000, thaw_ahead_ms=1000)
-    now = store.time_ms()
+    clock.ms += 3_600_000 - clock.ms % 3_600_000 + 1000  # a second into an hour (never behind Redis)
+    now = clock()
     wide_due = now - now % 3_600_000 + 3_599_000  # late in the current hour, 1 s before its end
-    if wide_due - now < 120_000:
-        wide_due += 3_600_000
     soon = now + 30_000
     publish_wide = lambda: store.schedule(Due(wide_due, task_id="w"), "q", kombu_payload("w"), hour)  # noqa: E731
     assert wakes(r, publish_wide) == [wide_due]
     assert r.zrange(keys.cold_index(""), 0, 0) == [str(wide_due - wide_due % 3_600_000).encode()]
     assert wakes(r, lambda: store.schedule(Due(soon, task_id="n"), "q", kombu_payload("n"), narrow)) == [soon]
+    assert r.zrange(keys.cold_index(""), 0, 0) == [str(now - now % 3_600_000).encode()]  # still first
     # Later than an earlier one in its own set: not the earliest, no wake.
     later = soon + 100
     assert wakes(r, lambda: store.schedule(Due(later, task_id="n2"), "q", kombu_payload("n2"), narrow)) == []
@@ -522,30 +570,33 @@ def test_a_compressed_message_due_before_the_first_cold_bucket_ends_wakes_the_mo
 
 
 def test_a_mover_that_thaws_far_ahead_is_in_time_with_a_narrow_publisher_behind_a_wide_bucket(r):
-    """The end to end case of the review: a wide cold bucket first, a mover that thaws 60 s
-    ahead (so it looks every 20 s), and a narrow publisher's message due 3.5 s later."""
-    store = Store(r)
-    hour = Settings(bucket_width_ms=3_600_000)
-    now = store.time_ms()
-    wide_due = now - now % 3_600_000 + 3_599_000
-    if wide_due - now < 300_000:
-        wide_due += 3_600_000
-    store.schedule(Due(wide_due, task_id="w"), "q", kombu_payload("w"), hour)
-    mover = Mover(store, Settings(thaw_ahead_ms=60_000, max_sleep_ms=60_000))
+    """The end to end case of the review: a wide cold bucket first, a mover that thaws 30 min
+    ahead (so it looks every 10 min), and a narrow publisher's message due 3.5 s later, in a
+    bucket that starts after the wide one. Its publish wakes the mover, which thaws it at once."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    clock.ms += 3_600_000 - clock.ms % 3_600_000 + 1000  # a second into an hour (never behind Redis)
+    now = clock()
+    wide_due = now - now % 3_600_000 + 3_599_000  # beyond the mover's horizon: not thawed
+    store.schedule(Due(wide_due, task_id="w"), "q", kombu_payload("w"), Settings(bucket_width_ms=3_600_000))
+    looked = threading.Event()
+    settings = Settings(thaw_ahead_ms=30 * 60_000, max_sleep_ms=3_600_000)
+    mover = Mover(store, settings, watch=False, on_thaw=lambda _: looked.set())
     runner = threading.Thread(target=mover.run, daemon=True)
     runner.start()
     try:
-        wait_until(lambda: mover.stats.calls > 0, timeout=30)
-        due = store.time_ms() + 3500
+        assert looked.wait(60)  # looked once: nothing within its horizon; the next look is 10 min on
+        due = clock() + 3500
         publisher = Settings(bucket_width_ms=1000, compress_after_ms=3000, thaw_ahead_ms=2000)
         assert (
             store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), publisher).outcome
             is Scheduled.STORED
         )
+        wait_until(lambda: mover.stats.thawed == 1, timeout=60)
+        assert r.llen("q") == 0 and [cold.unpack(m)[0] for _, _, m, _ in cold_members(r)] == ["w"]
+        clock.ms = due
         got = r.brpop(["q"], timeout=60)
-        arrived = store.time_ms()
-        # Never early; late loosely: without the wake it comes with the next look, 20 s on.
-        assert got is not None and due <= arrived < due + 10_000, arrived - due
+        assert got is not None and got[1] == kombu_payload("c").encode()
     finally:
         mover.stop()
         runner.join(30)

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import types
 import uuid
 from collections import Counter
@@ -24,7 +23,7 @@ from kombu_delay import BadETA, DelayControl, keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.payload import index_id
-from kombu_delay.replies import Rescheduled
+from kombu_delay.replies import Rescheduled, Scheduled
 from kombu_delay.store import Store
 
 from .conftest import ROOT, wait_until
@@ -113,11 +112,12 @@ def test_cancel_before_eta_means_the_worker_never_runs_it(r, redis_server, spawn
     start_mover(prefix=prefix)
     worker = start_worker(spawn, redis_server, prefix)
     warm_up(r, app)
-    sent = [app.send_task("inspect.record", (f"n{i}",), countdown=4) for i in range(5)]
+    # Due 8 s on: the cancel below comes long before, however busy the machine.
+    sent = [app.send_task("inspect.record", (f"n{i}",), countdown=8) for i in range(5)]
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         assert ctl.cancel(sent[2].id) == 1
         assert ctl.cancel(sent[2].id) == 0
-        last = app.send_task("inspect.record", ("last",), countdown=6)
+        last = app.send_task("inspect.record", ("last",), countdown=9)
         wait_until(lambda: any(e["id"] == last.id for e in ledger(r)), timeout=120)
         ran = Counter(e["tag"] for e in ledger(r))
         assert ran == Counter({"warm": 1, "n0": 1, "n1": 1, "n3": 1, "n4": 1, "last": 1}), worker.output()
@@ -133,16 +133,18 @@ def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server,
     start_worker(spawn, redis_server, prefix)
     warm_up(r, app)
     with DelayControl(redis_server.url, options(prefix)) as ctl:
-        early = app.send_task("inspect.record", ("earlier",), countdown=14)
-        late = app.send_task("inspect.record", ("later",), countdown=3)
+        # Each reschedule comes seconds before the time it moves away from, however busy
+        # the machine: "later" is rescheduled at once, "earlier" has 20 s.
+        late = app.send_task("inspect.record", ("later",), countdown=8)
+        assert ctl.reschedule(late.id, eta=datetime.now(UTC) + timedelta(seconds=12)) == 1
+        early = app.send_task("inspect.record", ("earlier",), countdown=20)
         old_early_due = ctl.find(early.id)[0].due_ms
-        assert ctl.reschedule(early.id, countdown=2) == 1
-        assert ctl.reschedule(late.id, eta=datetime.now(UTC) + timedelta(seconds=8)) == 1
+        assert ctl.reschedule(early.id, countdown=4) == 1
         new_early_due = ctl.find(early.id)[0].due_ms
         new_late_due = ctl.find(late.id)[0].due_ms
         # A sentinel due after the old ETA of "earlier": when it has run, a copy left at
         # the old time would have run too.
-        sentinel = app.send_task("inspect.record", ("sentinel",), countdown=16)
+        sentinel = app.send_task("inspect.record", ("sentinel",), countdown=22)
         wait_until(lambda: any(e["id"] == sentinel.id for e in ledger(r)), timeout=180)
     runs = {e["tag"]: [x for x in ledger(r) if x["tag"] == e["tag"]] for e in ledger(r)}
     assert len(runs["earlier"]) == 1 and len(runs["later"]) == 1
@@ -295,12 +297,13 @@ def test_reschedule_onto_an_identical_message_merges_them_and_totals_add_up(r, r
         )
 
 
-def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover, prefix):
+def test_ls_paging_is_stable_while_messages_are_moved(r, redis_server, prefix):
+    """Pages are read while messages move: between every two pages the clock advances and a
+    move takes what is due (time driven, so the moves interleave with every page)."""
     with DelayControl(redis_server.url, options(prefix)) as ctl:
-        store = ctl.store
-        start_mover(prefix=prefix)
-        wait_until(store.heartbeats, timeout=120)
-        now = store.time_ms()
+        clock = FakeClock(r)
+        store = Store(r, prefix, clock=clock)
+        now = clock()
         dest = f"{prefix}celery"
         # A member is its payload: each message carries its own id (its delivery tag).
         early = [
@@ -309,24 +312,24 @@ def test_ls_paging_is_stable_while_the_mover_drains(r, redis_server, start_mover
         late = [
             (Due(now + 600_000 + 10 * i, task_id=f"l{i}"), dest, kombu_payload(f"l{i}")) for i in range(200)
         ]
-        store.schedule_many(early + late, ORDINARY)
+        assert {x.outcome for x in store.schedule_many(early + late, ORDINARY)} == {Scheduled.STORED}
+        clock.advance(1500)
         seen: list[tuple[str, int]] = []
         cursor = None
-        moved_while_listing = 0
+        moves = []
         while True:
             page = ctl.scheduled(limit=7, cursor=cursor)
             seen += [(m.task_id, m.due_ms) for m in page.items]
             if page.cursor is None:
                 break
-            moved_while_listing = r.llen(dest)
             cursor = page.cursor
-            time.sleep(0.05)
+            clock.advance(50)
+            moves.append(store.move_due(1000).moved)
     ids = [task_id for task_id, _ in seen]
-    assert moved_while_listing > 0, "the mover moved nothing while pages were read"
+    assert sum(moves) > 0 and r.llen(dest) == sum(moves), "nothing moved while pages were read"
     assert len(ids) == len(set(ids)), "a message was listed twice"
     assert {f"l{i}" for i in range(200)} <= set(ids), "a message still scheduled was skipped"
     assert [due for _, due in seen] == sorted(due for _, due in seen)
-    wait_until(lambda: r.llen(dest) == 300, timeout=120)
 
 
 def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_server, prefix):
@@ -334,8 +337,10 @@ def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_
     the next page, the page goes on from its score, not past an offset."""
     hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
     with DelayControl(redis_server.url, options(prefix)) as ctl:
+        clock = FakeClock(r)
         store = ctl.store
-        now = store.time_ms()
+        store.clock = clock
+        now = clock()
         dest = f"{prefix}celery"
         # One-hour buckets: all four share one sorted set (unless an hour ends within 5 s).
         items = [(Due(now + 400, task_id="m0"), dest, kombu_payload("m0"))]
@@ -343,7 +348,7 @@ def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_
         store.schedule_many(items, hour)
         first = ctl.scheduled(limit=1)
         assert [m.task_id for m in first.items] == ["m0"]
-        wait_until(lambda: store.time_ms() > now + 400, timeout=30)
+        clock.advance(401)
         assert store.move_due(100).moved == 1
         second = ctl.scheduled(limit=1, cursor=first.cursor)
         assert [m.task_id for m in second.items] == ["m1"]
@@ -442,6 +447,8 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
     app.close()
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         store = ctl.store
+        clock = FakeClock(r)  # time is driven from here on: stats judge by this clock too
+        store.clock = clock
         stats = ctl.stats(hours=2, slot_minutes=30)
         assert stats.by_destination == dict(truth(r, prefix))
         assert stats.by_queue == {"celery": 6, "emails": 7}
@@ -451,15 +458,15 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
         assert stats.earliest_due_ms is not None and stats.earliest_due_ms > stats.now_ms
 
         # Overdue: due, but no mover has run yet.
-        now = store.time_ms()
+        now = clock()
         quick = [
             (Due(now + 300, task_id=f"q{i}"), f"{prefix}celery", kombu_payload(f"q{i}")) for i in range(5)
         ]
         store.schedule_many(quick, ORDINARY)
-        time.sleep(1.0)
+        clock.advance(1000)
         stats = ctl.stats()
         assert stats.overdue == 5
-        assert stats.oldest_overdue_ms >= 500
+        assert stats.oldest_overdue_ms == 700
         assert stats.by_queue["celery"] == 11
         assert store.move_due(1000).moved == 5
         stats = ctl.stats()
@@ -471,9 +478,8 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
 
         # Expiries: two buckets whose sets are gone (an expiry after the grace, or a delete by
         # hand, look alike to a mover); the counts are settled by the next move, through the
-        # bucket's meta hash. Due times are 1 s and more ahead, so a slow machine still stores
-        # (not pushes) them.
-        now = store.time_ms()
+        # bucket's meta hash.
+        now = clock()
         short = Settings(compress_after_ms=0, bucket_width_ms=1000)
         expiring = keys.bucket_start(now + 1000, 1000)
         gone = keys.bucket_start(now + 3000, 1000)
@@ -489,7 +495,7 @@ def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, red
         r.delete(
             keys.queue_set(prefix, expiring, f"{prefix}lost"), keys.queue_set(prefix, gone, f"{prefix}lost")
         )
-        wait_until(lambda: store.time_ms() > gone + 10, timeout=30)
+        clock.ms = gone + 11
         assert ctl.stats().by_queue["lost"] == 5  # not settled yet
         assert store.move_due(1000).expired == 5
         stats = ctl.stats()
@@ -571,9 +577,10 @@ def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, pr
     expected_cancelled = expected_rescheduled = scheduled = 0
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         store = ctl.store
+        clock = FakeClock(r)  # time is driven: nothing is due until the test says so
+        store.clock = clock
         for n in range(2):
-            # Due 4 s on: time enough to cancel before the moves, even on a busy machine.
-            now = store.time_ms()
+            now = clock()
             items = []
             for i in range(5000):
                 task_id = f"t{n}-{i}"
@@ -595,18 +602,20 @@ def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, pr
                 expected_rescheduled += done
 
             def drained() -> bool:
+                clock.advance(1000)
                 store.move_due(1000)
                 return not store.counts()
 
-            wait_until(drained, timeout=60, interval=0.05)
+            wait_until(drained, timeout=60, interval=0)
 
         def cleaned_up() -> bool:
             # Drained buckets wait in gc until their end; then a move drops their refs
             # (moved messages' refs linger until then) and deletes their meta and task ids.
+            clock.advance(1000)
             store.move_due(1000)
             return not leftover_keys(r, prefix)
 
-        wait_until(cleaned_up, timeout=60, interval=0.05)
+        wait_until(cleaned_up, timeout=60, interval=0)
         totals = store.totals()
     assert leftover_keys(r, prefix) == set()
     assert totals["scheduled"] == scheduled

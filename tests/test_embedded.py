@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 
 import pytest
 from celery import Celery
 
 from kombu_delay import keys
+from kombu_delay.config import Settings
+from kombu_delay.eta import Due
+from kombu_delay.store import Store
 
 from .conftest import wait_until
+from .delay_helpers import behind, kombu_payload
 from .ecosystem_app import LEDGER_KEY
 
 APP = "tests.ecosystem_app"
@@ -79,6 +82,15 @@ def check_once_and_on_time(runs: list[dict], sent: dict[str, float]) -> None:
         assert run["ran_ms"] - run["eta_ms"] < 30_000, "far too late"
 
 
+def settled(r, prefix: str = "") -> bool:
+    """Nothing is left to deliver: nothing stored for a mover to push, nothing on the list."""
+    return not r.hgetall(keys.counts(prefix)) and r.llen(f"{prefix}celery") == 0
+
+
+def moved(r, prefix: str = "") -> int:
+    return int(r.hget(keys.totals(prefix), "moved") or 0)
+
+
 @pytest.mark.parametrize(
     ("pool", "how"), [("prefork", "option"), ("threads", "step")], ids=["prefork-option", "threads-step"]
 )
@@ -93,9 +105,12 @@ def test_embedded_mover_runs_tasks_on_time_once(r, redis_server, spawn, prefix, 
     (name,) = wait_until(lambda: embedded_movers(r, prefix), timeout=120)  # type: ignore[misc]
     assert f":{worker.pid}:" in name, "the mover must run in the worker's main process"
 
-    sent = publish(redis_server, options, [1.0 + i * 0.25 for i in range(12)])
+    # Due 5 s on and later: stored, however slow the publish, so the embedded mover moves them.
+    sent = publish(redis_server, options, [5.0 + i * 0.25 for i in range(12)])
     wait_until(lambda: r.llen(LEDGER_KEY) >= len(sent), timeout=120)
-    time.sleep(1.0)  # a duplicate would show up here
+    # One push each, and nothing left to push: there is no delivery, so no run, to come.
+    wait_until(lambda: settled(r, prefix), timeout=60)
+    assert moved(r, prefix) == len(sent)
     check_once_and_on_time(ledger(r), sent)
 
     # A warm shutdown stops the mover, which removes its heartbeat.
@@ -107,12 +122,18 @@ def test_embedded_mover_runs_tasks_on_time_once(r, redis_server, spawn, prefix, 
 
 
 def test_no_embedded_mover_without_the_option(r, redis_server, spawn):
+    """Without the option no mover starts in the worker: none says so at start (before the
+    worker is ready), none beats, and a message overdue all along stays stored."""
+    clock = behind(r)  # overdue by Redis's clock at once: any mover would move it
+    Store(r, clock=clock).schedule(Due(clock() + 500, task_id="o"), "celery", kombu_payload("o"), Settings())
     worker = start_worker(spawn, redis_server, "w0", "prefork", {})
     wait_until(lambda: "ready" in worker.output(), timeout=120)
-    publish(redis_server, {}, [0.5])
-    time.sleep(3.0)
-    assert r.llen(LEDGER_KEY) == 0, "something moved the message with no mover running"
+    # The worker runs what it is sent (so it is up and consuming), and nothing moved meanwhile.
+    publish(redis_server, {}, [0])
+    wait_until(lambda: r.llen(LEDGER_KEY) == 1, timeout=120)
+    assert "kombu-delay: embedded mover" not in worker.output()
     assert embedded_movers(r, "") == []
+    assert Store(r).counts() == {"celery": 1} and moved(r) == 0
     assert worker.stop(timeout=60) == 0, worker.output()
 
 
@@ -122,13 +143,13 @@ def test_two_workers_with_embedded_movers_deliver_once(r, redis_server, spawn):
     wait_until(lambda: len(embedded_movers(r, "")) == 2, timeout=120)
 
     n = 300
-    sent = publish(redis_server, options, [1.0 + 3.0 * i / n for i in range(n)])
+    # Due 5 to 8 s on: stored, however slow the publish, so the movers move every one.
+    sent = publish(redis_server, options, [5.0 + 3.0 * i / n for i in range(n)])
     wait_until(lambda: r.llen(LEDGER_KEY) >= n, timeout=180)
-    time.sleep(2.0)
+    wait_until(lambda: settled(r), timeout=60)  # nothing left to deliver
+    assert moved(r) == n  # one push each
     runs = ledger(r)
     check_once_and_on_time(runs, sent)
-    assert r.llen("celery") == 0
-    assert r.hgetall(keys.counts("")) == {}
     for worker in workers:
         assert worker.stop(timeout=60) == 0, worker.output()
     # Each mover logs its total at shutdown; together they moved each message once.
@@ -150,12 +171,14 @@ def test_gevent_worker_publishes_countdowns_and_its_embedded_mover_delivers_them
     (name,) = wait_until(lambda: embedded_movers(r, ""), timeout=120)  # type: ignore[misc]
     assert f":{worker.pid}:" in name
 
-    sent = publish(redis_server, options, [1.0 + i * 0.25 for i in range(12)])
+    # Due 5 s on and later, from outside and from inside: stored, however slow the publishes.
+    sent = publish(redis_server, options, [5.0 + i * 0.25 for i in range(12)])
     app = Celery("pub", broker=redis_server.delay_url)
-    parents = [app.send_task("eco.fan_out", (10, 1.5)).id for _ in range(20)]
+    parents = [app.send_task("eco.fan_out", (10, 5.0)).id for _ in range(20)]
     app.close()
     wait_until(lambda: r.llen(LEDGER_KEY) >= len(sent) + 200, timeout=180)
-    time.sleep(1.0)  # a duplicate would show up here
+    wait_until(lambda: settled(r), timeout=60)  # nothing left to deliver
+    assert moved(r) == len(sent) + 200  # one push each
     runs = ledger(r)
     check_once_and_on_time([run for run in runs if not run["tag"].startswith("child:")], sent)
     children = [run for run in runs if run["tag"].startswith("child:")]
@@ -164,7 +187,6 @@ def test_gevent_worker_publishes_countdowns_and_its_embedded_mover_delivers_them
     ), "a child ran twice or never"
     for run in children:
         assert run["eta_ms"] is not None and run["ran_ms"] >= run["eta_ms"], run
-    assert r.hgetall(keys.counts("")) == {}
 
     assert worker.stop(timeout=60) == 0, worker.output()
     assert embedded_movers(r, "") == []

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from queue import Empty
 from typing import Any
 
 import pytest
@@ -37,6 +36,7 @@ from kombu_delay.replies import Scheduled
 from kombu_delay.store import Store
 
 from .conftest import wait_until
+from .delay_helpers import behind
 from .delay_helpers import stored as stored_messages
 from .faults_support import (
     CHAOS,
@@ -92,7 +92,7 @@ def test_movers_killed_mid_burst_deliver_each_message_once_never_early(size: str
             [(Due(far, task_id=f"p{i}"), "probe", message(f"p{i}")) for i in range(2000)], Settings()
         )
         per_message_s = (time.monotonic() - begun) / 2000
-        first_due = store.time_ms() + 2000 + int(1000 * 2 * n * per_message_s)
+        first_due = store.time_ms() + 5000 + int(1000 * 2 * n * per_message_s)
         dues = [first_due + 250 * k for k in range(instants)]
         items = []
         for i in range(n):
@@ -121,7 +121,7 @@ def test_movers_killed_mid_burst_deliver_each_message_once_never_early(size: str
             # A mover still starting has no SIGTERM handler yet: let it get going first.
             assert wait_for(lambda: all(started(p) for p in movers.procs), 60), movers.logs()
             assert movers.stop() == [0, 0, 0], movers.logs()
-            time.sleep(0.5)  # anything a mover pushed late would show up now
+        # The movers are stopped: anything pushed late is on the list now, for this last poll.
         assert consumer.poll_once() == 0
 
         summary = ledger.summary()
@@ -203,8 +203,7 @@ def test_redis_restarts_lose_no_acknowledged_publish(
             assert wait_for(ledger.complete, DEADLINE_S) or kill, ledger.summary()
             wait_for(ledger.complete, 15)  # with everysec + SIGKILL a loss is allowed; wait a while
             assert movers.stop() == [0, 0], movers.logs()  # the same two movers, reconnected
-            time.sleep(0.5)
-        assert consumer.poll_once() == 0
+        assert consumer.poll_once() == 0  # nothing pushed late: the movers are stopped
 
         def near_kill(when: float) -> bool:
             return any(t - EVERYSEC_WINDOW_S <= when <= t + 1 for t in kill_times)
@@ -264,24 +263,30 @@ def test_publish_while_redis_is_down_raises_a_connection_error_and_a_retry_deliv
             app.send_task("faults.noop", task_id="down-1", countdown=1, retry=True, retry_policy=bounded)
 
         # Celery's retry policy waits out an outage: this publish returns once Redis is back.
+        # Redis comes back from its first retry, so the publish always finds it down first.
         retried: list[BaseException] = []
-        timer = threading.Timer(1.5, server.start)
-        timer.start()
-        patient = {"max_retries": 100, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
-        patient["errback"] = lambda exc, interval: retried.append(exc)
+
+        def on_retry(exc: BaseException, interval: float) -> None:
+            retried.append(exc)
+            if len(retried) == 1:
+                server.start()
+
+        patient: dict[str, Any] = {"max_retries": 100, "interval_start": 0, "interval_step": 0.2}
+        patient.update(interval_max=0.2, errback=on_retry)
         publish("retried-0", retry=True, retry_policy=patient)
         ledger.published("retried-0", 0)
-        timer.join()
         app.send_task("faults.noop", task_id="retried-1", countdown=0.5, queue="faults", retry=True)
         ledger.published("retried-1", 0)
         assert retried, "the publish should have needed a retry"
 
+        store = Store(server.client())
         with Consumer(server.client(), "faults", ledger) as consumer:
             assert wait_for(ledger.complete, DEADLINE_S), ledger.summary()
-            time.sleep(1.0)
+            # Nothing is left to push, and the mover is stopped: the last poll sees all there is.
+            assert wait_for(lambda: not store.counts(), DEADLINE_S), store.counts()
+            assert movers.stop() == [0]
         assert consumer.poll_once() == 0
         assert ledger.doubled() == [] and ledger.unknown() == []  # down-0/down-1 never land
-        assert movers.stop() == [0]
         conn.release()
         assert consistency(server.client())["stored"] == 0
 
@@ -307,11 +312,13 @@ def test_a_mover_started_before_its_redis_waits_for_it_then_moves(tmp_path: Path
                 )
                 ledger.published(mid, 0)
             conn.release()
-            with Consumer(server.client(), "faults", ledger):
+            store = Store(server.client())
+            with Consumer(server.client(), "faults", ledger) as consumer:
                 assert wait_for(ledger.complete, DEADLINE_S), (ledger.summary(), movers.logs())
-                time.sleep(0.5)
+                assert wait_for(lambda: not store.counts(), DEADLINE_S), store.counts()
+                assert movers.stop() == [0], movers.logs()
+            assert consumer.poll_once() == 0  # all there is: nothing stored, the mover stopped
             assert ledger.doubled() == [] and ledger.unknown() == []
-            assert movers.stop() == [0], movers.logs()
 
 
 def test_redis_killed_mid_publish_stream_leaves_nothing_half_written() -> None:
@@ -424,11 +431,11 @@ def test_maxmemory_refuses_publishes_clearly_while_the_mover_keeps_moving(tmp_pa
             producer.publish({}, routing_key="faults", headers={"id": "after", "x-delay": 300}, retry=False)
             ledger.published("after", 0)
             assert wait_for(ledger.complete, DEADLINE_S), ledger.summary()
-            time.sleep(0.5)
-        assert consumer.poll_once() == 0
+            assert wait_for(lambda: not store.counts(), DEADLINE_S), store.counts()
+            assert movers.stop() == [0]
+        assert consumer.poll_once() == 0  # all there is: nothing stored, the mover stopped
         assert sorted(ledger.doubled()) == ["twice"] and len(ledger.arrivals["twice"]) == 2
         assert ledger.early() == [] and ledger.unknown() == []
-        assert movers.stop() == [0]
         conn.release()
 
 
@@ -585,19 +592,18 @@ def test_odd_queue_names_and_priorities_reach_plain_kombu_consumers(
             outbox = pub.SimpleQueue(name, queue_args=args)
             begun = time.monotonic()
             outbox.put({"queue": name}, headers={"id": f"q{n}", "x-delay": 400}, priority=priority)
-            assert Store(r).counts(), "the message should be held"
             got = inbox.get(timeout=60)
             elapsed = time.monotonic() - begun
             assert got.payload == {"queue": name} and got.headers["id"] == f"q{n}"
             assert elapsed >= 0.39  # x-delay 400 ms, by the Redis clock (ms resolution)
             got.ack()
-            with pytest.raises(Empty):
-                inbox.get(timeout=0.3)
+            # Held (an x-delay counts from Redis's clock, so it is always stored), moved once by
+            # the mover, and nothing of it is left to push: no second copy can come.
+            assert Store(r).totals()["moved"] == n + 1 and Store(r).counts() == {}
             outbox.close()
             inbox.close()
     store = Store(r)
-    due = store.time_ms() + 300
-    store.schedule_many([(Due(due, task_id=k), k, message(k)) for k in SEP_KEYS], Settings())
+    store.schedule_many([(Due(300, relative=True, task_id=k), k, message(k)) for k in SEP_KEYS], Settings())
     for key in SEP_KEYS:
         raw = wait_until(lambda k=key: r.rpop(k), 60)
         assert isinstance(raw, bytes) and json.loads(raw)["headers"]["id"] == key
@@ -611,8 +617,9 @@ def test_corrupt_members_are_delivered_as_stored(
     """The mover never parses a member: one that is not a kombu message at all, or whose
     bytes were damaged in Redis, reaches its list byte for byte, counted like any other.
     Nothing is dead-lettered."""
-    store = Store(r)
-    due = store.time_ms() + 300
+    clock = behind(r)  # stored however slow this is, and due at once for the mover process
+    store = Store(r, clock=clock)
+    due = clock() + 300
     settings = Settings()
     raw = ["not json at all", '{"headers": {"id": "half', ""]
     good = message("good")
@@ -648,10 +655,11 @@ def test_corrupt_members_are_delivered_as_stored(
 def test_bucket_deleted_by_hand_is_reported_and_counts_settle(
     r: redis.Redis, redis_server: RedisServer, start_mover: Callable[..., Any]
 ) -> None:
-    store = Store(r)
-    # Narrow buckets (1 s): the bucket's end passes soon, so its clean-up is seen too.
+    clock = behind(r)  # stored however slow this is, and ended already for the mover process
+    store = Store(r, clock=clock)
+    # Narrow buckets (1 s): the bucket's end has passed too, so its clean-up is seen.
     settings = Settings(bucket_width_ms=1000)
-    due = store.time_ms() + 500
+    due = clock() + 500
     store.schedule_many([(Due(due, task_id=f"x{i}"), "faults", message(f"x{i}")) for i in range(3)], settings)
     assert store.counts() == {"faults": 3}
     start = keys.bucket_start(due, settings.bucket_width_ms)
@@ -678,7 +686,7 @@ def test_destination_of_the_wrong_type_keeps_the_message_scheduled(
 ) -> None:
     store = Store(r)
     r.set("faults", "not a list")
-    store.schedule(Due(store.time_ms() + 200, task_id="wt"), "faults", message("wt"), Settings())
+    store.schedule(Due(200, relative=True, task_id="wt"), "faults", message("wt"), Settings())
     mover = start_mover()
     assert wait_for(lambda: "destination key is not a list" in mover.output(), 60)
     assert store.counts() == {"faults": 1}  # still scheduled, nothing lost
@@ -698,20 +706,21 @@ def test_two_apps_with_different_prefixes_never_touch_each_other(
     a: str, b: str, r: redis.Redis, redis_server: RedisServer, start_mover: Callable[..., Any]
 ) -> None:
     apps = {}
-    for prefix in (a, b):
+    # b publishes first: its "soon" messages are due before a's (5 s on: stored however slow
+    # the publish), so a mover that moved a's would have moved b's already if it served b too.
+    for prefix in (b, a):
         app = Celery(f"app{prefix}", broker=redis_server.delay_url, set_as_current=False)
         app.conf.broker_transport_options = {"global_keyprefix": prefix}
         apps[prefix] = app
         for i in range(5):
-            app.send_task("faults.noop", task_id=f"{prefix}soon{i}", countdown=0.3)
+            app.send_task("faults.noop", task_id=f"{prefix}soon{i}", countdown=5)
             app.send_task("faults.noop", task_id=f"{prefix}later{i}", countdown=3600)
     stores = {p: Store(r, p) for p in (a, b)}
     assert {p: s.counts() for p, s in stores.items()} == {a: {f"{a}celery": 10}, b: {f"{b}celery": 10}}
 
     mover = start_mover(prefix=a)  # serves app a only
     assert wait_for(lambda: r.llen(f"{a}celery") == 5, 60)
-    time.sleep(1.0)  # b's due messages must stay put
-    assert r.llen(f"{b}celery") == 0
+    assert r.llen(f"{b}celery") == 0  # b's due messages stay put
     assert stores[b].counts() == {f"{b}celery": 10}
     assert stores[a].counts() == {f"{a}celery": 5}
 
@@ -762,19 +771,23 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
             app.conf.broker_transport_options = {"global_keyprefix": "app1:", "delay_bucket_width": 1}
             ledger = Ledger()
             now = datetime.now(UTC)
+            # Seconds ahead: stored, not pushed, however slow the publish, so the mover's
+            # paths (the wake, the hold, the clean-up) all run under this user.
             for i in range(20):
-                eta = now + timedelta(milliseconds=300 + 50 * (20 - i))  # each one the earliest: wakes
+                eta = now + timedelta(milliseconds=3000 + 50 * (20 - i))  # each one the earliest: wakes
                 app.send_task("faults.noop", task_id=f"acl{i}", eta=eta)
                 ledger.published(f"acl{i}", to_ms(eta))
-            herd = now + timedelta(milliseconds=1500)
+            herd = now + timedelta(milliseconds=5000)
             for i in range(10):
                 app.send_task("faults.noop", task_id=f"acl-herd{i}", eta=herd)
                 ledger.published(f"acl-herd{i}", to_ms(herd))
             app.send_task("faults.noop", task_id="acl-now")
             ledger.published("acl-now", 0)
-            with Consumer(admin, "app1:celery", ledger):
+            store = Store(admin, "app1:")
+            with Consumer(admin, "app1:celery", ledger) as consumer:
                 assert wait_for(ledger.complete, DEADLINE_S), (ledger.summary(), movers.logs())
-                time.sleep(0.5)
+                assert wait_for(lambda: not store.counts(), DEADLINE_S), store.counts()
+            assert consumer.poll_once() == 0  # nothing is left to push: this is all there is
             assert ledger.doubled() == [] and ledger.early() == [] and ledger.unknown() == []
 
             def cleaned_up() -> bool:
@@ -812,7 +825,7 @@ def _tls_round_trip(server: TLSRedisServer, ca: str, tmp_path: Path) -> None:
         app = Celery("faults", broker=url, set_as_current=False)
         app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": ca}
         ledger = Ledger()
-        eta = datetime.now(UTC) + timedelta(milliseconds=500)
+        eta = datetime.now(UTC) + timedelta(seconds=5)  # held, however slow the publish
         app.send_task("faults.noop", task_id="tls", eta=eta)
         ledger.published("tls", to_ms(eta))
         with Consumer(server.client(), "celery", ledger):
@@ -905,8 +918,7 @@ def test_soak_steady_publish_and_move_keeps_memory_and_index_flat(tmp_path: Path
                 time.sleep(max(0.0, 0.5 - (time.monotonic() - tick)))
             assert wait_for(ledger.complete, DEADLINE_S), ledger.summary()
             assert movers.stop() == [0, 0], movers.logs()
-            time.sleep(0.5)
-        assert consumer.poll_once() == 0
+        assert consumer.poll_once() == 0  # nothing pushed late: the movers are stopped
         figures("soak", seconds=SOAK_S, rate=SOAK_RATE, samples=samples, **ledger.summary())
         assert ledger.lost() == [] and ledger.doubled() == [] and ledger.early() == []
         # Flat: after a warm-up as long as the due window, the last third of the run is no

@@ -13,15 +13,15 @@ from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import Store
 
-from .conftest import wait_until
-from .delay_helpers import kombu_payload
+from .delay_helpers import FakeClock, kombu_payload
 
 
 def test_a_held_herd_is_counted_whole_and_other_queues_still_move(r: redis.Redis, prefix: str) -> None:
-    store = Store(r, prefix)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
     capped, other = f"{prefix}capped", f"{prefix}other"
     r.rpush(capped, "a", "b")  # already at the cap of 2
-    due = store.time_ms() + 5000
+    due = clock() + 5000
     herd = [(Due(due, task_id=f"h{i}"), capped, kombu_payload(f"h{i}")) for i in range(3000)]
     store.schedule_many(herd, Settings())
     # Due just after the herd, in a later bucket (narrower width): for another queue, it
@@ -30,7 +30,7 @@ def test_a_held_herd_is_counted_whole_and_other_queues_still_move(r: redis.Redis
         [(Due(due + 10, task_id="o"), other, kombu_payload("o"))], Settings(bucket_width_ms=7)
     )
     assert store.counts() == {capped: 3000, other: 1}
-    wait_until(lambda: store.time_ms() > due + 30)
+    clock.ms = due + 31
 
     result = store.move_due(10, max_queue_length=2)
     # Every due message of the held queue is counted, though the limit is 10: its sorted set
@@ -58,10 +58,11 @@ def test_more_blocked_buckets_than_one_call_visits_do_not_starve_the_buckets_beh
 ) -> None:
     """Buckets whose due messages all wait cost no move budget, so a call could visit nothing
     but them; the next call goes on after the last one it visited."""
-    store = Store(r, prefix)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
     busy, free = f"{prefix}busy", f"{prefix}free"
     narrow = Settings(bucket_width_ms=10)
-    base = store.time_ms() + 1000
+    base = clock() + 1000
     store.schedule_many(
         [(Due(base + 10 * i, task_id=f"b{i}"), busy, kombu_payload(f"b{i}")) for i in range(25)], narrow
     )
@@ -70,7 +71,7 @@ def test_more_blocked_buckets_than_one_call_visits_do_not_starve_the_buckets_beh
         r.rpush(busy, "x")  # at the cap of 1
     else:
         r.set(busy, "not a list")
-    wait_until(lambda: store.time_ms() > base + 400)
+    clock.ms = base + 401
 
     results = [store.move_due(10, max_queue_length=1) for _ in range(3)]
     # 25 blocked buckets, 10 visits per call: the third call reaches the free queue's.

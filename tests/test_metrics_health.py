@@ -24,6 +24,7 @@ from kombu_delay.redis_server import RedisServer, free_port
 from kombu_delay.store import Store
 
 from .conftest import ROOT, wait_until
+from .delay_helpers import FakeClock
 
 SOON, LATER = 40, 10
 
@@ -69,30 +70,37 @@ def test_metrics_while_moving(private_server, spawn, prefix):
 
     app = Celery("pub", broker=private_server.delay_url)
     app.conf.broker_transport_options = {"global_keyprefix": prefix}
-    for i in range(SOON):  # due within 1..4 s, half of them on a priority list
-        app.send_task("eco.record", countdown=1 + 3 * i / SOON, priority=3 if i % 2 else None)
-    for _ in range(LATER // 2):
-        app.send_task("eco.record", countdown=600)
-        app.send_task("eco.record", countdown=600, queue="other")
-    app.close()
+
+    def publish_soon(numbers: range) -> None:
+        for i in numbers:  # due 5 s on (stored however slow the publish), half on a priority list
+            app.send_task("eco.record", countdown=5, priority=3 if i % 2 else None)
 
     def lists() -> int:
         return int(client.llen(f"{prefix}celery") + client.llen(f"{prefix}celery\x06\x163"))
 
-    last_moved = 0.0
-    scrapes = 0
-    seen_mid_move = False
-    while lists() < SOON or scrapes < 3:
+    last_moved = [0.0]
+
+    def moved_reaches(target: int) -> dict | None:
         samples = scrape(port)
-        scrapes += 1
         moved = value(samples, "kombu_delay_moved_total")
         # Invariants at every scrape, mid-move included.
         assert moved == value(samples, "kombu_delay_lateness_seconds_count")
-        assert last_moved <= moved <= SOON
-        last_moved = moved
-        seen_mid_move = seen_mid_move or 0 < moved < SOON
-        time.sleep(0.2)
-        assert scrapes < 1000, "messages were not moved"
+        assert last_moved[0] <= moved <= target
+        last_moved[0] = moved
+        return samples if moved == target else None
+
+    # Two waves: the second is published only once a scrape has seen the first moved, so
+    # scrapes land mid-move (half moved, half to come) whatever the machine's speed.
+    half = SOON // 2
+    publish_soon(range(half))
+    for _ in range(LATER // 2):
+        app.send_task("eco.record", countdown=600)
+        app.send_task("eco.record", countdown=600, queue="other")
+    wait_until(lambda: moved_reaches(half), timeout=90, interval=0.2)
+    assert lists() == half
+    publish_soon(range(half, SOON))
+    app.close()
+    wait_until(lambda: moved_reaches(SOON), timeout=90, interval=0.2)
 
     def settled() -> dict | None:
         samples = scrape(port)
@@ -104,7 +112,6 @@ def test_metrics_while_moving(private_server, spawn, prefix):
 
     samples = wait_until(settled, timeout=90, interval=0.2)
     assert isinstance(samples, dict)
-    assert seen_mid_move, "no scrape landed while messages were moving"
     assert lists() == SOON
     assert value(samples, "kombu_delay_lateness_seconds_count") == SOON
     assert value(samples, "kombu_delay_lateness_seconds_bucket", le="+Inf") == SOON
@@ -180,11 +187,13 @@ def test_health_follows_the_mover(private_server, spawn, prefix):
     # With the heartbeat check off, overdue messages alone make it unhealthy.
     app = Celery("pub", broker=private_server.delay_url)
     app.conf.broker_transport_options = {"global_keyprefix": prefix}
-    app.send_task("eco.record", countdown=0.5)
+    app.send_task("eco.record", countdown=5)  # stored, however slow the publish
     app.close()
-    assert health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "2").returncode == 0
-    # Sleeping is fine: what is asserted is "unhealthy after", never "how fast".
-    time.sleep(3.0)
+    due = store.earliest_due_ms()
+    assert due is not None
+    # Not overdue, or by far less than a minute (the probe is a process of its own).
+    assert health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "60").returncode == 0
+    wait_until(lambda: store.time_ms() > due + 2000)  # overdue by more than 2 s, by Redis's clock
     overdue = health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "2")
     assert overdue.returncode == 1, overdue.stdout
     assert "oldest overdue message waits" in overdue.stdout
@@ -192,7 +201,7 @@ def test_health_follows_the_mover(private_server, spawn, prefix):
     # A mover killed with SIGKILL leaves its heartbeat behind; it ages out.
     killed = spawn([*args, "mover"], env=env, name="mover")
     wait_until(lambda: client.llen(f"{prefix}celery") == 1, timeout=90)
-    again = health(private_server, prefix, "--max-heartbeat-age", "5", "--max-overdue", "2")
+    again = health(private_server, prefix, "--max-heartbeat-age", "60", "--max-overdue", "2")
     assert again.returncode == 0, again.stdout
     killed.kill()
     wait_until(
@@ -219,12 +228,15 @@ def test_custom_priority_separator(redis_server, r, prefix):
     app.conf.broker_transport_options = options
     for priority in (None, 3, 6):
         app.send_task("eco.record", countdown=600, priority=priority, queue="mail")
-    app.send_task("eco.record", countdown=1, priority=3, queue="mail")
+    app.send_task("eco.record", countdown=30, priority=3, queue="mail")
     app.close()
 
     with open_store(redis_server.delay_url, options) as store:
         assert store.sep == ":"
         assert set(store.counts()) == {f"{prefix}mail", f"{prefix}mail:3", f"{prefix}mail:6"}
+        clock = FakeClock(r)
+        store.clock = clock
+        clock.advance(60_000)  # the 30 s one is due, the others not
         port = free_port()
         mover = Mover(store, Settings.from_options(options), name="sep", **serve_metrics(store, port))
 

@@ -8,10 +8,10 @@ import redis
 from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.replies import MoveResult, _runs
+from kombu_delay.replies import MoveResult, Scheduled, _runs
 from kombu_delay.store import Store
 
-from .conftest import wait_until
+from .delay_helpers import FakeClock
 
 
 def test_runs_expand_in_order() -> None:
@@ -30,13 +30,14 @@ def test_reply_has_the_scan_position_before_the_lateness() -> None:
 
 
 def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -> None:
-    store = Store(r, prefix)
-    now = store.time_ms()
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    now = clock()
     # 30 messages share one due time, 5 more each have their own: runs and singles.
     dues = [now + 300] * 30 + [now + 301 + i for i in range(5)]
     items = [(Due(due, task_id=f"t{i}"), f"{prefix}q", f"payload-{i}") for i, due in enumerate(dues)]
-    store.schedule_many(items, Settings())
-    wait_until(lambda: store.time_ms() > max(dues) + 5)
+    assert {x.outcome for x in store.schedule_many(items, Settings())} == {Scheduled.STORED}
+    clock.ms = max(dues) + 5
     result = store.move_due(1000)
     assert result.moved == 35
     assert len(result.lateness_ms) == 35
@@ -48,9 +49,10 @@ def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -
 def test_lateness_follows_the_move_order_destination_by_destination(r: redis.Redis, prefix: str) -> None:
     """In one bucket, each destination's messages move together, in due order; the
     lateness list follows that order (which destination goes first is not specified)."""
-    store = Store(r, prefix)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
     width = 60_000
-    now = store.time_ms()
+    now = clock()
     start = keys.bucket_start(now + 300, width)
     if start + width - (now + 300) < 1000:  # keep every due time in one bucket
         start += width
@@ -61,9 +63,11 @@ def test_lateness_follows_the_move_order_destination_by_destination(r: redis.Red
         for dest, times in dues.items()
         for i, due in enumerate(times)
     ]
-    store.schedule_many(items, Settings(bucket_width_ms=width))
+    assert {x.outcome for x in store.schedule_many(items, Settings(bucket_width_ms=width))} == {
+        Scheduled.STORED
+    }
     assert r.zcard(keys.index(prefix)) == 1
-    wait_until(lambda: store.time_ms() > base + 25)
+    clock.ms = base + 26
     result = store.move_due(1000)
     assert result.moved == 20
     late = {dest: [result.now_ms - due for due in times] for dest, times in dues.items()}

@@ -4,12 +4,12 @@ signals."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,12 +22,13 @@ import redis
 from kombu_delay import keys, replies
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
+from kombu_delay.mover import Mover
 from kombu_delay.redis_server import RedisServer
 from kombu_delay.replies import MoveResult, Scheduled
 from kombu_delay.store import Store
 
 from .conftest import wait_until
-from .delay_helpers import ORDINARY, LpushMonitor, kombu_payload, stored, tags_in
+from .delay_helpers import ORDINARY, FakeClock, expires_at, kombu_payload, stored, tags_in
 from .faults_support import consistency
 
 # -- the move script on seeded buckets ---------------------------------------------------
@@ -101,11 +102,13 @@ CASES = {
 }
 
 
-def run_case(client: redis.Redis, prefix: str, case: Case) -> tuple[list[MoveResult], int]:
-    """Seed ``case``, move until nothing more is due; return the results and the boundary."""
-    store = Store(client, prefix)
+def run_case(client: redis.Redis, prefix: str, case: Case) -> tuple[list[MoveResult], int, Store, FakeClock]:
+    """Seed ``case``, move until nothing more is due; return the results, the boundary, and the
+    store with the clock that drives it."""
+    clock = FakeClock(client)
+    store = Store(client, prefix, clock=clock)
     settings = Settings(compress_after_ms=0, bucket_width_ms=case.width_ms)
-    now = store.time_ms()
+    now = clock()
     lead = 700 + max(0, -min(offset for offset, _ in case.seeds))  # the earliest is >= 0.7 s ahead
     boundary = keys.bucket_start(now + lead, case.width_ms) + case.width_ms
     seeds = [
@@ -116,30 +119,31 @@ def run_case(client: redis.Redis, prefix: str, case: Case) -> tuple[list[MoveRes
     if case.setup is not None:
         case.setup(client, prefix, boundary)
     last_due = max(boundary + offset for offset, _ in case.seeds if offset < HOUR)
+    first_due = min(boundary + offset for offset, _ in case.seeds)
+    clock.ms = first_due - 1
     early = store.move_due(case.limit, case.max_len)  # nothing is due yet
-    assert early.moved == 0 and early.now_ms < min(boundary + offset for offset, _ in case.seeds)
-    wait_until(lambda: store.time_ms() > last_due)
+    assert early.moved == 0 and early.now_ms < first_due
+    clock.ms = last_due
     results = []
     while True:
         result = store.move_due(case.limit, case.max_len)
         results.append(result)
         if not result.more:
-            return results, boundary
+            return results, boundary, store, clock
         assert len(results) < 100
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_move_script_table(r, prefix, name):
     case = CASES[name]
-    results, boundary = run_case(r, prefix, case)
-    store = Store(r, prefix)
+    results, boundary, store, clock = run_case(r, prefix, case)
 
     for dest, order in case.moved.items():
         assert tags_in(r, f"{prefix}{dest}") == [f"m{i}" for i in order], dest
     moved = sum(len(order) for order in case.moved.values())
     assert sum(res.moved for res in results) == moved
     lateness = [ms for res in results for ms in res.lateness_ms]
-    assert len(lateness) == moved and min(lateness) >= 0  # never before due, by the Redis clock
+    assert len(lateness) == moved and min(lateness) >= 0  # never before due, by the store's clock
     left = stored(r, prefix)
     assert sorted(s.message["properties"]["delivery_tag"] for s in left) == sorted(f"m{i}" for i in case.left)
     assert r.exists(keys.dead(prefix)) == 0  # the v2 layout never dead-letters
@@ -177,8 +181,7 @@ def test_move_script_table(r, prefix, name):
     # Drained buckets wait in gc until their end (those already ended may be cleaned up).
     assert {int(m) for m in r.zrange(keys.drained(prefix), 0, -1)} <= drained
     if drained:
-        last_end = max(drained) + case.width_ms
-        wait_until(lambda: store.time_ms() > last_end)
+        clock.ms = max(clock(), max(drained) + case.width_ms + 1)
     for _ in range(100):
         result = store.move_due(case.limit, case.max_len)
         assert result.moved == 0
@@ -195,31 +198,29 @@ def test_move_script_table(r, prefix, name):
 
 
 def test_nothing_is_moved_before_its_millisecond(r):
-    """Spin on the move script while sub-second due times pass: every move's Redis
-    ``now`` is at or after the message's due millisecond, never a rounded second."""
-    store = Store(r)
-    now = store.time_ms()
+    """Step the clock a millisecond at a time while sub-second due times pass: each move takes
+    exactly the messages due by then, never one a millisecond early, never a rounded second."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    now = clock()
     dues = [now + 200 + 13 * i for i in range(40)]
     seeds = [(Due(d, task_id=f"id{i}"), "q", kombu_payload(f"m{i}")) for i, d in enumerate(dues)]
-    store.schedule_many(seeds, ORDINARY)
-    seen: list[tuple[int, int]] = []  # (redis now, moved so far)
+    assert {x.outcome for x in store.schedule_many(seeds, ORDINARY)} == {Scheduled.STORED}
     moved_total = 0
-    deadline = time.monotonic() + 60
-    while moved_total < len(dues) and time.monotonic() < deadline:
+    for at in range(now + 190, dues[-1] + 2):
+        clock.ms = at
         result = store.move_due(1000)
         moved_total += result.moved
-        seen.append((result.now_ms, moved_total))
-        assert min(result.lateness_ms, default=0) >= 0
-    assert moved_total == len(dues)
-    for now_ms, count in seen:
-        assert count <= sum(1 for d in dues if d <= now_ms)  # never more than were due
+        assert moved_total == sum(1 for d in dues if d <= at), at
+        assert result.lateness_ms == [0] * result.moved  # each at its own millisecond
     assert tags_in(r, "q") == [f"m{i}" for i in range(len(dues))]
 
 
 def with_id(tag: str, task_id: str, queue: str = "celery") -> str:
-    """A message whose delivery tag is ``tag`` and whose id (in its body) is ``task_id``."""
-    body = base64.b64encode(json.dumps({"id": task_id}).encode()).decode()
-    return kombu_payload(tag, queue, body=body)
+    """A message whose delivery tag is ``tag`` and whose id (a header, as Celery's) is ``task_id``."""
+    message = json.loads(kombu_payload(tag, queue))
+    message["headers"] = {"id": task_id}
+    return json.dumps(message)
 
 
 @pytest.mark.parametrize("offsets", [(0, 1, 2), (0, 0, 0)], ids=["apart", "one-millisecond"])
@@ -228,11 +229,12 @@ def test_a_task_id_used_more_than_once_finds_only_its_unmoved_message(r, prefix,
     a move of two of them (in one batch here), find and cancel reach only the one still
     scheduled, though the moved ones' refs stay until their bucket's clean-up. Due at one
     millisecond, the batch is read without scores."""
-    store = Store(r, prefix)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
     q = f"{prefix}q"
     width = 1000
     settings = Settings(compress_after_ms=0, bucket_width_ms=width)
-    due = store.time_ms() + 300
+    due = clock() + 300
     items = [
         (Due(due + offsets[0], task_id="again"), q, with_id("first", "again")),
         (Due(due + HOUR, task_id="again"), q, with_id("later", "again")),
@@ -242,7 +244,7 @@ def test_a_task_id_used_more_than_once_finds_only_its_unmoved_message(r, prefix,
     assert {res.outcome for res in store.schedule_many(items, settings)} == {Scheduled.STORED}
     later = next(s for s in stored(r, prefix) if s.due_ms == due + HOUR)
     ref = replies.Stored(later.start_ms, later.score, later.envelope.dest, later.envelope.payload).ref
-    wait_until(lambda: store.time_ms() > due + 2)
+    clock.ms = due + 3
     assert store.move_due(3).moved == 3
     assert tags_in(r, q) == ["first", "second", "once"]
     assert store.find("once") == []
@@ -252,7 +254,7 @@ def test_a_task_id_used_more_than_once_finds_only_its_unmoved_message(r, prefix,
     # The cancel dropped its own ref; the moved ones' go once their bucket has ended.
     assert ref not in (r.hget(keys.ids(prefix), "again") or b"").decode().split()
     ends = {keys.bucket_start(due + o, width) + width for o in offsets}
-    wait_until(lambda: store.time_ms() > max(ends))
+    clock.ms = max(ends) + 1
     assert store.move_due(1000).moved == 0
     assert r.hlen(keys.ids(prefix)) == 0
     assert r.zcard(keys.drained(prefix)) == 1  # the cancelled one's bucket, until its end
@@ -263,21 +265,21 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
     refs, the task-id list and the meta hash go with the first move call after the end of
     the drained bucket. A bucket that drains and then gets a new message before its end
     comes back into the index, delivers it, and is cleaned up after it drains again."""
-    store = Store(r, prefix)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
     q = f"{prefix}q"
     width = 4000
     settings = Settings(compress_after_ms=0, bucket_width_ms=width)
-    start = keys.bucket_start(store.time_ms() + 500, width) + width  # a bucket wholly ahead
+    start = keys.bucket_start(clock() + 500, width) + width  # a bucket wholly ahead
     end = start + width
     tags = [f"a{i}" for i in range(5)]
     items = [(Due(start + 50 + i, task_id=tag), q, kombu_payload(tag)) for i, tag in enumerate(tags)]
     assert {res.outcome for res in store.schedule_many(items, settings)} == {Scheduled.STORED}
     assert r.lrange(keys.task_ids(prefix, start), 0, -1) == [t.encode() for t in tags]
 
-    wait_until(lambda: store.time_ms() > start + 60)
+    clock.ms = start + 61
     first = store.move_due(1000)
     assert first.moved == 5 and tags_in(r, q) == tags
-    assert first.now_ms < end, "the machine stalled for the whole 4 s bucket"
     for tag in tags:
         assert store.find(tag) == []
     # Drained, not ended: out of the index, waiting in gc; refs, t: and m: linger.
@@ -288,8 +290,8 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
     assert consistency(r, prefix)["stale_refs"] == 5
 
     # A new message for the same bucket, before its end: back in the index, delivered.
-    due_b = store.time_ms() + 300
-    assert keys.bucket_start(due_b, width) == start, "the machine stalled past the bucket"
+    due_b = clock() + 300
+    assert keys.bucket_start(due_b, width) == start
     assert (
         store.schedule(Due(due_b, task_id="b"), q, kombu_payload("b"), settings).outcome is Scheduled.STORED
     )
@@ -297,17 +299,16 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
     assert [s.due_ms for s in store.find("b")] == [due_b]
     assert all(store.find(tag) == [] for tag in tags)
     assert set(r.hkeys(keys.ids(prefix))) == {t.encode() for t in [*tags, "b"]}
-    wait_until(lambda: store.time_ms() > due_b)
+    clock.ms = due_b + 1
     second = store.move_due(1000)
     assert second.moved == 1 and tags_in(r, q) == [*tags, "b"]
-    assert min(second.lateness_ms) >= 0
-    assert second.now_ms < end, "the machine stalled for the whole 4 s bucket"
+    assert second.lateness_ms == [1]
     assert store.find("b") == []
     assert r.zscore(keys.index(prefix), start) is None
     assert r.zscore(keys.drained(prefix), start) == end
     assert r.hlen(keys.ids(prefix)) == 6  # still lingering: the bucket has not ended
 
-    wait_until(lambda: store.time_ms() > end)
+    clock.ms = end + 1
     assert store.move_due(1000).moved == 0
     assert r.hlen(keys.ids(prefix)) == 0
     assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 0
@@ -321,20 +322,21 @@ def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
 def test_clean_up_of_thousands_of_retried_ids_keeps_their_live_refs(r):
     """A clean-up chunk of 4,500 task ids that all have a ref in a later bucket (each task
     retried itself) rewrites 4,500 fields: more values than one Lua call can take at once."""
-    store, n = Store(r), 4500
+    clock = FakeClock(r)
+    store, n = Store(r, clock=clock), 4500
     narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
-    now = store.time_ms()
+    now = clock()
     due = now - now % 1000 + 4000 + 100
     first = [(Due(due, task_id=f"t{i}"), "q", with_id(f"first-{i}", f"t{i}", "q")) for i in range(n)]
     assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(first, narrow))
-    wait_until(lambda: store.time_ms() > due, 30)
+    clock.ms = due + 1
     moved = 0
     while moved < n:
         moved += store.move_due(5000).moved
-    later = store.time_ms() + 600_000
+    later = clock() + 600_000
     retries = [(Due(later + i, task_id=f"t{i}"), "q", with_id(f"retry-{i}", f"t{i}", "q")) for i in range(n)]
     assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(retries, narrow))
-    wait_until(lambda: store.time_ms() > due - due % 1000 + 1000, 30)  # the first bucket ended
+    clock.ms = due - due % 1000 + 1000 + 1  # the first bucket ended
     while r.exists(keys.drained("")):
         store.move_due(5000)
     refs = {k.decode(): v.decode() for k, v in r.hgetall(keys.ids("")).items()}
@@ -358,10 +360,11 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
     store.schedule(Due(start + 6000, task_id="b"), "q", kombu_payload("b"), wide)
     store.schedule(Due(start + 7000, task_id="d"), "q2", kombu_payload("d"), wide)
     store.schedule(Due(start + 400, task_id="e"), "q3", kombu_payload("e"), narrow)  # a new set
-    at = store.time_ms()
     assert r.zcard(keys.queue_set("", start, "q")) == 2 and r.zcard(keys.queue_set("", start, "q2")) == 2
+    # Absolute expiries (set from the bucket's end, not from now): however long this takes.
     for dest in ("q", "q2", "q3"):
-        assert r.pttl(keys.queue_set("", start, dest)) >= start + 10_000 + 3_600_000 - at - 50, dest
+        at = expires_at(r, keys.queue_set("", start, dest))
+        assert at is not None and at >= start + 10_000 + 3_600_000, dest
     for key in (
         keys.meta("", start),
         keys.task_ids("", start),
@@ -369,7 +372,8 @@ def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
         keys.ids(""),
         keys.counts(""),
     ):
-        assert r.pttl(key) >= start + 10_000 + 3_600_000 + 86_400_000 - at - 50, key
+        at = expires_at(r, key)
+        assert at is not None and at >= start + 10_000 + 3_600_000 + 86_400_000, key
 
 
 def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_next(r):
@@ -387,7 +391,7 @@ def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_ne
     narrow_due = wide_start + 1500
     store.schedule(Due(narrow_due, task_id="n"), "q2", kombu_payload("n"), second)
     woken = None
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while woken is None and time.monotonic() < deadline:
         woken = pubsub.get_message(timeout=1)
     pubsub.close()
@@ -427,13 +431,13 @@ def seed(
 
 def due_after_seeding(store: Store, n: int) -> int:
     """An absolute due time (Redis ms) that seeding ``n`` messages will not reach:
-    2 s plus three times the seeding time measured on a 1000-message sample."""
+    5 s plus three times the seeding time measured on a 1000-message sample."""
     scratch = Store(store.client, "calibrate:")
     began = time.monotonic()
     seed(scratch, 1000, ["calibrate:q"], delay_ms=600_000)
     took = time.monotonic() - began
     store.client.delete(*store.client.keys("calibrate:*"))
-    return store.time_ms() + 2000 + int(3 * took * n)
+    return store.time_ms() + 5000 + int(3 * took * n)
 
 
 def all_tags(client: redis.Redis, dests: list[str]) -> list[str]:
@@ -447,7 +451,8 @@ def moved_total(client: redis.Redis, prefix: str = "") -> int:
 def test_mover_process_moves_across_buckets_and_boundaries(r, prefix, start_mover):
     store = Store(r, prefix)
     now = store.time_ms()
-    boundary = keys.bucket_start(now + 2000, 1000) + 1000
+    # The earliest is due 4.5 s ahead or more: seeding stores every message, however slow.
+    boundary = keys.bucket_start(now + 6000, 1000) + 1000
     offsets = [-1, 0, 1, 999, 1000, -1000, -1001, *range(-1500, 2500, 97)]
     dests = [f"{prefix}a", f"{prefix}b"]
     dues = [boundary + o for o in offsets]
@@ -467,16 +472,25 @@ def test_mover_process_moves_across_buckets_and_boundaries(r, prefix, start_move
     assert "Traceback" not in mover.output()
 
 
-def test_wakeup_publish_interrupts_a_long_sleep(r, redis_server, start_mover):
-    """With a 60 s sleep cap and nothing scheduled, the mover only sees a new
-    message in time because the publish wakes it."""
-    mover = start_mover("--max-sleep", "60")
-    wait_until(lambda: r.zcard(keys.movers("")) == 1)
-    time.sleep(0.5)  # now it sleeps on an empty store
+def test_wakeup_publish_interrupts_a_long_sleep(r, monkeypatch):
+    """A mover whose sleep cap, thaw look and sweep are all an hour away, on an empty store,
+    sees a new message in time only because the publish wakes it: without the wake, the wait
+    below runs out."""
+    monkeypatch.setattr("kombu_delay.mover.SWEEP_EVERY_S", 3600.0)
     store = Store(r)
-    seed(store, 1, ["q"], delay_ms=300)
-    wait_until(lambda: r.llen("q") == 1, timeout=30)  # loose; without a wake-up: >= 60 s
-    assert mover.stop() == 0, mover.output()
+    looked = threading.Event()
+    settings = Settings(max_sleep_ms=3_600_000, thaw_ahead_ms=3 * 3_600_000)
+    mover = Mover(store, settings, watch=False, on_thaw=lambda _: looked.set())
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        assert looked.wait(60)  # subscribed, looked once: nothing; now it sleeps an hour
+        seed(store, 1, ["q"], delay_ms=300)
+        wait_until(lambda: r.llen("q") == 1)
+    finally:
+        mover.stop()
+        runner.join(30)
+    assert mover.stats.moved == 1
 
 
 @pytest.mark.slow
@@ -488,11 +502,12 @@ def test_four_movers_20000_due_at_once_deliver_each_exactly_once(r, start_mover)
     movers = [start_mover("--batch-size", "200") for _ in range(4)]
     wait_until(lambda: r.zcard(keys.movers("")) == 4, timeout=60)
     wait_until(lambda: moved_total(r) == n, timeout=180)
-    time.sleep(0.5)
+    # Every message moved, each by one atomic script, and nothing is left to move: what is on
+    # the lists now is all there will ever be.
+    assert stored(r) == [] and Store(r).counts() == {}
     assert r.llen("q.a") + r.llen("q.b") == n
     delivered = Counter(all_tags(r, dests))
     assert set(delivered) == set(tags) and set(delivered.values()) == {1}
-    assert stored(r) == [] and Store(r).counts() == {}
     per_mover = []
     for mover in movers:
         assert mover.stop() == 0, mover.output()
@@ -508,7 +523,8 @@ def test_kill_9_mid_drain_then_restart_loses_and_doubles_nothing(r, start_mover)
     dests = ["k1", "k2", "k3"]
     store = Store(r)
     tags = seed(store, n, dests, delay_ms=2000)
-    slow = start_mover("--max-rate", "4000", "--batch-size", "100")
+    # 2,000 messages a second at most: the kill below lands with 9 s of the drain left at least.
+    slow = start_mover("--max-rate", "2000", "--batch-size", "100")
     wait_until(lambda: moved_total(r) >= 2000, timeout=120)
     os.kill(slow.pid, signal.SIGKILL)
     slow.popen.wait(30)
@@ -521,7 +537,7 @@ def test_kill_9_mid_drain_then_restart_loses_and_doubles_nothing(r, start_mover)
 
     again = start_mover()
     wait_until(lambda: moved_total(r) == n, timeout=180)
-    time.sleep(0.5)
+    assert stored(r) == []  # nothing left to move: the lists hold all there will ever be
     delivered = Counter(all_tags(r, dests))
     assert set(delivered) == set(tags) and set(delivered.values()) == {1}
     assert again.stop() == 0, again.output()
@@ -558,13 +574,14 @@ def test_redis_outage_mover_resumes_by_itself(persistent_server, spawn):
         )
         wait_until(lambda: client.zcard(keys.movers("")) == 1)
         early = seed(store, 50, ["o"], delay_ms=500, name="early")  # moved before the outage
-        late = seed(store, 200, ["o"], delay_ms=2500, name="late")  # due during it
+        late = seed(store, 200, ["o"], delay_ms=5000, name="late")  # due during it
         late_due = max(s.due_ms for s in stored(client))
         wait_until(lambda: client.llen("o") == 50)
         client.close()
         server.stop()
         wait_until(lambda: "Redis unavailable" in mover.output())
-        time.sleep(max(0.0, (late_due + 500) / 1000 - time.time()))  # the outage outlasts the due times
+        # The outage outlasts the due times (this machine's clock is Redis's; Redis is down).
+        wait_until(lambda: time.time() * 1000 > late_due + 500)
         assert mover.popen.poll() is None, mover.output()
         server.start()
         client = server.client()
@@ -597,26 +614,35 @@ def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover)
     assert "WARNING" in mover.output()
 
 
-def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_late(
-    r, redis_server, start_mover
-):
+def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_late(r, monkeypatch):
     """Stuck messages are already due, so they are the earliest scheduled: a later publish to
     another queue wakes no mover. The mover keeps polling while any are stuck, as it does
-    while messages are held, instead of sleeping its whole ``--max-sleep``."""
-    store = Store(r)
+    while messages are held, instead of sleeping its whole max_sleep: an hour here, with its
+    thaw look and sweep as far away, so without the polling the wait below runs out. Time is
+    driven: the later message is due when the test says."""
+    monkeypatch.setattr("kombu_delay.mover.SWEEP_EVERY_S", 3600.0)
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
     narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
     r.set("blocked", "not a list")
     seed(store, 2, ["blocked"], delay_ms=300, width_ms=1000)
-    mover = start_mover("--max-sleep", "60")
-    wait_until(lambda: "destination key is not a list" in mover.output())
-    with LpushMonitor(redis_server.client(), r) as monitor:
-        due = store.time_ms() + 1500  # a later bucket than the stuck one's
+    clock.advance(1000)  # the stuck ones are due
+    mover = Mover(store, Settings(max_sleep_ms=3_600_000, thaw_ahead_ms=3 * 3_600_000), watch=False)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: mover.stats.wrongtype >= 2)
+        due = clock() + 1500  # a later bucket than the stuck one's
         store.schedule(Due(due, task_id="later"), "fine", kombu_payload("later"), narrow)
-        wait_until(lambda: r.llen("fine") == 1, timeout=30)  # a 60 s sleep would miss this
-    [pushed_us] = monitor.first_push_us("later")
-    assert pushed_us >= due * 1000
+        calls = mover.stats.calls
+        wait_until(lambda: mover.stats.calls >= calls + 2)  # it looked again: not due yet
+        assert r.llen("fine") == 0
+        clock.ms = due
+        wait_until(lambda: r.llen("fine") == 1)
+    finally:
+        mover.stop()
+        runner.join(30)
     assert store.counts() == {"blocked": 2}
-    assert mover.stop() == 0, mover.output()
 
 
 def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover):
@@ -663,12 +689,12 @@ def test_mover_reads_its_options_from_the_environment(r, start_mover):
 
 
 def test_blocked_destination_does_not_block_other_destinations(r):
-    store = Store(r)
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
     r.set("bad", "a string")
     items = [(Due(300, True, f"b{i}"), "bad", kombu_payload(f"b{i}")) for i in range(3)]
     store.schedule_many([*items, (Due(310, True, "g"), "good", kombu_payload("g"))], ORDINARY)
-    wait_until(lambda: store.earliest_due_ms() is not None and store.time_ms() > store.earliest_due_ms() + 20)
-    time.sleep(0.05)
+    clock.advance(1000)  # all due
     result = store.move_due(2)
     assert r.llen("good") == 1, "the message for another queue passes the blocked ones"
     assert (result.moved, result.wrongtype) == (1, 3)
@@ -677,11 +703,12 @@ def test_blocked_destination_does_not_block_other_destinations(r):
 
 def test_queue_length_cap_counts_the_pushes_of_the_same_call(r):
     """One move call never takes a list past delay_max_queue_length; the rest wait, kept."""
-    store = Store(r)
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
     r.rpush("capped", "filler")
     items = [(Due(200, True, f"c{i}"), "capped", kombu_payload(f"c{i}")) for i in range(5)]
     store.schedule_many(items, ORDINARY)
-    wait_until(lambda: store.time_ms() > store.earliest_due_ms() + 20)  # type: ignore[operator]
+    clock.advance(1000)  # all due
     result = store.move_due(1000, max_queue_length=3)
     assert (result.moved, result.held) == (2, 3)
     assert r.llen("capped") == 3 and store.counts() == {"capped": 3}

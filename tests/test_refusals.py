@@ -12,7 +12,6 @@ import re
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
 from kombu_delay.redis_server import RedisServer
 
 from .conftest import Proc, wait_until
-from .delay_helpers import stored
+from .delay_helpers import redis_ms, stored
 
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 120.0
@@ -71,6 +70,47 @@ def wait_for_exit(proc: Proc, timeout: float = DEADLINE_S) -> int:
     return int(proc.popen.returncode)
 
 
+def wait_until_due(client: redis.Redis, task_id: str | None = None) -> None:
+    """Wait until Redis's clock has passed the due time of every stored message (or of
+    ``task_id``'s)."""
+    last = max(s.due_ms for s in stored(client) if task_id in (None, s.envelope.task_id))
+    wait_until(lambda: redis_ms(client) > last)
+
+
+def unanswered(port: int) -> bool:
+    """True when the server on ``port`` has a connection holding bytes it has not read (Linux's
+    /proc/net/tcp): with the server stopped (SIGSTOP), some call waits on its socket."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            _, local, _, state, queues, *_ = row.split()
+            unread = int(queues.split(":")[1], 16)
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port and unread:  # established
+                return True
+    return False
+
+
+def silence(server: RedisServer, mover: Proc) -> None:
+    """Stop ``server`` (SIGSTOP) and wait until the mover's next call waits on it.
+
+    The server is stopped while the mover is (SIGSTOP too), once it has read and answered
+    everything the mover sent: a call it had read but not answered would leave the mover
+    waiting with no unread bytes to see. The mover then goes on, and its next call's bytes wait
+    unread."""
+    os.kill(mover.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: not unanswered(server.port))  # every request read...
+        with server.client() as admin:
+            admin.ping()  # ...and answered: Redis answers in the order it reads
+        os.kill(pid_of(server), signal.SIGSTOP)
+    finally:
+        os.kill(mover.pid, signal.SIGCONT)
+    wait_until(lambda: unanswered(server.port))
+
+
 # -- ACL ----------------------------------------------------------------------------------
 
 
@@ -85,7 +125,7 @@ def test_a_mover_refused_a_command_of_the_move_stops_and_takes_nothing(
     admin = server.client()
     url = add_user(admin, "restricted", f"-{command}")
     publish_due_soon(server.delay_url, 3)
-    time.sleep(0.5)  # all due
+    wait_until_due(admin)
     with open_store(url) as store:
         for _ in range(3):  # an embedded mover retries with backoff
             with pytest.raises(RedisPermissionError):
@@ -250,9 +290,8 @@ def test_a_mover_stops_on_sigterm_while_redis_does_not_answer(
     client = server.client()
     wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
     client.close()
-    os.kill(pid_of(server), signal.SIGSTOP)
     try:
-        time.sleep(1.5)  # the mover's next call is now waiting on a silent socket
+        silence(server, mover)  # the mover's next call waits on a silent socket
         mover.popen.send_signal(signal.SIGTERM)
         assert wait_for_exit(mover, timeout=60) == 0
     finally:
@@ -268,13 +307,20 @@ def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Call
     client = server.client()
     wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
     client.close()
-    os.kill(pid_of(server), signal.SIGSTOP)
     try:
-        time.sleep(1.5)
+        silence(server, mover)  # the mover's next call waits on a silent socket
         mover.popen.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        mover.popen.send_signal(signal.SIGTERM)
-        assert wait_for_exit(mover, timeout=60) == 1
+
+        def stopped() -> bool:
+            # Two SIGTERMs still pending when the mover gets to them are one: send another
+            # until it has left (each after the first finds it stopping).
+            if mover.popen.poll() is None:
+                mover.popen.send_signal(signal.SIGTERM)
+                return False
+            return True
+
+        wait_until(stopped, timeout=60, interval=0.5)
+        assert mover.popen.returncode == 1
         assert "second SIGTERM" in mover.output()
     finally:
         os.kill(pid_of(server), signal.SIGCONT)
@@ -297,7 +343,7 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
     with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port)]) as replica:
         client = replica.client()
         wait_until(lambda: len(stored(client)) == 3, timeout=DEADLINE_S, interval=0.1)
-        time.sleep(0.3)  # all due
+        wait_until_due(client)
         caplog.set_level("WARNING", logger="kombu_delay")
         with open_store(replica.delay_url) as store:
             mover = Mover(store, Settings())
@@ -340,7 +386,7 @@ def test_a_user_without_pexpire_still_moves_an_x_expires_queue_once(server: Redi
                 declare=[temp],
                 retry=False,
             )
-    time.sleep(0.3)  # the first is due
+    wait_until_due(admin, "t-1")
     with open_store(url) as store:
         assert store.move_due(100).moved == 1
         with DelayControl(url) as control:

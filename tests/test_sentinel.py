@@ -70,18 +70,19 @@ def test_publish_and_move_through_sentinel(cluster, spawn):
     )
     app = Celery("pub", broker=cluster.url)
     app.conf.broker_transport_options = OPTIONS
-    sent = app.send_task("eco.record", countdown=1.0)
+    sent = app.send_task("eco.record", countdown=5)  # stored, however slow the publish
     app.close()
     client = cluster.master.client()
-    assert client.llen("celery") == 0
     raw = wait_until(lambda: client.rpop("celery"), timeout=90)
     assert json.loads(raw)["headers"]["id"] == sent.id
+    assert client.hget(keys.totals(""), "moved") == b"1"  # held, then moved by the mover
     assert mover.stop() == 0, mover.output()
 
 
 @dataclass
 class Ledger:
-    acked: dict[str, tuple[float, float]] = field(default_factory=dict)  #: id -> (publish time, due time)
+    #: id -> (publish began, due time, publish returned)
+    acked: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     refused: dict[str, float] = field(default_factory=dict)  #: id -> publish time (gave up)
     popped: list[tuple[str, float]] = field(default_factory=list)  #: (id, time popped)
     fail_start: float = 0.0
@@ -198,7 +199,7 @@ def test_failover_during_moving(cluster, spawn, how):
         except Exception:
             ledger.refused[task_id] = sent_at
             return
-        ledger.acked[task_id] = (sent_at, sent_at + countdown)
+        ledger.acked[task_id] = (sent_at, sent_at + countdown, time.time())
 
     # ~25 publishes a second, each due 1 to 3 s later: the mover moves throughout.
     for i in range(n):
@@ -220,7 +221,14 @@ def test_failover_during_moving(cluster, spawn, how):
     # After the failover has settled, everything must be delivered exactly once.
     if how != "kill-master":
         cluster.wait_ready(cluster.replica.port)  # the old master is now a synced replica
-    time.sleep(1.0)
+    with cluster.current_master().client() as new_master:  # the mover is back, on the new master
+        wait_until(
+            lambda: any(
+                at > ledger.fail_done * 1000
+                for _, at in new_master.zrange(keys.movers(""), 0, -1, withscores=True)
+            ),
+            timeout=120,
+        )
     post_from = time.time()
     for i in range(n, n + post_n):
         publish(i, 1.0)
@@ -231,13 +239,13 @@ def test_failover_during_moving(cluster, spawn, how):
         def settled() -> bool:
             popped = {i for i, _ in ledger.popped}
             # What the failover window lost stays lost (asserted below): stop waiting once
-            # everything published after it has arrived and nothing is left scheduled.
-            return set(ledger.acked) <= popped or (post_ids <= popped and not store.counts())
+            # everything published after it has arrived, nothing is left scheduled and the
+            # list is empty. Nothing can be delivered after that, so no late duplicate either.
+            return post_ids <= popped and not store.counts() and store.client.llen("celery") == 0
 
         deadline = time.monotonic() + 90
         while not settled() and time.monotonic() < deadline:
             time.sleep(0.1)
-    time.sleep(3.0)  # late duplicates would show up here
     stop.set()
     consumer.join(timeout=30)
 
@@ -253,11 +261,22 @@ def test_failover_during_moving(cluster, spawn, how):
     assert sorted(post) == sorted(f"t{i:05d}" for i in range(n, n + post_n))
     assert all(c == 1 for c in post.values()), post
     assert all(ledger.acked[i][0] >= post_from for i in post)
-    # Any loss or duplicate comes from the failover window: published or due within it.
-    low, high = ledger.fail_start - 2.0, max(ledger.fail_done, ledger.old_master_gone) + 3.0
-    for task_id in [*figures["lost_ids"], *figures["dup_ids"]]:  # type: ignore[misc]
-        sent_at, due = ledger.acked.get(task_id, (ledger.refused.get(task_id, 0.0), 0.0))
-        assert low <= sent_at <= high or low <= due <= high, (task_id, figures)
+    # Any loss or duplicate comes from the failover window, judged by what the test saw happen
+    # (not by due times: a mover running late on a busy machine moves a message long after it
+    # was due). A message is lost when its publish wrote to the old master too late to be
+    # replicated: that publish ended after the window began and began before the old master
+    # stopped taking writes. A message comes twice when a move or a pop on the old master was
+    # not replicated: it was first popped after the window began, and due before its end.
+    low, high = ledger.fail_start - 5.0, max(ledger.fail_done, ledger.old_master_gone) + 3.0
+    first_pop = {}
+    for task_id, at in ledger.popped:
+        first_pop.setdefault(task_id, at)
+    for task_id in figures["lost_ids"]:  # type: ignore[attr-defined]
+        sent_at, _, acked_at = ledger.acked[task_id]
+        assert acked_at >= low and sent_at <= high, (task_id, figures)
+    for task_id in figures["dup_ids"]:  # type: ignore[attr-defined]
+        due = ledger.acked[task_id][1] if task_id in ledger.acked else low
+        assert first_pop[task_id] >= low and due <= high, (task_id, figures)
     # Nothing stays scheduled on the new master.
     with open_store(cluster.url, OPTIONS) as store:
         assert store.counts() == {}

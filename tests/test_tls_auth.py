@@ -27,15 +27,19 @@ from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
 from kombu_delay.mover import Mover, open_when_reachable
 from kombu_delay.redis_server import RedisServer
 
-from .conftest import Proc
+from .conftest import Proc, wait_until
 from .delay_helpers import stored
 from .faults_support import TLSRedisServer, running_tls_server
 
 PASSWORD = "s3cret"
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 120.0
-#: Bounds on one connection attempt, so a TLS client facing a plaintext server cannot hang.
-TIMEOUTS = {"socket_connect_timeout": 3, "socket_timeout": 3, "max_retries": 0}
+#: Bounds on one connection attempt, so a TLS client facing a plaintext server cannot hang:
+#: generous, for connections that must succeed on a busy machine.
+TIMEOUTS = {"socket_connect_timeout": 10, "socket_timeout": 10, "max_retries": 0}
+#: The same for a connection that must fail (it fails by a timeout too): short, as it changes
+#: no outcome.
+MUST_FAIL = {"socket_connect_timeout": 3, "socket_timeout": 3, "max_retries": 0}
 
 
 def calls(client: redis.Redis, command: str) -> int:
@@ -63,15 +67,15 @@ def password_server() -> Iterator[PasswordRedisServer]:
         yield server
 
 
-def _kombu_channel(url: str) -> Any:
-    with Connection(url, ssl=True, transport_options=TIMEOUTS) as conn:
+def _kombu_channel(url: str, options: dict[str, Any] = TIMEOUTS) -> Any:
+    with Connection(url, ssl=True, transport_options=options) as conn:
         return conn.default_channel
 
 
-def _celery_channel(url: str) -> Any:
+def _celery_channel(url: str, options: dict[str, Any] = TIMEOUTS) -> Any:
     app = Celery("tls", broker=url, set_as_current=False)
     app.conf.broker_use_ssl = True
-    app.conf.broker_transport_options = TIMEOUTS
+    app.conf.broker_transport_options = options
     with app.connection_for_write() as conn:
         return conn.default_channel
 
@@ -90,7 +94,7 @@ def test_delayrediss_with_ssl_true_never_talks_plaintext(
         before = calls(admin, "auth"), calls(admin, "hello"), calls(admin, "ping")
         started = time.monotonic()
         with pytest.raises((OperationalError, redis.RedisError, OSError)):
-            channel(url)
+            channel(url, MUST_FAIL)
         assert time.monotonic() - started < DEADLINE_S
         assert (calls(admin, "auth"), calls(admin, "hello"), calls(admin, "ping")) == before
     finally:
@@ -147,11 +151,13 @@ def test_the_app_movers_and_commands_use_broker_use_ssl(
         producer.publish({"n": 1}, routing_key="tls", headers={"x-delay": 600_000}, retry=False)
         producer.publish({"n": 2}, routing_key="tls", headers={"x-delay": 200}, retry=False)
     target = app_target(app)
-    time.sleep(0.5)
     # The embedded mover's way in: open_when_reachable(app_target(app)).
     with open_when_reachable(target, threading.Event(), "tls-test") as store:
         assert store is not None
-        assert Mover(store, target.settings()).drain().moved == 1
+        due = store.earliest_due_ms()
+        assert due is not None
+        wait_until(lambda: store.time_ms() > due)  # the 200 ms one, by Redis's clock
+        assert Mover(store, target.settings(), watch=False).drain().moved == 1
     admin = tls_server.client()
     try:
         assert admin.llen("tls") == 1

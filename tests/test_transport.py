@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import sys
 import time
+import types
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -21,15 +22,15 @@ from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay import DelayTooLong, PayloadTooLarge, keys
+from kombu_delay import DelayTooLong, PayloadTooLarge, keys, transport
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.redis_server import RedisServer, free_port
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store
 
-from .conftest import ROOT, wait_until
-from .delay_helpers import Stored, stored
+from .conftest import ROOT
+from .delay_helpers import FakeClock, Stored, stored
 
 
 def options(prefix: str, **extra: Any) -> dict[str, Any]:
@@ -158,13 +159,14 @@ def test_priority_maps_to_kombus_own_list_key(r, make_app, redis_server, prefix,
 
 
 def test_every_key_created_carries_the_global_keyprefix(r, make_app, prefix):
-    app = make_app(prefix)
-    app.send_task("t.add", (1, 2), countdown=30)
-    app.send_task("t.add", (1, 2), countdown=0.3, priority=9)
+    app = make_app(prefix, delay_compress_after=0)  # the ordinary layout, whose keys are checked
+    app.send_task("t.add", (1, 2), countdown=3600)
+    app.send_task("t.add", (1, 2), countdown=30, priority=9)
     app.send_task("t.add", (1, 2))
-    store = Store(r, prefix)
-    time.sleep(0.4)
-    wait_until(lambda: store.move_due(100).moved == 1)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    clock.advance(60_000)  # the 30 s one is due; the hour one is not
+    assert store.move_due(100).moved == 1
 
     created = sorted(k.decode() for k in r.keys("*"))
     assert created
@@ -378,10 +380,12 @@ def _body(raw: bytes) -> bytes:
 
 
 def test_moved_list_item_is_the_stored_json_byte_for_byte(r, make_app, prefix):
-    make_app(prefix).send_task("t.add", ("é", [], {}, 2**70), countdown=0.3)
+    make_app(prefix).send_task("t.add", ("é", [], {}, 2**70), countdown=30)
     held = only(stored(r, prefix))
-    store = Store(r, prefix)
-    wait_until(lambda: store.move_due(10).moved)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    clock.advance(60_000)
+    assert store.move_due(10).moved == 1
     assert r.lrange(f"{prefix}celery", 0, -1) == [held.envelope.payload]
     message = json.loads(held.envelope.payload)
     assert "eta" in message["headers"]
@@ -438,7 +442,7 @@ def test_held_then_moved_message_is_what_plain_redis_would_have_pushed(r, make_a
     and later moved by delayredis://. The two list items differ only in the delivery tag."""
     app = make_app(prefix)
     task_id = str(uuid.uuid4())
-    eta = datetime.now(UTC) + timedelta(seconds=0.5)
+    eta = datetime.now(UTC) + timedelta(seconds=60)
     found = []
     for url in (redis_server.url, redis_server.delay_url):
         with Connection(url, transport_options=options(prefix)) as conn, app.amqp.Producer(conn) as producer:
@@ -447,8 +451,9 @@ def test_held_then_moved_message_is_what_plain_redis_would_have_pushed(r, make_a
         if url == redis_server.delay_url:
             assert lists(r) == {}
             member = only(stored(r, prefix)).envelope.payload
-            store = Store(r, prefix)
-            wait_until(lambda: store.move_due(10).moved)  # noqa: B023
+            clock = FakeClock(r)
+            clock.advance(120_000)  # past the ETA
+            assert Store(r, prefix, clock=clock).move_due(10).moved == 1
         item = r.rpop(f"{prefix}celery")
         if member is not None:
             assert item == member  # the stored member is the list item, byte for byte
@@ -472,23 +477,21 @@ def test_a_message_over_redis_string_limit_is_refused_before_it_is_sent(r):
     assert store.counts() == {"celery": 1}
 
 
-def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix):
-    """An ETA a millisecond ahead is often still future when the transport looks and past
-    when the script runs: the script then pushes the message itself, and the publish returns
-    normally on every supported kombu (before 5.7 kombu has no x-expires to look up)."""
+def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix, monkeypatch):
+    """An ETA can be future when the transport looks (by this machine's clock) and past when
+    the script runs (by Redis's): the script then pushes the message itself, and the publish
+    returns normally on every supported kombu (before 5.7 kombu has no x-expires to look up).
+    Here the transport's clock runs a minute behind, so the ETA, a second past by Redis's,
+    takes that path every time (in production a millisecond-ahead ETA takes it sometimes)."""
     app = make_app(prefix)
+    real_time = time.time
+    monkeypatch.setattr(transport, "time", types.SimpleNamespace(time=lambda: real_time() - 60))
     r.config_resetstat()
-    sent = pushed_by_script = 0
-    with app.producer_or_acquire() as producer:
-        while pushed_by_script == 0 and sent < 5000:  # about a quarter of them, usually
-            for _ in range(100):
-                app.send_task("t.x", eta=datetime.now(UTC) + timedelta(milliseconds=1), producer=producer)
-            sent += 100
-            scripted = int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
-            on_list = r.llen(f"{prefix}celery")
-            pushed_by_script = on_list - (sent - scripted)
-    assert pushed_by_script > 0
-    assert on_list + len(stored(r, prefix)) == sent
+    sent = app.send_task("t.x", eta=datetime.now(UTC) - timedelta(seconds=1)).id
+    assert int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)) >= 1  # the script ran
+    (raw,) = r.lrange(f"{prefix}celery", 0, -1)
+    assert json.loads(raw)["headers"]["id"] == sent
+    assert stored(r, prefix) == [] and not r.hget(keys.totals(prefix), "scheduled")
 
 
 # -- queues declared with x-expires -------------------------------------------------------
@@ -505,7 +508,6 @@ def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, 
     kept = Queue("kept", Exchange("kept"), "kept")
     older = f"{prefix}temp{keys.KOMBU_PRIORITY_SEP}3"
     r.lpush(older, b"older")  # a priority list of the queue, with no expiry yet
-    store = Store(r, prefix)
 
     def publish(queue: Queue, delay_ms: int, task_id: str) -> None:
         with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
@@ -523,7 +525,10 @@ def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, 
     publish(temp, 300, "t-1")
     publish(kept, 300, "k-1")
     assert 0 < expiry(older) <= 30_000 and len(stored(r, prefix)) == 2
-    wait_until(lambda: store.move_due(10) and r.llen(f"{prefix}temp") + r.llen(f"{prefix}kept") == 2)
+    clock = FakeClock(r)  # from after the publishes: x-delay counts from Redis's clock
+    store = Store(r, prefix, clock=clock)
+    clock.advance(1000)
+    assert store.move_due(10).moved == 2
     assert 0 < expiry(f"{prefix}temp") <= 30_000
     assert expiry(f"{prefix}kept") == -1  # no x-expires: no expiry, as with plain kombu
 
@@ -532,8 +537,12 @@ def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, 
     publish(temp, 600_000, "t-2")
     publish(temp, 600_000, "t-3")
     with DelayControl(redis_server.delay_url, options(prefix)) as control:
+        control.store.clock = clock
         assert control.reschedule("t-2", countdown=0.3) == 1
-        wait_until(lambda: store.move_due(10) and r.llen(f"{prefix}temp") == 1)
+        assert r.llen(f"{prefix}temp") == 0 and len(stored(r, prefix)) == 2  # stored again
+        clock.advance(1000)
+        assert store.move_due(10).moved == 1
+        assert r.llen(f"{prefix}temp") == 1
         assert 0 < expiry(f"{prefix}temp") <= 30_000
         r.delete(f"{prefix}temp")
         assert control.reschedule("t-3", countdown=0) == 1
