@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -95,12 +96,22 @@ def test_what_an_eviction_takes_is_counted_lost_and_stats_stops_counting_it(evic
     client.config_set("maxmemory", 0)  # or every command evicts more, reads too
     held = _held(client)
     assert 0 < held < 600, held
+    # A bucket whose meta hash Redis evicted together with its set leaves nothing that says how
+    # many it held: those cannot be told apart from scheduled ones (the logs and health say the
+    # policy is unsafe). Everything else is counted exactly.
+    per_bucket = Counter(keys.bucket_start(due.ms, 60_000) for due, _, _ in items)
+    untold = sum(
+        n
+        for start, n in per_bucket.items()
+        if not client.exists(keys.meta("", start)) and not client.exists(keys.queue_set("", start, "q"))
+    )
     with DelayControl(evicting.delay_url) as ctl:
-        assert ctl.stats(hours=24).scheduled == held
+        assert ctl.stats(hours=24).scheduled == held + untold
         sweep_all(store)
         stats = ctl.stats(hours=24)
-        assert (stats.scheduled, stats.vanished, stats.totals["expired"]) == (held, 0, 600 - held)
-        assert stats.by_queue == {"q": held}
+        assert (stats.scheduled, stats.vanished) == (held + untold, 0)
+        assert stats.totals["expired"] == 600 - held - untold
+        assert stats.by_queue == {"q": held + untold}
 
 
 def _held(client: redis.Redis) -> int:
