@@ -6,9 +6,9 @@ Importing this package registers the ``delayredis://``, ``delayrediss://`` and
 
 from __future__ import annotations
 
-from .config import Settings
-from .control import DelayControl, Page, ScheduledMessage, Slot, Stats
-from .errors import (
+from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl, Page, ScheduledMessage, Slot, Stats
+from kombu_delay.errors import (
     BadETA,
     ConfigError,
     DelayTooLong,
@@ -19,7 +19,7 @@ from .errors import (
     RedisRefused,
     RedisUnavailable,
 )
-from .transport import register
+from kombu_delay.transport import register
 
 __version__ = "0.3.0"
 

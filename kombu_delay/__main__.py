@@ -1,5 +1,5 @@
 """``python -m kombu_delay`` is the ``kombu-delay`` command."""
 
-from .cli import main
+from kombu_delay.cli import main
 
 main(prog_name="kombu-delay")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .errors import ConfigError
+from kombu_delay.errors import ConfigError
 
 DAY_MS = 86_400_000
 #: The shortest ``delay_grace`` accepted, ms. The grace is how long scheduled messages survive

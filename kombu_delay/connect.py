@@ -16,12 +16,18 @@ import redis
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 
-from .config import Settings
-from .errors import ConfigError, RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
-from .redact import Redactor, mask_url, split_url, url_secrets
-from .replies import AUTH_ERRORS, translated_errors
-from .store import Store
-from .transport import register
+from kombu_delay.config import Settings
+from kombu_delay.errors import (
+    ConfigError,
+    RedisAuthError,
+    RedisPermissionError,
+    RedisRefused,
+    RedisUnavailable,
+)
+from kombu_delay.redact import Redactor, mask_url, split_url, url_secrets
+from kombu_delay.store import Store
+from kombu_delay.store.replies import AUTH_ERRORS, translated_errors
+from kombu_delay.transport import register
 
 #: Plain kombu schemes and the kombu-delay scheme that serves the same server.
 DELAY_SCHEMES = {

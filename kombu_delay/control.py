@@ -16,17 +16,16 @@ from typing import Any
 
 from kombu.connection import Connection
 
-from . import keys
-from .checks import eviction_problem
-from .config import Settings
-from .connect import connection, default_channel, store_of
-from .errors import CorruptMember, DelayTooLong, RedisRefused
-from .eta import to_ms
-from .listing import Cursor
-from .payload import index_id, task_name, with_eta
-from .replies import Rescheduled, Stored
-from .store import Store
-from .watch import ALERT_KEEP_MS
+from kombu_delay.config import Settings
+from kombu_delay.connect import connection, default_channel, store_of
+from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
+from kombu_delay.eta import to_ms
+from kombu_delay.mover.watch import ALERT_KEEP_MS
+from kombu_delay.ops.checks import eviction_problem
+from kombu_delay.payload import index_id, task_name, with_eta
+from kombu_delay.store import Store, keys
+from kombu_delay.store.listing import Cursor
+from kombu_delay.store.replies import Rescheduled, Stored
 
 HOUR_MS = 3_600_000
 #: Most rows a due-time histogram may have.

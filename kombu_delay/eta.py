@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import BadETA, DelayTooLong
-from .keys import MAX_DUE_MS
+from kombu_delay.errors import BadETA, DelayTooLong
+from kombu_delay.store.keys import MAX_DUE_MS
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from .eta import message_id, protocol1_body
+from kombu_delay.eta import message_id, protocol1_body
 
 
 def iso_utc(ms: int) -> str:

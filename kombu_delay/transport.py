@@ -51,11 +51,11 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from .checks import FRESH_HEARTBEAT_MS
-from .config import Settings
-from .errors import BadETA
-from .eta import message_due
-from .store import Store
+from kombu_delay.config import Settings
+from kombu_delay.errors import BadETA
+from kombu_delay.eta import message_due
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
+from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import kombu_delay  # noqa: F401  (registers the delay* schemes)
-from kombu_delay.redis_server import RedisServer, stop_process
+from kombu_delay.tooling.redis_server import RedisServer, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,8 +19,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from kombu_delay.embedded import EmbeddedMoverStep
 from kombu_delay.eta import parse_iso_ms
+from kombu_delay.mover.embedded import EmbeddedMoverStep
 
 LEDGER_KEY = "eco:ledger"
 

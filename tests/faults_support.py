@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import redis
 
-from kombu_delay import cold, keys
 from kombu_delay.payload import index_id
-from kombu_delay.redis_server import RedisServer
+from kombu_delay.store import cold, keys
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import Proc
 

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import redis
 
-from kombu_delay.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer
 
 MASTER_NAME = "mymaster"
 

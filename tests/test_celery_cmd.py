@@ -9,7 +9,7 @@ import sys
 
 from celery import Celery
 
-from kombu_delay import keys
+from kombu_delay.store import keys
 
 from .conftest import ROOT, wait_until
 

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from kombu_delay import DelayControl
 from kombu_delay.cli import main
-from kombu_delay.cmd_inspect import COMMANDS, span
-from kombu_delay.listing import Cursor
-from kombu_delay.redis_server import free_port
+from kombu_delay.cli.inspect import COMMANDS, span
+from kombu_delay.store.listing import Cursor
+from kombu_delay.tooling.redis_server import free_port
 
 from .conftest import ROOT
 

@@ -14,8 +14,8 @@ from kombu_delay import DelayControl
 from kombu_delay.cli import main, parse_option
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.redis_server import free_port
 from kombu_delay.store import Store
+from kombu_delay.tooling.redis_server import free_port
 
 from .conftest import ROOT, wait_until
 from .delay_helpers import behind, kombu_payload

@@ -14,15 +14,14 @@ import pytest
 import redis
 from celery import Celery
 
-from kombu_delay import cold, keys
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
 from kombu_delay.eta import Due, parse_iso_ms
-from kombu_delay.mover import Mover
-from kombu_delay.redis_server import RedisServer
-from kombu_delay.replies import Scheduled, ThawResult
-from kombu_delay.store import Store
+from kombu_delay.mover.loop import Mover
+from kombu_delay.store import Store, cold, keys
+from kombu_delay.store.replies import Scheduled, ThawResult
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import wait_until
 from .delay_helpers import FakeClock, kombu_payload, stored, tags_in

@@ -19,12 +19,12 @@ from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 
 import kombu_delay
-from kombu_delay import BadETA, DelayControl, keys
+from kombu_delay import BadETA, DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.payload import index_id
-from kombu_delay.replies import Rescheduled, Scheduled
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Rescheduled, Scheduled
 
 from .conftest import ROOT, wait_until
 from .delay_helpers import ORDINARY, FakeClock, kombu_payload

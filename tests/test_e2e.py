@@ -25,9 +25,8 @@ import pytest
 import redis
 from celery import Celery
 
-from kombu_delay import keys
 from kombu_delay.eta import parse_iso_ms
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
 
 from .conftest import Proc, wait_until
 from .delay_helpers import LpushMonitor, eta_us, percentile, stored, worker_args

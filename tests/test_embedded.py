@@ -9,10 +9,9 @@ import sys
 import pytest
 from celery import Celery
 
-from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
 
 from .conftest import wait_until
 from .delay_helpers import behind, kombu_payload

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from kombu.transport.redis import Channel as KombuChannel
 
-from kombu_delay import keys
 from kombu_delay.errors import BadETA, DelayTooLong
 from kombu_delay.eta import Due, message_due, parse_iso_ms, to_ms
-from kombu_delay.listing import Cursor, Position, digest
 from kombu_delay.payload import index_id, task_name, with_eta
-from kombu_delay.replies import Stored
+from kombu_delay.store import keys
+from kombu_delay.store.listing import Cursor, Position, digest
+from kombu_delay.store.replies import Stored
 
 T = datetime(2030, 5, 6, 7, 8, 9, 123_456, tzinfo=UTC)
 T_MS = 1_904_281_689_123

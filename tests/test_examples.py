@@ -11,8 +11,8 @@ import sys
 
 from celery import Celery
 
-from kombu_delay import DelayControl, keys
-from kombu_delay.store import Store
+from kombu_delay import DelayControl
+from kombu_delay.store import Store, keys
 
 from .conftest import ROOT, wait_until
 

@@ -26,14 +26,13 @@ from celery import Celery
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
-from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import BadETA, DelayTooLong, RedisRefused, RedisUnavailable
 from kombu_delay.eta import Due, to_ms
-from kombu_delay.redis_server import RedisServer
-from kombu_delay.replies import Scheduled
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Scheduled
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import wait_until
 from .delay_helpers import behind

@@ -49,14 +49,14 @@ def test_fanout_is_delivered_at_once_even_with_a_delay(r, redis_server):
 
 def test_inspect_scheduled_does_not_see_delayed_tasks_held_in_redis(r, redis_server, spawn):
     env = {"KOMBU_DELAY_DEMO_BROKER": redis_server.url}
-    celery = [sys.executable, "-m", "celery", "-A", "kombu_delay.demo_app"]
+    celery = [sys.executable, "-m", "celery", "-A", "kombu_delay.tooling.demo.app"]
     quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
     spawn([*celery, "worker", "--pool", "solo", *quiet, "--hostname", "limits@%h"], env=env, name="worker")
     # Control: through plain redis:// the worker receives the task at once and holds it.
     plain = Celery("limits_plain", broker=redis_server.url)
-    held_by_worker = plain.send_task("kombu_delay.demo_app.fire", args=(1,), countdown=600).id
+    held_by_worker = plain.send_task("kombu_delay.tooling.demo.app.fire", args=(1,), countdown=600).id
     delayed = Celery("limits_delay", broker=redis_server.delay_url)
-    held_in_redis = delayed.send_task("kombu_delay.demo_app.fire", args=(2,), countdown=600).id
+    held_in_redis = delayed.send_task("kombu_delay.tooling.demo.app.fire", args=(2,), countdown=600).id
     plain.close()
     delayed.close()
 

@@ -13,15 +13,14 @@ import pytest
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.eta import Due
-from kombu_delay.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
-from kombu_delay.mover import Mover
-from kombu_delay.redis_server import RedisServer, free_port
-from kombu_delay.store import Store
+from kombu_delay.mover.loop import Mover
+from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
+from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 
 from .conftest import ROOT, wait_until
 from .delay_helpers import FakeClock

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import redis
 
-from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.replies import MoveResult, Scheduled, _runs
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import MoveResult, Scheduled, _runs
 
 from .delay_helpers import FakeClock
 

@@ -19,13 +19,12 @@ from typing import Any
 import pytest
 import redis
 
-from kombu_delay import keys, replies
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.mover import Mover
-from kombu_delay.redis_server import RedisServer
-from kombu_delay.replies import MoveResult, Scheduled
-from kombu_delay.store import Store
+from kombu_delay.mover.loop import Mover
+from kombu_delay.store import Store, keys, replies
+from kombu_delay.store.replies import MoveResult, Scheduled
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import wait_until
 from .delay_helpers import ORDINARY, FakeClock, expires_at, kombu_payload, stored, tags_in
@@ -476,7 +475,7 @@ def test_wakeup_publish_interrupts_a_long_sleep(r, monkeypatch):
     """A mover whose sleep cap, thaw look and sweep are all an hour away, on an empty store,
     sees a new message in time only because the publish wakes it: without the wake, the wait
     below runs out."""
-    monkeypatch.setattr("kombu_delay.mover.SWEEP_EVERY_S", 3600.0)
+    monkeypatch.setattr("kombu_delay.mover.loop.SWEEP_EVERY_S", 3600.0)
     store = Store(r)
     looked = threading.Event()
     settings = Settings(max_sleep_ms=3_600_000, thaw_ahead_ms=3 * 3_600_000)
@@ -620,7 +619,7 @@ def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_l
     while messages are held, instead of sleeping its whole max_sleep: an hour here, with its
     thaw look and sweep as far away, so without the polling the wait below runs out. Time is
     driven: the later message is due when the test says."""
-    monkeypatch.setattr("kombu_delay.mover.SWEEP_EVERY_S", 3600.0)
+    monkeypatch.setattr("kombu_delay.mover.loop.SWEEP_EVERY_S", 3600.0)
     clock = FakeClock(r)
     store = Store(r, clock=clock)
     narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)

@@ -8,12 +8,11 @@ import subprocess
 import sys
 import time
 
-from kombu_delay import keys
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.mover import Backoff
-from kombu_delay.replies import Scheduled
-from kombu_delay.store import Store
+from kombu_delay.mover.loop import Backoff
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Scheduled
 
 from .conftest import ROOT, wait_until
 from .delay_helpers import behind, kombu_payload

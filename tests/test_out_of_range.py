@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from kombu_delay import DelayControl, DelayTooLong, keys
+from kombu_delay import DelayControl, DelayTooLong
 from kombu_delay.control import HOUR_MS, histogram_slots
+from kombu_delay.store import keys
 
 from .test_cli_inspect import kd, options
 from .test_cli_inspect import publish as publish_tasks

@@ -25,7 +25,7 @@ from kombu_delay.cli import main, parse_option
 from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
-from kombu_delay.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import Proc, wait_until
 from .delay_helpers import redis_ms, stored
@@ -336,7 +336,7 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
     import threading
 
     from kombu_delay.config import Settings
-    from kombu_delay.mover import Mover
+    from kombu_delay.mover.loop import Mover
 
     publish_due_soon(server.delay_url, 3, delay_ms=200)
     primary = server.client()

@@ -25,7 +25,7 @@ from kombu_delay import DelayControl
 from kombu_delay.connect import connection
 from kombu_delay.errors import ConfigError, KombuDelayError
 from kombu_delay.redact import MASK, RedactingFilter, Redactor, mask_url, url_secrets
-from kombu_delay.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import ROOT, Proc, wait_until
 

@@ -23,9 +23,8 @@ import redis.sentinel
 from celery import Celery
 from kombu import Connection
 
-from kombu_delay import keys
 from kombu_delay.connect import open_store
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
 
 from .conftest import wait_until
 from .sentinel_cluster import MASTER_NAME, SentinelCluster

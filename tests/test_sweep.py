@@ -11,12 +11,12 @@ import threading
 
 import redis
 
-from kombu_delay import DelayControl, keys
+from kombu_delay import DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.mover import Mover
-from kombu_delay.redis_server import RedisServer
-from kombu_delay.store import Store
+from kombu_delay.mover.loop import Mover
+from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import wait_until
 from .delay_helpers import FakeClock, expires_at, kombu_payload, tags_in

@@ -24,8 +24,8 @@ from kombu.exceptions import OperationalError
 from kombu_delay.cli import main
 from kombu_delay.connect import app_target, open_store
 from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
-from kombu_delay.mover import Mover, open_when_reachable
-from kombu_delay.redis_server import RedisServer
+from kombu_delay.mover.loop import Mover, open_when_reachable
+from kombu_delay.tooling.redis_server import RedisServer
 
 from .conftest import Proc, wait_until
 from .delay_helpers import stored

@@ -22,12 +22,12 @@ from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay import DelayTooLong, PayloadTooLarge, keys, transport
+from kombu_delay import DelayTooLong, PayloadTooLarge, transport
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.eta import Due, parse_iso_ms
-from kombu_delay.redis_server import RedisServer, free_port
-from kombu_delay.store import MAX_PAYLOAD_BYTES, Store
+from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, keys
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 
 from .conftest import ROOT
 from .delay_helpers import FakeClock, Stored, stored

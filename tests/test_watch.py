@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from kombu_delay import DelayControl, keys
+from kombu_delay import DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
-from kombu_delay.redis_server import RedisServer, free_port
-from kombu_delay.store import Store
-from kombu_delay.watch import Watch
+from kombu_delay.mover.watch import Watch
+from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 
 from .conftest import ROOT, Proc, wait_until
 from .delay_helpers import kombu_payload

@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 
 import redis
 
-from .config import Settings
-from .connect import Target
-from .errors import RedisRefused, RedisUnavailable
-from .replies import FATAL_ERRORS, MoveResult, SweepResult, ThawResult
-from .store import Store
-from .watch import Findings, Watch
+from kombu_delay.config import Settings
+from kombu_delay.connect import Target
+from kombu_delay.errors import RedisRefused, RedisUnavailable
+from kombu_delay.mover.watch import Findings, Watch
+from kombu_delay.store import Store
+from kombu_delay.store.replies import FATAL_ERRORS, MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The benchmark's scenarios: publish, precision, burst, memory, thaw, scale and herd.
 
 Each scenario takes a :class:`Ctx`, starts from an empty database, and returns a
-JSON-ready dict. Messages are Celery's own (see :class:`~kombu_delay.bench_env.Payloads`),
+JSON-ready dict. Messages are Celery's own (see :class:`~kombu_delay.tooling.bench.env.Payloads`),
 movers are real ``kombu-delay mover`` processes, and arrival is judged where a
 worker would see it: on kombu's list.
 """
@@ -18,11 +18,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import cold, keys
-from .bench_env import QUEUE, TASK, Movers, Payloads, Probe, celery_app, eta_of, fill, now_ms, rss_mb
-from .config import Settings
-from .eta import Due, parse_iso_ms
-from .store import Store
+from kombu_delay.config import Settings
+from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.store import Store, cold, keys
+from kombu_delay.tooling.bench.env import (
+    QUEUE,
+    TASK,
+    Movers,
+    Payloads,
+    Probe,
+    celery_app,
+    eta_of,
+    fill,
+    now_ms,
+    rss_mb,
+)
 
 #: A bucket so wide that every message of the scale scenario shares one sorted set:
 #: the worst case for the O(log n) members of the cost.

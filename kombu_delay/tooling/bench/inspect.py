@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .config import Settings
-from .control import DelayControl
-from .eta import Due
-from .redis_server import RedisServer
+from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl
+from kombu_delay.eta import Due
+from kombu_delay.tooling.redis_server import RedisServer
 
 #: Key prefix of the benchmark's data, so it never mixes with an app's.
 PREFIX = "kdbench:"

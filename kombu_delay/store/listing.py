@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import keys
-from .replies import Stored
+from kombu_delay.store import keys
+from kombu_delay.store.replies import Stored
 
 if TYPE_CHECKING:
-    from .store import Store
+    from kombu_delay.store import Store
 
 #: Members read from one sorted set per call.
 CHUNK = 64

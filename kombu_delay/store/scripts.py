@@ -1,4 +1,4 @@
-"""Load the Lua scripts shipped in ``kombu_delay/lua`` (one script per file)."""
+"""Load the Lua scripts shipped in ``kombu_delay/store/lua`` (one script per file)."""
 
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import click
 
-from .redis_server import RedisServer, stop_process
-from .store import Store
+from kombu_delay.store import Store
+from kombu_delay.tooling.redis_server import RedisServer, stop_process
 
 #: Countdowns of the demo's tasks, seconds.
 COUNTDOWNS = (1.0, 2.0, 3.0, 4.0, 5.5, 7.0, 8.5, 10.0)
@@ -155,7 +155,7 @@ def run(view: View, workdir: Path) -> bool:
     """Run the demo; return True when every task ran once and none early."""
     from celery import Celery
 
-    from . import demo_app
+    from kombu_delay.tooling.demo import app as demo_app
 
     children: list[Child] = []
     server = RedisServer(directory=str(workdir))
@@ -172,7 +172,7 @@ def run(view: View, workdir: Path) -> bool:
         )
         children.append(mover)
         view.say(f"mover      kombu-delay --broker {server.delay_url} mover (pid {mover.popen.pid})")
-        worker_args = [sys.executable, "-m", "celery", "-A", "kombu_delay.demo_app", "worker"]
+        worker_args = [sys.executable, "-m", "celery", "-A", "kombu_delay.tooling.demo.app", "worker"]
         worker_args += ["--pool", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"]
         worker_args += ["--loglevel", "INFO", "--hostname", "demo@%h"]
         worker = Child("worker", worker_args, workdir / "worker.log", {demo_app.BROKER_ENV: server.url})

@@ -25,17 +25,16 @@ from typing import Any
 import redis
 from celery import Celery
 
-from . import scripts
-from .config import Settings
-from .eta import Due
-from .redis_server import stop_process
-from .replies import Scheduled
-from .store import Store
+from kombu_delay.config import Settings
+from kombu_delay.eta import Due
+from kombu_delay.store import Store, scripts
+from kombu_delay.store.replies import Scheduled
+from kombu_delay.tooling.redis_server import stop_process
 
 #: The queue every scenario publishes to (kombu's list key for priority 0).
 QUEUE = "bench"
 #: Task name of the benchmark's messages (the e2e worker registers it).
-TASK = "kombu_delay.bench_e2e.record"
+TASK = "kombu_delay.tooling.bench.e2e.record"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .checks import FRESH_HEARTBEAT_MS, eviction_problem, stranded_problem
-from .errors import RedisPermissionError
-from .store import Store
+from kombu_delay.errors import RedisPermissionError
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, eviction_problem, stranded_problem
+from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import click
 
-from . import cli
-from . import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
-from .cli_common import LOG_FILTER, LOG_LEVELS, RedactingGroup, global_options
-from .connect import PLAIN_SCHEMES, app_target, check_url
-from .errors import KombuDelayError
-from .health import health
-from .redact import Redactor, mask_url
-from .transport import register
+from kombu_delay import cli
+from kombu_delay.cli.common import LOG_FILTER, LOG_LEVELS, RedactingGroup, global_options
+from kombu_delay.connect import PLAIN_SCHEMES, app_target, check_url
+from kombu_delay.errors import KombuDelayError
+from kombu_delay.mover import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
+from kombu_delay.ops.health import health
+from kombu_delay.redact import Redactor, mask_url
+from kombu_delay.transport import register
 
 register()
 
@@ -95,7 +95,7 @@ delay.add_command(health)
 
 
 # Inspection and control: stats, ls, cancel, reschedule, purge.
-from .cmd_inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
+from kombu_delay.cli.inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
 
 for _command in _INSPECT:
     delay.add_command(_command)

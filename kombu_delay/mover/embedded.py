@@ -22,9 +22,9 @@ from typing import Any
 
 from celery import bootsteps, signals
 
-from .config import Settings
-from .connect import Target, app_target
-from .mover import Backoff, Mover, mover_id, open_when_reachable
+from kombu_delay.config import Settings
+from kombu_delay.connect import Target, app_target
+from kombu_delay.mover.loop import Backoff, Mover, mover_id, open_when_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def enabled(app: Any) -> bool:
     return Settings.from_options(app.conf.broker_transport_options or {}).embedded_mover
 
 
-@signals.worker_init.connect(dispatch_uid="kombu_delay.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]
+@signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]
 def _install_when_enabled(sender: Any = None, **kwargs: Any) -> None:
     # worker_init fires in every WorkController just before its blueprint reads
     # app.steps['worker'], so adding the step here is early enough.

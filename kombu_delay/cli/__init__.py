@@ -14,21 +14,28 @@ from typing import Any
 
 import click
 
-from .cli_common import RedactingGroup, global_options, parse_option, setup_logging, target
-from .connect import Target
-from .demo import demo
-from .errors import KombuDelayError
-from .health import health
-from .mover import Mover, mover_id, open_when_reachable
+from kombu_delay.cli.common import RedactingGroup, global_options, parse_option, setup_logging, target
+from kombu_delay.connect import Target
+from kombu_delay.errors import KombuDelayError
+from kombu_delay.mover.loop import Mover, mover_id, open_when_reachable
+from kombu_delay.ops.health import health
 
 __all__ = ["main", "parse_option", "run_mover", "setup_logging", "target"]
 
 logger = logging.getLogger(__name__)
 
+#: The tooling's commands, imported only when they run.
+TOOLING = {
+    "bench": "kombu_delay.tooling.bench:bench",
+    "demo": "kombu_delay.tooling.demo:demo",
+}
+
 
 @global_options
 @click.group(
-    cls=RedactingGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+    cls=RedactingGroup,
+    lazy=TOOLING,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 def main() -> None:
     """kombu-delay: delayed delivery for Celery on Redis.
@@ -129,7 +136,7 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
                 return
             hooks: dict[str, Any] = {}
             if metrics_port is not None:
-                from .metrics import serve_metrics
+                from kombu_delay.ops.metrics import serve_metrics
 
                 try:
                     hooks = serve_metrics(store, metrics_port, metrics_addr)
@@ -145,17 +152,13 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
 
 main.add_command(health)
 
-main.add_command(global_options(demo))
 
 # Inspection and control: stats, ls, cancel, reschedule, purge.
-from .cmd_inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
+from kombu_delay.cli.inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
 
 for _command in _INSPECT:
     main.add_command(_command)
 
-from .bench import bench as _bench  # noqa: E402  (kept next to its registration)
-
-main.add_command(global_options(_bench))
 
 if __name__ == "__main__":  # pragma: no cover
     main()

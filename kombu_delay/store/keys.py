@@ -38,7 +38,7 @@ def index(prefix: str) -> str:
     return f"{ns(prefix)}index"
 
 
-#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.cold`).
+#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.cold`).
 #: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
 #: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs
 #: read ``c<start>:<offset>:<seq>``. Movers never push from it: they thaw its messages into

@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 import click
 
-from .cli_common import announce, global_options, target
-from .control import DelayControl, ScheduledMessage, Stats, histogram_slots
-from .errors import KombuDelayError
-from .listing import Cursor
+from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
+from kombu_delay.errors import KombuDelayError
+from kombu_delay.store.listing import Cursor
 
 NOT_FOUND = 1
 FAILED = 3

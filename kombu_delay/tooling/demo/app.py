@@ -1,6 +1,6 @@
 """The demo's Celery app: a stock worker on plain ``redis://`` that records when each task ran.
 
-``python -m kombu_delay demo`` starts ``celery -A kombu_delay.demo_app worker`` with
+``python -m kombu_delay demo`` starts ``celery -A kombu_delay.tooling.demo.app worker`` with
 the broker URL in ``KOMBU_DELAY_DEMO_BROKER``. Nothing here knows about kombu-delay:
 the worker consumes the ordinary Celery list, exactly as it would without it.
 
@@ -20,12 +20,12 @@ import redis
 from celery import Celery
 from celery.signals import task_received
 
-from .eta import parse_iso_ms
+from kombu_delay.eta import parse_iso_ms
 
 BROKER_ENV = "KOMBU_DELAY_DEMO_BROKER"
 #: The demo's own record list (not a kombu-delay key: the demo reads it, nothing else does).
 RUNS_KEY = "kombu_delay_demo:runs"
-TASK_NAME = "kombu_delay.demo_app.fire"
+TASK_NAME = "kombu_delay.tooling.demo.app.fire"
 
 # Without the variable (the demo process imports this module only for its names) the app
 # gets kombu's in-memory transport, so nothing can ever connect to a Redis that is not ours.

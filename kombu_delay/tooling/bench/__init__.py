@@ -24,13 +24,14 @@ import celery
 import click
 import kombu
 
-from . import __version__, bench_report
-from .bench_env import Movers, Payloads, Probe
-from .bench_scenarios import SCENARIOS, Ctx, Sizes
-from .config import Settings
-from .connect import delay_url
-from .redis_server import RedisServer
-from .store import Store
+from kombu_delay import __version__
+from kombu_delay.config import Settings
+from kombu_delay.connect import delay_url
+from kombu_delay.store import Store
+from kombu_delay.tooling.bench import report as bench_report
+from kombu_delay.tooling.bench.env import Movers, Payloads, Probe
+from kombu_delay.tooling.bench.scenarios import SCENARIOS, Ctx, Sizes
+from kombu_delay.tooling.redis_server import RedisServer
 
 Scenario = Callable[[Ctx], dict[str, Any]]
 
@@ -39,13 +40,13 @@ def scenarios(with_e2e: bool) -> dict[str, Scenario]:
     """Every scenario in run order; ``inspect`` when its module is installed."""
     found: dict[str, Scenario] = dict(SCENARIOS)
     try:
-        inspect_mod = importlib.import_module("kombu_delay.bench_inspect")
+        inspect_mod = importlib.import_module("kombu_delay.tooling.bench.inspect")
     except ImportError:
         inspect_mod = None
     if inspect_mod is not None and hasattr(inspect_mod, "run"):
         found["inspect"] = inspect_mod.run
     if with_e2e:
-        from .bench_e2e import e2e
+        from kombu_delay.tooling.bench.e2e import e2e
 
         found["e2e"] = e2e
     return found

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import click
 
-from .checks import eviction_problem
-from .cli_common import announce, global_options, target
-from .errors import KombuDelayError
-from .store import Store
-from .watch import ALERT_KEEP_MS
+from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.errors import KombuDelayError
+from kombu_delay.mover.watch import ALERT_KEEP_MS
+from kombu_delay.ops.checks import eviction_problem
+from kombu_delay.store import Store
 
 #: Exit statuses.
 HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from . import cold, keys
-from .errors import RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
+from kombu_delay.errors import RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
+from kombu_delay.store import cold, keys
 
 
 class Scheduled(enum.IntEnum):
@@ -127,7 +127,7 @@ class Stored:
     #: The list key it will be pushed onto.
     dest: str
     #: The member, exactly as stored: the message plain kombu would push, or in the cold
-    #: space (``cold``) its compressed form (:mod:`kombu_delay.cold`).
+    #: space (``cold``) its compressed form (:mod:`kombu_delay.store.cold`).
     payload: bytes
     #: True when it is stored compressed, in the cold space.
     cold: bool = False

@@ -1,7 +1,7 @@
 """The benchmark's end-to-end scenario: stock Celery workers on plain ``redis://``.
 
 This module is also the Celery app those workers run (``celery -A
-kombu_delay.bench_e2e worker``): one task that records when it started. The
+kombu_delay.tooling.bench.e2e worker``): one task that records when it started. The
 scenario measures due -> task start through a mover, and worker RSS while many
 tasks are pending: held in Redis by kombu-delay, against held in the worker's
 memory by stock Celery, in the same run.
@@ -20,8 +20,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .bench_env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
-from .redis_server import stop_process
+from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
+from kombu_delay.tooling.redis_server import stop_process
 
 #: The queue of the stock worker (ETA messages straight onto its list).
 STOCK_QUEUE = "bench-stock"
@@ -45,7 +45,7 @@ def record(self: Any, pad: str = "") -> None:
 
 
 def _worker(url: str, queue: str, log: str) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "celery", "-A", "kombu_delay.bench_e2e", "worker", "--pool", "solo"]
+    args = [sys.executable, "-m", "celery", "-A", "kombu_delay.tooling.bench.e2e", "worker", "--pool", "solo"]
     args += ["-Q", queue, "-l", "warning", "--without-heartbeat", "--without-mingle", "--without-gossip"]
     out = open(log, "wb")  # noqa: SIM115
     proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, BROKER_ENV: url})
@@ -76,7 +76,7 @@ def _settled_rss(pid: int, seconds: float = 3.0) -> float:
 
 def e2e(ctx: Any) -> dict[str, Any]:
     """Due -> task start through a mover and a stock worker; worker RSS, delay vs stock."""
-    from .bench_scenarios import _pct, _wait
+    from kombu_delay.tooling.bench.scenarios import _pct, _wait
 
     ctx.fresh()
     n, pending = ctx.sizes.e2e_precision, ctx.sizes.e2e_tasks
@@ -94,7 +94,7 @@ def e2e(ctx: Any) -> dict[str, Any]:
             due = int(base + random.uniform(0, 10_000))
             delayed.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due), queue=QUEUE)
         _wait(lambda: ctx.probe.client.llen(STARTS) >= n, timeout=90, interval=0.2)
-        from .eta import parse_iso_ms
+        from kombu_delay.eta import parse_iso_ms
 
         records = [json.loads(x) for x in ctx.probe.client.lrange(STARTS, 0, -1)]
         late = [start - parse_iso_ms(eta) for _, eta, start in records if eta]

@@ -2,7 +2,7 @@
 
 Everything above it (transport, mover, inspection, CLI) calls these methods
 and never builds a Redis command. Script replies become the Python values of
-:mod:`kombu_delay.replies` here, and ``redis.ConnectionError`` becomes
+:mod:`kombu_delay.store.replies` here, and ``redis.ConnectionError`` becomes
 :class:`~kombu_delay.errors.RedisUnavailable`.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 
 import redis
 
-from . import cold, keys, listing
-from .config import Settings
-from .errors import CorruptMember, DelayTooLong, PayloadTooLarge
-from .eta import Due
-from .listing import Cursor
-from .payload import index_id
-from .replies import (
+from kombu_delay.config import Settings
+from kombu_delay.errors import CorruptMember, DelayTooLong, PayloadTooLarge
+from kombu_delay.eta import Due
+from kombu_delay.payload import index_id
+from kombu_delay.store import cold, keys, listing
+from kombu_delay.store.listing import Cursor
+from kombu_delay.store.replies import (
     Census,
     MoveResult,
     Rescheduled,
@@ -32,7 +32,7 @@ from .replies import (
     ThawResult,
     translated_errors,
 )
-from .scripts import Scripts
+from kombu_delay.store.scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Store:
         ``dest`` when it pushes the message, as kombu's own publish would.
 
         A message due further ahead than ``settings.compress_after_ms`` is stored
-        compressed, in the cold space (see :mod:`kombu_delay.cold`).
+        compressed, in the cold space (see :mod:`kombu_delay.store.cold`).
 
         Raises :class:`DelayTooLong` when the due time is past ``max_delay`` or the
         year-2109 ceiling; nothing is written then.
@@ -585,7 +585,7 @@ class Store:
         self, after: Cursor | None, limit: int, dests: Iterable[str] | None = None, examine: int = 10_000
     ) -> tuple[list[Stored], Cursor | None]:
         """Return up to ``limit`` messages after ``after``, earliest due first across both spaces,
-        and the cursor of the next page (``None`` at the end); see :mod:`kombu_delay.listing`.
+        and the cursor of the next page (``None`` at the end); see :mod:`kombu_delay.store.listing`.
 
         With ``dests``, only messages bound for those lists are read. At most about ``examine``
         members are read per call, so a page may come back short.

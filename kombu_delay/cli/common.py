@@ -9,6 +9,7 @@ before the sub-command and after it (the sub-command's value wins), on ``kombu-d
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import math
 import os
@@ -18,8 +19,8 @@ from typing import Any, TypeVar
 
 import click
 
-from .connect import Target
-from .redact import RedactingFilter, Redactor
+from kombu_delay.connect import Target
+from kombu_delay.redact import RedactingFilter, Redactor
 
 BROKER_ENV = "KOMBU_DELAY_BROKER"
 CELERY_ENV = "CELERY_BROKER_URL"
@@ -193,7 +194,25 @@ def global_options(command: C) -> C:
 
 class RedactingGroup(click.Group):
     """A click group whose errors are scrubbed of the broker's passwords before click prints
-    them, including a traceback nobody translated."""
+    them, including a traceback nobody translated.
+
+    ``lazy`` names commands by ``"module:attribute"``: the module is imported only when the
+    command runs (or help lists it), so ``mover`` and ``health`` never load the tooling.
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            module, _, attr = self.lazy[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attr)
+            self.add_command(global_options(command), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

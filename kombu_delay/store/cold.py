@@ -4,7 +4,7 @@ A Celery message is about 1 KB of JSON that differs from the next one in little
 more than its ids and ETA, so a message due further ahead than
 ``delay_compress_after`` is stored deflated against a preset dictionary of what
 Celery messages share: about a fifth of its size. It is kept apart from the
-messages movers push (see :mod:`kombu_delay.keys`), and a mover restores
+messages movers push (see :mod:`kombu_delay.store.keys`), and a mover restores
 ("thaws") it to the exact original string, into the ordinary layout, some time
 before it is due (``delay_thaw_ahead``). Lua in Redis has no zlib, so the
 restoring is done by the mover in Python; a move never decodes anything.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import zlib
 
-from .errors import CorruptMember
+from kombu_delay.errors import CorruptMember
 
 #: First byte of a cold member made with :data:`DICTIONARY`.
 VERSION = 1

@@ -32,9 +32,9 @@ from typing import Any
 
 import redis
 
-from .replies import MoveResult, SweepResult, ThawResult
-from .store import Store
-from .watch import Findings
+from kombu_delay.mover.watch import Findings
+from kombu_delay.store import Store
+from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 
