@@ -21,7 +21,7 @@ from kombu_delay.errors import (
 )
 from kombu_delay.transport import register
 
-__version__ = "0.3.0"
+__version__ = "1.0.0"
 
 register()
 
