@@ -11,7 +11,8 @@ from celery import Celery
 from click.testing import CliRunner, Result
 
 from kombu_delay import DelayControl
-from kombu_delay.cli import main, parse_option
+from kombu_delay.cli import main
+from kombu_delay.cli.common import parse_option
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import Store
