@@ -19,10 +19,9 @@ from kombu.connection import Connection
 from kombu_delay.config import Settings
 from kombu_delay.connect import connection, default_channel, store_of
 from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
-from kombu_delay.eta import to_ms
+from kombu_delay.message import index_id, task_name, to_ms, with_eta
 from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import eviction_problem
-from kombu_delay.payload import index_id, task_name, with_eta
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Stored

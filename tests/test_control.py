@@ -21,8 +21,7 @@ from kombu import Connection, Exchange, Producer, Queue
 import kombu_delay
 from kombu_delay import BadETA, DelayControl
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
-from kombu_delay.payload import index_id
+from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Rescheduled, Scheduled
 
