@@ -232,20 +232,7 @@ class DelayControl:
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
         store = self.store
-        if eta is not None:
-            due_ms = to_ms(eta)
-        else:
-            seconds = float(countdown or 0)
-            if not math.isfinite(seconds):
-                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
-            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
-            # either way is far past the ceiling or before the epoch, so no outcome changes.
-            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
-            due_ms = store.time_ms() + round(seconds * 1000)
-        # Any time before the epoch is as past as the epoch: the message goes to its queue now
-        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
-        # fails before the year 1, and on some platforms before 1970) and read by any worker.
-        due_ms = max(due_ms, 0)
+        due_ms = self._new_due_ms(eta, countdown)
         done = 0
         for stored in store.find(task_id):
             # Checked before with_eta as well as by the script: far enough past the ceiling the
@@ -337,6 +324,24 @@ class DelayControl:
             vanished=census.vanished,
             warnings=warnings(store),
         )
+
+    def _new_due_ms(self, eta: datetime | None, countdown: float | None) -> int:
+        """The epoch ms of a reschedule's ``eta``, or of ``countdown`` seconds from the Redis
+        clock's now; never before the epoch."""
+        if eta is not None:
+            due_ms = to_ms(eta)
+        else:
+            seconds = float(countdown or 0)
+            if not math.isfinite(seconds):
+                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
+            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
+            # either way is far past the ceiling or before the epoch, so no outcome changes.
+            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
+            due_ms = self.store.time_ms() + round(seconds * 1000)
+        # Any time before the epoch is as past as the epoch: the message goes to its queue now
+        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
+        # fails before the year 1, and on some platforms before 1970) and read by any worker.
+        return max(due_ms, 0)
 
     @staticmethod
     def _too_far(task_id: str, due_ms: int) -> DelayTooLong:
