@@ -20,8 +20,7 @@ from kombu_delay.config import Settings
 from kombu_delay.connect import connection, default_channel, store_of
 from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
 from kombu_delay.message import index_id, task_name, to_ms, with_eta
-from kombu_delay.mover.watch import ALERT_KEEP_MS
-from kombu_delay.ops.checks import eviction_problem
+from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Stored
@@ -135,14 +134,6 @@ def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
     if slots > MAX_SLOTS:
         raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")
     return slot_ms, slots
-
-
-def warnings(store: Store) -> list[str]:
-    """What endangers the scheduled messages of ``store`` now: Redis's eviction policy, read
-    here, and what movers recorded in the alerts hash (stranded key prefixes)."""
-    found = [eviction_problem(store.eviction_policy())]
-    found += list(store.alerts(ALERT_KEEP_MS).values())
-    return [text for text in found if text]
 
 
 class DelayControl:
@@ -322,7 +313,7 @@ class DelayControl:
             movers=store.heartbeats(),
             totals=store.totals(),
             vanished=census.vanished,
-            warnings=warnings(store),
+            warnings=list(dangers(store)),
         )
 
     def _new_due_ms(self, eta: datetime | None, countdown: float | None) -> int:

@@ -62,7 +62,7 @@ def check(store: Store, host: str | None = None) -> Health:
     With ``host``, only movers on that host count (mover ids are
     ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover.
     """
-    warnings = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
+    warnings = dangers(store)
     beats = store.heartbeats()
     if host is not None:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
@@ -73,5 +73,13 @@ def check(store: Store, host: str | None = None) -> Health:
         movers=len(beats),
         heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
         overdue_ms=0 if earliest is None else max(0, now - earliest),
-        warnings=tuple(text for text in warnings if text),
+        warnings=warnings,
     )
+
+
+def dangers(store: Store) -> tuple[str, ...]:
+    """What endangers the scheduled messages of ``store`` now, whatever the movers do: Redis's
+    eviction policy, read here, and what movers recorded in the alerts hash (stranded key
+    prefixes). One sentence each, saying what to do."""
+    found = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
+    return tuple(text for text in found if text)
