@@ -2,6 +2,10 @@
 
 Importing this package registers the ``delayredis://``, ``delayrediss://`` and
 ``delaysentinel://`` broker URL schemes with kombu.
+
+The public API is what ``__all__`` names: :class:`Settings`, :class:`DelayControl` and the
+types its results come in, the exception tree rooted at :class:`KombuDelayError`, and
+:func:`register`. Names not in ``__all__`` are internal.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from kombu_delay.control import DelayControl, Page, ScheduledMessage, Slot, Stat
 from kombu_delay.errors import (
     BadETA,
     ConfigError,
+    CorruptMember,
     DelayTooLong,
     KombuDelayError,
     PayloadTooLarge,
@@ -28,6 +33,7 @@ register()
 __all__ = [
     "BadETA",
     "ConfigError",
+    "CorruptMember",
     "DelayControl",
     "DelayTooLong",
     "KombuDelayError",

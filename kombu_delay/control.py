@@ -19,10 +19,8 @@ from kombu.connection import Connection
 from kombu_delay.config import Settings
 from kombu_delay.connect import connection, default_channel, store_of
 from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
-from kombu_delay.eta import to_ms
-from kombu_delay.mover.watch import ALERT_KEEP_MS
-from kombu_delay.ops.checks import eviction_problem
-from kombu_delay.payload import index_id, task_name, with_eta
+from kombu_delay.message import index_id, task_name, to_ms, with_eta
+from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Stored
@@ -138,14 +136,6 @@ def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
     return slot_ms, slots
 
 
-def warnings(store: Store) -> list[str]:
-    """What endangers the scheduled messages of ``store`` now: Redis's eviction policy, read
-    here, and what movers recorded in the alerts hash (stranded key prefixes)."""
-    found = [eviction_problem(store.eviction_policy())]
-    found += list(store.alerts(ALERT_KEEP_MS).values())
-    return [text for text in found if text]
-
-
 class DelayControl:
     """Inspect and control kombu-delay's scheduled messages.
 
@@ -233,20 +223,7 @@ class DelayControl:
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
         store = self.store
-        if eta is not None:
-            due_ms = to_ms(eta)
-        else:
-            seconds = float(countdown or 0)
-            if not math.isfinite(seconds):
-                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
-            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
-            # either way is far past the ceiling or before the epoch, so no outcome changes.
-            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
-            due_ms = store.time_ms() + round(seconds * 1000)
-        # Any time before the epoch is as past as the epoch: the message goes to its queue now
-        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
-        # fails before the year 1, and on some platforms before 1970) and read by any worker.
-        due_ms = max(due_ms, 0)
+        due_ms = self._new_due_ms(eta, countdown)
         done = 0
         for stored in store.find(task_id):
             # Checked before with_eta as well as by the script: far enough past the ceiling the
@@ -336,8 +313,26 @@ class DelayControl:
             movers=store.heartbeats(),
             totals=store.totals(),
             vanished=census.vanished,
-            warnings=warnings(store),
+            warnings=list(dangers(store)),
         )
+
+    def _new_due_ms(self, eta: datetime | None, countdown: float | None) -> int:
+        """The epoch ms of a reschedule's ``eta``, or of ``countdown`` seconds from the Redis
+        clock's now; never before the epoch."""
+        if eta is not None:
+            due_ms = to_ms(eta)
+        else:
+            seconds = float(countdown or 0)
+            if not math.isfinite(seconds):
+                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
+            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
+            # either way is far past the ceiling or before the epoch, so no outcome changes.
+            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
+            due_ms = self.store.time_ms() + round(seconds * 1000)
+        # Any time before the epoch is as past as the epoch: the message goes to its queue now
+        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
+        # fails before the year 1, and on some platforms before 1970) and read by any worker.
+        return max(due_ms, 0)
 
     @staticmethod
     def _too_far(task_id: str, due_ms: int) -> DelayTooLong:

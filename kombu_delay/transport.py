@@ -53,7 +53,7 @@ from kombu.utils.json import dumps
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA
-from kombu_delay.eta import message_due
+from kombu_delay.message import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.redact import mask_url
 from kombu_delay.store import Store

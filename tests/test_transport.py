@@ -25,7 +25,7 @@ from kombu.transport import redis as kombu_redis
 from kombu_delay import DelayTooLong, PayloadTooLarge, transport
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 

@@ -17,8 +17,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import CorruptMember, DelayTooLong, PayloadTooLarge
-from kombu_delay.eta import Due
-from kombu_delay.payload import index_id
+from kombu_delay.message import Due, index_id
 from kombu_delay.store import cold, keys, listing
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import (
