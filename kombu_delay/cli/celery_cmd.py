@@ -37,7 +37,7 @@ def app_broker_warning(url: str) -> str | None:
     )
 
 
-@click.group(name="delay", cls=RedactingGroup)
+@click.group(name="delay", cls=RedactingGroup, lazy=cli.EXTRAS)
 @click.option(
     "--log-level",
     default="info",
