@@ -156,7 +156,7 @@ class Bar:
 
 
 #: Size of the chart's drawing area (SVG viewBox).
-CHART_W, CHART_H = 600.0, 160.0
+CHART_W, CHART_H = 1200.0, 160.0
 
 
 def bars(slots: list[Slot]) -> list[Bar]:
