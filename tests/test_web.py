@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from celery import Celery
@@ -17,14 +18,13 @@ from kombu_delay import DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import keys
+from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import present
 from kombu_delay.web.app import PathPrefix, create_app
 from kombu_delay.web.guard import CSRF_COOKIE, Credentials
 
-from .conftest import ROOT
+from .conftest import ROOT, wait_until
 from .delay_helpers import behind, kombu_payload
-
-pytest.importorskip("flask")
 
 
 def publish(redis_server, prefix: str, *calls: tuple[str, tuple, dict, dict]) -> list[str]:
@@ -276,3 +276,39 @@ def test_the_mover_and_the_cli_do_not_import_the_web_stack():
     assert re.search(r"^\s+web\s", cli("--help"), re.M)
     helped = cli("web", "--help")
     assert "--allow-actions" in helped and "9809" in helped
+
+
+def test_the_bench_web_scenario_times_every_page(tmp_path):
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "kombu_delay", "bench", "--only", "web", "--scale-large", "3000"]
+    args += ["--json-out", str(out), "--plot-out", str(tmp_path / "bench.png")]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    web = report["results"]["web"]
+    assert report["errors"] == {} and web["scheduled"] == 3000
+    assert {"overview_hours", "overview_days", "scheduled_page_50", "task_detail"} <= set(web["pages"])
+    assert all(page["runs"] == 100 and page["median_ms"] > 0 for page in web["pages"].values())
+
+
+def test_celery_delay_web_reads_the_apps_broker_and_prefix(r, redis_server, spawn):
+    options = {"global_keyprefix": "eco9:"}
+    [task_id] = publish(redis_server, "eco9:", ("eco.record", ("x",), {}, {"countdown": 600}))
+    port = free_port()
+    env = {"ECO_BROKER": redis_server.delay_url, "ECO_OPTIONS": json.dumps(options)}
+    args = [sys.executable, "-m", "celery", "-A", "tests.ecosystem_app", "delay", "web", "--port", str(port)]
+    server = spawn(args, env=env, name="web")
+
+    def overview() -> dict | None:
+        assert server.popen.poll() is None, server.output()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/overview.json", timeout=5) as reply:
+                return dict(json.loads(reply.read()))
+        except OSError:
+            return None
+
+    data = wait_until(overview, timeout=90)
+    assert isinstance(data, dict) and data["scheduled"] == 1
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/task?id={task_id}", timeout=5) as reply:
+        html = reply.read().decode()
+    assert "key prefix &#39;eco9:&#39;" in html and "read-only" in html

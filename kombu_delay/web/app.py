@@ -22,12 +22,13 @@ from kombu_delay.control import DelayControl
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present
-from kombu_delay.web.overview import DEFAULT_RANGE, RANGES, Shared
+from kombu_delay.web.overview import DEFAULT_RANGE, RANGES, SHARED_FOR_S, Shared
 
 #: Rows per page of the scheduled listing and of the dead letters.
 PAGE_ROWS = 50
 #: Most rows one listing page may ask for.
 MAX_ROWS = 500
+READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
 
 
 def create_app(
@@ -38,13 +39,14 @@ def create_app(
     refresh_s: float = 5.0,
     where: str = "",
     max_buckets: int = 10_000,
+    share_s: float = SHARED_FOR_S,
 ) -> Flask:
     """Build the dashboard for ``control``. ``where``: the broker and prefix, passwords masked,
     shown in the page header. Mount it under a path prefix with the WSGI ``SCRIPT_NAME``
-    (``kombu-delay web --url-prefix``)."""
+    (``kombu-delay web --url-prefix``). ``share_s``: how long one overview serves every browser."""
     app = Flask(__name__)
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
-    shared = Shared(control, max_buckets)
+    shared = Shared(control, max_buckets, share_s)
 
     @app.context_processor
     def helpers() -> dict[str, Any]:
@@ -182,8 +184,7 @@ def create_app(
         """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
         if not allow_actions:
             guard.audit.warning("refused %s %r by %s: actions are off", action, target, guard.who(request))
-            abort(403, "This dashboard is read-only: start it with --allow-actions to cancel, "
-                  "reschedule or remove.")  # fmt: skip
+            abort(403, READ_ONLY)
         problem = guard.csrf_problem(request)
         if problem is not None:
             guard.audit.warning("refused %s %r by %s: %s", action, target, guard.who(request), problem)

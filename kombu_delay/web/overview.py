@@ -99,18 +99,19 @@ def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:
 
 
 class Shared:
-    """The latest overview per range, reused for ``SHARED_FOR_S`` by every request."""
+    """The latest overview per range, reused for ``share_s`` by every request."""
 
-    def __init__(self, control: DelayControl, max_buckets: int) -> None:
+    def __init__(self, control: DelayControl, max_buckets: int, share_s: float = SHARED_FOR_S) -> None:
         self.control = control
         self.max_buckets = max_buckets
+        self.share_s = share_s
         self._lock = threading.Lock()
         self._latest: dict[str, tuple[float, Overview]] = {}
 
     def get(self, range_name: str) -> Overview:
         with self._lock:  # one census at a time: concurrent refreshes wait for it, then share it
             found = self._latest.get(range_name)
-            if found is not None and time.monotonic() - found[0] < SHARED_FOR_S:
+            if found is not None and time.monotonic() - found[0] < self.share_s:
                 return found[1]
             fresh = build(self.control, range_name, self.max_buckets)
             self._latest[range_name] = (time.monotonic(), fresh)
