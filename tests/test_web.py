@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +17,7 @@ from celery import Celery
 
 from kombu_delay import DelayControl
 from kombu_delay.config import Settings
+from kombu_delay.connect import app_target
 from kombu_delay.eta import Due
 from kombu_delay.store import keys
 from kombu_delay.tooling.redis_server import free_port
@@ -25,6 +27,7 @@ from kombu_delay.web.guard import CSRF_COOKIE, Credentials
 
 from .conftest import ROOT, wait_until
 from .delay_helpers import behind, kombu_payload
+from .faults_support import running_tls_server
 
 
 def publish(redis_server, prefix: str, *calls: tuple[str, tuple, dict, dict]) -> list[str]:
@@ -312,3 +315,19 @@ def test_celery_delay_web_reads_the_apps_broker_and_prefix(r, redis_server, spaw
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/task?id={task_id}", timeout=5) as reply:
         html = reply.read().decode()
     assert "key prefix &#39;eco9:&#39;" in html and "read-only" in html
+
+
+def test_the_dashboard_reads_a_tls_broker_as_the_cli_does(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with running_tls_server(tmp_path) as server:
+        app = Celery("tls", broker=f"delayrediss://127.0.0.1:{server.port}/0", set_as_current=False)
+        app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": server.ca}
+        app.conf.broker_transport_options = {"global_keyprefix": "tls:"}
+        task_id = app.send_task("tasks.a", ("over tls",), countdown=600).id
+        app.close()
+        tgt = app_target(app)  # what `celery -A app delay web` serves from
+        with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
+            client = client_of(ctl, where=tgt.describe())
+            assert client.get("/overview.json").get_json()["scheduled"] == 1
+            page = client.get(f"/task?id={task_id}").get_data(as_text=True)
+            assert "over tls" in page and "delayrediss://127.0.0.1" in page
