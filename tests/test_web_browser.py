@@ -196,8 +196,9 @@ def test_search_by_id_finds_the_task_and_the_list_shows_it(stack, page, tmp_path
 
 
 def test_cancel_from_the_page_means_the_worker_never_runs_it(stack, page):
-    victim = send(stack, "eco.record", "victim", countdown=12)
-    witness = send(stack, "eco.record", "witness", countdown=15)
+    # Seconds of room for the clicks on a busy machine; the witness is due 3 s after the victim.
+    victim = send(stack, "eco.record", "victim", countdown=20)
+    witness = send(stack, "eco.record", "witness", countdown=23)
     page.goto(f"{stack.url}/task?id={victim}")
     page.click("#cancel")
     page.click("#confirm")  # the confirmation page: nothing is cancelled before it
