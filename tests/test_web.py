@@ -135,7 +135,7 @@ def test_listing_filters_by_queue_and_task_and_pages_with_the_cursor(redis_serve
     assert re.findall(r'data-task-id="([^"]+)"', second) == [ids[2], ids[3]]
     emails = client.get("/scheduled?queue=emails").get_data(as_text=True)
     assert re.findall(r'data-task-id="([^"]+)"', emails) == [ids[3]]
-    named = client.get("/scheduled?task=tasks.b").get_data(as_text=True)
+    named = client.get("/scheduled?task=s.b").get_data(as_text=True)
     assert re.findall(r'data-task-id="([^"]+)"', named) == [ids[3]]
     assert client.get(f"/scheduled?id={ids[1]}").headers["Location"].endswith(f"/task?id={ids[1]}")
     assert client.get("/scheduled?cursor=nonsense").status_code == 400

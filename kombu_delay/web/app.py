@@ -139,9 +139,9 @@ def create_app(
             abort(400, "the cursor or limit is not one this page made")
         page = control.scheduled(queue=queue, limit=limit, cursor=cursor)
         now = control.store.time_ms()
-        # The task-name filter applies to the page read: a filtered page may come back short,
-        # never longer to read.
-        items = [m for m in page.items if not name or (m.task or "") == name]
+        # The task-name filter (a part of the name) applies to the page read: a filtered page may
+        # come back short, never longer to read.
+        items = [m for m in page.items if name in (m.task or "")]
         rows = [(m, present.preview(m.message)) for m in items]
         return render_template(
             "scheduled.html",
