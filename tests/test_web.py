@@ -19,6 +19,7 @@ from kombu_delay import DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.connect import app_target
 from kombu_delay.eta import Due
+from kombu_delay.ops.checks import stranded_problem
 from kombu_delay.store import keys
 from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import present
@@ -331,3 +332,20 @@ def test_the_dashboard_reads_a_tls_broker_as_the_cli_does(tmp_path, monkeypatch)
             assert client.get("/overview.json").get_json()["scheduled"] == 1
             page = client.get(f"/task?id={task_id}").get_data(as_text=True)
             assert "over tls" in page and "delayrediss://127.0.0.1" in page
+
+
+def test_overview_puts_an_evicting_policy_and_stranded_prefixes_first(r, control):
+    # As a mover records it: another key prefix holds messages no mover serves.
+    control.store.set_alert("stranded", stranded_problem({"other:": 5}), 60_000)
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        html = client_of(control).get("/").get_data(as_text=True)
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    section = html.split('<section class="warnings" role="alert">', 1)[1].split("</section>", 1)[0]
+    warnings = re.findall(r'<p class="warning">(.*?)</p>', section, re.S)
+    assert len(warnings) == 3
+    assert warnings[0].startswith("No mover is running")
+    assert "maxmemory-policy is allkeys-lru" in warnings[1]
+    assert "&#39;other:&#39; (5)" in warnings[2]
+    assert html.index('class="warnings"') < html.index('class="cards"')
