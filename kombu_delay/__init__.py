@@ -11,7 +11,7 @@ types its results come in, the exception tree rooted at :class:`KombuDelayError`
 from __future__ import annotations
 
 from kombu_delay.config import Settings
-from kombu_delay.control import DelayControl, Page, ScheduledMessage, Slot, Stats
+from kombu_delay.control import DeadLetter, DelayControl, Page, ScheduledMessage, Slot, Stats
 from kombu_delay.errors import (
     BadETA,
     ConfigError,
@@ -34,6 +34,7 @@ __all__ = [
     "BadETA",
     "ConfigError",
     "CorruptMember",
+    "DeadLetter",
     "DelayControl",
     "DelayTooLong",
     "KombuDelayError",

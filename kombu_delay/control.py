@@ -7,6 +7,7 @@ index or per-bucket counters, so none of them scans the scheduled messages.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,8 @@ class ScheduledMessage:
     due_ms: int
     #: Payload size, bytes.
     size: int
+    #: The stored kombu message (restored when it waits compressed), as a worker would get it.
+    message: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def eta(self) -> datetime:
@@ -62,6 +65,28 @@ class Page:
     items: list[ScheduledMessage]
     #: Opaque position after the last item; ``None`` when the listing is complete.
     cursor: str | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One entry of the dead-letter list: a stored member a mover could not restore."""
+
+    #: The member exactly as stored (compressed, and damaged).
+    member: bytes
+    #: Position in the list when read (0 = newest); it shifts as letters come and go.
+    index: int
+
+    @property
+    def digest(self) -> str:
+        """A name for this member that survives shifts in the list (sha256, hex)."""
+        return hashlib.sha256(self.member).hexdigest()
+
+    @property
+    def task_id(self) -> str:
+        """The task id the member carries in the clear, when it is readable, else ``""``."""
+        if len(self.member) < 2:
+            return ""
+        return self.member[2 : 2 + self.member[1]].decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -334,6 +359,36 @@ class DelayControl:
         # fails before the year 1, and on some platforms before 1970) and read by any worker.
         return max(due_ms, 0)
 
+    def overdue(self, max_buckets: int = 1000) -> tuple[dict[str, tuple[int, int]], bool]:
+        """Return, per queue, (messages due but not moved yet, due time of the oldest in epoch
+        ms), and whether ``max_buckets`` cut the count short. Reads only buckets already
+        started, never a message."""
+        store = self.store
+        by_dest, truncated = store.overdue(store.time_ms(), max_buckets)
+        by_queue: dict[str, tuple[int, int]] = {}
+        for dest, (n, oldest) in by_dest.items():
+            name = self.queue_of(dest)
+            had, first = by_queue.get(name, (0, oldest))
+            by_queue[name] = (had + n, min(first, oldest))
+        return by_queue, truncated
+
+    def dead_letters(self, offset: int = 0, limit: int = 50) -> tuple[int, list[DeadLetter]]:
+        """Return how many dead letters there are, and up to ``limit`` from ``offset`` (newest
+        first): members a mover could not restore, kept as stored, never delivered."""
+        if limit <= 0 or offset < 0:
+            raise ValueError("limit must be positive and offset not negative")
+        total, members = self.store.dead_letters(offset, limit)
+        return total, [DeadLetter(m, offset + i) for i, m in enumerate(members)]
+
+    def remove_dead_letter(self, digest: str, near: int = 0, window: int = 100) -> int:
+        """Remove the dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for in
+        ``window`` entries around position ``near``; return 1, or 0 when it is not there."""
+        _, found = self.dead_letters(max(0, near - window // 2), window)
+        for letter in found:
+            if letter.digest == digest:
+                return self.store.remove_dead_letter(letter.member)
+        return 0
+
     @staticmethod
     def _too_far(task_id: str, due_ms: int) -> DelayTooLong:
         return DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
@@ -357,4 +412,5 @@ class DelayControl:
             dest=stored.dest,
             due_ms=stored.due_ms,
             size=len(message),
+            message=message,
         )

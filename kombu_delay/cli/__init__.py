@@ -23,12 +23,14 @@ TOOLING = {
     "bench": "kombu_delay.tooling.bench:bench",
     "demo": "kombu_delay.tooling.demo:demo",
 }
+#: Commands of optional extras, imported only when they run (the mover never loads them).
+EXTRAS = {"web": "kombu_delay.web.cli:web"}
 
 
 @global_options
 @click.group(
     cls=RedactingGroup,
-    lazy=TOOLING,
+    lazy={**TOOLING, **EXTRAS},
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 def main() -> None:

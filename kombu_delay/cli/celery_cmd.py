@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from kombu_delay.cli import EXTRAS
 from kombu_delay.cli.common import (
     LOG_FILTER,
     LOG_LEVELS,
@@ -45,7 +46,7 @@ def app_broker_warning(url: str) -> str | None:
     )
 
 
-@click.group(name="delay", cls=RedactingGroup)
+@click.group(name="delay", cls=RedactingGroup, lazy=EXTRAS)
 @click.option(
     "--log-level",
     default="info",
