@@ -48,6 +48,18 @@ def create_app(
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
     shared = Shared(control, max_buckets, share_s)
 
+    _install_guards(app, credentials, allow_actions, where, refresh_s)
+    _add_pages(app, control, shared)
+    _add_detail_pages(app, control)
+    _add_actions(app, control, allow_actions)
+    return app
+
+
+def _install_guards(
+    app: Flask, credentials: guard.Credentials | None, allow_actions: bool, where: str, refresh_s: float
+) -> None:
+    """Basic auth, the CSRF cookie, security headers, server timing and error pages."""
+
     @app.context_processor
     def helpers() -> dict[str, Any]:
         return {
@@ -100,6 +112,14 @@ def create_app(
     @app.errorhandler(KombuDelayError)
     def redis_error(exc: KombuDelayError) -> tuple[str, int]:
         return render_template("error.html", title="Redis error", message=str(exc)), 503
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[str, int]:
+        return render_template("error.html", title=exc.name, message=exc.description), exc.code or 500
+
+
+def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
+    """The read-only pages of many things: the overview and the scheduled listing."""
 
     def range_arg() -> str:
         chosen = request.args.get("range", DEFAULT_RANGE)
@@ -155,6 +175,10 @@ def create_app(
             read=len(page.items),
         )
 
+
+def _add_detail_pages(app: Flask, control: DelayControl) -> None:
+    """The read-only pages of one thing: a task's messages, the dead letters."""
+
     @app.get("/task")
     def task() -> tuple[str, int]:
         task_id = request.args.get("id", "")
@@ -179,6 +203,10 @@ def create_app(
         return render_template("dead_letter.html", letter=letter, text=text, near=near), (
             200 if letter else 404
         )
+
+
+def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
+    """Cancel, reschedule and remove a dead letter: POSTs, off unless ``allow_actions``."""
 
     def acting(action: str, target: str) -> None:
         """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
@@ -238,12 +266,6 @@ def create_app(
         n = control.remove_dead_letter(digest, near)
         guard.audit.warning("remove dead letter %s by %s: %d removed", digest, guard.who(request), n)
         return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
-
-    @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException) -> tuple[str, int]:
-        return render_template("error.html", title=exc.name, message=exc.description), exc.code or 500
-
-    return app
 
 
 def _int(text: str | None, default: int) -> int:
