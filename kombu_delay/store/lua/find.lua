@@ -1,6 +1,6 @@
 --[[ find: read the stored messages an id-index entry names, in one round trip.
 
-KEYS[1] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[1] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] task_id  id-index key
 Returns: {start, score, dest, member, start, score, dest, member, ...} for every member found

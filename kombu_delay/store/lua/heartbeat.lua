@@ -7,6 +7,7 @@ ARGV[3] now_ms        epoch ms to judge by; '' = Redis TIME (tests drive time th
 Returns: now_ms
 Bound: O(log n + dropped) in the number of movers.
 ]]
+--- @include clock
 local movers = KEYS[1]
 local mover_id = ARGV[1]
 local forget_after = tonumber(ARGV[2])

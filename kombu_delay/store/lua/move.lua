@@ -1,7 +1,7 @@
 --[[ move: move due messages onto their destination lists, oldest bucket first.
 
 KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
@@ -20,7 +20,7 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
 Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of that
-        destination is taken: Redis 7+ is asked first (assert_may_push in _common.lua), and
+        destination is taken: Redis 7+ is asked first (assert_may_push in _push.lua), and
         on Redis 6 the LPUSH comes before the removal (move_head).
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
@@ -39,6 +39,11 @@ The id index is not touched here: once a bucket is drained it waits in <ns>gc un
 (nothing can be scheduled into it after that), and then its task-id list drives the clean-up
 of its refs, in this script's leftover budget, so a burst is never slowed by it.
 ]]
+--- @include clock
+--- @include refs
+--- @include push
+--- @include lateness
+--- @include buckets
 local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]

@@ -19,6 +19,10 @@ by rank and never reads a message; buckets whose meta hash counts none of these 
 one HMGET. The refs of purged messages are dropped with their bucket's (see move.lua); a cold
 bucket has no task-id list, so there they are read off the members (cold_task_id) first.
 ]]
+--- @include clock
+--- @include refs
+--- @include spaces
+--- @include buckets
 local index, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])

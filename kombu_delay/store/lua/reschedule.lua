@@ -1,7 +1,7 @@
 --[[ reschedule: replace one stored message by a new payload due at another time, atomically.
 
 KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dest    LIST  kombu's queue list key (written only when the new due time has passed)
@@ -33,10 +33,15 @@ Raises: NOPERM when the due time has passed and the ACL refuses LPUSH onto the d
         before the take).
 Bound: a constant number of O(log n) commands.
 
-The old message is claimed in this one script (ZSCORE, then ZREM in take in _common.lua): if
+The old message is claimed in this one script (ZSCORE, then ZREM in take in _buckets.lua): if
 a mover moved it a moment ago, nothing happens, so a message is never both delivered and
 rescheduled.
 ]]
+--- @include clock
+--- @include push
+--- @include spaces
+--- @include buckets
+--- @include put
 local dest_key = KEYS[5]
 local due = tonumber(ARGV[10])
 local max_delay, max_due = tonumber(ARGV[12]), tonumber(ARGV[13])

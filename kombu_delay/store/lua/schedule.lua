@@ -31,11 +31,14 @@ Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          max_due (nothing written), -2 a cold member due too soon (nothing written: the
          caller stores the message itself)
-Bound: a constant number of O(log n) commands (put in _common.lua).
+Bound: a constant number of O(log n) commands (put in _put.lua).
 
 The bucket's own keys (<ns>m:<start>, <ns>z:<start>:<dest>, <ns>t:<start>) are named from the
 due time here; Redis Cluster is not supported, so they need not be declared in KEYS.
 ]]
+--- @include clock
+--- @include spaces
+--- @include put
 local index, ids, counts, totals, dest_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ns = ARGV[1]
 local when = tonumber(ARGV[4])

@@ -25,6 +25,9 @@ So each bucket visited here is given its grace again from now: a message expires
 mover swept it for a whole grace. A bucket due in the future has more than its grace left
 already, and costs nothing but the reads.
 ]]
+--- @include clock
+--- @include spaces
+--- @include buckets
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
 local now = clock(ARGV[4])

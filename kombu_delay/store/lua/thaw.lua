@@ -2,7 +2,7 @@
 ordinary buckets, where movers push them when due.
 
 KEYS[1] index   ZSET  <ns>index     the ordinary buckets' index
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] cindex  ZSET  <ns>cindex    the cold buckets' index
@@ -19,13 +19,18 @@ Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that
 Bound: about six O(log n) commands per message, and a constant number per bucket.
 
 Each message leaves the cold space (ZREM first, so a member already gone is left alone)
-and enters the ordinary one (put_group in _common.lua) in this one script, so a crash can
+and enters the ordinary one (put_group in _put.lua) in this one script, so a crash can
 neither lose nor duplicate one; its id-index ref is replaced by the new one. It keeps its due time, and its bucket width, grace and
 x-expires as its publisher set them; one that is overdue (no mover ran in time) goes into
 a bucket that is due now, and is moved by the next move call. A message that could not be
 restored leaves the cold space for the dead-letter list, counted as dead (and as expired,
 so the lifetime totals add up). Under maxmemory the call is refused as a whole.
 ]]
+--- @include clock
+--- @include refs
+--- @include spaces
+--- @include buckets
+--- @include put
 local ns = ARGV[1]
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a

@@ -18,6 +18,9 @@ Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, one ZRANG
 Listing takes nothing: a member two movers both list is thawed by the first (thaw.lua's
 ZREM), and a mover that dies between the two calls leaves it where it was.
 ]]
+--- @include clock
+--- @include spaces
+--- @include buckets
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
