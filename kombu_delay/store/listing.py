@@ -25,7 +25,7 @@ from kombu_delay.store import keys
 from kombu_delay.store.replies import Stored
 
 if TYPE_CHECKING:
-    from kombu_delay.store import Store
+    from kombu_delay.store.inspection import Inspecting as Store
 
 #: Members read from one sorted set per call.
 CHUNK = 64
