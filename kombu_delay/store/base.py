@@ -7,7 +7,7 @@ from collections.abc import Callable
 import redis
 
 from kombu_delay.errors import translated_errors
-from kombu_delay.store import keys
+from kombu_delay.store import keys, spaces
 from kombu_delay.store.scripts import Scripts
 
 
@@ -33,11 +33,9 @@ class StoreBase:
         self.sep = sep
         self.ns = keys.ns(prefix)
         self._scripts = Scripts(client)
-        self._index = keys.index(prefix)
-        self._cold_index = keys.cold_index(prefix)
-        #: Each space and its index, the cold one first: a message a mover thaws during a walk
-        #: over both (purge, census) moves into the part still to come.
-        self.spaces = ((keys.COLD, self._cold_index), ("", self._index))
+        #: The ordinary space's index: the scripts that take one index take this one (a script
+        #: that works on either space is told which, see :mod:`kombu_delay.store.spaces`).
+        self._index = spaces.ORDINARY.index(prefix)
         self._gc = keys.drained(prefix)
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)

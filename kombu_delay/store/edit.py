@@ -9,7 +9,7 @@ from typing import Any
 from kombu_delay.config import Settings
 from kombu_delay.errors import translated_errors
 from kombu_delay.eta import Due
-from kombu_delay.store import keys
+from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import as_text
 from kombu_delay.store.inspection import Inspecting
 from kombu_delay.store.publish import Publishing
@@ -23,43 +23,38 @@ class Editing(Inspecting, Publishing):
         """Remove every message of ``task_id``; return how many were removed.
 
         A compressed message a mover thawed between the find and its removal is looked for
-        again, in the ordinary buckets (a thaw only ever moves a message there).
+        again (:func:`spaces.may_have_thawed`).
         """
         done = 0
         with translated_errors():
-            missed = False
+            again = False
             for stored in self.find(task_id):
                 removed = self._cancel_one(task_id, stored, now_ms)
                 done += removed
-                missed = missed or (stored.cold and not removed)
-            if missed:
-                done += sum(self._cancel_one(task_id, again, now_ms) for again in self.find(task_id))
+                again = again or spaces.may_have_thawed(stored, bool(removed))
+            if again:
+                done += sum(self._cancel_one(task_id, s, now_ms) for s in self.find(task_id))
         return done
 
     def _cancel_one(self, task_id: str, stored: Stored, now_ms: int | None) -> int:
-        return int(
-            self._scripts["cancel"](
-                keys=[self._index, self._ids, self._counts, self._totals, self._gc],
-                args=[
-                    self.ns,
-                    task_id,
-                    stored.bucket,
-                    stored.dest,
-                    stored.ref,
-                    stored.payload,
-                    self._now(now_ms),
-                ],
-            )
-        )
+        args: list[Any] = [
+            self.ns,
+            task_id,
+            stored.bucket,
+            stored.dest,
+            stored.ref,
+            stored.payload,
+            self._now(now_ms),
+        ]
+        call_keys = [self._index, self._ids, self._counts, self._totals, self._gc]
+        return int(self._scripts["cancel"](keys=call_keys, args=args))
 
     def thawed_copy(self, task_id: str, stored: Stored) -> Stored | None:
         """Return the ordinary copy of the compressed message ``stored`` when a mover thawed
         it meanwhile (same destination, due time and message), else ``None``."""
-        if not stored.cold:
+        if not stored.space.compressed:
             return None
-        wanted = (stored.dest, stored.due_ms, stored.message)
-        found = (s for s in self.find(task_id) if not s.cold and (s.dest, s.due_ms, s.payload) == wanted)
-        return next(found, None)
+        return spaces.thawed_copy(stored, self.find(task_id))
 
     def reschedule(
         self,
@@ -75,33 +70,34 @@ class Editing(Inspecting, Publishing):
         ``payload`` is the message itself; it is stored compressed when due far enough ahead,
         as :meth:`schedule` does.
         """
-        member = self._cold_member(Due(due_ms, task_id=task_id), payload, settings, now_ms)
+        due = Due(due_ms, task_id=task_id)
+
+        def send(to: spaces.Space) -> Any:
+            args: list[Any] = [
+                self.ns,
+                settings.bucket_width_ms,
+                settings.grace_ms,
+                old.ref,
+                old.bucket,
+                old.payload,
+                task_id,
+                old.dest,
+                to.member(payload, task_id),
+                due_ms,
+                keys.wake_channel(self.prefix),
+                settings.max_delay_ms,
+                keys.MAX_DUE_MS,
+                1 if to.compressed else 0,
+                settings.thaw_ahead_ms,
+                self._now(now_ms),
+            ]
+            call_keys = [self._index, self._ids, self._counts, self._totals, old.dest, self._gc]
+            return self._scripts["reschedule"](keys=call_keys, args=args)
+
+        space = self._space_for(due, settings, now_ms)
         with translated_errors():
-            while True:
-                reply = self._scripts["reschedule"](
-                    keys=[self._index, self._ids, self._counts, self._totals, old.dest, self._gc],
-                    args=[
-                        self.ns,
-                        settings.bucket_width_ms,
-                        settings.grace_ms,
-                        old.ref,
-                        old.bucket,
-                        old.payload,
-                        task_id,
-                        old.dest,
-                        payload if member is None else member,
-                        due_ms,
-                        keys.wake_channel(self.prefix),
-                        settings.max_delay_ms,
-                        keys.MAX_DUE_MS,
-                        0 if member is None else 1,
-                        settings.thaw_ahead_ms,
-                        self._now(now_ms),
-                    ],
-                )
-                if int(reply[0]) != Rescheduled.TOO_SOON_FOR_COLD:
-                    return Rescheduled(int(reply[0]))
-                member = None  # this clock runs behind Redis's: send the message as it is
+            reply = spaces.placed(space, send(space), send, _too_soon)
+        return Rescheduled(int(reply[0]))
 
     def purge(self, dests: Iterable[str], limit: int = 1000, now_ms: int | None = None) -> int:
         """Remove every message bound for one of ``dests``; return how many (loops ``purge.lua``)."""
@@ -110,15 +106,19 @@ class Editing(Inspecting, Publishing):
             return 0
         total = 0
         with translated_errors():
-            for space, index in self.spaces:  # the cold space first: see _spaces
+            for space in spaces.ALL:
                 cursor: Any = 0
                 while True:
                     reply = self._scripts["purge"](
-                        keys=[index, self._counts, self._totals, self._gc, self._ids],
-                        args=[self.ns, limit, cursor, space, self._now(now_ms), *wanted],
+                        keys=[space.index(self.prefix), self._counts, self._totals, self._gc, self._ids],
+                        args=[self.ns, limit, cursor, space.tag, self._now(now_ms), *wanted],
                     )
                     total += int(reply[0])
                     if int(reply[1]):
                         break
                     cursor = as_text(reply[2])
         return total
+
+
+def _too_soon(reply: list[Any]) -> bool:
+    return int(reply[0]) == Rescheduled.TOO_SOON_FOR_COLD

@@ -10,7 +10,7 @@ import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.payload import index_id
-from kombu_delay.store import keys, listing
+from kombu_delay.store import keys, listing, spaces
 from kombu_delay.store.base import StoreBase, as_text
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Census, Stored
@@ -44,7 +44,7 @@ class Inspecting(StoreBase):
         prefixes: set[str] = set()
         with translated_errors():
             for key in self.client.scan_iter(match=f"*{keys.NAMESPACE}*index", count=page):
-                other = keys.prefix_of_index(as_text(key))
+                other = spaces.prefix_of_index(as_text(key))
                 if other is not None and other != self.prefix:
                     prefixes.add(other)
             now = self.time_ms()
@@ -104,14 +104,13 @@ class Inspecting(StoreBase):
         (the cold space) count too.
         """
         with translated_errors():
-            firsts = (self._first_due(), self._first_due(keys.COLD))
-            dues = [d for d in firsts if d is not None]
+            dues = [d for d in map(self._first_due, spaces.ALL) if d is not None]
         return min(dues) if dues else None
 
-    def _first_due(self, space: str = "") -> int | None:
+    def _first_due(self, space: spaces.Space) -> int | None:
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
-        index = dict(self.spaces)[space]
+        index = space.index(self.prefix)
         first: list[Any] = self.client.zrange(index, 0, 0)
         if not first:
             return None
@@ -124,23 +123,21 @@ class Inspecting(StoreBase):
                 best = due
         return best
 
-    def _earliest_in(self, start: int, space: str = "") -> int | None:
+    def _earliest_in(self, start: int, space: spaces.Space) -> int | None:
         heads = [head for dest in self.dests(start, space) for head in self._head(start, dest, space)]
         return min(heads) if heads else None
 
-    def dests(self, start: int, space: str = "") -> list[str]:
+    def dests(self, start: int, space: spaces.Space = spaces.ORDINARY) -> list[str]:
         """Return the destinations a bucket's meta hash counts messages for, sorted."""
-        raw = self.client.hgetall(keys.meta(self.prefix, start, space))
+        raw = self.client.hgetall(space.meta(self.prefix, start))
         return sorted(
             name[2:]
             for name, n in ((as_text(k), int(v)) for k, v in raw.items())
             if name.startswith("q:") and n > 0
         )
 
-    def _head(self, start: int, dest: str, space: str = "") -> list[int]:
-        head: list[Any] = self.client.zrange(
-            keys.queue_set(self.prefix, start, dest, space), 0, 0, withscores=True
-        )
+    def _head(self, start: int, dest: str, space: spaces.Space) -> list[int]:
+        head: list[Any] = self.client.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
         return [int(head[0][1])] if head else []
 
     def find(self, task_id: str) -> list[Stored]:
@@ -156,8 +153,8 @@ class Inspecting(StoreBase):
         found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
         for i in range(0, len(flat), 4):
             start, score, dest, member = flat[i : i + 4]
-            space, start_ms = keys.split_bucket(as_text(start))
-            stored = Stored(start_ms, float(score), as_text(dest), bytes(member), bool(space))
+            space, start_ms = spaces.of_bucket(as_text(start))
+            stored = Stored(start_ms, float(score), as_text(dest), bytes(member), space.compressed)
             try:
                 message = stored.message
             except CorruptMember:
@@ -187,10 +184,9 @@ class Inspecting(StoreBase):
         """
         totals = [0] * (3 + int(slots))
         with translated_errors():
-            for space, index in self.spaces:
-                reply = self._scripts["census"](
-                    keys=[index], args=[self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space]
-                )
+            for space in spaces.ALL:
+                args: list[Any] = [self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space.tag]
+                reply = self._scripts["census"](keys=[space.index(self.prefix)], args=args)
                 totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return Census(truncated=bool(totals[0]), overdue=totals[1], vanished=totals[2], slots=totals[3:])
 

@@ -33,12 +33,13 @@ def bucket_start(due_ms: int, width_ms: int) -> int:
     return due_ms - due_ms % width_ms
 
 
-def index(prefix: str) -> str:
-    """ZSET of bucket starts holding scheduled messages: member and score = bucket start."""
-    return f"{ns(prefix)}index"
+def index(prefix: str, space: str = "") -> str:
+    """ZSET of bucket starts holding scheduled messages (of one space): member and score =
+    bucket start."""
+    return f"{ns(prefix)}{space}index"
 
 
-#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.cold`).
+#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.spaces`).
 #: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
 #: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs
 #: read ``c<start>:<offset>:<seq>``. Movers never push from it: they thaw its messages into
@@ -69,7 +70,7 @@ def split_bucket(text: str) -> tuple[str, int]:
 
 def cold_index(prefix: str) -> str:
     """ZSET of the cold buckets' starts, as :func:`index` for the ordinary ones."""
-    return f"{ns(prefix)}{COLD}index"
+    return index(prefix, COLD)
 
 
 def task_ids(prefix: str, start_ms: int) -> str:
@@ -111,19 +112,6 @@ def alerts(prefix: str) -> str:
     """HASH of what movers found wrong that no single call shows (another key prefix's
     stranded messages): name -> ``<epoch ms checked> <text>``. Movers rewrite it on each check."""
     return f"{ns(prefix)}alerts"
-
-
-#: The names of the index keys, after a namespace: how the key prefix of another app's
-#: kombu-delay data is found in a shared database.
-INDEX_SUFFIXES = (f"{NAMESPACE}index", f"{NAMESPACE}{COLD}index")
-
-
-def prefix_of_index(key: str) -> str | None:
-    """Return the ``global_keyprefix`` of an index key (either space), else ``None``."""
-    for suffix in INDEX_SUFFIXES:
-        if key.endswith(suffix):
-            return key[: -len(suffix)]
-    return None
 
 
 def wake_channel(prefix: str) -> str:

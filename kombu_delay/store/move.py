@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
-from kombu_delay.store import cold, keys
+from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase, as_text
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
@@ -52,40 +52,26 @@ class Moving(StoreBase):
         and is logged; each message is taken from the cold space and stored in the
         ordinary one in one atomic call, so a crash in between loses nothing.
         """
+        cold_index = spaces.COLD.index(self.prefix)
         with translated_errors():
             reply = self._scripts["thaw_scan"](
-                keys=[self._cold_index, self._counts, self._totals],
+                keys=[cold_index, self._counts, self._totals],
                 args=[self.ns, ahead_ms, limit, self._now(now_ms)],
             )
-            now_ms, next_ms, more, expired = (int(x) for x in reply[:4])
-            items: list[Any] = []
-            for i in range(4, len(reply), 4):
-                start, score, dest, member = reply[i : i + 4]
-                try:
-                    message: bytes = cold.unpack(bytes(member))[1]
-                except CorruptMember as exc:
-                    logger.error(
-                        "cold message in bucket %s for %s cannot be restored (%s); it goes to the "
-                        "dead-letter list %s",
-                        as_text(start),
-                        as_text(dest),
-                        exc,
-                        keys.dead(self.prefix),
-                    )
-                    message = b""
-                items += [start, score, dest, member, message]
+            scanned_ms, next_ms, more, expired = (int(x) for x in reply[:4])
+            items = self._restored(reply[4:])
             thawed = dead = gone = 0
             if items:
+                call_keys = [
+                    self._index,
+                    self._ids,
+                    self._counts,
+                    self._totals,
+                    cold_index,
+                    keys.dead(self.prefix),
+                ]
                 done = self._scripts["thaw"](
-                    keys=[
-                        self._index,
-                        self._ids,
-                        self._counts,
-                        self._totals,
-                        self._cold_index,
-                        keys.dead(self.prefix),
-                    ],
-                    args=[self.ns, keys.wake_channel(self.prefix), self._now(now_ms), *items],
+                    keys=call_keys, args=[self.ns, keys.wake_channel(self.prefix), self._now(now_ms), *items]
                 )
                 thawed, dead, gone = (int(x) for x in done)
         return ThawResult(
@@ -93,10 +79,31 @@ class Moving(StoreBase):
             dead=dead,
             gone=gone,
             expired=expired,
-            now_ms=now_ms,
+            now_ms=scanned_ms,
             next_ms=None if next_ms < 0 else next_ms,
             more=bool(more),
         )
+
+    def _restored(self, listed: list[Any]) -> list[Any]:
+        """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
+        member each): each followed by its message, or ``b""`` (logged) when it cannot be restored."""
+        items: list[Any] = []
+        for i in range(0, len(listed), 4):
+            start, score, dest, member = listed[i : i + 4]
+            try:
+                message = spaces.COLD.message(bytes(member))
+            except CorruptMember as exc:
+                logger.error(
+                    "cold message in bucket %s for %s cannot be restored (%s); it goes to the "
+                    "dead-letter list %s",
+                    as_text(start),
+                    as_text(dest),
+                    exc,
+                    keys.dead(self.prefix),
+                )
+                message = b""
+            items += [start, score, dest, member, message]
+        return items
 
     def sweep(self, after: str, limit: int, now_ms: int | None = None) -> SweepResult:
         """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):
@@ -105,7 +112,14 @@ class Moving(StoreBase):
         cursor back until it is ``""``."""
         with translated_errors():
             reply = self._scripts["sweep"](
-                keys=[self._index, self._cold_index, self._ids, self._counts, self._totals, self._gc],
+                keys=[
+                    self._index,
+                    spaces.COLD.index(self.prefix),
+                    self._ids,
+                    self._counts,
+                    self._totals,
+                    self._gc,
+                ],
                 args=[self.ns, after, limit, self._now(now_ms)],
             )
         return SweepResult.from_reply(reply)

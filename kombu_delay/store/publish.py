@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
 from kombu_delay.eta import Due
-from kombu_delay.store import cold, keys
+from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase
 from kombu_delay.store.replies import Scheduled, ScheduleResult
 
@@ -46,18 +45,14 @@ class Publishing(StoreBase):
 
         ``now_ms``: the time to judge by, epoch ms (default: the store's clock, else Redis's).
         """
-        member = self._cold_member(due, payload, settings, now_ms)
+        space = self._space_for(due, settings, now_ms)
+
+        def send(to: spaces.Space) -> Any:
+            call = self._schedule_call(to, due, dest, payload, settings, expires_ms, movers_fresh_ms, now_ms)
+            return self._scripts["schedule"](*call)
+
         with translated_errors():
-            reply = self._scripts["schedule"](
-                *self._schedule_call(
-                    due, dest, payload, settings, expires_ms, member, movers_fresh_ms, now_ms
-                )
-            )
-            if int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD:  # this clock runs behind Redis's
-                plain = self._schedule_call(
-                    due, dest, payload, settings, expires_ms, None, movers_fresh_ms, now_ms
-                )
-                reply = self._scripts["schedule"](*plain)
+            reply = spaces.placed(space, send(space), send, _too_soon)
         result = ScheduleResult.from_reply(reply)
         if result.outcome is Scheduled.TOO_FAR:
             limit = (
@@ -84,56 +79,44 @@ class Publishing(StoreBase):
         """
         script = self._scripts["schedule"]
         results: list[ScheduleResult] = []
-        batch = list(items)
+        batch = [(self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items]
         with translated_errors():
             for begin in range(0, len(batch), chunk):
                 pipe = self.client.pipeline(transaction=False)
                 part = batch[begin : begin + chunk]
-                for due, dest, payload in part:
-                    member = self._cold_member(due, payload, settings, now_ms)
+                for space, due, dest, payload in part:
                     call_keys, call_args = self._schedule_call(
-                        due, dest, payload, settings, 0, member, now_ms=now_ms
+                        space, due, dest, payload, settings, now_ms=now_ms
                     )
                     script(keys=call_keys, args=call_args, client=pipe)
-                for (due, dest, payload), reply in zip(part, pipe.execute(), strict=True):
-                    if int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD:
-                        call_keys, call_args = self._schedule_call(
-                            due, dest, payload, settings, now_ms=now_ms
-                        )
-                        reply = script(keys=call_keys, args=call_args)
-                    results.append(ScheduleResult.from_reply(reply))
+                for (space, due, dest, payload), reply in zip(part, pipe.execute(), strict=True):
+
+                    def send(
+                        to: spaces.Space, due: Due = due, dest: str = dest, payload: str = payload
+                    ) -> Any:
+                        return script(*self._schedule_call(to, due, dest, payload, settings, now_ms=now_ms))
+
+                    results.append(ScheduleResult.from_reply(spaces.placed(space, reply, send, _too_soon)))
         return results
 
-    def _cold_member(
-        self, due: Due, payload: str, settings: Settings, now_ms: int | None = None
-    ) -> bytes | None:
-        """The compressed member of ``payload`` when it is due far enough ahead, else ``None``.
-
-        The local clock is good enough here: the script checks against Redis's clock, and
-        a message refused there (``TOO_SOON_FOR_COLD``) is sent again uncompressed.
-        """
-        if not settings.compress_after_ms:
-            return None
-        now = now_ms if now_ms is not None else time.time() * 1000 if self.clock is None else self.clock()
-        ahead = due.ms if due.relative else due.ms - now
-        # Never within the thaw horizon: the script would refuse it (see schedule.lua).
-        if ahead <= max(settings.compress_after_ms, settings.thaw_ahead_ms):
-            return None
-        return cold.pack(payload, due.task_id)
+    def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
+        """The space a message goes to, judged by this store's clock (see :func:`spaces.for_due`)."""
+        if now_ms is None and self.clock is not None:
+            now_ms = int(self.clock())
+        return spaces.for_due(due, settings, now_ms)
 
     def _schedule_call(
         self,
+        space: spaces.Space,
         due: Due,
         dest: str,
         payload: str,
         settings: Settings,
         expires_ms: int = 0,
-        member: bytes | None = None,
         movers_fresh_ms: int = 0,
         now_ms: int | None = None,
     ) -> tuple[list[str], list[Any]]:
-        """The keys and arguments of ``schedule.lua``; ``member``: the cold member to store
-        instead of ``payload``."""
+        """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space``."""
         # Redis drops the connection on a longer argument; kombu would take that for an
         # outage and send the same message again and again.
         if len(payload) > MAX_PAYLOAD_BYTES // 4 and len(payload.encode()) > MAX_PAYLOAD_BYTES:
@@ -150,12 +133,12 @@ class Publishing(StoreBase):
             1 if due.relative else 0,
             due.task_id,
             dest,
-            payload if member is None else member,
+            space.member(payload, due.task_id),
             keys.wake_channel(self.prefix),
             settings.max_delay_ms,
             keys.MAX_DUE_MS,
             expires_ms,
-            0 if member is None else 1,
+            1 if space.compressed else 0,
             settings.thaw_ahead_ms,
             self._now(now_ms),
             movers_fresh_ms,
@@ -175,3 +158,7 @@ class Publishing(StoreBase):
         """Add ``n`` to a lifetime counter (for example a fallback taken at publish)."""
         with translated_errors():
             self.client.hincrby(self._totals, counter, n)
+
+
+def _too_soon(reply: list[Any]) -> bool:
+    return int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from kombu_delay.store import cold, keys
+from kombu_delay.store import keys, spaces
 
 
 class Scheduled(enum.IntEnum):
@@ -128,13 +128,18 @@ class Stored:
     cold: bool = False
 
     @property
+    def space(self) -> spaces.Space:
+        """The space it waits in (see :mod:`kombu_delay.store.spaces`)."""
+        return spaces.COLD if self.cold else spaces.ORDINARY
+
+    @property
     def due_ms(self) -> int:
         return int(self.score)
 
     @property
     def bucket(self) -> str:
         """Its bucket as the scripts name it: the start, ``c<start>`` in the cold space."""
-        return f"{keys.COLD if self.cold else ''}{self.start_ms}"
+        return self.space.bucket(self.start_ms)
 
     @property
     def ref(self) -> str:
@@ -147,7 +152,7 @@ class Stored:
     def message(self) -> bytes:
         """The message plain kombu would push; raises :class:`CorruptMember` for a cold
         member that cannot be restored."""
-        return cold.unpack(self.payload)[1] if self.cold else self.payload
+        return self.space.message(self.payload)
 
 
 @dataclass(frozen=True)

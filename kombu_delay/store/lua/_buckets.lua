@@ -16,16 +16,17 @@ retire(k, start_s, end_ms, now)
   A bucket whose meta counts all reached zero leaves the index for <ns>gc (scored by its end),
   where the mover drops its id-index refs once nothing more can be scheduled into it. Its
   meta hash stays until then: its seq counter keeps the refs of the bucket unique. A cold
-  bucket (k.sp) is deleted at once: its refs left the id index with its messages.
+  bucket (k.space.cold) is deleted at once: its refs left the id index with its messages.
 
 take(k, start_s, dest, payload, task_id, ref, now)
-  Removes one stored message (cancel.lua, reschedule.lua; k.sp as for put): ZREM first, so a
+  Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
   uncounts it, drops its ref from the id index, retires the bucket if that was its last
   message, returns true.
 ]]
 --- @include clock
 --- @include refs
+--- @include spaces
 local function uncount(counts, dest, n)
   if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
 end
@@ -51,8 +52,8 @@ end
 
 local function retire(k, start_s, end_ms, now)
   redis.call('ZREM', k.index, start_s)
-  if (k.sp or '') ~= '' then  -- a cold bucket: no ref of it is left, nothing to clean up
-    redis.call('DEL', k.ns .. k.sp .. 'm:' .. start_s)
+  if k.space.cold then  -- a cold bucket: no ref of it is left, nothing to clean up
+    redis.call('DEL', k.space.meta(start_s))
     return
   end
   local at = end_ms or tonumber(start_s)
@@ -61,9 +62,8 @@ local function retire(k, start_s, end_ms, now)
 end
 
 local function take(k, start_s, dest, payload, task_id, ref, now)
-  local sp = k.sp or ''
-  if redis.call('ZREM', k.ns .. sp .. 'z:' .. start_s .. ':' .. dest, payload) == 0 then return false end
-  local meta = k.ns .. sp .. 'm:' .. start_s
+  if redis.call('ZREM', k.space.zset(start_s, dest), payload) == 0 then return false end
+  local meta = k.space.meta(start_s)
   redis.call('HINCRBY', meta, 'q:' .. dest, -1)
   uncount(k.counts, dest, 1)
   drop_refs(k.ids, {task_id}, function() return ref end)

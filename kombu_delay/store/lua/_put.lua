@@ -4,9 +4,8 @@ put(k, now, due, task_id, dest, payload)
   Stores one message due in the future (schedule.lua and reschedule.lua; see put_group).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
   wake, and optionally expires (the queue's x-expires, ms), kept as the meta field
-  ``e:<dest>``, and sp: 'c' for the cold space (keys.py: its keys and refs start with 'c',
-  its bucket has no task-id list, and movers are woken only for a message in its first
-  bucket, so they look for something to thaw), absent for the ordinary one.
+  ``e:<dest>``; ``k`` comes from in_space: in the cold space (its refs start with 'c') the
+  bucket has no task-id list, and a wake makes movers look for something to thaw.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -26,11 +25,13 @@ put_group(k, now, start, dest, msgs)
 ]]
 --- @include clock
 --- @include refs
+--- @include spaces
 local function put_group(k, now, start, dest, msgs)
-  local sp = k.sp or ''
+  local s = k.space
+  local sp = s.tag
   local start_s = string.format('%d', start)
-  local meta = k.ns .. sp .. 'm:' .. start_s
-  local zset = k.ns .. sp .. 'z:' .. start_s .. ':' .. dest
+  local meta = s.meta(start_s)
+  local zset = s.zset(start_s, dest)
   local n_seq = redis.call('HINCRBY', meta, 'seq', #msgs)
   local codes, added, first = {}, {}, nil
   for i, m in ipairs(msgs) do
@@ -52,9 +53,8 @@ local function put_group(k, now, start, dest, msgs)
   end
   if k.counter then redis.call('HINCRBY', k.totals, k.counter, #added) end
   -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
-  local tasks, n_tasks = nil, 0
-  if sp == '' then
-    tasks = k.ns .. 't:' .. start_s
+  local tasks, n_tasks = s.tasks(start_s), 0
+  if tasks then
     local task_ids = {}
     for i, m in ipairs(added) do task_ids[i] = m.task_id end
     n_tasks = redis.call('RPUSH', tasks, unpack(task_ids))
@@ -96,7 +96,7 @@ local function put_group(k, now, start, dest, msgs)
       for i = 1, #fields, 2 do
         local name = fields[i]
         if string.sub(name, 1, 2) == 'q:' and name ~= 'q:' .. dest then
-          redis.call('PEXPIREAT', k.ns .. sp .. 'z:' .. start_s .. ':' .. string.sub(name, 3), expire_at)
+          redis.call('PEXPIREAT', s.zset(start_s, string.sub(name, 3)), expire_at)
         end
       end
     end
@@ -121,7 +121,7 @@ local function put_group(k, now, start, dest, msgs)
   -- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
   if redis.call('ZRANK', zset, first.payload) == 0 then
     local head = redis.call('ZRANGE', k.index, 0, 0)[1]
-    if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.ns .. sp .. 'm:' .. head, 'end') or 0)) then
+    if head == start_s or (head and first.due < tonumber(redis.call('HGET', s.meta(head), 'end') or 0)) then
       redis.call('PUBLISH', k.wake, string.format('%d', first.due))
     end
   end
