@@ -18,6 +18,7 @@ from kombu_delay.errors import (
     RedisPermissionError,
     RedisRefused,
     RedisUnavailable,
+    StorageFormatError,
 )
 from kombu_delay.transport import register
 
@@ -41,6 +42,7 @@ __all__ = [
     "Settings",
     "Slot",
     "Stats",
+    "StorageFormatError",
     "__version__",
     "register",
 ]

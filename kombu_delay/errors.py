@@ -59,13 +59,19 @@ class CorruptMember(KombuDelayError, ValueError):
     mover keeps it on the dead-letter list, counted, and never pushes it."""
 
 
+class StorageFormatError(KombuDelayError, RuntimeError):
+    """The data under this key prefix is in a storage format this version cannot read (the
+    ``format`` field of the totals hash, see :data:`kombu_delay.store.keys.FORMAT`). Nothing
+    was read or written; waiting cannot help, so the mover stops with this error."""
+
+
 #: redis-py's refusals of the credentials. ``AuthenticationError`` is a ``ConnectionError``,
 #: but unlike one it does not go away by waiting.
 AUTH_ERRORS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
 
-#: What a mover cannot wait out: refused credentials, and an ACL that denies it a command
-#: or a key (raw or translated).
-FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError)
+#: What a mover cannot wait out: refused credentials, an ACL that denies it a command or a key
+#: (raw or translated), and data in a storage format it cannot read.
+FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError, StorageFormatError)
 
 #: How an ACL refusal reads when Redis 7 reports it from inside a script, where redis-py
 #: sees a plain error (Redis 6 keeps the ``NOPERM`` code in the text).

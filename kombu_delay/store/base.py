@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import redis
 
-from kombu_delay.errors import translated_errors
+from kombu_delay.errors import StorageFormatError, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.scripts import Scripts
 
@@ -40,6 +40,8 @@ class StoreBase:
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)
         self._totals = keys.totals(prefix)
+        #: True once this store saw the data in its own storage format (see :meth:`check_format`).
+        self._format_checked = False
 
     def _now(self, now_ms: int | None = None) -> str:
         """The ``now_ms`` argument of a script: ``now_ms`` when given, else this store's
@@ -47,6 +49,20 @@ class StoreBase:
         if now_ms is not None:
             return str(int(now_ms))
         return "" if self.clock is None else str(int(self.clock()))
+
+    def check_format(self) -> None:
+        """Raise :class:`StorageFormatError` when the data under this prefix is in a storage
+        format this version cannot read (one HGET). Data with no format recorded yet is taken
+        for this version's: the first publish or heartbeat records it."""
+        with translated_errors():
+            found = self.client.hget(self._totals, keys.FORMAT_FIELD)
+        format_must_be(None if found is None else as_text(found), self.prefix)
+        self._format_checked = True
+
+    def _check_format_once(self) -> None:
+        """:meth:`check_format`, on the first call of an inspection entry point only."""
+        if not self._format_checked:
+            self.check_format()
 
     def queue_of(self, dest: str) -> str:
         """Return the queue name of a destination list key."""
@@ -59,6 +75,17 @@ class StoreBase:
         with translated_errors():
             sec, usec = self.client.time()
         return int(sec) * 1000 + int(usec) // 1000
+
+
+def format_must_be(found: str | None, prefix: str) -> None:
+    """Raise :class:`StorageFormatError` unless ``found`` (the recorded storage format, ``None``
+    when none is) is this version's."""
+    if found is not None and found != str(keys.FORMAT):
+        raise StorageFormatError(
+            f"the kombu-delay data under key prefix {prefix!r} is in storage format {found!r}; "
+            f"this version reads and writes format {keys.FORMAT} only (field {keys.FORMAT_FIELD!r} "
+            f"of {keys.totals(prefix)!r})"
+        )
 
 
 def as_text(value: bytes | str) -> str:

@@ -148,6 +148,7 @@ class Inspecting(StoreBase):
         A compressed message that cannot be restored is left out (a mover's thaw moves it to
         the dead-letter list).
         """
+        self._check_format_once()
         with translated_errors():
             flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, task_id])
         found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
@@ -172,6 +173,7 @@ class Inspecting(StoreBase):
         With ``dests``, only messages bound for those lists are read. At most about ``examine``
         members are read per call, so a page may come back short.
         """
+        self._check_format_once()
         with translated_errors():
             return listing.page(self, after, limit, None if dests is None else set(dests), examine)
 
@@ -182,6 +184,7 @@ class Inspecting(StoreBase):
         read of members; at most ``max_buckets`` buckets are examined.
         Compressed messages (the cold space) are counted too, in a second call.
         """
+        self._check_format_once()
         totals = [0] * (3 + int(slots))
         with translated_errors():
             for space in spaces.ALL:
@@ -192,9 +195,11 @@ class Inspecting(StoreBase):
 
     def totals(self) -> dict[str, int]:
         """Return the lifetime counters (scheduled, moved, cancelled, ...)."""
+        self._check_format_once()
         with translated_errors():
             raw = self.client.hgetall(self._totals)
-        return {as_text(k): int(v) for k, v in raw.items()}
+        found = {as_text(k): v for k, v in raw.items()}
+        return {k: int(v) for k, v in found.items() if k != keys.FORMAT_FIELD}
 
     def index_memory(self) -> tuple[int, int]:
         """Return (bytes, entries) of the id index hash (``MEMORY USAGE``, all samples)."""

@@ -22,6 +22,13 @@ KOMBU_PRIORITY_SEP = "\x06\x16"
 #: Latest due time accepted, epoch ms (2**42 ms is in the year 2109).
 MAX_DUE_MS = 2**42
 
+#: The storage format this version writes and reads: the layout of every key named here. A
+#: change that code of this format would misread takes the next number. Publishers (with their
+#: first message) and movers (with each heartbeat) write it as the field :data:`FORMAT_FIELD` of
+#: :func:`totals`; movers (heartbeat.lua) and inspection check it and refuse any other.
+FORMAT = 1
+FORMAT_FIELD = "format"
+
 
 def ns(prefix: str) -> str:
     """Return the prefix shared by all kombu-delay keys of one app."""
@@ -94,7 +101,8 @@ def counts(prefix: str) -> str:
 
 
 def totals(prefix: str) -> str:
-    """HASH of lifetime counters: scheduled, moved, dead, expired, cancelled."""
+    """HASH of lifetime counters (scheduled, moved, dead, expired, cancelled, ...) and the
+    storage format (:data:`FORMAT_FIELD`), kept for as long as the namespace is used."""
     return f"{ns(prefix)}totals"
 
 

@@ -10,7 +10,7 @@ import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.store import keys, spaces
-from kombu_delay.store.base import StoreBase, as_text
+from kombu_delay.store.base import StoreBase, as_text, format_must_be
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -125,13 +125,18 @@ class Moving(StoreBase):
         return SweepResult.from_reply(reply)
 
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None) -> int:
-        """Record a mover heartbeat; return the Redis clock in epoch ms."""
+        """Record a mover heartbeat; return the Redis clock in epoch ms.
+
+        Raises :class:`StorageFormatError`, writing nothing, when the data is in another
+        storage format: a mover's first heartbeat comes before its first move.
+        """
         with translated_errors():
-            return int(
-                self._scripts["heartbeat"](
-                    keys=[keys.movers(self.prefix)], args=[mover_id, forget_after_ms, self._now(now_ms)]
-                )
+            now, found = self._scripts["heartbeat"](
+                keys=[keys.movers(self.prefix), self._totals],
+                args=[mover_id, forget_after_ms, self._now(now_ms), keys.FORMAT],
             )
+        format_must_be(as_text(found), self.prefix)
+        return int(now)
 
     def forget_mover(self, mover_id: str) -> None:
         """Remove a mover's heartbeat (on a clean shutdown)."""

@@ -142,6 +142,7 @@ class Publishing(StoreBase):
             settings.thaw_ahead_ms,
             self._now(now_ms),
             movers_fresh_ms,
+            keys.FORMAT,
         ]
         return call_keys, call_args
 
