@@ -50,7 +50,7 @@ def index(prefix: str, space: str = "") -> str:
 #: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
 #: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs
 #: read ``c<start>:<offset>:<seq>``. Movers never push from it: they thaw its messages into
-#: the ordinary buckets first, so a mover of an older version never sees one.
+#: the ordinary buckets first.
 COLD = "c"
 
 

@@ -26,12 +26,10 @@ put_group(k, now, start, dest, msgs)
 --- @include clock
 --- @include refs
 --- @include spaces
-local function put_group(k, now, start, dest, msgs)
-  local s = k.space
-  local sp = s.tag
-  local start_s = string.format('%d', start)
-  local meta = s.meta(start_s)
-  local zset = s.zset(start_s, dest)
+-- Adds each message to the bucket's set for its destination (ZADD NX: an identical payload
+-- there already is a duplicate, code 2); returns the codes, the messages added, the earliest
+-- of them, and the bucket's seq counter after this call.
+local function add_members(meta, zset, msgs)
   local n_seq = redis.call('HINCRBY', meta, 'seq', #msgs)
   local codes, added, first = {}, {}, nil
   for i, m in ipairs(msgs) do
@@ -44,25 +42,15 @@ local function put_group(k, now, start, dest, msgs)
       if not first or m.due < first.due then first = m end
     end
   end
-  if #added == 0 then return codes end
-  local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, #added)
-  if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
-  local dest_new = false
-  if not k.counted then
-    dest_new = redis.call('HINCRBY', k.counts, dest, #added) == #added
-  end
-  if k.counter then redis.call('HINCRBY', k.totals, k.counter, #added) end
-  -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
-  local tasks, n_tasks = s.tasks(start_s), 0
-  if tasks then
-    local task_ids = {}
-    for i, m in ipairs(added) do task_ids[i] = m.task_id end
-    n_tasks = redis.call('RPUSH', tasks, unpack(task_ids))
-  end
-  -- Written before the expiry below, which needs the ids hash to exist. A message that
-  -- already has a ref (m.old_ref: thawed out of the cold space) gets it replaced.
+  return codes, added, first, n_seq
+end
+
+-- Adds the ref of each message added to the id index. Written before the expiries, which need
+-- the ids hash to exist. A message that already has a ref (m.old_ref: thawed out of the cold
+-- space) gets it replaced.
+local function add_refs(k, start, start_s, added)
   for _, m in ipairs(added) do
-    local ref = sp .. start_s .. ':' .. string.format('%d', m.due - start) .. ':' .. m.seq
+    local ref = k.space.tag .. start_s .. ':' .. string.format('%d', m.due - start) .. ':' .. m.seq
     if m.old_ref then
       local refs = redis.call('HGET', k.ids, m.task_id)
       local kept = refs and without_ref(refs, m.old_ref)
@@ -71,60 +59,94 @@ local function put_group(k, now, start, dest, msgs)
       redis.call('HSET', k.ids, m.task_id, redis.call('HGET', k.ids, m.task_id) .. ' ' .. ref)
     end
   end
-  -- A dead system must not grow Redis forever: the messages expire after the grace, the
-  -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
-  -- the shared hashes never before the last meta hash. Publishers with different bucket
-  -- widths (or graces) may share a start: the meta hash keeps the latest end and expiry any
-  -- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
-  -- message outlives a narrower one's expiry. Each expiry is set only when it can change
-  -- something: for a new key, or a later expiry. The shared keys (index, ids, counts)
-  -- likewise only for a later expiry, a set that was empty (its bucket may have drained,
-  -- and the index with it), or when this destination's global count was zero (they may
-  -- have emptied and vanished, taking their expiry with them).
-  local end_ms, expire_at = start + k.width, start + k.width + k.grace
-  local known = redis.call('HMGET', meta, 'end', 'x')
+end
+
+-- A dead system must not grow Redis forever: the messages expire after the grace, the
+-- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
+-- the shared hashes never before the last meta hash. Publishers with different bucket
+-- widths (or graces) may share a start: the meta hash keeps the latest end and expiry any
+-- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
+-- message outlives a narrower one's expiry. Each expiry is set only when it can change
+-- something: for a new key, or a later expiry. The shared keys (index, ids, counts)
+-- likewise only for a later expiry, a set that was empty (its bucket may have drained,
+-- and the index with it), or when this destination's global count was zero (they may
+-- have emptied and vanished, taking their expiry with them).
+-- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
+-- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new).
+local function set_expiries(k, now, b)
+  local end_ms, expire_at = b.start + k.width, b.start + k.width + k.grace
+  local known = redis.call('HMGET', b.meta, 'end', 'x')
   local known_x = tonumber(known[2])
   local extended = not known_x or expire_at > known_x
+  local new_set = b.n_here == b.n_added
   if extended then
-    if not known[1] or end_ms > tonumber(known[1]) then redis.call('HSET', meta, 'end', end_ms) end
-    redis.call('HSET', meta, 'x', expire_at)
-    redis.call('PEXPIREAT', meta, expire_at + 86400000)
-    if tasks then redis.call('PEXPIREAT', tasks, expire_at + 86400000) end
-    redis.call('PEXPIREAT', zset, expire_at)
-    if n_seq > #msgs then  -- other destinations' sets of this bucket, made before this call
-      local fields = redis.call('HGETALL', meta)
+    if not known[1] or end_ms > tonumber(known[1]) then redis.call('HSET', b.meta, 'end', end_ms) end
+    redis.call('HSET', b.meta, 'x', expire_at)
+    redis.call('PEXPIREAT', b.meta, expire_at + 86400000)
+    if b.tasks then redis.call('PEXPIREAT', b.tasks, expire_at + 86400000) end
+    redis.call('PEXPIREAT', b.zset, expire_at)
+    if b.n_seq > b.n_msgs then  -- other destinations' sets of this bucket, made before this call
+      local fields = redis.call('HGETALL', b.meta)
       for i = 1, #fields, 2 do
         local name = fields[i]
-        if string.sub(name, 1, 2) == 'q:' and name ~= 'q:' .. dest then
-          redis.call('PEXPIREAT', s.zset(start_s, string.sub(name, 3)), expire_at)
+        if string.sub(name, 1, 2) == 'q:' and name ~= 'q:' .. b.dest then
+          redis.call('PEXPIREAT', k.space.zset(b.start_s, string.sub(name, 3)), expire_at)
         end
       end
     end
   else
-    if n_here == #added then redis.call('PEXPIREAT', zset, known_x) end
-    if tasks and n_tasks == #added then redis.call('PEXPIREAT', tasks, known_x + 86400000) end
+    if new_set then redis.call('PEXPIREAT', b.zset, known_x) end
+    if b.tasks and b.n_tasks == b.n_added then redis.call('PEXPIREAT', b.tasks, known_x + 86400000) end
   end
   local meta_expire_at = math.max(expire_at, known_x or 0) + 86400000
-  if n_here == #added then
-    redis.call('ZADD', k.index, start, start_s)  -- new, or back from <ns>gc
+  if new_set then
+    redis.call('ZADD', k.index, b.start, b.start_s)  -- new, or back from <ns>gc
   end
-  if extended or dest_new or n_here == #added then
+  if extended or b.dest_new or new_set then
     keep_until(k.index, now, meta_expire_at)
     keep_until(k.ids, now, meta_expire_at)
     keep_until(k.counts, now, meta_expire_at)
   end
-  -- Wake the movers only when a message may now be the earliest one of its space: first in
-  -- its sorted set, and in the first bucket or due before the first bucket's end (with
-  -- publishers of different bucket widths, a later-starting narrow bucket can hold the
-  -- earliest message). Cheap, and false for almost every publish. In the cold space the
-  -- wake makes a mover look for something to thaw now: one that looks rarely (a longer
-  -- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
-  if redis.call('ZRANK', zset, first.payload) == 0 then
-    local head = redis.call('ZRANGE', k.index, 0, 0)[1]
-    if head == start_s or (head and first.due < tonumber(redis.call('HGET', s.meta(head), 'end') or 0)) then
-      redis.call('PUBLISH', k.wake, string.format('%d', first.due))
-    end
+end
+
+-- Wakes the movers only when a message may now be the earliest one of its space: first in
+-- its sorted set, and in the first bucket or due before the first bucket's end (with
+-- publishers of different bucket widths, a later-starting narrow bucket can hold the
+-- earliest message). Cheap, and false for almost every publish. In the cold space the
+-- wake makes a mover look for something to thaw now: one that looks rarely (a longer
+-- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
+local function wake_if_first(k, start_s, zset, first)
+  if redis.call('ZRANK', zset, first.payload) ~= 0 then return end
+  local head = redis.call('ZRANGE', k.index, 0, 0)[1]
+  if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.space.meta(head), 'end') or 0)) then
+    redis.call('PUBLISH', k.wake, string.format('%d', first.due))
   end
+end
+
+local function put_group(k, now, start, dest, msgs)
+  local start_s = string.format('%d', start)
+  local b = {start = start, start_s = start_s, dest = dest, n_msgs = #msgs,
+             meta = k.space.meta(start_s), zset = k.space.zset(start_s, dest),
+             tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false}
+  local codes, added, first
+  codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
+  if #added == 0 then return codes end
+  b.n_added = #added
+  b.n_here = redis.call('HINCRBY', b.meta, 'q:' .. dest, #added)
+  if k.expires and k.expires > 0 then redis.call('HSET', b.meta, 'e:' .. dest, k.expires) end
+  if not k.counted then
+    b.dest_new = redis.call('HINCRBY', k.counts, dest, #added) == #added
+  end
+  if k.counter then redis.call('HINCRBY', k.totals, k.counter, #added) end
+  -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
+  if b.tasks then
+    local task_ids = {}
+    for i, m in ipairs(added) do task_ids[i] = m.task_id end
+    b.n_tasks = redis.call('RPUSH', b.tasks, unpack(task_ids))
+  end
+  add_refs(k, start, start_s, added)
+  set_expiries(k, now, b)
+  wake_if_first(k, start_s, b.zset, first)
   return codes
 end
 
