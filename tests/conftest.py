@@ -6,10 +6,7 @@ suite starts is stopped by its PID.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,9 +14,8 @@ import pytest
 import redis
 
 import kombu_delay  # noqa: F401  (registers the delay* schemes)
-from kombu_delay.tooling.redis_server import RedisServer, stop_process
-
-ROOT = Path(__file__).resolve().parent.parent
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.procs import Proc
 
 
 @pytest.fixture(scope="session")
@@ -40,45 +36,6 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
 @pytest.fixture(params=["", "app1:"], ids=["noprefix", "prefix"])
 def prefix(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.02) -> object:
-    """Poll ``predicate`` until it is truthy; fail after a generous ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
-
-
-class Proc:
-    """A child process of the suite, stopped by PID."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> None:
-        self.log = log
-        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
-        self.popen = subprocess.Popen(
-            args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def stop(self, timeout: float = 30.0) -> int:
-        stop_process(self.popen, timeout)
-        return int(self.popen.returncode)
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log else ""
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import sys
 from celery import Celery
 
 from kombu_delay.store import keys
+from tests.support.procs import ROOT, wait_until
+from tests.support.workers import ECOSYSTEM_APP, check_once_and_on_time, eco_ledger, start_eco_worker
 
-from .conftest import ROOT, wait_until
-
-APP = "tests.ecosystem_app"
+APP = ECOSYSTEM_APP
 
 
 def celery_args(*args: str) -> list[str]:
@@ -108,9 +108,8 @@ def test_delay_mover_refuses_a_misspelt_delay_option(r, redis_server):
 def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
     """A worker on plain redis:// holds an ETA task in memory; publishers switch to delayredis://,
     the worker is restarted on delayredis:// and a mover runs: every task runs once, never early."""
-    from .test_embedded import check_once_and_on_time, ledger, start_worker
 
-    old = start_worker(spawn, redis_server, "old", "threads", {}, ECO_BROKER=redis_server.url)
+    old = start_eco_worker(spawn, redis_server, "old", "threads", {}, ECO_BROKER=redis_server.url)
     wait_until(lambda: "ready" in old.output(), timeout=120)
     plain = Celery("old-pub", broker=redis_server.url)
     held = plain.send_task("eco.record", ("held",), countdown=15)  # held till the old worker stops
@@ -126,20 +125,19 @@ def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
     # A warm shutdown of the old worker restores the held message to the list (kombu's restore).
     assert old.stop(timeout=60) == 0, old.output()
     assert r.llen("celery") == 1
-    worker = start_worker(spawn, redis_server, "new", "threads", {})
+    worker = start_eco_worker(spawn, redis_server, "new", "threads", {})
     wait_until(lambda: r.llen("eco:ledger") >= 2, timeout=120)
     # Two deliveries in all (the restored one, and one push by the mover) and nothing left to
     # deliver: no run can come after these two.
     wait_until(lambda: not r.hgetall(keys.counts("")) and r.llen("celery") == 0, timeout=60)
     assert r.hget(keys.totals(""), "moved") == b"1"
-    check_once_and_on_time(ledger(r), {held.id: 15, stored.id: 6})
+    check_once_and_on_time(eco_ledger(r), {held.id: 15, stored.id: 6})
     assert worker.stop(timeout=60) == 0, worker.output()
     assert mover.stop() == 0, mover.output()
 
 
 def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_server, spawn):
     """The README's ACL pointer: +@all -@dangerous is enough for publisher, mover, health, worker."""
-    from .test_embedded import check_once_and_on_time, ledger, start_worker
 
     r.execute_command("ACL", "SETUSER", "eco", "reset", "on", ">s3cret", "~*", "&*", "+@all", "-@dangerous")
     try:
@@ -147,7 +145,7 @@ def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_serv
         options = {"global_keyprefix": "acl:"}
         env = {**eco_env(redis_server, options), "ECO_BROKER": url}
         mover = spawn(celery_args("delay", "mover"), env=env, name="mover")
-        worker = start_worker(spawn, redis_server, "acl", "threads", options, ECO_BROKER=url)
+        worker = start_eco_worker(spawn, redis_server, "acl", "threads", options, ECO_BROKER=url)
         wait_until(lambda: r.zcard(keys.movers("acl:")) == 1, timeout=90)
         app = Celery("pub", broker=url)
         app.conf.broker_transport_options = options
@@ -155,7 +153,7 @@ def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_serv
         app.close()
         wait_until(lambda: r.llen("eco:ledger") >= 1, timeout=120)
         assert r.hget(keys.totals("acl:"), "moved") == b"1"  # the mover moved it, as this user
-        check_once_and_on_time(ledger(r), {sent.id: 5})
+        check_once_and_on_time(eco_ledger(r), {sent.id: 5})
         probe = run_celery(env, "delay", "health")
         assert probe.returncode == 0, probe.stdout + probe.stderr
         assert worker.stop(timeout=60) == 0, worker.output()

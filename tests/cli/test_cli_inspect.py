@@ -9,7 +9,6 @@ import sys
 from datetime import UTC, datetime
 
 import pytest
-from celery import Celery
 from click.testing import CliRunner
 
 from kombu_delay import DelayControl
@@ -17,33 +16,9 @@ from kombu_delay.cli import main
 from kombu_delay.cli.inspect import COMMANDS, span
 from kombu_delay.store.listing import Cursor
 from kombu_delay.tooling.redis_server import free_port
-
-from .conftest import ROOT
-
-
-def options(prefix: str) -> dict[str, object]:
-    return {"global_keyprefix": prefix} if prefix else {}
-
-
-def publish(
-    redis_server, prefix: str, n: int = 3, queue: str = "celery", countdown: float = 600
-) -> list[str]:
-    app = Celery("pub", broker=redis_server.delay_url)
-    app.conf.broker_transport_options = options(prefix)
-    ids = [app.send_task("inspect.record", (i,), countdown=countdown + i, queue=queue).id for i in range(n)]
-    app.close()
-    return ids
-
-
-def kd(redis_server, prefix: str, *args: str) -> tuple[int, str]:
-    """Run ``kombu-delay`` in-process; return (exit code, stdout + stderr without the line that
-    names the broker: test_every_command_names_its_broker_on_stderr covers that)."""
-    base = ["--broker", redis_server.url, "--log-level", "warning"]
-    if prefix:
-        base += ["--prefix", prefix]
-    result = CliRunner().invoke(main, [*base, *args], catch_exceptions=False)
-    lines = result.output.splitlines(keepends=True)
-    return result.exit_code, "".join(line for line in lines if not line.startswith("kombu-delay: broker "))
+from tests.support.cli import kd, options, publish
+from tests.support.procs import ROOT
+from tests.support.workers import INSPECT_APP
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
@@ -160,7 +135,7 @@ def test_the_same_commands_under_celery_delay(r, redis_server, prefix):
     }
 
     def celery(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "celery", "-A", "tests.inspect_app", "delay", *args]
+        argv = [sys.executable, "-m", "celery", "-A", INSPECT_APP, "delay", *args]
         return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
     listed = celery("ls", "--json")

@@ -16,9 +16,8 @@ from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import Store
 from kombu_delay.tooling.redis_server import free_port
-
-from .conftest import ROOT, wait_until
-from .delay_helpers import behind, kombu_payload
+from tests.support.procs import ROOT, wait_until
+from tests.support.stored import behind, kombu_payload
 
 TIMEOUTS = ("-o", "socket_timeout=5", "-o", "socket_connect_timeout=2.5", "-o", "max_connections=20")
 

@@ -25,10 +25,9 @@ from kombu_delay.eta import Due
 from kombu_delay.payload import index_id
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Rescheduled, Scheduled
-
-from .conftest import ROOT, wait_until
-from .delay_helpers import ORDINARY, FakeClock, kombu_payload
-from .inspect_app import LEDGER_KEY
+from tests.support.procs import ROOT, wait_until
+from tests.support.stored import ORDINARY, FakeClock, kombu_payload
+from tests.support.workers import INSPECT_APP, inspect_ledger, start_inspect_worker
 
 SEP = "\x06\x16"
 
@@ -74,26 +73,9 @@ def awaiting_cleanup(r, prefix: str, start_ms: int) -> set[str]:
     return left
 
 
-def ledger(r) -> list[dict[str, object]]:
-    return [json.loads(x) for x in r.lrange(LEDGER_KEY, 0, -1)]
-
-
-def start_worker(spawn, redis_server, prefix: str):
-    """A stock Celery worker on plain redis://: it knows nothing of kombu-delay."""
-    env = {
-        "INSPECT_BROKER": redis_server.url,
-        "INSPECT_OPTIONS": json.dumps(options(prefix)),
-        "INSPECT_LEDGER": redis_server.url,
-    }
-    args = [sys.executable, "-m", "celery", "-A", "tests.inspect_app", "worker", "-P", "solo"]
-    args += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"]
-    args += ["-n", f"inspect-{uuid.uuid4().hex[:6]}@%h"]
-    return spawn(args, env=env, name="worker")
-
-
 def warm_up(r, app: Celery) -> None:
     app.send_task("inspect.record", ("warm",))
-    wait_until(lambda: any(e["tag"] == "warm" for e in ledger(r)), timeout=120)
+    wait_until(lambda: any(e["tag"] == "warm" for e in inspect_ledger(r)), timeout=120)
 
 
 def test_all_lists_exactly_the_public_names():
@@ -110,7 +92,7 @@ def test_all_lists_exactly_the_public_names():
 def test_cancel_before_eta_means_the_worker_never_runs_it(r, redis_server, spawn, start_mover, prefix):
     app = publisher(redis_server, prefix)
     start_mover(prefix=prefix)
-    worker = start_worker(spawn, redis_server, prefix)
+    worker = start_inspect_worker(spawn, redis_server, options(prefix))
     warm_up(r, app)
     # Due 8 s on: the cancel below comes long before, however busy the machine.
     sent = [app.send_task("inspect.record", (f"n{i}",), countdown=8) for i in range(5)]
@@ -118,8 +100,8 @@ def test_cancel_before_eta_means_the_worker_never_runs_it(r, redis_server, spawn
         assert ctl.cancel(sent[2].id) == 1
         assert ctl.cancel(sent[2].id) == 0
         last = app.send_task("inspect.record", ("last",), countdown=9)
-        wait_until(lambda: any(e["id"] == last.id for e in ledger(r)), timeout=120)
-        ran = Counter(e["tag"] for e in ledger(r))
+        wait_until(lambda: any(e["id"] == last.id for e in inspect_ledger(r)), timeout=120)
+        ran = Counter(e["tag"] for e in inspect_ledger(r))
         assert ran == Counter({"warm": 1, "n0": 1, "n1": 1, "n3": 1, "n4": 1, "last": 1}), worker.output()
         stats = ctl.stats()
         assert stats.scheduled == 0
@@ -130,7 +112,7 @@ def test_cancel_before_eta_means_the_worker_never_runs_it(r, redis_server, spawn
 def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server, spawn, start_mover, prefix):
     app = publisher(redis_server, prefix)
     start_mover(prefix=prefix)
-    start_worker(spawn, redis_server, prefix)
+    start_inspect_worker(spawn, redis_server, options(prefix))
     warm_up(r, app)
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         # Each reschedule comes seconds before the time it moves away from, however busy
@@ -145,8 +127,8 @@ def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server,
         # A sentinel due after the old ETA of "earlier": when it has run, a copy left at
         # the old time would have run too.
         sentinel = app.send_task("inspect.record", ("sentinel",), countdown=22)
-        wait_until(lambda: any(e["id"] == sentinel.id for e in ledger(r)), timeout=180)
-    runs = {e["tag"]: [x for x in ledger(r) if x["tag"] == e["tag"]] for e in ledger(r)}
+        wait_until(lambda: any(e["id"] == sentinel.id for e in inspect_ledger(r)), timeout=180)
+    runs = {e["tag"]: [x for x in inspect_ledger(r) if x["tag"] == e["tag"]] for e in inspect_ledger(r)}
     assert len(runs["earlier"]) == 1 and len(runs["later"]) == 1
     (ran_early,), (ran_late,) = runs["earlier"], runs["later"]
     assert ran_early["ran_ms"] >= new_early_due  # never before its new time
@@ -558,7 +540,7 @@ def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
     app.close()
     env = {"INSPECT_BROKER": redis_server.delay_url, "INSPECT_OPTIONS": json.dumps(options(prefix))}
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.inspect_app", "purge", "-f", "-Q", "emails"],
+        [sys.executable, "-m", "celery", "-A", INSPECT_APP, "purge", "-f", "-Q", "emails"],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,

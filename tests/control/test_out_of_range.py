@@ -14,9 +14,8 @@ import pytest
 from kombu_delay import DelayControl, DelayTooLong
 from kombu_delay.control import HOUR_MS, histogram_slots
 from kombu_delay.store import keys
-
-from .test_cli_inspect import kd, options
-from .test_cli_inspect import publish as publish_tasks
+from tests.support.cli import kd, options
+from tests.support.cli import publish as publish_tasks
 
 #: The latest aware datetime there is, 23:59 behind UTC: in UTC it is in the year 10000.
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=23, minutes=59)))

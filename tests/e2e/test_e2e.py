@@ -15,51 +15,21 @@ the ETA to its monotonic timer).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 
 from kombu_delay.eta import parse_iso_ms
 from kombu_delay.store import Store, keys
-
-from .conftest import Proc, wait_until
-from .delay_helpers import LpushMonitor, eta_us, percentile, stored, worker_args
-from .e2e_app import QUEUE, RECORDS_KEY
+from tests.support.e2e_app import QUEUE
+from tests.support.procs import Proc, wait_until
+from tests.support.stored import LpushMonitor, eta_us, percentile, stored
+from tests.support.workers import records, start_worker, wait_worker_ready
 
 N_TASKS = 30
-
-
-def records(client: redis.Redis, tag: str | None = None) -> list[dict[str, Any]]:
-    found = [json.loads(item) for item in client.lrange(RECORDS_KEY, 0, -1)]
-    return [rec for rec in found if tag is None or rec["tag"] == tag]
-
-
-def start_worker(
-    spawn: Callable[..., Proc], broker: str, records_url: str, name: str, pool: str = "solo"
-) -> Proc:
-    env = {"E2E_BROKER": broker, "E2E_RECORDS": records_url}
-    return spawn(worker_args(name, pool=pool), env=env, name=f"worker-{name}")
-
-
-def wait_worker_ready(r: redis.Redis, broker: str, worker: Proc) -> None:
-    """Send an immediate task and wait until the worker has run it."""
-    app = Celery("ping", broker=broker)
-    try:
-        app.send_task("e2e.record", ("ready",), queue=QUEUE)
-    finally:
-        app.close()
-
-    def ran() -> bool:
-        assert worker.popen.poll() is None, worker.output()
-        return bool(records(r, "ready"))
-
-    wait_until(ran, timeout=120)
 
 
 def summary(name: str, values_ms: list[float]) -> str:

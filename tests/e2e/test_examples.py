@@ -13,8 +13,7 @@ from celery import Celery
 
 from kombu_delay import DelayControl
 from kombu_delay.store import Store, keys
-
-from .conftest import ROOT, wait_until
+from tests.support.procs import ROOT, wait_until
 
 EXAMPLES = ROOT / "examples"
 PROJECT = EXAMPLES / "celery_project"

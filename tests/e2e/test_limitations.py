@@ -12,8 +12,7 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from kombu_delay.store import Store
-
-from .conftest import ROOT, wait_until
+from tests.support.procs import ROOT, wait_until
 
 HOUR_MS = 3_600_000
 

@@ -33,11 +33,7 @@ from kombu_delay.eta import Due, to_ms
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import wait_until
-from .delay_helpers import behind
-from .delay_helpers import stored as stored_messages
-from .faults_support import (
+from tests.support.faults import (
     CHAOS,
     Consumer,
     Ledger,
@@ -52,6 +48,9 @@ from .faults_support import (
     started,
     wait_for,
 )
+from tests.support.procs import wait_until
+from tests.support.stored import behind
+from tests.support.stored import stored as stored_messages
 
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 240.0

@@ -26,9 +26,8 @@ from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import Proc, wait_until
-from .delay_helpers import redis_ms, stored
+from tests.support.procs import Proc, wait_until
+from tests.support.stored import redis_ms, stored
 
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 120.0

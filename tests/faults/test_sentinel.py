@@ -25,9 +25,8 @@ from kombu import Connection
 
 from kombu_delay.connect import open_store
 from kombu_delay.store import Store, keys
-
-from .conftest import wait_until
-from .sentinel_cluster import MASTER_NAME, SentinelCluster
+from tests.support.procs import wait_until
+from tests.support.sentinel import MASTER_NAME, SentinelCluster
 
 OPTIONS = {"master_name": MASTER_NAME}
 RETRY = {"max_retries": 40, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}

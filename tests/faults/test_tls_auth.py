@@ -26,10 +26,9 @@ from kombu_delay.connect import app_target, open_store
 from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
 from kombu_delay.mover.loop import Mover, open_when_reachable
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import Proc, wait_until
-from .delay_helpers import stored
-from .faults_support import TLSRedisServer, running_tls_server
+from tests.support.faults import TLSRedisServer, running_tls_server
+from tests.support.procs import Proc, wait_until
+from tests.support.stored import stored
 
 PASSWORD = "s3cret"
 #: Generous: the suite shares two cores with other work.

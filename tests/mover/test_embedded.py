@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 
 import pytest
 from celery import Celery
@@ -12,46 +10,10 @@ from celery import Celery
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import Store, keys
-
-from .conftest import wait_until
-from .delay_helpers import behind, kombu_payload
-from .ecosystem_app import LEDGER_KEY
-
-APP = "tests.ecosystem_app"
-
-
-def worker_args(name: str, pool: str, concurrency: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        APP,
-        "worker",
-        "-P",
-        pool,
-        "-c",
-        str(concurrency),
-        "-n",
-        f"{name}@%h",
-        "--loglevel",
-        "INFO",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-    ]
-
-
-def start_worker(
-    spawn, redis_server, name: str, pool: str, options: dict[str, object], concurrency: int = 2, **extra: str
-):
-    env = {
-        "ECO_BROKER": redis_server.delay_url,
-        "ECO_OPTIONS": json.dumps(options),
-        "ECO_LEDGER": redis_server.url,
-        **extra,
-    }
-    return spawn(worker_args(name, pool, concurrency), env=env, name=name)
+from tests.support.ecosystem_app import LEDGER_KEY
+from tests.support.procs import wait_until
+from tests.support.stored import behind, kombu_payload
+from tests.support.workers import check_once_and_on_time, eco_ledger, start_eco_worker
 
 
 def embedded_movers(r, prefix: str) -> list[str]:
@@ -66,19 +28,6 @@ def publish(redis_server, options: dict[str, object], countdowns: list[float]) -
         sent[app.send_task("eco.record", (str(i),), countdown=countdown).id] = countdown
     app.close()
     return sent
-
-
-def ledger(r) -> list[dict]:
-    return [json.loads(x) for x in r.lrange(LEDGER_KEY, 0, -1)]
-
-
-def check_once_and_on_time(runs: list[dict], sent: dict[str, float]) -> None:
-    ids = [run["id"] for run in runs]
-    assert sorted(ids) == sorted(sent), "a task ran twice or never"
-    for run in runs:
-        assert run["eta_ms"] is not None
-        assert run["ran_ms"] >= run["eta_ms"], f"ran {run['eta_ms'] - run['ran_ms']} ms early"
-        assert run["ran_ms"] - run["eta_ms"] < 30_000, "far too late"
 
 
 def settled(r, prefix: str = "") -> bool:
@@ -100,7 +49,7 @@ def test_embedded_mover_runs_tasks_on_time_once(r, redis_server, spawn, prefix, 
         options["delay_embedded_mover"] = True  # installed by the worker_init hook
     else:
         extra["ECO_EMBED_STEP"] = "1"  # app.steps['worker'].add(EmbeddedMoverStep)
-    worker = start_worker(spawn, redis_server, "w1", pool, options, **extra)
+    worker = start_eco_worker(spawn, redis_server, "w1", pool, options, **extra)
     (name,) = wait_until(lambda: embedded_movers(r, prefix), timeout=120)  # type: ignore[misc]
     assert f":{worker.pid}:" in name, "the mover must run in the worker's main process"
 
@@ -110,7 +59,7 @@ def test_embedded_mover_runs_tasks_on_time_once(r, redis_server, spawn, prefix, 
     # One push each, and nothing left to push: there is no delivery, so no run, to come.
     wait_until(lambda: settled(r, prefix), timeout=60)
     assert moved(r, prefix) == len(sent)
-    check_once_and_on_time(ledger(r), sent)
+    check_once_and_on_time(eco_ledger(r), sent)
 
     # A warm shutdown stops the mover, which removes its heartbeat.
     assert worker.stop(timeout=60) == 0, worker.output()
@@ -125,7 +74,7 @@ def test_no_embedded_mover_without_the_option(r, redis_server, spawn):
     worker is ready), none beats, and a message overdue all along stays stored."""
     clock = behind(r)  # overdue by Redis's clock at once: any mover would move it
     Store(r, clock=clock).schedule(Due(clock() + 500, task_id="o"), "celery", kombu_payload("o"), Settings())
-    worker = start_worker(spawn, redis_server, "w0", "prefork", {})
+    worker = start_eco_worker(spawn, redis_server, "w0", "prefork", {})
     wait_until(lambda: "ready" in worker.output(), timeout=120)
     # The worker runs what it is sent (so it is up and consuming), and nothing moved meanwhile.
     publish(redis_server, {}, [0])
@@ -138,7 +87,7 @@ def test_no_embedded_mover_without_the_option(r, redis_server, spawn):
 
 def test_two_workers_with_embedded_movers_deliver_once(r, redis_server, spawn):
     options: dict[str, object] = {"delay_embedded_mover": True}
-    workers = [start_worker(spawn, redis_server, f"w{i}", "prefork", options) for i in (1, 2)]
+    workers = [start_eco_worker(spawn, redis_server, f"w{i}", "prefork", options) for i in (1, 2)]
     wait_until(lambda: len(embedded_movers(r, "")) == 2, timeout=120)
 
     n = 300
@@ -147,7 +96,7 @@ def test_two_workers_with_embedded_movers_deliver_once(r, redis_server, spawn):
     wait_until(lambda: r.llen(LEDGER_KEY) >= n, timeout=180)
     wait_until(lambda: settled(r), timeout=60)  # nothing left to deliver
     assert moved(r) == n  # one push each
-    runs = ledger(r)
+    runs = eco_ledger(r)
     check_once_and_on_time(runs, sent)
     for worker in workers:
         assert worker.stop(timeout=60) == 0, worker.output()
@@ -166,7 +115,7 @@ def test_gevent_worker_publishes_countdowns_and_its_embedded_mover_delivers_them
     # once exhaust it, and acks then fail ("Couldn't ack ... MaxConnectionsError") on stock
     # redis:// too. The README's advice for gevent: max_connections above the concurrency.
     options: dict[str, object] = {"delay_embedded_mover": True, "max_connections": 50}
-    worker = start_worker(spawn, redis_server, "wg", "gevent", options, concurrency=20)
+    worker = start_eco_worker(spawn, redis_server, "wg", "gevent", options, concurrency=20)
     (name,) = wait_until(lambda: embedded_movers(r, ""), timeout=120)  # type: ignore[misc]
     assert f":{worker.pid}:" in name
 
@@ -178,7 +127,7 @@ def test_gevent_worker_publishes_countdowns_and_its_embedded_mover_delivers_them
     wait_until(lambda: r.llen(LEDGER_KEY) >= len(sent) + 200, timeout=180)
     wait_until(lambda: settled(r), timeout=60)  # nothing left to deliver
     assert moved(r) == len(sent) + 200  # one push each
-    runs = ledger(r)
+    runs = eco_ledger(r)
     check_once_and_on_time([run for run in runs if not run["tag"].startswith("child:")], sent)
     children = [run for run in runs if run["tag"].startswith("child:")]
     assert sorted(run["tag"] for run in children) == sorted(

@@ -25,10 +25,9 @@ from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys, replies
 from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import wait_until
-from .delay_helpers import ORDINARY, FakeClock, expires_at, kombu_payload, stored, tags_in
-from .faults_support import consistency
+from tests.support.faults import consistency
+from tests.support.procs import wait_until
+from tests.support.stored import ORDINARY, FakeClock, expires_at, kombu_payload, stored, tags_in
 
 # -- the move script on seeded buckets ---------------------------------------------------
 

@@ -13,9 +13,8 @@ from kombu_delay.eta import Due
 from kombu_delay.mover.loop import Backoff
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
-
-from .conftest import ROOT, wait_until
-from .delay_helpers import behind, kombu_payload
+from tests.support.procs import ROOT, wait_until
+from tests.support.stored import behind, kombu_payload
 
 #: Backlog size and rate cap: the drain takes BACKLOG / RATE s (60 s), far past MAX_AGE_S.
 BACKLOG, RATE = 12_000, 200

@@ -21,11 +21,9 @@ from kombu_delay.eta import Due
 from kombu_delay.mover.watch import Watch
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
-
-from .conftest import ROOT, Proc, wait_until
-from .delay_helpers import kombu_payload
-from .test_metrics_health import try_scrape
-from .test_sweep import sweep_all
+from tests.support.metrics import try_scrape
+from tests.support.procs import ROOT, Proc, wait_until
+from tests.support.stored import kombu_payload, sweep_all
 
 DEADLINE_S = 60.0
 

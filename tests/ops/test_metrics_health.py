@@ -6,12 +6,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from celery import Celery
-from prometheus_client.parser import text_string_to_metric_families
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import open_store
@@ -21,9 +19,9 @@ from kombu_delay.mover.loop import Mover
 from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
-
-from .conftest import ROOT, wait_until
-from .delay_helpers import FakeClock
+from tests.support.metrics import scrape, try_scrape, value
+from tests.support.procs import ROOT, wait_until
+from tests.support.stored import FakeClock
 
 SOON, LATER = 40, 10
 
@@ -33,28 +31,6 @@ def private_server() -> Iterator[RedisServer]:
     """A server of this test's own, so it can be stopped mid-test."""
     with RedisServer() as server:
         yield server
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Return {(sample name, sorted labels): value} from one GET of /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
-        text = reply.read().decode()
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
-
-
-def try_scrape(port: int) -> dict | None:
-    try:
-        return scrape(port)
-    except OSError:
-        return None
 
 
 def test_metrics_while_moving(private_server, spawn, prefix):

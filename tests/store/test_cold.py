@@ -22,11 +22,10 @@ from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.store.replies import Scheduled, ThawResult
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import wait_until
-from .delay_helpers import FakeClock, kombu_payload, stored, tags_in
-from .e2e_app import QUEUE
-from .test_e2e import records, start_worker, wait_worker_ready
+from tests.support.e2e_app import QUEUE
+from tests.support.procs import wait_until
+from tests.support.stored import FakeClock, kombu_payload, stored, tags_in
+from tests.support.workers import records, start_worker, wait_worker_ready
 
 #: Short spans, so a test waits seconds, not the default minute.
 FAST = Settings(compress_after_ms=3000, thaw_ahead_ms=2000)

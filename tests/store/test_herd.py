@@ -12,8 +12,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import Store
-
-from .delay_helpers import FakeClock, kombu_payload
+from tests.support.stored import FakeClock, kombu_payload
 
 
 def test_a_held_herd_is_counted_whole_and_other_queues_still_move(r: redis.Redis, prefix: str) -> None:

@@ -9,8 +9,7 @@ from kombu_delay.config import Settings
 from kombu_delay.eta import Due
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import MoveResult, Scheduled, _runs
-
-from .delay_helpers import FakeClock
+from tests.support.stored import FakeClock
 
 
 def test_runs_expand_in_order() -> None:

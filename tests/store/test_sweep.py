@@ -17,28 +17,15 @@ from kombu_delay.eta import Due
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import wait_until
-from .delay_helpers import FakeClock, expires_at, kombu_payload, tags_in
-from .faults_support import consistency
+from tests.support.faults import consistency
+from tests.support.procs import wait_until
+from tests.support.stored import FakeClock, expires_at, kombu_payload, sweep_all, tags_in
 
 HOUR = 3_600_000
 #: The shortest grace accepted, and messages stored uncompressed.
 SHORT = Settings(compress_after_ms=0, grace_ms=HOUR)
 #: Stored compressed (the cold space) when due more than a second ahead.
 COLD = Settings(compress_after_ms=1000, thaw_ahead_ms=1000, grace_ms=HOUR)
-
-
-def sweep_all(store: Store) -> tuple[int, int, int]:
-    """One whole sweep cycle; return (renewed, lost, rebuilt)."""
-    renewed = lost = rebuilt = 0
-    cursor = ""
-    while True:
-        page = store.sweep(cursor, 3)  # small pages: the cursor is crossed many times
-        renewed, lost, rebuilt = renewed + page.renewed, lost + page.lost, rebuilt + page.rebuilt
-        cursor = page.cursor
-        if not cursor:
-            return renewed, lost, rebuilt
 
 
 def message_keys(client: redis.Redis, prefix: str) -> list[str]:

@@ -30,8 +30,7 @@ import redis
 from kombu_delay.payload import index_id
 from kombu_delay.store import cold, keys
 from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import Proc
+from tests.support.procs import Proc
 
 CHAOS = os.environ.get("KOMBU_DELAY_CHAOS", "") == "1"
 

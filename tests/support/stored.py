@@ -4,7 +4,6 @@ watching LPUSHes by the Redis clock, starting a real Celery worker."""
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import uuid
@@ -16,7 +15,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.payload import index_id
-from kombu_delay.store import cold, keys
+from kombu_delay.store import Store, cold, keys
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -110,6 +109,18 @@ def tags_in(client: redis.Redis, key: str) -> list[str]:
     return [json.loads(item)["properties"]["delivery_tag"] for item in reversed(items)]
 
 
+def sweep_all(store: Store) -> tuple[int, int, int]:
+    """One whole sweep cycle; return (renewed, lost, rebuilt)."""
+    renewed = lost = rebuilt = 0
+    cursor = ""
+    while True:
+        page = store.sweep(cursor, 3)  # small pages: the cursor is crossed many times
+        renewed, lost, rebuilt = renewed + page.renewed, lost + page.lost, rebuilt + page.rebuilt
+        cursor = page.cursor
+        if not cursor:
+            return renewed, lost, rebuilt
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -169,31 +180,6 @@ class LpushMonitor:
     def first_push_us(self, needle: str) -> list[int]:
         """Times of the LPUSHes whose command text contains ``needle``."""
         return [at for at, command in self.pushes if needle in command]
-
-
-def worker_args(name: str, queue: str = "e2e", pool: str = "solo") -> list[str]:
-    """A stock Celery worker on ``tests.e2e_app`` (broker from ``E2E_BROKER``);
-    ``pool`` is ``solo`` or ``prefork`` (two processes)."""
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tests.e2e_app",
-        "worker",
-        "--pool",
-        pool,
-        *(["-c", "2"] if pool == "prefork" else []),
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        "-Q",
-        queue,
-        "-n",
-        f"{name}@%h",
-        "-l",
-        "info",
-    ]
 
 
 class FakeClock:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from tests.support.procs import ROOT
 
 TINY = [
     "--publish", "50",

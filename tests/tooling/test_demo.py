@@ -12,7 +12,7 @@ import re
 import subprocess
 import sys
 
-from .conftest import ROOT
+from tests.support.procs import ROOT
 
 DEMO = [sys.executable, "-m", "kombu_delay", "demo"]
 TASKS = 8

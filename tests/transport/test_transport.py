@@ -28,9 +28,8 @@ from kombu_delay.control import DelayControl
 from kombu_delay.eta import Due, parse_iso_ms
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
-
-from .conftest import ROOT
-from .delay_helpers import FakeClock, Stored, stored
+from tests.support.procs import ROOT
+from tests.support.stored import FakeClock, Stored, stored
 
 
 def options(prefix: str, **extra: Any) -> dict[str, Any]:
