@@ -25,6 +25,19 @@ class SentinelServer(RedisServer):
     def __init__(self, master_port: int, down_after_ms: int = 1000, failover_timeout_ms: int = 5000) -> None:
         super().__init__()
         self.conf = self.dir / "sentinel.conf"
+        self._settings = (master_port, down_after_ms, failover_timeout_ms)
+        self._conf_port: int | None = None
+
+    def args(self) -> list[str]:
+        # Written when the port is new only (start() may take another): a sentinel rewrites its
+        # own file with what it learns, and a restart must keep that.
+        if self._conf_port != self.port:
+            self._write_conf()
+            self._conf_port = self.port
+        return [self.binary, str(self.conf), "--sentinel"]
+
+    def _write_conf(self) -> None:
+        master_port, down_after_ms, failover_timeout_ms = self._settings
         self.conf.write_text(
             "\n".join(
                 [
@@ -41,9 +54,6 @@ class SentinelServer(RedisServer):
                 ]
             )
         )
-
-    def args(self) -> list[str]:
-        return [self.binary, str(self.conf), "--sentinel"]
 
     def master_port(self) -> int | None:
         with self.client(socket_timeout=5) as client:
