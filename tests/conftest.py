@@ -16,6 +16,7 @@ import redis
 import kombu_delay  # noqa: F401  (registers the delay* schemes)
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc
+from tests.support.sentinel import SentinelCluster
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +34,31 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture(params=["", "app1:"], ids=["noprefix", "prefix"])
-def prefix(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+#: The ``prefix`` argument: no ``global_keyprefix``, and one (the harder path: every key is rewritten).
+PREFIXES = {"noprefix": "", "prefix": "app1:"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give a test that takes ``prefix`` both layouts, or only the prefixed one if it runs real
+    processes (it uses ``spawn``, or is marked ``process``): scripts and key maths are checked
+    both ways, while a process-level test proves its point with one, and a prefix is the harder
+    of the two."""
+    if "prefix" not in metafunc.fixturenames or _parametrizes(metafunc, "prefix"):
+        return
+    process = "spawn" in metafunc.fixturenames or metafunc.definition.get_closest_marker("process")
+    ids = ["prefix"] if process else list(PREFIXES)
+    metafunc.parametrize("prefix", [PREFIXES[i] for i in ids], ids=ids)
+
+
+def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
+    """Whether the test's own ``parametrize`` marks already give ``name``."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
 
 
 @pytest.fixture
@@ -72,3 +95,24 @@ def start_mover(spawn: Callable[..., Proc], redis_server: RedisServer) -> Callab
         return spawn([*args, "mover", *extra], env=env, name="mover")
 
     return start
+
+
+@pytest.fixture(scope="module")
+def _sentinel_cluster() -> Iterator[SentinelCluster]:
+    with SentinelCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def sentinel_cluster(_sentinel_cluster: SentinelCluster) -> SentinelCluster:
+    """A master, a replica and three sentinels, shared by a module's tests (it takes seconds to
+    settle): whole again for each test (a sentinel a test stopped is started) and flushed. A test
+    that fails the master over starts its own :class:`SentinelCluster`."""
+    cluster = _sentinel_cluster
+    for sentinel in cluster.sentinels:
+        if sentinel.process is None or sentinel.process.poll() is not None:
+            sentinel.start()
+    cluster.wait_ready(cluster.master.port)
+    with cluster.master.client() as client:
+        client.flushall()
+    return cluster

@@ -126,6 +126,7 @@ def test_redis_unavailable_exits_3():
     assert "Redis is unavailable" in result.output
 
 
+@pytest.mark.process
 def test_the_same_commands_under_celery_delay(r, redis_server, prefix):
     ids = publish(redis_server, prefix, 2)
     env = {

@@ -531,6 +531,7 @@ def test_deleting_a_queue_drops_its_delayed_messages_too(r, redis_server, prefix
         assert r.llen(f"{prefix}kept") == 1
 
 
+@pytest.mark.process
 def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
     app = publisher(redis_server, prefix)
     for i in range(4):

@@ -69,7 +69,9 @@ BURSTS = {
 }
 
 
-@pytest.mark.parametrize("size", ["ci", pytest.param("chaos", marks=chaos_only)])
+@pytest.mark.parametrize(
+    "size", [pytest.param("ci", marks=pytest.mark.slow), pytest.param("chaos", marks=chaos_only)]
+)
 def test_movers_killed_mid_burst_deliver_each_message_once_never_early(size: str, tmp_path: Path) -> None:
     n, instants, min_kills, rate = BURSTS[size]
     rng = random.Random(7)
@@ -144,9 +146,9 @@ RESTARTS = {"ci": (1200, 1), "chaos": (20_000, 6)}
 EVERYSEC_WINDOW_S = 4.0
 
 RESTART_CASES = [
-    pytest.param("always", True, "ci", id="always-sigkill-ci"),
-    pytest.param("everysec", False, "ci", id="everysec-sigterm-ci"),
-    pytest.param("everysec", True, "ci", id="everysec-sigkill-ci"),
+    pytest.param("always", True, "ci", id="always-sigkill-ci", marks=pytest.mark.slow),
+    pytest.param("everysec", False, "ci", id="everysec-sigterm-ci", marks=pytest.mark.slow),
+    pytest.param("everysec", True, "ci", id="everysec-sigkill-ci", marks=pytest.mark.slow),
     *(
         pytest.param(
             fsync, kill, "chaos", id=f"{fsync}-{'sigkill' if kill else 'sigterm'}-chaos", marks=chaos_only

@@ -38,12 +38,13 @@ MIN_REPLICAS = ["--min-replicas-to-write", "1", "--min-replicas-max-lag", "2"]
 
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest) -> Iterator[SentinelCluster]:
+    """A Sentinel setup of the test's own, to fail over (``sentinel_cluster`` is shared)."""
     with SentinelCluster(data_args=getattr(request, "param", None)) as found:
         yield found
 
 
-def test_delaysentinel_url_reaches_every_sentinel(cluster):
-    with Connection(cluster.url, transport_options=OPTIONS) as conn:
+def test_delaysentinel_url_reaches_every_sentinel(sentinel_cluster):
+    with Connection(sentinel_cluster.url, transport_options=OPTIONS) as conn:
         channel = conn.default_channel
         channel._sentinel_managed_pool()
         # kombu keeps only alternates whose scheme is literally "sentinel"; ours are rewritten.
@@ -52,25 +53,34 @@ def test_delaysentinel_url_reaches_every_sentinel(cluster):
         if hasattr(channel, "_sentinel_manager"):
             sentinels = channel._sentinel_manager.sentinels
             seen = [node.connection_pool.connection_kwargs["port"] for node in sentinels]
-            assert sorted(seen) == sorted(port for _, port in cluster.addresses)
+            assert sorted(seen) == sorted(port for _, port in sentinel_cluster.addresses)
     # With the first sentinel gone, the others still name the master.
-    cluster.sentinels[0].stop()
-    with open_store(cluster.url, OPTIONS) as store:
+    sentinel_cluster.sentinels[0].stop()
+    with open_store(sentinel_cluster.url, OPTIONS) as store:
         assert store.time_ms() > 0
         store.count("probe")
-    assert cluster.master.client().hget(keys.totals(""), "probe") == b"1"
+    assert sentinel_cluster.master.client().hget(keys.totals(""), "probe") == b"1"
 
 
-def test_publish_and_move_through_sentinel(cluster, spawn):
+def test_publish_and_move_through_sentinel(sentinel_cluster, spawn):
     mover = spawn(
-        [sys.executable, "-m", "kombu_delay", "-b", cluster.url, "-o", "master_name=mymaster", "mover"],
+        [
+            sys.executable,
+            "-m",
+            "kombu_delay",
+            "-b",
+            sentinel_cluster.url,
+            "-o",
+            "master_name=mymaster",
+            "mover",
+        ],
         name="mover",
     )
-    app = Celery("pub", broker=cluster.url)
+    app = Celery("pub", broker=sentinel_cluster.url)
     app.conf.broker_transport_options = OPTIONS
     sent = app.send_task("eco.record", countdown=5)  # stored, however slow the publish
     app.close()
-    client = cluster.master.client()
+    client = sentinel_cluster.master.client()
     raw = wait_until(lambda: client.rpop("celery"), timeout=90)
     assert json.loads(raw)["headers"]["id"] == sent.id
     assert client.hget(keys.totals(""), "moved") == b"1"  # held, then moved by the mover

@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.procs import ROOT
 
+pytestmark = pytest.mark.slow  # CI runs it (-m slow); the default run leaves it out
+
 TINY = [
     "--publish", "50",
     "--precision", "10",

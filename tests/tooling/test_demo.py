@@ -12,7 +12,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.procs import ROOT
+
+pytestmark = pytest.mark.slow  # CI runs it (-m slow); the default run leaves it out
 
 DEMO = [sys.executable, "-m", "kombu_delay", "demo"]
 TASKS = 8
