@@ -25,8 +25,8 @@ from kombu_delay import DelayControl
 from kombu_delay.connect import connection
 from kombu_delay.errors import ConfigError, KombuDelayError
 from kombu_delay.redact import MASK, RedactingFilter, Redactor, mask_url, url_secrets
-from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import ROOT, Proc, wait_until
+from tests.support.servers import PasswordServer
 from tests.support.workers import ECOSYSTEM_APP
 
 #: What the server wants: none of the hostile passwords.
@@ -44,17 +44,6 @@ COMMANDS = {
     "reschedule": ["reschedule", "some-id", "--countdown", "5"],
     "purge": ["purge", "--queue", "celery", "--yes"],
 }
-
-
-class PasswordServer(RedisServer):
-    """A redis-server that wants ``password`` (its own client logs in with it)."""
-
-    def __init__(self, password: str) -> None:
-        super().__init__(extra_args=["--requirepass", password])
-        self.password = password
-
-    def client(self, **kwargs: object) -> redis.Redis:
-        return super().client(password=self.password, **kwargs)
 
 
 def urls(port: int) -> list[tuple[str, str]]:

@@ -38,17 +38,15 @@ from tests.support.faults import (
     Consumer,
     Ledger,
     Movers,
-    TLSRedisServer,
     chaos_only,
     consistency,
     figures,
     message,
     rss_kb,
-    running_tls_server,
     started,
-    wait_for,
 )
-from tests.support.procs import wait_until
+from tests.support.procs import wait_for, wait_until
+from tests.support.servers import TLSRedisServer, running_tls_server
 from tests.support.stored import behind
 from tests.support.stored import stored as stored_messages
 

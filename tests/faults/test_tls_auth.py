@@ -26,8 +26,8 @@ from kombu_delay.connect import app_target, open_store
 from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
 from kombu_delay.mover.loop import Mover, open_when_reachable
 from kombu_delay.tooling.redis_server import RedisServer
-from tests.support.faults import TLSRedisServer, running_tls_server
 from tests.support.procs import Proc, wait_until
+from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server
 from tests.support.stored import stored
 
 PASSWORD = "s3cret"
@@ -50,19 +50,9 @@ def calls(client: redis.Redis, command: str) -> int:
 # -- delayrediss:// with ssl=True ---------------------------------------------------------
 
 
-class PasswordRedisServer(RedisServer):
-    """A plain (not TLS) redis-server that wants ``PASSWORD``."""
-
-    def __init__(self) -> None:
-        super().__init__(extra_args=["--requirepass", PASSWORD])
-
-    def client(self, **kwargs: object) -> redis.Redis:
-        return super().client(password=PASSWORD, **kwargs)
-
-
 @pytest.fixture
-def password_server() -> Iterator[PasswordRedisServer]:
-    with PasswordRedisServer() as server:
+def password_server() -> Iterator[PasswordServer]:
+    with PasswordServer(PASSWORD) as server:
         yield server
 
 
@@ -83,7 +73,7 @@ def _celery_channel(url: str, options: dict[str, Any] = TIMEOUTS) -> Any:
     "channel", [_kombu_channel, _celery_channel], ids=["kombu-ssl-true", "celery-use-ssl-true"]
 )
 def test_delayrediss_with_ssl_true_never_talks_plaintext(
-    password_server: PasswordRedisServer, channel: Callable[[str], Any]
+    password_server: PasswordServer, channel: Callable[[str], Any]
 ) -> None:
     """``ssl=True`` (kombu) or ``broker_use_ssl=True`` (Celery) against a server that speaks
     no TLS: the connection fails; no password and no command reach the server in the clear."""
@@ -100,7 +90,7 @@ def test_delayrediss_with_ssl_true_never_talks_plaintext(
         admin.close()
 
 
-def test_delayrediss_ssl_true_means_verified_tls(password_server: PasswordRedisServer) -> None:
+def test_delayrediss_ssl_true_means_verified_tls(password_server: PasswordServer) -> None:
     conn = Connection(f"delayrediss://127.0.0.1:{password_server.port}/0", ssl=True)
     try:
         conn.transport  # noqa: B018  (creating the transport settles the options)
@@ -182,7 +172,7 @@ def _urls(server: RedisServer) -> dict[str, str]:
 
 @pytest.mark.parametrize("case", ["wrong-password", "no-password"])
 def test_mover_with_bad_credentials_exits_at_once_naming_authentication(
-    password_server: PasswordRedisServer, spawn: Callable[..., Proc], case: str
+    password_server: PasswordServer, spawn: Callable[..., Proc], case: str
 ) -> None:
     """README: a wrong password stops the mover at once, with the error; it is not an outage.
     (``spawn`` stops the process by its PID if it is still running at the end.)"""
@@ -201,7 +191,7 @@ def test_mover_with_bad_credentials_exits_at_once_naming_authentication(
 
 @pytest.mark.parametrize("case", ["wrong-password", "no-password", "wrong-user"])
 def test_open_store_raises_an_authentication_error_not_an_outage(
-    password_server: PasswordRedisServer, case: str
+    password_server: PasswordServer, case: str
 ) -> None:
     with (
         pytest.raises(RedisAuthError, match="authentication failed") as caught,
@@ -211,7 +201,7 @@ def test_open_store_raises_an_authentication_error_not_an_outage(
     assert not isinstance(caught.value, RedisUnavailable)  # what the mover waits out
 
 
-def test_health_names_the_authentication_failure(password_server: PasswordRedisServer) -> None:
+def test_health_names_the_authentication_failure(password_server: PasswordServer) -> None:
     result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], "health"])
     assert result.exit_code == 2, result.output
     assert result.stdout.startswith("UNREACHABLE: Redis authentication failed"), result.output
@@ -219,7 +209,7 @@ def test_health_names_the_authentication_failure(password_server: PasswordRedisS
 
 @pytest.mark.parametrize("command", [["stats"], ["ls"], ["cancel", "some-id"]])
 def test_inspection_commands_name_the_authentication_failure(
-    password_server: PasswordRedisServer, command: list[str]
+    password_server: PasswordServer, command: list[str]
 ) -> None:
     result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], *command])
     assert result.exit_code == 3, result.output
@@ -228,7 +218,7 @@ def test_inspection_commands_name_the_authentication_failure(
 
 
 def test_publisher_sees_an_authentication_error_from_a_held_message(
-    password_server: PasswordRedisServer,
+    password_server: PasswordServer,
 ) -> None:
     """The password changes under a running publisher: the held-message path (kombu-delay's
     own Redis call) raises what plain kombu's LPUSH would, a ``redis.AuthenticationError``,

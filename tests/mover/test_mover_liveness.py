@@ -3,9 +3,6 @@ beating while it drains a long backlog, so a liveness probe never kills it mid c
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 from kombu_delay.config import Settings
@@ -13,7 +10,8 @@ from kombu_delay.eta import Due
 from kombu_delay.mover.loop import Backoff
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
-from tests.support.procs import ROOT, wait_until
+from tests.support.cli import health
+from tests.support.procs import wait_until
 from tests.support.stored import behind, kombu_payload
 
 #: Backlog size and rate cap: the drain takes BACKLOG / RATE s (60 s), far past MAX_AGE_S.
@@ -30,11 +28,6 @@ def test_backoff_stays_within_its_cap_after_any_number_of_failures():
     assert all(d >= 2.5 for d in delays[1100:])  # jitter keeps the upper half of the cap
     backoff.reset()
     assert backoff.next() <= 0.1
-
-
-def health(server, *flags: str) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "kombu_delay", "-b", server.delay_url, "health", *flags]
-    return subprocess.run(args, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120)
 
 
 def test_health_sees_the_mover_alive_while_it_drains_a_backlog(r, redis_server, start_mover):
@@ -57,7 +50,7 @@ def test_health_sees_the_mover_alive_while_it_drains_a_backlog(r, redis_server, 
     probes: list[tuple[float, int, str]] = []  # (s into the drain, exit status, line)
     while not any(at > MAX_AGE_S + 1 for at, _, _ in probes):
         at = time.monotonic() - started
-        seen = health(redis_server, "--max-heartbeat-age", str(MAX_AGE_S), "--max-overdue", "0")
+        seen = health(redis_server, "", "--max-heartbeat-age", str(MAX_AGE_S), "--max-overdue", "0")
         assert r.llen("celery") < BACKLOG, "the drain ended: make it longer"
         probes.append((at, seen.returncode, seen.stdout.strip()))
         assert seen.returncode == 0, (probes, mover.output()[-2000:])

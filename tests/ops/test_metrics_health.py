@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -19,8 +17,9 @@ from kombu_delay.mover.loop import Mover
 from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
+from tests.support.cli import health
 from tests.support.metrics import scrape, try_scrape, value
-from tests.support.procs import ROOT, wait_until
+from tests.support.procs import wait_until
 from tests.support.stored import FakeClock
 
 SOON, LATER = 40, 10
@@ -114,15 +113,6 @@ def test_metrics_while_moving(private_server, spawn, prefix):
     assert value(samples, "kombu_delay_mover_errors_total") == 0  # a Redis error is not a bug
     assert mover.stop() == 0, mover.output()
     client.close()
-
-
-def health(server: RedisServer, prefix: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "kombu_delay", "-b", server.delay_url]
-    if prefix:
-        args += ["--prefix", prefix]
-    return subprocess.run(
-        [*args, "health", *flags], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120
-    )
 
 
 def test_health_follows_the_mover(private_server, spawn, prefix):

@@ -1,13 +1,18 @@
-"""Driving ``kombu-delay`` in-process and publishing through the delay transport, with or without
-a key prefix."""
+"""Driving ``kombu-delay`` (in-process, or as a process as a probe does) and publishing through
+the delay transport, with or without a key prefix."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 from celery import Celery
 from click.testing import CliRunner
 
 from kombu_delay.cli import main
 from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.procs import ROOT
 
 
 def options(prefix: str) -> dict[str, object]:
@@ -33,3 +38,13 @@ def kd(redis_server: RedisServer, prefix: str, *args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, [*base, *args], catch_exceptions=False)
     lines = result.output.splitlines(keepends=True)
     return result.exit_code, "".join(line for line in lines if not line.startswith("kombu-delay: broker "))
+
+
+def health(server: RedisServer, prefix: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """Run ``kombu-delay health`` as a process, as a liveness probe does."""
+    args = [sys.executable, "-m", "kombu_delay", "-b", server.delay_url]
+    if prefix:
+        args += ["--prefix", prefix]
+    return subprocess.run(
+        [*args, "health", *flags], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=120
+    )

@@ -8,18 +8,12 @@ large one and enables the tests marked ``chaos``.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import os
-import shutil
-import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +23,6 @@ import redis
 
 from kombu_delay.payload import index_id
 from kombu_delay.store import cold, keys
-from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc
 
 CHAOS = os.environ.get("KOMBU_DELAY_CHAOS", "") == "1"
@@ -280,16 +273,6 @@ def started(proc: Proc) -> bool:
     return " started (prefix " in proc.output()
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until truthy; return False (not raise) after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
-
-
 def rss_kb(pid: int) -> int:
     """Resident set size of a process, KiB (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -381,50 +364,3 @@ def consistency(client: redis.Redis, prefix: str = "") -> dict[str, int]:
     settled = sum(totals.get(name, 0) for name in ("moved", "expired", "cancelled", "purged"))
     assert totals.get("scheduled", 0) - settled == stored, f"totals {totals} vs {stored} stored"
     return {"stored": stored, "stale_refs": stale, **totals}
-
-
-def tls_files(directory: Path) -> tuple[str, str, str]:
-    """A throwaway CA and a server certificate for 127.0.0.1, made with ``openssl``."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl binary to generate a test certificate")
-    ca_key, ca, key, csr, cert = (str(directory / n) for n in ("ca.key", "ca.crt", "s.key", "s.csr", "s.crt"))
-    ext = directory / "san.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run = functools.partial(subprocess.run, check=True, capture_output=True)
-    run([openssl, "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test CA"])
-    run([openssl, "req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"])
-    sign = ["-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-extfile", str(ext)]
-    run([openssl, "x509", "-req", "-in", csr, *sign, "-out", cert, "-days", "1"])
-    return ca, cert, key
-
-
-class TLSRedisServer(RedisServer):
-    """A redis-server that speaks only TLS on its port."""
-
-    def __init__(self, ca: str, cert: str, key: str) -> None:
-        super().__init__()
-        self.ca = ca
-        self.extra_args = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert]
-        self.extra_args += ["--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
-
-    def client(self, **kwargs: object) -> redis.Redis:
-        return super().client(ssl=True, ssl_ca_certs=self.ca, **kwargs)
-
-
-@contextlib.contextmanager
-def running_tls_server(directory: Path) -> Iterator[TLSRedisServer]:
-    """A started :class:`TLSRedisServer` with fresh certificates in ``directory``; the test is
-    skipped when this redis-server was built without TLS."""
-    server = TLSRedisServer(*tls_files(directory))
-    try:
-        server.start()
-    except RuntimeError as exc:
-        if "tls" in str(exc).lower():
-            pytest.skip(f"this redis-server has no TLS support: {exc}")
-        raise
-    try:  # not ``with server``: that would start it a second time
-        yield server
-    finally:
-        server.cleanup()

@@ -27,6 +27,16 @@ def wait_until(predicate: Callable[[], object], timeout: float = 60.0, interval:
         time.sleep(interval)
 
 
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until truthy; return False (not raise) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
 class Proc:
     """A child process of the suite, stopped by PID."""
 
