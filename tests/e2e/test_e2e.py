@@ -39,8 +39,8 @@ def summary(name: str, values_ms: list[float]) -> str:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("pool", ["solo", "prefork"])
+# The solo pool in every run; the prefork pool (the same path, more processes) in the slow tier.
+@pytest.mark.parametrize("pool", ["solo", pytest.param("prefork", marks=pytest.mark.slow)])
 def test_countdowns_run_once_never_early_on_a_plain_worker(r, redis_server, spawn, start_mover, pool):
     mover = start_mover()
     worker = start_worker(spawn, redis_server.url, redis_server.url, "plain", pool=pool)
