@@ -1,4 +1,5 @@
-"""Shared fixtures: one private redis-server per test session, real processes for the rest.
+"""Shared fixtures: one private redis-server per test session (so one per xdist worker: workers
+share no server and no port), real processes for the rest. Helpers live in ``tests/support``.
 
 Nothing here talks to a Redis the suite did not start, and every process the
 suite starts is stopped by its PID.
@@ -21,6 +22,7 @@ from tests.support.sentinel import SentinelCluster
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
+    """The session's redis-server, on a free loopback port."""
     with RedisServer() as server:
         yield server
 

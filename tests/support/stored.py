@@ -1,5 +1,5 @@
-"""Helpers shared by the transport, mover and end-to-end tests: reading what is stored,
-watching LPUSHes by the Redis clock, starting a real Celery worker."""
+"""What Redis holds, read as a test checks it (every stored message, its bucket and destination),
+test payloads in kombu's layout, LPUSHes watched by the Redis clock, and clocks a test drives."""
 
 from __future__ import annotations
 
