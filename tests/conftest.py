@@ -1,4 +1,5 @@
-"""Shared fixtures: one private redis-server per test session, real processes for the rest.
+"""Shared fixtures: one private redis-server per test session (so one per xdist worker: workers
+share no server and no port), real processes for the rest. Helpers live in ``tests/support``.
 
 Nothing here talks to a Redis the suite did not start, and every process the
 suite starts is stopped by its PID.
@@ -6,10 +7,7 @@ suite starts is stopped by its PID.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,13 +15,14 @@ import pytest
 import redis
 
 import kombu_delay  # noqa: F401  (registers the delay* schemes)
-from kombu_delay.tooling.redis_server import RedisServer, stop_process
-
-ROOT = Path(__file__).resolve().parent.parent
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.procs import Proc
+from tests.support.sentinel import SentinelCluster
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
+    """The session's redis-server, on a free loopback port."""
     with RedisServer() as server:
         yield server
 
@@ -37,48 +36,31 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture(params=["", "app1:"], ids=["noprefix", "prefix"])
-def prefix(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+#: The ``prefix`` argument: no ``global_keyprefix``, and one (the harder path: every key is rewritten).
+PREFIXES = {"noprefix": "", "prefix": "app1:"}
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.02) -> object:
-    """Poll ``predicate`` until it is truthy; fail after a generous ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Give a test that takes ``prefix`` both layouts, or only the prefixed one if it runs real
+    processes (it uses ``spawn``, or is marked ``process``): scripts and key maths are checked
+    both ways, while a process-level test proves its point with one, and a prefix is the harder
+    of the two."""
+    if "prefix" not in metafunc.fixturenames or _parametrizes(metafunc, "prefix"):
+        return
+    process = "spawn" in metafunc.fixturenames or metafunc.definition.get_closest_marker("process")
+    ids = ["prefix"] if process else list(PREFIXES)
+    metafunc.parametrize("prefix", [PREFIXES[i] for i in ids], ids=ids)
 
 
-class Proc:
-    """A child process of the suite, stopped by PID."""
-
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> None:
-        self.log = log
-        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
-        self.popen = subprocess.Popen(
-            args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def stop(self, timeout: float = 30.0) -> int:
-        stop_process(self.popen, timeout)
-        return int(self.popen.returncode)
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log else ""
+def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
+    """Whether the test's own ``parametrize`` marks already give ``name``."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if name in names:
+            return True
+    return False
 
 
 @pytest.fixture
@@ -115,3 +97,24 @@ def start_mover(spawn: Callable[..., Proc], redis_server: RedisServer) -> Callab
         return spawn([*args, "mover", *extra], env=env, name="mover")
 
     return start
+
+
+@pytest.fixture(scope="module")
+def _sentinel_cluster() -> Iterator[SentinelCluster]:
+    with SentinelCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def sentinel_cluster(_sentinel_cluster: SentinelCluster) -> SentinelCluster:
+    """A master, a replica and three sentinels, shared by a module's tests (it takes seconds to
+    settle): whole again for each test (a sentinel a test stopped is started) and flushed. A test
+    that fails the master over starts its own :class:`SentinelCluster`."""
+    cluster = _sentinel_cluster
+    for sentinel in cluster.sentinels:
+        if sentinel.process is None or sentinel.process.poll() is not None:
+            sentinel.start()
+    cluster.wait_ready(cluster.master.port)
+    with cluster.master.client() as client:
+        client.flushall()
+    return cluster

@@ -25,9 +25,9 @@ from kombu_delay import DelayControl
 from kombu_delay.connect import connection
 from kombu_delay.errors import ConfigError, KombuDelayError
 from kombu_delay.redact import MASK, RedactingFilter, Redactor, mask_url, url_secrets
-from kombu_delay.tooling.redis_server import RedisServer
-
-from .conftest import ROOT, Proc, wait_until
+from tests.support.procs import ROOT, Proc, wait_until
+from tests.support.servers import PasswordServer
+from tests.support.workers import ECOSYSTEM_APP
 
 #: What the server wants: none of the hostile passwords.
 SERVER_PASSWORD = "s3cret"
@@ -44,17 +44,6 @@ COMMANDS = {
     "reschedule": ["reschedule", "some-id", "--countdown", "5"],
     "purge": ["purge", "--queue", "celery", "--yes"],
 }
-
-
-class PasswordServer(RedisServer):
-    """A redis-server that wants ``password`` (its own client logs in with it)."""
-
-    def __init__(self, password: str) -> None:
-        super().__init__(extra_args=["--requirepass", password])
-        self.password = password
-
-    def client(self, **kwargs: object) -> redis.Redis:
-        return super().client(password=self.password, **kwargs)
 
 
 def urls(port: int) -> list[tuple[str, str]]:
@@ -210,9 +199,7 @@ def test_no_command_of_celery_delay_shows_any_part_of_a_password(password_server
     # The app's configuration carries the URL.
     for password, url in urls(password_server.port)[::2]:
         env = {"ECO_BROKER": url, "ECO_OPTIONS": '{"max_retries": 0}'}
-        done = run(
-            [sys.executable, "-m", "celery", "-A", "tests.ecosystem_app", "delay", *COMMANDS[command]], env
-        )
+        done = run([sys.executable, "-m", "celery", "-A", ECOSYSTEM_APP, "delay", *COMMANDS[command]], env)
         output = done.stdout + done.stderr
         assert done.returncode not in (0, None), output
         assert not leaks(output, password), (url, leaks(output, password), output)

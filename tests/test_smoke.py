@@ -5,8 +5,7 @@ import json
 from celery import Celery
 
 from kombu_delay.store import Store
-
-from .conftest import wait_until
+from tests.support.procs import wait_until
 
 
 def test_countdown_is_held_then_moved_by_mover_process(r, redis_server, start_mover):

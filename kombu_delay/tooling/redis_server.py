@@ -65,6 +65,8 @@ class RedisServer:
         binary: str | None = None,
     ) -> None:
         self.binary = binary or find_binary()
+        #: A port we chose may be taken before the server binds it: then start() takes another.
+        self._own_port = port is None
         self.port = port or free_port()
         self.persistence = persistence
         self.appendfsync = appendfsync
@@ -91,7 +93,18 @@ class RedisServer:
         return args + self.extra_args
 
     def start(self, timeout: float = 20.0) -> RedisServer:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers. On a first start, a port we chose that
+        another process took meanwhile (free_port cannot reserve it) is replaced, a few times at
+        most; a restart keeps its port."""
+        may_move = self._own_port and self.process is None
+        for _attempt in range(5):
+            if self._start(timeout, may_move):
+                return self
+            self.port = free_port()
+        raise RuntimeError(f"redis-server found no free port: {self.output()}")
+
+    def _start(self, timeout: float, may_move: bool) -> bool:
+        """Start on ``self.port``; False if the port was taken and ``may_move``."""
         # Startup errors (a bad directive, say "tls-port" on a build without TLS) go to
         # stdout, not to the log file: keep them for the error message.
         with open(self.dir / "redis-server.out", "wb") as out:
@@ -101,15 +114,25 @@ class RedisServer:
         try:
             while True:
                 if self.process.poll() is not None:
+                    if may_move and "Address already in use" in self.output():
+                        return False
                     raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.output()}")
                 try:
-                    client.ping()
-                    return self
+                    # Whoever answers must be our process, not another server on this port.
+                    pid = int(client.info("server")["process_id"])
                 except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                    time.sleep(0.02)
+                    pid = None
+                if pid == self.process.pid:
+                    return True
+                if pid is not None:
+                    self.stop(kill=True)  # it cannot bind a port another server holds
+                    if may_move:
+                        return False
+                    raise RuntimeError(f"port {self.port} is another redis-server's (pid {pid})")
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                time.sleep(0.02)
         finally:
             client.close()
 

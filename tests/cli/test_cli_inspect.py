@@ -1,0 +1,164 @@
+"""``kombu-delay stats|ls|cancel|reschedule|purge`` and ``celery -A app delay ...`` on a real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+from click.testing import CliRunner
+
+from kombu_delay import DelayControl
+from kombu_delay.cli import main
+from kombu_delay.cli.inspect import COMMANDS, span
+from kombu_delay.store.listing import Cursor
+from kombu_delay.tooling.redis_server import free_port
+from tests.support.cli import kd, options, publish
+from tests.support.procs import ROOT
+from tests.support.workers import INSPECT_APP
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
+def test_every_command_documents_examples(command):
+    result = CliRunner().invoke(main, [command.name, "--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output
+    assert f"kombu-delay {command.name}" in result.output
+
+
+def test_stats_shows_queues_and_histogram_bars(r, redis_server, prefix):
+    publish(redis_server, prefix, 4)
+    publish(redis_server, prefix, 2, queue="emails", countdown=4000)
+    code, out = kd(redis_server, prefix, "stats", "--hours", "2", "--slot", "30")
+    assert code == 0, out
+    assert "scheduled  6" in out
+    assert "celery  4" in out and "emails  2" in out
+    rows = [line for line in out.splitlines() if "\u2588" in line]
+    assert [line.rsplit(" ", 1)[1] for line in rows] == ["4", "2"]
+    code, out = kd(redis_server, prefix, "stats", "--json")
+    data = json.loads(out)
+    assert data["by_queue"] == {"celery": 4, "emails": 2}
+    assert data["scheduled"] == 6 and data["overdue"] == 0
+
+
+def test_ls_pages_with_the_printed_cursor(r, redis_server, prefix):
+    ids = publish(redis_server, prefix, 5)
+    code, out = kd(redis_server, prefix, "ls", "--limit", "2")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].split() == ["TASK", "ID", "TASK", "QUEUE", "ETA", "(UTC)", "LEFT", "SIZE"]
+    assert [line.split()[0] for line in lines[1:3]] == ids[:2]
+    assert lines[1].split()[1:3] == ["inspect.record", "celery"]
+    assert lines[-1].startswith("next page: --cursor ")
+    seen = [line.split()[0] for line in lines[1:3]]
+    cursor = lines[-1].split()[-1]
+    # The last message listed, by due time, space, score, bucket, destination and a digest of it.
+    printed = Cursor.parse(cursor)
+    assert printed.at.dest == f"{prefix}celery" and len(printed.at.last) == 16 and str(printed) == cursor
+    while True:
+        code, out = kd(redis_server, prefix, "ls", "--limit", "2", "--cursor", cursor, "--json")
+        page = json.loads(out)
+        seen += [item["task_id"] for item in page["items"]]
+        if page["cursor"] is None:
+            break
+        cursor = page["cursor"]
+    assert seen == ids
+    item = page["items"][-1] if page["items"] else None
+    if item is not None:
+        assert 0 < item["left_ms"] <= 605_000 and item["queue"] == "celery"
+    code, out = kd(redis_server, prefix, "ls", "--cursor", "nonsense")
+    assert code == 2
+    # A cursor of another form (0.3's "start:score:digest:dest") is refused.
+    old_form = f"{printed.at.start_ms}:{printed.at.score}:{printed.at.last}:{printed.at.dest}"
+    code, out = kd(redis_server, prefix, "ls", "--cursor", old_form)
+    assert code == 2 and "is not a cursor printed by ls" in out
+
+
+def test_cancel_exit_codes(r, redis_server, prefix):
+    ids = publish(redis_server, prefix, 3)
+    code, out = kd(redis_server, prefix, "cancel", ids[0], ids[1])
+    assert code == 0, out
+    assert f"{ids[0]}: cancelled 1 message" in out
+    code, out = kd(redis_server, prefix, "cancel", ids[0], ids[2])
+    assert code == 1
+    assert f"{ids[0]}: not scheduled" in out and f"{ids[2]}: cancelled 1 message" in out
+    code, _ = kd(redis_server, prefix, "cancel")
+    assert code == 2
+
+
+def test_reschedule_by_eta_or_countdown(r, redis_server, prefix):
+    (task_id,) = publish(redis_server, prefix, 1)
+    code, out = kd(redis_server, prefix, "reschedule", task_id, "--eta", "2031-02-03T04:05:06Z")
+    assert code == 0, out
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.find(task_id)[0].eta == datetime(2031, 2, 3, 4, 5, 6, tzinfo=UTC)
+        code, out = kd(redis_server, prefix, "reschedule", task_id, "--countdown", "120")
+        assert code == 0, out
+        left = ctl.find(task_id)[0].due_ms - ctl.store.time_ms()
+        assert 100_000 < left <= 120_000
+    assert kd(redis_server, prefix, "reschedule", task_id, "--eta", "2031-02-03T04:05:06")[0] == 2
+    assert kd(redis_server, prefix, "reschedule", task_id)[0] == 2
+    assert kd(redis_server, prefix, "reschedule", task_id, "--countdown", "1", "--eta", "2031-01-01Z")[0] == 2
+    assert kd(redis_server, prefix, "reschedule", "no-such-id", "--countdown", "5")[0] == 1
+
+
+def test_purge_needs_yes(r, redis_server, prefix):
+    publish(redis_server, prefix, 3, queue="emails")
+    publish(redis_server, prefix, 1)
+    code, out = kd(redis_server, prefix, "purge", "--queue", "emails")
+    assert code == 2 and "--yes" in out
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.stats().by_queue == {"celery": 1, "emails": 3}
+        code, out = kd(redis_server, prefix, "purge", "--queue", "emails", "--yes")
+        assert code == 0 and "purged 3 scheduled messages" in out
+        assert ctl.stats().by_queue == {"celery": 1}
+    assert kd(redis_server, prefix, "purge", "--queue", "emails", "--yes")[0] == 1
+
+
+def test_redis_unavailable_exits_3():
+    result = CliRunner().invoke(
+        main, ["--broker", f"redis://127.0.0.1:{free_port()}/0", "--log-level", "error", "stats"]
+    )
+    assert result.exit_code == 3
+    assert "Redis is unavailable" in result.output
+
+
+@pytest.mark.process
+def test_the_same_commands_under_celery_delay(r, redis_server, prefix):
+    ids = publish(redis_server, prefix, 2)
+    env = {
+        **os.environ,
+        "INSPECT_BROKER": redis_server.delay_url,
+        "INSPECT_OPTIONS": json.dumps(options(prefix)),
+    }
+
+    def celery(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "celery", "-A", INSPECT_APP, "delay", *args]
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    listed = celery("ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [item["task_id"] for item in json.loads(listed.stdout)["items"]] == ids
+    assert celery("cancel", ids[0]).returncode == 0
+    assert celery("cancel", ids[0]).returncode == 1
+    stats = celery("stats", "--json")
+    assert json.loads(stats.stdout)["scheduled"] == 1
+
+
+def test_span_reads_well():
+    assert [span(ms) for ms in (950, 12_300, 245_000, 11_520_000, 190_800_000, -4_000)] == [
+        "950ms",
+        "12.3s",
+        "4m05s",
+        "3h12m",
+        "2d05h",
+        "-4.0s",
+    ]
+
+
+def test_stats_refuses_a_histogram_too_fine_to_draw(r, redis_server):
+    code, out = kd(redis_server, "", "stats", "--hours", "1000", "--slot", "1")
+    assert code == 2 and "at most 1000" in out

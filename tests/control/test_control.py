@@ -1,0 +1,664 @@
+"""DelayControl on a real Redis: cancel, reschedule, listing, stats and purge, with and without
+``global_keyprefix``; end to end with a real mover process and a real Celery worker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from celery import Celery
+from kombu import Connection, Exchange, Producer, Queue
+
+import kombu_delay
+from kombu_delay import BadETA, DelayControl
+from kombu_delay.config import Settings
+from kombu_delay.message import Due, index_id
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Rescheduled, Scheduled
+from tests.support.procs import ROOT, wait_until
+from tests.support.stored import ORDINARY, FakeClock, kombu_payload
+from tests.support.workers import INSPECT_APP, inspect_ledger, start_inspect_worker
+
+SEP = "\x06\x16"
+
+
+def options(prefix: str) -> dict[str, object]:
+    """Transport options of these tests: the ordinary layout, which they look into
+    (test_cold.py covers the cold space)."""
+    ordinary: dict[str, object] = {"delay_compress_after": 0}
+    return {"global_keyprefix": prefix, **ordinary} if prefix else ordinary
+
+
+def publisher(redis_server, prefix: str, **conf: object) -> Celery:
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options(prefix)
+    app.conf.update(conf)
+    return app
+
+
+def truth(r, prefix: str) -> Counter[str]:
+    """Count the stored messages per destination by reading every bucket's sorted sets
+    (``<ns>z:<start>:<dest>``), not the counters (tests only)."""
+    found: Counter[str] = Counter()
+    head = f"{keys.ns(prefix)}z:"
+    for key in r.scan_iter(match=f"{head}*"):
+        _start, dest = key.decode()[len(head) :].split(":", 1)
+        found[dest] += r.zcard(key)
+    return +found
+
+
+def leftover_keys(r, prefix: str) -> set[str]:
+    keep = {keys.totals(prefix), keys.movers(prefix)}
+    return {k.decode() for k in r.scan_iter(match=f"{keys.ns(prefix)}*")} - keep
+
+
+def awaiting_cleanup(r, prefix: str, start_ms: int) -> set[str]:
+    """The keys a drained bucket leaves until its end has passed and a move cleans it up: its
+    meta hash (its seq keeps refs unique), its task-id list, and its entry in ``gc``. Each
+    must expire by itself too, so a dead system does not keep them."""
+    left = {keys.meta(prefix, start_ms), keys.task_ids(prefix, start_ms), keys.drained(prefix)}
+    assert all(r.pttl(key) > 0 for key in left), {key: r.pttl(key) for key in left}
+    assert r.zscore(keys.drained(prefix), str(start_ms)) == start_ms + 60_000  # scored by its end
+    assert not r.zscore(keys.index(prefix), str(start_ms))
+    return left
+
+
+def warm_up(r, app: Celery) -> None:
+    app.send_task("inspect.record", ("warm",))
+    wait_until(lambda: any(e["tag"] == "warm" for e in inspect_ledger(r)), timeout=120)
+
+
+def test_cancel_before_eta_means_the_worker_never_runs_it(r, redis_server, spawn, start_mover, prefix):
+    app = publisher(redis_server, prefix)
+    start_mover(prefix=prefix)
+    worker = start_inspect_worker(spawn, redis_server, options(prefix))
+    warm_up(r, app)
+    # Due 8 s on: the cancel below comes long before, however busy the machine.
+    sent = [app.send_task("inspect.record", (f"n{i}",), countdown=8) for i in range(5)]
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.cancel(sent[2].id) == 1
+        assert ctl.cancel(sent[2].id) == 0
+        last = app.send_task("inspect.record", ("last",), countdown=9)
+        wait_until(lambda: any(e["id"] == last.id for e in inspect_ledger(r)), timeout=120)
+        ran = Counter(e["tag"] for e in inspect_ledger(r))
+        assert ran == Counter({"warm": 1, "n0": 1, "n1": 1, "n3": 1, "n4": 1, "last": 1}), worker.output()
+        stats = ctl.stats()
+        assert stats.scheduled == 0
+        assert stats.totals["cancelled"] == 1
+    app.close()
+
+
+def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server, spawn, start_mover, prefix):
+    app = publisher(redis_server, prefix)
+    start_mover(prefix=prefix)
+    start_inspect_worker(spawn, redis_server, options(prefix))
+    warm_up(r, app)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        # Each reschedule comes seconds before the time it moves away from, however busy
+        # the machine: "later" is rescheduled at once, "earlier" has 20 s.
+        late = app.send_task("inspect.record", ("later",), countdown=8)
+        assert ctl.reschedule(late.id, eta=datetime.now(UTC) + timedelta(seconds=12)) == 1
+        early = app.send_task("inspect.record", ("earlier",), countdown=20)
+        old_early_due = ctl.find(early.id)[0].due_ms
+        assert ctl.reschedule(early.id, countdown=4) == 1
+        new_early_due = ctl.find(early.id)[0].due_ms
+        new_late_due = ctl.find(late.id)[0].due_ms
+        # A sentinel due after the old ETA of "earlier": when it has run, a copy left at
+        # the old time would have run too.
+        sentinel = app.send_task("inspect.record", ("sentinel",), countdown=22)
+        wait_until(lambda: any(e["id"] == sentinel.id for e in inspect_ledger(r)), timeout=180)
+    runs = {e["tag"]: [x for x in inspect_ledger(r) if x["tag"] == e["tag"]] for e in inspect_ledger(r)}
+    assert len(runs["earlier"]) == 1 and len(runs["later"]) == 1
+    (ran_early,), (ran_late,) = runs["earlier"], runs["later"]
+    assert ran_early["ran_ms"] >= new_early_due  # never before its new time
+    assert ran_late["ran_ms"] >= new_late_due
+    # The ETA inside the message was rewritten: a worker given the old one would have held
+    # "earlier" in memory until then.
+    assert ran_early["ran_ms"] < old_early_due
+    assert datetime.fromisoformat(ran_early["eta"]) == datetime.fromtimestamp(new_early_due / 1000, UTC)
+    assert datetime.fromisoformat(ran_late["eta"]) == datetime.fromtimestamp(new_late_due / 1000, UTC)
+    app.close()
+
+
+def test_cancel_of_a_retried_task_id_cancels_every_pending_message(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    task_id = str(uuid.uuid4())
+    app.send_task("inspect.record", ("first",), countdown=300, task_id=task_id)
+    app.send_task("inspect.record", ("retry",), countdown=900, task_id=task_id, retries=1)
+    other = app.send_task("inspect.record", ("other",), countdown=300)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert len(ctl.find(task_id)) == 2
+        assert ctl.cancel(task_id) == 2
+        assert ctl.find(task_id) == []
+        assert ctl.cancel("no-such-id") == 0
+        assert [m.task_id for m in ctl.find(other.id)] == [other.id]
+        assert ctl.stats().scheduled == 1
+        assert not r.hexists(keys.ids(prefix), task_id)
+    app.close()
+
+
+def _stored_payload(ctl: DelayControl, task_id: str) -> dict[str, object]:
+    (stored,) = ctl.store.find(task_id)
+    result: dict[str, object] = json.loads(stored.message)
+    return result
+
+
+def test_reschedule_rewrites_the_eta_inside_celery_protocol_2_and_1(r, redis_server, prefix):
+    new_eta = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        for protocol in (2, 1):
+            app = publisher(redis_server, prefix, task_protocol=protocol)
+            sent = app.send_task("inspect.record", ("p",), countdown=600)
+            assert ctl.reschedule(sent.id, eta=new_eta) == 1
+            assert ctl.find(sent.id)[0].due_ms == int(new_eta.timestamp() * 1000)
+            message = _stored_payload(ctl, sent.id)
+            if protocol == 2:
+                eta = message["headers"]["eta"]  # type: ignore[index]
+            else:
+                eta = json.loads(base64.b64decode(message["body"]))["eta"]  # type: ignore[arg-type]
+            assert datetime.fromisoformat(eta) == new_eta
+            app.close()
+
+
+def test_reschedule_keeps_an_x_delay_message_as_it_is(r, redis_server, prefix):
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        queue = Queue("plain", Exchange("plain", "direct"), "plain")
+        Producer(conn.default_channel).publish(
+            {"n": 1},
+            exchange=queue.exchange,
+            routing_key="plain",
+            declare=[queue],
+            headers={"x-delay": 60_000},
+        )
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (item,) = ctl.scheduled().items
+        before = _stored_payload(ctl, item.task_id)
+        assert ctl.reschedule(item.task_id, countdown=120) == 1
+        assert _stored_payload(ctl, item.task_id) == before
+        assert ctl.find(item.task_id)[0].due_ms > item.due_ms + 50_000
+
+
+def test_reschedule_to_now_onto_a_key_that_is_not_a_list_keeps_the_message(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("t.wrongtype", countdown=600, queue="wrongq")
+    dest = keys.destination(prefix, "wrongq", 0, SEP)
+    r.set(dest, "not a list")
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (before,) = ctl.find(sent.id)
+        with pytest.raises(kombu_delay.RedisRefused, match="other than a list"):
+            ctl.reschedule(sent.id, countdown=0)
+        assert ctl.find(sent.id) == [before]
+        assert ctl.stats().totals.get("rescheduled", 0) == 0
+        r.delete(dest)
+        assert ctl.reschedule(sent.id, countdown=0) == 1
+    assert json.loads(r.rpop(dest))["headers"]["id"] == sent.id
+    assert truth(r, prefix) == Counter()
+
+
+def test_reschedule_rejects_naive_datetimes_and_needs_one_time(r, redis_server):
+    with DelayControl(redis_server.url) as ctl:
+        with pytest.raises(BadETA):
+            ctl.reschedule("x", eta=datetime(2030, 1, 1))
+        with pytest.raises(TypeError):
+            ctl.reschedule("x")
+        with pytest.raises(TypeError):
+            ctl.reschedule("x", eta=datetime.now(UTC), countdown=1)
+
+
+def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", ("x",), countdown=300)
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (stored,) = ctl.store.find(sent.id)
+        assert stored.dest == f"{prefix}celery" and index_id(stored.payload) == sent.id
+        assert ctl.cancel(sent.id) == 1  # stands for a mover that moved it a moment ago
+        outcome = ctl.store.reschedule(stored, sent.id, "{}", stored.due_ms + 1000, ORDINARY)
+        assert outcome is Rescheduled.GONE
+        assert ctl.stats().scheduled == 0
+        assert r.lrange(f"{prefix}celery", 0, -1) == []
+        # Nothing but the drained bucket's bookkeeping, which waits for the clean-up.
+        assert leftover_keys(r, prefix) == awaiting_cleanup(r, prefix, stored.start_ms)
+
+
+def test_reschedule_to_a_past_time_sends_it_now(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", ("x",), countdown=300)
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (stored,) = ctl.store.find(sent.id)
+        assert ctl.reschedule(sent.id, countdown=-1) == 1
+        (raw,) = r.lrange(f"{prefix}celery", 0, -1)
+        assert json.loads(raw)["headers"]["id"] == sent.id
+        assert ctl.stats().scheduled == 0
+        assert ctl.find(sent.id) == [] and not r.hexists(keys.ids(prefix), sent.id)
+        assert leftover_keys(r, prefix) == awaiting_cleanup(r, prefix, stored.start_ms)
+        # It left the store onto its list: the lifetime totals still add up to what is stored.
+        totals = ctl.stats().totals
+        assert (totals["scheduled"], totals["moved"], totals["rescheduled"]) == (1, 1, 1)
+
+
+def test_reschedule_onto_an_identical_message_merges_them_and_totals_add_up(r, redis_server, prefix):
+    """An x-delay message carries no ETA to rewrite: rescheduled onto the time of its identical
+    twin, it merges with it (a bucket stores one copy of a payload per queue)."""
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        now = store.time_ms()
+        dest, payload = f"{prefix}celery", kombu_payload("twin")
+        for due in (now + 300_000, now + 600_000):
+            store.schedule(Due(due, task_id="twin"), dest, payload, ORDINARY)
+        assert ctl.reschedule("twin", eta=datetime.fromtimestamp((now + 600_000) / 1000, UTC)) == 2
+        assert len(ctl.find("twin")) == 1
+        stats = ctl.stats()
+        assert stats.scheduled == 1
+        assert (stats.totals["scheduled"], stats.totals["cancelled"], stats.totals["rescheduled"]) == (
+            2,
+            1,
+            2,
+        )
+
+
+def test_ls_paging_is_stable_while_messages_are_moved(r, redis_server, prefix):
+    """Pages are read while messages move: between every two pages the clock advances and a
+    move takes what is due (time driven, so the moves interleave with every page)."""
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        clock = FakeClock(r)
+        store = Store(r, prefix, clock=clock)
+        now = clock()
+        dest = f"{prefix}celery"
+        # A member is its payload: each message carries its own id (its delivery tag).
+        early = [
+            (Due(now + 1500 + 10 * i, task_id=f"e{i}"), dest, kombu_payload(f"e{i}")) for i in range(300)
+        ]
+        late = [
+            (Due(now + 600_000 + 10 * i, task_id=f"l{i}"), dest, kombu_payload(f"l{i}")) for i in range(200)
+        ]
+        assert {x.outcome for x in store.schedule_many(early + late, ORDINARY)} == {Scheduled.STORED}
+        clock.advance(1500)
+        seen: list[tuple[str, int]] = []
+        cursor = None
+        moves = []
+        while True:
+            page = ctl.scheduled(limit=7, cursor=cursor)
+            seen += [(m.task_id, m.due_ms) for m in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+            clock.advance(50)
+            moves.append(store.move_due(1000).moved)
+    ids = [task_id for task_id, _ in seen]
+    assert sum(moves) > 0 and r.llen(dest) == sum(moves), "nothing moved while pages were read"
+    assert len(ids) == len(set(ids)), "a message was listed twice"
+    assert {f"l{i}" for i in range(200)} <= set(ids), "a message still scheduled was skipped"
+    assert [due for _, due in seen] == sorted(due for _, due in seen)
+
+
+def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_server, prefix):
+    """The cursor names the last message listed; when that one is moved or cancelled before
+    the next page, the page goes on from its score, not past an offset."""
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        clock = FakeClock(r)
+        store = ctl.store
+        store.clock = clock
+        now = clock()
+        dest = f"{prefix}celery"
+        # One-hour buckets: all four share one sorted set (unless an hour ends within 5 s).
+        items = [(Due(now + 400, task_id="m0"), dest, kombu_payload("m0"))]
+        items += [(Due(now + 5000 + i, task_id=f"m{i}"), dest, kombu_payload(f"m{i}")) for i in (1, 2, 3)]
+        store.schedule_many(items, hour)
+        first = ctl.scheduled(limit=1)
+        assert [m.task_id for m in first.items] == ["m0"]
+        clock.advance(401)
+        assert store.move_due(100).moved == 1
+        second = ctl.scheduled(limit=1, cursor=first.cursor)
+        assert [m.task_id for m in second.items] == ["m1"]
+        assert ctl.cancel("m1") == 1
+        third = ctl.scheduled(limit=5, cursor=second.cursor)
+        assert [m.task_id for m in third.items] == ["m2", "m3"] and third.cursor is None
+
+        # Members sharing one score (seq wraps after 2048 publishes into a bucket): cancel
+        # the last one listed before every next page; none of the others is skipped.
+        due = now + 600_000
+        herd = [(Due(due, task_id=f"h{i}"), dest, kombu_payload(f"h{i}")) for i in range(3 * keys.SEQ_SLOTS)]
+        store.schedule_many(herd, hour)
+        assert r.zcount(keys.queue_set(prefix, keys.bucket_start(due, 3_600_000), dest), due, due) == 3
+        listed: set[str] = set()
+        cancelled: set[str] = set()
+        cursor = None
+        while True:
+            page = ctl.scheduled(limit=5, cursor=cursor)
+            listed.update(m.task_id for m in page.items)
+            if page.cursor is None:
+                break
+            last = page.items[-1].task_id
+            assert ctl.cancel(last) == 1
+            cancelled.add(last)
+            cursor = page.cursor
+        assert {f"h{i}" for i in range(3 * keys.SEQ_SLOTS)} - cancelled <= listed
+
+
+def test_paging_and_purge_with_more_than_2048_messages_in_one_millisecond(r, redis_server, prefix):
+    # seq wraps at 2048, so members share scores: cursors and purge must count ties.
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        due = store.time_ms() + 600_000
+        items = [
+            (Due(due, task_id=f"t{i}"), f"{prefix}{'a' if i % 2 else 'b'}", kombu_payload(f"t{i}"))
+            for i in range(5000)
+        ]
+        assert {res.outcome.name for res in store.schedule_many(items, ORDINARY)} == {"STORED"}
+        start = keys.bucket_start(due, 60_000)
+        scores = {
+            dest: [
+                s
+                for _, s in r.zrange(keys.queue_set(prefix, start, f"{prefix}{dest}"), 0, -1, withscores=True)
+            ]
+            for dest in "ab"
+        }
+        # The seq counter is the bucket's: the two sets hold the odd and the even seqs, and
+        # within each set members share scores.
+        assert len(set(scores["a"]) | set(scores["b"])) == keys.SEQ_SLOTS
+        assert all(len(found) == 2500 and len(set(found)) == keys.SEQ_SLOTS // 2 for found in scores.values())
+        seen: list[str] = []
+        listed_dests: list[str] = []
+        cursor = None
+        while True:
+            page = ctl.scheduled(limit=7, cursor=cursor)
+            seen += [m.task_id for m in page.items]
+            listed_dests += [m.dest for m in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        # Due order: by score, then destination, then member (byte order within one score).
+        members = [
+            (score, dest, member)
+            for dest in "ab"
+            for member, score in r.zrange(
+                keys.queue_set(prefix, start, f"{prefix}{dest}"), 0, -1, withscores=True
+            )
+        ]
+        assert seen == [index_id(member) for _, _, member in sorted(members)]
+        assert listed_dests.count(f"{prefix}a") == 2500
+        only_a = []
+        cursor = None
+        while True:
+            page = ctl.scheduled(queue="a", limit=100, cursor=cursor)
+            only_a += [m.task_id for m in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert sorted(only_a) == sorted(f"t{i}" for i in range(1, 5000, 2))
+        assert store.purge([f"{prefix}b"], limit=10) == 2500
+        assert truth(r, prefix) == Counter({f"{prefix}a": 2500})
+        assert ctl.stats().by_queue == {"a": 2500}
+        # A purge leaves the refs to the bucket's clean-up; they name nothing any more.
+        assert r.hlen(keys.ids(prefix)) == 5000
+        assert [ctl.find(f"t{i}") for i in (0, 2, 4998)] == [[], [], []]
+        assert [len(ctl.find(f"t{i}")) for i in (1, 3, 4999)] == [1, 1, 1]
+
+
+def test_stats_match_the_truth_after_publishes_moves_cancels_and_expiries(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    celery_ids = [app.send_task("inspect.record", countdown=600).id for _ in range(6)]
+    for _ in range(4):
+        app.send_task("inspect.record", countdown=1200, queue="emails", priority=9)
+    for _ in range(3):
+        app.send_task("inspect.record", countdown=3000, queue="emails")
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        clock = FakeClock(r)  # time is driven from here on: stats judge by this clock too
+        store.clock = clock
+        stats = ctl.stats(hours=2, slot_minutes=30)
+        assert stats.by_destination == dict(truth(r, prefix))
+        assert stats.by_queue == {"celery": 6, "emails": 7}
+        assert stats.scheduled == 13
+        assert [s.count for s in stats.histogram] == [10, 3, 0, 0]
+        assert stats.later == 0 and stats.overdue == 0
+        assert stats.earliest_due_ms is not None and stats.earliest_due_ms > stats.now_ms
+
+        # Overdue: due, but no mover has run yet.
+        now = clock()
+        quick = [
+            (Due(now + 300, task_id=f"q{i}"), f"{prefix}celery", kombu_payload(f"q{i}")) for i in range(5)
+        ]
+        store.schedule_many(quick, ORDINARY)
+        clock.advance(1000)
+        stats = ctl.stats()
+        assert stats.overdue == 5
+        assert stats.oldest_overdue_ms == 700
+        assert stats.by_queue["celery"] == 11
+        assert store.move_due(1000).moved == 5
+        stats = ctl.stats()
+        assert (stats.overdue, stats.by_destination) == (0, dict(truth(r, prefix)))
+
+        # Cancels.
+        assert ctl.cancel(celery_ids[0]) + ctl.cancel(celery_ids[1]) == 2
+        assert ctl.stats().by_destination == dict(truth(r, prefix))
+
+        # Expiries: two buckets whose sets are gone (an expiry after the grace, or a delete by
+        # hand, look alike to a mover); the counts are settled by the next move, through the
+        # bucket's meta hash.
+        now = clock()
+        short = Settings(compress_after_ms=0, bucket_width_ms=1000)
+        expiring = keys.bucket_start(now + 1000, 1000)
+        gone = keys.bucket_start(now + 3000, 1000)
+        store.schedule_many(
+            [(Due(now + 1000, task_id=f"x{i}"), f"{prefix}lost", kombu_payload(f"x{i}")) for i in range(3)],
+            short,
+        )
+        store.schedule_many(
+            [(Due(gone + 10, task_id=f"d{i}"), f"{prefix}lost", kombu_payload(f"d{i}")) for i in range(2)],
+            short,
+        )
+        assert ctl.stats().by_queue["lost"] == 5
+        r.delete(
+            keys.queue_set(prefix, expiring, f"{prefix}lost"), keys.queue_set(prefix, gone, f"{prefix}lost")
+        )
+        clock.ms = gone + 11
+        assert ctl.stats().by_queue["lost"] == 5  # not settled yet
+        assert store.move_due(1000).expired == 5
+        stats = ctl.stats()
+        assert stats.by_destination == dict(truth(r, prefix))
+        assert "lost" not in stats.by_queue
+        totals = stats.totals
+        assert totals["scheduled"] == 23
+        assert (totals["moved"], totals["cancelled"], totals["expired"]) == (5, 2, 5)
+        assert (
+            totals["scheduled"] - totals["moved"] - totals["cancelled"] - totals["expired"] == stats.scheduled
+        )
+        assert stats.to_dict()["by_queue"] == {"celery": 4, "emails": 7}
+
+
+def test_purge_removes_every_priority_of_one_queue_only(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    for pri in (0, 3, 9):
+        app.send_task("inspect.record", countdown=600, queue="emails", priority=pri)
+    kept = app.send_task("inspect.record", countdown=600)
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.purge("emails") == 3
+        assert ctl.purge("emails") == 0
+        assert [m.task_id for m in ctl.scheduled().items] == [kept.id]
+        assert truth(r, prefix) == Counter({f"{prefix}celery": 1})
+        assert ctl.stats().totals["purged"] == 3
+
+
+def test_deleting_a_queue_drops_its_delayed_messages_too(r, redis_server, prefix):
+    """Left behind, they would recreate the deleted queue's list when due."""
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        channel = conn.default_channel
+        queues = [Queue(name, Exchange(name, "direct"), name, channel=channel) for name in ("gone", "kept")]
+        for queue in queues:
+            queue.declare()
+            for pri in (0, 9):
+                Producer(channel).publish(
+                    {"n": pri},
+                    exchange=queue.exchange,
+                    routing_key=queue.name,
+                    priority=pri,
+                    headers={"x-delay": 600_000},
+                )
+        Producer(channel).publish({"now": 1}, exchange=queues[1].exchange, routing_key="kept")
+        assert truth(r, prefix) == Counter(
+            {f"{prefix}gone": 1, f"{prefix}gone{SEP}9": 1, f"{prefix}kept": 1, f"{prefix}kept{SEP}9": 1}
+        )
+        queues[1].delete(if_empty=True)  # its list holds a message: nothing is deleted
+        queues[0].delete()
+        assert truth(r, prefix) == Counter({f"{prefix}kept": 1, f"{prefix}kept{SEP}9": 1})
+        assert r.llen(f"{prefix}kept") == 1
+
+
+@pytest.mark.process
+def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    for i in range(4):
+        app.send_task("inspect.record", countdown=600, queue="emails", priority=i * 3)
+    app.send_task("inspect.record", queue="emails")  # on the list now
+    app.send_task("inspect.record", countdown=600)  # another queue: kept
+    app.close()
+    env = {"INSPECT_BROKER": redis_server.delay_url, "INSPECT_OPTIONS": json.dumps(options(prefix))}
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", INSPECT_APP, "purge", "-f", "-Q", "emails"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Purged 5 messages" in out.stdout, out.stdout
+    assert truth(r, prefix) == Counter({f"{prefix}celery": 1})
+    assert r.llen(f"{prefix}emails") == 0
+
+
+def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, prefix):
+    settings = Settings(compress_after_ms=0, bucket_width_ms=1000)
+    dests = [f"{prefix}celery", f"{prefix}emails", f"{prefix}emails{SEP}9"]
+    expected_cancelled = expected_rescheduled = scheduled = 0
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        store = ctl.store
+        clock = FakeClock(r)  # time is driven: nothing is due until the test says so
+        store.clock = clock
+        for n in range(2):
+            now = clock()
+            items = []
+            for i in range(5000):
+                task_id = f"t{n}-{i}"
+                due = now + 4000 + i % 1000
+                items.append((Due(due, task_id=task_id), dests[i % 3], kombu_payload(task_id)))
+                if i % 10 == 0:  # a retry: a second pending message under the same id
+                    retry = kombu_payload(task_id, body=base64.b64encode(b'{"retry": 1}').decode())
+                    items.append((Due(due + 50, task_id=task_id), dests[i % 3], retry))
+            outcomes = {res.outcome.name for res in store.schedule_many(items, settings)}
+            assert outcomes == {"STORED"}
+            scheduled += len(items)
+            for i in range(0, 5000, 3):
+                want = 2 if i % 10 == 0 else 1
+                assert ctl.cancel(f"t{n}-{i}") == want
+                expected_cancelled += want
+            for i in range(1, 5000, 51):  # never one of the cancelled (i % 3 == 0)
+                done = ctl.reschedule(f"t{n}-{i}", countdown=0.4 if i % 2 else -1)
+                assert done == (2 if i % 10 == 0 else 1)
+                expected_rescheduled += done
+
+            def drained() -> bool:
+                clock.advance(1000)
+                store.move_due(1000)
+                return not store.counts()
+
+            wait_until(drained, timeout=60, interval=0)
+
+        def cleaned_up() -> bool:
+            # Drained buckets wait in gc until their end; then a move drops their refs
+            # (moved messages' refs linger until then) and deletes their meta and task ids.
+            clock.advance(1000)
+            store.move_due(1000)
+            return not leftover_keys(r, prefix)
+
+        wait_until(cleaned_up, timeout=60, interval=0)
+        totals = store.totals()
+    assert leftover_keys(r, prefix) == set()
+    assert totals["scheduled"] == scheduled
+    assert totals["cancelled"] == expected_cancelled
+    assert totals["rescheduled"] == expected_rescheduled
+    # Every message ended on its list (moved, or pushed at once by a reschedule to the past)
+    # or was cancelled.
+    assert sum(r.llen(d) for d in dests) + totals["cancelled"] == scheduled
+
+
+@pytest.mark.parametrize("scheme", ["delayredis", "redis"])
+def test_control_from_a_kombu_connection_leaves_it_open(r, redis_server, prefix, scheme):
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", countdown=300)
+    app.close()
+    url = redis_server.delay_url if scheme == "delayredis" else redis_server.url
+    with Connection(url, transport_options=options(prefix)) as conn:
+        with DelayControl(conn) as ctl:
+            assert [m.task_id for m in ctl.find(sent.id)] == [sent.id]
+            assert ctl.cancel(sent.id) == 1
+        assert conn.connected
+        assert conn.default_channel.client.ping()
+
+
+def test_app_control_purge_counts_delayed_messages(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    app.conf.task_queues = [Queue("emails")]
+    for _ in range(3):
+        app.send_task("inspect.record", countdown=600, queue="emails")
+    app.send_task("inspect.record", queue="emails")
+    assert app.control.purge() == 4
+    assert truth(r, prefix) == Counter()
+    assert r.llen(f"{prefix}emails") == 0
+    app.close()
+
+
+def test_listing_is_earliest_first_across_spaces_widths_and_queues(r, redis_server, prefix):
+    """Compressed messages due in an hour, ordinary ones due in seconds, hour-wide and
+    second-wide buckets, three destinations: every page size lists them in due order, and a
+    thaw between pages skips nothing."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    now = clock()
+    hour = Settings(bucket_width_ms=3_600_000, compress_after_ms=60_000)
+    second = Settings(bucket_width_ms=1000, compress_after_ms=60_000)
+    dests = [f"{prefix}a", f"{prefix}b", f"{prefix}b\x06\x163"]
+    plan = []
+    for i in range(60):
+        ahead = [9_000, 30_000, 59 * 60_000, 2 * 3_600_000][i % 4] + 997 * i  # distinct due times
+        plan.append((f"t{i:02d}", now + ahead, dests[i % 3], hour if i % 2 else second))
+    for task_id, due, dest, settings in plan:
+        store.schedule(Due(due, task_id=task_id), dest, kombu_payload(task_id), settings)
+    assert r.zcard(keys.cold_index(prefix)) and r.zcard(keys.index(prefix))  # both spaces in use
+    truth = [task_id for task_id, *_ in sorted(plan, key=lambda p: p[1])]
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        for limit in (1, 3, 7, 100):
+            listed, cursor = [], None
+            while True:
+                page = ctl.scheduled(limit=limit, cursor=cursor)
+                listed += [m.task_id for m in page.items]
+                if page.cursor is None:
+                    break
+                cursor = page.cursor
+            assert listed == truth, limit
+        # A mover thaws between pages: nothing skipped, still in due order.
+        first = ctl.scheduled(limit=20)
+        clock.advance(59 * 60_000)
+        while store.thaw(30_000, 100).thawed:
+            pass
+        listed, cursor = [m.task_id for m in first.items], first.cursor
+        while cursor is not None:
+            page = ctl.scheduled(limit=6, cursor=cursor)
+            listed += [m.task_id for m in page.items]
+            cursor = page.cursor
+        assert set(listed) == set(truth)
+        order = [dict((p[0], p[1]) for p in plan)[t] for t in listed]
+        assert order == sorted(order)

@@ -1,0 +1,398 @@
+"""What waiting cannot fix: ACL refusals, bad broker URLs and options, a busy metrics port,
+and a server that stops answering. Each is a clear error, never a traceback or a lost message.
+
+Every test starts its own redis-server or uses the session one, and stops every process it
+starts by its PID.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+from kombu import Connection, Exchange, Queue
+from kombu.transport import redis as kombu_redis
+
+from kombu_delay.cli import main
+from kombu_delay.cli.common import parse_option
+from kombu_delay.connect import open_store
+from kombu_delay.control import DelayControl
+from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.procs import Proc, wait_until
+from tests.support.stored import redis_ms, stored
+
+#: Generous: the suite shares two cores with other work.
+DEADLINE_S = 120.0
+QUEUE = "refusals"
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A private server: these tests add ACL users and stop the process."""
+    with RedisServer() as started:
+        yield started
+
+
+def pid_of(server: RedisServer) -> int:
+    assert server.process is not None
+    return server.process.pid
+
+
+def add_user(client: redis.Redis, name: str, *rules: str) -> str:
+    """An ACL user with password ``pw``; returns its ``delayredis://`` URL."""
+    client.execute_command("ACL", "SETUSER", name, "on", ">pw", "~*", "&*", "+@all", *rules)
+    port = client.connection_pool.connection_kwargs["port"]
+    return f"delayredis://{name}:pw@127.0.0.1:{port}/0"
+
+
+def publish_due_soon(url: str, count: int, delay_ms: int = 300) -> None:
+    with Connection(url) as conn:
+        producer = conn.Producer()
+        for n in range(count):
+            producer.publish({"n": n}, routing_key=QUEUE, headers={"x-delay": delay_ms}, retry=False)
+
+
+def mover_args(url: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kombu_delay", "--broker", url, "mover", *extra]
+
+
+def wait_for_exit(proc: Proc, timeout: float = DEADLINE_S) -> int:
+    wait_until(lambda: proc.popen.poll() is not None, timeout=timeout, interval=0.1)
+    return int(proc.popen.returncode)
+
+
+def wait_until_due(client: redis.Redis, task_id: str | None = None) -> None:
+    """Wait until Redis's clock has passed the due time of every stored message (or of
+    ``task_id``'s)."""
+    last = max(s.due_ms for s in stored(client) if task_id in (None, s.envelope.task_id))
+    wait_until(lambda: redis_ms(client) > last)
+
+
+def unanswered(port: int) -> bool:
+    """True when the server on ``port`` has a connection holding bytes it has not read (Linux's
+    /proc/net/tcp): with the server stopped (SIGSTOP), some call waits on its socket."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            _, local, _, state, queues, *_ = row.split()
+            unread = int(queues.split(":")[1], 16)
+            if state == "01" and int(local.rsplit(":", 1)[1], 16) == port and unread:  # established
+                return True
+    return False
+
+
+def silence(server: RedisServer, mover: Proc) -> None:
+    """Stop ``server`` (SIGSTOP) and wait until the mover's next call waits on it.
+
+    The server is stopped while the mover is (SIGSTOP too), once it has read and answered
+    everything the mover sent: a call it had read but not answered would leave the mover
+    waiting with no unread bytes to see. The mover then goes on, and its next call's bytes wait
+    unread."""
+    os.kill(mover.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: not unanswered(server.port))  # every request read...
+        with server.client() as admin:
+            admin.ping()  # ...and answered: Redis answers in the order it reads
+        os.kill(pid_of(server), signal.SIGSTOP)
+    finally:
+        os.kill(mover.pid, signal.SIGCONT)
+    wait_until(lambda: unanswered(server.port))
+
+
+# -- ACL ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["lpush", "zremrangebyrank"])
+def test_a_mover_refused_a_command_of_the_move_stops_and_takes_nothing(
+    server: RedisServer, spawn: Callable[..., Proc], command: str
+) -> None:
+    """Redis does not undo a script's earlier writes when it refuses a later command. The
+    move checks its removal first (an empty ZREMRANGEBYRANK) and pushes before it removes,
+    so a refused LPUSH or ZREMRANGEBYRANK takes nothing and pushes nothing, on Redis 6 too,
+    however often it is tried; the mover stops, naming the ACL."""
+    admin = server.client()
+    url = add_user(admin, "restricted", f"-{command}")
+    publish_due_soon(server.delay_url, 3)
+    wait_until_due(admin)
+    with open_store(url) as store:
+        for _ in range(3):  # an embedded mover retries with backoff
+            with pytest.raises(RedisPermissionError):
+                store.move_due(100)
+    assert len(stored(admin)) == 3 and admin.llen(QUEUE) == 0  # nothing taken, nothing pushed
+    mover = spawn(mover_args(url), name="mover")
+    assert wait_for_exit(mover) != 0
+    assert len(stored(admin)) == 3 and admin.llen(QUEUE) == 0
+    output = mover.output()
+    assert "ACL" in output and command in output.lower(), output
+    assert "Traceback" not in output and "retrying" not in output, output
+    # With the rights, every message is delivered once.
+    good = spawn(mover_args(server.delay_url), name="good")
+    wait_until(lambda: admin.llen(QUEUE) == 3, timeout=DEADLINE_S)
+    good.stop()
+    assert stored(admin) == [] and admin.llen(QUEUE) == 3
+
+
+def test_a_reschedule_to_the_past_refused_lpush_keeps_the_message(server: RedisServer) -> None:
+    admin = server.client()
+    url = add_user(admin, "nolpush", "-lpush")
+    with Connection(server.delay_url) as conn:
+        conn.Producer().publish(
+            {"n": 1}, routing_key=QUEUE, headers={"x-delay": 600_000, "id": "t-1"}, retry=False
+        )
+    [before] = stored(admin)
+    with DelayControl(url) as control, pytest.raises(RedisPermissionError) as refused:
+        control.reschedule(before.envelope.task_id, countdown=0)
+    assert stored(admin) == [before] and admin.llen(QUEUE) == 0  # nothing taken, nothing lost
+    assert "LPUSH" in str(refused.value)
+
+
+def test_a_mover_denied_scripting_stops_at_once_naming_the_acl(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    url = add_user(server.client(), "noscript", "-@scripting")
+    mover = spawn(mover_args(url), name="mover")
+    assert wait_for_exit(mover) != 0
+    output = mover.output()
+    assert "ACL refused" in output, output
+    assert "Traceback" not in output and "retrying" not in output, output
+
+
+@pytest.mark.parametrize("command", [["stats"], ["cancel", "some-id"]])
+def test_inspection_commands_name_an_acl_refusal(server: RedisServer, command: list[str]) -> None:
+    url = add_user(server.client(), "noscript", "-@scripting")
+    result = CliRunner().invoke(main, ["-b", url, *command])
+    assert result.exit_code == 3, result.output
+    assert "ACL refused" in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_health_names_an_acl_refusal_at_connect(server: RedisServer) -> None:
+    url = add_user(server.client(), "noping", "-ping")
+    result = CliRunner().invoke(main, ["-b", url, "health"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.startswith("UNREACHABLE: Redis's ACL refused"), result.output
+
+
+# -- bad URLs and options -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "error", "text"),
+    [
+        ("delayredis://127.0.0.1:notaport/0", [], ConfigError, "bad broker URL"),
+        ("delayredis://127.0.0.1:{port}/abc", [], ConfigError, "bad broker URL"),
+        ("http://127.0.0.1:{port}/0", [], ConfigError, "bad broker URL"),
+        ("delayredis://127.0.0.1:{port}/0", ["socket_timeout=abc"], ConfigError, "bad broker URL or option"),
+        ("delayredis://127.0.0.1:{port}/99", [], RedisRefused, "DB index is out of range"),
+    ],
+    ids=["port", "database", "scheme", "option", "database-range"],
+)
+def test_a_bad_url_or_option_is_a_clear_error_everywhere(
+    redis_server: RedisServer,
+    spawn: Callable[..., Proc],
+    url: str,
+    options: list[str],
+    error: type[Exception],
+    text: str,
+) -> None:
+    url = url.format(port=redis_server.port)
+    flags = [part for option in options for part in ("-o", option)]
+    with pytest.raises(error, match=text), open_store(url, parse_option(tuple(options))):
+        pass
+    for command, code in ((["stats"], 3), (["health"], 2)):
+        result = CliRunner().invoke(main, ["-b", url, *flags, *command])
+        assert result.exit_code == code, result.output
+        assert text in result.output, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, *flags, "mover"], name="mover")
+    assert wait_for_exit(mover) == 1
+    output = mover.output()
+    assert text in output and "Traceback" not in output, output
+
+
+def test_a_plain_unix_socket_url_serves_the_mover_and_health(
+    tmp_path: Path, spawn: Callable[..., Proc]
+) -> None:
+    """``redis+socket://`` is a CELERY_BROKER_URL a mover may be given, like ``redis://``."""
+    sock = tmp_path / "r.sock"
+    with RedisServer(extra_args=["--unixsocket", str(sock), "--unixsocketperm", "700"]) as unix_server:
+        publish_due_soon(unix_server.delay_url, 2)
+        url = f"redis+socket://{sock}"
+        mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, "mover"], name="mover")
+        client = unix_server.client()
+        wait_until(lambda: client.llen(QUEUE) == 2, timeout=DEADLINE_S)
+        result = CliRunner().invoke(main, ["-b", url, "health", "--max-heartbeat-age", "60"])
+        assert result.exit_code == 0, result.output
+        assert mover.stop() == 0
+
+
+#: kombu reads "+" in a scheme as transport + inner URL: these name plain Redis on localhost:6379.
+PLUS_SCHEMES = ["redis+delay", "rediss+delay", "delay+redis"]
+
+
+@pytest.mark.parametrize("scheme", PLUS_SCHEMES)
+def test_a_plus_scheme_is_refused_not_read_as_localhost(
+    redis_server: RedisServer, spawn: Callable[..., Proc], scheme: str
+) -> None:
+    url = f"{scheme}://127.0.0.1:{redis_server.port}/0"
+    # Were the URL let through, it would mean localhost:6379, which the suite never touches:
+    # an option redis-py refuses before it opens a socket keeps even that from connecting.
+    no_socket = ["-o", "socket_connect_timeout=abc"]
+    text = f"kombu reads the '+' in {scheme!r} as transport {scheme.split('+')[0]!r} plus an inner URL"
+    with pytest.raises(ConfigError, match=re.escape(text)):
+        DelayControl(url, parse_option(tuple(no_socket[1::2])))
+    for command, code in ((["stats"], 3), (["ls"], 3), (["health"], 2)):
+        result = CliRunner().invoke(main, ["-b", url, *no_socket, *command])
+        assert result.exit_code == code, result.output
+        assert text in result.output and "use delayredis://" in result.output, result.output
+    mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, *no_socket, "mover"], name="mover")
+    assert wait_for_exit(mover) == 1
+    assert text in mover.output() and "Traceback" not in mover.output(), mover.output()
+
+
+def test_dash_o_keeps_names_as_typed() -> None:
+    options = parse_option(("global_keyprefix=0123", "master_name=1", "socket_timeout=5", "x=0123"))
+    assert options == {"global_keyprefix": "0123", "master_name": "1", "socket_timeout": 5, "x": 123}
+
+
+def test_a_taken_metrics_port_is_a_clear_error(redis_server: RedisServer, spawn: Callable[..., Proc]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mover = spawn(mover_args(redis_server.delay_url, "--metrics-port", str(port)), name="mover")
+        assert wait_for_exit(mover) == 1
+    output = mover.output()
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in output and "Traceback" not in output, output
+
+
+# -- a server that stops answering --------------------------------------------------------
+
+
+def test_a_mover_stops_on_sigterm_while_redis_does_not_answer(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    """redis-py waits forever by default; a mover's connection gives up after its socket
+    timeout, so a stop request is heard (and kubelet need not SIGKILL it)."""
+    mover = spawn(mover_args(server.delay_url), name="mover")
+    client = server.client()
+    wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
+    client.close()
+    try:
+        silence(server, mover)  # the mover's next call waits on a silent socket
+        mover.popen.send_signal(signal.SIGTERM)
+        assert wait_for_exit(mover, timeout=60) == 0
+    finally:
+        os.kill(pid_of(server), signal.SIGCONT)
+
+
+def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Callable[..., Proc]) -> None:
+    # A long socket timeout: here only the second signal can end the wait.
+    url = server.delay_url
+    mover = spawn(
+        [sys.executable, "-m", "kombu_delay", "-b", url, "-o", "socket_timeout=600", "mover"], name="mover"
+    )
+    client = server.client()
+    wait_until(lambda: client.keys("*mover*"), timeout=DEADLINE_S)
+    client.close()
+    try:
+        silence(server, mover)  # the mover's next call waits on a silent socket
+        mover.popen.send_signal(signal.SIGTERM)
+
+        def stopped() -> bool:
+            # Two SIGTERMs still pending when the mover gets to them are one: send another
+            # until it says it heard a second (each after the first finds it stopping). Not
+            # after that: while it exits, Python has put back the default handler, and one
+            # more SIGTERM would end it as killed (-15) instead of as it exits.
+            if mover.popen.poll() is None and "second SIGTERM" not in mover.output():
+                mover.popen.send_signal(signal.SIGTERM)
+                return False
+            return mover.popen.poll() is not None
+
+        wait_until(stopped, timeout=60, interval=0.5)
+        assert mover.popen.returncode == 1
+        assert "second SIGTERM" in mover.output()
+    finally:
+        os.kill(pid_of(server), signal.SIGCONT)
+
+
+# -- a read-only replica ------------------------------------------------------------------
+
+
+def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplog) -> None:
+    """During a failover a mover may talk to a replica for a while: every move is refused
+    (READONLY) before it writes anything. The mover says so in one line per try, without a
+    traceback, keeps everything stored, and moves it all once the replica is promoted."""
+    import threading
+
+    from kombu_delay.config import Settings
+    from kombu_delay.mover.loop import Mover
+
+    publish_due_soon(server.delay_url, 3, delay_ms=200)
+    primary = server.client()
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port)]) as replica:
+        client = replica.client()
+        wait_until(lambda: len(stored(client)) == 3, timeout=DEADLINE_S, interval=0.1)
+        wait_until_due(client)
+        caplog.set_level("WARNING", logger="kombu_delay")
+        with open_store(replica.delay_url) as store:
+            mover = Mover(store, Settings())
+            thread = threading.Thread(target=mover.run, daemon=True)
+            thread.start()
+            try:
+                wait_until(lambda: mover.stats.errors >= 2, timeout=DEADLINE_S, interval=0.1)
+                assert len(stored(client)) == 3 and client.llen(QUEUE) == 0  # nothing taken
+                assert len(stored(primary)) == 3 and primary.llen(QUEUE) == 0
+                refused = [r for r in caplog.records if "read only replica" in r.getMessage()]
+                assert refused and all(r.levelname == "WARNING" and not r.exc_info for r in refused)
+                assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
+
+                client.execute_command("REPLICAOF", "NO", "ONE")  # the failover completes
+                wait_until(lambda: client.llen(QUEUE) == 3, timeout=DEADLINE_S, interval=0.1)
+            finally:
+                mover.stop()
+                thread.join(timeout=DEADLINE_S)
+            assert not thread.is_alive()
+        assert stored(client) == [] and client.llen(QUEUE) == 3
+        client.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.7 has no x-expires on Redis"
+)
+def test_a_user_without_pexpire_still_moves_an_x_expires_queue_once(server: RedisServer) -> None:
+    """Renewing a queue's x-expires is best effort, as in kombu's publish: a refused PEXPIRE
+    must neither stop the move nor leave a pushed message stored (it would come twice)."""
+    admin = server.client()
+    url = add_user(admin, "nopexpire", "-pexpire")
+    temp = Queue(QUEUE, Exchange(QUEUE), QUEUE, expires=30)
+    with Connection(server.delay_url) as conn:
+        for n, delay in ((1, 200), (2, 600_000)):
+            conn.Producer().publish(
+                {"n": n},
+                exchange=temp.exchange,
+                routing_key=QUEUE,
+                headers={"x-delay": delay, "id": f"t-{n}"},
+                declare=[temp],
+                retry=False,
+            )
+    wait_until_due(admin, "t-1")
+    with open_store(url) as store:
+        assert store.move_due(100).moved == 1
+        with DelayControl(url) as control:
+            assert control.reschedule("t-2", countdown=0) == 1
+        assert store.move_due(100).moved == 0
+    assert stored(admin) == [] and admin.llen(QUEUE) == 2
+    assert admin.pttl(QUEUE) == -1  # not renewed: the user may not

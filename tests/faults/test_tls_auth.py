@@ -1,0 +1,251 @@
+"""TLS that cannot be switched off by ``ssl=True``, and credentials that are refused at once.
+
+Every test starts its own redis-server (plain, TLS-only, or with ``requirepass``) and
+stops it, and every mover process by its PID.
+"""
+
+from __future__ import annotations
+
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from click.testing import CliRunner
+from kombu import Connection
+from kombu.exceptions import OperationalError
+
+from kombu_delay.cli import main
+from kombu_delay.connect import app_target, open_store
+from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
+from kombu_delay.mover.loop import Mover, open_when_reachable
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.procs import Proc, wait_until
+from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server
+from tests.support.stored import stored
+
+PASSWORD = "s3cret"
+#: Generous: the suite shares two cores with other work.
+DEADLINE_S = 120.0
+#: Bounds on one connection attempt, so a TLS client facing a plaintext server cannot hang:
+#: generous, for connections that must succeed on a busy machine.
+TIMEOUTS = {"socket_connect_timeout": 10, "socket_timeout": 10, "max_retries": 0}
+#: The same for a connection that must fail (it fails by a timeout too): short, as it changes
+#: no outcome.
+MUST_FAIL = {"socket_connect_timeout": 3, "socket_timeout": 3, "max_retries": 0}
+
+
+def calls(client: redis.Redis, command: str) -> int:
+    """How many times the server has run ``command`` (``INFO commandstats``)."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0))
+
+
+# -- delayrediss:// with ssl=True ---------------------------------------------------------
+
+
+@pytest.fixture
+def password_server() -> Iterator[PasswordServer]:
+    with PasswordServer(PASSWORD) as server:
+        yield server
+
+
+def _kombu_channel(url: str, options: dict[str, Any] = TIMEOUTS) -> Any:
+    with Connection(url, ssl=True, transport_options=options) as conn:
+        return conn.default_channel
+
+
+def _celery_channel(url: str, options: dict[str, Any] = TIMEOUTS) -> Any:
+    app = Celery("tls", broker=url, set_as_current=False)
+    app.conf.broker_use_ssl = True
+    app.conf.broker_transport_options = options
+    with app.connection_for_write() as conn:
+        return conn.default_channel
+
+
+@pytest.mark.parametrize(
+    "channel", [_kombu_channel, _celery_channel], ids=["kombu-ssl-true", "celery-use-ssl-true"]
+)
+def test_delayrediss_with_ssl_true_never_talks_plaintext(
+    password_server: PasswordServer, channel: Callable[[str], Any]
+) -> None:
+    """``ssl=True`` (kombu) or ``broker_use_ssl=True`` (Celery) against a server that speaks
+    no TLS: the connection fails; no password and no command reach the server in the clear."""
+    url = f"delayrediss://:{PASSWORD}@127.0.0.1:{password_server.port}/0"
+    admin = password_server.client()
+    try:
+        before = calls(admin, "auth"), calls(admin, "hello"), calls(admin, "ping")
+        started = time.monotonic()
+        with pytest.raises((OperationalError, redis.RedisError, OSError)):
+            channel(url, MUST_FAIL)
+        assert time.monotonic() - started < DEADLINE_S
+        assert (calls(admin, "auth"), calls(admin, "hello"), calls(admin, "ping")) == before
+    finally:
+        admin.close()
+
+
+def test_delayrediss_ssl_true_means_verified_tls(password_server: PasswordServer) -> None:
+    conn = Connection(f"delayrediss://127.0.0.1:{password_server.port}/0", ssl=True)
+    try:
+        conn.transport  # noqa: B018  (creating the transport settles the options)
+        assert conn.ssl == {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    finally:
+        conn.release()
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[TLSRedisServer]:
+    with running_tls_server(tmp_path) as server:
+        yield server
+
+
+def test_delayrediss_with_ssl_true_verifies_then_works_against_a_tls_server(
+    tls_server: TLSRedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"delayrediss://127.0.0.1:{tls_server.port}/0"
+    # Verified against the system CAs, which do not know our test CA: refused.
+    with pytest.raises(OperationalError, match="certificate verify failed"):
+        _kombu_channel(url)
+    # Trusting our CA the way OpenSSL's defaults allow, the same ssl=True connects over TLS.
+    monkeypatch.setenv("SSL_CERT_FILE", tls_server.ca)
+    with Connection(url, ssl=True, transport_options=TIMEOUTS) as conn:
+        channel = conn.default_channel
+        assert issubclass(channel.pool.connection_class, redis.SSLConnection)
+        conn.Producer().publish({"n": 1}, routing_key="tls", headers={"x-delay": 30_000}, retry=False)
+    admin = tls_server.client()
+    try:
+        [held] = stored(admin)
+        assert held.envelope.dest == "tls"
+    finally:
+        admin.close()
+
+
+def test_the_app_movers_and_commands_use_broker_use_ssl(
+    tls_server: TLSRedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``celery -A app delay ...`` and the embedded mover connect as the app's publishers
+    do, with its ``broker_use_ssl``: here a private CA that the system does not trust."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    app = Celery("tls", broker=f"delayrediss://127.0.0.1:{tls_server.port}/0", set_as_current=False)
+    app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": tls_server.ca}
+    app.conf.broker_transport_options = {"socket_timeout": 10, "socket_connect_timeout": 10}
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        producer.publish({"n": 1}, routing_key="tls", headers={"x-delay": 600_000}, retry=False)
+        producer.publish({"n": 2}, routing_key="tls", headers={"x-delay": 200}, retry=False)
+    target = app_target(app)
+    # The embedded mover's way in: open_when_reachable(app_target(app)).
+    with open_when_reachable(target, threading.Event(), "tls-test") as store:
+        assert store is not None
+        due = store.earliest_due_ms()
+        assert due is not None
+        wait_until(lambda: store.time_ms() > due)  # the 200 ms one, by Redis's clock
+        assert Mover(store, target.settings(), watch=False).drain().moved == 1
+    admin = tls_server.client()
+    try:
+        assert admin.llen("tls") == 1
+    finally:
+        admin.close()
+    # celery -A app delay stats builds its command on the same target.
+    result = CliRunner().invoke(main, ["stats", "--json"], obj=target)
+    assert result.exit_code == 0, result.output
+    assert '"scheduled": 1' in result.output
+
+
+# -- credentials --------------------------------------------------------------------------
+
+
+def _urls(server: RedisServer) -> dict[str, str]:
+    where = f"127.0.0.1:{server.port}/0"
+    return {
+        "wrong-password": f"delayredis://:wrong@{where}",
+        "no-password": f"delayredis://{where}",
+        "wrong-user": f"delayredis://nobody:{PASSWORD}@{where}",
+    }
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "no-password"])
+def test_mover_with_bad_credentials_exits_at_once_naming_authentication(
+    password_server: PasswordServer, spawn: Callable[..., Proc], case: str
+) -> None:
+    """README: a wrong password stops the mover at once, with the error; it is not an outage.
+    (``spawn`` stops the process by its PID if it is still running at the end.)"""
+    url = _urls(password_server)[case]
+    mover = spawn([sys.executable, "-m", "kombu_delay", "--broker", url, "mover"], name="mover")
+    deadline = time.monotonic() + DEADLINE_S
+    while mover.popen.poll() is None and "retrying" not in mover.output():
+        assert time.monotonic() < deadline, f"the mover neither exited nor retried: {mover.output()}"
+        time.sleep(0.1)
+    output = mover.output()
+    assert "retrying" not in output, output
+    assert mover.popen.returncode not in (None, 0), output
+    assert "authentication failed" in output.lower(), output
+    assert "Traceback" not in output, output  # one line that names the problem
+
+
+@pytest.mark.parametrize("case", ["wrong-password", "no-password", "wrong-user"])
+def test_open_store_raises_an_authentication_error_not_an_outage(
+    password_server: PasswordServer, case: str
+) -> None:
+    with (
+        pytest.raises(RedisAuthError, match="authentication failed") as caught,
+        open_store(_urls(password_server)[case]),
+    ):
+        pass
+    assert not isinstance(caught.value, RedisUnavailable)  # what the mover waits out
+
+
+def test_health_names_the_authentication_failure(password_server: PasswordServer) -> None:
+    result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], "health"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.startswith("UNREACHABLE: Redis authentication failed"), result.output
+
+
+@pytest.mark.parametrize("command", [["stats"], ["ls"], ["cancel", "some-id"]])
+def test_inspection_commands_name_the_authentication_failure(
+    password_server: PasswordServer, command: list[str]
+) -> None:
+    result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], *command])
+    assert result.exit_code == 3, result.output
+    assert "authentication failed" in result.output.lower(), result.output
+    assert "unavailable" not in result.output.lower(), result.output
+
+
+def test_publisher_sees_an_authentication_error_from_a_held_message(
+    password_server: PasswordServer,
+) -> None:
+    """The password changes under a running publisher: the held-message path (kombu-delay's
+    own Redis call) raises what plain kombu's LPUSH would, a ``redis.AuthenticationError``,
+    which kombu's retry policy treats as a connection error and reports as its own."""
+    admin = password_server.client()
+    conn = Connection(
+        f"delayredis://:{PASSWORD}@127.0.0.1:{password_server.port}/0", transport_options=TIMEOUTS
+    )
+    try:
+        producer = conn.Producer()
+        producer.publish({"n": 0}, routing_key="auth", headers={"x-delay": 30_000}, retry=False)
+        admin.config_set("requirepass", "rotated")  # this admin connection stays logged in
+        conn.default_channel.pool.disconnect()  # the next call logs in again, with the old password
+        with pytest.raises(redis.AuthenticationError) as caught:
+            producer.publish({"n": 1}, routing_key="auth", headers={"x-delay": 30_000}, retry=False)
+        assert isinstance(caught.value, RedisAuthError) and isinstance(caught.value, KombuDelayError)
+        assert not isinstance(caught.value, RedisUnavailable)
+        assert "authentication failed" in str(caught.value).lower()
+        with pytest.raises(OperationalError):
+            producer.publish(
+                {"n": 2},
+                routing_key="auth",
+                headers={"x-delay": 30_000},
+                retry=True,
+                retry_policy={"max_retries": 1},
+            )
+        assert len(stored(admin)) == 1
+    finally:
+        conn.release()
+        admin.close()

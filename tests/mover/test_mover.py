@@ -1,0 +1,727 @@
+"""The mover: the move script on seeded buckets (table-driven), the id-index clean-up, the
+the mover as a real process: boundaries, several movers at once, kill -9, a Redis outage,
+signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.mover.loop import Mover
+from kombu_delay.store import Store, keys, replies
+from kombu_delay.store.replies import MoveResult, Scheduled
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.faults import consistency
+from tests.support.procs import wait_until
+from tests.support.stored import ORDINARY, FakeClock, expires_at, kombu_payload, stored, tags_in
+
+# -- the move script on seeded buckets ---------------------------------------------------
+
+
+@dataclass
+class Case:
+    """Seeds are ``(due offset ms from a bucket boundary, destination)``; the tag of
+    seed ``i`` is ``m<i>``, also its task id. Offsets of an hour or more are "not due"."""
+
+    seeds: list[tuple[int, str]]
+    #: destination -> seed indexes in the order a worker takes them (BRPOP).
+    moved: dict[str, list[int]]
+    #: seed indexes still scheduled afterwards.
+    left: list[int] = field(default_factory=list)
+    limit: int = 1000
+    width_ms: int = 500
+    max_len: int = 0
+    #: run after seeding: (client, prefix, boundary_ms) -> None
+    setup: Callable[[redis.Redis, str, int], None] | None = None
+    wrongtype: bool = False
+    held: bool = False
+
+
+HOUR = 3_600_000
+
+
+def wrong_type(client: redis.Redis, prefix: str, boundary: int) -> None:
+    client.set(f"{prefix}bad", "a string")
+
+
+def full_list(client: redis.Redis, prefix: str, boundary: int) -> None:
+    client.rpush(f"{prefix}full", kombu_payload("x1"), kombu_payload("x2"))
+
+
+CASES = {
+    "one-bucket-due-order": Case([(30, "q"), (10, "q"), (20, "q")], {"q": [1, 2, 0]}),
+    "bucket-boundary": Case(
+        [(0, "q"), (-1, "q"), (499, "q"), (500, "q"), (-500, "q"), (1, "q")], {"q": [4, 1, 0, 5, 2, 3]}
+    ),
+    "several-buckets-two-queues": Case(
+        [(-700, "q1"), (260, "q2"), (-30, "q2"), (900, "q1"), (520, "q1"), (-1100, "q2")],
+        {"q1": [0, 4, 3], "q2": [5, 2, 1]},
+    ),
+    "future-stays": Case([(HOUR, "q"), (0, "q"), (HOUR + 1, "q")], {"q": [1]}, left=[0, 2]),
+    "same-millisecond-keeps-publish-order": Case([(5, "q")] * 5, {"q": [0, 1, 2, 3, 4]}),
+    "limit-below-due-count-loops": Case(
+        [(i * 7 % 11, "q") for i in range(9)], {"q": sorted(range(9), key=lambda i: (i * 7 % 11, i))}, limit=2
+    ),
+    "wrong-type-destination-stays": Case(
+        [(0, "bad"), (1, "q"), (2, "bad"), (3, "q")],
+        {"q": [1, 3]},
+        left=[0, 2],
+        setup=wrong_type,
+        wrongtype=True,
+    ),
+    "held-by-max-queue-length": Case(
+        [(0, "full"), (1, "q")], {"q": [1]}, left=[0], max_len=2, setup=full_list, held=True
+    ),
+    # A herd due at one millisecond is read without scores (batches of `limit`).
+    "one-millisecond-herd-in-batches": Case([(5, "q")] * 7 + [(6, "q")], {"q": list(range(8))}, limit=3),
+    "one-millisecond-herd-steps-over-a-held-queue": Case(
+        [(0, "full"), (0, "q"), (0, "q"), (0, "full"), (0, "q")],
+        {"q": [1, 2]},  # then q is at max_len too
+        left=[0, 3, 4],
+        limit=2,
+        max_len=2,
+        setup=full_list,
+        held=True,
+    ),
+}
+
+
+def run_case(client: redis.Redis, prefix: str, case: Case) -> tuple[list[MoveResult], int, Store, FakeClock]:
+    """Seed ``case``, move until nothing more is due; return the results, the boundary, and the
+    store with the clock that drives it."""
+    clock = FakeClock(client)
+    store = Store(client, prefix, clock=clock)
+    settings = Settings(compress_after_ms=0, bucket_width_ms=case.width_ms)
+    now = clock()
+    lead = 700 + max(0, -min(offset for offset, _ in case.seeds))  # the earliest is >= 0.7 s ahead
+    boundary = keys.bucket_start(now + lead, case.width_ms) + case.width_ms
+    seeds = [
+        (Due(boundary + offset, task_id=f"m{i}"), f"{prefix}{dest}", kombu_payload(f"m{i}"))
+        for i, (offset, dest) in enumerate(case.seeds)
+    ]
+    assert {r.outcome for r in store.schedule_many(seeds, settings)} == {Scheduled.STORED}
+    if case.setup is not None:
+        case.setup(client, prefix, boundary)
+    last_due = max(boundary + offset for offset, _ in case.seeds if offset < HOUR)
+    first_due = min(boundary + offset for offset, _ in case.seeds)
+    clock.ms = first_due - 1
+    early = store.move_due(case.limit, case.max_len)  # nothing is due yet
+    assert early.moved == 0 and early.now_ms < first_due
+    clock.ms = last_due
+    results = []
+    while True:
+        result = store.move_due(case.limit, case.max_len)
+        results.append(result)
+        if not result.more:
+            return results, boundary, store, clock
+        assert len(results) < 100
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_move_script_table(r, prefix, name):
+    case = CASES[name]
+    results, boundary, store, clock = run_case(r, prefix, case)
+
+    for dest, order in case.moved.items():
+        assert tags_in(r, f"{prefix}{dest}") == [f"m{i}" for i in order], dest
+    moved = sum(len(order) for order in case.moved.values())
+    assert sum(res.moved for res in results) == moved
+    lateness = [ms for res in results for ms in res.lateness_ms]
+    assert len(lateness) == moved and min(lateness) >= 0  # never before due, by the store's clock
+    left = stored(r, prefix)
+    assert sorted(s.message["properties"]["delivery_tag"] for s in left) == sorted(f"m{i}" for i in case.left)
+    assert r.exists(keys.dead(prefix)) == 0  # the v2 layout never dead-letters
+    assert any(res.wrongtype for res in results) == case.wrongtype
+    assert any(res.held for res in results) == case.held
+    # Bookkeeping: counts, the id index and the bucket index describe what is left.
+    expected_counts = Counter(s.envelope.dest for s in left)
+    assert store.counts() == dict(expected_counts)
+    moved_ids = {f"m{i}" for order in case.moved.values() for i in order}
+    left_ids = {f"m{i}" for i in case.left}
+    for task_id in moved_ids:  # a moved message's ref may linger, but find() sees through it
+        assert store.find(task_id) == [], task_id
+    for i in case.left:
+        (found,) = store.find(f"m{i}")
+        assert found.dest == f"{prefix}{case.seeds[i][1]}"
+        assert found.due_ms == boundary + case.seeds[i][0]
+    ids = {k.decode() for k in r.hkeys(keys.ids(prefix))}
+    assert left_ids <= ids <= left_ids | moved_ids
+    index = {int(m) for m in r.zrange(keys.index(prefix), 0, -1)}
+    assert index == {s.start_ms for s in left}
+    totals = r.hgetall(keys.totals(prefix))
+    assert int(totals.get(b"moved", 0)) == moved
+    assert int(totals.get(b"dead", 0)) == 0
+    if case.left:
+        assert results[-1].next_due_ms == min(s.due_ms for s in left)
+    else:
+        assert results[-1].next_due_ms is None
+    assert consistency(r, prefix)["stored"] == len(case.left)
+
+    # The clean-up: once a drained bucket's end has passed, a move call drops its refs and
+    # deletes its task-id list and meta hash. A bucket still holding messages keeps its refs.
+    start_of = [keys.bucket_start(boundary + offset, case.width_ms) for offset, _ in case.seeds]
+    kept = {start_of[i] for i in case.left}
+    drained = {start_of[i] for i in range(len(case.seeds))} - kept
+    # Drained buckets wait in gc until their end (those already ended may be cleaned up).
+    assert {int(m) for m in r.zrange(keys.drained(prefix), 0, -1)} <= drained
+    if drained:
+        clock.ms = max(clock(), max(drained) + case.width_ms + 1)
+    for _ in range(100):
+        result = store.move_due(case.limit, case.max_len)
+        assert result.moved == 0
+        if not result.more:
+            break
+    else:
+        raise AssertionError("the clean-up did not finish in 100 move calls")
+    ids = {k.decode() for k in r.hkeys(keys.ids(prefix))}
+    assert ids == {f"m{i}" for i in range(len(case.seeds)) if start_of[i] in kept}
+    for start in drained:
+        assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 0, start
+    assert r.zcard(keys.drained(prefix)) == 0
+    assert consistency(r, prefix)["stale_refs"] == len(ids) - len(case.left)
+
+
+def test_nothing_is_moved_before_its_millisecond(r):
+    """Step the clock a millisecond at a time while sub-second due times pass: each move takes
+    exactly the messages due by then, never one a millisecond early, never a rounded second."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    now = clock()
+    dues = [now + 200 + 13 * i for i in range(40)]
+    seeds = [(Due(d, task_id=f"id{i}"), "q", kombu_payload(f"m{i}")) for i, d in enumerate(dues)]
+    assert {x.outcome for x in store.schedule_many(seeds, ORDINARY)} == {Scheduled.STORED}
+    moved_total = 0
+    for at in range(now + 190, dues[-1] + 2):
+        clock.ms = at
+        result = store.move_due(1000)
+        moved_total += result.moved
+        assert moved_total == sum(1 for d in dues if d <= at), at
+        assert result.lateness_ms == [0] * result.moved  # each at its own millisecond
+    assert tags_in(r, "q") == [f"m{i}" for i in range(len(dues))]
+
+
+def with_id(tag: str, task_id: str, queue: str = "celery") -> str:
+    """A message whose delivery tag is ``tag`` and whose id (a header, as Celery's) is ``task_id``."""
+    message = json.loads(kombu_payload(tag, queue))
+    message["headers"] = {"id": task_id}
+    return json.dumps(message)
+
+
+@pytest.mark.parametrize("offsets", [(0, 1, 2), (0, 0, 0)], ids=["apart", "one-millisecond"])
+def test_a_task_id_used_more_than_once_finds_only_its_unmoved_message(r, prefix, offsets):
+    """A retry reuses its task id: the id index then holds several refs under one id. After
+    a move of two of them (in one batch here), find and cancel reach only the one still
+    scheduled, though the moved ones' refs stay until their bucket's clean-up. Due at one
+    millisecond, the batch is read without scores."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    width = 1000
+    settings = Settings(compress_after_ms=0, bucket_width_ms=width)
+    due = clock() + 300
+    items = [
+        (Due(due + offsets[0], task_id="again"), q, with_id("first", "again")),
+        (Due(due + HOUR, task_id="again"), q, with_id("later", "again")),
+        (Due(due + offsets[1], task_id="again"), q, with_id("second", "again")),
+        (Due(due + offsets[2], task_id="once"), q, with_id("once", "once")),
+    ]
+    assert {res.outcome for res in store.schedule_many(items, settings)} == {Scheduled.STORED}
+    later = next(s for s in stored(r, prefix) if s.due_ms == due + HOUR)
+    ref = replies.Stored(later.start_ms, later.score, later.envelope.dest, later.envelope.payload).ref
+    clock.ms = due + 3
+    assert store.move_due(3).moved == 3
+    assert tags_in(r, q) == ["first", "second", "once"]
+    assert store.find("once") == []
+    assert [s.due_ms for s in store.find("again")] == [due + HOUR]
+    assert ref in r.hget(keys.ids(prefix), "again").decode().split()
+    assert store.cancel("again") == 1 and store.find("again") == []
+    # The cancel dropped its own ref; the moved ones' go once their bucket has ended.
+    assert ref not in (r.hget(keys.ids(prefix), "again") or b"").decode().split()
+    ends = {keys.bucket_start(due + o, width) + width for o in offsets}
+    clock.ms = max(ends) + 1
+    assert store.move_due(1000).moved == 0
+    assert r.hlen(keys.ids(prefix)) == 0
+    assert r.zcard(keys.drained(prefix)) == 1  # the cancelled one's bucket, until its end
+
+
+def test_clean_up_drops_refs_only_after_a_drained_bucket_has_ended(r, prefix):
+    """Moving leaves the id index alone; find() sees through the stale refs at once. The
+    refs, the task-id list and the meta hash go with the first move call after the end of
+    the drained bucket. A bucket that drains and then gets a new message before its end
+    comes back into the index, delivers it, and is cleaned up after it drains again."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    width = 4000
+    settings = Settings(compress_after_ms=0, bucket_width_ms=width)
+    start = keys.bucket_start(clock() + 500, width) + width  # a bucket wholly ahead
+    end = start + width
+    tags = [f"a{i}" for i in range(5)]
+    items = [(Due(start + 50 + i, task_id=tag), q, kombu_payload(tag)) for i, tag in enumerate(tags)]
+    assert {res.outcome for res in store.schedule_many(items, settings)} == {Scheduled.STORED}
+    assert r.lrange(keys.task_ids(prefix, start), 0, -1) == [t.encode() for t in tags]
+
+    clock.ms = start + 61
+    first = store.move_due(1000)
+    assert first.moved == 5 and tags_in(r, q) == tags
+    for tag in tags:
+        assert store.find(tag) == []
+    # Drained, not ended: out of the index, waiting in gc; refs, t: and m: linger.
+    assert r.zscore(keys.index(prefix), start) is None
+    assert r.zscore(keys.drained(prefix), start) == end
+    assert set(r.hkeys(keys.ids(prefix))) == {t.encode() for t in tags}
+    assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 2
+    assert consistency(r, prefix)["stale_refs"] == 5
+
+    # A new message for the same bucket, before its end: back in the index, delivered.
+    due_b = clock() + 300
+    assert keys.bucket_start(due_b, width) == start
+    assert (
+        store.schedule(Due(due_b, task_id="b"), q, kombu_payload("b"), settings).outcome is Scheduled.STORED
+    )
+    assert r.zscore(keys.index(prefix), start) == start
+    assert [s.due_ms for s in store.find("b")] == [due_b]
+    assert all(store.find(tag) == [] for tag in tags)
+    assert set(r.hkeys(keys.ids(prefix))) == {t.encode() for t in [*tags, "b"]}
+    clock.ms = due_b + 1
+    second = store.move_due(1000)
+    assert second.moved == 1 and tags_in(r, q) == [*tags, "b"]
+    assert second.lateness_ms == [1]
+    assert store.find("b") == []
+    assert r.zscore(keys.index(prefix), start) is None
+    assert r.zscore(keys.drained(prefix), start) == end
+    assert r.hlen(keys.ids(prefix)) == 6  # still lingering: the bucket has not ended
+
+    clock.ms = end + 1
+    assert store.move_due(1000).moved == 0
+    assert r.hlen(keys.ids(prefix)) == 0
+    assert r.exists(keys.task_ids(prefix, start), keys.meta(prefix, start)) == 0
+    assert r.zcard(keys.drained(prefix)) == 0
+    assert consistency(r, prefix) == {"stored": 0, "stale_refs": 0, **store.totals()}
+
+
+# -- the mover as a real process ---------------------------------------------------------
+
+
+def test_clean_up_of_thousands_of_retried_ids_keeps_their_live_refs(r):
+    """A clean-up chunk of 4,500 task ids that all have a ref in a later bucket (each task
+    retried itself) rewrites 4,500 fields: more values than one Lua call can take at once."""
+    clock = FakeClock(r)
+    store, n = Store(r, clock=clock), 4500
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
+    now = clock()
+    due = now - now % 1000 + 4000 + 100
+    first = [(Due(due, task_id=f"t{i}"), "q", with_id(f"first-{i}", f"t{i}", "q")) for i in range(n)]
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(first, narrow))
+    clock.ms = due + 1
+    moved = 0
+    while moved < n:
+        moved += store.move_due(5000).moved
+    later = clock() + 600_000
+    retries = [(Due(later + i, task_id=f"t{i}"), "q", with_id(f"retry-{i}", f"t{i}", "q")) for i in range(n)]
+    assert all(x.outcome is Scheduled.STORED for x in store.schedule_many(retries, narrow))
+    clock.ms = due - due % 1000 + 1000 + 1  # the first bucket ended
+    while r.exists(keys.drained("")):
+        store.move_due(5000)
+    refs = {k.decode(): v.decode() for k, v in r.hgetall(keys.ids("")).items()}
+    first_start = f"{due - due % 1000}:"
+    assert len(refs) == n and not any(" " in ref or ref.startswith(first_start) for ref in refs.values())
+    assert [s.payload for s in store.find("t7")] == [with_id("retry-7", "t7", "q").encode()]
+    rest = consistency(r)
+    assert rest["stored"] == n and rest["stale_refs"] == 0 and rest["moved"] == n
+
+
+def test_a_wider_publisher_extends_the_expiry_of_a_bucket_it_shares(r):
+    """Publishers with different bucket widths share a start: the keys of that bucket must
+    live until the wider one's end plus grace, or its message would expire before due."""
+    store = Store(r)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000, grace_ms=3_600_000)
+    wide = Settings(compress_after_ms=0, bucket_width_ms=10_000, grace_ms=3_600_000)
+    now = store.time_ms()
+    start = now - now % 10_000 + 20_000
+    store.schedule(Due(start + 200, task_id="a"), "q", kombu_payload("a"), narrow)
+    store.schedule(Due(start + 300, task_id="c"), "q2", kombu_payload("c"), narrow)
+    store.schedule(Due(start + 6000, task_id="b"), "q", kombu_payload("b"), wide)
+    store.schedule(Due(start + 7000, task_id="d"), "q2", kombu_payload("d"), wide)
+    store.schedule(Due(start + 400, task_id="e"), "q3", kombu_payload("e"), narrow)  # a new set
+    assert r.zcard(keys.queue_set("", start, "q")) == 2 and r.zcard(keys.queue_set("", start, "q2")) == 2
+    # Absolute expiries (set from the bucket's end, not from now): however long this takes.
+    for dest in ("q", "q2", "q3"):
+        at = expires_at(r, keys.queue_set("", start, dest))
+        assert at is not None and at >= start + 10_000 + 3_600_000, dest
+    for key in (
+        keys.meta("", start),
+        keys.task_ids("", start),
+        keys.index(""),
+        keys.ids(""),
+        keys.counts(""),
+    ):
+        at = expires_at(r, key)
+        assert at is not None and at >= start + 10_000 + 3_600_000 + 86_400_000, key
+
+
+def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_next(r):
+    """A wide bucket starts first but its message is due late; a narrower publisher's bucket
+    starts after it and holds an earlier message. The publish wakes the movers, and the move
+    reports the earlier due time, so the mover does not sleep past it."""
+    store = Store(r)
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
+    second = Settings(compress_after_ms=0, bucket_width_ms=1000)
+    now = store.time_ms()
+    wide_start = now - now % 3_600_000 + 3_600_000  # the next hour: both in the future
+    store.schedule(Due(wide_start + 3_599_999, task_id="w"), "q", kombu_payload("w"), hour)
+    assert store.move_due(100).next_due_ms == wide_start + 3_599_999
+    pubsub = store.wake_subscription()
+    narrow_due = wide_start + 1500
+    store.schedule(Due(narrow_due, task_id="n"), "q2", kombu_payload("n"), second)
+    woken = None
+    deadline = time.monotonic() + 60
+    while woken is None and time.monotonic() < deadline:
+        woken = pubsub.get_message(timeout=1)
+    pubsub.close()
+    assert woken is not None and int(woken["data"]) == narrow_due
+    assert r.zrange(keys.index(""), 0, -1) == [str(wide_start).encode(), str(wide_start + 1000).encode()]
+    assert store.move_due(100).next_due_ms == narrow_due
+    assert store.earliest_due_ms() == narrow_due
+
+
+def seed(
+    store: Store,
+    n: int,
+    dests: list[str],
+    *,
+    delay_ms: int | None = None,
+    due_ms: int | list[int] | None = None,
+    width_ms: int = 60_000,
+    name: str = "t",
+) -> list[str]:
+    """Schedule ``n`` small messages through the real script, ``delay_ms`` from Redis's
+    now at each call (always stored), or at absolute ``due_ms`` (one or one each)."""
+    if delay_ms is not None:
+        dues = [Due(delay_ms, relative=True)] * n
+    else:
+        assert due_ms is not None
+        dues = [Due(ms) for ms in (due_ms if isinstance(due_ms, list) else [due_ms] * n)]
+    tags = [f"{name}{i}" for i in range(n)]
+    items = [
+        (Due(dues[i].ms, dues[i].relative, tags[i]), dests[i % len(dests)], kombu_payload(tags[i]))
+        for i in range(n)
+    ]
+    results = Store.schedule_many(store, items, Settings(compress_after_ms=0, bucket_width_ms=width_ms))
+    outcomes = Counter(r.outcome for r in results)
+    assert outcomes == {Scheduled.STORED: n}, f"seeding was too slow for the chosen due time: {outcomes}"
+    return tags
+
+
+def due_after_seeding(store: Store, n: int) -> int:
+    """An absolute due time (Redis ms) that seeding ``n`` messages will not reach:
+    5 s plus three times the seeding time measured on a 1000-message sample."""
+    scratch = Store(store.client, "calibrate:")
+    began = time.monotonic()
+    seed(scratch, 1000, ["calibrate:q"], delay_ms=600_000)
+    took = time.monotonic() - began
+    store.client.delete(*store.client.keys("calibrate:*"))
+    return store.time_ms() + 5000 + int(3 * took * n)
+
+
+def all_tags(client: redis.Redis, dests: list[str]) -> list[str]:
+    return [tag for dest in dests for tag in tags_in(client, dest)]
+
+
+def moved_total(client: redis.Redis, prefix: str = "") -> int:
+    return int(client.hget(keys.totals(prefix), "moved") or 0)
+
+
+def test_mover_process_moves_across_buckets_and_boundaries(r, prefix, start_mover):
+    store = Store(r, prefix)
+    now = store.time_ms()
+    # The earliest is due 4.5 s ahead or more: seeding stores every message, however slow.
+    boundary = keys.bucket_start(now + 6000, 1000) + 1000
+    offsets = [-1, 0, 1, 999, 1000, -1000, -1001, *range(-1500, 2500, 97)]
+    dests = [f"{prefix}a", f"{prefix}b"]
+    dues = [boundary + o for o in offsets]
+    tags = seed(store, len(dues), dests, due_ms=dues, width_ms=1000)
+    assert len({s.start_ms for s in stored(r, prefix)}) >= 4
+    mover = start_mover(prefix=prefix)
+    wait_until(lambda: moved_total(r, prefix) == len(tags))
+    assert stored(r, prefix) == [] and r.zcard(keys.index(prefix)) == 0
+    assert sorted(all_tags(r, dests)) == sorted(tags)
+    for dest in dests:  # due order within each list
+        order = tags_in(r, dest)
+        assert order == sorted(order, key=lambda t: (dues[int(t[1:])], int(t[1:])))
+    # The refs go once each drained bucket has ended (the mover looks at least every second).
+    wait_until(lambda: r.hlen(keys.ids(prefix)) == 0 and r.zcard(keys.drained(prefix)) == 0)
+    assert not r.keys(f"{keys.ns(prefix)}t:*") and not r.keys(f"{keys.ns(prefix)}m:*")
+    assert mover.stop() == 0, mover.output()
+    assert "Traceback" not in mover.output()
+
+
+def test_wakeup_publish_interrupts_a_long_sleep(r, monkeypatch):
+    """A mover whose sleep cap, thaw look and sweep are all an hour away, on an empty store,
+    sees a new message in time only because the publish wakes it: without the wake, the wait
+    below runs out."""
+    monkeypatch.setattr("kombu_delay.mover.loop.SWEEP_EVERY_S", 3600.0)
+    store = Store(r)
+    looked = threading.Event()
+    settings = Settings(max_sleep_ms=3_600_000, thaw_ahead_ms=3 * 3_600_000)
+    mover = Mover(store, settings, watch=False, on_thaw=lambda _: looked.set())
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        assert looked.wait(60)  # subscribed, looked once: nothing; now it sleeps an hour
+        seed(store, 1, ["q"], delay_ms=300)
+        wait_until(lambda: r.llen("q") == 1)
+    finally:
+        mover.stop()
+        runner.join(30)
+    assert mover.stats.moved == 1
+
+
+@pytest.mark.slow
+def test_four_movers_20000_due_at_once_deliver_each_exactly_once(r, start_mover):
+    n = 20_000
+    dests = ["q.a", "q.b"]
+    store = Store(r)
+    tags = seed(store, n, dests, due_ms=due_after_seeding(store, n))
+    movers = [start_mover("--batch-size", "200") for _ in range(4)]
+    wait_until(lambda: r.zcard(keys.movers("")) == 4, timeout=60)
+    wait_until(lambda: moved_total(r) == n, timeout=180)
+    # Every message moved, each by one atomic script, and nothing is left to move: what is on
+    # the lists now is all there will ever be.
+    assert stored(r) == [] and Store(r).counts() == {}
+    assert r.llen("q.a") + r.llen("q.b") == n
+    delivered = Counter(all_tags(r, dests))
+    assert set(delivered) == set(tags) and set(delivered.values()) == {1}
+    per_mover = []
+    for mover in movers:
+        assert mover.stop() == 0, mover.output()
+        line = [ln for ln in mover.output().splitlines() if "stopped after moving" in ln][-1]
+        per_mover.append(int(line.split("stopped after moving ")[1].split()[0]))
+    assert sum(per_mover) == n, per_mover
+    print(f"\nfour movers, {n} messages due at once: moved per mover {per_mover}")
+
+
+@pytest.mark.slow
+def test_kill_9_mid_drain_then_restart_loses_and_doubles_nothing(r, start_mover):
+    n = 20_000
+    dests = ["k1", "k2", "k3"]
+    store = Store(r)
+    tags = seed(store, n, dests, delay_ms=2000)
+    # 2,000 messages a second at most: the kill below lands with 9 s of the drain left at least.
+    slow = start_mover("--max-rate", "2000", "--batch-size", "100")
+    wait_until(lambda: moved_total(r) >= 2000, timeout=120)
+    os.kill(slow.pid, signal.SIGKILL)
+    slow.popen.wait(30)
+    at_kill = moved_total(r)
+    assert 0 < at_kill < n, f"the kill did not land mid-drain ({at_kill} of {n} moved)"
+    # Consistent at the kill: every message is either on a list or still scheduled.
+    listed = all_tags(r, dests)
+    left = [s.envelope.task_id for s in stored(r)]
+    assert len(listed) == at_kill and sorted(listed + left) == sorted(tags)
+
+    again = start_mover()
+    wait_until(lambda: moved_total(r) == n, timeout=180)
+    assert stored(r) == []  # nothing left to move: the lists hold all there will ever be
+    delivered = Counter(all_tags(r, dests))
+    assert set(delivered) == set(tags) and set(delivered.values()) == {1}
+    assert again.stop() == 0, again.output()
+    print(f"\nkill -9 after {at_kill} of {n} moved; restart delivered the rest once")
+
+
+@pytest.fixture
+def persistent_server() -> Any:
+    server = RedisServer(persistence=True, appendfsync="always")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+def test_redis_outage_mover_resumes_by_itself(persistent_server, spawn):
+    server = persistent_server
+    client = server.client()
+    try:
+        store = Store(client)
+        mover = spawn(
+            [
+                sys.executable,
+                "-m",
+                "kombu_delay",
+                "--broker",
+                server.delay_url,
+                "--log-level",
+                "debug",
+                "mover",
+            ],
+            name="mover",
+        )
+        wait_until(lambda: client.zcard(keys.movers("")) == 1)
+        early = seed(store, 50, ["o"], delay_ms=500, name="early")  # moved before the outage
+        late = seed(store, 200, ["o"], delay_ms=5000, name="late")  # due during it
+        late_due = max(s.due_ms for s in stored(client))
+        wait_until(lambda: client.llen("o") == 50)
+        client.close()
+        server.stop()
+        wait_until(lambda: "Redis unavailable" in mover.output())
+        # The outage outlasts the due times (this machine's clock is Redis's; Redis is down).
+        wait_until(lambda: time.time() * 1000 > late_due + 500)
+        assert mover.popen.poll() is None, mover.output()
+        server.start()
+        client = server.client()
+        store = Store(client)
+        wait_until(lambda: client.llen("o") == 250, timeout=120)
+        fresh = seed(store, 1, ["o2"], delay_ms=300, name="fresh")  # and it keeps serving new work
+        wait_until(lambda: client.llen("o2") == 1, timeout=60)
+        delivered = Counter(tags_in(client, "o"))
+        assert set(delivered.values()) == {1} and len(delivered) == 250
+        assert tags_in(client, "o2") == fresh and len(early) + len(late) == 250
+        assert mover.stop() == 0, mover.output()
+        assert "unexpected error" not in mover.output()
+    finally:
+        client.close()
+
+
+def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover):
+    store = Store(r)
+    r.set("blocked", "not a list")
+    tags = seed(store, 4, ["blocked", "fine"], delay_ms=300)
+    mover = start_mover()
+    wait_until(lambda: r.llen("fine") == 2)
+    wait_until(lambda: "destination key is not a list" in mover.output())
+    assert sorted(s.envelope.task_id for s in stored(r)) == [tags[0], tags[2]]
+    assert Store(r).counts() == {"blocked": 2}
+    r.delete("blocked")  # fixed by the operator: the mover delivers on its next look
+    wait_until(lambda: r.llen("blocked") == 2)
+    assert stored(r) == []
+    assert mover.stop() == 0, mover.output()
+    assert "WARNING" in mover.output()
+
+
+def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_late(r, monkeypatch):
+    """Stuck messages are already due, so they are the earliest scheduled: a later publish to
+    another queue wakes no mover. The mover keeps polling while any are stuck, as it does
+    while messages are held, instead of sleeping its whole max_sleep: an hour here, with its
+    thaw look and sweep as far away, so without the polling the wait below runs out. Time is
+    driven: the later message is due when the test says."""
+    monkeypatch.setattr("kombu_delay.mover.loop.SWEEP_EVERY_S", 3600.0)
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    narrow = Settings(compress_after_ms=0, bucket_width_ms=1000)
+    r.set("blocked", "not a list")
+    seed(store, 2, ["blocked"], delay_ms=300, width_ms=1000)
+    clock.advance(1000)  # the stuck ones are due
+    mover = Mover(store, Settings(max_sleep_ms=3_600_000, thaw_ahead_ms=3 * 3_600_000), watch=False)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: mover.stats.wrongtype >= 2)
+        due = clock() + 1500  # a later bucket than the stuck one's
+        store.schedule(Due(due, task_id="later"), "fine", kombu_payload("later"), narrow)
+        calls = mover.stats.calls
+        wait_until(lambda: mover.stats.calls >= calls + 2)  # it looked again: not due yet
+        assert r.llen("fine") == 0
+        clock.ms = due
+        wait_until(lambda: r.llen("fine") == 1)
+    finally:
+        mover.stop()
+        runner.join(30)
+    assert store.counts() == {"blocked": 2}
+
+
+def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover):
+    store = Store(r)
+    mover = start_mover()
+    beats = wait_until(lambda: store.heartbeats())
+    assert isinstance(beats, dict) and len(beats) == 1
+    (name, at_ms), now = next(iter(beats.items())), store.time_ms()
+    assert now - 60_000 <= at_ms <= now
+    assert f":{mover.pid}:" in name
+    os.kill(mover.pid, signal.SIGTERM)
+    assert mover.popen.wait(60) == 0, mover.output()
+    assert store.heartbeats() == {}
+    assert "stopped after moving 0 messages" in mover.output()
+
+
+def test_sigint_exits_0(r, start_mover):
+    mover = start_mover()
+    wait_until(lambda: Store(r).heartbeats())
+    os.kill(mover.pid, signal.SIGINT)
+    assert mover.popen.wait(60) == 0, mover.output()
+
+
+@pytest.mark.parametrize("args", [["mover", "--help"], ["--help"]])
+def test_help_shows_examples(args):
+    done = subprocess.run(
+        [sys.executable, "-m", "kombu_delay", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Examples:" in done.stdout
+    assert "kombu-delay" in done.stdout and "mover" in done.stdout
+
+
+def test_mover_reads_its_options_from_the_environment(r, start_mover):
+    """KOMBU_DELAY_* variables reach the mover (here the batch size, seen in its moves)."""
+    store = Store(r)
+    seed(store, 300, ["env"], delay_ms=300)
+    mover = start_mover(env={"KOMBU_DELAY_BATCH_SIZE": "7"})
+    wait_until(lambda: r.llen("env") == 300)
+    sizes = [int(ln.split("MoveResult(moved=")[1].split(",")[0]) for ln in mover.output().splitlines()
+             if "MoveResult(moved=" in ln]  # fmt: skip
+    assert max(sizes) == 7
+    assert mover.stop() == 0, mover.output()
+
+
+def test_blocked_destination_does_not_block_other_destinations(r):
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    r.set("bad", "a string")
+    items = [(Due(300, True, f"b{i}"), "bad", kombu_payload(f"b{i}")) for i in range(3)]
+    store.schedule_many([*items, (Due(310, True, "g"), "good", kombu_payload("g"))], ORDINARY)
+    clock.advance(1000)  # all due
+    result = store.move_due(2)
+    assert r.llen("good") == 1, "the message for another queue passes the blocked ones"
+    assert (result.moved, result.wrongtype) == (1, 3)
+    assert r.type("bad") == b"string" and store.counts() == {"bad": 3}
+
+
+def test_queue_length_cap_counts_the_pushes_of_the_same_call(r):
+    """One move call never takes a list past delay_max_queue_length; the rest wait, kept."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    r.rpush("capped", "filler")
+    items = [(Due(200, True, f"c{i}"), "capped", kombu_payload(f"c{i}")) for i in range(5)]
+    store.schedule_many(items, ORDINARY)
+    clock.advance(1000)  # all due
+    result = store.move_due(1000, max_queue_length=3)
+    assert (result.moved, result.held) == (2, 3)
+    assert r.llen("capped") == 3 and store.counts() == {"capped": 3}
+    r.delete("capped")
+    assert store.move_due(1000, max_queue_length=3).moved == 3
+
+
+def test_mover_with_another_prefix_warns_about_stranded_messages(r, start_mover):
+    """A mover whose global_keyprefix differs from the publisher's says so at start."""
+    seed(Store(r, "app1:"), 1, ["app1:q"], delay_ms=60_000)
+    mover = start_mover()  # no prefix
+    wait_until(lambda: "stranded under key prefix 'app1:'" in mover.output())
+    assert "WARNING" in mover.output() and "global_keyprefix" in mover.output()
+    assert mover.stop() == 0, mover.output()
+    right = start_mover(prefix="app1:")
+    wait_until(lambda: Store(r, "app1:").heartbeats())
+    assert right.stop() == 0
+    assert "stranded" not in right.output()

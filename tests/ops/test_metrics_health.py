@@ -1,0 +1,281 @@
+"""Metrics scraped from a real mover process, and the ``health`` probe against real movers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from kombu_delay.config import Settings
+from kombu_delay.connect import open_store
+from kombu_delay.control import DelayControl
+from kombu_delay.message import Due
+from kombu_delay.mover.loop import Mover
+from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
+from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import RedisServer, free_port
+from tests.support.cli import health
+from tests.support.metrics import scrape, try_scrape, value
+from tests.support.procs import wait_until
+from tests.support.stored import FakeClock
+
+SOON, LATER = 40, 10
+
+
+@pytest.fixture
+def private_server() -> Iterator[RedisServer]:
+    """A server of this test's own, so it can be stopped mid-test."""
+    with RedisServer() as server:
+        yield server
+
+
+def test_metrics_while_moving(private_server, spawn, prefix):
+    client = private_server.client()
+    port = free_port()
+    started = time.time()
+    args = [sys.executable, "-m", "kombu_delay", "-b", private_server.delay_url]
+    if prefix:
+        args += ["--prefix", prefix]
+    mover = spawn([*args, "mover", "--metrics-port", str(port)], name="mover")
+    wait_until(lambda: try_scrape(port), timeout=90)
+
+    app = Celery("pub", broker=private_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+
+    def publish_soon(numbers: range) -> None:
+        for i in numbers:  # due 5 s on (stored however slow the publish), half on a priority list
+            app.send_task("eco.record", countdown=5, priority=3 if i % 2 else None)
+
+    def lists() -> int:
+        return int(client.llen(f"{prefix}celery") + client.llen(f"{prefix}celery\x06\x163"))
+
+    last_moved = [0.0]
+
+    def moved_reaches(target: int) -> dict | None:
+        samples = scrape(port)
+        moved = value(samples, "kombu_delay_moved_total")
+        # Invariants at every scrape, mid-move included.
+        assert moved == value(samples, "kombu_delay_lateness_seconds_count")
+        assert last_moved[0] <= moved <= target
+        last_moved[0] = moved
+        return samples if moved == target else None
+
+    # Two waves: the second is published only once a scrape has seen the first moved, so
+    # scrapes land mid-move (half moved, half to come) whatever the machine's speed.
+    half = SOON // 2
+    publish_soon(range(half))
+    for _ in range(LATER // 2):
+        app.send_task("eco.record", countdown=600)
+        app.send_task("eco.record", countdown=600, queue="other")
+    wait_until(lambda: moved_reaches(half), timeout=90, interval=0.2)
+    assert lists() == half
+    publish_soon(range(half, SOON))
+    app.close()
+    wait_until(lambda: moved_reaches(SOON), timeout=90, interval=0.2)
+
+    def settled() -> dict | None:
+        samples = scrape(port)
+        done = (
+            value(samples, "kombu_delay_moved_total") == SOON
+            and samples.get(("kombu_delay_scheduled_messages", (("queue", "celery"),))) == LATER // 2
+        )
+        return samples if done else None
+
+    samples = wait_until(settled, timeout=90, interval=0.2)
+    assert isinstance(samples, dict)
+    assert lists() == SOON
+    assert value(samples, "kombu_delay_lateness_seconds_count") == SOON
+    assert value(samples, "kombu_delay_lateness_seconds_bucket", le="+Inf") == SOON
+    # Never early: the lateness sum is not negative, and no message is due before now.
+    assert value(samples, "kombu_delay_lateness_seconds_sum") >= 0
+    assert value(samples, "kombu_delay_scheduled_messages", queue="other") == LATER // 2
+    assert value(samples, "kombu_delay_oldest_overdue_seconds") == 0
+    assert started <= value(samples, "kombu_delay_last_move_timestamp_seconds") <= time.time()
+    assert started <= value(samples, "kombu_delay_last_pass_timestamp_seconds") <= time.time()
+    assert value(samples, "kombu_delay_redis_errors_total") == 0
+    assert value(samples, "kombu_delay_mover_errors_total") == 0
+    assert value(samples, "kombu_delay_dead_letters_total") == 0
+    assert value(samples, "kombu_delay_expired_total") == 0
+
+    # Redis goes away: errors are counted, the last pass stops advancing.
+    private_server.stop()
+
+    def errors_seen() -> dict | None:
+        samples = scrape(port)
+        return samples if value(samples, "kombu_delay_redis_errors_total") > 0 else None
+
+    samples = wait_until(errors_seen, timeout=90, interval=0.2)
+    assert isinstance(samples, dict)
+    assert value(samples, "kombu_delay_moved_total") == SOON
+    assert value(samples, "kombu_delay_mover_errors_total") == 0  # a Redis error is not a bug
+    assert mover.stop() == 0, mover.output()
+    client.close()
+
+
+def test_health_follows_the_mover(private_server, spawn, prefix):
+    client = private_server.client()
+    env = {"KOMBU_DELAY_HEARTBEAT_INTERVAL": "0.5"}
+    args = [sys.executable, "-m", "kombu_delay", "-b", private_server.delay_url]
+    if prefix:
+        args += ["--prefix", prefix]
+
+    empty = health(private_server, prefix)
+    assert empty.returncode == 1, empty.stdout + empty.stderr
+    assert empty.stdout.startswith("UNHEALTHY: no mover heartbeat")
+
+    mover = spawn([*args, "mover"], env=env, name="mover")
+    wait_until(lambda: client.zcard(keys.movers(prefix)) == 1, timeout=90)
+    ok = health(private_server, prefix, "--max-heartbeat-age", "30", "--max-overdue", "5")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("OK: movers 1")
+
+    here = health(private_server, prefix, "--this-host")
+    assert here.returncode == 0, here.stdout
+    # A heartbeat from another host does not make this host's probe healthy.
+    store = Store(client, prefix)
+    store.heartbeat("elsewhere.example:1:abcd")
+    assert mover.stop() == 0, mover.output()
+    assert health(private_server, prefix).returncode == 0
+    other = health(private_server, prefix, "--this-host")
+    assert other.returncode == 1, other.stdout
+    assert other.stdout.startswith("UNHEALTHY: no mover heartbeat")
+    store.forget_mover("elsewhere.example:1:abcd")
+
+    # A clean stop removes the heartbeat at once.
+    stopped = health(private_server, prefix)
+    assert stopped.returncode == 1, stopped.stdout
+    assert "no mover heartbeat" in stopped.stdout
+
+    # With the heartbeat check off, overdue messages alone make it unhealthy.
+    app = Celery("pub", broker=private_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    app.send_task("eco.record", countdown=5)  # stored, however slow the publish
+    app.close()
+    due = store.earliest_due_ms()
+    assert due is not None
+    # Not overdue, or by far less than a minute (the probe is a process of its own).
+    assert health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "60").returncode == 0
+    wait_until(lambda: store.time_ms() > due + 2000)  # overdue by more than 2 s, by Redis's clock
+    overdue = health(private_server, prefix, "--max-heartbeat-age", "0", "--max-overdue", "2")
+    assert overdue.returncode == 1, overdue.stdout
+    assert "oldest overdue message waits" in overdue.stdout
+
+    # A mover killed with SIGKILL leaves its heartbeat behind; it ages out.
+    killed = spawn([*args, "mover"], env=env, name="mover")
+    wait_until(lambda: client.llen(f"{prefix}celery") == 1, timeout=90)
+    again = health(private_server, prefix, "--max-heartbeat-age", "60", "--max-overdue", "2")
+    assert again.returncode == 0, again.stdout
+    killed.kill()
+    wait_until(
+        lambda: health(private_server, prefix, "--max-heartbeat-age", "5").returncode == 1,
+        timeout=90,
+        interval=0.5,
+    )
+    stale = health(private_server, prefix, "--max-heartbeat-age", "5")
+    assert "no mover heartbeat within 5 s" in stale.stdout
+
+    private_server.stop()
+    gone = health(private_server, prefix)
+    assert gone.returncode == 2, gone.stdout
+    assert gone.stdout.startswith("UNREACHABLE:")
+    client.close()
+
+
+def test_custom_priority_separator(redis_server, r, prefix):
+    """With kombu's ``sep`` transport option set, a priority list is still told from its
+    queue: the mover moves onto kombu's own key, and metrics and DelayControl count it
+    under the queue's name."""
+    options = {"global_keyprefix": prefix, "sep": ":", "priority_steps": [0, 3, 6, 9]}
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options
+    for priority in (None, 3, 6):
+        app.send_task("eco.record", countdown=600, priority=priority, queue="mail")
+    app.send_task("eco.record", countdown=30, priority=3, queue="mail")
+    app.close()
+
+    with open_store(redis_server.delay_url, options) as store:
+        assert store.sep == ":"
+        assert set(store.counts()) == {f"{prefix}mail", f"{prefix}mail:3", f"{prefix}mail:6"}
+        clock = FakeClock(r)
+        store.clock = clock
+        clock.advance(60_000)  # the 30 s one is due, the others not
+        port = free_port()
+        mover = Mover(store, Settings.from_options(options), name="sep", **serve_metrics(store, port))
+
+        def settled() -> dict | None:
+            mover.drain()
+            samples = scrape(port)
+            done = samples.get(("kombu_delay_scheduled_messages", (("queue", "mail"),))) == 3
+            return samples if done and r.llen(f"{prefix}mail:3") == 1 else None
+
+        samples = wait_until(settled, timeout=60, interval=0.2)
+    assert isinstance(samples, dict)
+    labels = {labels for name, labels in samples if name == "kombu_delay_scheduled_messages"}
+    assert labels == {(("queue", "mail"),)}
+
+    with DelayControl(redis_server.delay_url, options) as control:
+        assert control.stats().by_queue == {"mail": 3}
+        assert {m.queue for m in control.scheduled().items} == {"mail"}
+        assert control.purge("mail") == 3
+
+
+def test_queue_series_are_bounded_however_many_queues_come_and_go() -> None:
+    """A day of short-lived queues, in steps: never more series than the limit plus (other),
+    an emptied queue reads 0 for a while and is then dropped, and nothing is lost from the sum."""
+    series = QueueSeries(limit=50, zero_keep_s=300)
+    shown: set[str] = set()
+    now = 0.0
+    for step in range(1440):  # a minute each
+        now += 60
+        waiting = {f"job-{step}-{i}": 1 + i for i in range(60)}  # 60 new queues a minute
+        waiting["steady"] = 1000
+        values, dropped = series.values(waiting, now)
+        assert not set(dropped) & set(values)
+        shown = (shown | set(values)) - set(dropped)
+        assert len(values) <= 51 and shown == set(values)
+        assert sum(values.values()) == sum(waiting.values())
+        assert values["steady"] == 1000
+    # 86,400 queues came and went; 50 series and (other) remain.
+    assert len(shown) == 51
+    values, dropped = series.values({}, now + 301)
+    assert values == {OTHER_QUEUES: 0} and len(dropped) == 50
+    assert QueueSeries(limit=2).values({"a": 1, "b": 2}, 0) == ({"a": 1, "b": 2}, [])  # no (other) yet
+
+
+def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private_server, spawn):
+    client = private_server.client()
+    store = Store(client)
+    due = store.time_ms() + 3_600_000
+    items = [(Due(due, task_id=f"q{i}"), f"short-{i}", f"m{i}") for i in range(1500)]
+    store.schedule_many(items, Settings(compress_after_ms=0))
+    port = free_port()
+    spawn(
+        [
+            sys.executable,
+            "-m",
+            "kombu_delay",
+            "-b",
+            private_server.delay_url,
+            "mover",
+            "--metrics-port",
+            str(port),
+        ]
+    )
+
+    def bounded() -> dict | None:
+        samples = try_scrape(port)
+        if not samples:
+            return None
+        queues = {
+            dict(labels)["queue"]: v
+            for (name, labels), v in samples.items()
+            if name == "kombu_delay_scheduled_messages"
+        }
+        return queues if sum(queues.values()) == 1500 else None
+
+    queues = wait_until(bounded, timeout=90, interval=0.2)
+    assert isinstance(queues, dict)
+    assert len(queues) == MAX_QUEUE_SERIES + 1 and queues[OTHER_QUEUES] == 1500 - MAX_QUEUE_SERIES

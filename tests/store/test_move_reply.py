@@ -1,0 +1,73 @@
+"""move.lua's reply: the counts and the scan position, then the lateness, run-length coded in Lua, one value
+per moved message in Python."""
+
+from __future__ import annotations
+
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import MoveResult, Scheduled, _runs
+from tests.support.stored import FakeClock
+
+
+def test_runs_expand_in_order() -> None:
+    assert _runs([]) == []
+    assert _runs([3, 0, 5]) == [3, 0, 5]
+    assert _runs([-3, 7]) == [7, 7, 7]
+    assert _runs([b"1", b"-2", b"4", b"0"]) == [1, 4, 4, 0]
+
+
+def test_reply_has_the_scan_position_before_the_lateness() -> None:
+    head = [b"3", b"-1", b"1000", b"250", b"2", b"1", b"0", b"1"]
+    result = MoveResult.from_reply([*head, b"-1", b"-2", b"5", b"9"])
+    assert result == MoveResult(3, None, 1000, 250, 2, 1, 0, True, [5, 5, 9])
+    plain = MoveResult.from_reply([*head, 60_000, 7])
+    assert plain.scan_after == 60_000 and plain.lateness_ms == [7]
+
+
+def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    now = clock()
+    # 30 messages share one due time, 5 more each have their own: runs and singles.
+    dues = [now + 300] * 30 + [now + 301 + i for i in range(5)]
+    items = [(Due(due, task_id=f"t{i}"), f"{prefix}q", f"payload-{i}") for i, due in enumerate(dues)]
+    assert {x.outcome for x in store.schedule_many(items, Settings())} == {Scheduled.STORED}
+    clock.ms = max(dues) + 5
+    result = store.move_due(1000)
+    assert result.moved == 35
+    assert len(result.lateness_ms) == 35
+    late_at = result.now_ms
+    assert result.lateness_ms == [late_at - due for due in dues]
+    assert r.llen(f"{prefix}q") == 35
+
+
+def test_lateness_follows_the_move_order_destination_by_destination(r: redis.Redis, prefix: str) -> None:
+    """In one bucket, each destination's messages move together, in due order; the
+    lateness list follows that order (which destination goes first is not specified)."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = 60_000
+    now = clock()
+    start = keys.bucket_start(now + 300, width)
+    if start + width - (now + 300) < 1000:  # keep every due time in one bucket
+        start += width
+    base = max(start, now + 300)
+    dues = {"a": [base + 2 * i for i in range(10)], "b": [base + 2 * i + 1 for i in range(10)]}
+    items = [
+        (Due(due, task_id=f"{dest}{i}"), f"{prefix}{dest}", f"payload-{dest}{i}")
+        for dest, times in dues.items()
+        for i, due in enumerate(times)
+    ]
+    assert {x.outcome for x in store.schedule_many(items, Settings(bucket_width_ms=width))} == {
+        Scheduled.STORED
+    }
+    assert r.zcard(keys.index(prefix)) == 1
+    clock.ms = base + 26
+    result = store.move_due(1000)
+    assert result.moved == 20
+    late = {dest: [result.now_ms - due for due in times] for dest, times in dues.items()}
+    assert result.lateness_ms in (late["a"] + late["b"], late["b"] + late["a"])
+    assert min(result.lateness_ms) >= 0

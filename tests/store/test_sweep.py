@@ -1,0 +1,157 @@
+"""The sweep (sweep.lua, run by every mover): nothing a running mover holds expires, however long
+it is held, and messages found gone (expired, evicted, deleted) are settled and counted, not
+left counted as scheduled.
+
+Time is driven through a fake clock (see ``FakeClock``): hours pass in a step.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+
+from kombu_delay import DelayControl
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.mover.loop import Mover
+from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.faults import consistency
+from tests.support.procs import wait_until
+from tests.support.stored import FakeClock, expires_at, kombu_payload, sweep_all, tags_in
+
+HOUR = 3_600_000
+#: The shortest grace accepted, and messages stored uncompressed.
+SHORT = Settings(compress_after_ms=0, grace_ms=HOUR)
+#: Stored compressed (the cold space) when due more than a second ahead.
+COLD = Settings(compress_after_ms=1000, thaw_ahead_ms=1000, grace_ms=HOUR)
+
+
+def message_keys(client: redis.Redis, prefix: str) -> list[str]:
+    """Every key of the namespace that holds messages or what finds them (sets, metas, task-id
+    lists, the indexes and the shared hashes)."""
+    found = [k.decode() for k in client.scan_iter(match=keys.ns(prefix) + "*", count=1000)]
+    return sorted(k for k in found if not k.endswith(("totals", "movers", "alerts")))
+
+
+def test_held_messages_keep_their_grace_for_as_long_as_a_mover_holds_them(r, prefix):
+    """A full list (delay_max_queue_length) holds an ordinary message, and a compressed one is
+    never thawed (as under a refused thaw): a day passes, in steps of 20 minutes, with a mover
+    moving and sweeping; every key still has its whole grace left at each step, and the held
+    message is delivered once the list has room."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    r.rpush(q, "filler")
+    store.schedule(Due(clock() + 1000, task_id="held"), q, kombu_payload("held"), SHORT)
+    store.schedule(Due(clock() + 5000, task_id="frozen"), f"{prefix}c", kombu_payload("frozen"), COLD)
+    assert r.zcard(keys.cold_index(prefix)) == 1 and r.zcard(keys.index(prefix)) == 1
+    for _ in range(72):
+        clock.advance(20 * 60_000)
+        result = store.move_due(100, max_queue_length=1)
+        assert (result.moved, result.held) == (0, 1)
+        renewed, lost, _ = sweep_all(store)
+        assert lost == 0 and renewed >= 2
+        for key in message_keys(r, prefix):
+            at = expires_at(r, key)
+            assert at is not None and at >= clock() + HOUR - 5, (key, at, clock())
+    assert len(store.find("frozen")) == 1 and len(store.find("held")) == 1
+    r.delete(q)
+    assert store.move_due(100, max_queue_length=1).moved == 1
+    assert tags_in(r, q) == ["held"]
+
+
+def test_a_running_mover_sweeps_at_its_start_and_pushes_the_expiry_out(r):
+    """A mover (its loop in a thread) whose clock is two hours past a held bucket's end gives
+    that bucket its grace again in its first sweep, at start."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    r.rpush("q", "filler")
+    store.schedule(Due(clock() + 1000, task_id="held"), "q", kombu_payload("held"), SHORT)
+    start = keys.bucket_start(clock() + 1000, SHORT.bucket_width_ms)
+    was = expires_at(r, keys.queue_set("", start, "q"))
+    clock.advance(2 * HOUR)
+    mover = Mover(store, Settings(max_queue_length=1), watch=False)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: mover.stats.renewed >= 1, timeout=60)
+    finally:
+        mover.stop()
+        runner.join(30)
+    now_at = expires_at(r, keys.queue_set("", start, "q"))
+    assert was is not None and now_at is not None
+    assert was < clock() and now_at >= clock() + HOUR - 5
+
+
+def test_messages_found_gone_are_settled_counted_and_no_longer_scheduled(r, prefix, redis_server):
+    """Sorted sets of future buckets vanish (as an eviction would take them): ``stats`` stops
+    counting them at once, a sweep settles them as expired, and the totals add up."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    base = clock()
+    items = [
+        (
+            Due(base + (10 + 10 * b) * 60_000 + i, task_id=f"m{b}-{i}"),
+            f"{prefix}{d}",
+            kombu_payload(f"m{b}-{i}"),
+        )
+        for b in range(4)
+        for i in range(5)
+        for d in ("a", "b")
+        if d == "a" or i < 2
+    ]
+    store.schedule_many(items, SHORT)
+    starts = [int(s) for s in r.zrange(keys.index(prefix), 0, -1)]
+    assert len(starts) == 4
+    r.delete(keys.queue_set(prefix, starts[1], f"{prefix}a"), keys.queue_set(prefix, starts[3], f"{prefix}b"))
+    gone = 5 + 2
+    with DelayControl(redis_server.delay_url, {"global_keyprefix": prefix}) as ctl:
+        stats = ctl.stats()
+        assert (stats.scheduled, stats.vanished) == (len(items) - gone, gone)
+        assert sweep_all(store) == (0, gone, 0)
+        stats = ctl.stats()
+        assert (stats.scheduled, stats.vanished) == (len(items) - gone, 0)
+        assert stats.by_queue == {"a": 15, "b": 6}
+        assert stats.totals["expired"] == gone
+    rest = consistency(r, prefix)
+    assert rest["stored"] == len(items) - gone and rest["expired"] == gone
+
+
+def test_a_bucket_whose_meta_hash_vanished_is_rebuilt_and_delivered(r, prefix):
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = clock() + 30 * 60_000
+    store.schedule_many(
+        [
+            (Due(due + i, task_id=f"t{i}"), f"{prefix}{q}", kombu_payload(f"t{i}"))
+            for i in range(6)
+            for q in "xy"
+        ],
+        SHORT,
+    )
+    start = keys.bucket_start(due, SHORT.bucket_width_ms)
+    r.delete(keys.meta(prefix, start))
+    assert sweep_all(store) == (0, 0, 1)
+    clock.advance(31 * 60_000)
+    assert store.move_due(100).moved == 12
+    assert sorted(tags_in(r, f"{prefix}x")) == sorted(f"t{i}" for i in range(6))
+    assert store.counts() == {}
+
+
+def test_a_sweep_under_maxmemory_still_pushes_the_expiry_out(tmp_path):
+    """Over maxmemory (noeviction), a held message keeps its grace: the renewal's first writes
+    cannot grow memory, so Redis lets the sweep run."""
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        client = server.client()
+        clock = FakeClock(client)
+        store = Store(client, clock=clock)
+        client.rpush("q", "filler")
+        store.schedule(Due(clock() + 1000, task_id="held"), "q", kombu_payload("held"), SHORT)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
+        clock.advance(3 * HOUR)
+        assert sweep_all(store)[0] == 1
+        start = keys.bucket_start(clock() - 3 * HOUR + 1000, SHORT.bucket_width_ms)
+        at = expires_at(client, keys.queue_set("", start, "q"))
+        assert at is not None and at >= clock() + HOUR - 5

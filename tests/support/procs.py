@@ -1,0 +1,64 @@
+"""Processes the tests start, and waiting for a condition: a child process is stopped by its PID,
+and every wait polls a predicate until a generous deadline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kombu_delay.tooling.redis_server import stop_process
+
+#: The repository root: the working directory of every process the tests start.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.02) -> object:
+    """Poll ``predicate`` until it is truthy; fail after a generous ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until truthy; return False (not raise) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+class Proc:
+    """A child process of the suite, stopped by PID."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> None:
+        self.log = log
+        out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+        self.popen = subprocess.Popen(
+            args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def stop(self, timeout: float = 30.0) -> int:
+        stop_process(self.popen, timeout)
+        return int(self.popen.returncode)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log else ""

