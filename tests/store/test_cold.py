@@ -181,7 +181,13 @@ def test_a_mover_thaws_ahead_and_delivers_each_message_once_exactly_as_published
     assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # byte for byte, each once
     assert not cold_members(r) and store.counts() == {}
     assert store.totals() == {"scheduled": 40, "moved": 40}
-    assert r.hlen(keys.ids("")) == 40 and not r.exists(keys.cold_index(""))
+    assert not r.exists(keys.cold_index(""))
+    # The id index drops a drained bucket's refs once its end has passed, in a move's leftover
+    # budget, so how many are left depends on how many passes the mover made: finish the
+    # clean-up at a time past every bucket's end, then nothing may be left behind.
+    assert r.hlen(keys.ids("")) <= 40
+    store.move_due(1000, now_ms=dues[-1] + 3_600_000)
+    assert r.hlen(keys.ids("")) == 0 and not r.exists(keys.drained(""))
 
 
 def test_a_move_without_a_thaw_never_pushes_a_compressed_message(r, redis_server):

@@ -13,7 +13,6 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
-
 from tests.support.stored import kombu_payload, redis_ms
 
 

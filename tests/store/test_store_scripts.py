@@ -12,7 +12,6 @@ import pytest
 import redis
 
 from kombu_delay.store import scripts
-
 from tests.support.procs import ROOT
 
 LUA = resources.files("kombu_delay.store").joinpath("lua")

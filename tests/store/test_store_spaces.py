@@ -11,7 +11,6 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys, spaces
 from kombu_delay.store.replies import Rescheduled, Scheduled
-
 from tests.support.stored import kombu_payload, redis_ms
 
 HOUR = 3_600_000

@@ -25,10 +25,9 @@ from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import present
 from kombu_delay.web.app import PathPrefix, create_app
 from kombu_delay.web.guard import CSRF_COOKIE, Credentials
-
 from tests.support.procs import ROOT, wait_until
-from tests.support.stored import behind, kombu_payload
 from tests.support.servers import running_tls_server
+from tests.support.stored import behind, kombu_payload
 
 
 def publish(redis_server, prefix: str, *calls: tuple[str, tuple, dict, dict]) -> list[str]:
@@ -300,7 +299,17 @@ def test_celery_delay_web_reads_the_apps_broker_and_prefix(r, redis_server, spaw
     [task_id] = publish(redis_server, "eco9:", ("eco.record", ("x",), {}, {"countdown": 600}))
     port = free_port()
     env = {"ECO_BROKER": redis_server.delay_url, "ECO_OPTIONS": json.dumps(options)}
-    args = [sys.executable, "-m", "celery", "-A", "tests.support.ecosystem_app", "delay", "web", "--port", str(port)]
+    args = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tests.support.ecosystem_app",
+        "delay",
+        "web",
+        "--port",
+        str(port),
+    ]
     server = spawn(args, env=env, name="web")
 
     def overview() -> dict | None:

@@ -22,9 +22,8 @@ from celery import Celery
 
 from kombu_delay import DelayControl
 from kombu_delay.tooling.redis_server import free_port
-
-from tests.support.procs import ROOT, Proc, wait_until
 from tests.support.ecosystem_app import LEDGER_KEY
+from tests.support.procs import ROOT, Proc, wait_until
 
 #: Where Debian's chromium package puts the browser (override with KOMBU_DELAY_CHROMIUM).
 CHROMIUM = os.environ.get("KOMBU_DELAY_CHROMIUM", "/usr/bin/chromium")
@@ -74,7 +73,16 @@ class Stack:
             "ECO_LEDGER": redis_server.url,
         }
         self.start("mover", [*self.cli(), "mover"])
-        worker = [sys.executable, "-m", "celery", "-A", "tests.support.ecosystem_app", "worker", "--pool", "solo"]
+        worker = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.support.ecosystem_app",
+            "worker",
+            "--pool",
+            "solo",
+        ]
         worker += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         worker += ["-Q", "celery", "-n", "web@%h"]
         self.start("worker", worker, env)

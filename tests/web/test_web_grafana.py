@@ -10,7 +10,6 @@ import urllib.request
 import pytest
 
 from kombu_delay.tooling.redis_server import free_port
-
 from tests.support.procs import ROOT, wait_until
 
 DASHBOARD = ROOT / "examples" / "grafana" / "kombu-delay-dashboard.json"
