@@ -23,6 +23,7 @@ from kombu_delay.store import cold, keys, listing
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import (
     Census,
+    ColdBucket,
     MoveResult,
     Rescheduled,
     Scheduled,
@@ -298,6 +299,30 @@ class Store:
             next_ms=None if next_ms < 0 else next_ms,
             more=bool(more),
         )
+
+    def cold_buckets(self, limit: int) -> tuple[int, list[ColdBucket]]:
+        """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, earliest
+        first, each with the compressed messages it still holds, for a mover to plan its thaw.
+
+        Two pipelined round trips of ``limit + 2`` reads. Not atomic: a plan is an estimate,
+        made again every second.
+        """
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrange(self._cold_index, 0, limit - 1)
+            (sec, usec), starts = pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+            for start in starts:
+                pipe.hgetall(keys.meta(self.prefix, int(start), keys.COLD))
+            metas = pipe.execute() if starts else []
+        now = int(sec) * 1000 + int(usec) // 1000 if self.clock is None else int(self.clock())
+        found = []
+        for start, meta in zip(starts, metas, strict=True):
+            fields = {_text(k): int(v) for k, v in meta.items()}
+            count = sum(n for name, n in fields.items() if name.startswith("q:") and n > 0)
+            found.append(ColdBucket(int(start), fields.get("end", int(start)), count))
+        return now, found
 
     def sweep(self, after: str, limit: int) -> SweepResult:
         """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):
