@@ -20,9 +20,11 @@ from kombu_delay.store.replies import ColdBucket
 #: A plan allows this many times the thaw time its rate predicts: the moves between thaw
 #: steps, other movers, a noisy neighbour and a rate measured on a lighter load take the rest.
 SAFETY = 2.0
-#: Thaw rate assumed until a mover has measured its own, messages/s (one mover thaws 20,000 to
-#: 30,000 a second on a 2-core machine): low, so a first herd starts early rather than late.
-DEFAULT_RATE = 10_000.0
+#: Thaw rate assumed until a mover has measured its own, messages/s (one mover thaws 8,000 to
+#: 30,000 a second on a busy 2-core machine): low, so a first herd starts early rather than
+#: late. A thaw once begun runs to its bucket's end, so the first measurement can only make
+#: the lead longer, never let it begin too late.
+DEFAULT_RATE = 5_000.0
 #: Lowest rate a plan assumes, messages/s: one slow window (the machine paused) must not set
 #: leads of hours, which would thaw, and hold uncompressed, far more than needed.
 MIN_RATE = 1_000.0

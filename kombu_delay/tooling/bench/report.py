@@ -14,6 +14,24 @@ from typing import Any
 #: (scenario, metric label, path into the results, format, target text, check).
 Row = tuple[str, str, tuple[str, ...], str, str, Callable[[float], bool] | None]
 
+
+def _herd_rows(case: str, label: str) -> list[Row]:
+    """The rows of one case of the herd scenario."""
+    rows: list[tuple[str, str, str, str, Callable[[float], bool] | None]] = [
+        ("messages", "messages", "{:,.0f}", "", None),
+        ("payload bytes", "payload_bytes_mean", "{:.0f}", "", None),
+        ("thaw began, ms before due", "thaw_started_ms_before_due", "{:,.0f}", "", None),
+        ("thaw done, ms before due", "thaw_done_ms_before_due", "{:,.0f}", "> 0", lambda v: v > 0),
+        ("thawed/s", "thawed_per_s", "{:,.0f}", "", None),
+        ("peak used memory, MB", "peak_used_memory_mb", "{:,.0f}", "", None),
+        ("all on list, s after due", "all_on_list_s_after_due", "{:.2f}", "<= 2", lambda v: v <= 2),
+        ("early", "early", "{:.0f}", "= 0", lambda v: v == 0),
+        ("lost", "lost", "{:.0f}", "= 0", lambda v: v == 0),
+        ("doubled", "doubled", "{:.0f}", "= 0", lambda v: v == 0),
+    ]
+    return [("herd", f"{label}: {name}", ("herd", case, key), fmt, t, c) for name, key, fmt, t, c in rows]
+
+
 ROWS: list[Row] = [
     ("publish", "plain redis:// publishes/s", ("publish", "plain_per_s"), "{:,.0f}", "", None),
     ("publish", "delayed publishes/s", ("publish", "delayed_per_s"), "{:,.0f}", "", None),
@@ -137,6 +155,40 @@ ROWS: list[Row] = [
     ("thaw", "moved/s, one mover", ("thaw", "moved_per_s"), "{:,.0f}", "", None),
     ("thaw", "early arrivals", ("thaw", "early"), "{:.0f}", "= 0", lambda v: v == 0),
     ("thaw", "lost", ("thaw", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("cpu", "plain publish, Redis CPU µs", ("cpu", "plain_redis_cpu_us"), "{:.1f}", "", None),
+    ("cpu", "schedule, Redis CPU µs", ("cpu", "schedule_redis_cpu_us"), "{:.1f}", "", None),
+    ("cpu", "move, Redis CPU µs", ("cpu", "move_redis_cpu_us"), "{:.1f}", "", None),
+    (
+        "cpu",
+        "delayed (schedule + move) / plain",
+        ("cpu", "delayed_ratio"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    (
+        "cpu",
+        "compressed schedule, Redis CPU µs",
+        ("cpu", "schedule_compressed_redis_cpu_us"),
+        "{:.1f}",
+        "",
+        None,
+    ),
+    ("cpu", "thaw, Redis CPU µs", ("cpu", "thaw_redis_cpu_us"), "{:.1f}", "", None),
+    ("cpu", "move after thaw, Redis CPU µs", ("cpu", "move_after_thaw_redis_cpu_us"), "{:.1f}", "", None),
+    (
+        "cpu",
+        "compressed (schedule + thaw + move) / plain",
+        ("cpu", "compressed_ratio"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    ("cpu", "floor: bare Lua move, Redis CPU µs", ("cpu", "floor_move_redis_cpu_us"), "{:.1f}", "", None),
+    ("cpu", "delayed / plain publishes/s", ("cpu", "publish_ratio"), "{:.2f}", ">= 0.9", lambda v: v >= 0.9),
+    ("cpu", "compressed / plain publishes/s", ("cpu", "compressed_publish_ratio"), "{:.2f}", "", None),
+    *_herd_rows("default", "default settings"),
+    *_herd_rows("short_ahead", "short thaw-ahead"),
     ("scale", "publish, Redis CPU µs, small", ("scale", "small", "publish_redis_cpu_us"), "{:.1f}", "", None),
     ("scale", "publish, Redis CPU µs, large", ("scale", "large", "publish_redis_cpu_us"), "{:.1f}", "", None),
     (
@@ -166,21 +218,96 @@ ROWS: list[Row] = [
     ("scale", "move cost large / small", ("scale", "move_ratio"), "{:.2f}", "<= 1.2", lambda v: v <= 1.2),
     ("scale", "same, Redis wall µs: publish ratio", ("scale", "publish_server_ratio"), "{:.2f}", "", None),
     ("scale", "same, Redis wall µs: move ratio", ("scale", "move_server_ratio"), "{:.2f}", "", None),
-    ("scale", "mover RSS at large, MB", ("scale", "large", "mover_rss_mb"), "{:.1f}", "", None),
-    ("herd", "max-rate: peak moved/s", ("herd", "max_rate", "peak_per_s"), "{:,.0f}", "", None),
-    ("herd", "max-rate: lost", ("herd", "max_rate", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("scale", "scheduled, large", ("scale", "large", "scheduled"), "{:,.0f}", "", None),
+    ("scale", "fill time, large, s", ("scale", "large", "fill_s"), "{:,.0f}", "", None),
+    ("scale", "Redis used_memory, large, MB", ("scale", "large", "used_memory_mb"), "{:,.0f}", "", None),
+    ("scale", "Redis RSS, large, MB", ("scale", "large", "redis_rss_mb"), "{:,.0f}", "", None),
+    ("scale", "used_memory per msg, large", ("scale", "large", "used_memory_per_msg"), "{:.0f}", "", None),
     (
-        "herd",
-        "max-queue-length: longest list",
-        ("herd", "max_queue_length", "longest_list"),
+        "scale",
+        "memory per msg, large / middle",
+        ("scale", "memory_per_msg_ratio"),
+        "{:.2f}",
+        "<= 1.05",
+        lambda v: v <= 1.05,
+    ),
+    (
+        "scale",
+        "kombu publish, Redis CPU µs, large",
+        ("scale", "large", "publish_kombu_redis_cpu_us"),
+        "{:.1f}",
+        "",
+        None,
+    ),
+    (
+        "scale",
+        "stats ms, large / small",
+        ("scale", "inspection_ratio", "stats"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    (
+        "scale",
+        "ls_first_page ms, large / small",
+        ("scale", "inspection_ratio", "ls_first_page"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    (
+        "scale",
+        "find ms, large / small",
+        ("scale", "inspection_ratio", "find"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    (
+        "scale",
+        "cancel ms, large / small",
+        ("scale", "inspection_ratio", "cancel"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    (
+        "scale",
+        "health ms, large / small",
+        ("scale", "inspection_ratio", "health"),
+        "{:.2f}",
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    ("scale", "mover RSS at large, MB", ("scale", "large", "mover_rss_mb"), "{:.1f}", "", None),
+    (
+        "backpressure",
+        "max-rate: peak moved/s",
+        ("backpressure", "max_rate", "peak_per_s"),
         "{:,.0f}",
         "",
         None,
     ),
     (
-        "herd",
+        "backpressure",
+        "max-rate: lost",
+        ("backpressure", "max_rate", "lost"),
+        "{:.0f}",
+        "= 0",
+        lambda v: v == 0,
+    ),
+    (
+        "backpressure",
+        "max-queue-length: longest list",
+        ("backpressure", "max_queue_length", "longest_list"),
+        "{:,.0f}",
+        "",
+        None,
+    ),
+    (
+        "backpressure",
         "max-queue-length: lost",
-        ("herd", "max_queue_length", "lost"),
+        ("backpressure", "max_queue_length", "lost"),
         "{:.0f}",
         "= 0",
         lambda v: v == 0,
@@ -253,7 +380,7 @@ def _bars(pairs: list[tuple[str, float]], width: int = 50, unit: str = "") -> li
 
 
 def terminal_charts(results: dict[str, Any]) -> str:
-    """Lateness histogram, burst drain and herd ramps as text bars."""
+    """Lateness histogram, burst drain and backpressure ramps as text bars."""
     out: list[str] = []
     late = (results.get("precision") or {}).get("lateness_ms") or []
     if late:
@@ -274,10 +401,14 @@ def terminal_charts(results: dict[str, Any]) -> str:
         ]
         out += ["", "burst: messages on the list after the due time", *_bars(picked)]
     for name in ("max_rate", "max_queue_length"):
-        ramp = ((results.get("herd") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
+        ramp = ((results.get("backpressure") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
         if ramp:
             pairs = [(f"{0.5 * (i + 1):.1f} s", float(v)) for i, v in enumerate(ramp[:40])]
-            out += ["", f"herd ({name.replace('_', '-')}): moved/s per 0.5 s", *_bars(pairs, unit="/s")]
+            out += [
+                "",
+                f"backpressure ({name.replace('_', '-')}): moved/s per 0.5 s",
+                *_bars(pairs, unit="/s"),
+            ]
     return "\n".join(out)
 
 
@@ -299,9 +430,9 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         axes[1].plot([t for t, _ in series], [n for _, n in series])
     axes[1].set(title="burst: on the list after due", xlabel="ms after due", ylabel="messages")
     for name in ("max_rate", "max_queue_length"):
-        ramp = ((results.get("herd") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
+        ramp = ((results.get("backpressure") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
         axes[2].step([0.5 * (i + 1) for i in range(len(ramp))], ramp, label=name.replace("_", "-"))
-    axes[2].set(title="herd: moved/s per 0.5 s", xlabel="s after due", ylabel="messages/s")
+    axes[2].set(title="backpressure: moved/s per 0.5 s", xlabel="s after due", ylabel="messages/s")
     axes[2].legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
