@@ -111,6 +111,8 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
         "compressed_redis_cpu_us": compressed_us,
         "compressed_ratio": compressed_us / plain_us,
         "floor_move_redis_cpu_us": floor_cpu * per,
+        # Not interleaved, so a noisy neighbour may favour either side: the publish scenario
+        # compares the rates (in alternating rounds).
         "plain_per_s": n / plain_s,
         "delayed_per_s": n / hot_s,
         "compressed_per_s": n / cold_s,

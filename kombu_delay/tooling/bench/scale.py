@@ -93,8 +93,20 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
         inspection_ms=inspection,
     )
     ctx.movers.stop(mover)
-    ctx.probe.flush()
+    _flush(ctx)
     return result
+
+
+def _flush(ctx: Ctx) -> None:
+    """Empty the database of millions of messages: freed in the background (a synchronous
+    FLUSHDB takes longer than a client's socket timeout), and waited for."""
+    ctx.probe.client.flushdb(asynchronous=True)
+
+    def freed() -> bool:
+        return int(ctx.probe.info("memory").get("lazyfree_pending_objects", 0)) == 0
+
+    if not wait_for(freed, timeout=600, interval=0.2):
+        raise RuntimeError("the flush did not finish")
 
 
 def _scale_round(ctx: Ctx, wide: Settings) -> dict[str, Any]:
