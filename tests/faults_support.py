@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 
-from kombu_delay.payload import index_id
+from kombu_delay.message import index_id
 from kombu_delay.store import cold, keys
 from kombu_delay.tooling.redis_server import RedisServer
 

@@ -17,7 +17,7 @@ from celery import Celery
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
-from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.store.replies import Scheduled, ThawResult

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.mover import thaw_plan
 from kombu_delay.mover.loop import MoverStats
 from kombu_delay.mover.thaw import Thawer

@@ -17,8 +17,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import CorruptMember, DelayTooLong, PayloadTooLarge
-from kombu_delay.eta import Due
-from kombu_delay.payload import index_id
+from kombu_delay.message import Due, index_id
 from kombu_delay.store import cold, keys, listing
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import (
@@ -633,6 +632,41 @@ class Store:
                 )
                 totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return Census(truncated=bool(totals[0]), overdue=totals[1], vanished=totals[2], slots=totals[3:])
+
+    def overdue(self, now_ms: int, max_buckets: int = 1000) -> tuple[dict[str, tuple[int, int]], bool]:
+        """Return, per destination, (messages due by ``now_ms`` but not moved, due time of the
+        oldest), and whether ``max_buckets`` cut the count short (``overdue.lua``, both spaces).
+
+        Reads only buckets that started by ``now_ms`` (one or two while a mover keeps up);
+        never a member."""
+        found: dict[str, tuple[int, int]] = {}
+        truncated = False
+        with translated_errors():
+            for space, index in self.spaces:
+                args: list[Any] = [self.ns, int(now_ms), max_buckets, space]
+                reply = self._scripts["overdue"](keys=[index], args=args)
+                truncated = truncated or bool(int(reply[0]))
+                for i in range(1, len(reply), 3):
+                    dest, n, oldest = _text(reply[i]), int(reply[i + 1]), int(reply[i + 2])
+                    had, first = found.get(dest, (0, oldest))
+                    found[dest] = (had + n, min(first, oldest))
+        return found, truncated
+
+    def dead_letters(self, offset: int, limit: int) -> tuple[int, list[bytes]]:
+        """Return how many dead letters there are and up to ``limit`` of them from ``offset``
+        (newest first, as stored: what a mover could not restore)."""
+        key = keys.dead(self.prefix)
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.llen(key)
+            pipe.lrange(key, offset, offset + limit - 1)
+            total, items = pipe.execute()
+        return int(total), [bytes(item) for item in items]
+
+    def remove_dead_letter(self, member: bytes) -> int:
+        """Remove one dead letter equal to ``member``; return 1, or 0 when it is gone."""
+        with translated_errors():
+            return int(self.client.lrem(keys.dead(self.prefix), 1, member))  # type: ignore[arg-type]
 
     def totals(self) -> dict[str, int]:
         """Return the lifetime counters (scheduled, moved, cancelled, ...)."""

@@ -10,6 +10,7 @@ table with the project's targets, writes the results as JSON, and draws charts
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -38,7 +39,7 @@ Scenario = Callable[[Ctx], dict[str, Any]]
 
 
 def scenarios(with_e2e: bool) -> dict[str, Scenario]:
-    """Every scenario in run order; ``inspect`` when its module is installed."""
+    """Every scenario in run order; ``inspect`` when its module is installed, ``web`` with the web extra."""
     found: dict[str, Scenario] = dict(SCENARIOS)
     try:
         inspect_mod = importlib.import_module("kombu_delay.tooling.bench.inspect")
@@ -46,6 +47,8 @@ def scenarios(with_e2e: bool) -> dict[str, Scenario]:
         inspect_mod = None
     if inspect_mod is not None and hasattr(inspect_mod, "run"):
         found["inspect"] = inspect_mod.run
+    if importlib.util.find_spec("flask") is not None:  # the dashboard, with the web extra
+        found["web"] = importlib.import_module("kombu_delay.tooling.bench.web").run
     if with_e2e:
         from kombu_delay.tooling.bench.e2e import e2e
 

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from kombu_delay.eta import parse_iso_ms
+from kombu_delay.message import parse_iso_ms
 from kombu_delay.tooling.bench.ctx import Ctx, pct, sleep_until, wait_for
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.ops import health
 from kombu_delay.tooling.bench.ctx import Ctx, sleep_until, wait_for
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill, now_ms, rss_mb
