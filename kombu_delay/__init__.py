@@ -23,6 +23,7 @@ from kombu_delay.errors import (
     RedisPermissionError,
     RedisRefused,
     RedisUnavailable,
+    StorageFormatError,
 )
 from kombu_delay.transport import register
 
@@ -48,6 +49,7 @@ __all__ = [
     "Settings",
     "Slot",
     "Stats",
+    "StorageFormatError",
     "__version__",
     "register",
 ]

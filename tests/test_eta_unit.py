@@ -342,4 +342,4 @@ def test_stored_ref_and_due_come_from_the_score(seq, offset):
     start = 1_796_040_000_000
     stored = Stored(start, keys.score(start + offset, seq), "celery", b"{}")
     assert stored.due_ms == start + offset
-    assert stored.ref == f"{start}:{offset}:{seq}"  # the ref put() in _common.lua writes
+    assert stored.ref == f"{start}:{offset}:{seq}"  # the ref put() in _put.lua writes

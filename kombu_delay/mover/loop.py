@@ -24,12 +24,12 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
-from kombu_delay.errors import RedisRefused, RedisUnavailable
+from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.watch import Findings, Watch
 from kombu_delay.store import Store
-from kombu_delay.store.replies import FATAL_ERRORS, MoveResult, SweepResult, ThawResult
+from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 

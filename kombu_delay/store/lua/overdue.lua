@@ -11,11 +11,12 @@ Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, o
        each one HGETALL of its meta hash, then per destination one ZCOUNT and one ZRANGE of
        the first member's score.
 ]]
+--- @include spaces
 local index = KEYS[1]
 local ns = ARGV[1]
 local now = tonumber(ARGV[2])
 local max_buckets = tonumber(ARGV[3])
-local sp = ARGV[4] or ''
+local s = space(ns, ARGV[4] or '')
 local upper = '(' .. string.format('%d', now + 1)
 
 local starts = redis.call('ZRANGEBYSCORE', index, '-inf', string.format('%d', now), 'LIMIT', 0, max_buckets + 1)
@@ -23,11 +24,11 @@ local truncated = 0
 if #starts > max_buckets then truncated = 1 end
 local count, oldest, order = {}, {}, {}
 for i = 1, math.min(#starts, max_buckets) do
-  local fields = redis.call('HGETALL', ns .. sp .. 'm:' .. starts[i])
+  local fields = redis.call('HGETALL', s.meta(starts[i]))
   for j = 1, #fields, 2 do
     if string.sub(fields[j], 1, 2) == 'q:' and tonumber(fields[j + 1]) > 0 then
       local dest = string.sub(fields[j], 3)
-      local zset = ns .. sp .. 'z:' .. starts[i] .. ':' .. dest
+      local zset = s.zset(starts[i], dest)
       local due = redis.call('ZCOUNT', zset, '-inf', upper)
       if due > 0 then
         local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
