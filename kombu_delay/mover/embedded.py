@@ -24,7 +24,8 @@ from celery import bootsteps, signals
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, app_target
-from kombu_delay.mover.loop import Backoff, Mover, mover_id, open_when_reachable
+from kombu_delay.mover.loop import Mover, mover_id, open_when_reachable
+from kombu_delay.mover.pacing import Backoff
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -26,6 +25,8 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable
+from kombu_delay.mover.pacing import Backoff, RateLimiter
+from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.watch import Findings, Watch
 from kombu_delay.store import Store
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
@@ -38,16 +39,11 @@ LOG_EVERY_S = 10.0
 HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
-#: Most doublings a backoff applies: past any useful cap, and far from a float overflow.
-MAX_DOUBLINGS = 30
 #: A mover's ``socket_timeout`` and ``socket_connect_timeout`` when the transport options
 #: set none (redis-py's default is to wait forever), seconds. Every command a mover sends
 #: is answered within milliseconds, so a silent server is given up on, reconnected to, and
 #: a stop request is heard.
 SOCKET_TIMEOUT_S = 10.0
-#: Most compressed messages one thaw step restores: a step is one short script call
-#: (a few ms), so a message due meanwhile waits at most that long for its move.
-THAW_BATCH = 100
 #: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
 #: what it holds, and settles buckets found gone), seconds.
 SWEEP_EVERY_S = 60.0
@@ -75,26 +71,6 @@ class MoverStats:
     lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
 
 
-class Backoff:
-    """Exponential backoff with full jitter, for reconnecting without a crash loop."""
-
-    def __init__(self, base: float = 0.1, cap: float = 5.0) -> None:
-        self.base, self.cap, self.attempt = base, cap, 0
-
-    def next(self) -> float:
-        """Return the next delay, at most ``cap``; any number of calls is safe.
-
-        The exponent is bounded: an unbounded one overflows a float after about 1024
-        failures (an hour of outage), and the error would kill the mover it protects.
-        """
-        delay = min(self.cap, self.base * 2 ** min(self.attempt, MAX_DOUBLINGS))
-        self.attempt += 1
-        return random.uniform(delay / 2, delay)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
 @contextmanager
 def open_when_reachable(target: Target, stopping: threading.Event, name: str) -> Iterator[Store | None]:
     """Open ``target``'s store, waiting with backoff while Redis cannot be reached.
@@ -119,35 +95,6 @@ def open_when_reachable(target: Target, stopping: threading.Event, name: str) ->
             yield store
             return
     yield None
-
-
-class RateLimiter:
-    """Token bucket for ``delay_max_rate``; ``rate`` 0 means unlimited."""
-
-    def __init__(self, rate: int, burst: int) -> None:
-        self.rate = rate
-        self.capacity = float(max(1, min(burst, rate or burst)))
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
-
-    def allowance(self) -> int:
-        """Return how many messages may move now (refilling first)."""
-        if not self.rate:
-            return int(self.capacity)
-        now = time.monotonic()
-        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        return int(self.tokens)
-
-    def spend(self, n: int) -> None:
-        if self.rate:
-            self.tokens -= n
-
-    def wait_for_one(self) -> float:
-        """Seconds until one token is available."""
-        if not self.rate or self.tokens >= 1:
-            return 0.0
-        return (1 - self.tokens) / self.rate
 
 
 def mover_id() -> str:
@@ -177,7 +124,6 @@ class Mover:
         self._stop = threading.Event()
         self._on_result = on_result
         self._on_error = on_error
-        self._on_thaw = on_thaw
         self._on_sweep = on_sweep
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
@@ -185,8 +131,8 @@ class Mover:
         self._last_log = time.monotonic()
         self._wrongtype_logged_at = float("-inf")
         self._logged_moved = 0
-        self._next_thaw = float("-inf")
-        self._thaw_refused_logged_at = float("-inf")
+        #: The thaw of compressed messages, planned from what the cold space holds.
+        self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw)
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
@@ -278,48 +224,9 @@ class Mover:
                 return result
 
     def thaw(self) -> float:
-        """Restore one batch of the compressed messages due within ``thaw_ahead``, when it is
-        time to look; return the seconds until the next look.
-
-        One batch per call, between drains, so a due message never waits behind more than
-        one. A compressed message is always stored at least the publisher's
-        ``thaw_ahead`` before its due time (the publish refuses it otherwise). A mover looks
-        at least three times in its own ``thaw_ahead``, by the earliest compressed message
-        it saw, and whenever a publish wakes it: a publish into the first cold bucket
-        does, so a mover that thaws further ahead than a publisher is not late either.
-        """
-        now = time.monotonic()
-        if now < self._next_thaw:
-            return self._next_thaw - now
-        ahead = self.settings.thaw_ahead_ms
-        try:
-            result = self.store.thaw(ahead, min(THAW_BATCH, self.settings.batch_size))
-        except RedisRefused as exc:
-            # maxmemory, say: a thaw grows memory, a move frees it, so moves go on meanwhile.
-            if now - self._thaw_refused_logged_at >= LOG_EVERY_S:
-                logger.warning("mover %s: thaw refused (%s); moves go on, thaws are retried", self.name, exc)
-                self._thaw_refused_logged_at = now
-            self._next_thaw = now + 1.0
-            return 1.0
-        self.stats.thawed += result.thawed
-        self.stats.dead += result.dead
-        self.stats.expired += result.expired
-        if self._on_thaw is not None:
-            self._on_thaw(result)
-        if result.expired:
-            logger.warning(
-                "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
-                "was deleted before they were thawed",
-                self.name,
-                result.expired,
-            )
-        wait = ahead / 3000
-        if result.more or result.thawed:
-            wait = 0.0  # more to thaw, or thawed messages already due: the next drain moves them
-        elif result.next_ms is not None:
-            wait = min(wait, max(0.0, (result.next_ms - ahead - result.now_ms) / 1000))
-        self._next_thaw = now + wait
-        return wait
+        """Restore one batch of the compressed messages due soon, when it is time to look;
+        return the seconds until the next look (see :class:`~kombu_delay.mover.thaw.Thawer`)."""
+        return self.thawer.step()
 
     def sweep(self) -> float:
         """Run one page of the sweep when one is due; return the seconds until the next page.
@@ -437,7 +344,7 @@ class Mover:
             if pubsub.get_message(timeout=min(left, STOP_SLICE_S)) is not None:
                 while pubsub.get_message(timeout=0) is not None:
                     pass  # several wake-ups, one drain
-                self._next_thaw = float("-inf")  # it may announce a compressed message: look
+                self.thawer.wake()  # it may announce a compressed message: look
                 return
 
     def _beat(self) -> None:

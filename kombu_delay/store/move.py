@@ -11,7 +11,7 @@ import redis
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase, as_text, format_must_be
-from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
+from kombu_delay.store.replies import ColdBucket, MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,30 @@ class Moving(StoreBase):
                 message = b""
             items += [start, score, dest, member, message]
         return items
+
+    def cold_buckets(self, limit: int) -> tuple[int, list[ColdBucket]]:
+        """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, earliest
+        first, each with the compressed messages it still holds, for a mover to plan its thaw.
+
+        Two pipelined round trips of ``limit + 2`` reads. Not atomic: a plan is an estimate,
+        made again every second.
+        """
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zrange(spaces.COLD.index(self.prefix), 0, limit - 1)
+            (sec, usec), starts = pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+            for start in starts:
+                pipe.hgetall(spaces.COLD.meta(self.prefix, int(start)))
+            metas = pipe.execute() if starts else []
+        now = int(sec) * 1000 + int(usec) // 1000 if self.clock is None else int(self.clock())
+        found = []
+        for start, meta in zip(starts, metas, strict=True):
+            fields = {as_text(k): int(v) for k, v in meta.items()}
+            count = sum(n for name, n in fields.items() if name.startswith("q:") and n > 0)
+            found.append(ColdBucket(int(start), fields.get("end", int(start)), count))
+        return now, found
 
     def sweep(self, after: str, limit: int, now_ms: int | None = None) -> SweepResult:
         """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):

@@ -176,6 +176,17 @@ class ThawResult:
 
 
 @dataclass(frozen=True)
+class ColdBucket:
+    """One cold bucket as a mover plans its thaw (:meth:`Store.cold_buckets`)."""
+
+    #: Its start and end, epoch ms: it holds messages due from ``start_ms`` to before ``end_ms``.
+    start_ms: int
+    end_ms: int
+    #: The compressed messages it still holds (its meta hash's counts).
+    count: int
+
+
+@dataclass(frozen=True)
 class SweepResult:
     """One ``sweep.lua`` page."""
 

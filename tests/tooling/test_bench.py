@@ -28,10 +28,13 @@ TINY = [
     "--scale-large", "2000",
     "--scale-probe", "100",
     "--scale-rounds", "2",
+    "--cpu", "300",
+    "--backpressure", "1000",
+    "--backpressure-rate", "2000",
+    "--backpressure-max-len", "200",
+    "--backpressure-consume-rate", "2000",
     "--herd", "1000",
-    "--herd-rate", "2000",
-    "--herd-max-len", "200",
-    "--herd-consume-rate", "2000",
+    "--herd-short", "0",
     "--e2e-tasks", "100",
     "--e2e-precision", "5",
 ]  # fmt: skip
@@ -52,6 +55,8 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
         "burst",
         "memory",
         "thaw",
+        "cpu",
+        "backpressure",
         "scale",
         "herd",
         "e2e",
@@ -85,9 +90,14 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
     assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
     assert [len(results["scale"][size]["rounds"]) for size in ("small", "large")] == [2, 2]
     for ramp in ("max_rate", "max_queue_length"):
-        herd = results["herd"][ramp]
-        assert herd["delivered"] == 1000, herd
-        assert herd["lost"] == 0 and herd["still_scheduled"] == 0
+        held = results["backpressure"][ramp]
+        assert held["delivered"] == 1000, held
+        assert held["lost"] == 0 and held["still_scheduled"] == 0
+    cpu = results["cpu"]
+    assert cpu["stored_compressed"] == 300 and cpu["plain_redis_cpu_us"] > 0
+    herd = results["herd"]["default"]
+    assert herd["messages"] == 1000 and herd["on_list"] == 1000
+    assert herd["early"] == 0 and herd["lost"] == 0 and herd["doubled"] == 0
     assert results["e2e"]["lateness"]["started"] == 5
     assert results["e2e"]["lateness"]["early"] == 0
     assert {row["scenario"] for row in report["targets"]} >= {"publish", "burst", "memory", "thaw", "scale"}

@@ -1,4 +1,5 @@
-"""``kombu-delay bench``: measure publish rate, precision, bursts, memory, thaws, scale and herds.
+"""``kombu-delay bench``: measure publish rate, precision, bursts, memory, thaws, Redis CPU, backpressure,
+scale and herds.
 
 It starts a private redis-server (or uses ``--broker``, whose database it
 flushes), publishes Celery's own messages, runs real mover processes, prints a
@@ -67,7 +68,8 @@ def _plain_url(url: str) -> str:
 @click.option(
     "--only",
     default="",
-    help="Comma-separated scenarios (publish,precision,burst,memory,thaw,scale,herd,e2e,inspect).",
+    help="Comma-separated scenarios (publish,precision,burst,memory,thaw,cpu,backpressure,scale,herd,"
+    "e2e,inspect).",
 )
 @click.option(
     "--e2e", "with_e2e", is_flag=True, help="Also run the end-to-end scenario with stock Celery workers."
@@ -98,12 +100,30 @@ def _plain_url(url: str) -> str:
     show_default=True,
     help="Rounds per size; each figure is their median.",
 )
-@click.option("--herd", "n_herd", default=Sizes.herd, show_default=True)
-@click.option("--herd-rate", default=Sizes.herd_rate, show_default=True, help="The mover's --max-rate.")
-@click.option("--herd-max-len", default=Sizes.herd_max_len, show_default=True, help="--max-queue-length.")
 @click.option(
-    "--herd-consume-rate", default=Sizes.herd_consume_rate, show_default=True, help="Consumer msgs/s."
+    "--scale-middle", default=Sizes.scale_middle, show_default=True, help="A third size (memory per msg)."
 )
+@click.option("--cpu", "n_cpu", default=Sizes.cpu, show_default=True, help="Messages per side.")
+@click.option("--backpressure", "n_backpressure", default=Sizes.backpressure, show_default=True)
+@click.option("--backpressure-rate", default=Sizes.backpressure_rate, show_default=True, help="--max-rate.")
+@click.option(
+    "--backpressure-max-len",
+    default=Sizes.backpressure_max_len,
+    show_default=True,
+    help="--max-queue-length.",
+)
+@click.option(
+    "--backpressure-consume-rate",
+    default=Sizes.backpressure_consume_rate,
+    show_default=True,
+    help="Consumer msgs/s.",
+)
+@click.option(
+    "--herd", "n_herd", default=Sizes.herd, show_default=True, help="Compressed, due at one instant."
+)
+@click.option("--herd-short", default=Sizes.herd_short, show_default=True, help="The same, short thaw-ahead.")
+@click.option("--herd-short-ahead", default=Sizes.herd_short_ahead_s, show_default=True, help="Seconds.")
+@click.option("--herd-movers", default=Sizes.herd_movers, show_default=True)
 @click.option("--e2e-tasks", default=Sizes.e2e_tasks, show_default=True, help="Tasks pending per worker.")
 @click.option(
     "--e2e-precision", default=Sizes.e2e_precision, show_default=True, help="Tasks timed end to end."
@@ -126,23 +146,32 @@ def bench(
     scale_large: int,
     scale_probe: int,
     scale_rounds: int,
+    scale_middle: int,
+    n_cpu: int,
+    n_backpressure: int,
+    backpressure_rate: int,
+    backpressure_max_len: int,
+    backpressure_consume_rate: int,
     n_herd: int,
-    herd_rate: int,
-    herd_max_len: int,
-    herd_consume_rate: int,
+    herd_short: int,
+    herd_short_ahead: float,
+    herd_movers: int,
     e2e_tasks: int,
     e2e_precision: int,
 ) -> None:
     """Benchmark kombu-delay on this machine and check the project's targets.
 
-    A full run at the default sizes takes a few minutes; --e2e adds stock
-    Celery workers (a few more). The group's --broker is not used: without
+    A full run at the default sizes takes about half an hour (the herd of a
+    million compressed messages, ten minutes); --e2e adds stock Celery
+    workers. The group's --broker is not used: without
     this command's own --broker, a private redis-server is started.
 
     \b
     Examples:
       kombu-delay bench
       kombu-delay bench --only precision,burst --burst 50000
+      kombu-delay bench --only herd,cpu
+      kombu-delay bench --only scale --scale-middle 1000000 --scale-large 10000000
       kombu-delay bench --e2e --json-out results.json
       kombu-delay bench --broker redis://127.0.0.1:7000/5   # FLUSHES db 5
     """
@@ -162,10 +191,16 @@ def bench(
         scale_large=scale_large,
         scale_probe=scale_probe,
         scale_rounds=scale_rounds,
+        scale_middle=scale_middle,
+        cpu=n_cpu,
+        backpressure=n_backpressure,
+        backpressure_rate=backpressure_rate,
+        backpressure_max_len=backpressure_max_len,
+        backpressure_consume_rate=backpressure_consume_rate,
         herd=n_herd,
-        herd_rate=herd_rate,
-        herd_max_len=herd_max_len,
-        herd_consume_rate=herd_consume_rate,
+        herd_short=herd_short,
+        herd_short_ahead_s=herd_short_ahead,
+        herd_movers=herd_movers,
         e2e_tasks=e2e_tasks,
         e2e_precision=e2e_precision,
     )

@@ -76,7 +76,8 @@ def _settled_rss(pid: int, seconds: float = 3.0) -> float:
 
 def e2e(ctx: Any) -> dict[str, Any]:
     """Due -> task start through a mover and a stock worker; worker RSS, delay vs stock."""
-    from kombu_delay.tooling.bench.scenarios import _pct, _wait
+    from kombu_delay.tooling.bench.ctx import pct as _pct
+    from kombu_delay.tooling.bench.ctx import wait_for as _wait
 
     ctx.fresh()
     n, pending = ctx.sizes.e2e_precision, ctx.sizes.e2e_tasks

@@ -7,196 +7,10 @@ The charts are always drawn in the terminal; the PNG needs matplotlib (the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: (scenario, metric label, path into the results, format, target text, check).
-Row = tuple[str, str, tuple[str, ...], str, str, Callable[[float], bool] | None]
-
-ROWS: list[Row] = [
-    ("publish", "plain redis:// publishes/s", ("publish", "plain_per_s"), "{:,.0f}", "", None),
-    ("publish", "delayed publishes/s", ("publish", "delayed_per_s"), "{:,.0f}", "", None),
-    ("publish", "delayed / plain", ("publish", "ratio"), "{:.2f}", ">= 0.9", lambda v: v >= 0.9),
-    ("publish", "Redis CPU µs, plain publish", ("publish", "plain_redis_cpu_us"), "{:.1f}", "", None),
-    ("publish", "Redis CPU µs, delayed publish", ("publish", "delayed_redis_cpu_us"), "{:.1f}", "", None),
-    ("precision", "lateness p50, ms", ("precision", "p50_ms"), "{:.2f}", "", None),
-    ("precision", "lateness p99, ms", ("precision", "p99_ms"), "{:.2f}", "<= 5", lambda v: v <= 5),
-    ("precision", "lateness max, ms", ("precision", "max_ms"), "{:.2f}", "", None),
-    ("precision", "early arrivals", ("precision", "early"), "{:.0f}", "= 0", lambda v: v == 0),
-    ("burst", "due -> all on list, s", ("burst", "drain_s"), "{:.3f}", "", None),
-    (
-        "burst",
-        "moved/s, one mover",
-        ("burst", "moved_per_s"),
-        "{:,.0f}",
-        ">= 200,000",
-        lambda v: v >= 200_000,
-    ),
-    ("burst", "pipelined LPUSH ceiling/s", ("burst", "lpush_ceiling_per_s"), "{:,.0f}", "", None),
-    ("burst", "moved / ceiling", ("burst", "ratio_to_ceiling"), "{:.2f}", ">= 0.5", lambda v: v >= 0.5),
-    ("burst", "largest script call, ms", ("burst", "largest_script_call_ms"), "{:.1f}", "", None),
-    ("burst", "Redis µs per moved msg", ("burst", "script_server_us_per_msg"), "{:.1f}", "", None),
-    ("burst", "Redis CPU µs per moved msg", ("burst", "redis_cpu_us_per_msg"), "{:.1f}", "", None),
-    ("burst", "floor: bare Lua move/s", ("burst", "floor_per_s"), "{:,.0f}", "", None),
-    ("burst", "floor: Redis CPU µs per msg", ("burst", "floor_redis_cpu_us_per_msg"), "{:.1f}", "", None),
-    (
-        "memory",
-        "bytes per msg beyond payload",
-        ("memory", "overhead_per_msg"),
-        "{:.0f}",
-        "<= 150",
-        lambda v: v <= 150,
-    ),
-    ("memory", "payload bytes", ("memory", "payload_bytes"), "{:.0f}", "", None),
-    ("memory", "compressed member, mean bytes", ("memory", "compressed_member_bytes"), "{:.0f}", "", None),
-    ("memory", "used memory per msg", ("memory", "used_memory_per_msg"), "{:.0f}", "", None),
-    ("memory", "of which compressed sorted sets", ("memory", "compressed_sets_per_msg"), "{:.0f}", "", None),
-    ("memory", "of which id index", ("memory", "ids_index_per_msg"), "{:.0f}", "", None),
-    ("memory", "of which other", ("memory", "other_per_msg"), "{:.0f}", "", None),
-    (
-        "memory",
-        "uncompressed layout (delay_compress_after=0), B/msg",
-        ("memory", "uncompressed_overhead_per_msg"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    (
-        "memory",
-        "uncompressed: of which id index",
-        ("memory", "uncompressed_ids_index_per_msg"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    (
-        "memory",
-        "uncompressed: of which task-id lists",
-        ("memory", "uncompressed_task_id_lists_per_msg"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    (
-        "memory",
-        "uncompressed: of which allocator rounding",
-        ("memory", "uncompressed_allocator_rounding_bytes"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    (
-        "memory",
-        "uncompressed: of which sorted-set entry",
-        ("memory", "uncompressed_sorted_set_structure_bytes"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    ("memory", "uncompressed: of which other", ("memory", "uncompressed_other_per_msg"), "{:.0f}", "", None),
-    (
-        "memory",
-        "plain kombu list, beyond payload",
-        ("memory", "plain_list_overhead_per_msg"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    (
-        "memory",
-        "floor: bare sorted set, beyond payload",
-        ("memory", "bare_sorted_set_overhead_per_msg"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    (
-        "memory",
-        "floor: sorted set of task ids, per entry",
-        ("memory", "task_id_sorted_set_per_msg"),
-        "{:.0f}",
-        "",
-        None,
-    ),
-    ("thaw", "stored compressed", ("thaw", "stored_cold"), "{:,.0f}", "", None),
-    ("thaw", "thaw began, ms before due", ("thaw", "thaw_started_ms_before_due"), "{:,.0f}", "", None),
-    ("thaw", "thaw took, s", ("thaw", "thaw_s"), "{:.3f}", "", None),
-    ("thaw", "thawed/s, one mover", ("thaw", "thawed_per_s"), "{:,.0f}", "", None),
-    (
-        "thaw",
-        "thaw done, ms before due",
-        ("thaw", "thaw_done_ms_before_due"),
-        "{:,.0f}",
-        "> 0",
-        lambda v: v > 0,
-    ),
-    ("thaw", "largest script call, ms", ("thaw", "largest_thaw_script_call_ms"), "{:.1f}", "", None),
-    ("thaw", "Redis CPU µs per thawed msg", ("thaw", "thaw_redis_cpu_us_per_msg"), "{:.1f}", "", None),
-    ("thaw", "due -> all on list, s", ("thaw", "drain_s"), "{:.3f}", "", None),
-    ("thaw", "moved/s, one mover", ("thaw", "moved_per_s"), "{:,.0f}", "", None),
-    ("thaw", "early arrivals", ("thaw", "early"), "{:.0f}", "= 0", lambda v: v == 0),
-    ("thaw", "lost", ("thaw", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
-    ("scale", "publish, Redis CPU µs, small", ("scale", "small", "publish_redis_cpu_us"), "{:.1f}", "", None),
-    ("scale", "publish, Redis CPU µs, large", ("scale", "large", "publish_redis_cpu_us"), "{:.1f}", "", None),
-    (
-        "scale",
-        "publish cost large / small",
-        ("scale", "publish_ratio"),
-        "{:.2f}",
-        "<= 1.2",
-        lambda v: v <= 1.2,
-    ),
-    (
-        "scale",
-        "move, Redis CPU µs/msg, small",
-        ("scale", "small", "move_redis_cpu_us_per_msg"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    (
-        "scale",
-        "move, Redis CPU µs/msg, large",
-        ("scale", "large", "move_redis_cpu_us_per_msg"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    ("scale", "move cost large / small", ("scale", "move_ratio"), "{:.2f}", "<= 1.2", lambda v: v <= 1.2),
-    ("scale", "same, Redis wall µs: publish ratio", ("scale", "publish_server_ratio"), "{:.2f}", "", None),
-    ("scale", "same, Redis wall µs: move ratio", ("scale", "move_server_ratio"), "{:.2f}", "", None),
-    ("scale", "mover RSS at large, MB", ("scale", "large", "mover_rss_mb"), "{:.1f}", "", None),
-    ("herd", "max-rate: peak moved/s", ("herd", "max_rate", "peak_per_s"), "{:,.0f}", "", None),
-    ("herd", "max-rate: lost", ("herd", "max_rate", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
-    (
-        "herd",
-        "max-queue-length: longest list",
-        ("herd", "max_queue_length", "longest_list"),
-        "{:,.0f}",
-        "",
-        None,
-    ),
-    (
-        "herd",
-        "max-queue-length: lost",
-        ("herd", "max_queue_length", "lost"),
-        "{:.0f}",
-        "= 0",
-        lambda v: v == 0,
-    ),
-    ("e2e", "due -> task start p99, ms", ("e2e", "lateness", "p99_ms"), "{:.1f}", "", None),
-    ("e2e", "early task starts", ("e2e", "lateness", "early"), "{:.0f}", "= 0", lambda v: v == 0),
-    (
-        "e2e",
-        "worker RSS growth, delay, MB",
-        ("e2e", "delay_rss_growth_mb"),
-        "{:.1f}",
-        "<= 5",
-        lambda v: v <= 5,
-    ),
-    ("e2e", "worker RSS growth, stock, MB", ("e2e", "stock_rss_growth_mb"), "{:.1f}", "", None),
-]
+from kombu_delay.tooling.bench.targets import ROWS
 
 
 def lookup(results: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -253,7 +67,7 @@ def _bars(pairs: list[tuple[str, float]], width: int = 50, unit: str = "") -> li
 
 
 def terminal_charts(results: dict[str, Any]) -> str:
-    """Lateness histogram, burst drain and herd ramps as text bars."""
+    """Lateness histogram, burst drain and backpressure ramps as text bars."""
     out: list[str] = []
     late = (results.get("precision") or {}).get("lateness_ms") or []
     if late:
@@ -274,10 +88,14 @@ def terminal_charts(results: dict[str, Any]) -> str:
         ]
         out += ["", "burst: messages on the list after the due time", *_bars(picked)]
     for name in ("max_rate", "max_queue_length"):
-        ramp = ((results.get("herd") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
+        ramp = ((results.get("backpressure") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
         if ramp:
             pairs = [(f"{0.5 * (i + 1):.1f} s", float(v)) for i, v in enumerate(ramp[:40])]
-            out += ["", f"herd ({name.replace('_', '-')}): moved/s per 0.5 s", *_bars(pairs, unit="/s")]
+            out += [
+                "",
+                f"backpressure ({name.replace('_', '-')}): moved/s per 0.5 s",
+                *_bars(pairs, unit="/s"),
+            ]
     return "\n".join(out)
 
 
@@ -299,9 +117,9 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         axes[1].plot([t for t, _ in series], [n for _, n in series])
     axes[1].set(title="burst: on the list after due", xlabel="ms after due", ylabel="messages")
     for name in ("max_rate", "max_queue_length"):
-        ramp = ((results.get("herd") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
+        ramp = ((results.get("backpressure") or {}).get(name) or {}).get("moved_per_s_by_half_second") or []
         axes[2].step([0.5 * (i + 1) for i in range(len(ramp))], ramp, label=name.replace("_", "-"))
-    axes[2].set(title="herd: moved/s per 0.5 s", xlabel="s after due", ylabel="messages/s")
+    axes[2].set(title="backpressure: moved/s per 0.5 s", xlabel="s after due", ylabel="messages/s")
     axes[2].legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

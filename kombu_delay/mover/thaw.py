@@ -1,0 +1,161 @@
+"""A mover's thaw: restore compressed messages into the ordinary space before they are due.
+
+One batch per step, between the mover's drains, so a due message never waits behind more
+than one. How far ahead a step reaches comes from :mod:`kombu_delay.mover.thaw_plan`: at
+least ``delay_thaw_ahead``, and further for a cold bucket too large to thaw in that time.
+Several movers may thaw at once: ``thaw.lua`` takes each member with ``ZREM``, so a member
+two movers list is restored by one of them only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import RedisRefused
+from kombu_delay.mover import thaw_plan
+from kombu_delay.store import Store
+from kombu_delay.store.replies import ThawResult
+
+logger = logging.getLogger(__name__)
+
+#: Most compressed messages one thaw step restores: a step is one short script call
+#: (a few ms), so a message due meanwhile waits at most that long for its move.
+THAW_BATCH = 100
+#: How often, at most, a refused thaw is logged, seconds.
+LOG_EVERY_S = 10.0
+
+
+class ThawCounts(Protocol):
+    """The running totals a thaw adds to (the mover's stats)."""
+
+    thawed: int
+    dead: int
+    expired: int
+
+
+class Thawer:
+    """The thaw of one mover: when to look, how far ahead, one batch per step."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        name: str,
+        stats: ThawCounts,
+        on_thaw: Callable[[ThawResult], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        #: The clock that times looks and plans, seconds (a test passes one it drives).
+        self.monotonic = monotonic
+        self.settings = settings
+        self.name = name
+        self.stats = stats
+        self.on_thaw = on_thaw
+        self.rate = thaw_plan.ThawRate()
+        #: How far the thaw reaches, epoch ms (Redis clock). It never moves back, so a herd
+        #: whose thaw has begun is thawed to its end even if the plan, measuring a faster
+        #: rate meanwhile, would now begin it later.
+        self.horizon_ms = 0
+        #: The lead of the steps until the next plan, ms.
+        self.ahead_ms = settings.thaw_ahead_ms
+        self._next_look = float("-inf")
+        self._next_plan = float("-inf")
+        self._next_start_ms: int | None = None
+        self._run: tuple[float, int] | None = None  # (began, thawed) of a step that left more
+        self._refused_logged_at = float("-inf")
+
+    def wake(self) -> None:
+        """Look at the next step: a publish may have stored a compressed message due soon."""
+        self._next_look = float("-inf")
+
+    def step(self) -> float:
+        """Restore one batch when it is time to look; return the seconds until the next look.
+
+        A compressed message is always stored at least the publisher's ``thaw_ahead`` before
+        its due time (the publish refuses it otherwise). A mover looks at least three times in
+        its own ``thaw_ahead`` and every :data:`~thaw_plan.PLAN_EVERY_S`, by the earliest
+        compressed message it saw and the earliest planned thaw, and whenever a publish wakes
+        it: a publish into the first cold bucket does, so a mover that thaws further ahead than
+        a publisher is not late either.
+        """
+        now = self.monotonic()
+        if now < self._next_look:
+            return self._next_look - now
+        if self._run is not None:
+            began, thawed = self._run
+            self.rate.add(thawed, now - began)
+        try:
+            if now >= self._next_plan:
+                self._plan(now)
+            result = self.store.thaw(self.ahead_ms, min(THAW_BATCH, self.settings.batch_size))
+        except RedisRefused as exc:
+            # maxmemory, say: a thaw grows memory, a move frees it, so moves go on meanwhile.
+            if now - self._refused_logged_at >= LOG_EVERY_S:
+                logger.warning("mover %s: thaw refused (%s); moves go on, thaws are retried", self.name, exc)
+                self._refused_logged_at = now
+            self._run = None
+            self._next_look = now + 1.0
+            return 1.0
+        self._account(result)
+        self._run = (now, result.thawed) if _listed(result) else None
+        wait = self._wait_after(result)
+        self._next_look = now + wait
+        return wait
+
+    def _plan(self, now: float) -> None:
+        """Read the cold buckets' counts and set how far the next steps reach."""
+        now_ms, buckets = self.store.cold_buckets(thaw_plan.PLAN_BUCKETS)
+        minimum = self.settings.thaw_ahead_ms
+        planned = thaw_plan.plan(now_ms, buckets, minimum, self.rate.per_s)
+        if planned.horizon_ms > self.horizon_ms:
+            if planned.horizon_ms > now_ms + minimum:
+                logger.info(
+                    "mover %s: thawing up to %d ms ahead (%d compressed messages waiting, %.0f/s)",
+                    self.name,
+                    planned.horizon_ms - now_ms,
+                    sum(b.count for b in buckets),
+                    self.rate.per_s,
+                )
+            self.horizon_ms = planned.horizon_ms
+        self.ahead_ms = max(minimum, self.horizon_ms - now_ms)
+        self._next_start_ms = None
+        if planned.next_start_ms is not None:
+            self._next_start_ms = planned.next_start_ms - now_ms
+        self._next_plan = now + thaw_plan.PLAN_EVERY_S
+
+    def _account(self, result: ThawResult) -> None:
+        self.stats.thawed += result.thawed
+        self.stats.dead += result.dead
+        self.stats.expired += result.expired
+        if self.on_thaw is not None:
+            self.on_thaw(result)
+        if result.expired:
+            logger.warning(
+                "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
+                "was deleted before they were thawed",
+                self.name,
+                result.expired,
+            )
+
+    def _wait_after(self, result: ThawResult) -> float:
+        """Seconds until the next look after ``result``."""
+        if _listed(result):
+            return 0.0  # more to thaw, or thawed messages already due: the next drain moves them
+        wait = min(self.settings.thaw_ahead_ms / 3000, thaw_plan.PLAN_EVERY_S)
+        if result.next_ms is not None:
+            wait = min(wait, max(0.0, (result.next_ms - self.ahead_ms - result.now_ms) / 1000))
+        if self._next_start_ms is not None:
+            wait = min(wait, max(0.0, self._next_start_ms / 1000))
+        return wait
+
+
+def _listed(result: ThawResult) -> bool:
+    """Whether a step found anything to thaw: then the next may find more. (``more`` alone
+    does not say so when the limit ran out inside the last bucket the scan visited, and a
+    step whose members another mover restored first thaws none itself.)"""
+    return result.more or result.thawed + result.dead + result.gone > 0

@@ -1,0 +1,180 @@
+"""The scale scenario: with 10,000 scheduled and with millions (a bulk fill, pipelined
+``schedule.lua`` calls), the cost of a publish (kombu's own and pipelined) and of a move,
+memory per message, and the latency of inspection (stats, ls, find, cancel, health)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl
+from kombu_delay.message import Due
+from kombu_delay.ops import health
+from kombu_delay.tooling.bench.ctx import Ctx, sleep_until, wait_for
+from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill, now_ms, rss_mb
+
+#: A bucket so wide that every message of the scale scenario shares one sorted set:
+#: the worst case for the O(log n) members of the cost.
+ONE_BUCKET_MS = 10**12
+#: Messages published through kombu, one at a time, per round.
+KOMBU_PROBE = 500
+#: Runs of each timed inspection.
+RUNS = 50
+
+
+def _median_ms(fn: Callable[[], object], runs: int = RUNS) -> float:
+    times = []
+    for _ in range(runs):
+        begun = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - begun) * 1000)
+    return statistics.median(times)
+
+
+def _inspection(ctx: Ctx, wide: Settings) -> dict[str, float]:
+    """Median latency, ms, of what an operator runs: stats, the first page of ls, find,
+    cancel (of Celery messages stored among the fill) and the health probe."""
+    due = int(now_ms()) + 3_600_000
+    ids = []
+    items = []
+    for _ in range(RUNS):
+        task_id, payload = ctx.payloads.make(due + random.randrange(3_600_000))
+        ids.append(task_id)
+        items.append((Due(due, task_id=task_id), QUEUE, payload))
+    ctx.store.schedule_many(items, wide)
+    victims = iter(ids)
+    with DelayControl(ctx.delay_url) as ctl:
+        return {
+            "stats": _median_ms(ctl.stats, 30),
+            "ls_first_page": _median_ms(lambda: ctl.scheduled(limit=100), 30),
+            "find": _median_ms(lambda: ctl.find(random.choice(ids))),
+            "find_missing": _median_ms(lambda: ctl.find(str(uuid.uuid4()))),
+            "cancel": _median_ms(lambda: ctl.cancel(next(victims))),
+            "health": _median_ms(lambda: health.check(ctl.store), 30),
+        }
+
+
+def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
+    ctx.fresh()
+    # Uncompressed, whatever the due time: this measures the layout movers move from (the
+    # cold space, which they thaw from, is measured by the thaw scenario).
+    wide = Settings(bucket_width_ms=ONE_BUCKET_MS, compress_after_ms=0)
+    base = int(now_ms()) + 3_600_000
+    pad = "x" * 40
+
+    def filler() -> Iterator[tuple[int, str, str]]:
+        for i in range(size):  # distinct payloads: a bucket stores one copy of a payload per queue
+            yield base + random.randrange(3_600_000), f"fill-{i}", f'{{"body":"{pad}","n":{i}}}'
+
+    _, fill_s = fill(ctx.store, wide, filler(), chunk=5000)
+    memory = ctx.probe.info("memory")
+    inspection = _inspection(ctx, wide)
+    mover = ctx.movers.start()
+    # A round times a few milliseconds of Redis CPU, so one round is at the mercy of a cache
+    # miss or a timer tick: the figures are the median of several rounds on the same fill.
+    rounds = [_scale_round(ctx, wide) for _ in range(ctx.sizes.scale_rounds)]
+    result: dict[str, Any] = {
+        name: statistics.median(one[name] for one in rounds) for name in rounds[0] if name != "moved_all"
+    }
+    result.update(
+        scheduled=size,
+        fill_s=fill_s,
+        moved_all=all(one["moved_all"] for one in rounds),
+        rounds=rounds,
+        mover_rss_mb=rss_mb(mover.pid),
+        used_memory_mb=int(memory["used_memory"]) / 2**20,
+        used_memory_per_msg=int(memory["used_memory"]) / size,
+        redis_rss_mb=int(memory["used_memory_rss"]) / 2**20,
+        inspection_ms=inspection,
+    )
+    ctx.movers.stop(mover)
+    _flush(ctx)
+    return result
+
+
+def _flush(ctx: Ctx) -> None:
+    """Empty the database of millions of messages: freed in the background (a synchronous
+    FLUSHDB takes longer than a client's socket timeout), and waited for."""
+    ctx.probe.client.flushdb(asynchronous=True)
+
+    def freed() -> bool:
+        return int(ctx.probe.info("memory").get("lazyfree_pending_objects", 0)) == 0
+
+    if not wait_for(freed, timeout=600, interval=0.2):
+        raise RuntimeError("the flush did not finish")
+
+
+def _scale_round(ctx: Ctx, wide: Settings) -> dict[str, Any]:
+    """Publish ``scale_probe`` messages due at one instant (pipelined, then 200 one by one)
+    and time their publish and their move; the list is emptied afterwards."""
+    k = ctx.sizes.scale_probe
+    due = int(now_ms() + ctx.lead_ms(k) + 500)
+    items = []
+    for _ in range(k):
+        task_id, payload = ctx.payloads.make(due)
+        items.append((Due(due, task_id=task_id), QUEUE, payload))
+    ctx.probe.reset_stats()
+    cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
+    ctx.store.schedule_many(items, wide)
+    publish_wall = time.perf_counter() - started
+    publish_cpu = ctx.probe.redis_cpu_s() - cpu
+    publish_stats = ctx.probe.evalsha_stats()
+    # kombu's own publish, one message at a time, as a producer makes them.
+    app = celery_app(ctx.delay_url)
+    wide_options = {"delay_bucket_width": ONE_BUCKET_MS / 1000, "delay_compress_after": 0}
+    app.conf.broker_transport_options = wide_options
+    app.send_task(TASK, kwargs={"pad": ""}, eta=eta_of(due), queue="warmup")
+    one_by_one = []
+    cpu = ctx.probe.redis_cpu_s()
+    for _ in range(KOMBU_PROBE):
+        started = time.perf_counter()
+        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due))
+        one_by_one.append(time.perf_counter() - started)
+    kombu_cpu = ctx.probe.redis_cpu_s() - cpu
+    app.close()
+    sleep_until(due - 100)
+    ctx.probe.reset_stats()
+    cpu = ctx.probe.redis_cpu_s()
+    moved_all = wait_for(lambda: ctx.probe.llen() >= k + KOMBU_PROBE, timeout=120)
+    move_cpu = ctx.probe.redis_cpu_s() - cpu
+    move_stats = ctx.probe.evalsha_stats()
+    ctx.probe.client.delete(QUEUE)
+    return {
+        "publish_server_us": publish_stats["usec"] / max(publish_stats["calls"], 1),
+        "publish_pipelined_client_us": publish_wall / k * 1e6,
+        "publish_kombu_us_p50": statistics.median(one_by_one) * 1e6,
+        "publish_kombu_redis_cpu_us": kombu_cpu / KOMBU_PROBE * 1e6,
+        "move_server_us_per_msg": move_stats["usec"] / (k + KOMBU_PROBE),
+        "publish_redis_cpu_us": publish_cpu / k * 1e6,
+        "move_redis_cpu_us_per_msg": move_cpu / (k + KOMBU_PROBE) * 1e6,
+        "moved_all": moved_all,
+    }
+
+
+def scale(ctx: Ctx) -> dict[str, Any]:
+    """Publish and move cost, memory and inspection latency with a small and a large number
+    already scheduled (and a middle one, when asked)."""
+    small = _scale_one(ctx, ctx.sizes.scale_small)
+    middle = _scale_one(ctx, ctx.sizes.scale_middle) if ctx.sizes.scale_middle else None
+    large = _scale_one(ctx, ctx.sizes.scale_large)
+    before, after = small["inspection_ms"], large["inspection_ms"]
+    slower = {op: after[op] / max(before[op], 1e-9) for op in before}
+    return {
+        "small": small,
+        **({"middle": middle} if middle else {}),
+        "large": large,
+        "inspection_ratio": slower,
+        "inspection_ratio_max": max(slower.values()),
+        "memory_per_msg_ratio": large["used_memory_per_msg"] / (middle or small)["used_memory_per_msg"],
+        # Cost is Redis CPU per message: wall time inside Redis also counts the moments a
+        # busy shared machine took the CPU away from it.
+        "publish_ratio": large["publish_redis_cpu_us"] / max(small["publish_redis_cpu_us"], 1e-9),
+        "move_ratio": large["move_redis_cpu_us_per_msg"] / max(small["move_redis_cpu_us_per_msg"], 1e-9),
+        "publish_server_ratio": large["publish_server_us"] / max(small["publish_server_us"], 1e-9),
+        "move_server_ratio": large["move_server_us_per_msg"] / max(small["move_server_us_per_msg"], 1e-9),
+    }

@@ -1,0 +1,217 @@
+"""Thaw planning: a cold bucket too large to thaw within ``delay_thaw_ahead`` starts early
+enough to be in the ordinary space by its due time; several movers share a thaw and never
+restore a message twice. Time is driven (the store's clock and the thaw's own), never waited
+for."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.mover import thaw_plan
+from kombu_delay.mover.loop import MoverStats
+from kombu_delay.mover.thaw import Thawer
+from kombu_delay.store import Store, cold, keys
+from kombu_delay.store.replies import ColdBucket
+from tests.support.stored import FakeClock, kombu_payload
+
+#: Short spans: a message due more than 6 s ahead is stored compressed, thawed 5 s ahead.
+FAST = Settings(compress_after_ms=6000, thaw_ahead_ms=5000)
+NOW = 1_700_000_000_000
+S = 1000
+
+
+def bucket(start_s: float, count: int, width_s: float = 60) -> ColdBucket:
+    start = NOW + int(start_s * S)
+    return ColdBucket(start, start + int(width_s * S), count)
+
+
+# (buckets, rate/s, expected horizon - NOW in s, expected next start - NOW in s or None)
+PLANS = [
+    pytest.param([], 10_000, 30, None, id="nothing stored: the minimum lead"),
+    pytest.param([bucket(20, 1000)], 10_000, 30, None, id="small bucket: the minimum lead is enough"),
+    # 1,000,000 at 10,000/s take 100 s, planned as 200 s (SAFETY) + 2 s (MARGIN).
+    pytest.param([bucket(150, 1_000_000)], 10_000, 210, None, id="herd: covered to its end"),
+    pytest.param([bucket(300, 1_000_000)], 10_000, 30, 98, id="herd further out: begins in 98 s"),
+    pytest.param([bucket(300, 1_000_000)], 40_000, 30, 248, id="a faster rate begins later"),
+    # The later bucket waits behind the earlier one: its lead counts both (1.2 M: 242 s).
+    pytest.param(
+        [bucket(100, 200_000), bucket(230, 1_000_000)], 10_000, 290, None, id="lead counts what is before"
+    ),
+    pytest.param(
+        [bucket(30, 200_000), bucket(300, 1_000_000)], 10_000, 90, 58, id="first herd now, second later"
+    ),
+    pytest.param([bucket(20, 10**9)], 0.5, 80, None, id="the rate is never taken below MIN_RATE"),
+]
+
+
+@pytest.mark.parametrize(("buckets", "rate", "horizon_s", "next_s"), PLANS)
+def test_plan(buckets: list[ColdBucket], rate: float, horizon_s: float, next_s: float | None) -> None:
+    planned = thaw_plan.plan(NOW, buckets, 30 * S, rate)
+    assert planned.horizon_ms == NOW + horizon_s * S
+    assert planned.next_start_ms == (None if next_s is None else NOW + next_s * S)
+
+
+def test_the_lead_grows_with_the_herd_and_never_falls_below_the_margin() -> None:
+    assert thaw_plan.lead_ms(0, 10_000) == thaw_plan.MARGIN_MS
+    assert thaw_plan.lead_ms(1_000_000, 10_000) == 200_000 + thaw_plan.MARGIN_MS
+    assert thaw_plan.lead_ms(2_000_000, 10_000) == 400_000 + thaw_plan.MARGIN_MS
+
+
+def test_the_rate_is_measured_over_windows_and_damped() -> None:
+    rate = thaw_plan.ThawRate()
+    assert rate.per_s == thaw_plan.DEFAULT_RATE and not rate.measured
+    rate.add(1000, 0.1)  # shorter than a window: not yet a measurement
+    assert rate.per_s == thaw_plan.DEFAULT_RATE
+    rate.add(9000, 0.4)  # 10,000 in 0.5 s
+    assert rate.measured and rate.per_s == 20_000
+    rate.add(5000, 0.5)  # a window at 10,000/s moves the estimate half way
+    assert rate.per_s == 15_000
+    rate.add(1, 10.0)  # the machine paused: the estimate halves at most, and never below MIN_RATE
+    assert rate.per_s == (15_000 + 0.1) / 2
+    for _ in range(30):
+        rate.add(0, 1.0)
+    assert rate.per_s == thaw_plan.MIN_RATE
+
+
+# -- against Redis -------------------------------------------------------------------------
+
+
+def herd(store: Store, due: int, n: int, dest: str = "q", tag: str = "h") -> None:
+    items = [
+        (Due(due, task_id=f"{tag}{i}"), dest, kombu_payload(f"{tag}{i}", body=f"b{i}")) for i in range(n)
+    ]
+    store.schedule_many(items, FAST)
+
+
+def cold_count(r: redis.Redis, prefix: str = "") -> int:
+    total = 0
+    for start in r.zrange(keys.cold_index(prefix), 0, -1):
+        meta = r.hgetall(keys.meta(prefix, int(start), keys.COLD))
+        total += sum(int(v) for k, v in meta.items() if k.startswith(b"q:"))
+    return total
+
+
+def thawer_of(store: Store, clock: FakeClock, rate: float) -> Thawer:
+    """A mover's thaw whose own clock follows the store's, at a known rate."""
+    thawer = Thawer(store, FAST, "t", MoverStats(), monotonic=lambda: clock.ms / 1000)
+    thawer.rate = thaw_plan.ThawRate(rate)
+    return thawer
+
+
+def run_thaw(thawer: Thawer) -> int:
+    """Thaw steps until one says to wait; return how many were restored."""
+    before = thawer.stats.thawed
+    while thawer.step() == 0.0:
+        pass
+    return thawer.stats.thawed - before
+
+
+def test_cold_buckets_are_counted_earliest_first(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    first = clock() + 120_000
+    herd(store, first, 5, "q1")
+    herd(store, first + 1, 2, "q2", tag="x")  # same bucket, another queue
+    herd(store, first + 600_000, 3, "q1", tag="y")
+    now, buckets = store.cold_buckets(10)
+    assert now == clock()
+    width = FAST.bucket_width_ms
+    start = first - first % width
+    assert [(b.start_ms, b.end_ms, b.count) for b in buckets] == [
+        (start, start + width, 7),
+        (start + 600_000, start + 600_000 + width, 3),
+    ]
+    assert store.cold_buckets(1)[1] == buckets[:1]
+
+
+def test_a_herd_too_large_for_the_minimum_lead_is_thawed_in_time(r: redis.Redis) -> None:
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    n, rate = 3000, 1000.0  # planned lead: 3 s at 1000/s, doubled, + 2 s = 8 s
+    due = clock() + 200_000
+    due += 30_000 - due % 60_000  # mid-bucket: the bucket starts 30 s before the herd
+    start = due - due % 60_000
+    herd(store, due, n)
+    small_due = start + 120_000 + 30_000  # a message alone in a later bucket
+    herd(store, small_due, 1, tag="s")
+    assert cold_count(r) == n + 1
+    thawer = thawer_of(store, clock, rate)
+
+    clock.ms = start - 9_000  # before its planned begin (the bucket's start, not the herd's due)
+    assert run_thaw(thawer) == 0
+    clock.ms = start - 8_000
+    assert run_thaw(thawer) == n  # the whole bucket, 38 s before the herd is due
+    assert cold_count(r) == 1 and thawer.horizon_ms == start + 60_000
+    assert store.move_due(5000).moved == 0  # thawed is not due
+    clock.ms = due - 1
+    assert store.move_due(5000).moved == 0
+    clock.ms = due
+    assert store.move_due(5000).moved == n
+
+    # One message is thawed FAST.thaw_ahead ahead of its due time, as ever.
+    clock.ms = small_due - FAST.thaw_ahead_ms - 1001
+    assert run_thaw(thawer) == 0
+    clock.ms = small_due - FAST.thaw_ahead_ms
+    assert run_thaw(thawer) == 1
+    assert cold_count(r) == 0 and not r.exists(keys.cold_index(""))
+
+
+def test_a_herd_growing_after_the_plan_is_planned_again(r: redis.Redis) -> None:
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 300_000
+    start = due - due % 60_000
+    herd(store, due, 10)
+    thawer = thawer_of(store, clock, 1000.0)
+    clock.ms = start - 10_000
+    assert run_thaw(thawer) == 0  # 10 messages: the minimum lead is enough
+    herd(store, due, 4000, tag="late")  # the campaign is published meanwhile: 10 s of lead
+    clock.advance(999)
+    assert run_thaw(thawer) == 0  # the plan is a second old only: not read again yet
+    clock.advance(1)
+    assert run_thaw(thawer) == 4010
+
+
+def test_two_movers_share_a_herd_and_restore_each_message_once(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock(r)
+    n = 3000
+    due = clock() + 100_000
+    herd(Store(r, clock=clock), due, n)
+    one, two = (thawer_of(Store(r, clock=clock), clock, 1000.0) for _ in range(2))
+    clock.ms = due - due % 60_000 - 8_000  # 3000 at 1000/s: the planned begin of either mover
+
+    # The worst interleaving: the second mover thaws a whole batch while the first has
+    # listed the same members and is restoring them (in Python, between its two scripts).
+    unpack, interleaved = cold.unpack, []
+
+    def unpack_after_the_other(member: bytes) -> tuple[str, bytes]:
+        if not interleaved:
+            interleaved.append(member)
+            two.step()
+        return unpack(member)
+
+    monkeypatch.setattr(cold, "unpack", unpack_after_the_other)
+    first: list[int] = []
+    one.on_thaw = lambda result: first.append(result.gone)
+    one.step()
+    monkeypatch.setattr(cold, "unpack", unpack)
+    assert two.stats.thawed == 100 and one.stats.thawed == 0 and first == [100]
+
+    while min(one.step(), two.step()) == 0.0:  # in turns, until neither finds more
+        pass
+    assert one.stats.thawed + two.stats.thawed == n and one.stats.thawed > 0
+    assert cold_count(r) == 0
+    clock.ms = due
+    store = Store(r, clock=clock)
+    assert store.move_due(5000).moved == n and store.move_due(5000).moved == 0
+    ids = Counter(json.loads(raw)["properties"]["delivery_tag"] for raw in r.lrange("q", 0, -1))
+    assert len(ids) == n and set(ids.values()) == {1}
+    assert store.counts() == {} and store.totals().get("scheduled") == n
