@@ -59,6 +59,9 @@ class Sizes:
     herd_consume_rate: int = 10_000
     e2e_tasks: int = 20_000
     e2e_precision: int = 200
+    drain: int = 20_000
+    drain_procs: int = 2
+    drain_look_ahead: str = ""
 
 
 @dataclass
