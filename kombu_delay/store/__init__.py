@@ -223,8 +223,9 @@ class Store:
 
     # -- moving ---------------------------------------------------------------
 
-    def move_due(self, limit: int, max_queue_length: int = 0) -> MoveResult:
-        """Move up to ``limit`` due messages onto their lists (one atomic script call).
+    def move_due(self, limit: int, max_queue_length: int = 0, look_ahead_ms: int = 0) -> MoveResult:
+        """Move up to ``limit`` due messages onto their lists (one atomic script call);
+        with ``look_ahead_ms``, also those due within that many ms from now.
 
         When held buckets ahead use up a call's bucket visits, the next call on this store
         goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
@@ -239,6 +240,7 @@ class Store:
                     max_queue_length,
                     "" if self._scan_after is None else self._scan_after,
                     self._now(),
+                    look_ahead_ms,
                 ],
             )
         result = MoveResult.from_reply(reply)
