@@ -17,17 +17,26 @@ import pytest
 from .conftest import ROOT
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_drain_runs_stock_and_kombu_delay_workers_without_early_duplicate_or_lost(tmp_path: Path) -> None:
     out = tmp_path / "drain.json"
     args = [sys.executable, "-m", "kombu_delay", "bench", "--only", "drain", "--json-out", str(out)]
     args += ["--plot-out", str(tmp_path / "bench.png"), "--drain", "200", "--drain-look-ahead", "4"]
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=580)
+    args += ["--drain-prefetch", "16"]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads(out.read_text())
     assert report["errors"] == {}
     variants = report["results"]["drain"]["variants"]
-    assert set(variants) == {"stock", "delay", "delay-delayredis", "look-ahead-4s"}
+    assert set(variants) == {
+        "stock",
+        "delay",
+        "delay-delayredis",
+        "batched",
+        "look-ahead-4s",
+        "batched+ahead-4s",
+    }
+    assert variants["batched"]["batched_consume"] is True
     assert variants["look-ahead-4s"]["look_ahead_s"] == 4
     for name, result in variants.items():
         assert result["tasks"] == 200, name

@@ -115,6 +115,10 @@ def _plain_url(url: str) -> str:
 @click.option(
     "--drain-look-ahead", default=Sizes.drain_look_ahead, show_default=True, help="Look-aheads to run, s."
 )
+@click.option(
+    "--drain-prefetch", default=Sizes.drain_prefetch, show_default=True, help="Its --prefetch-multiplier."
+)
+@click.option("--drain-variants", default="", help="Only these drain variants (and stock); default all.")
 def bench(
     broker: str | None,
     only: str,
@@ -142,6 +146,8 @@ def bench(
     n_drain: int,
     drain_procs: int,
     drain_look_ahead: str,
+    drain_prefetch: int,
+    drain_variants: str,
 ) -> None:
     """Benchmark kombu-delay on this machine and check the project's targets.
 
@@ -182,6 +188,8 @@ def bench(
         drain=n_drain,
         drain_procs=drain_procs,
         drain_look_ahead=drain_look_ahead,
+        drain_prefetch=drain_prefetch,
+        drain_variants=drain_variants,
     )
     server = None if broker else RedisServer().start()
     url = _plain_url(broker) if broker else server.url  # type: ignore[union-attr]
