@@ -70,10 +70,6 @@ class Settings:
     #: Run a mover thread inside each Celery worker. Option ``delay_embedded_mover``.
     #: Default off: the sidecar is the recommended deployment.
     embedded_mover: bool = False
-    #: Workers on ``delayredis://`` take up to their prefetch window per round trip and
-    #: record it in kombu's unacked set with one pipeline. Option ``delay_batched_consume``.
-    #: Default off. Worker only (``kombu_delay.consume``).
-    batched_consume: bool = False
 
     def __post_init__(self) -> None:
         positive = ("bucket_width_ms", "batch_size", "max_sleep_ms", "heartbeat_interval_ms", "thaw_ahead_ms")
@@ -143,7 +139,7 @@ def _shown(settings: Settings, name: str) -> str:
 def _convert(name: str, raw: Any) -> Any:
     option = _option(name)
     try:
-        if name in ("embedded_mover", "batched_consume"):
+        if name == "embedded_mover":
             if isinstance(raw, str):
                 if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                     raise ValueError(raw)

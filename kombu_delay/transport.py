@@ -35,8 +35,6 @@ kombu-delay creates), plus:
   ``delay_max_rate`` (msgs/s, default 0 = no cap), ``delay_max_queue_length``
   (default 0 = off), ``delay_heartbeat_interval`` (s, default 2): mover options.
 * ``delay_embedded_mover`` (bool, default False): run a mover thread in each worker.
-* ``delay_batched_consume`` (bool, default False): a worker on ``delayredis://`` takes its
-  prefetch window per round trip (see :mod:`kombu_delay.consume`).
 """
 
 from __future__ import annotations
@@ -54,7 +52,6 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from kombu_delay.config import Settings
-from kombu_delay.consume import BatchedConsumeMixin
 from kombu_delay.errors import BadETA
 from kombu_delay.eta import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
@@ -185,8 +182,8 @@ class DelayChannelMixin:
         ]
 
 
-class Channel(BatchedConsumeMixin, DelayChannelMixin, kombu_redis.Channel):  # type: ignore[misc]
-    """kombu's Redis channel with delayed delivery (and, opt-in, batched consume)."""
+class Channel(DelayChannelMixin, kombu_redis.Channel):  # type: ignore[misc]
+    """kombu's Redis channel with delayed delivery."""
 
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]

@@ -28,15 +28,7 @@ def test_drain_runs_stock_and_kombu_delay_workers_without_early_duplicate_or_los
     report = json.loads(out.read_text())
     assert report["errors"] == {}
     variants = report["results"]["drain"]["variants"]
-    assert set(variants) == {
-        "stock",
-        "delay",
-        "delay-delayredis",
-        "batched",
-        "look-ahead-4s",
-        "batched+ahead-4s",
-    }
-    assert variants["batched"]["batched_consume"] is True
+    assert set(variants) == {"stock", "delay", "delay-delayredis", "look-ahead-4s"}
     assert variants["look-ahead-4s"]["look_ahead_s"] == 4
     for name, result in variants.items():
         assert result["tasks"] == 200, name

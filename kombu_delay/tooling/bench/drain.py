@@ -81,13 +81,12 @@ def cpu_s(pid: int) -> float:
 class Worker:
     """One ``celery worker`` process of this app, stopped by PID."""
 
-    def __init__(self, ctx: Any, broker: str, log: Path, batched: bool = False) -> None:
+    def __init__(self, ctx: Any, broker: str, log: Path) -> None:
         args = [sys.executable, "-m", "celery", "-A", __name__, "worker", "--pool", "prefork"]
         args += ["-c", str(ctx.sizes.drain_procs), "-Q", QUEUE, "-l", "warning"]
         args += ["--prefetch-multiplier", str(ctx.sizes.drain_prefetch)]
         args += ["--without-heartbeat", "--without-mingle", "--without-gossip"]
         env = {**os.environ, BROKER_ENV: broker, RECORD_ENV: ctx.url}
-        env["KOMBU_DELAY_BATCHED_CONSUME"] = "1" if batched else "0"
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.log = log
@@ -158,13 +157,11 @@ def _wait_for(ctx: Any, n: int, due_ms: int, worker: Worker) -> None:
         time.sleep(0.1)
 
 
-def _variant(
-    ctx: Any, name: str, worker_url: str, look_ahead_s: float | None, batched: bool
-) -> dict[str, Any]:
+def _variant(ctx: Any, name: str, worker_url: str, look_ahead_s: float | None) -> dict[str, Any]:
     ctx.fresh()
     n = ctx.sizes.drain
     stock = look_ahead_s is None and name == "stock"
-    worker = Worker(ctx, worker_url, ctx.movers.log_dir / f"worker-{name}.log", batched)
+    worker = Worker(ctx, worker_url, ctx.movers.log_dir / f"worker-{name}.log")
     sampler: Sampler | None = None
     try:
         worker.wait_ready(ctx)
@@ -201,7 +198,6 @@ def _variant(
         "tasks": n,
         "worker": worker_url.partition("://")[0] + "://",
         "look_ahead_s": look_ahead_s or 0,
-        "batched_consume": batched,
         "started": len(starts),
         "finish_after_due_s": finish_s,
         "worker_drain_per_s": round(n / finish_s) if finish_s and finish_s > 0 else None,
@@ -216,18 +212,16 @@ def _variant(
     }
 
 
-def variants(ctx: Any) -> list[tuple[str, str, float | None, bool]]:
-    """``(name, worker URL, look-ahead s, batched consume)`` of every variant, in run order."""
-    found: list[tuple[str, str, float | None, bool]] = [
-        ("stock", ctx.url, None, False),
-        ("delay", ctx.url, None, False),
-        ("delay-delayredis", ctx.delay_url, None, False),
-        ("batched", ctx.delay_url, None, True),
+def variants(ctx: Any) -> list[tuple[str, str, float | None]]:
+    """``(name, worker URL, look-ahead s)`` of every variant, in run order."""
+    found: list[tuple[str, str, float | None]] = [
+        ("stock", ctx.url, None),
+        ("delay", ctx.url, None),
+        ("delay-delayredis", ctx.delay_url, None),
     ]
     for raw in str(ctx.sizes.drain_look_ahead).split(","):
         if raw.strip() and float(raw) > 0:
-            found.append((f"look-ahead-{float(raw):g}s", ctx.delay_url, float(raw), False))
-            found.append((f"batched+ahead-{float(raw):g}s", ctx.delay_url, float(raw), True))
+            found.append((f"look-ahead-{float(raw):g}s", ctx.delay_url, float(raw)))
     return found
 
 
@@ -235,9 +229,9 @@ def drain(ctx: Any) -> dict[str, Any]:
     """A herd due at one instant, one worker: stock Celery against kombu-delay."""
     results: dict[str, Any] = {}
     only = {x.strip() for x in str(ctx.sizes.drain_variants).split(",") if x.strip()}
-    for name, url, ahead, batched in variants(ctx):
+    for name, url, ahead in variants(ctx):
         if not only or name in only or name == "stock":
-            results[name] = _variant(ctx, name, url, ahead, batched)
+            results[name] = _variant(ctx, name, url, ahead)
     ctx.fresh()
     stock = results["stock"]
     for result in results.values():
