@@ -2,15 +2,20 @@
 
 Importing this package registers the ``delayredis://``, ``delayrediss://`` and
 ``delaysentinel://`` broker URL schemes with kombu.
+
+The public API is what ``__all__`` names: :class:`Settings`, :class:`DelayControl` and the
+types its results come in, the exception tree rooted at :class:`KombuDelayError`, and
+:func:`register`. Names not in ``__all__`` are internal.
 """
 
 from __future__ import annotations
 
 from kombu_delay.config import Settings
-from kombu_delay.control import DelayControl, Page, ScheduledMessage, Slot, Stats
+from kombu_delay.control import DeadLetter, DelayControl, Page, ScheduledMessage, Slot, Stats
 from kombu_delay.errors import (
     BadETA,
     ConfigError,
+    CorruptMember,
     DelayTooLong,
     KombuDelayError,
     PayloadTooLarge,
@@ -18,16 +23,19 @@ from kombu_delay.errors import (
     RedisPermissionError,
     RedisRefused,
     RedisUnavailable,
+    StorageFormatError,
 )
 from kombu_delay.transport import register
 
-__version__ = "0.3.0"
+__version__ = "1.0.0"
 
 register()
 
 __all__ = [
     "BadETA",
     "ConfigError",
+    "CorruptMember",
+    "DeadLetter",
     "DelayControl",
     "DelayTooLong",
     "KombuDelayError",
@@ -41,6 +49,7 @@ __all__ = [
     "Settings",
     "Slot",
     "Stats",
+    "StorageFormatError",
     "__version__",
     "register",
 ]

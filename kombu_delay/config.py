@@ -8,6 +8,7 @@ fields are milliseconds. Counts (messages, messages per second) are whole number
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -140,16 +141,8 @@ def _convert(name: str, raw: Any) -> Any:
     option = _option(name)
     try:
         if name == "embedded_mover":
-            if isinstance(raw, str):
-                if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(raw)
-                return raw.lower() in ("1", "true", "yes", "on")
-            return bool(raw)
-        if isinstance(raw, bool):
-            raise ValueError(raw)
-        number = float(raw)
-        if number != number or number in (float("inf"), float("-inf")):
-            raise ValueError(raw)
+            return _flag(raw)
+        number = _finite(raw)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{option} must be a number, got {raw!r}") from exc
     if not name.endswith("_ms"):
@@ -162,3 +155,28 @@ def _convert(name: str, raw: Any) -> Any:
         # Rounding must not turn a positive duration into 0, which means "no limit" for some.
         raise ConfigError(f"{option} must be at least 0.001 s (1 ms), got {raw!r}")
     return ms
+
+
+#: The words an on/off option accepts (any case), and those that mean on.
+_FLAG_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
+_TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+def _flag(raw: Any) -> bool:
+    """An on/off value: one of :data:`_FLAG_WORDS` as text, else its truth; ``ValueError``
+    for other text."""
+    if not isinstance(raw, str):
+        return bool(raw)
+    if raw.lower() not in _FLAG_WORDS:
+        raise ValueError(raw)
+    return raw.lower() in _TRUE_WORDS
+
+
+def _finite(raw: Any) -> float:
+    """A finite number from a number or its text; ``ValueError`` for a bool, NaN or infinity."""
+    if isinstance(raw, bool):
+        raise ValueError(raw)
+    number = float(raw)
+    if not math.isfinite(number):
+        raise ValueError(raw)
+    return number

@@ -18,15 +18,16 @@ from kombu.exceptions import OperationalError
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import (
+    AUTH_ERRORS,
     ConfigError,
     RedisAuthError,
     RedisPermissionError,
     RedisRefused,
     RedisUnavailable,
+    translated_errors,
 )
 from kombu_delay.redact import Redactor, mask_url, split_url, url_secrets
 from kombu_delay.store import Store
-from kombu_delay.store.replies import AUTH_ERRORS, translated_errors
 from kombu_delay.transport import register
 
 #: Plain kombu schemes and the kombu-delay scheme that serves the same server.

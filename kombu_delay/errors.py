@@ -1,6 +1,10 @@
-"""The exception tree of kombu-delay."""
+"""The exception tree of kombu-delay, and where redis-py's failures become it
+(:func:`translated_errors`, around every call of the store)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 
@@ -53,3 +57,54 @@ class PayloadTooLarge(KombuDelayError, ValueError):
 class CorruptMember(KombuDelayError, ValueError):
     """A stored compressed message cannot be restored (altered or truncated in Redis). The
     mover keeps it on the dead-letter list, counted, and never pushes it."""
+
+
+class StorageFormatError(KombuDelayError, RuntimeError):
+    """The data under this key prefix is in a storage format this version cannot read (the
+    ``format`` field of the totals hash, see :data:`kombu_delay.store.keys.FORMAT`). Nothing
+    was read or written; waiting cannot help, so the mover stops with this error."""
+
+
+#: redis-py's refusals of the credentials. ``AuthenticationError`` is a ``ConnectionError``,
+#: but unlike one it does not go away by waiting.
+AUTH_ERRORS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
+
+#: What a mover cannot wait out: refused credentials, an ACL that denies it a command or a key
+#: (raw or translated), and data in a storage format it cannot read.
+FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError, StorageFormatError)
+
+#: How an ACL refusal reads when Redis 7 reports it from inside a script, where redis-py
+#: sees a plain error (Redis 6 keeps the ``NOPERM`` code in the text).
+_SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Turn redis-py's connection failures and refusals into kombu-delay errors."""
+    try:
+        yield
+    except AUTH_ERRORS as exc:
+        # Before the connection errors: redis-py's AuthenticationError is one of them, but
+        # retrying with the same credentials cannot help.
+        if isinstance(exc, RedisAuthError):
+            raise
+        raise RedisAuthError(f"Redis authentication failed: {exc}") from exc
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if isinstance(exc, RedisUnavailable):
+            raise
+        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+    except redis.ResponseError as exc:
+        if isinstance(exc, RedisRefused | RedisPermissionError):
+            raise
+        text = str(exc)
+        if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
+            raise RedisPermissionError(f"Redis's ACL refused this user: {text}") from exc
+        # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
+        # script's refusal in a plain error that keeps it in the text.
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:
+            raise RedisRefused(
+                f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
+            ) from exc
+        if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text or "MISCONF" in text:
+            raise RedisRefused(f"Redis refused the write: {text}") from exc
+        raise

@@ -54,8 +54,9 @@ from kombu.utils.json import dumps
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA
-from kombu_delay.eta import message_due
+from kombu_delay.message import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
+from kombu_delay.redact import mask_url
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,10 @@ class DelayChannelMixin:
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
-        where = (os.getpid(), self.connection.client.as_uri(), self.global_keyprefix)  # type: ignore[attr-defined]
+        # kombu's own as_uri() shows ``:**@`` even where there is no password; ours masks only
+        # a password that exists.
+        broker = mask_url(self.connection.client.as_uri(include_password=True))  # type: ignore[attr-defined]
+        where = (os.getpid(), broker, self.global_keyprefix)  # type: ignore[attr-defined]
         ask = where not in _asked
         result = self.delay_store.schedule(
             due, dest, dumps(message), self.delay_settings, expires, FRESH_HEARTBEAT_MS if ask else 0

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.payload import index_id
+from kombu_delay.message import index_id
 from kombu_delay.store import cold, keys
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

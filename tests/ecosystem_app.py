@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from kombu_delay.eta import parse_iso_ms
+from kombu_delay.message import parse_iso_ms
 from kombu_delay.mover.embedded import EmbeddedMoverStep
 
 LEDGER_KEY = "eco:ledger"

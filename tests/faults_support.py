@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 
-from kombu_delay.payload import index_id
+from kombu_delay.message import index_id
 from kombu_delay.store import cold, keys
 from kombu_delay.tooling.redis_server import RedisServer
 
@@ -378,6 +378,7 @@ def consistency(client: redis.Redis, prefix: str = "") -> dict[str, int]:
             resolved[at] = _text(task_id)
     assert resolved == members, "the id index and the stored members disagree"
     totals = {_text(k): int(v) for k, v in client.hgetall(keys.totals(prefix)).items()}
+    assert totals.pop(keys.FORMAT_FIELD, keys.FORMAT) == keys.FORMAT  # the storage format, no counter
     stored = len(members)
     settled = sum(totals.get(name, 0) for name in ("moved", "expired", "cancelled", "purged"))
     assert totals.get("scheduled", 0) - settled == stored, f"totals {totals} vs {stored} stored"

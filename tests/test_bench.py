@@ -54,6 +54,7 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
         "herd",
         "e2e",
         "inspect",
+        "web",
     }
     assert report["errors"] == {}
     assert report["meta"]["redis"]

@@ -11,9 +11,10 @@ from celery import Celery
 from click.testing import CliRunner, Result
 
 from kombu_delay import DelayControl
-from kombu_delay.cli import main, parse_option
+from kombu_delay.cli import main
+from kombu_delay.cli.common import parse_option
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.store import Store
 from kombu_delay.tooling.redis_server import free_port
 

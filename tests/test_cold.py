@@ -17,7 +17,7 @@ from celery import Celery
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
-from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.store.replies import Scheduled, ThawResult
@@ -300,7 +300,7 @@ def test_a_publisher_clock_behind_redis_stores_the_message_uncompressed(r, monke
     settings = Settings(compress_after_ms=3000, thaw_ahead_ms=600_000)
     due = store.time_ms() + 300_000
     # This process believes the message is due hours ahead; Redis's clock says otherwise.
-    monkeypatch.setattr("kombu_delay.store.time.time", lambda: (due - 10_000_000) / 1000)
+    monkeypatch.setattr("kombu_delay.store.spaces.time.time", lambda: (due - 10_000_000) / 1000)
     result = store.schedule(Due(due, task_id="t"), "q", kombu_payload("t"), settings)
     assert result.outcome is Scheduled.STORED
     assert not cold_members(r) and [s.envelope.task_id for s in stored(r)] == ["t"]

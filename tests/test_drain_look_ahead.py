@@ -15,7 +15,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import ConfigError
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import MoveResult, Scheduled
@@ -61,7 +61,7 @@ def test_the_window_moves_what_falls_due_within_it_and_nothing_later(
 ) -> None:
     store, clock, due, dues = _herd(r, prefix)
     clock.ms = due - before_due_ms
-    result = store.move_due(1000, 0, AHEAD)
+    result = store.move_due(1000, look_ahead_ms=AHEAD)
     assert result.moved == len(moved)
     assert _on_list(r, prefix) == moved  # the members as stored: ETA and all untouched
     assert result.lateness_ms == [0] * len(moved)  # moved ahead of due: never negative
@@ -73,7 +73,7 @@ def test_without_a_look_ahead_nothing_moves_before_due(r: redis.Redis, prefix: s
     store, clock, due, _ = _herd(r, prefix)
     clock.ms = due - 1
     assert store.move_due(1000).moved == 0
-    assert store.move_due(1000, 0, 0).moved == 0
+    assert store.move_due(1000, look_ahead_ms=0).moved == 0
     clock.ms = due
     assert store.move_due(1000).moved == 20
 

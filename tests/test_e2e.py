@@ -25,7 +25,7 @@ import pytest
 import redis
 from celery import Celery
 
-from kombu_delay.eta import parse_iso_ms
+from kombu_delay.message import parse_iso_ms
 from kombu_delay.store import Store, keys
 
 from .conftest import Proc, wait_until

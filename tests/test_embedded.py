@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 
 from .conftest import wait_until

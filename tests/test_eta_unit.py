@@ -13,8 +13,7 @@ import pytest
 from kombu.transport.redis import Channel as KombuChannel
 
 from kombu_delay.errors import BadETA, DelayTooLong
-from kombu_delay.eta import Due, message_due, parse_iso_ms, to_ms
-from kombu_delay.payload import index_id, task_name, with_eta
+from kombu_delay.message import Due, index_id, message_due, parse_iso_ms, task_name, to_ms, with_eta
 from kombu_delay.store import keys
 from kombu_delay.store.listing import Cursor, Position, digest
 from kombu_delay.store.replies import Stored
@@ -343,4 +342,4 @@ def test_stored_ref_and_due_come_from_the_score(seq, offset):
     start = 1_796_040_000_000
     stored = Stored(start, keys.score(start + offset, seq), "celery", b"{}")
     assert stored.due_ms == start + offset
-    assert stored.ref == f"{start}:{offset}:{seq}"  # the ref put() in _common.lua writes
+    assert stored.ref == f"{start}:{offset}:{seq}"  # the ref put() in _put.lua writes

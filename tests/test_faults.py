@@ -29,7 +29,7 @@ from kombu.exceptions import OperationalError
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import BadETA, DelayTooLong, RedisRefused, RedisUnavailable
-from kombu_delay.eta import Due, to_ms
+from kombu_delay.message import Due, to_ms
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
 from kombu_delay.tooling.redis_server import RedisServer

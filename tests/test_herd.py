@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.store import Store
 
 from .delay_helpers import FakeClock, kombu_payload

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kombu_delay.config import Settings
 from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
 from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
 from kombu_delay.store import Store, keys

@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import MoveResult, Scheduled, _runs
 

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys, replies
 from kombu_delay.store.replies import MoveResult, Scheduled

@@ -9,7 +9,7 @@ import sys
 import time
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.mover.loop import Backoff
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled

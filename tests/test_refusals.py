@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay.cli import main, parse_option
+from kombu_delay.cli import main
+from kombu_delay.cli.common import parse_option
 from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused

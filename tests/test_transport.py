@@ -25,7 +25,7 @@ from kombu.transport import redis as kombu_redis
 from kombu_delay import DelayTooLong, PayloadTooLarge, transport
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 
@@ -583,6 +583,7 @@ def test_a_delayed_publish_with_no_mover_warns_once_per_process_naming_the_names
     assert len(warnings) == 1, said
     assert f"key prefix {prefix!r}" in warnings[0] and "delay mover" in warnings[0]
     assert f"127.0.0.1:{redis_server.port}" in warnings[0]
+    assert "**" not in warnings[0]  # no password, so nothing masked
     assert len(publish_five(url, prefix).splitlines()) == 1  # the next process tells its own
     # With a mover's fresh heartbeat in the namespace, nothing to say.
     Store(r, prefix).heartbeat("a-mover")

@@ -17,7 +17,7 @@ import redis
 
 from kombu_delay import DelayControl
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.mover.watch import Watch
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port

@@ -12,12 +12,21 @@ from typing import Any
 
 import click
 
-from kombu_delay import cli
-from kombu_delay.cli.common import LOG_FILTER, LOG_LEVELS, RedactingGroup, global_options
+from kombu_delay.cli import EXTRAS
+from kombu_delay.cli.common import (
+    LOG_FILTER,
+    LOG_LEVELS,
+    RedactingGroup,
+    global_options,
+    setup_logging,
+    target,
+)
+from kombu_delay.cli.health import health
+from kombu_delay.cli.inspect import COMMANDS as INSPECT_COMMANDS
+from kombu_delay.cli.mover import run_mover
 from kombu_delay.connect import PLAIN_SCHEMES, app_target, check_url
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.mover import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
-from kombu_delay.ops.health import health
 from kombu_delay.redact import Redactor, mask_url
 from kombu_delay.transport import register
 
@@ -37,7 +46,7 @@ def app_broker_warning(url: str) -> str | None:
     )
 
 
-@click.group(name="delay", cls=RedactingGroup)
+@click.group(name="delay", cls=RedactingGroup, lazy=EXTRAS)
 @click.option(
     "--log-level",
     default="info",
@@ -58,7 +67,7 @@ def delay(ctx: click.Context, log_level: str) -> None:
       celery -A proj delay health --max-overdue 60
       celery -A proj delay --log-level debug mover --metrics-port 9808
     """
-    cli.setup_logging(log_level)
+    setup_logging(log_level)
     app: Any = ctx.obj.app
     try:
         tgt = app_target(app)
@@ -88,14 +97,8 @@ def mover(ctx: click.Context, metrics_port: int | None, metrics_addr: str) -> No
       celery -A proj delay mover
       celery -A proj delay mover --metrics-port 9808
     """
-    cli.run_mover(cli.target(ctx), metrics_port=metrics_port, metrics_addr=metrics_addr)
+    run_mover(target(ctx), metrics_port=metrics_port, metrics_addr=metrics_addr)
 
 
-delay.add_command(health)
-
-
-# Inspection and control: stats, ls, cancel, reschedule, purge.
-from kombu_delay.cli.inspect import COMMANDS as _INSPECT  # noqa: E402  (kept next to its registration)
-
-for _command in _INSPECT:
+for _command in (health, *INSPECT_COMMANDS):
     delay.add_command(_command)

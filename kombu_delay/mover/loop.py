@@ -25,10 +25,10 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
-from kombu_delay.errors import RedisRefused, RedisUnavailable
+from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable
 from kombu_delay.mover.watch import Findings, Watch
 from kombu_delay.store import Store
-from kombu_delay.store.replies import FATAL_ERRORS, MoveResult, SweepResult, ThawResult
+from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class Mover:
             result = self.store.move_due(
                 min(self.settings.batch_size, allowance),
                 self.settings.max_queue_length,
-                self.settings.look_ahead_ms,
+                look_ahead_ms=self.settings.look_ahead_ms,
             )
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw

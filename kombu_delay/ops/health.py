@@ -1,28 +1,18 @@
-"""``health``: one probe for liveness, readiness and watchdogs, from heartbeats and overdue age.
+"""Is kombu-delay healthy: what the probe reads from Redis, and the reasons to call it unhealthy.
 
-It answers two questions with the Redis clock only: is some mover alive (a
-heartbeat recorded within ``--max-heartbeat-age``), and are due messages being
-moved (the oldest overdue message is younger than ``--max-overdue``)? It prints
-one line and exits 0 (healthy), 1 (unhealthy) or 2 (Redis unreachable or bad
-configuration), so it fits a Kubernetes ``exec`` probe, a systemd timer or any
-cron-style check.
+It answers two questions with the Redis clock only: is some mover alive (a heartbeat
+recorded recently enough), and are due messages being moved (the oldest overdue message
+is young enough)? Plus what endangers scheduled messages whatever the movers do. The
+``health`` command (:mod:`kombu_delay.cli.health`) prints the verdict and exits with it.
 """
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
-import click
-
-from kombu_delay.cli.common import announce, global_options, target
-from kombu_delay.errors import KombuDelayError
 from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import eviction_problem
 from kombu_delay.store import Store
-
-#: Exit statuses.
-HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -72,7 +62,7 @@ def check(store: Store, host: str | None = None) -> Health:
     With ``host``, only movers on that host count (mover ids are
     ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover.
     """
-    warnings = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
+    warnings = dangers(store)
     beats = store.heartbeats()
     if host is not None:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
@@ -83,78 +73,13 @@ def check(store: Store, host: str | None = None) -> Health:
         movers=len(beats),
         heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
         overdue_ms=0 if earliest is None else max(0, now - earliest),
-        warnings=tuple(text for text in warnings if text),
+        warnings=warnings,
     )
 
 
-@global_options
-@click.command()
-@click.option(
-    "--max-heartbeat-age",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="Unhealthy when no mover heartbeat is younger than this, s (0 = don't check).",
-)
-@click.option(
-    "--max-overdue",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="Unhealthy when a due message has waited longer than this, s (0 = don't check).",
-)
-@click.option(
-    "--this-host",
-    is_flag=True,
-    help="Count only movers on this host (a liveness probe next to its own mover).",
-)
-@click.option(
-    "--liveness",
-    is_flag=True,
-    help="A liveness probe next to its own mover: the same as --this-host --max-overdue 0, and the "
-    "Redis checks (eviction policy, stranded key prefixes) are skipped, as a restart cannot fix them.",
-)
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing when healthy.")
-@click.pass_context
-def health(
-    ctx: click.Context,
-    max_heartbeat_age: float,
-    max_overdue: float,
-    this_host: bool,
-    liveness: bool,
-    quiet: bool,
-) -> None:
-    """Exit 0 when a mover is alive, due messages move and Redis keeps them safe; 1 when not;
-    2 when Redis is unreachable.
-
-    Unhealthy as well: a maxmemory-policy that lets Redis delete scheduled messages, and
-    messages stranded under another key prefix that no mover serves (found by the movers).
-    Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...", and on stderr which broker
-    it read (not with --quiet when healthy).
-
-    \b
-    Examples:
-      kombu-delay -b delayredis://redis:6379/0 health
-      kombu-delay -b delayredis://redis:6379/0 health --max-heartbeat-age 10 --max-overdue 30
-      kombu-delay health --liveness --quiet      # liveness of the mover in this pod
-      kombu-delay health -b delayredis://redis:6379/0 --this-host --max-overdue 120
-      celery -A proj delay health --max-overdue 120
-    """
-    tgt = target(ctx)
-    if liveness:
-        this_host, max_overdue = True, 0.0
-    try:
-        with tgt.open() as store:
-            seen = check(store, socket.gethostname() if this_host else None)
-    except KombuDelayError as exc:
-        announce(ctx)
-        click.echo(f"UNREACHABLE: {tgt.redact(str(exc))}")
-        ctx.exit(UNREACHABLE)
-    problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000), not liveness)
-    if problems or not quiet:
-        announce(ctx)
-    if problems:
-        click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
-        ctx.exit(UNHEALTHY)
-    if not quiet:
-        click.echo(f"OK: {seen.summary()}")
+def dangers(store: Store) -> tuple[str, ...]:
+    """What endangers the scheduled messages of ``store`` now, whatever the movers do: Redis's
+    eviction policy, read here, and what movers recorded in the alerts hash (stranded key
+    prefixes). One sentence each, saying what to do."""
+    found = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
+    return tuple(text for text in found if text)

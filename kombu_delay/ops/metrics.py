@@ -93,129 +93,141 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
             "--metrics-port needs the metrics extra: pip install 'kombu-delay[metrics]'"
         ) from exc
 
-    registry = prom.CollectorRegistry()
-    moved = prom.Counter("kombu_delay_moved", "Messages moved onto their queue lists.", registry=registry)
-    dead = prom.Counter(
-        "kombu_delay_dead_letters",
-        "Compressed messages that could not be restored, moved to the dead-letter list.",
-        registry=registry,
-    )
-    thawed = prom.Counter(
-        "kombu_delay_thawed", "Compressed messages restored into the buckets movers move.", registry=registry
-    )
-    expired = prom.Counter(
-        "kombu_delay_expired", "Scheduled messages lost to an expired or deleted bucket.", registry=registry
-    )
-    errors = prom.Counter("kombu_delay_redis_errors", "Errors talking to Redis.", registry=registry)
-    other_errors = prom.Counter(
-        "kombu_delay_mover_errors", "Errors in the mover loop other than Redis errors.", registry=registry
-    )
-    lateness = prom.Histogram(
-        "kombu_delay_lateness_seconds",
-        "Due time to LPUSH onto the queue list.",
-        buckets=LATENESS_BUCKETS,
-        registry=registry,
-    )
-    last_move = prom.Gauge(
-        "kombu_delay_last_move_timestamp_seconds",
-        "Unix time of the last move call that moved messages.",
-        registry=registry,
-    )
-    last_pass = prom.Gauge(
-        "kombu_delay_last_pass_timestamp_seconds",
-        "Unix time of the last successful move call, whether or not anything was due.",
-        registry=registry,
-    )
-    overdue_age = prom.Gauge(
-        "kombu_delay_oldest_overdue_seconds",
-        "Age of the oldest due message still scheduled (mover lag); 0 when none.",
-        registry=registry,
-    )
-    scheduled = prom.Gauge(
-        "kombu_delay_scheduled_messages",
-        "Messages scheduled, per queue (all priorities).",
-        ["queue"],
-        registry=registry,
-    )
+    metrics = MoverMetrics(store, prom)
+    prom.start_http_server(port, addr=addr, registry=metrics.registry)
+    logger.info("metrics on http://%s:%d/metrics", addr, port)
+    return metrics.hooks()
 
-    unsafe = prom.Gauge(
-        "kombu_delay_eviction_policy_unsafe",
-        "1 while Redis's maxmemory-policy lets it delete scheduled messages (set noeviction).",
-        registry=registry,
-    )
-    stranded = prom.Gauge(
-        "kombu_delay_stranded_messages",
-        "Messages in this database under another key prefix that no mover serves.",
-        registry=registry,
-    )
-    stranded_prefixes = prom.Gauge(
-        "kombu_delay_stranded_prefixes",
-        "Other key prefixes in this database holding messages that no mover serves.",
-        registry=registry,
-    )
 
-    def collect_scheduled() -> None:
+class MoverMetrics:
+    """The series of one mover, in their own registry, and the hooks of
+    :class:`~kombu_delay.mover.loop.Mover` that feed them."""
+
+    def __init__(self, store: Store, prom: Any) -> None:
+        self.store = store
+        self.registry = prom.CollectorRegistry()
+        self._series = QueueSeries()
+        self._last_refresh = float("-inf")
+        self._define_counters(prom)
+        self._define_gauges(prom)
+
+    def _define_counters(self, prom: Any) -> None:
+        def counter(name: str, doc: str) -> Any:
+            return prom.Counter(name, doc, registry=self.registry)
+
+        self.moved = counter("kombu_delay_moved", "Messages moved onto their queue lists.")
+        self.dead = counter(
+            "kombu_delay_dead_letters",
+            "Compressed messages that could not be restored, moved to the dead-letter list.",
+        )
+        self.thawed = counter(
+            "kombu_delay_thawed", "Compressed messages restored into the buckets movers move."
+        )
+        self.expired = counter(
+            "kombu_delay_expired", "Scheduled messages lost to an expired or deleted bucket."
+        )
+        self.errors = counter("kombu_delay_redis_errors", "Errors talking to Redis.")
+        self.other_errors = counter(
+            "kombu_delay_mover_errors", "Errors in the mover loop other than Redis errors."
+        )
+        self.lateness = prom.Histogram(
+            "kombu_delay_lateness_seconds",
+            "Due time to LPUSH onto the queue list.",
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+
+    def _define_gauges(self, prom: Any) -> None:
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+            return prom.Gauge(name, doc, labels, registry=self.registry)
+
+        self.last_move = gauge(
+            "kombu_delay_last_move_timestamp_seconds", "Unix time of the last move call that moved messages."
+        )
+        self.last_pass = gauge(
+            "kombu_delay_last_pass_timestamp_seconds",
+            "Unix time of the last successful move call, whether or not anything was due.",
+        )
+        self.overdue_age = gauge(
+            "kombu_delay_oldest_overdue_seconds",
+            "Age of the oldest due message still scheduled (mover lag); 0 when none.",
+        )
+        self.scheduled = gauge(
+            "kombu_delay_scheduled_messages", "Messages scheduled, per queue (all priorities).", ("queue",)
+        )
+        self.unsafe = gauge(
+            "kombu_delay_eviction_policy_unsafe",
+            "1 while Redis's maxmemory-policy lets it delete scheduled messages (set noeviction).",
+        )
+        self.stranded = gauge(
+            "kombu_delay_stranded_messages",
+            "Messages in this database under another key prefix that no mover serves.",
+        )
+        self.stranded_prefixes = gauge(
+            "kombu_delay_stranded_prefixes",
+            "Other key prefixes in this database holding messages that no mover serves.",
+        )
+
+    def hooks(self) -> dict[str, Any]:
+        """The keyword arguments of :class:`~kombu_delay.mover.loop.Mover` that feed these series."""
+        return {
+            "on_result": self.on_result,
+            "on_error": self.on_error,
+            "on_thaw": self.on_thaw,
+            "on_sweep": self.on_sweep,
+            "on_findings": self.on_findings,
+        }
+
+    def on_result(self, result: MoveResult) -> None:
+        self.last_pass.set(time.time())
+        if result.moved:
+            self.moved.inc(result.moved)
+            self.last_move.set(time.time())
+            for ms in result.lateness_ms:
+                self.lateness.observe(ms / 1000)
+        if result.expired:
+            self.expired.inc(result.expired)
+        waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
+        self.overdue_age.set((result.now_ms - result.next_due_ms) / 1000 if waiting else 0)  # type: ignore[operator]
+        now = time.monotonic()
+        if now - self._last_refresh >= SCHEDULED_REFRESH_S:
+            self._last_refresh = now
+            self.collect_scheduled()
+
+    def collect_scheduled(self) -> None:
+        """Re-read the per-queue scheduled counts (bounded series: :class:`QueueSeries`)."""
         try:
-            current = store.counts()
+            current = self.store.counts()
         except Exception as exc:
-            on_error(exc)
+            self.on_error(exc)
             logger.debug("metrics: reading counts failed", exc_info=True)
             return
         per_queue: dict[str, int] = {}
         for dest, n in current.items():
-            queue = store.queue_of(dest)
+            queue = self.store.queue_of(dest)
             per_queue[queue] = per_queue.get(queue, 0) + n
-        shown, dropped = series.values(per_queue, time.monotonic())
+        shown, dropped = self._series.values(per_queue, time.monotonic())
         for queue in dropped:
-            scheduled.remove(queue)
+            self.scheduled.remove(queue)
         for queue, n in shown.items():
-            scheduled.labels(queue=queue).set(n)
+            self.scheduled.labels(queue=queue).set(n)
 
-    series = QueueSeries()
-    last_refresh = [float("-inf")]
-
-    def on_result(result: MoveResult) -> None:
-        last_pass.set(time.time())
-        if result.moved:
-            moved.inc(result.moved)
-            last_move.set(time.time())
-            for ms in result.lateness_ms:
-                lateness.observe(ms / 1000)
-        if result.expired:
-            expired.inc(result.expired)
-        waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
-        overdue_age.set((result.now_ms - result.next_due_ms) / 1000 if waiting else 0)  # type: ignore[operator]
-        now = time.monotonic()
-        if now - last_refresh[0] >= SCHEDULED_REFRESH_S:
-            last_refresh[0] = now
-            collect_scheduled()
-
-    def on_thaw(result: ThawResult) -> None:
+    def on_thaw(self, result: ThawResult) -> None:
         if result.thawed:
-            thawed.inc(result.thawed)
+            self.thawed.inc(result.thawed)
         if result.dead:
-            dead.inc(result.dead)
+            self.dead.inc(result.dead)
         if result.expired:
-            expired.inc(result.expired)
+            self.expired.inc(result.expired)
 
-    def on_sweep(result: SweepResult) -> None:
+    def on_sweep(self, result: SweepResult) -> None:
         if result.lost:
-            expired.inc(result.lost)
+            self.expired.inc(result.lost)
 
-    def on_findings(findings: Findings) -> None:
-        unsafe.set(1 if findings.evicting else 0)
-        stranded.set(sum(findings.stranded.values()))
-        stranded_prefixes.set(len(findings.stranded))
+    def on_findings(self, findings: Findings) -> None:
+        self.unsafe.set(1 if findings.evicting else 0)
+        self.stranded.set(sum(findings.stranded.values()))
+        self.stranded_prefixes.set(len(findings.stranded))
 
-    def on_error(exc: BaseException) -> None:
-        (errors if isinstance(exc, redis.RedisError) else other_errors).inc()
-
-    prom.start_http_server(port, addr=addr, registry=registry)
-    logger.info("metrics on http://%s:%d/metrics", addr, port)
-    return {
-        "on_result": on_result,
-        "on_error": on_error,
-        "on_thaw": on_thaw,
-        "on_sweep": on_sweep,
-        "on_findings": on_findings,
-    }
+    def on_error(self, exc: BaseException) -> None:
+        (self.errors if isinstance(exc, redis.RedisError) else self.other_errors).inc()

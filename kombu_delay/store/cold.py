@@ -5,7 +5,7 @@ more than its ids and ETA, so a message due further ahead than
 ``delay_compress_after`` is stored deflated against a preset dictionary of what
 Celery messages share: about a fifth of its size. It is kept apart from the
 messages movers push (see :mod:`kombu_delay.store.keys`), and a mover restores
-("thaws") it to the exact original string, into the ordinary layout, some time
+("thaws") it to the exact original string, into the ordinary space, some time
 before it is due (``delay_thaw_ahead``). Lua in Redis has no zlib, so the
 restoring is done by the mover in Python; a move never decodes anything.
 

@@ -22,6 +22,13 @@ KOMBU_PRIORITY_SEP = "\x06\x16"
 #: Latest due time accepted, epoch ms (2**42 ms is in the year 2109).
 MAX_DUE_MS = 2**42
 
+#: The storage format this version writes and reads: the layout of every key named here. A
+#: change that code of this format would misread takes the next number. Publishers (with their
+#: first message) and movers (with each heartbeat) write it as the field :data:`FORMAT_FIELD` of
+#: :func:`totals`; movers (heartbeat.lua) and inspection check it and refuse any other.
+FORMAT = 1
+FORMAT_FIELD = "format"
+
 
 def ns(prefix: str) -> str:
     """Return the prefix shared by all kombu-delay keys of one app."""
@@ -33,16 +40,17 @@ def bucket_start(due_ms: int, width_ms: int) -> int:
     return due_ms - due_ms % width_ms
 
 
-def index(prefix: str) -> str:
-    """ZSET of bucket starts holding scheduled messages: member and score = bucket start."""
-    return f"{ns(prefix)}index"
+def index(prefix: str, space: str = "") -> str:
+    """ZSET of bucket starts holding scheduled messages (of one space): member and score =
+    bucket start."""
+    return f"{ns(prefix)}{space}index"
 
 
-#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.cold`).
+#: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.spaces`).
 #: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
 #: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs
 #: read ``c<start>:<offset>:<seq>``. Movers never push from it: they thaw its messages into
-#: the ordinary buckets first, so a mover of an older version never sees one.
+#: the ordinary buckets first.
 COLD = "c"
 
 
@@ -69,7 +77,7 @@ def split_bucket(text: str) -> tuple[str, int]:
 
 def cold_index(prefix: str) -> str:
     """ZSET of the cold buckets' starts, as :func:`index` for the ordinary ones."""
-    return f"{ns(prefix)}{COLD}index"
+    return index(prefix, COLD)
 
 
 def task_ids(prefix: str, start_ms: int) -> str:
@@ -93,7 +101,8 @@ def counts(prefix: str) -> str:
 
 
 def totals(prefix: str) -> str:
-    """HASH of lifetime counters: scheduled, moved, dead, expired, cancelled."""
+    """HASH of lifetime counters (scheduled, moved, dead, expired, cancelled, ...) and the
+    storage format (:data:`FORMAT_FIELD`), kept for as long as the namespace is used."""
     return f"{ns(prefix)}totals"
 
 
@@ -111,19 +120,6 @@ def alerts(prefix: str) -> str:
     """HASH of what movers found wrong that no single call shows (another key prefix's
     stranded messages): name -> ``<epoch ms checked> <text>``. Movers rewrite it on each check."""
     return f"{ns(prefix)}alerts"
-
-
-#: The names of the index keys, after a namespace: how the key prefix of another app's
-#: kombu-delay data is found in a shared database.
-INDEX_SUFFIXES = (f"{NAMESPACE}index", f"{NAMESPACE}{COLD}index")
-
-
-def prefix_of_index(key: str) -> str | None:
-    """Return the ``global_keyprefix`` of an index key (either space), else ``None``."""
-    for suffix in INDEX_SUFFIXES:
-        if key.endswith(suffix):
-            return key[: -len(suffix)]
-    return None
 
 
 def wake_channel(prefix: str) -> str:

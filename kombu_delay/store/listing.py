@@ -21,11 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kombu_delay.store import keys
+from kombu_delay.store import keys, spaces
 from kombu_delay.store.replies import Stored
+from kombu_delay.store.spaces import Space
 
 if TYPE_CHECKING:
-    from kombu_delay.store import Store
+    from kombu_delay.store.inspection import Inspecting as Store
 
 #: Members read from one sorted set per call.
 CHUNK = 64
@@ -84,10 +85,10 @@ def digest(member: bytes) -> str:
 class _Source:
     """The members of one sorted set from the cursor on, read a chunk at a time."""
 
-    def __init__(self, store: Store, space: str, start: int, dest: str, after: Position | None) -> None:
+    def __init__(self, store: Store, space: Space, start: int, dest: str, after: Position | None) -> None:
         self.store, self.space, self.start, self.dest = store, space, start, dest
-        self.key = keys.queue_set(store.prefix, start, dest, space)
-        self.rank = 0 if space else 1
+        self.key = space.queue_set(store.prefix, start, dest)
+        self.rank = space.rank
         #: True once the set has nothing more to read.
         self.done = False
         #: Members read so far (the page's budget).
@@ -154,23 +155,23 @@ class _Buckets:
     """Bucket starts of both spaces from ``lo`` on, merged in start order."""
 
     def __init__(self, store: Store, lo: int) -> None:
-        self._streams = [self._starts(store, space, index, lo) for space, index in store.spaces]
-        self._heads: list[tuple[int, int, str]] = []
+        self._streams = [self._starts(store, space, lo) for space in spaces.ALL]
+        self._heads: list[tuple[int, int, Space]] = []
         for i, stream in enumerate(self._streams):
             self._advance(i, stream)
 
     @staticmethod
-    def _starts(store: Store, space: str, index: str, lo: int) -> Iterator[tuple[int, str]]:
+    def _starts(store: Store, space: Space, lo: int) -> Iterator[tuple[int, Space]]:
         lower = str(lo)
         while True:
-            raw: list[Any] = store.client.zrangebyscore(index, lower, "+inf", 0, STARTS)
+            raw: list[Any] = store.client.zrangebyscore(space.index(store.prefix), lower, "+inf", 0, STARTS)
             for start in raw:
                 yield int(start), space
             if len(raw) < STARTS:
                 return
             lower = f"({int(raw[-1])}"
 
-    def _advance(self, i: int, stream: Iterator[tuple[int, str]]) -> None:
+    def _advance(self, i: int, stream: Iterator[tuple[int, Space]]) -> None:
         nxt = next(stream, None)
         if nxt is not None:
             heapq.heappush(self._heads, (nxt[0], i, nxt[1]))
@@ -178,10 +179,68 @@ class _Buckets:
     def peek(self) -> int | None:
         return self._heads[0][0] if self._heads else None
 
-    def pop(self) -> tuple[int, str]:
+    def pop(self) -> tuple[int, Space]:
         start, i, space = heapq.heappop(self._heads)
         self._advance(i, self._streams[i])
         return start, space
+
+
+class _Merge:
+    """One page: the members of the open sorted sets, merged in listing order."""
+
+    def __init__(self, store: Store, after: Cursor | None, dests: set[str] | None) -> None:
+        self.store, self.dests = store, dests
+        self.buckets = _Buckets(store, after.lo if after else 0)
+        self.at = after.at if after else None
+        #: The open sets by their next member.
+        self.heap: list[tuple[Position, int, _Source]] = []
+        self.opened: list[_Source] = []
+        #: The last member taken (the cursor's position before any).
+        self.last = self.at
+
+    @property
+    def read(self) -> int:
+        return sum(s.read for s in self.opened)
+
+    def step(self) -> Stored | bool | None:
+        """Open the next bucket when it may hold the next member (``True``), else take the next
+        member; ``None`` when nothing is left."""
+        nxt = self.buckets.peek()
+        # A bucket holds nothing due before its start: open it once nothing earlier is left.
+        if nxt is not None and (not self.heap or nxt <= self.heap[0][0].due_ms):
+            self._open(*self.buckets.pop())
+            return True
+        return self._take() if self.heap else None
+
+    def _open(self, start: int, space: Space) -> None:
+        for dest in self.store.dests(start, space):
+            if self.dests is None or dest in self.dests:
+                self.opened.append(source := _Source(self.store, space, start, dest, self.at))
+                self._push(source)
+
+    def _push(self, source: _Source) -> None:
+        head = source.peek()
+        if head is not None:
+            heapq.heappush(self.heap, (head, id(source), source))
+
+    def _take(self) -> Stored:
+        self.last, _, source = heapq.heappop(self.heap)
+        _, member = source.pop()
+        self._push(source)
+        return Stored(source.start, self.last.score, source.dest, member, source.space.compressed)
+
+    def cursor(self) -> Cursor | None:
+        """Where the next page starts: after the last member taken, from the earliest bucket
+        still open (or the last member's own)."""
+        last = self.last
+        if last is None:
+            return None
+        still = [
+            s.start
+            for s in self.opened
+            if s.open or (s.start, s.dest, s.rank) == (last.start_ms, last.dest, last.rank)
+        ]
+        return Cursor(min([last.start_ms, *still]), last)
 
 
 def page(
@@ -189,39 +248,12 @@ def page(
 ) -> tuple[list[Stored], Cursor | None]:
     """Return up to ``limit`` messages after ``after`` in due order, and the next cursor
     (``None`` at the end). At most about ``examine`` members are read per call."""
-    buckets = _Buckets(store, after.lo if after else 0)
-    at = after.at if after else None
-    heap: list[tuple[Position, int, _Source]] = []
-    opened: list[_Source] = []
+    merge = _Merge(store, after, dests)
     out: list[Stored] = []
-    last = at
-
-    def push(source: _Source) -> None:
-        head = source.peek()
-        if head is not None:
-            heapq.heappush(heap, (head, id(source), source))
-
-    while len(out) < limit and sum(s.read for s in opened) < examine:
-        nxt = buckets.peek()
-        # A bucket holds nothing due before its start: open it once nothing earlier is left.
-        if nxt is not None and (not heap or nxt <= heap[0][0].due_ms):
-            start, space = buckets.pop()
-            for dest in store.dests(start, space):
-                if dests is None or dest in dests:
-                    opened.append(source := _Source(store, space, start, dest, at))
-                    push(source)
-            continue
-        if not heap:
+    while len(out) < limit and merge.read < examine:
+        got = merge.step()
+        if got is None:
             return out, None
-        last, _, source = heapq.heappop(heap)
-        _, member = source.pop()
-        out.append(Stored(source.start, last.score, source.dest, member, bool(source.space)))
-        push(source)
-    if last is None:
-        return out, None
-    still = [
-        s.start
-        for s in opened
-        if s.open or (s.start, s.dest, s.rank) == (last.start_ms, last.dest, last.rank)
-    ]
-    return out, Cursor(min([last.start_ms, *still]), last)
+        if isinstance(got, Stored):
+            out.append(got)
+    return out, merge.cursor()

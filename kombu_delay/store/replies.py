@@ -1,21 +1,16 @@
-"""What the Lua scripts reply, as Python values, and how Redis failures are named.
+"""What the Lua scripts reply, as Python values.
 
-:class:`~kombu_delay.store.Store` turns every script reply into one of these, and
-wraps each call in :func:`translated_errors`.
+:class:`~kombu_delay.store.Store` turns every script reply into one of these (and Redis's
+failures into :mod:`kombu_delay.errors`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
-from kombu_delay.errors import RedisAuthError, RedisPermissionError, RedisRefused, RedisUnavailable
-from kombu_delay.store import cold, keys
+from kombu_delay.store import keys, spaces
 
 
 class Scheduled(enum.IntEnum):
@@ -133,13 +128,18 @@ class Stored:
     cold: bool = False
 
     @property
+    def space(self) -> spaces.Space:
+        """The space it waits in (see :mod:`kombu_delay.store.spaces`)."""
+        return spaces.COLD if self.cold else spaces.ORDINARY
+
+    @property
     def due_ms(self) -> int:
         return int(self.score)
 
     @property
     def bucket(self) -> str:
         """Its bucket as the scripts name it: the start, ``c<start>`` in the cold space."""
-        return f"{keys.COLD if self.cold else ''}{self.start_ms}"
+        return self.space.bucket(self.start_ms)
 
     @property
     def ref(self) -> str:
@@ -152,7 +152,7 @@ class Stored:
     def message(self) -> bytes:
         """The message plain kombu would push; raises :class:`CorruptMember` for a cold
         member that cannot be restored."""
-        return cold.unpack(self.payload)[1] if self.cold else self.payload
+        return self.space.message(self.payload)
 
 
 @dataclass(frozen=True)
@@ -211,48 +211,3 @@ class Census:
     vanished: int
     #: Not-yet-due members per histogram slot, slot 0 starting now.
     slots: list[int]
-
-
-#: redis-py's refusals of the credentials. ``AuthenticationError`` is a ``ConnectionError``,
-#: but unlike one it does not go away by waiting.
-AUTH_ERRORS = (redis.AuthenticationError, redis.exceptions.AuthenticationWrongNumberOfArgsError)
-
-#: What a mover cannot wait out: refused credentials, and an ACL that denies it a command
-#: or a key (raw or translated).
-FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError)
-
-#: How an ACL refusal reads when Redis 7 reports it from inside a script, where redis-py
-#: sees a plain error (Redis 6 keeps the ``NOPERM`` code in the text).
-_SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
-
-
-@contextmanager
-def translated_errors() -> Iterator[None]:
-    """Turn redis-py's connection failures and refusals into kombu-delay errors."""
-    try:
-        yield
-    except AUTH_ERRORS as exc:
-        # Before the connection errors: redis-py's AuthenticationError is one of them, but
-        # retrying with the same credentials cannot help.
-        if isinstance(exc, RedisAuthError):
-            raise
-        raise RedisAuthError(f"Redis authentication failed: {exc}") from exc
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        if isinstance(exc, RedisUnavailable):
-            raise
-        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
-    except redis.ResponseError as exc:
-        if isinstance(exc, RedisRefused | RedisPermissionError):
-            raise
-        text = str(exc)
-        if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
-            raise RedisPermissionError(f"Redis's ACL refused this user: {text}") from exc
-        # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
-        # script's refusal in a plain error that keeps it in the text.
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:
-            raise RedisRefused(
-                f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
-            ) from exc
-        if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text or "MISCONF" in text:
-            raise RedisRefused(f"Redis refused the write: {text}") from exc
-        raise

@@ -1,26 +1,59 @@
-"""Load the Lua scripts shipped in ``kombu_delay/store/lua`` (one script per file)."""
+"""Load the Lua scripts shipped in ``kombu_delay/store/lua`` (one script per file).
+
+Redis runs each script as one chunk, so a helper has to travel inside each script's text. A
+script names the helpers it uses, one line each, after its header::
+
+    --- @include clock
+
+which stands for ``lua/_clock.lua`` (a helper file may include others). Each helper goes in
+once, where it is first named, its own includes before it, so every function is defined
+before the code that calls it.
+"""
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 
 import redis
 from redis.commands.core import Script
 
-#: Helpers put in front of every script (``lua/_common.lua``): Redis runs each script as
-#: one chunk, so a shared Lua function has to travel inside each script's text.
-COMMON = "_common"
+#: An include line: ``--- @include <helper>``.
+INCLUDE = re.compile(r"^--- @include ([a-z_]+)[ \t]*$")
+
+
+def _path(name: str) -> str:
+    return f"lua/{name}.lua"
 
 
 @cache
 def _read(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return resources.files(__package__).joinpath(_path(name)).read_text("utf-8")
 
 
+def _expand(name: str, included: set[str]) -> list[str]:
+    lines: list[str] = []
+    for line in _read(name).splitlines(keepends=True):
+        match = INCLUDE.match(line)
+        if match is None:
+            lines.append(line)
+        elif (helper := f"_{match[1]}") not in included:
+            included.add(helper)
+            lines += _expand(helper, included)
+    return lines
+
+
+@cache
 def source(name: str) -> str:
-    """Return the text Redis runs for ``lua/<name>.lua``: the common helpers, then the script."""
-    return _read(COMMON) + _read(name)
+    """Return the text Redis runs for ``lua/<name>.lua``: the script with its includes resolved."""
+    return "".join(_expand(name, set()))
+
+
+def names() -> list[str]:
+    """Return the names of the scripts shipped (helpers, whose names start with ``_``, left out)."""
+    found = resources.files(__package__).joinpath("lua").iterdir()
+    return sorted(f.name[:-4] for f in found if f.name.endswith(".lua") and not f.name.startswith("_"))
 
 
 class Scripts:

@@ -1,7 +1,7 @@
 --[[ cancel: remove one stored message of a task id, found by the caller through the id index.
 
 KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
@@ -19,6 +19,9 @@ The caller reads the message first (Store.find checks the task id inside the pay
 Lua never decodes), so ZREM of that exact member is the claim: a message is never both
 delivered and cancelled.
 ]]
+--- @include clock
+--- @include spaces
+--- @include buckets
 local now = clock(ARGV[7])
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], gc = KEYS[5]}
 local sp, start_s = split_bucket(ARGV[3])

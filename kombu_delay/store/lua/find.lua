@@ -1,6 +1,6 @@
 --[[ find: read the stored messages an id-index entry names, in one round trip.
 
-KEYS[1] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[1] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 ARGV[1] ns       key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] task_id  id-index key
 Returns: {start, score, dest, member, start, score, dest, member, ...} for every member found
@@ -12,6 +12,7 @@ Returns: {start, score, dest, member, start, score, dest, member, ...} for every
          (seq is the bucket's publish counter modulo 2048).
 Bound: one HGETALL per ref, and one ZRANGEBYSCORE of a single score per destination.
 ]]
+--- @include spaces
 local ns, task_id = ARGV[1], ARGV[2]
 local refs = redis.call('HGET', KEYS[1], task_id)
 local found = {}
@@ -19,13 +20,14 @@ if not refs then return found end
 for ref in string.gmatch(refs, '%S+') do
   local sp, start_s, offset, seq = string.match(ref, '^(c?)(%d+):(%d+):(%d+)$')
   if start_s then
+    local s = space(ns, sp)
     local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
-    local fields = redis.call('HGETALL', ns .. sp .. 'm:' .. start_s)
+    local fields = redis.call('HGETALL', s.meta(start_s))
     for i = 1, #fields, 2 do
       local name = fields[i]
       if string.sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
         local dest = string.sub(name, 3)
-        local members = redis.call('ZRANGEBYSCORE', ns .. sp .. 'z:' .. start_s .. ':' .. dest, score, score, 'WITHSCORES')
+        local members = redis.call('ZRANGEBYSCORE', s.zset(start_s, dest), score, score, 'WITHSCORES')
         for j = 1, #members, 2 do
           found[#found + 1] = sp .. start_s
           found[#found + 1] = members[j + 1]

@@ -1,18 +1,27 @@
---[[ heartbeat: record that a mover is alive, by the Redis clock, and forget long-dead movers.
+--[[ heartbeat: record that a mover is alive, by the Redis clock, and forget long-dead movers;
+refuse data in another storage format.
 
 KEYS[1] movers  ZSET  <ns>movers   mover id -> last heartbeat, epoch ms
+KEYS[2] totals  HASH  <ns>totals   lifetime counters, and the field "format"
 ARGV[1] mover_id
 ARGV[2] forget_after  drop movers silent for longer than this, ms
 ARGV[3] now_ms        epoch ms to judge by; '' = Redis TIME (tests drive time through it)
-Returns: now_ms
+ARGV[4] format        the storage format this mover reads and writes (keys.py FORMAT)
+Returns: {now_ms, format}: the format found, or ARGV[4] when none was recorded yet (it is
+         recorded then). When another one is found nothing is written: the mover stops.
 Bound: O(log n + dropped) in the number of movers.
 ]]
-local movers = KEYS[1]
+--- @include clock
+local movers, totals = KEYS[1], KEYS[2]
 local mover_id = ARGV[1]
 local forget_after = tonumber(ARGV[2])
+local format = ARGV[4]
 local now = clock(ARGV[3])
+local found = redis.call('HGET', totals, 'format')
+if found and found ~= format then return {now, found} end
 -- Trim first: Redis refuses a script whose first write may grow memory (ZADD) while
 -- maxmemory is exceeded, and a mover must keep its heartbeat then.
 redis.call('ZREMRANGEBYSCORE', movers, '-inf', '(' .. string.format('%d', now - forget_after))
 redis.call('ZADD', movers, now, mover_id)
-return now
+if not found then redis.call('HSET', totals, 'format', format) end
+return {now, format}

@@ -1,7 +1,7 @@
 --[[ move: move due messages onto their destination lists, oldest bucket first.
 
 KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
@@ -23,7 +23,7 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
 Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of that
-        destination is taken: Redis 7+ is asked first (assert_may_push in _common.lua), and
+        destination is taken: Redis 7+ is asked first (assert_may_push in _push.lua), and
         on Redis 6 the LPUSH comes before the removal (move_head).
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
@@ -42,6 +42,12 @@ The id index is not touched here: once a bucket is drained it waits in <ns>gc un
 (nothing can be scheduled into it after that), and then its task-id list drives the clean-up
 of its refs, in this script's leftover budget, so a burst is never slowed by it.
 ]]
+--- @include clock
+--- @include refs
+--- @include push
+--- @include lateness
+--- @include spaces
+--- @include buckets
 local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
@@ -51,7 +57,8 @@ local max_len = tonumber(ARGV[3])
 local now, now_us = clock(ARGV[5])
 local due_by = now + (tonumber(ARGV[6] or '') or 0)
 local upper = '(' .. string.format('%d', due_by + 1)  -- floor(score) <= due_by, never earlier
-local k = {ns = ns, index = index, gc = gc}
+local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
+local s = k.space
 
 local moved, held, expired, wrong = 0, 0, 0, 0
 local add_late, finish_lateness = lateness_runs()
@@ -97,7 +104,7 @@ end
 
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
-  local meta = ns .. 'm:' .. start_s
+  local meta = s.meta(start_s)
   local fields = redis.call('HGETALL', meta)
   local end_ms, left_total = nil, 0
   local expiry, pushed = {}, {}
@@ -109,7 +116,7 @@ local function visit(start_s)
       expiry[sub(name, 3)] = n
     elseif n > 0 and sub(name, 1, 2) == 'q:' and budget > 0 then
       local dest = sub(name, 3)
-      local zset = ns .. 'z:' .. start_s .. ':' .. dest
+      local zset = s.zset(start_s, dest)
       local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
       if not head[2] then
         -- Gone while counted: expired after its grace, or deleted by hand.
@@ -184,11 +191,11 @@ if budget > 0 then
     if redis.call('ZSCORE', index, start_s) then
       redis.call('ZREM', gc, start_s)  -- scheduled into again: it comes back when it drains
     else
-      local tasks = ns .. 't:' .. start_s
+      local tasks = s.tasks(start_s)
       local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
       drop_start_refs(ids, chunk, start_s)
       if #chunk < budget then
-        redis.call('DEL', tasks, ns .. 'm:' .. start_s)
+        redis.call('DEL', tasks, s.meta(start_s))
         redis.call('ZREM', gc, start_s)
         budget = budget - math.max(1, #chunk)
       else
@@ -209,11 +216,11 @@ if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
 -- time found so far are looked at too (none with one width).
 local function earliest_in(start_s)
   local best
-  local fields = redis.call('HGETALL', ns .. 'm:' .. start_s)
+  local fields = redis.call('HGETALL', s.meta(start_s))
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
-      local head = redis.call('ZRANGE', ns .. 'z:' .. start_s .. ':' .. sub(name, 3), 0, 0, 'WITHSCORES')
+      local head = redis.call('ZRANGE', s.zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
       if head[2] then
         local due = floor(tonumber(head[2]))
         if not best or due < best then best = due end

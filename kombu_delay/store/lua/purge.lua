@@ -19,18 +19,22 @@ by rank and never reads a message; buckets whose meta hash counts none of these 
 one HMGET. The refs of purged messages are dropped with their bucket's (see move.lua); a cold
 bucket has no task-id list, so there they are read off the members (cold_task_id) first.
 ]]
+--- @include clock
+--- @include refs
+--- @include spaces
+--- @include buckets
 local index, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
 local cursor = ARGV[3]
 local dests, fields = {}, {}
-local sp = ARGV[4]
 for i = 6, #ARGV do
   dests[#dests + 1] = ARGV[i]
   fields[#fields + 1] = 'q:' .. ARGV[i]
 end
 local now = clock(ARGV[5])
-local k = {ns = ns, index = index, gc = KEYS[4], sp = sp}
+local k = in_space({ns = ns, gc = KEYS[4]}, ARGV[4])
+local s = k.space
 
 local removed, lost = 0, 0
 local budget = limit
@@ -44,20 +48,20 @@ local starts = redis.call('ZRANGEBYSCORE', index, cursor, '+inf', 'LIMIT', 0, li
 for _, start_s in ipairs(starts) do
   if budget <= 0 then return finish(0, start_s) end
   budget = budget - 1
-  local meta = ns .. sp .. 'm:' .. start_s
+  local meta = s.meta(start_s)
   local counted = redis.call('HMGET', meta, unpack(fields))
   local touched = false
   for i, dest in ipairs(dests) do
     local n = tonumber(counted[i] or '0')
     while n > 0 do
       if budget <= 0 then return finish(0, start_s) end
-      local zset = ns .. sp .. 'z:' .. start_s .. ':' .. dest
-      if sp == 'c' then
+      local zset = s.zset(start_s, dest)
+      if s.cold then  -- no task-id list: the refs go with the members
         local doomed = redis.call('ZRANGE', zset, 0, budget - 1, 'WITHSCORES')
         local task_ids, refs = {}, {}
         for j = 1, #doomed, 2 do
           task_ids[#task_ids + 1] = cold_task_id(doomed[j])
-          refs[#refs + 1] = 'c' .. score_ref(start_s, tonumber(doomed[j + 1]))
+          refs[#refs + 1] = s.tag .. score_ref(start_s, tonumber(doomed[j + 1]))
         end
         drop_refs(KEYS[5], task_ids, function(j) return refs[j] end)
       end

@@ -1,7 +1,7 @@
 --[[ reschedule: replace one stored message by a new payload due at another time, atomically.
 
 KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dest    LIST  kombu's queue list key (written only when the new due time has passed)
@@ -33,10 +33,15 @@ Raises: NOPERM when the due time has passed and the ACL refuses LPUSH onto the d
         before the take).
 Bound: a constant number of O(log n) commands.
 
-The old message is claimed in this one script (ZSCORE, then ZREM in take in _common.lua): if
+The old message is claimed in this one script (ZSCORE, then ZREM in take in _buckets.lua): if
 a mover moved it a moment ago, nothing happens, so a message is never both delivered and
 rescheduled.
 ]]
+--- @include clock
+--- @include push
+--- @include spaces
+--- @include buckets
+--- @include put
 local dest_key = KEYS[5]
 local due = tonumber(ARGV[10])
 local max_delay, max_due = tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -61,7 +66,8 @@ if due <= now then
 end
 
 -- The queue's x-expires, if its publish gave one, goes with the message.
-local expires = tonumber(redis.call('HGET', ARGV[1] .. old_sp .. 'm:' .. old_start, 'e:' .. dest) or 0)
+local old_space = space(ARGV[1], old_sp)
+local expires = tonumber(redis.call('HGET', old_space.meta(old_start), 'e:' .. dest) or 0)
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
            expires = expires}
@@ -70,7 +76,7 @@ if due <= now then
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
   -- known to be there; the empty ZREMRANGEBYRANK is this script's first write, one that
   -- cannot grow memory, so that under maxmemory the push is still allowed.
-  local old_set = k.ns .. old_sp .. 'z:' .. old_start .. ':' .. dest
+  local old_set = old_space.zset(old_start, dest)
   if not redis.call('ZSCORE', old_set, ARGV[6]) then return {0, due, now} end
   checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
   checked_call('LPUSH', dest_key, payload)

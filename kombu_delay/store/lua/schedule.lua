@@ -26,16 +26,20 @@ ARGV[14] thaw      ms: a cold member due no later than now + this is refused (co
 ARGV[15] now_ms    epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[16] fresh     ms: when not '0', also count the movers with a heartbeat this fresh (a
                    publisher asks once, to warn when no mover serves its namespace)
+ARGV[17] format    the storage format (keys.py FORMAT), recorded in totals when none is
 Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[16]), else -1;
          code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          max_due (nothing written), -2 a cold member due too soon (nothing written: the
          caller stores the message itself)
-Bound: a constant number of O(log n) commands (put in _common.lua).
+Bound: a constant number of O(log n) commands (put in _put.lua).
 
 The bucket's own keys (<ns>m:<start>, <ns>z:<start>:<dest>, <ns>t:<start>) are named from the
 due time here; Redis Cluster is not supported, so they need not be declared in KEYS.
 ]]
+--- @include clock
+--- @include spaces
+--- @include put
 local index, ids, counts, totals, dest_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ns = ARGV[1]
 local when = tonumber(ARGV[4])
@@ -62,6 +66,8 @@ if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now, movers}
 end
 
+-- Never over another format: a mover or an inspection reading it refuses it (heartbeat.lua).
+redis.call('HSETNX', totals, 'format', ARGV[17])
 local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
            counter = 'scheduled', expires = tonumber(ARGV[12])}

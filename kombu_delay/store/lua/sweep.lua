@@ -25,23 +25,26 @@ So each bucket visited here is given its grace again from now: a message expires
 mover swept it for a whole grace. A bucket due in the future has more than its grace left
 already, and costs nothing but the reads.
 ]]
+--- @include clock
+--- @include spaces
+--- @include buckets
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
 local now = clock(ARGV[4])
 local DAY = 86400000
 local DEFAULT_GRACE = 7 * DAY
 local sub = string.sub
-local spaces = {{sp = '', index = KEYS[1]}, {sp = 'c', index = KEYS[2]}}
+local spaces = {space(ns, ''), space(ns, 'c')}  -- KEYS[1], KEYS[2]
 
 local renewed, lost, rebuilt, visited = 0, 0, 0, 0
 local keep_shared = 0
 
 -- A meta hash gone while its bucket is indexed (evicted, or deleted by hand): its destinations
 -- are found again among the counted ones, so its messages are tracked (and kept) again.
-local function rebuild(meta, sp, start_s)
+local function rebuild(meta, s, start_s)
   local found = {}
   for _, dest in ipairs(redis.call('HKEYS', KEYS[4])) do
-    local n = redis.call('ZCARD', ns .. sp .. 'z:' .. start_s .. ':' .. dest)
+    local n = redis.call('ZCARD', s.zset(start_s, dest))
     if n > 0 then
       found[#found + 1] = 'q:' .. dest
       found[#found + 1] = n
@@ -54,11 +57,10 @@ local function rebuild(meta, sp, start_s)
   return redis.call('HGETALL', meta)
 end
 
-local function visit(space, start_s)
-  local sp = space.sp
-  local meta = ns .. sp .. 'm:' .. start_s
+local function visit(s, start_s)
+  local meta = s.meta(start_s)
   local fields = redis.call('HGETALL', meta)
-  if #fields == 0 then fields = rebuild(meta, sp, start_s) end
+  if #fields == 0 then fields = rebuild(meta, s, start_s) end
   local end_ms, x, live, left = nil, nil, {}, 0
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
@@ -68,7 +70,7 @@ local function visit(space, start_s)
       x = n
     elseif sub(name, 1, 2) == 'q:' and n > 0 then
       local dest = sub(name, 3)
-      local zset = ns .. sp .. 'z:' .. start_s .. ':' .. dest
+      local zset = s.zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
         lost = lost + n
         settle_gone(meta, name, KEYS[4], dest, n)
@@ -79,7 +81,7 @@ local function visit(space, start_s)
     end
   end
   if left == 0 then
-    retire(in_space({ns = ns, index = space.index, gc = KEYS[6]}, sp), start_s, end_ms, now)
+    retire(in_space({ns = ns, gc = KEYS[6]}, s.tag), start_s, end_ms, now)
     return
   end
   local grace = DEFAULT_GRACE
@@ -90,7 +92,8 @@ local function visit(space, start_s)
   -- memory (HSET), and a held message must keep its expiry pushed out then too.
   for _, zset in ipairs(live) do redis.call('PEXPIREAT', zset, until_ms) end
   redis.call('PEXPIREAT', meta, until_ms + DAY)
-  if sp == '' then redis.call('PEXPIREAT', ns .. 't:' .. start_s, until_ms + DAY) end
+  local tasks = s.tasks(start_s)
+  if tasks then redis.call('PEXPIREAT', tasks, until_ms + DAY) end
   redis.call('HSET', meta, 'x', until_ms)
   renewed = renewed + 1
   if until_ms + DAY > keep_shared then keep_shared = until_ms + DAY end
@@ -109,17 +112,17 @@ end
 local first, lower = 1, '-inf'
 if ARGV[2] ~= '' then
   local sp, start_s = string.match(ARGV[2], '^(c?):(%d+)$')
-  if sp == 'c' then first = 2 end
+  if sp == spaces[2].tag then first = 2 end
   lower = '(' .. start_s
 end
 for i = first, 2 do
-  local space = spaces[i]
+  local s = spaces[i]
   if i > first then lower = '-inf' end
-  local starts = redis.call('ZRANGEBYSCORE', space.index, lower, '+inf', 'LIMIT', 0, limit - visited)
+  local starts = redis.call('ZRANGEBYSCORE', s.index, lower, '+inf', 'LIMIT', 0, limit - visited)
   for _, start_s in ipairs(starts) do
-    visit(space, start_s)
+    visit(s, start_s)
     visited = visited + 1
-    if visited >= limit then return finish(space.sp .. ':' .. start_s) end
+    if visited >= limit then return finish(s.tag .. ':' .. start_s) end
   end
 end
 return finish('')

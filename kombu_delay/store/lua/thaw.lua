@@ -2,7 +2,7 @@
 ordinary buckets, where movers push them when due.
 
 KEYS[1] index   ZSET  <ns>index     the ordinary buckets' index
-KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _common.lua)
+KEYS[2] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
 KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] cindex  ZSET  <ns>cindex    the cold buckets' index
@@ -19,13 +19,18 @@ Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that
 Bound: about six O(log n) commands per message, and a constant number per bucket.
 
 Each message leaves the cold space (ZREM first, so a member already gone is left alone)
-and enters the ordinary one (put_group in _common.lua) in this one script, so a crash can
+and enters the ordinary one (put_group in _put.lua) in this one script, so a crash can
 neither lose nor duplicate one; its id-index ref is replaced by the new one. It keeps its due time, and its bucket width, grace and
 x-expires as its publisher set them; one that is overdue (no mover ran in time) goes into
 a bucket that is due now, and is moved by the next move call. A message that could not be
 restored leaves the cold space for the dead-letter list, counted as dead (and as expired,
 so the lifetime totals add up). Under maxmemory the call is refused as a whole.
 ]]
+--- @include clock
+--- @include refs
+--- @include spaces
+--- @include buckets
+--- @include put
 local ns = ARGV[1]
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
@@ -34,6 +39,7 @@ redis.call('ZADD', KEYS[5], 'XX', 0, '')
 local now = clock(ARGV[3])
 local thawed, dead, merged, gone = 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
+local cs = cold.space
 local cold_meta, removed, touched = {}, {}, {}
 local groups, order = {}, {}
 
@@ -45,22 +51,22 @@ for i = 4, #ARGV, 5 do
   local start_s, score_s, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local meta = cold_meta[start_s]
   if not meta then
-    local known = redis.call('HMGET', ns .. 'cm:' .. start_s, 'end', 'x')
+    local known = redis.call('HMGET', cs.meta(start_s), 'end', 'x')
     local end_ms = tonumber(known[1]) or (tonumber(start_s) + 60000)
     meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = (tonumber(known[2]) or end_ms) - end_ms,
             expires = {}}
     cold_meta[start_s] = meta
   end
   if meta.expires[dest] == nil then
-    meta.expires[dest] = tonumber(redis.call('HGET', ns .. 'cm:' .. start_s, 'e:' .. dest) or 0)
+    meta.expires[dest] = tonumber(redis.call('HGET', cs.meta(start_s), 'e:' .. dest) or 0)
   end
-  if redis.call('ZREM', ns .. 'cz:' .. start_s .. ':' .. dest, member) == 0 then
+  if redis.call('ZREM', cs.zset(start_s, dest), member) == 0 then
     gone = gone + 1
   else
     local score = tonumber(score_s)
     local due = math.floor(score)
     local task_id = cold_task_id(member)
-    local ref = 'c' .. score_ref(start_s, score)
+    local ref = cs.tag .. score_ref(start_s, score)
     if not removed[start_s] then
       removed[start_s] = {}
       touched[#touched + 1] = start_s
@@ -90,7 +96,7 @@ for i = 4, #ARGV, 5 do
 end
 
 for _, start_s in ipairs(touched) do
-  local meta = ns .. 'cm:' .. start_s
+  local meta = cs.meta(start_s)
   for dest, n in pairs(removed[start_s]) do redis.call('HINCRBY', meta, 'q:' .. dest, -n) end
   local empty, end_ms = drained_counts(meta)
   if empty then retire(cold, start_s, end_ms, now) end
@@ -98,11 +104,11 @@ end
 
 for _, key in ipairs(order) do
   local g = groups[key]
-  local k = {ns = ns, index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
+  local k = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
              width = g.width,
              -- An overdue message's bucket must not expire before its mover comes.
              grace = g.grace + math.max(0, now - g.first_due),
-             wake = ARGV[2], expires = g.expires, counted = true}
+             wake = ARGV[2], expires = g.expires, counted = true}, '')  -- index: KEYS[1]
   local codes = put_group(k, now, g.start, g.dest, g.msgs)
   for i, code in ipairs(codes) do
     if code == 2 then

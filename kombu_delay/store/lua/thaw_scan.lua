@@ -18,6 +18,9 @@ Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, one ZRANG
 Listing takes nothing: a member two movers both list is thawed by the first (thaw.lua's
 ZREM), and a mover that dies between the two calls leaves it where it was.
 ]]
+--- @include clock
+--- @include spaces
+--- @include buckets
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
@@ -25,6 +28,7 @@ local now = clock(ARGV[4])
 local horizon = now + tonumber(ARGV[2])
 local horizon_s = string.format('%d', horizon)
 local k = in_space({ns = ns}, 'c')
+local cs = k.space
 
 local listed, expired = {}, 0
 local wanted = limit
@@ -39,7 +43,7 @@ for _, start_s in ipairs(starts) do
     more = 1
     break
   end
-  local meta = ns .. 'cm:' .. start_s
+  local meta = cs.meta(start_s)
   local fields = redis.call('HGETALL', meta)
   local left, end_ms = 0, nil
   for i = 1, #fields, 2 do
@@ -47,7 +51,7 @@ for _, start_s in ipairs(starts) do
     if name == 'end' then end_ms = n end
     if string.sub(name, 1, 2) == 'q:' and n > 0 then
       local dest = string.sub(name, 3)
-      local zset = ns .. 'cz:' .. start_s .. ':' .. dest
+      local zset = cs.zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
         -- Gone while counted: settle the count, as move.lua does. Their refs stay in the
         -- id index (a cold bucket keeps no task-id list) and name nothing.

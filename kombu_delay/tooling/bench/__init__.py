@@ -9,6 +9,7 @@ table with the project's targets, writes the results as JSON, and draws charts
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -37,8 +38,8 @@ Scenario = Callable[[Ctx], dict[str, Any]]
 
 
 def scenarios(with_e2e: bool, with_drain: bool = False) -> dict[str, Scenario]:
-    """Every scenario in run order; ``inspect`` when its module is installed; ``e2e`` and
-    ``drain`` (real workers, minutes) only when asked for."""
+    """Every scenario in run order; ``inspect`` when its module is installed, ``web`` with the
+    web extra; ``e2e`` and ``drain`` (real workers, minutes) only when asked for."""
     found: dict[str, Scenario] = dict(SCENARIOS)
     try:
         inspect_mod = importlib.import_module("kombu_delay.tooling.bench.inspect")
@@ -46,6 +47,8 @@ def scenarios(with_e2e: bool, with_drain: bool = False) -> dict[str, Scenario]:
         inspect_mod = None
     if inspect_mod is not None and hasattr(inspect_mod, "run"):
         found["inspect"] = inspect_mod.run
+    if importlib.util.find_spec("flask") is not None:  # the dashboard, with the web extra
+        found["web"] = importlib.import_module("kombu_delay.tooling.bench.web").run
     if with_e2e:
         from kombu_delay.tooling.bench.e2e import e2e
 
@@ -69,7 +72,7 @@ def _plain_url(url: str) -> str:
 @click.option(
     "--only",
     default="",
-    help="Comma-separated scenarios (publish,precision,burst,memory,thaw,scale,herd,e2e,inspect,drain).",
+    help="Comma-separated scenarios (publish,precision,burst,memory,thaw,scale,herd,e2e,inspect,web,drain).",
 )
 @click.option(
     "--e2e", "with_e2e", is_flag=True, help="Also run the end-to-end scenario with stock Celery workers."

@@ -34,7 +34,7 @@ import click
 import redis
 from celery import Celery
 
-from kombu_delay.eta import parse_iso_ms
+from kombu_delay.message import parse_iso_ms
 from kombu_delay.tooling.bench.env import QUEUE, TASK, now_ms, rss_mb
 from kombu_delay.tooling.redis_server import stop_process
 

@@ -94,7 +94,7 @@ def e2e(ctx: Any) -> dict[str, Any]:
             due = int(base + random.uniform(0, 10_000))
             delayed.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due), queue=QUEUE)
         _wait(lambda: ctx.probe.client.llen(STARTS) >= n, timeout=90, interval=0.2)
-        from kombu_delay.eta import parse_iso_ms
+        from kombu_delay.message import parse_iso_ms
 
         records = [json.loads(x) for x in ctx.probe.client.lrange(STARTS, 0, -1)]
         late = [start - parse_iso_ms(eta) for _, eta, start in records if eta]

@@ -26,7 +26,7 @@ import redis
 from celery import Celery
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.store import Store, scripts
 from kombu_delay.store.replies import Scheduled
 from kombu_delay.tooling.redis_server import stop_process

@@ -19,7 +19,7 @@ from typing import Any
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.eta import Due
+from kombu_delay.message import Due
 from kombu_delay.tooling.redis_server import RedisServer
 
 #: Key prefix of the benchmark's data, so it never mixes with an app's.

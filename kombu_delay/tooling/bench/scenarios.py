@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kombu_delay.config import Settings
-from kombu_delay.eta import Due, parse_iso_ms
+from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.tooling.bench.env import (
     QUEUE,

@@ -165,64 +165,15 @@ def run(view: View, workdir: Path) -> bool:
         client = server.client()
         store = Store(client)
         view.say(f"Redis      {server.binary} on 127.0.0.1:{server.port} (pid {server.process.pid})")  # type: ignore[union-attr]
-        mover = Child(
-            "mover",
-            [sys.executable, "-m", "kombu_delay", "--broker", server.delay_url, "mover"],
-            workdir / "mover.log",
-        )
-        children.append(mover)
-        view.say(f"mover      kombu-delay --broker {server.delay_url} mover (pid {mover.popen.pid})")
-        worker_args = [sys.executable, "-m", "celery", "-A", "kombu_delay.tooling.demo.app", "worker"]
-        worker_args += ["--pool", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"]
-        worker_args += ["--loglevel", "INFO", "--hostname", "demo@%h"]
-        worker = Child("worker", worker_args, workdir / "worker.log", {demo_app.BROKER_ENV: server.url})
-        children.append(worker)
-        view.say(f"worker     celery worker on plain {server.url} (pid {worker.popen.pid})")
-
+        start_children(view, server, workdir, children)
         producer = Celery("kombu_delay_demo_producer", broker=server.delay_url)
         runs = demo_app.Runs(client)
         view.say("waiting for the mover and the worker to start...")
         wait_for("the mover's first heartbeat", store.heartbeats, children)
         warmup = producer.send_task(demo_app.TASK_NAME, args=(0,))
         wait_for("the worker's first task", lambda: warmup.id in runs.started_ids(), children)
-
-        tasks = [Task(n, c) for n, c in enumerate(COUNTDOWNS, 1)]
-        by_id: dict[str, Task] = {}
-        for task in tasks:
-            sent_ms = int(time.time() * 1000)
-            task.id = producer.send_task(demo_app.TASK_NAME, args=(task.number,), countdown=task.countdown).id
-            task.due_ms = sent_ms + int(task.countdown * 1000)
-            by_id[task.id] = task
-        view.say(
-            f"\nScheduled {len(tasks)} tasks with countdowns {COUNTDOWNS[0]:g} s to {COUNTDOWNS[-1]:g} s "
-            f"through {server.delay_url}.\nThey wait in Redis sorted sets, not in the worker; "
-            "the mover puts each\non the plain Celery queue when it is due.\n"
-        )
-        start = time.monotonic()
-        deadline = start + COUNTDOWNS[-1] + STRAGGLER_TIMEOUT_S
-        watch_until: float | None = None
-        while True:
-            for record in runs.new():
-                seen = by_id.get(record["id"])
-                if seen is None:
-                    continue  # the warm-up task
-                if record["eta_ms"] is not None:
-                    seen.due_ms = int(record["eta_ms"])
-                if record["event"] == "received":
-                    seen.received_ms.append(record["at_ms"])
-                    continue
-                seen.started_ms.append(record["at_ms"])
-                if len(seen.started_ms) == 1:
-                    view.fired(seen)
-            for child in children:
-                child.check()
-            view.draw(tasks, sum(store.counts().values()), time.monotonic() - start)
-            now = time.monotonic()
-            if watch_until is None and all(t.started_ms for t in tasks):
-                watch_until = now + DUPLICATE_WATCH_S
-            if (watch_until is not None and now >= watch_until) or now >= deadline:
-                break
-            time.sleep(REFRESH_S)
+        tasks = schedule(view, producer, server.delay_url)
+        watch(view, tasks, runs, store, children)
         return summary(view, tasks, sum(store.counts().values()))
     finally:
         if producer is not None:
@@ -230,6 +181,77 @@ def run(view: View, workdir: Path) -> bool:
         for child in reversed(children):
             child.stop()
         server.stop()
+
+
+def start_children(view: View, server: RedisServer, workdir: Path, children: list[Child]) -> None:
+    """Start the mover (on ``delayredis://``) and a stock worker (on plain ``redis://``), each
+    added to ``children`` as soon as it runs, so that the caller stops it whatever follows."""
+    from kombu_delay.tooling.demo import app as demo_app
+
+    mover = Child(
+        "mover",
+        [sys.executable, "-m", "kombu_delay", "--broker", server.delay_url, "mover"],
+        workdir / "mover.log",
+    )
+    children.append(mover)
+    view.say(f"mover      kombu-delay --broker {server.delay_url} mover (pid {mover.popen.pid})")
+    worker_args = [sys.executable, "-m", "celery", "-A", "kombu_delay.tooling.demo.app", "worker"]
+    worker_args += ["--pool", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    worker_args += ["--loglevel", "INFO", "--hostname", "demo@%h"]
+    worker = Child("worker", worker_args, workdir / "worker.log", {demo_app.BROKER_ENV: server.url})
+    children.append(worker)
+    view.say(f"worker     celery worker on plain {server.url} (pid {worker.popen.pid})")
+
+
+def schedule(view: View, producer: Any, delay_url: str) -> list[Task]:
+    """Send the demo's tasks with their countdowns; return them with their ids and ETAs."""
+    from kombu_delay.tooling.demo import app as demo_app
+
+    tasks = [Task(n, c) for n, c in enumerate(COUNTDOWNS, 1)]
+    for task in tasks:
+        sent_ms = int(time.time() * 1000)
+        task.id = producer.send_task(demo_app.TASK_NAME, args=(task.number,), countdown=task.countdown).id
+        task.due_ms = sent_ms + int(task.countdown * 1000)
+    view.say(
+        f"\nScheduled {len(tasks)} tasks with countdowns {COUNTDOWNS[0]:g} s to {COUNTDOWNS[-1]:g} s "
+        f"through {delay_url}.\nThey wait in Redis sorted sets, not in the worker; "
+        "the mover puts each\non the plain Celery queue when it is due.\n"
+    )
+    return tasks
+
+
+def watch(view: View, tasks: list[Task], runs: Any, store: Store, children: list[Child]) -> None:
+    """Show each task as it fires, until all ran and no second run followed (or a deadline)."""
+    by_id = {task.id: task for task in tasks}
+    start = time.monotonic()
+    deadline = start + COUNTDOWNS[-1] + STRAGGLER_TIMEOUT_S
+    watch_until: float | None = None
+    while True:
+        for record in runs.new():
+            record_run(view, by_id.get(record["id"]), record)
+        for child in children:
+            child.check()
+        view.draw(tasks, sum(store.counts().values()), time.monotonic() - start)
+        now = time.monotonic()
+        if watch_until is None and all(t.started_ms for t in tasks):
+            watch_until = now + DUPLICATE_WATCH_S
+        if (watch_until is not None and now >= watch_until) or now >= deadline:
+            return
+        time.sleep(REFRESH_S)
+
+
+def record_run(view: View, task: Task | None, record: dict[str, Any]) -> None:
+    """Note one event the worker recorded (received or started) on its task."""
+    if task is None:
+        return  # the warm-up task
+    if record["eta_ms"] is not None:
+        task.due_ms = int(record["eta_ms"])
+    if record["event"] == "received":
+        task.received_ms.append(record["at_ms"])
+        return
+    task.started_ms.append(record["at_ms"])
+    if len(task.started_ms) == 1:
+        view.fired(task)
 
 
 def summary(view: View, tasks: list[Task], held: int) -> bool:

@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 from celery.signals import task_received
 
-from kombu_delay.eta import parse_iso_ms
+from kombu_delay.message import parse_iso_ms
 
 BROKER_ENV = "KOMBU_DELAY_DEMO_BROKER"
 #: The demo's own record list (not a kombu-delay key: the demo reads it, nothing else does).

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -18,132 +17,30 @@ from kombu.connection import Connection
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import connection, default_channel, store_of
+from kombu_delay.control.results import (
+    DeadLetter,
+    Page,
+    ScheduledMessage,
+    Slot,
+    Stats,
+    histogram_slots,
+)
 from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
-from kombu_delay.eta import to_ms
-from kombu_delay.mover.watch import ALERT_KEEP_MS
-from kombu_delay.ops.checks import eviction_problem
-from kombu_delay.payload import index_id, task_name, with_eta
+from kombu_delay.message import index_id, task_name, to_ms, with_eta
+from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Stored
 
-HOUR_MS = 3_600_000
-#: Most rows a due-time histogram may have.
-MAX_SLOTS = 1000
-#: Longest histogram horizon or slot, ms: nothing can be due further out than the year-2109
-#: ceiling of a due time, and longer spans make slot times past what a datetime can hold.
-MAX_SPAN_MS = keys.MAX_DUE_MS
-
-
-@dataclass(frozen=True)
-class ScheduledMessage:
-    """One scheduled message, as :meth:`DelayControl.scheduled` lists it."""
-
-    #: Celery task id (or kombu message id): the id cancel and reschedule take.
-    task_id: str
-    #: Celery task name, when the payload is a Celery task.
-    task: str | None
-    #: Queue name, and the exact list key the mover will push onto.
-    queue: str
-    dest: str
-    #: Due time, epoch ms (Redis clock).
-    due_ms: int
-    #: Payload size, bytes.
-    size: int
-
-    @property
-    def eta(self) -> datetime:
-        """The due time as an aware UTC datetime."""
-        return datetime.fromtimestamp(self.due_ms / 1000, UTC)
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page of :meth:`DelayControl.scheduled`; pass ``cursor`` back for the next."""
-
-    items: list[ScheduledMessage]
-    #: Opaque position after the last item; ``None`` when the listing is complete.
-    cursor: str | None
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One row of the due-time histogram: messages due in ``[start_ms, end_ms)``."""
-
-    start_ms: int
-    end_ms: int
-    count: int
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A cheap snapshot of what is scheduled (counters and bucket sizes, no member reads)."""
-
-    #: Redis clock when taken, epoch ms.
-    now_ms: int
-    #: Messages scheduled in all, per destination list key, and per queue name.
-    scheduled: int
-    by_destination: dict[str, int]
-    by_queue: dict[str, int]
-    #: Due time of the earliest scheduled message, epoch ms; ``None`` when none is.
-    earliest_due_ms: int | None
-    #: Messages already due but not moved yet, and the age of the oldest (mover lag), ms.
-    overdue: int
-    oldest_overdue_ms: int
-    #: Due-time histogram for the coming hours (slot 0 starts now), and what is due after it.
-    histogram: list[Slot]
-    later: int
-    #: True when a bucket limit cut the overdue count or the histogram short.
-    truncated: bool
-    #: Mover id -> last heartbeat, epoch ms (Redis clock).
-    movers: dict[str, int]
-    #: Lifetime counters: scheduled, moved, cancelled, rescheduled, purged, expired, dead, ...
-    totals: dict[str, int] = field(default_factory=dict)
-    #: Messages still counted in ``by_destination`` whose sorted set is gone (expired or
-    #: evicted) and that no mover has settled yet; not in ``scheduled``.
-    vanished: int = 0
-    #: What endangers scheduled messages now (an evicting ``maxmemory-policy``, messages
-    #: stranded under another key prefix): one sentence each, saying what to do.
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def last_heartbeat_ms(self) -> int | None:
-        """The most recent mover heartbeat, epoch ms, or ``None`` if no mover is known."""
-        return max(self.movers.values(), default=None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the snapshot as JSON-ready data."""
-        data = asdict(self)
-        data["last_heartbeat_ms"] = self.last_heartbeat_ms
-        return data
-
-
-def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
-    """Return (slot width in ms, slot count) of a ``stats`` histogram; raise ``ValueError``
-    for more than ``MAX_SLOTS`` slots, and for an ``hours`` or ``slot_minutes`` that is not
-    finite or spans more than ``MAX_SPAN_MS``."""
-    if not (math.isfinite(hours) and math.isfinite(slot_minutes)):
-        raise ValueError(f"histogram of {hours} hours in {slot_minutes}-minute slots: both must be finite")
-    # Checked as floats, before rounding: round() of an infinite product raises OverflowError,
-    # and a slot start past the year 9999 cannot be shown as a time.
-    if abs(hours) * HOUR_MS > MAX_SPAN_MS or abs(slot_minutes) * 60_000 > MAX_SPAN_MS:
-        raise ValueError(
-            f"histogram of {hours:g} hours in {slot_minutes:g}-minute slots: each is at most "
-            f"{MAX_SPAN_MS / HOUR_MS:,.0f} hours (nothing is due after the year 2109)"
-        )
-    slot_ms = max(1, round(slot_minutes * 60_000))
-    slots = max(1, round(hours * HOUR_MS / slot_ms))
-    if slots > MAX_SLOTS:
-        raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")
-    return slot_ms, slots
-
-
-def warnings(store: Store) -> list[str]:
-    """What endangers the scheduled messages of ``store`` now: Redis's eviction policy, read
-    here, and what movers recorded in the alerts hash (stranded key prefixes)."""
-    found = [eviction_problem(store.eviction_policy())]
-    found += list(store.alerts(ALERT_KEEP_MS).values())
-    return [text for text in found if text]
+__all__ = [
+    "DeadLetter",
+    "DelayControl",
+    "Page",
+    "ScheduledMessage",
+    "Slot",
+    "Stats",
+    "histogram_slots",
+]
 
 
 class DelayControl:
@@ -233,20 +130,7 @@ class DelayControl:
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
         store = self.store
-        if eta is not None:
-            due_ms = to_ms(eta)
-        else:
-            seconds = float(countdown or 0)
-            if not math.isfinite(seconds):
-                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
-            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
-            # either way is far past the ceiling or before the epoch, so no outcome changes.
-            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
-            due_ms = store.time_ms() + round(seconds * 1000)
-        # Any time before the epoch is as past as the epoch: the message goes to its queue now
-        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
-        # fails before the year 1, and on some platforms before 1970) and read by any worker.
-        due_ms = max(due_ms, 0)
+        due_ms = self._new_due_ms(eta, countdown)
         done = 0
         for stored in store.find(task_id):
             # Checked before with_eta as well as by the script: far enough past the ceiling the
@@ -336,8 +220,56 @@ class DelayControl:
             movers=store.heartbeats(),
             totals=store.totals(),
             vanished=census.vanished,
-            warnings=warnings(store),
+            warnings=list(dangers(store)),
         )
+
+    def _new_due_ms(self, eta: datetime | None, countdown: float | None) -> int:
+        """The epoch ms of a reschedule's ``eta``, or of ``countdown`` seconds from the Redis
+        clock's now; never before the epoch."""
+        if eta is not None:
+            due_ms = to_ms(eta)
+        else:
+            seconds = float(countdown or 0)
+            if not math.isfinite(seconds):
+                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
+            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
+            # either way is far past the ceiling or before the epoch, so no outcome changes.
+            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
+            due_ms = self.store.time_ms() + round(seconds * 1000)
+        # Any time before the epoch is as past as the epoch: the message goes to its queue now
+        # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
+        # fails before the year 1, and on some platforms before 1970) and read by any worker.
+        return max(due_ms, 0)
+
+    def overdue(self, max_buckets: int = 1000) -> tuple[dict[str, tuple[int, int]], bool]:
+        """Return, per queue, (messages due but not moved yet, due time of the oldest in epoch
+        ms), and whether ``max_buckets`` cut the count short. Reads only buckets already
+        started, never a message."""
+        store = self.store
+        by_dest, truncated = store.overdue(store.time_ms(), max_buckets)
+        by_queue: dict[str, tuple[int, int]] = {}
+        for dest, (n, oldest) in by_dest.items():
+            name = self.queue_of(dest)
+            had, first = by_queue.get(name, (0, oldest))
+            by_queue[name] = (had + n, min(first, oldest))
+        return by_queue, truncated
+
+    def dead_letters(self, offset: int = 0, limit: int = 50) -> tuple[int, list[DeadLetter]]:
+        """Return how many dead letters there are, and up to ``limit`` from ``offset`` (newest
+        first): members a mover could not restore, kept as stored, never delivered."""
+        if limit <= 0 or offset < 0:
+            raise ValueError("limit must be positive and offset not negative")
+        total, members = self.store.dead_letters(offset, limit)
+        return total, [DeadLetter(m, offset + i) for i, m in enumerate(members)]
+
+    def remove_dead_letter(self, digest: str, near: int = 0, window: int = 100) -> int:
+        """Remove the dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for in
+        ``window`` entries around position ``near``; return 1, or 0 when it is not there."""
+        _, found = self.dead_letters(max(0, near - window // 2), window)
+        for letter in found:
+            if letter.digest == digest:
+                return self.store.remove_dead_letter(letter.member)
+        return 0
 
     @staticmethod
     def _too_far(task_id: str, due_ms: int) -> DelayTooLong:
@@ -362,4 +294,5 @@ class DelayControl:
             dest=stored.dest,
             due_ms=stored.due_ms,
             size=len(message),
+            message=message,
         )

@@ -1,0 +1,227 @@
+"""What a kombu message says: when it is due, its id, its task name, its protocol-1 body.
+
+Time is integer epoch milliseconds (UTC) everywhere in kombu-delay; :func:`to_ms` is the
+one datetime-to-ms helper. A message's due time is read, in this order, from:
+
+1. Celery protocol 2: the ``eta`` header, ISO-8601. With an offset it is
+   taken as written; without one it is UTC, as the Celery worker reads it.
+2. Celery protocol 1: ``eta`` inside a JSON body (``application/json``), for a message of
+   protocol 1's full shape only (:func:`protocol1_body`); other JSON bodies are app data.
+3. Plain kombu: an ``x-delay`` header in milliseconds from now, judged by the
+   Redis clock (the RabbitMQ delayed-message convention).
+
+A stored payload (the JSON string plain kombu would push) is read and its ETA rewritten
+here too, in Python: Lua never decodes a payload (a Lua decode and re-encode corrupts JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kombu_delay.errors import BadETA, DelayTooLong
+from kombu_delay.store.keys import MAX_DUE_MS
+
+
+@dataclass(frozen=True)
+class Due:
+    """A message's due time: absolute epoch ms, or a delay from Redis's now."""
+
+    #: Epoch ms (``relative`` false) or milliseconds from now (``relative`` true).
+    ms: int
+    relative: bool = False
+    #: The task id (Celery), message id, or delivery tag: the key of the id index.
+    task_id: str = ""
+
+
+# -- time -------------------------------------------------------------------------------------
+
+
+def to_ms(when: datetime) -> int:
+    """Return ``when`` as epoch milliseconds. Naive datetimes are rejected."""
+    if when.tzinfo is None or when.tzinfo.utcoffset(when) is None:
+        raise BadETA(f"naive datetime {when.isoformat()!r}: give a timezone (UTC is usual)")
+    return int(when.timestamp() * 1000)
+
+
+def parse_iso_ms(text: str) -> int:
+    """Parse an ISO-8601 ETA to epoch ms; a missing offset means UTC (Celery's rule)."""
+    try:
+        when = datetime.fromisoformat(text)
+    except (TypeError, ValueError) as exc:
+        raise BadETA(f"ETA {text!r} is not ISO-8601") from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return to_ms(when)
+
+
+def iso_utc(ms: int) -> str:
+    """Return epoch ``ms`` as ISO-8601 in UTC with an explicit offset (Celery's ``eta`` form)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+# -- a decoded kombu message (a dict) -----------------------------------------------------------
+
+#: Keys every Celery protocol 1 body has, as they appear in its JSON: a cheap test of the raw
+#: bytes, so that a plain kombu body is decoded only when it could be a Celery task at all.
+_PROTOCOL1_KEYS = (b'"task"', b'"id"', b'"args"', b'"kwargs"', b'"eta"')
+
+
+def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
+    """Return the decoded body of a Celery protocol 1 task message, else ``None``.
+
+    Recognised by its full shape, as Celery's ``as_task_v1`` builds it and its worker reads it:
+    no ``task`` header, and a JSON object body with ``task`` and ``id`` strings, an ``args``
+    list, a ``kwargs`` mapping and an ``eta`` key. Application data that merely has ``task`` and
+    ``eta`` keys is not a Celery task, and plain kombu delivers it as it is.
+    """
+    headers = message.get("headers") or {}
+    if "task" in headers or message.get("content-type") != "application/json":
+        return None
+    raw = _body_bytes(message)
+    if raw is None or not all(key in raw for key in _PROTOCOL1_KEYS):
+        return None
+    try:
+        decoded = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
+        return None
+    if (
+        isinstance(decoded, dict)
+        and isinstance(decoded.get("task"), str)
+        and isinstance(decoded.get("id"), str)
+        and isinstance(decoded.get("args"), list)
+        and isinstance(decoded.get("kwargs"), dict)
+        and "eta" in decoded
+    ):
+        return decoded
+    return None
+
+
+def _body_bytes(message: dict[str, Any]) -> bytes | None:
+    """The body of ``message`` as bytes (base64 ``body_encoding`` undone), or ``None``."""
+    body = message.get("body")
+    if isinstance(body, bytes):
+        return body
+    if not isinstance(body, str):
+        return None
+    props = message.get("properties") or {}
+    try:
+        return base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
+    except ValueError:  # not base64 after all (binascii.Error), or a lone surrogate
+        return None
+
+
+def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
+    """Return the id a message is indexed under: task id, message id or delivery tag."""
+    headers = message.get("headers") or {}
+    props = message.get("properties") or {}
+    for candidate in (headers.get("id"), (body or {}).get("id"), props.get("message_id")):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+    return str(props.get("delivery_tag", ""))
+
+
+def message_due(message: dict[str, Any]) -> Due | None:
+    """Return when ``message`` is due, or ``None`` when it carries no delay.
+
+    Raises :class:`BadETA` for a delay that is present but unusable; the
+    transport then delivers the message at once, as plain kombu would.
+    """
+    headers = message.get("headers") or {}
+    if "task" in headers:  # Celery protocol 2
+        eta = headers.get("eta")
+        if eta is None or eta == "":  # the worker, too, reads an empty ETA as none
+            return None
+        return Due(parse_iso_ms(eta), task_id=message_id(message))
+    if "x-delay" in headers:
+        delay = _x_delay_ms(headers["x-delay"])
+        return Due(delay, relative=True, task_id=message_id(message)) if delay > 0 else None
+    body = protocol1_body(message)
+    if body is not None and body["eta"]:
+        eta = body["eta"]
+        if not isinstance(eta, str):
+            raise BadETA(f"ETA {eta!r} is not ISO-8601")
+        return Due(parse_iso_ms(eta), task_id=message_id(message, body))
+    return None
+
+
+def _x_delay_ms(raw: Any) -> int:
+    """An ``x-delay`` header as whole milliseconds (0 or less: no delay)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise BadETA(f"x-delay {raw!r} is not a number of milliseconds")
+    try:
+        delay = int(float(raw))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadETA(f"x-delay {raw!r} is not a number of milliseconds") from exc
+    if delay >= MAX_DUE_MS:
+        raise DelayTooLong(f"x-delay {raw!r} ms is past the year-2109 ceiling of a due time")
+    return delay
+
+
+# -- a stored payload (the JSON string plain kombu would push) ------------------------------------
+
+
+def _load(payload: bytes | str) -> dict[str, Any] | None:
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def index_id(payload: bytes | str) -> str:
+    """Return the id-index key of a stored payload, as the transport chose it at publish
+    (task id, message id or delivery tag); ``""`` for a payload that is not a kombu message."""
+    message = _load(payload)
+    if message is None:
+        return ""
+    headers = message.get("headers") or {}
+    body = None if "x-delay" in headers else protocol1_body(message)
+    return message_id(message, body)
+
+
+def task_name(payload: bytes | str) -> str | None:
+    """Return the Celery task name of a payload (protocol 2 or 1), or ``None``."""
+    message = _load(payload)
+    if message is None:
+        return None
+    headers = message.get("headers") or {}
+    name = headers.get("task")
+    if name is None:
+        body = protocol1_body(message)
+        name = body["task"] if body is not None else None
+    return name if isinstance(name, str) else None
+
+
+def with_eta(payload: bytes | str, due_ms: int) -> str:
+    """Return ``payload`` with its Celery ETA set to ``due_ms``.
+
+    A worker holds a message in memory until the ETA it carries, whatever time it
+    was delivered, so a message rescheduled earlier must carry its new ETA too.
+    Protocol 2: the ``eta`` header; protocol 1: ``eta`` in the JSON body (base64
+    ``body_encoding`` kept). Other messages (``x-delay``) are returned unchanged:
+    their delivery time is the stored score alone.
+    """
+    text = payload.decode("utf-8") if isinstance(payload, bytes) else payload
+    message = _load(text)
+    if message is None:
+        return text
+    eta = iso_utc(due_ms)
+    headers = message.get("headers") or {}
+    if "task" in headers:
+        headers["eta"] = eta
+        return json.dumps(message)
+    body = protocol1_body(message)
+    if body is None:
+        return text
+    body["eta"] = eta
+    encoded = json.dumps(body).encode("utf-8")
+    props = message.get("properties") or {}
+    if props.get("body_encoding") == "base64":
+        message["body"] = base64.b64encode(encoded).decode("ascii")
+    else:
+        message["body"] = encoded.decode("utf-8")
+    return json.dumps(message)

@@ -1,0 +1,93 @@
+"""What every part of the store shares: the client, the key prefix, the scripts and the clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from kombu_delay.errors import StorageFormatError, translated_errors
+from kombu_delay.store import keys, spaces
+from kombu_delay.store.scripts import Scripts
+
+
+class StoreBase:
+    """kombu-delay's data in one Redis database, under one ``global_keyprefix``."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "",
+        sep: str = keys.KOMBU_PRIORITY_SEP,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.client = client
+        #: Where "now" comes from, epoch ms: ``None`` (production) means the Redis clock, read
+        #: inside each script. Tests pass a clock of their own to drive time instead of
+        #: waiting for it; it must never run behind Redis's clock by more than ``delay_grace``,
+        #: or the expiries it sets delete what they should keep. A method's ``now_ms`` argument
+        #: overrides it for one call.
+        self.clock = clock
+        self.prefix = prefix
+        #: kombu's ``sep`` transport option, between a queue name and its priority step.
+        self.sep = sep
+        self.ns = keys.ns(prefix)
+        self._scripts = Scripts(client)
+        #: The ordinary space's index: the scripts that take one index take this one (a script
+        #: that works on either space is told which, see :mod:`kombu_delay.store.spaces`).
+        self._index = spaces.ORDINARY.index(prefix)
+        self._gc = keys.drained(prefix)
+        self._ids = keys.ids(prefix)
+        self._counts = keys.counts(prefix)
+        self._totals = keys.totals(prefix)
+        #: True once this store saw the data in its own storage format (see :meth:`check_format`).
+        self._format_checked = False
+
+    def _now(self, now_ms: int | None = None) -> str:
+        """The ``now_ms`` argument of a script: ``now_ms`` when given, else this store's
+        clock, else '' (the Redis clock, read inside the script: the production path)."""
+        if now_ms is not None:
+            return str(int(now_ms))
+        return "" if self.clock is None else str(int(self.clock()))
+
+    def check_format(self) -> None:
+        """Raise :class:`StorageFormatError` when the data under this prefix is in a storage
+        format this version cannot read (one HGET). Data with no format recorded yet is taken
+        for this version's: the first publish or heartbeat records it."""
+        with translated_errors():
+            found = self.client.hget(self._totals, keys.FORMAT_FIELD)
+        format_must_be(None if found is None else as_text(found), self.prefix)
+        self._format_checked = True
+
+    def _check_format_once(self) -> None:
+        """:meth:`check_format`, on the first call of an inspection entry point only."""
+        if not self._format_checked:
+            self.check_format()
+
+    def queue_of(self, dest: str) -> str:
+        """Return the queue name of a destination list key."""
+        return keys.queue_of(dest, self.prefix, self.sep)
+
+    def time_ms(self) -> int:
+        """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""
+        if self.clock is not None:
+            return int(self.clock())
+        with translated_errors():
+            sec, usec = self.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+
+def format_must_be(found: str | None, prefix: str) -> None:
+    """Raise :class:`StorageFormatError` unless ``found`` (the recorded storage format, ``None``
+    when none is) is this version's."""
+    if found is not None and found != str(keys.FORMAT):
+        raise StorageFormatError(
+            f"the kombu-delay data under key prefix {prefix!r} is in storage format {found!r}; "
+            f"this version reads and writes format {keys.FORMAT} only (field {keys.FORMAT_FIELD!r} "
+            f"of {keys.totals(prefix)!r})"
+        )
+
+
+def as_text(value: bytes | str) -> str:
+    """A Redis reply as text."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -1,0 +1,129 @@
+"""Editing: cancel, reschedule and purge stored messages, each claimed atomically so that a
+message is never both delivered and cancelled (or rescheduled)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import translated_errors
+from kombu_delay.message import Due
+from kombu_delay.store import keys, spaces
+from kombu_delay.store.base import as_text
+from kombu_delay.store.inspection import Inspecting
+from kombu_delay.store.publish import Publishing
+from kombu_delay.store.replies import Rescheduled, Stored
+
+
+class Editing(Inspecting, Publishing):
+    """What DelayControl calls to change what is stored."""
+
+    def cancel(self, task_id: str, now_ms: int | None = None) -> int:
+        """Remove every message of ``task_id``; return how many were removed.
+
+        A compressed message a mover thawed between the find and its removal is looked for
+        again (:func:`spaces.may_have_thawed`).
+        """
+        done = 0
+        with translated_errors():
+            again = False
+            for stored in self.find(task_id):
+                removed = self._cancel_one(task_id, stored, now_ms)
+                done += removed
+                again = again or spaces.may_have_thawed(stored, bool(removed))
+            if again:
+                done += sum(self._cancel_one(task_id, s, now_ms) for s in self.find(task_id))
+        return done
+
+    def _cancel_one(self, task_id: str, stored: Stored, now_ms: int | None) -> int:
+        args: list[Any] = [
+            self.ns,
+            task_id,
+            stored.bucket,
+            stored.dest,
+            stored.ref,
+            stored.payload,
+            self._now(now_ms),
+        ]
+        call_keys = [self._index, self._ids, self._counts, self._totals, self._gc]
+        return int(self._scripts["cancel"](keys=call_keys, args=args))
+
+    def thawed_copy(self, task_id: str, stored: Stored) -> Stored | None:
+        """Return the ordinary copy of the compressed message ``stored`` when a mover thawed
+        it meanwhile (same destination, due time and message), else ``None``."""
+        if not stored.space.compressed:
+            return None
+        return spaces.thawed_copy(stored, self.find(task_id))
+
+    def reschedule(
+        self,
+        old: Stored,
+        task_id: str,
+        payload: str,
+        due_ms: int,
+        settings: Settings,
+        now_ms: int | None = None,
+    ) -> Rescheduled:
+        """Replace ``old`` by ``payload`` due at ``due_ms``, atomically (see ``reschedule.lua``).
+
+        ``payload`` is the message itself; it is stored compressed when due far enough ahead,
+        as :meth:`schedule` does.
+        """
+        due = Due(due_ms, task_id=task_id)
+
+        def send(to: spaces.Space) -> Any:
+            args: list[Any] = [
+                self.ns,
+                settings.bucket_width_ms,
+                settings.grace_ms,
+                old.ref,
+                old.bucket,
+                old.payload,
+                task_id,
+                old.dest,
+                to.member(payload, task_id),
+                due_ms,
+                keys.wake_channel(self.prefix),
+                settings.max_delay_ms,
+                keys.MAX_DUE_MS,
+                1 if to.compressed else 0,
+                settings.thaw_ahead_ms,
+                self._now(now_ms),
+            ]
+            call_keys = [self._index, self._ids, self._counts, self._totals, old.dest, self._gc]
+            return self._scripts["reschedule"](keys=call_keys, args=args)
+
+        space = self._space_for(due, settings, now_ms)
+        with translated_errors():
+            reply = spaces.placed(space, send(space), send, _too_soon)
+        return Rescheduled(int(reply[0]))
+
+    def purge(self, dests: Iterable[str], limit: int = 1000, now_ms: int | None = None) -> int:
+        """Remove every message bound for one of ``dests``; return how many (loops ``purge.lua``)."""
+        wanted = sorted(set(dests))
+        if not wanted:
+            return 0
+        total = 0
+        with translated_errors():
+            for space in spaces.ALL:
+                cursor: Any = 0
+                while True:
+                    reply = self._scripts["purge"](
+                        keys=[space.index(self.prefix), self._counts, self._totals, self._gc, self._ids],
+                        args=[self.ns, limit, cursor, space.tag, self._now(now_ms), *wanted],
+                    )
+                    total += int(reply[0])
+                    if int(reply[1]):
+                        break
+                    cursor = as_text(reply[2])
+        return total
+
+    def remove_dead_letter(self, member: bytes) -> int:
+        """Remove one dead letter equal to ``member``; return 1, or 0 when it is gone."""
+        with translated_errors():
+            return int(self.client.lrem(keys.dead(self.prefix), 1, member))  # type: ignore[arg-type]
+
+
+def _too_soon(reply: list[Any]) -> bool:
+    return int(reply[0]) == Rescheduled.TOO_SOON_FOR_COLD

@@ -1,0 +1,240 @@
+"""Inspection: find a task's messages, list them in due order a page at a time, and the counts,
+census and health facts that ``stats`` and ``health`` show. Nothing here writes a message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from kombu_delay.errors import CorruptMember, translated_errors
+from kombu_delay.message import index_id
+from kombu_delay.store import keys, listing, spaces
+from kombu_delay.store.base import StoreBase, as_text
+from kombu_delay.store.listing import Cursor
+from kombu_delay.store.replies import Census, Stored
+
+
+class Inspecting(StoreBase):
+    """What inspection (DelayControl, the CLI, health and metrics) reads."""
+
+    def eviction_policy(self) -> str | None:
+        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read.
+
+        ``INFO memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL
+        users): a policy other than ``noeviction`` lets Redis delete scheduled messages.
+        """
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("memory")
+            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
+                return None
+        policy = info.get("maxmemory_policy")
+        return None if policy is None else as_text(policy)
+
+    def stranded(self, fresh_ms: int, page: int = 10_000) -> dict[str, int]:
+        """Return the other key prefixes in this database whose kombu-delay data holds scheduled
+        messages (either space) and no mover heartbeat younger than ``fresh_ms``: prefix ->
+        messages. A publisher whose ``global_keyprefix`` no mover shares strands them.
+
+        A full ``SCAN`` for the index keys, ``page`` keys per call (about a second for a million
+        keys), so it belongs in a background check, never in a probe.
+        """
+        prefixes: set[str] = set()
+        with translated_errors():
+            for key in self.client.scan_iter(match=f"*{keys.NAMESPACE}*index", count=page):
+                other = spaces.prefix_of_index(as_text(key))
+                if other is not None and other != self.prefix:
+                    prefixes.add(other)
+            now = self.time_ms()
+            found: dict[str, int] = {}
+            for other in sorted(prefixes):
+                waiting = sum(int(n) for n in self.client.hvals(keys.counts(other)))
+                beats: list[Any] = self.client.zrevrange(keys.movers(other), 0, 0, withscores=True)
+                served = bool(beats) and now - int(beats[0][1]) <= fresh_ms
+                if waiting > 0 and not served:
+                    found[other] = waiting
+        return found
+
+    def set_alert(self, name: str, text: str | None, keep_ms: int) -> None:
+        """Record (or, with ``text`` ``None``, clear) an alert for ``stats`` and ``health``; the
+        record vanishes ``keep_ms`` after the last write, so a mover that stopped checking
+        leaves no stale alert behind."""
+        key = keys.alerts(self.prefix)
+        with translated_errors():
+            if text is None:
+                self.client.hdel(key, name)
+                return
+            now = self.time_ms()
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(key, name, f"{now} {text}")
+            pipe.pexpireat(key, now + keep_ms)
+            pipe.execute()
+
+    def alerts(self, max_age_ms: int) -> dict[str, str]:
+        """Return the alerts recorded within ``max_age_ms``: name -> text."""
+        with translated_errors():
+            raw = self.client.hgetall(keys.alerts(self.prefix))
+        now = self.time_ms()
+        found = {}
+        for name, value in raw.items():
+            at, _, text = as_text(value).partition(" ")
+            if at.isdigit() and now - int(at) <= max_age_ms:
+                found[as_text(name)] = text
+        return found
+
+    def counts(self) -> dict[str, int]:
+        """Return the scheduled count per destination list key (kept by the scripts)."""
+        with translated_errors():
+            raw = self.client.hgetall(self._counts)
+        return {as_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+
+    def heartbeats(self) -> dict[str, int]:
+        """Return mover id -> last heartbeat (epoch ms, Redis clock)."""
+        with translated_errors():
+            raw: list[Any] = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
+        return {as_text(member): int(score) for member, score in raw}
+
+    def earliest_due_ms(self) -> int | None:
+        """Return the due time of the earliest scheduled message, or ``None``.
+
+        A bucket whose messages vanished (expired or deleted) is reported by its start,
+        so an unreconciled bucket shows up as overdue rather than hiding. Compressed messages
+        (the cold space) count too.
+        """
+        with translated_errors():
+            dues = [d for d in map(self._first_due, spaces.ALL) if d is not None]
+        return min(dues) if dues else None
+
+    def _first_due(self, space: spaces.Space) -> int | None:
+        """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
+        narrower width that start before the best found so far are looked at too)."""
+        index = space.index(self.prefix)
+        first: list[Any] = self.client.zrange(index, 0, 0)
+        if not first:
+            return None
+        start = int(first[0])
+        best = self._earliest_in(start, space) or start
+        later: list[Any] = self.client.zrangebyscore(index, f"({start}", best, 0, 16)
+        for raw in later:
+            due = self._earliest_in(int(raw), space)
+            if due is not None and due < best:
+                best = due
+        return best
+
+    def _earliest_in(self, start: int, space: spaces.Space) -> int | None:
+        heads = [head for dest in self.dests(start, space) for head in self._head(start, dest, space)]
+        return min(heads) if heads else None
+
+    def dests(self, start: int, space: spaces.Space = spaces.ORDINARY) -> list[str]:
+        """Return the destinations a bucket's meta hash counts messages for, sorted."""
+        raw = self.client.hgetall(space.meta(self.prefix, start))
+        return sorted(
+            name[2:]
+            for name, n in ((as_text(k), int(v)) for k, v in raw.items())
+            if name.startswith("q:") and n > 0
+        )
+
+    def _head(self, start: int, dest: str, space: spaces.Space) -> list[int]:
+        head: list[Any] = self.client.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
+        return [int(head[0][1])] if head else []
+
+    def find(self, task_id: str) -> list[Stored]:
+        """Return the messages stored under ``task_id``, via the id index (one script call).
+
+        A ref names a bucket and an exact score; the message found there is kept only if it
+        carries ``task_id`` (a ref of a moved message lingers until its bucket's clean-up).
+        A compressed message that cannot be restored is left out (a mover's thaw moves it to
+        the dead-letter list).
+        """
+        self._check_format_once()
+        with translated_errors():
+            flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, task_id])
+        found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
+        for i in range(0, len(flat), 4):
+            start, score, dest, member = flat[i : i + 4]
+            space, start_ms = spaces.of_bucket(as_text(start))
+            stored = Stored(start_ms, float(score), as_text(dest), bytes(member), space.compressed)
+            try:
+                message = stored.message
+            except CorruptMember:
+                continue
+            if index_id(message) == task_id:
+                found.setdefault(stored)
+        return list(found)
+
+    def page(
+        self, after: Cursor | None, limit: int, dests: Iterable[str] | None = None, examine: int = 10_000
+    ) -> tuple[list[Stored], Cursor | None]:
+        """Return up to ``limit`` messages after ``after``, earliest due first across both spaces,
+        and the cursor of the next page (``None`` at the end); see :mod:`kombu_delay.store.listing`.
+
+        With ``dests``, only messages bound for those lists are read. At most about ``examine``
+        members are read per call, so a page may come back short.
+        """
+        self._check_format_once()
+        with translated_errors():
+            return listing.page(self, after, limit, None if dests is None else set(dests), examine)
+
+    def census(self, now_ms: int, slot_ms: int, slots: int, max_buckets: int = 10_000) -> Census:
+        """Return the overdue count and a due-time histogram from ``now_ms`` on (``census.lua``).
+
+        Costs one ZCARD (and one ZCOUNT for a started bucket) per bucket, never a
+        read of members; at most ``max_buckets`` buckets are examined.
+        Compressed messages (the cold space) are counted too, in a second call.
+        """
+        self._check_format_once()
+        totals = [0] * (3 + int(slots))
+        with translated_errors():
+            for space in spaces.ALL:
+                args: list[Any] = [self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets, space.tag]
+                reply = self._scripts["census"](keys=[space.index(self.prefix)], args=args)
+                totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
+        return Census(truncated=bool(totals[0]), overdue=totals[1], vanished=totals[2], slots=totals[3:])
+
+    def overdue(self, now_ms: int, max_buckets: int = 1000) -> tuple[dict[str, tuple[int, int]], bool]:
+        """Return, per destination, (messages due by ``now_ms`` but not moved, due time of the
+        oldest), and whether ``max_buckets`` cut the count short (``overdue.lua``, both spaces).
+
+        Reads only buckets that started by ``now_ms`` (one or two while a mover keeps up);
+        never a member."""
+        self._check_format_once()
+        found: dict[str, tuple[int, int]] = {}
+        truncated = False
+        with translated_errors():
+            for space in spaces.ALL:
+                args: list[Any] = [self.ns, int(now_ms), max_buckets, space.tag]
+                reply = self._scripts["overdue"](keys=[space.index(self.prefix)], args=args)
+                truncated = truncated or bool(int(reply[0]))
+                for i in range(1, len(reply), 3):
+                    dest, n, oldest = as_text(reply[i]), int(reply[i + 1]), int(reply[i + 2])
+                    had, first = found.get(dest, (0, oldest))
+                    found[dest] = (had + n, min(first, oldest))
+        return found, truncated
+
+    def dead_letters(self, offset: int, limit: int) -> tuple[int, list[bytes]]:
+        """Return how many dead letters there are and up to ``limit`` of them from ``offset``
+        (newest first, as stored: what a mover could not restore)."""
+        key = keys.dead(self.prefix)
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.llen(key)
+            pipe.lrange(key, offset, offset + limit - 1)
+            total, items = pipe.execute()
+        return int(total), [bytes(item) for item in items]
+
+    def totals(self) -> dict[str, int]:
+        """Return the lifetime counters (scheduled, moved, cancelled, ...)."""
+        self._check_format_once()
+        with translated_errors():
+            raw = self.client.hgetall(self._totals)
+        found = {as_text(k): v for k, v in raw.items()}
+        return {k: int(v) for k, v in found.items() if k != keys.FORMAT_FIELD}
+
+    def index_memory(self) -> tuple[int, int]:
+        """Return (bytes, entries) of the id index hash (``MEMORY USAGE``, all samples)."""
+        with translated_errors():
+            used = self.client.memory_usage(self._ids, samples=0)
+            entries = self.client.hlen(self._ids)
+        return int(used or 0), int(entries)

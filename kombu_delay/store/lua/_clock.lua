@@ -1,0 +1,25 @@
+--[[ clock: the one clock of every script.
+
+clock(at)
+  Returns the Redis clock as epoch ms and the microseconds past that ms (0..999); with ``at``
+  (an ARGV, epoch ms; '' or nil = Redis TIME, the production path), that time instead, with
+  0 µs: tests drive time through it rather than wait for it.
+
+keep_until(key, now, at)
+  key  any kombu-delay key (ids, counts, gc, or a bucket's own keys)
+  now  the clock, epoch ms;  at  epoch ms
+  Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
+  never shortens it. Bound: one PTTL and at most one PEXPIREAT.
+]]
+local function clock(at)
+  if at and at ~= '' then return math.floor(tonumber(at)), 0 end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[2]) % 1000
+end
+
+local function keep_until(key, now, at)
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 or now + ttl < at then
+    redis.call('PEXPIREAT', key, at)
+  end
+end

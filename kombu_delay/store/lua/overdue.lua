@@ -1,0 +1,52 @@
+--[[ overdue: per destination, the messages already due but not moved yet, and the oldest's due time.
+
+KEYS[1] index   ZSET  <ns>index     member = score = start of a bucket holding messages
+ARGV[1] ns           key namespace, "<global_keyprefix>kombu_delay:"
+ARGV[2] now_ms       a member is due when floor(score) <= now_ms
+ARGV[3] max_buckets  most started buckets examined
+ARGV[4] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
+Returns: {truncated (1 if max_buckets cut the count), dest, overdue, oldest_due_ms, dest, ...}
+         one triple per destination with at least one due member; members are never read.
+Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, one or two),
+       each one HGETALL of its meta hash, then per destination one ZCOUNT and one ZRANGE of
+       the first member's score.
+]]
+--- @include spaces
+local index = KEYS[1]
+local ns = ARGV[1]
+local now = tonumber(ARGV[2])
+local max_buckets = tonumber(ARGV[3])
+local s = space(ns, ARGV[4] or '')
+local upper = '(' .. string.format('%d', now + 1)
+
+local starts = redis.call('ZRANGEBYSCORE', index, '-inf', string.format('%d', now), 'LIMIT', 0, max_buckets + 1)
+local truncated = 0
+if #starts > max_buckets then truncated = 1 end
+local count, oldest, order = {}, {}, {}
+for i = 1, math.min(#starts, max_buckets) do
+  local fields = redis.call('HGETALL', s.meta(starts[i]))
+  for j = 1, #fields, 2 do
+    if string.sub(fields[j], 1, 2) == 'q:' and tonumber(fields[j + 1]) > 0 then
+      local dest = string.sub(fields[j], 3)
+      local zset = s.zset(starts[i], dest)
+      local due = redis.call('ZCOUNT', zset, '-inf', upper)
+      if due > 0 then
+        local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+        local first = math.floor(tonumber(head[2]))
+        if not count[dest] then
+          count[dest], oldest[dest] = 0, first
+          order[#order + 1] = dest
+        end
+        count[dest] = count[dest] + due
+        if first < oldest[dest] then oldest[dest] = first end
+      end
+    end
+  end
+end
+local reply = {truncated}
+for _, dest in ipairs(order) do
+  reply[#reply + 1] = dest
+  reply[#reply + 1] = count[dest]
+  reply[#reply + 1] = string.format('%d', oldest[dest])
+end
+return reply

@@ -1,0 +1,157 @@
+"""Moving: push due messages onto their lists, thaw cold ones ahead of time, sweep every bucket
+so that nothing a running mover holds expires, and keep the movers' heartbeats."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+
+from kombu_delay.errors import CorruptMember, translated_errors
+from kombu_delay.store import keys, spaces
+from kombu_delay.store.base import StoreBase, as_text, format_must_be
+from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
+
+logger = logging.getLogger(__name__)
+
+
+class Moving(StoreBase):
+    """What a mover calls, each call one bounded script."""
+
+    #: Where the last move call's scan of started buckets stopped short (see move.lua).
+    _scan_after: int | None = None
+
+    def move_due(
+        self, limit: int, max_queue_length: int = 0, now_ms: int | None = None, look_ahead_ms: int = 0
+    ) -> MoveResult:
+        """Move up to ``limit`` due messages onto their lists (one atomic script call);
+        with ``look_ahead_ms``, also those due within that many ms from now.
+
+        When held buckets ahead use up a call's bucket visits, the next call on this store
+        goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
+        turn.
+        """
+        with translated_errors():
+            reply = self._scripts["move"](
+                keys=[self._index, self._ids, self._counts, self._totals, self._gc],
+                args=[
+                    self.ns,
+                    limit,
+                    max_queue_length,
+                    "" if self._scan_after is None else self._scan_after,
+                    self._now(now_ms),
+                    look_ahead_ms,
+                ],
+            )
+        result = MoveResult.from_reply(reply)
+        self._scan_after = result.scan_after
+        return result
+
+    def thaw(self, ahead_ms: int, limit: int, now_ms: int | None = None) -> ThawResult:
+        """Restore up to ``limit`` cold messages due within ``ahead_ms`` into the ordinary
+        buckets (``thaw_scan.lua``, :func:`cold.unpack` here, then ``thaw.lua``).
+
+        A member that cannot be restored goes to the dead-letter list, counted as dead,
+        and is logged; each message is taken from the cold space and stored in the
+        ordinary one in one atomic call, so a crash in between loses nothing.
+        """
+        cold_index = spaces.COLD.index(self.prefix)
+        with translated_errors():
+            reply = self._scripts["thaw_scan"](
+                keys=[cold_index, self._counts, self._totals],
+                args=[self.ns, ahead_ms, limit, self._now(now_ms)],
+            )
+            scanned_ms, next_ms, more, expired = (int(x) for x in reply[:4])
+            items = self._restored(reply[4:])
+            thawed = dead = gone = 0
+            if items:
+                call_keys = [
+                    self._index,
+                    self._ids,
+                    self._counts,
+                    self._totals,
+                    cold_index,
+                    keys.dead(self.prefix),
+                ]
+                done = self._scripts["thaw"](
+                    keys=call_keys, args=[self.ns, keys.wake_channel(self.prefix), self._now(now_ms), *items]
+                )
+                thawed, dead, gone = (int(x) for x in done)
+        return ThawResult(
+            thawed=thawed,
+            dead=dead,
+            gone=gone,
+            expired=expired,
+            now_ms=scanned_ms,
+            next_ms=None if next_ms < 0 else next_ms,
+            more=bool(more),
+        )
+
+    def _restored(self, listed: list[Any]) -> list[Any]:
+        """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
+        member each): each followed by its message, or ``b""`` (logged) when it cannot be restored."""
+        items: list[Any] = []
+        for i in range(0, len(listed), 4):
+            start, score, dest, member = listed[i : i + 4]
+            try:
+                message = spaces.COLD.message(bytes(member))
+            except CorruptMember as exc:
+                logger.error(
+                    "cold message in bucket %s for %s cannot be restored (%s); it goes to the "
+                    "dead-letter list %s",
+                    as_text(start),
+                    as_text(dest),
+                    exc,
+                    keys.dead(self.prefix),
+                )
+                message = b""
+            items += [start, score, dest, member, message]
+        return items
+
+    def sweep(self, after: str, limit: int, now_ms: int | None = None) -> SweepResult:
+        """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):
+        give each its grace again from now, so nothing a running mover holds expires, and
+        settle the counts of those whose messages are gone (``sweep.lua``). Pass the reply's
+        cursor back until it is ``""``."""
+        with translated_errors():
+            reply = self._scripts["sweep"](
+                keys=[
+                    self._index,
+                    spaces.COLD.index(self.prefix),
+                    self._ids,
+                    self._counts,
+                    self._totals,
+                    self._gc,
+                ],
+                args=[self.ns, after, limit, self._now(now_ms)],
+            )
+        return SweepResult.from_reply(reply)
+
+    def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None) -> int:
+        """Record a mover heartbeat; return the Redis clock in epoch ms.
+
+        Raises :class:`StorageFormatError`, writing nothing, when the data is in another
+        storage format: a mover's first heartbeat comes before its first move.
+        """
+        with translated_errors():
+            now, found = self._scripts["heartbeat"](
+                keys=[keys.movers(self.prefix), self._totals],
+                args=[mover_id, forget_after_ms, self._now(now_ms), keys.FORMAT],
+            )
+        format_must_be(as_text(found), self.prefix)
+        return int(now)
+
+    def forget_mover(self, mover_id: str) -> None:
+        """Remove a mover's heartbeat (on a clean shutdown)."""
+        with translated_errors():
+            self.client.zrem(keys.movers(self.prefix), mover_id)
+
+    def wake_subscription(self) -> redis.client.PubSub:
+        """Return a pub/sub connection subscribed to the wake channel."""
+        with translated_errors():
+            pubsub: redis.client.PubSub = self.client.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=True
+            )
+            pubsub.subscribe(keys.wake_channel(self.prefix))
+        return pubsub

@@ -1,0 +1,165 @@
+"""Publishing: store a message in its time bucket, or push it now when it is already due."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
+from kombu_delay.message import Due
+from kombu_delay.store import keys, spaces
+from kombu_delay.store.base import StoreBase
+from kombu_delay.store.replies import Scheduled, ScheduleResult
+
+#: Redis's default limit for one string argument (``proto-max-bulk-len``), bytes.
+MAX_PAYLOAD_BYTES = 512 * 2**20
+
+
+class Publishing(StoreBase):
+    """What a publisher calls (the transport's ``_put``)."""
+
+    def schedule(
+        self,
+        due: Due,
+        dest: str,
+        payload: str,
+        settings: Settings,
+        expires_ms: int = 0,
+        movers_fresh_ms: int = 0,
+        now_ms: int | None = None,
+    ) -> ScheduleResult:
+        """Store ``payload`` for ``dest`` until ``due``, or push it now if already due.
+
+        ``expires_ms``: the queue's ``x-expires``. The mover then renews the expiry of
+        ``dest`` when it pushes the message, as kombu's own publish would.
+
+        A message due further ahead than ``settings.compress_after_ms`` is stored
+        compressed, in the cold space (see :mod:`kombu_delay.store.cold`).
+
+        Raises :class:`DelayTooLong` when the due time is past ``max_delay`` or the
+        year-2109 ceiling; nothing is written then.
+
+        ``movers_fresh_ms``: when positive, the same call counts the movers whose heartbeat is
+        that fresh (``ScheduleResult.movers``), at no extra round trip.
+
+        ``now_ms``: the time to judge by, epoch ms (default: the store's clock, else Redis's).
+        """
+        space = self._space_for(due, settings, now_ms)
+
+        def send(to: spaces.Space) -> Any:
+            call = self._schedule_call(to, due, dest, payload, settings, expires_ms, movers_fresh_ms, now_ms)
+            return self._scripts["schedule"](*call)
+
+        with translated_errors():
+            reply = spaces.placed(space, send(space), send, _too_soon)
+        result = ScheduleResult.from_reply(reply)
+        if result.outcome is Scheduled.TOO_FAR:
+            limit = (
+                f"delay_max_delay is {settings.max_delay_ms / 1000:g} s"
+                if settings.max_delay_ms
+                else "the latest supported ETA is in the year 2109"
+            )
+            raise DelayTooLong(
+                f"message {due.task_id!r} is due in {(result.due_ms - result.now_ms) / 1000:.0f} s; {limit}"
+            )
+        return result
+
+    def schedule_many(
+        self,
+        items: Iterable[tuple[Due, str, str]],
+        settings: Settings,
+        chunk: int = 1000,
+        now_ms: int | None = None,
+    ) -> list[ScheduleResult]:
+        """Run :meth:`schedule` for many ``(due, dest, payload)`` items, pipelined.
+
+        For bulk loads (tests, benchmarks). Each item is still one atomic script
+        call; a ``TOO_FAR`` outcome is returned, not raised, and writes nothing.
+        """
+        script = self._scripts["schedule"]
+        results: list[ScheduleResult] = []
+        batch = [(self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items]
+        with translated_errors():
+            for begin in range(0, len(batch), chunk):
+                pipe = self.client.pipeline(transaction=False)
+                part = batch[begin : begin + chunk]
+                for space, due, dest, payload in part:
+                    call_keys, call_args = self._schedule_call(
+                        space, due, dest, payload, settings, now_ms=now_ms
+                    )
+                    script(keys=call_keys, args=call_args, client=pipe)
+                for (space, due, dest, payload), reply in zip(part, pipe.execute(), strict=True):
+
+                    def send(
+                        to: spaces.Space, due: Due = due, dest: str = dest, payload: str = payload
+                    ) -> Any:
+                        return script(*self._schedule_call(to, due, dest, payload, settings, now_ms=now_ms))
+
+                    results.append(ScheduleResult.from_reply(spaces.placed(space, reply, send, _too_soon)))
+        return results
+
+    def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
+        """The space a message goes to, judged by this store's clock (see :func:`spaces.for_due`)."""
+        if now_ms is None and self.clock is not None:
+            now_ms = int(self.clock())
+        return spaces.for_due(due, settings, now_ms)
+
+    def _schedule_call(
+        self,
+        space: spaces.Space,
+        due: Due,
+        dest: str,
+        payload: str,
+        settings: Settings,
+        expires_ms: int = 0,
+        movers_fresh_ms: int = 0,
+        now_ms: int | None = None,
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space``."""
+        # Redis drops the connection on a longer argument; kombu would take that for an
+        # outage and send the same message again and again.
+        if len(payload) > MAX_PAYLOAD_BYTES // 4 and len(payload.encode()) > MAX_PAYLOAD_BYTES:
+            raise PayloadTooLarge(
+                f"a {len(payload.encode()):,}-byte message is over Redis's limit for one string "
+                f"({MAX_PAYLOAD_BYTES:,} bytes, proto-max-bulk-len); nothing was stored"
+            )
+        call_keys = [self._index, self._ids, self._counts, self._totals, dest, keys.movers(self.prefix)]
+        call_args: list[Any] = [
+            self.ns,
+            settings.bucket_width_ms,
+            settings.grace_ms,
+            due.ms,
+            1 if due.relative else 0,
+            due.task_id,
+            dest,
+            space.member(payload, due.task_id),
+            keys.wake_channel(self.prefix),
+            settings.max_delay_ms,
+            keys.MAX_DUE_MS,
+            expires_ms,
+            1 if space.compressed else 0,
+            settings.thaw_ahead_ms,
+            self._now(now_ms),
+            movers_fresh_ms,
+            keys.FORMAT,
+        ]
+        return call_keys, call_args
+
+    def renew_expiry(self, lists: Iterable[str], expires_ms: int) -> None:
+        """Set the expiry of the existing ``lists`` to ``expires_ms`` (a queue's x-expires),
+        in one pipelined round trip, as kombu's own publish does."""
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            for key in lists:
+                pipe.pexpire(key, expires_ms)
+            pipe.execute()
+
+    def count(self, counter: str, n: int = 1) -> None:
+        """Add ``n`` to a lifetime counter (for example a fallback taken at publish)."""
+        with translated_errors():
+            self.client.hincrby(self._totals, counter, n)
+
+
+def _too_soon(reply: list[Any]) -> bool:
+    return int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD

@@ -1,0 +1,293 @@
+"""The dashboard's Flask app: overview, scheduled listing, task detail, dead letters, and actions.
+
+Every read goes through :class:`~kombu_delay.control.DelayControl`. State-changing requests
+(cancel, reschedule, remove a dead letter) exist only with ``allow_actions``; they are POSTs
+that pass the CSRF check of :mod:`kombu_delay.web.guard`, destructive ones are confirmed on a
+page of their own first, and each is written to the audit log.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response as Redirect
+
+from kombu_delay.cli.inspect import span, when
+from kombu_delay.control import DelayControl
+from kombu_delay.errors import KombuDelayError
+from kombu_delay.store.listing import Cursor
+from kombu_delay.web import guard, present
+from kombu_delay.web.overview import DEFAULT_RANGE, RANGES, SHARED_FOR_S, Shared
+
+#: Rows per page of the scheduled listing and of the dead letters.
+PAGE_ROWS = 50
+#: Most rows one listing page may ask for.
+MAX_ROWS = 500
+READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
+
+
+def create_app(
+    control: DelayControl,
+    *,
+    allow_actions: bool = False,
+    credentials: guard.Credentials | None = None,
+    refresh_s: float = 5.0,
+    where: str = "",
+    max_buckets: int = 10_000,
+    share_s: float = SHARED_FOR_S,
+) -> Flask:
+    """Build the dashboard for ``control``. ``where``: the broker and prefix, passwords masked,
+    shown in the page header. Mount it under a path prefix with the WSGI ``SCRIPT_NAME``
+    (``kombu-delay web --url-prefix``). ``share_s``: how long one overview serves every browser."""
+    app = Flask(__name__)
+    app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
+    shared = Shared(control, max_buckets, share_s)
+
+    _install_guards(app, credentials, allow_actions, where, refresh_s)
+    _add_pages(app, control, shared)
+    _add_detail_pages(app, control)
+    _add_actions(app, control, allow_actions)
+    return app
+
+
+def _install_guards(
+    app: Flask, credentials: guard.Credentials | None, allow_actions: bool, where: str, refresh_s: float
+) -> None:
+    """Basic auth, the CSRF cookie, security headers, server timing and error pages."""
+
+    @app.context_processor
+    def helpers() -> dict[str, Any]:
+        return {
+            "allow_actions": allow_actions,
+            "where": where,
+            "refresh_ms": int(refresh_s * 1000),
+            "csrf_token": g.get("csrf", ""),
+            "span": span,
+            "when": when,
+            "ranges": RANGES,
+        }
+
+    @app.before_request
+    def before() -> Response | None:
+        g.started = time.perf_counter()
+        if credentials is not None and not credentials.check(request.headers.get("Authorization")):
+            return Response(
+                "authentication required\n",
+                401,
+                {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'},
+                mimetype="text/plain",
+            )
+        g.csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_token()
+        return None
+
+    @app.after_request
+    def after(response: Response) -> Response:
+        if "started" in g:
+            elapsed = (time.perf_counter() - g.started) * 1000
+            response.headers["Server-Timing"] = f"app;dur={elapsed:.1f}"
+        if "csrf" in g and request.cookies.get(guard.CSRF_COOKIE) != g.csrf:
+            response.set_cookie(
+                guard.CSRF_COOKIE,
+                g.csrf,
+                httponly=True,
+                samesite="Strict",
+                secure=request.is_secure,
+                path=request.script_root or "/",
+            )
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+        )
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    @app.errorhandler(KombuDelayError)
+    def redis_error(exc: KombuDelayError) -> tuple[str, int]:
+        return render_template("error.html", title="Redis error", message=str(exc)), 503
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[str, int]:
+        return render_template("error.html", title=exc.name, message=exc.description), exc.code or 500
+
+
+def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
+    """The read-only pages of many things: the overview and the scheduled listing."""
+
+    def range_arg() -> str:
+        chosen = request.args.get("range", DEFAULT_RANGE)
+        return chosen if chosen in RANGES else DEFAULT_RANGE
+
+    @app.get("/")
+    def index() -> str:
+        return render_template("overview.html", view=shared.get(range_arg()))
+
+    @app.get("/overview/part")
+    def overview_part() -> str:
+        return render_template("_overview.html", view=shared.get(range_arg()))
+
+    @app.get("/overview.json")
+    def overview_json() -> dict[str, Any]:
+        view = shared.get(range_arg())
+        return {
+            **view.stats.to_dict(),
+            "queues": [vars(q) for q in view.queues],
+            "warnings": view.warnings,
+            "truncated": view.truncated,
+        }
+
+    @app.get("/scheduled")
+    def scheduled() -> str | Redirect:
+        task_id = request.args.get("id", "").strip()
+        if task_id:
+            return redirect(url_for("task", id=task_id))
+        queue = request.args.get("queue", "").strip() or None
+        name = request.args.get("task", "").strip()
+        cursor = request.args.get("cursor") or None
+        try:
+            limit = min(MAX_ROWS, max(1, int(request.args.get("limit", PAGE_ROWS))))
+            if cursor:
+                Cursor.parse(cursor)
+        except ValueError:
+            abort(400, "the cursor or limit is not one this page made")
+        page = control.scheduled(queue=queue, limit=limit, cursor=cursor)
+        now = control.store.time_ms()
+        # The task-name filter (a part of the name) applies to the page read: a filtered page may
+        # come back short, never longer to read.
+        items = [m for m in page.items if name in (m.task or "")]
+        rows = [(m, present.preview(m.message)) for m in items]
+        return render_template(
+            "scheduled.html",
+            rows=rows,
+            now=now,
+            queue=queue or "",
+            name=name,
+            limit=limit,
+            cursor=cursor,
+            next_cursor=page.cursor,
+            read=len(page.items),
+        )
+
+
+def _add_detail_pages(app: Flask, control: DelayControl) -> None:
+    """The read-only pages of one thing: a task's messages, the dead letters."""
+
+    @app.get("/task")
+    def task() -> tuple[str, int]:
+        task_id = request.args.get("id", "")
+        found = control.find(task_id) if task_id else []
+        now = control.store.time_ms()
+        shown = [(m, present.show(m.message)) for m in found]
+        return render_template("task.html", task_id=task_id, shown=shown, now=now), 200 if found else 404
+
+    @app.get("/dead")
+    def dead() -> str:
+        offset = max(0, _int(request.args.get("offset"), 0))
+        total, letters = control.dead_letters(offset, PAGE_ROWS)
+        rows = [(letter, present.dead_preview(letter.member, 160)) for letter in letters]
+        return render_template("dead.html", total=total, rows=rows, offset=offset, page_rows=PAGE_ROWS)
+
+    @app.get("/dead/letter")
+    def dead_letter() -> tuple[str, int]:
+        digest, near = request.args.get("digest", ""), max(0, _int(request.args.get("near"), 0))
+        _, letters = control.dead_letters(max(0, near - 50), 100)
+        letter = next((d for d in letters if d.digest == digest), None)
+        text = present.dead_preview(letter.member, 20_000) if letter else ""
+        return render_template("dead_letter.html", letter=letter, text=text, near=near), (
+            200 if letter else 404
+        )
+
+
+def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
+    """Cancel, reschedule and remove a dead letter: POSTs, off unless ``allow_actions``."""
+
+    def acting(action: str, target: str) -> None:
+        """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
+        if not allow_actions:
+            guard.audit.warning("refused %s %r by %s: actions are off", action, target, guard.who(request))
+            abort(403, READ_ONLY)
+        problem = guard.csrf_problem(request)
+        if problem is not None:
+            guard.audit.warning("refused %s %r by %s: %s", action, target, guard.who(request), problem)
+            abort(403, f"Refused: {problem}.")
+
+    @app.post("/task/cancel")
+    def cancel() -> str | Response:
+        task_id = request.form.get("id", "")
+        acting("cancel", task_id)
+        if request.form.get("confirm") != "yes":
+            found = control.find(task_id)
+            return render_template("confirm.html", action="cancel", task_id=task_id, found=found)
+        n = control.cancel(task_id)
+        guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, guard.who(request), n)
+        return render_template("done.html", title="Cancelled", task_id=task_id, count=n, action="cancel")
+
+    @app.post("/task/reschedule")
+    def reschedule() -> Redirect | tuple[str, int]:
+        task_id = request.form.get("id", "")
+        acting("reschedule", task_id)
+        eta_text = request.form.get("eta", "").strip()
+        countdown_text = request.form.get("countdown", "").strip()
+        eta, countdown = None, None
+        try:
+            if eta_text and not countdown_text:
+                eta = datetime.fromisoformat(eta_text.replace(" ", "T"))
+                if eta.tzinfo is None:  # the form says so: UTC unless an offset is given
+                    eta = eta.replace(tzinfo=UTC)
+            elif countdown_text and not eta_text:
+                countdown = float(countdown_text)
+                if not math.isfinite(countdown):
+                    raise ValueError("the countdown must be a finite number of seconds")
+            else:
+                raise ValueError("give either a new time or a countdown")
+            n = control.reschedule(task_id, eta=eta, countdown=countdown)
+        except (ValueError, KombuDelayError) as exc:
+            guard.audit.warning("reschedule %r by %s failed: %s", task_id, guard.who(request), exc)
+            return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
+        new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
+        guard.audit.warning(
+            "reschedule %r to %s by %s: %d message(s) rescheduled", task_id, new, guard.who(request), n
+        )
+        return redirect(url_for("task", id=task_id, done=f"rescheduled {n}"), 303)
+
+    @app.post("/dead/remove")
+    def dead_remove() -> str | Response:
+        digest, near = request.form.get("digest", ""), max(0, _int(request.form.get("near"), 0))
+        acting("remove dead letter", digest)
+        if request.form.get("confirm") != "yes":
+            return render_template("confirm.html", action="remove", digest=digest, near=near)
+        n = control.remove_dead_letter(digest, near)
+        guard.audit.warning("remove dead letter %s by %s: %d removed", digest, guard.who(request), n)
+        return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text else default
+    except ValueError:
+        return default
+
+
+class PathPrefix:
+    """WSGI middleware that serves an app under ``prefix`` (a reverse proxy that passes the path on
+    unchanged): ``/prefix/x`` is the app's ``/x``, and links it makes start with ``/prefix``."""
+
+    def __init__(self, app: Any, prefix: str) -> None:
+        self.app = app
+        self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if self.prefix and not (path == self.prefix or path.startswith(self.prefix + "/")):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [f"not found: the dashboard is under {self.prefix}/\n".encode()]
+        environ["SCRIPT_NAME"] = environ.get("SCRIPT_NAME", "") + self.prefix
+        environ["PATH_INFO"] = path[len(self.prefix) :] or "/"
+        return self.app(environ, start_response)

@@ -1,0 +1,106 @@
+"""The ``web`` command of ``kombu-delay`` and ``celery -A proj delay``: serve the dashboard.
+
+Loaded only when the command runs (or help lists it); Flask and waitress are imported inside
+the command, so a missing ``web`` extra is one clear message, not a broken CLI.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from kombu_delay.cli.common import announce, target
+
+DEFAULT_PORT = 9809
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Allow cancel, reschedule and removing dead letters (POST, CSRF-checked, logged). "
+    "Without it the dashboard is read-only.",
+)
+@click.option(
+    "--auth",
+    default=None,
+    metavar="USER:PASSWORD",
+    help="Require HTTP basic auth (else from env KOMBU_DELAY_WEB_AUTH; none when neither is set).",
+)
+@click.option(
+    "--url-prefix",
+    default="",
+    help="Serve under this path (behind a reverse proxy that passes /PREFIX/... on unchanged).",
+)
+@click.option(
+    "--refresh", type=click.FloatRange(0), default=5.0, show_default=True, help="Overview refresh, s; 0: off"
+)
+@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True, help="Request threads.")
+@click.pass_context
+def web(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    allow_actions: bool,
+    auth: str | None,
+    url_prefix: str,
+    refresh: float,
+    threads: int,
+) -> None:
+    """Serve the dashboard: overview, scheduled messages, task detail, dead letters.
+
+    Read-only unless --allow-actions. It reads the broker and key prefix as every other
+    command does. Needs the web extra: pip install 'kombu-delay[web]'.
+
+    \b
+    Examples:
+      kombu-delay -b delayredis://localhost:6379/0 web
+      kombu-delay web --host 0.0.0.0 --port 9809 --auth ops:s3cret --allow-actions
+      KOMBU_DELAY_WEB_AUTH=ops:s3cret kombu-delay web --url-prefix /kombu-delay
+      celery -A proj delay web --allow-actions
+    """
+    try:
+        import waitress
+
+        from kombu_delay.web.app import PathPrefix, create_app
+        from kombu_delay.web.guard import AUTH_ENV, Credentials
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs the web extra ({exc.name} is missing): pip install 'kombu-delay[web]'"
+        ) from exc
+    from kombu_delay.control import DelayControl
+
+    tgt = target(ctx)
+    auth = auth if auth is not None else os.environ.get(AUTH_ENV) or None
+    try:
+        credentials = Credentials.parse(auth) if auth else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth") from exc
+    announce(ctx)
+    control = DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl)
+    app = create_app(
+        control,
+        allow_actions=allow_actions,
+        credentials=credentials,
+        refresh_s=refresh,
+        where=tgt.describe(),
+    )
+    shown = "[" + host + "]" if ":" in host else host
+    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+    mode = "actions allowed" if allow_actions else "read-only"
+    click.echo(
+        f"kombu-delay web: http://{shown}:{port}{prefix}/ ({mode}, "
+        f"{'basic auth' if credentials else 'no auth'})",
+        err=True,
+    )
+    if prefix:
+        app.wsgi_app = PathPrefix(app.wsgi_app, prefix)  # type: ignore[method-assign]
+    try:
+        waitress.serve(app, host=host, port=port, threads=threads, ident="kombu-delay")
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
+    finally:
+        control.close()

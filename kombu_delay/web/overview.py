@@ -1,0 +1,118 @@
+"""The overview's data: one bounded census per refresh, shared by every browser for a second.
+
+Each refresh costs :meth:`DelayControl.stats` (counters, bucket sizes, heartbeats: never a
+message) plus :meth:`DelayControl.overdue` (only buckets already started); both are bounded by
+``max_buckets`` however many messages are scheduled. Browsers that refresh within the same
+second share one result, so ten open tabs cost Redis what one does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kombu_delay.control import DelayControl, Stats
+from kombu_delay.web.present import Bar, bars
+
+#: The chart's ranges: name -> (hours, slot minutes, label).
+RANGES: dict[str, tuple[float, float, str]] = {
+    "minutes": (1.0, 1.0, "next hour, per minute"),
+    "hours": (24.0, 60.0, "next 24 hours, per hour"),
+    "days": (24.0 * 14, 24 * 60.0, "next 14 days, per day"),
+}
+DEFAULT_RANGE = "hours"
+#: No mover heartbeat younger than this is a warning, ms (``health``'s default).
+MOVER_FRESH_MS = 30_000
+#: How long one census serves every browser, s.
+SHARED_FOR_S = 1.0
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    name: str
+    scheduled: int
+    overdue: int
+    #: Age of the oldest overdue message, ms (0 when none is overdue).
+    oldest_overdue_ms: int
+
+
+@dataclass(frozen=True)
+class MoverRow:
+    name: str
+    #: Age of its last heartbeat by the Redis clock, ms.
+    heartbeat_age_ms: int
+
+
+@dataclass(frozen=True)
+class Overview:
+    stats: Stats
+    range: str
+    range_label: str
+    queues: list[QueueRow]
+    movers: list[MoverRow]
+    bars: list[Bar]
+    #: What an operator must not miss, one sentence each.
+    warnings: list[str] = field(default_factory=list)
+    #: True when a bucket limit cut a count short (the figures are then lower bounds).
+    truncated: bool = False
+
+
+def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:
+    """Read one overview from Redis (see the module docstring for its cost)."""
+    hours, slot_minutes, label = RANGES[range_name]
+    stats = control.stats(hours=hours, slot_minutes=slot_minutes, max_buckets=max_buckets)
+    overdue, cut = control.overdue(max_buckets=max_buckets)
+    now = stats.now_ms
+    names = sorted(set(stats.by_queue) | set(overdue))
+    queues = [
+        QueueRow(
+            name=name,
+            scheduled=stats.by_queue.get(name, 0),
+            overdue=overdue.get(name, (0, now))[0],
+            oldest_overdue_ms=max(0, now - overdue[name][1]) if name in overdue else 0,
+        )
+        for name in names
+    ]
+    movers = sorted(
+        (MoverRow(name, max(0, now - beat)) for name, beat in stats.movers.items()),
+        key=lambda row: row.heartbeat_age_ms,
+    )
+    warnings = list(stats.warnings)
+    if not movers or movers[0].heartbeat_age_ms > MOVER_FRESH_MS:
+        seen = f"the last one {movers[0].heartbeat_age_ms / 1000:.0f} s ago" if movers else "none ever seen"
+        warnings.insert(
+            0,
+            f"No mover is running (no heartbeat in the last {MOVER_FRESH_MS // 1000} s; {seen}): "
+            "scheduled messages are not delivered. Start `kombu-delay mover`.",
+        )
+    return Overview(
+        stats=stats,
+        range=range_name,
+        range_label=label,
+        queues=queues,
+        movers=movers,
+        bars=bars(stats.histogram),
+        warnings=warnings,
+        truncated=stats.truncated or cut,
+    )
+
+
+class Shared:
+    """The latest overview per range, reused for ``share_s`` by every request."""
+
+    def __init__(self, control: DelayControl, max_buckets: int, share_s: float = SHARED_FOR_S) -> None:
+        self.control = control
+        self.max_buckets = max_buckets
+        self.share_s = share_s
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[float, Overview]] = {}
+
+    def get(self, range_name: str) -> Overview:
+        with self._lock:  # one census at a time: concurrent refreshes wait for it, then share it
+            found = self._latest.get(range_name)
+            if found is not None and time.monotonic() - found[0] < self.share_s:
+                return found[1]
+            fresh = build(self.control, range_name, self.max_buckets)
+            self._latest[range_name] = (time.monotonic(), fresh)
+            return fresh

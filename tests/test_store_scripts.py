@@ -1,0 +1,90 @@
+"""The Lua library: each script carries its header and exactly the helpers it includes, every
+include resolves, the scripts are shipped as package data, and Redis compiles each one."""
+
+from __future__ import annotations
+
+import configparser
+import fnmatch
+import re
+from importlib import resources
+
+import pytest
+import redis
+
+from kombu_delay.store import scripts
+
+from .conftest import ROOT
+
+LUA = resources.files("kombu_delay.store").joinpath("lua")
+DEFINED = re.compile(r"^local function ([a-z_]+)\(", re.M)
+
+
+def lua_files() -> list[str]:
+    return sorted(f.name for f in LUA.iterdir() if f.name.endswith(".lua"))
+
+
+def helpers() -> dict[str, str]:
+    """Every helper function -> the helper file that defines it."""
+    found: dict[str, str] = {}
+    for name in lua_files():
+        if name.startswith("_"):
+            for fn in DEFINED.findall(LUA.joinpath(name).read_text("utf-8")):
+                assert fn not in found, f"{fn} is defined in {found.get(fn)} and {name}"
+                found[fn] = name
+    return found
+
+
+def test_every_lua_file_is_package_data() -> None:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    patterns = config["options.package_data"]["kombu_delay.store"].split()
+    manifest = (ROOT / "MANIFEST.in").read_text()
+    assert "kombu_delay/store/lua/*.lua" in manifest
+    for name in lua_files():
+        assert any(fnmatch.fnmatch(f"lua/{name}", p) for p in patterns), name
+
+
+@pytest.mark.parametrize("name", scripts.names())
+def test_a_script_has_its_header_and_every_helper_it_calls(name: str) -> None:
+    text = scripts.source(name)
+    assert not re.search(r"^--- @include", text, re.M), "an include was left unresolved"
+    head = text.split("]]", 1)[0]
+    assert head.startswith(f"--[[ {name}: ")
+    for part in ("KEYS[1]", "Returns:", "Bound:"):
+        if part != "KEYS[1]" or "KEYS[" in text.split("]]", 1)[1]:
+            assert part in head, (name, part)
+    # A helper is defined once, before its first call; each helper file included is used.
+    body = re.sub(r"--[^\n]*", "", re.sub(r"--\[\[.*?\]\]", "", text, flags=re.S))
+    used: set[str] = set()
+    for fn, where in helpers().items():
+        calls = [m.start() for m in re.finditer(rf"(?<![\w.:])(?<!function ){fn}\(", body)]
+        defs = [m.start() for m in re.finditer(rf"^local function {fn}\(", body, re.M)]
+        if calls:
+            assert len(defs) == 1, f"{name} calls {fn} ({where}) but defines it {len(defs)} times"
+            assert defs[0] < min(calls), (name, fn)
+            used.add(where)
+    own = scripts._read(name)
+    for helper in re.findall(r"^--- @include ([a-z_]+)$", own, re.M):
+        assert f"_{helper}.lua" in used, f"{name} includes {helper} and calls none of it"
+
+
+def test_a_script_that_reads_the_clock_takes_now_ms() -> None:
+    for name in scripts.names():
+        text = scripts.source(name)
+        if "clock(ARGV" in text:
+            head = text.split("]]", 1)[0]
+            assert re.search(r"ARGV\[\d+\] now_ms +epoch ms .*'' = Redis TIME", head), name
+
+
+def test_an_unknown_include_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = scripts._read
+    fake = {"x": "--- @include nowhere\n"}
+    monkeypatch.setattr(scripts, "_read", lambda name: fake.get(name) or real(name))
+    with pytest.raises(FileNotFoundError):
+        scripts.source.__wrapped__("x")
+
+
+def test_redis_compiles_every_script(r: redis.Redis) -> None:
+    for name in scripts.names():
+        sha = r.script_load(scripts.source(name))
+        assert r.script_exists(sha) == [True], name

@@ -1,0 +1,124 @@
+"""The two spaces (kombu_delay.store.spaces): every operation on what is scheduled covers both, the
+same table of steps run once per space, with and without a key prefix. Time is set per call
+(``now_ms``), never waited for."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys, spaces
+from kombu_delay.store.replies import Rescheduled, Scheduled
+
+from .delay_helpers import kombu_payload, redis_ms
+
+HOUR = 3_600_000
+#: Settings that put a message due a minute ahead in each space.
+PLACING = {
+    spaces.ORDINARY: Settings(compress_after_ms=0),
+    spaces.COLD: Settings(compress_after_ms=10_000, thaw_ahead_ms=5_000),
+}
+
+
+def test_spaces_are_defined_once() -> None:
+    assert spaces.ALL == (spaces.COLD, spaces.ORDINARY)  # the cold one first: see the docstring
+    assert [s.rank for s in spaces.ALL] == [0, 1]
+    for space in spaces.ALL:
+        assert spaces.of_tag(space.tag) is space
+        assert spaces.of_bucket(space.bucket(120_000)) == (space, 120_000)
+        for prefix in ("", "app1:"):
+            assert spaces.prefix_of_index(space.index(prefix)) == prefix
+            assert space.queue_set(prefix, 60_000, "q") == keys.queue_set(prefix, 60_000, "q", space.tag)
+    assert spaces.COLD.index("p:") == keys.cold_index("p:")
+    assert spaces.ORDINARY.index("p:") == keys.index("p:")
+    assert spaces.prefix_of_index("p:kombu_delay:ids") is None
+    with pytest.raises(ValueError):
+        spaces.of_bucket("x60000")
+
+
+@pytest.mark.parametrize(
+    ("ahead_ms", "settings", "expected"),
+    [
+        (60_000, Settings(compress_after_ms=0), spaces.ORDINARY),  # compression off
+        (60_000, Settings(compress_after_ms=10_000, thaw_ahead_ms=5_000), spaces.COLD),
+        (10_000, Settings(compress_after_ms=10_000, thaw_ahead_ms=5_000), spaces.ORDINARY),  # not past it
+        (60_000, Settings(compress_after_ms=10_000, thaw_ahead_ms=60_000), spaces.ORDINARY),  # thaw horizon
+    ],
+)
+def test_where_a_new_message_goes(ahead_ms: int, settings: Settings, expected: spaces.Space) -> None:
+    now = 1_000_000
+    assert spaces.for_due(Due(now + ahead_ms, task_id="t"), settings, now) is expected
+    assert spaces.for_due(Due(ahead_ms, relative=True, task_id="t"), settings, None) is expected
+    assert spaces.for_due(Due(now + ahead_ms, task_id="x" * 300), settings, now) is spaces.ORDINARY
+
+
+def test_a_refusal_of_the_cold_space_falls_back_once() -> None:
+    sent: list[spaces.Space] = []
+
+    def send(space: spaces.Space) -> str:
+        sent.append(space)
+        return "stored"
+
+    assert spaces.placed(spaces.COLD, "too soon", send, lambda r: r == "too soon") == "stored"
+    assert sent == [spaces.ORDINARY]
+    assert spaces.placed(spaces.ORDINARY, "too soon", send, lambda r: r == "too soon") == "too soon"
+    assert sent == [spaces.ORDINARY]
+
+
+@pytest.mark.parametrize("space", spaces.ALL, ids=lambda s: s.name)
+def test_every_operation_covers_the_space(r: redis.Redis, prefix: str, space: spaces.Space) -> None:
+    store = Store(r, prefix)
+    settings = PLACING[space]
+    now = redis_ms(r)
+    due = now + 60_000
+    dest = f"{prefix}q"
+
+    def schedule(task_id: str) -> None:
+        result = store.schedule(Due(due, task_id=task_id), dest, kombu_payload(task_id), settings, now_ms=now)
+        assert result.outcome is Scheduled.STORED
+
+    schedule("t1")
+    [found] = store.find("t1")
+    assert found.space is space and found.due_ms == due
+    assert store.counts() == {dest: 1}
+    assert store.earliest_due_ms() == due
+    census = store.census(now, 30_000, 4)
+    assert (census.overdue, sum(census.slots), census.vanished) == (0, 1, 0)  # a bucket's resolution
+    listed, cursor = store.page(None, 10)
+    assert [s.space for s in listed] == [space] and cursor is None
+    assert Store(r, "other:").stranded(fresh_ms=60_000) == {prefix: 1}
+
+    # The sweep renews the bucket's expiry once its grace runs short.
+    swept = store.sweep("", 100, now_ms=due + settings.grace_ms - HOUR)
+    assert (swept.renewed, swept.lost, swept.cursor) == (1, 0, "")
+
+    moved = store.reschedule(found, "t1", kombu_payload("t1"), due + 1000, settings, now_ms=now)
+    assert moved is Rescheduled.RESCHEDULED
+    [again] = store.find("t1")
+    assert again.space is space and again.due_ms == due + 1000
+    assert store.cancel("t1", now_ms=now) == 1
+    assert store.find("t1") == [] and store.counts() == {}
+
+    schedule("t2")
+    assert store.purge([dest], now_ms=now) == 1
+    assert store.counts() == {} and store.earliest_due_ms() is None
+    assert store.totals() == {"scheduled": 2, "rescheduled": 1, "cancelled": 1, "purged": 1}
+
+
+def test_a_cold_message_is_thawed_then_moved_by_the_time_given(r: redis.Redis, prefix: str) -> None:
+    store = Store(r, prefix)
+    settings = PLACING[spaces.COLD]
+    now = redis_ms(r)
+    due = now + 60_000
+    store.schedule(Due(due, task_id="t"), f"{prefix}q", kombu_payload("t"), settings, now_ms=now)
+    assert store.thaw(settings.thaw_ahead_ms, 100, now_ms=due - settings.thaw_ahead_ms - 1).thawed == 0
+    assert store.thaw(settings.thaw_ahead_ms, 100, now_ms=due - settings.thaw_ahead_ms).thawed == 1
+    [found] = store.find("t")
+    assert found.space is spaces.ORDINARY
+    assert store.move_due(100, now_ms=due - 1).moved == 0  # never early
+    result = store.move_due(100, now_ms=due)
+    assert result.moved == 1 and result.lateness_ms == [0]
+    assert r.llen(f"{prefix}q") == 1
+    assert store.heartbeat("m", now_ms=due) == due

@@ -1,0 +1,351 @@
+"""The dashboard's app without a browser: Flask's test client over a real Redis, with and without
+``global_keyprefix``; the per-queue overdue count and the dead letters it reads; its guards
+(read-only, CSRF, basic auth, path prefix); and that neither the mover nor the CLI loads it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from celery import Celery
+
+from kombu_delay import DelayControl
+from kombu_delay.config import Settings
+from kombu_delay.connect import app_target
+from kombu_delay.message import Due
+from kombu_delay.ops.checks import stranded_problem
+from kombu_delay.store import keys
+from kombu_delay.tooling.redis_server import free_port
+from kombu_delay.web import present
+from kombu_delay.web.app import PathPrefix, create_app
+from kombu_delay.web.guard import CSRF_COOKIE, Credentials
+
+from .conftest import ROOT, wait_until
+from .delay_helpers import behind, kombu_payload
+from .faults_support import running_tls_server
+
+
+def publish(redis_server, prefix: str, *calls: tuple[str, tuple, dict, dict]) -> list[str]:
+    """Publish Celery tasks (name, args, kwargs, apply_async options); return their ids."""
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix, "delay_compress_after": 0}
+    try:
+        return [app.send_task(name, args, kwargs, **opts).id for name, args, kwargs, opts in calls]
+    finally:
+        app.close()
+
+
+@pytest.fixture
+def control(r, redis_server, prefix):
+    with DelayControl(redis_server.delay_url, {"global_keyprefix": prefix}) as ctl:
+        yield ctl
+
+
+def client_of(control, **kwargs):
+    app = create_app(control, **kwargs)
+    app.testing = True
+    return app.test_client()
+
+
+def token(client) -> str:
+    client.get("/")
+    cookie = client.get_cookie(CSRF_COOKIE)
+    assert cookie is not None, "the first page sets the CSRF cookie"
+    return cookie.value
+
+
+def test_overdue_per_queue_counts_only_due_messages_and_the_oldest(r, control, prefix):
+    # Published by a clock a minute behind Redis's: due "soon" there is overdue by Redis's clock,
+    # as a mover outage leaves it.
+    store = control.store
+    store.clock = behind(r)
+    start = store.clock()
+    settings = Settings.from_options({"delay_bucket_width": 10})
+    items = [
+        (Due(start + 1_000, task_id="a"), f"{prefix}emails", kombu_payload("a", "emails")),
+        (Due(start + 25_000, task_id="b"), f"{prefix}emails", kombu_payload("b", "emails")),
+        (Due(start + 40_000, task_id="c"), f"{prefix}celery\x06\x163", kombu_payload("c")),
+        (Due(start + 50_000, task_id="d"), f"{prefix}celery", kombu_payload("d")),
+    ]
+    store.schedule_many(items, settings)
+    now = start + 45_000
+    found, truncated = store.overdue(now)
+    assert not truncated
+    assert found == {f"{prefix}emails": (2, start + 1_000), f"{prefix}celery\x06\x163": (1, start + 40_000)}
+    # By Redis's clock all four are due; per queue, the priorities are folded together.
+    store.clock = None
+    by_queue, _ = control.overdue()
+    assert by_queue == {"emails": (2, start + 1_000), "celery": (2, start + 40_000)}
+    # A bucket limit says the count is cut short.
+    assert store.overdue(now, max_buckets=1)[1] is True
+
+
+def test_dead_letters_list_newest_first_and_remove_by_digest(r, control, prefix):
+    dead = keys.dead(prefix)
+    r.lpush(dead, b"\x01\x03abc\xff\xfe broken", b"\x07junk", b"\x01\x03xyz<script>")
+    total, letters = control.dead_letters(0, 2)
+    assert total == 3
+    assert [d.member for d in letters] == [b"\x01\x03xyz<script>", b"\x07junk"]
+    assert letters[0].task_id == "xyz"
+    assert control.remove_dead_letter(letters[1].digest, near=1) == 1
+    assert control.remove_dead_letter(letters[1].digest, near=1) == 0
+    assert r.lrange(dead, 0, -1) == [b"\x01\x03xyz<script>", b"\x01\x03abc\xff\xfe broken"]
+
+
+def test_overview_lists_queues_chart_warnings_and_totals(r, redis_server, control, prefix):
+    publish(
+        redis_server,
+        prefix,
+        ("tasks.a", (1,), {}, {"countdown": 600}),
+        ("tasks.b", (2,), {}, {"countdown": 7200, "queue": "emails"}),
+    )
+    client = client_of(control)
+    page = client.get("/")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert re.search(r'id="total-scheduled">2<', html)
+    assert ">emails</a>" in html and ">celery</a>" in html
+    assert len(re.findall(r'class="bar"[^>]*data-count="[1-9]', html)) == 2
+    # No mover has ever run here: the first warning says so.
+    assert "No mover is running" in html
+    assert "Server-Timing" in page.headers
+    data = client.get("/overview.json?range=minutes").get_json()
+    assert data["scheduled"] == 2 and {q["name"] for q in data["queues"]} == {"celery", "emails"}
+    assert len(data["histogram"]) == 60
+
+
+def test_listing_filters_by_queue_and_task_and_pages_with_the_cursor(redis_server, control, prefix):
+    ids = publish(
+        redis_server,
+        prefix,
+        *[("tasks.a", (i,), {}, {"countdown": 600 + i}) for i in range(3)],
+        ("tasks.b", (9,), {}, {"countdown": 605, "queue": "emails"}),
+    )
+    client = client_of(control)
+    first = client.get("/scheduled?limit=2").get_data(as_text=True)
+    assert re.findall(r'data-task-id="([^"]+)"', first) == ids[:2]
+    cursor = re.search(r'id="next-page" href="[^"]*cursor=([^"&]+)', first)
+    assert cursor is not None
+    second = client.get(f"/scheduled?limit=2&cursor={cursor.group(1)}").get_data(as_text=True)
+    assert re.findall(r'data-task-id="([^"]+)"', second) == [ids[2], ids[3]]
+    emails = client.get("/scheduled?queue=emails").get_data(as_text=True)
+    assert re.findall(r'data-task-id="([^"]+)"', emails) == [ids[3]]
+    named = client.get("/scheduled?task=s.b").get_data(as_text=True)
+    assert re.findall(r'data-task-id="([^"]+)"', named) == [ids[3]]
+    assert client.get(f"/scheduled?id={ids[1]}").headers["Location"].endswith(f"/task?id={ids[1]}")
+    assert client.get("/scheduled?cursor=nonsense").status_code == 400
+
+
+def test_message_text_is_escaped_and_argsrepr_wins_over_the_body(redis_server, control, prefix):
+    evil = "<script>alert(1)</script>"
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    shown = app.send_task("tasks.evil", (evil,), {"k": evil}, countdown=600).id
+    hidden = app.send_task("tasks.login", ("s3cret-pw",), countdown=600, argsrepr="('****',)").id
+    app.close()
+    client = client_of(control)
+    for url in ("/scheduled", f"/task?id={shown}"):
+        html = client.get(url).get_data(as_text=True)
+        assert evil not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    secret_page = client.get(f"/task?id={hidden}").get_data(as_text=True)
+    assert "****" in secret_page and "s3cret-pw" not in secret_page
+    assert "s3cret-pw" not in client.get("/scheduled").get_data(as_text=True)
+    assert client.get("/task?id=no-such-task").status_code == 404
+
+
+def test_read_only_refuses_every_action_and_shows_no_buttons(redis_server, control, prefix):
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    client = client_of(control)
+    csrf = token(client)
+    assert 'id="cancel"' not in client.get(f"/task?id={task_id}").get_data(as_text=True)
+    for path, form in (
+        ("/task/cancel", {"id": task_id, "confirm": "yes"}),
+        ("/task/reschedule", {"id": task_id, "countdown": "0"}),
+        ("/dead/remove", {"digest": "0" * 64, "confirm": "yes"}),
+    ):
+        refused = client.post(path, data={**form, "csrf": csrf})
+        assert refused.status_code == 403 and "read-only" in refused.get_data(as_text=True)
+    assert len(control.find(task_id)) == 1
+
+
+def test_actions_need_the_csrf_token_and_a_confirmation(redis_server, control, prefix, caplog):
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    for form in ({}, {"csrf": "forged"}):
+        refused = client.post("/task/cancel", data={"id": task_id, "confirm": "yes", **form})
+        assert refused.status_code == 403 and "CSRF" in refused.get_data(as_text=True)
+    other = client.post(
+        "/task/cancel",
+        data={"id": task_id, "confirm": "yes", "csrf": csrf},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert other.status_code == 403
+    assert len(control.find(task_id)) == 1
+    asked = client.post("/task/cancel", data={"id": task_id, "csrf": csrf})
+    assert asked.status_code == 200 and 'id="confirm"' in asked.get_data(as_text=True)
+    assert len(control.find(task_id)) == 1, "nothing is cancelled before the confirmation"
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        done = client.post("/task/cancel", data={"id": task_id, "csrf": csrf, "confirm": "yes"})
+    assert done.status_code == 200 and "Cancelled 1 message" in done.get_data(as_text=True)
+    assert control.find(task_id) == []
+    assert any(f"cancel {task_id!r} by -@" in rec.getMessage() for rec in caplog.records)
+
+
+def test_reschedule_by_countdown_and_by_time(r, redis_server, control, prefix):
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    moved = client.post("/task/reschedule", data={"id": task_id, "countdown": "3600", "csrf": csrf})
+    assert moved.status_code == 303
+    now = control.store.time_ms()
+    [found] = control.find(task_id)
+    assert now + 3_590_000 <= found.due_ms <= now + 3_600_000
+    at = client.post("/task/reschedule", data={"id": task_id, "eta": "2099-01-02T03:04:05", "csrf": csrf})
+    assert at.status_code == 303
+    [found] = control.find(task_id)
+    assert found.eta.isoformat() == "2099-01-02T03:04:05+00:00"  # no offset given: UTC
+    bad = client.post("/task/reschedule", data={"id": task_id, "eta": "soon", "csrf": csrf})
+    assert bad.status_code == 400
+
+
+def test_dead_letter_pages_and_removal(r, control, prefix):
+    r.lpush(keys.dead(prefix), b"\x01\x05tid-1<b>bold</b>\x00\x01")
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    listing = client.get("/dead").get_data(as_text=True)
+    assert "tid-1" in listing and "<b>bold" not in listing and "&lt;b&gt;bold" in listing
+    [digest] = re.findall(r"digest=([0-9a-f]{64})", listing)
+    assert client.get(f"/dead/letter?digest={digest}&near=0").status_code == 200
+    form = {"digest": digest, "near": "0", "csrf": csrf, "confirm": "yes"}
+    removed = client.post("/dead/remove", data=form)
+    assert removed.status_code == 200 and r.llen(keys.dead(prefix)) == 0
+
+
+def test_basic_auth_guards_every_path(control):
+    client = client_of(control, credentials=Credentials.parse("ops:pa:ss"))
+    for path in ("/", "/static/dashboard.css", "/overview.json"):
+        assert client.get(path).status_code == 401
+    wrong = base64.b64encode(b"ops:nope").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {wrong}"}).status_code == 401
+    right = base64.b64encode(b"ops:pa:ss").decode()
+    assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
+    with pytest.raises(ValueError):
+        Credentials.parse("no-password")
+
+
+def test_path_prefix_serves_and_links_under_it(control):
+    app = create_app(control)
+    app.wsgi_app = PathPrefix(app.wsgi_app, "/ops/delay/")  # type: ignore[method-assign]
+    client = app.test_client()
+    page = client.get("/ops/delay/")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert 'href="/ops/delay/static/dashboard.css"' in html and 'href="/ops/delay/scheduled"' in html
+    assert client.get("/ops/delay/static/dashboard.js").status_code == 200
+    assert client.get("/elsewhere").status_code == 404
+
+
+def test_previews_are_clipped_and_plain_messages_show_their_body():
+    long = base64.b64encode(b'[["' + b"x" * 500 + b'"], {}, {}]').decode()
+    message = {"body": long, "headers": {"task": "t", "id": "i"}, "properties": {"body_encoding": "base64"}}
+    assert len(present.preview(json.dumps(message).encode())) == present.PREVIEW_CHARS
+    plain = present.show(b'{"body": "hello <there>", "headers": {}, "properties": {}}')
+    assert plain.source == "" and plain.body == "hello <there>"
+    assert present.dead_preview(b"ab\x00\xff") == "ab\\x00\\xff"
+
+
+def test_the_mover_and_the_cli_do_not_import_the_web_stack():
+    code = (
+        "import sys, kombu_delay.cli, kombu_delay.mover.loop, kombu_delay.transport, kombu_delay.control;"
+        "from click.testing import CliRunner;"
+        "CliRunner().invoke(kombu_delay.cli.main, ['mover', '--help']);"
+        "web = ('flask', 'waitress', 'jinja2', 'werkzeug');"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in web or m.startswith('kombu_delay.web.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+    def cli(*args: str) -> str:
+        run = [sys.executable, "-m", "kombu_delay", *args]
+        return subprocess.run(run, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    assert re.search(r"^\s+web\s", cli("--help"), re.M)
+    helped = cli("web", "--help")
+    assert "--allow-actions" in helped and "9809" in helped
+
+
+def test_the_bench_web_scenario_times_every_page(tmp_path):
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "kombu_delay", "bench", "--only", "web", "--scale-large", "3000"]
+    args += ["--json-out", str(out), "--plot-out", str(tmp_path / "bench.png")]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    web = report["results"]["web"]
+    assert report["errors"] == {} and web["scheduled"] == 3000
+    assert {"overview_hours", "overview_days", "scheduled_page_50", "task_detail"} <= set(web["pages"])
+    assert all(page["runs"] == 100 and page["median_ms"] > 0 for page in web["pages"].values())
+
+
+def test_celery_delay_web_reads_the_apps_broker_and_prefix(r, redis_server, spawn):
+    options = {"global_keyprefix": "eco9:"}
+    [task_id] = publish(redis_server, "eco9:", ("eco.record", ("x",), {}, {"countdown": 600}))
+    port = free_port()
+    env = {"ECO_BROKER": redis_server.delay_url, "ECO_OPTIONS": json.dumps(options)}
+    args = [sys.executable, "-m", "celery", "-A", "tests.ecosystem_app", "delay", "web", "--port", str(port)]
+    server = spawn(args, env=env, name="web")
+
+    def overview() -> dict | None:
+        assert server.popen.poll() is None, server.output()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/overview.json", timeout=5) as reply:
+                return dict(json.loads(reply.read()))
+        except OSError:
+            return None
+
+    data = wait_until(overview, timeout=90)
+    assert isinstance(data, dict) and data["scheduled"] == 1
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/task?id={task_id}", timeout=5) as reply:
+        html = reply.read().decode()
+    assert "key prefix &#39;eco9:&#39;" in html and "read-only" in html
+
+
+def test_the_dashboard_reads_a_tls_broker_as_the_cli_does(tmp_path, monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with running_tls_server(tmp_path) as server:
+        app = Celery("tls", broker=f"delayrediss://127.0.0.1:{server.port}/0", set_as_current=False)
+        app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": server.ca}
+        app.conf.broker_transport_options = {"global_keyprefix": "tls:"}
+        task_id = app.send_task("tasks.a", ("over tls",), countdown=600).id
+        app.close()
+        tgt = app_target(app)  # what `celery -A app delay web` serves from
+        with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
+            client = client_of(ctl, where=tgt.describe())
+            assert client.get("/overview.json").get_json()["scheduled"] == 1
+            page = client.get(f"/task?id={task_id}").get_data(as_text=True)
+            assert "over tls" in page and "delayrediss://127.0.0.1" in page
+
+
+def test_overview_puts_an_evicting_policy_and_stranded_prefixes_first(r, control):
+    # As a mover records it: another key prefix holds messages no mover serves.
+    control.store.set_alert("stranded", stranded_problem({"other:": 5}), 60_000)
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        html = client_of(control).get("/").get_data(as_text=True)
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    section = html.split('<section class="warnings" role="alert">', 1)[1].split("</section>", 1)[0]
+    warnings = re.findall(r'<p class="warning">(.*?)</p>', section, re.S)
+    assert len(warnings) == 3
+    assert warnings[0].startswith("No mover is running")
+    assert "maxmemory-policy is allkeys-lru" in warnings[1]
+    assert "&#39;other:&#39; (5)" in warnings[2]
+    assert html.index('class="warnings"') < html.index('class="cards"')
