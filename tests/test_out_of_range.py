@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from kombu_delay import DelayControl, DelayTooLong
-from kombu_delay.control import HOUR_MS, histogram_slots
+from kombu_delay.control.results import HOUR_MS, histogram_slots
 from kombu_delay.store import keys
 
 from .test_cli_inspect import kd, options
