@@ -33,7 +33,8 @@ kombu-delay creates), plus:
   :class:`~kombu_delay.errors.DelayTooLong`. ETAs past the year 2109 are always refused.
 * ``delay_batch_size`` (default 500), ``delay_max_sleep`` (s, default 1),
   ``delay_max_rate`` (msgs/s, default 0 = no cap), ``delay_max_queue_length``
-  (default 0 = off), ``delay_heartbeat_interval`` (s, default 2): mover options.
+  (default 0 = off), ``delay_heartbeat_interval`` (s, default 2), ``delay_look_ahead``
+  (s, default 0 = off, at most 60: move messages that long before due): mover options.
 * ``delay_embedded_mover`` (bool, default False): run a mover thread in each worker.
 """
 

@@ -215,7 +215,9 @@ class Mover:
             # the round trip and the parsing.
             self._called_at = time.monotonic()
             result = self.store.move_due(
-                min(self.settings.batch_size, allowance), self.settings.max_queue_length
+                min(self.settings.batch_size, allowance),
+                self.settings.max_queue_length,
+                look_ahead_ms=self.settings.look_ahead_ms,
             )
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw
@@ -330,7 +332,7 @@ class Mover:
         if result.next_due_ms is None:
             return cap
         # Redis times the wait, in µs: due_ms is reached when now_ms + now_us/1000 >= due_ms.
-        until_due = (result.next_due_ms - result.now_ms) - result.now_us / 1000
+        until_due = (result.next_due_ms - self.settings.look_ahead_ms - result.now_ms) - result.now_us / 1000
         return max(0.0, min(cap, until_due / 1000))
 
     def _wait(self, pubsub: redis.client.PubSub, seconds: float) -> None:

@@ -61,8 +61,9 @@ class Thawer:
         #: whose thaw has begun is thawed to its end even if the plan, measuring a faster
         #: rate meanwhile, would now begin it later.
         self.horizon_ms = 0
-        #: The lead of the steps until the next plan, ms.
-        self.ahead_ms = settings.thaw_ahead_ms
+        #: The lead of the steps until the next plan, ms. With ``delay_look_ahead`` the moves
+        #: come that much before due, and so must the thaws before them.
+        self.ahead_ms = settings.thaw_ahead_ms + settings.look_ahead_ms
         self._next_look = float("-inf")
         self._next_plan = float("-inf")
         self._next_start_ms: int | None = None
@@ -111,9 +112,12 @@ class Thawer:
         """Read the cold buckets' counts and set how far the next steps reach."""
         now_ms, buckets = self.store.cold_buckets(thaw_plan.PLAN_BUCKETS)
         minimum = self.settings.thaw_ahead_ms
-        planned = thaw_plan.plan(now_ms, buckets, minimum, self.rate.per_s)
+        # A look-ahead moves each message that long before due: plan as if it were that much
+        # later, so every bucket is thawed by the time its moves begin.
+        look_ahead = self.settings.look_ahead_ms
+        planned = thaw_plan.plan(now_ms + look_ahead, buckets, minimum, self.rate.per_s)
         if planned.horizon_ms > self.horizon_ms:
-            if planned.horizon_ms > now_ms + minimum:
+            if planned.horizon_ms > now_ms + look_ahead + minimum:
                 logger.info(
                     "mover %s: thawing up to %d ms ahead (%d compressed messages waiting, %.0f/s)",
                     self.name,
@@ -122,10 +126,10 @@ class Thawer:
                     self.rate.per_s,
                 )
             self.horizon_ms = planned.horizon_ms
-        self.ahead_ms = max(minimum, self.horizon_ms - now_ms)
+        self.ahead_ms = max(minimum + look_ahead, self.horizon_ms - now_ms)
         self._next_start_ms = None
         if planned.next_start_ms is not None:
-            self._next_start_ms = planned.next_start_ms - now_ms
+            self._next_start_ms = planned.next_start_ms - (now_ms + look_ahead)
         self._next_plan = now + thaw_plan.PLAN_EVERY_S
 
     def _account(self, result: ThawResult) -> None:

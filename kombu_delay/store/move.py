@@ -22,8 +22,11 @@ class Moving(StoreBase):
     #: Where the last move call's scan of started buckets stopped short (see move.lua).
     _scan_after: int | None = None
 
-    def move_due(self, limit: int, max_queue_length: int = 0, now_ms: int | None = None) -> MoveResult:
-        """Move up to ``limit`` due messages onto their lists (one atomic script call).
+    def move_due(
+        self, limit: int, max_queue_length: int = 0, now_ms: int | None = None, look_ahead_ms: int = 0
+    ) -> MoveResult:
+        """Move up to ``limit`` due messages onto their lists (one atomic script call);
+        with ``look_ahead_ms``, also those due within that many ms from now.
 
         When held buckets ahead use up a call's bucket visits, the next call on this store
         goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
@@ -38,6 +41,7 @@ class Moving(StoreBase):
                     max_queue_length,
                     "" if self._scan_after is None else self._scan_after,
                     self._now(now_ms),
+                    look_ahead_ms,
                 ],
             )
         result = MoveResult.from_reply(reply)

@@ -13,6 +13,9 @@ ARGV[4] after    '' to scan the started buckets from the first, or the bucket st
                  previous call's scan stopped at (its reply's scan_after), to go on after it
 ARGV[5] now_ms   epoch ms to judge "due" by; '' = Redis TIME (the production path; tests
                  drive time through it)
+ARGV[6] ahead_ms optional look-ahead, ms: also move what falls due by now + ahead_ms (the
+                 message keeps its ETA, the worker starts it then; its lateness reads 0); ''
+                 or absent = 0
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
           held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, or
           the scan stopped short), scan_after (-1, or the start to pass as ARGV[4] next),
@@ -52,7 +55,8 @@ local limit = tonumber(ARGV[2])
 local max_len = tonumber(ARGV[3])
 
 local now, now_us = clock(ARGV[5])
-local upper = '(' .. string.format('%d', now + 1)  -- floor(score) <= now, never earlier
+local due_by = now + (tonumber(ARGV[6] or '') or 0)
+local upper = '(' .. string.format('%d', due_by + 1)  -- floor(score) <= due_by, never earlier
 local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
 local s = k.space
 
@@ -71,7 +75,7 @@ local function move_head(zset, dest, due_first, take)
   local pushes
   if floor(tonumber(tail[2])) == due_first then
     pushes = redis.call('ZRANGE', zset, 0, take - 1)
-    add_late(now - due_first, #pushes)
+    add_late(math.max(0, now - due_first), #pushes)
   else
     local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', upper, 'WITHSCORES', 'LIMIT', 0, take)
     pushes = {}
@@ -79,7 +83,7 @@ local function move_head(zset, dest, due_first, take)
     for i = 1, #batch, 2 do
       n = n + 1
       pushes[n] = batch[i]
-      add_late(now - floor(tonumber(batch[i + 1])), 1)
+      add_late(math.max(0, now - floor(tonumber(batch[i + 1]))), 1)
     end
   end
   local got = #pushes
@@ -121,7 +125,7 @@ local function visit(start_s)
         n = 0
       else
         local due_first = floor(tonumber(head[2]))
-        if due_first <= now then
+        if due_first <= due_by then
           local left = room_of(dest)
           if left <= 0 then
             local waiting = redis.call('ZCOUNT', zset, '-inf', upper)
@@ -164,7 +168,7 @@ local after = ARGV[4] or ''
 if after ~= '' then lower = '(' .. after end
 while budget > 0 and visits > 0 do
   local page = math.min(visits, 256)
-  local starts = redis.call('ZRANGEBYSCORE', index, lower, now, 'LIMIT', 0, page)
+  local starts = redis.call('ZRANGEBYSCORE', index, lower, due_by, 'LIMIT', 0, page)
   for _, start_s in ipairs(starts) do
     if budget <= 0 then break end
     visit(start_s)

@@ -38,8 +38,9 @@ from kombu_delay.tooling.redis_server import RedisServer
 Scenario = Callable[[Ctx], dict[str, Any]]
 
 
-def scenarios(with_e2e: bool) -> dict[str, Scenario]:
-    """Every scenario in run order; ``inspect`` when its module is installed, ``web`` with the web extra."""
+def scenarios(with_e2e: bool, with_drain: bool = False) -> dict[str, Scenario]:
+    """Every scenario in run order; ``inspect`` when its module is installed, ``web`` with the
+    web extra; ``e2e`` and ``drain`` (real workers, minutes) only when asked for."""
     found: dict[str, Scenario] = dict(SCENARIOS)
     try:
         inspect_mod = importlib.import_module("kombu_delay.tooling.bench.inspect")
@@ -53,6 +54,10 @@ def scenarios(with_e2e: bool) -> dict[str, Scenario]:
         from kombu_delay.tooling.bench.e2e import e2e
 
         found["e2e"] = e2e
+    if with_drain:
+        from kombu_delay.tooling.bench.drain import drain
+
+        found["drain"] = drain
     return found
 
 
@@ -69,7 +74,7 @@ def _plain_url(url: str) -> str:
     "--only",
     default="",
     help="Comma-separated scenarios (publish,precision,burst,memory,thaw,cpu,backpressure,scale,herd,"
-    "e2e,inspect).",
+    "e2e,inspect,web,drain).",
 )
 @click.option(
     "--e2e", "with_e2e", is_flag=True, help="Also run the end-to-end scenario with stock Celery workers."
@@ -128,6 +133,15 @@ def _plain_url(url: str) -> str:
 @click.option(
     "--e2e-precision", default=Sizes.e2e_precision, show_default=True, help="Tasks timed end to end."
 )
+@click.option("--drain", "n_drain", default=Sizes.drain, show_default=True, help="Herd run by one worker.")
+@click.option("--drain-procs", default=Sizes.drain_procs, show_default=True, help="That worker's processes.")
+@click.option(
+    "--drain-look-ahead", default=Sizes.drain_look_ahead, show_default=True, help="Look-aheads to run, s."
+)
+@click.option(
+    "--drain-prefetch", default=Sizes.drain_prefetch, show_default=True, help="Its --prefetch-multiplier."
+)
+@click.option("--drain-variants", default="", help="Only these drain variants (and stock); default all.")
 def bench(
     broker: str | None,
     only: str,
@@ -158,6 +172,11 @@ def bench(
     herd_movers: int,
     e2e_tasks: int,
     e2e_precision: int,
+    n_drain: int,
+    drain_procs: int,
+    drain_look_ahead: str,
+    drain_prefetch: int,
+    drain_variants: str,
 ) -> None:
     """Benchmark kombu-delay on this machine and check the project's targets.
 
@@ -173,9 +192,10 @@ def bench(
       kombu-delay bench --only herd,cpu
       kombu-delay bench --only scale --scale-middle 1000000 --scale-large 10000000
       kombu-delay bench --e2e --json-out results.json
+      kombu-delay bench --only drain --drain 20000   # stock vs kombu-delay workers
       kombu-delay bench --broker redis://127.0.0.1:7000/5   # FLUSHES db 5
     """
-    available = scenarios(with_e2e or "e2e" in only.split(","))
+    available = scenarios(with_e2e or "e2e" in only.split(","), "drain" in only.split(","))
     chosen = [name.strip() for name in only.split(",") if name.strip()] or list(available)
     unknown = [name for name in chosen if name not in available]
     if unknown:
@@ -203,6 +223,11 @@ def bench(
         herd_movers=herd_movers,
         e2e_tasks=e2e_tasks,
         e2e_precision=e2e_precision,
+        drain=n_drain,
+        drain_procs=drain_procs,
+        drain_look_ahead=drain_look_ahead,
+        drain_prefetch=drain_prefetch,
+        drain_variants=drain_variants,
     )
     server = None if broker else RedisServer().start()
     url = _plain_url(broker) if broker else server.url  # type: ignore[union-attr]

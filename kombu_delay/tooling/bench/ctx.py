@@ -48,6 +48,11 @@ class Sizes:
     cpu: int = 20_000
     e2e_tasks: int = 20_000
     e2e_precision: int = 200
+    drain: int = 20_000
+    drain_procs: int = 2
+    drain_prefetch: int = 4
+    drain_look_ahead: str = "5,10,20"
+    drain_variants: str = ""
 
 
 @dataclass
