@@ -66,6 +66,10 @@ def _plain_url(url: str) -> str:
     return f"{scheme.removeprefix('delay')}{sep}{rest}"
 
 
+#: The size options whose field in :class:`Sizes` is not their name without its ``n_``.
+_SIZE_FIELDS = {"precision_window": "precision_window_s", "herd_short_ahead": "herd_short_ahead_s"}
+
+
 @click.command()
 @click.option(
     "--broker", default=None, help="Use this Redis (its database is FLUSHED) instead of a private one."
@@ -150,33 +154,7 @@ def bench(
     plot_out: Path,
     payload_bytes: int,
     batch_size: int,
-    n_publish: int,
-    n_precision: int,
-    precision_window: float,
-    n_burst: int,
-    n_memory: int,
-    n_thaw: int,
-    scale_small: int,
-    scale_large: int,
-    scale_probe: int,
-    scale_rounds: int,
-    scale_middle: int,
-    n_cpu: int,
-    n_backpressure: int,
-    backpressure_rate: int,
-    backpressure_max_len: int,
-    backpressure_consume_rate: int,
-    n_herd: int,
-    herd_short: int,
-    herd_short_ahead: float,
-    herd_movers: int,
-    e2e_tasks: int,
-    e2e_precision: int,
-    n_drain: int,
-    drain_procs: int,
-    drain_look_ahead: str,
-    drain_prefetch: int,
-    drain_variants: str,
+    **size_options: Any,
 ) -> None:
     """Benchmark kombu-delay on this machine and check the project's targets.
 
@@ -200,35 +178,23 @@ def bench(
     unknown = [name for name in chosen if name not in available]
     if unknown:
         raise click.UsageError(f"unknown scenario(s) {unknown}; known: {sorted(available)}")
-    sizes = Sizes(
-        publish=n_publish,
-        precision=n_precision,
-        precision_window_s=precision_window,
-        burst=n_burst,
-        memory=n_memory,
-        thaw=n_thaw,
-        scale_small=scale_small,
-        scale_large=scale_large,
-        scale_probe=scale_probe,
-        scale_rounds=scale_rounds,
-        scale_middle=scale_middle,
-        cpu=n_cpu,
-        backpressure=n_backpressure,
-        backpressure_rate=backpressure_rate,
-        backpressure_max_len=backpressure_max_len,
-        backpressure_consume_rate=backpressure_consume_rate,
-        herd=n_herd,
-        herd_short=herd_short,
-        herd_short_ahead_s=herd_short_ahead,
-        herd_movers=herd_movers,
-        e2e_tasks=e2e_tasks,
-        e2e_precision=e2e_precision,
-        drain=n_drain,
-        drain_procs=drain_procs,
-        drain_look_ahead=drain_look_ahead,
-        drain_prefetch=drain_prefetch,
-        drain_variants=drain_variants,
-    )
+    sizes = Sizes(**{_SIZE_FIELDS.get(k, k.removeprefix("n_")): v for k, v in size_options.items()})
+    results, errors, meta = _run(broker, chosen, available, sizes, batch_size, payload_bytes)
+    _report(results, errors, meta, json_out, plot_out)
+    if errors:
+        raise click.ClickException(f"scenario(s) failed: {', '.join(errors)}")
+
+
+def _run(
+    broker: str | None,
+    chosen: list[str],
+    available: dict[str, Scenario],
+    sizes: Sizes,
+    batch_size: int,
+    payload_bytes: int,
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """Run the ``chosen`` scenarios against ``broker`` (else a private Redis); return their
+    results, the errors of those that failed, and the run's machine and versions."""
     server = None if broker else RedisServer().start()
     url = _plain_url(broker) if broker else server.url  # type: ignore[union-attr]
     probe = Probe(url)
@@ -279,6 +245,13 @@ def bench(
         if server is not None:
             server.cleanup()
         workdir.cleanup()
+    return results, errors, meta
+
+
+def _report(
+    results: dict[str, Any], errors: dict[str, str], meta: dict[str, Any], json_out: Path, plot_out: Path
+) -> None:
+    """Print the targets table and the charts, and write the JSON (and the PNG if it can)."""
     rows = bench_report.evaluate(results)
     report = {"meta": meta, "results": results, "errors": errors, "targets": rows}
     json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -292,5 +265,3 @@ def bench(
     click.echo(
         f"\nresults: {json_out}  ({meta['duration_s']} s, Redis {meta['redis']}, {meta['nproc']} cores)"
     )
-    if errors:
-        raise click.ClickException(f"scenario(s) failed: {', '.join(errors)}")
