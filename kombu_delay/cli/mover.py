@@ -38,6 +38,12 @@ logger = logging.getLogger(__name__)
     default=None,
     help="Restore compressed messages this long before they are due, s (default 30).",
 )
+@click.option(
+    "--look-ahead",
+    type=float,
+    default=None,
+    help="Hand messages to their lists this long before due, ETA unchanged, s (default 0 = off).",
+)
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.pass_context
@@ -48,6 +54,7 @@ def mover(
     max_rate: int | None,
     max_queue_length: int | None,
     thaw_ahead: float | None,
+    look_ahead: float | None,
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
@@ -71,6 +78,7 @@ def mover(
         max_rate=max_rate,
         max_queue_length=max_queue_length,
         thaw_ahead=thaw_ahead,
+        look_ahead=look_ahead,
     )
     run_mover(tgt, metrics_port=metrics_port, metrics_addr=metrics_addr)
 

@@ -94,6 +94,10 @@ def test_the_option_is_seconds_off_by_default_and_bounded() -> None:
     for bad in (-1, 60.001, "soon"):
         with pytest.raises(ConfigError, match="delay_look_ahead"):
             Settings.from_options({"delay_look_ahead": bad}, env={})
+    # The mover's --look-ahead flag goes through the same check.
+    assert Settings().with_values(look_ahead=5).look_ahead_ms == 5_000
+    with pytest.raises(ConfigError, match="delay_look_ahead must be at most 60 s"):
+        Settings().with_values(look_ahead=61)
 
 
 @pytest.mark.timeout(120)
