@@ -1,7 +1,7 @@
 """The benchmark's drain scenario: a herd due at one instant, run by a real stock worker.
 
-This module is also the Celery app the workers run (``celery -A
-kombu_delay.tooling.bench.drain worker``): one task that records when it started.
+The workers run the end-to-end scenario's Celery app (``celery -A
+kombu_delay.tooling.bench.e2e worker``): one task that records when it started.
 Every variant runs the same worker (prefork, ``--drain-procs`` processes, Celery's
 default prefetch) on the same herd, one after the other in one run:
 
@@ -35,28 +35,9 @@ import redis
 from celery import Celery
 
 from kombu_delay.message import parse_iso_ms
+from kombu_delay.tooling.bench.e2e import BROKER_ENV, RECORD_ENV, STARTS
 from kombu_delay.tooling.bench.env import QUEUE, TASK, now_ms, rss_mb
 from kombu_delay.tooling.redis_server import stop_process
-
-#: List the task appends its start records to.
-STARTS = "kombu_delay_bench:drain_starts"
-#: The worker's broker URL, and the plain Redis URL its task records into.
-BROKER_ENV = "KOMBU_DELAY_BENCH_DRAIN_BROKER"
-RECORD_ENV = "KOMBU_DELAY_BENCH_DRAIN_RECORD"
-
-app = Celery("kombu_delay_bench_drain", broker=os.environ.get(BROKER_ENV, "redis://127.0.0.1:1/0"))
-app.conf.update(worker_hijack_root_logger=False, broker_connection_retry_on_startup=True)
-_recorder: redis.Redis | None = None
-
-
-@app.task(name=TASK, bind=True)  # type: ignore[untyped-decorator]
-def record(self: Any, pad: str = "") -> None:
-    """Record ``[task id, eta, start ms]``: the start is taken first thing."""
-    started = now_ms()
-    global _recorder
-    if _recorder is None:
-        _recorder = redis.Redis.from_url(os.environ[RECORD_ENV])
-    _recorder.lpush(STARTS, json.dumps([self.request.id, self.request.eta, started]))
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -82,7 +63,16 @@ class Worker:
     """One ``celery worker`` process of this app, stopped by PID."""
 
     def __init__(self, ctx: Any, broker: str, log: Path) -> None:
-        args = [sys.executable, "-m", "celery", "-A", __name__, "worker", "--pool", "prefork"]
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "kombu_delay.tooling.bench.e2e",
+            "worker",
+            "--pool",
+            "prefork",
+        ]
         args += ["-c", str(ctx.sizes.drain_procs), "-Q", QUEUE, "-l", "warning"]
         args += ["--prefetch-multiplier", str(ctx.sizes.drain_prefetch)]
         args += ["--without-heartbeat", "--without-mingle", "--without-gossip"]

@@ -28,6 +28,9 @@ STOCK_QUEUE = "bench-stock"
 #: List the task appends its start records to.
 STARTS = "kombu_delay_bench:starts"
 BROKER_ENV = "KOMBU_DELAY_BENCH_BROKER"
+#: The plain Redis URL the task records into, when the broker is not one (a worker on
+#: ``delayredis://``, in the drain scenario); unset, the broker's.
+RECORD_ENV = "KOMBU_DELAY_BENCH_RECORD"
 
 app = Celery("kombu_delay_bench", broker=os.environ.get(BROKER_ENV, "redis://127.0.0.1:1/0"))
 app.conf.update(worker_hijack_root_logger=False, broker_connection_retry_on_startup=True)
@@ -40,7 +43,7 @@ def record(self: Any, pad: str = "") -> None:
     started = now_ms()
     global _recorder
     if _recorder is None:
-        _recorder = redis.Redis.from_url(os.environ[BROKER_ENV])
+        _recorder = redis.Redis.from_url(os.environ.get(RECORD_ENV) or os.environ[BROKER_ENV])
     _recorder.lpush(STARTS, json.dumps([self.request.id, self.request.eta, started]))
 
 
