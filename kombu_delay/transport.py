@@ -79,6 +79,7 @@ class DelayChannelMixin:
 
     _delay_store: Store | None = None
     _delay_settings: Settings | None = None
+    _delay_broker: str | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -102,6 +103,15 @@ class DelayChannelMixin:
             self._delay_store = Store(client, self.global_keyprefix, str(self.sep))  # type: ignore[attr-defined]
         return self._delay_store
 
+    @property
+    def delay_broker(self) -> str:
+        """This channel's broker URL, a password masked: kombu's own ``as_uri()`` shows ``:**@``
+        even where there is none. Worked out once, not on every publish."""
+        if self._delay_broker is None:
+            uri = self.connection.client.as_uri(include_password=True)  # type: ignore[attr-defined]
+            self._delay_broker = mask_url(uri)
+        return self._delay_broker
+
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         try:
             due = message_due(message)
@@ -119,10 +129,7 @@ class DelayChannelMixin:
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
-        # kombu's own as_uri() shows ``:**@`` even where there is no password; ours masks only
-        # a password that exists.
-        broker = mask_url(self.connection.client.as_uri(include_password=True))  # type: ignore[attr-defined]
-        where = (os.getpid(), broker, self.global_keyprefix)  # type: ignore[attr-defined]
+        where = (os.getpid(), self.delay_broker, self.global_keyprefix)  # type: ignore[attr-defined]
         ask = where not in _asked
         result = self.delay_store.schedule(
             due, dest, dumps(message), self.delay_settings, expires, FRESH_HEARTBEAT_MS if ask else 0
