@@ -89,6 +89,7 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
     assert thaw["early"] == 0 and thaw["lost"] == 0
     assert results["scale"]["small"]["moved_all"] and results["scale"]["large"]["moved_all"]
     assert [len(results["scale"][size]["rounds"]) for size in ("small", "large")] == [2, 2]
+    assert results["scale"]["large"]["layout"] == "spread"
     for ramp in ("max_rate", "max_queue_length"):
         held = results["backpressure"][ramp]
         assert held["delivered"] == 1000, held
@@ -98,6 +99,7 @@ def test_bench_runs_every_scenario_and_writes_json(tmp_path: Path) -> None:
     herd = results["herd"]["default"]
     assert herd["messages"] == 1000 and herd["on_list"] == 1000
     assert herd["early"] == 0 and herd["lost"] == 0 and herd["doubled"] == 0
+    assert herd["floor_move_per_s"] > 0  # the whole herd moved again by the bare Lua move
     assert results["e2e"]["lateness"]["started"] == 5
     assert results["e2e"]["lateness"]["early"] == 0
     assert {row["scenario"] for row in report["targets"]} >= {"publish", "burst", "memory", "thaw", "scale"}

@@ -110,6 +110,13 @@ _SIZE_FIELDS = {"precision_window": "precision_window_s", "herd_short_ahead": "h
     help="Rounds per size; each figure is their median.",
 )
 @click.option(
+    "--scale-layout",
+    type=click.Choice(["spread", "one-set"]),
+    default=Sizes.scale_layout,
+    show_default=True,
+    help="Due over 90 days with the default settings, or all in one sorted set (the worst case).",
+)
+@click.option(
     "--scale-middle", default=Sizes.scale_middle, show_default=True, help="A third size (memory per msg)."
 )
 @click.option("--cpu", "n_cpu", default=Sizes.cpu, show_default=True, help="Messages per side.")

@@ -34,6 +34,8 @@ class Sizes:
     scale_middle: int = 0
     scale_probe: int = 2000
     scale_rounds: int = 5
+    #: ``spread`` (default settings, due over 90 days) or ``one-set`` (the worst case).
+    scale_layout: str = "spread"
     backpressure: int = 100_000
     backpressure_rate: int = 10_000
     backpressure_max_len: int = 5_000

@@ -136,6 +136,10 @@ def fill(
     return stored, time.perf_counter() - started
 
 
+#: The sorted set a bare-move floor is timed from.
+FLOOR_SET = "kombu_delay_bench:floor"
+
+
 class Probe:
     """Direct Redis access for measuring: memory, slow log, command stats, list lengths."""
 
@@ -206,11 +210,28 @@ class Probe:
 
         Returns (wall seconds, Redis CPU seconds).
         """
-        source = "kombu_delay_bench:floor"
-        self.zadd_all(source, payloads)
+        self.zadd_all(FLOOR_SET, payloads)
+        return self._time_floor(limit, key)
+
+    def floor_move_list(self, limit: int, key: str = QUEUE, chunk: int = 20_000) -> tuple[int, float, float]:
+        """Time ``bench_floor.lua`` moving everything on the list ``key`` again, from a sorted
+        set of all of it (read in chunks: a herd does not fit a client's memory at once).
+        A herd is slower to move than a small sample, member for member: its sorted set is
+        larger than the CPU caches, and its order is not the order its members were written.
+
+        Returns (messages, wall seconds, Redis CPU seconds).
+        """
+        length = self.llen(key)
+        for begin in range(0, length, chunk):
+            members: list[bytes] = self.client.lrange(key, begin, begin + chunk - 1)  # type: ignore[assignment]
+            self.client.zadd(FLOOR_SET, dict.fromkeys(members, 0))
+        self.client.delete(key)
+        return length, *self._time_floor(limit, key)
+
+    def _time_floor(self, limit: int, key: str) -> tuple[float, float]:
         script = self.client.register_script(scripts.source("bench_floor"))
         cpu, started = self.redis_cpu_s(), time.perf_counter()
-        while int(script(keys=[source, key], args=[limit])):
+        while int(script(keys=[FLOOR_SET, key], args=[limit])):
             pass
         return time.perf_counter() - started, self.redis_cpu_s() - cpu
 

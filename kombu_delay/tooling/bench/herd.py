@@ -29,8 +29,6 @@ from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill,
 #: Messages a herd's fill is timed on first, to schedule the herd far enough ahead that it is
 #: all published, compressed, before its planned thaw must begin.
 CALIBRATION = 3000
-#: Messages of a herd moved again by ``bench_floor.lua`` afterwards, for the same run's floor.
-FLOOR_SAMPLE = 100_000
 #: Task id of a message on the list, for counting each once (headers precede nothing that
 #: could hold the same text: the body is base64).
 _TASK_ID = re.compile(rb'"id": "([^"]+)"')
@@ -261,10 +259,8 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
     rss = [rss_mb(p.pid) for p in procs]
     for proc in procs:
         ctx.movers.stop(proc)
-    # The same run's floor: how fast a bare Lua move of these messages goes on this machine now.
-    sample: list[bytes] = ctx.probe.client.lrange(QUEUE, 0, FLOOR_SAMPLE - 1)  # type: ignore[assignment]
-    ctx.probe.flush()
-    floor_s, _ = ctx.probe.floor_move([m.decode() for m in sample], ctx.movers.batch_size)
+    # The same run's floor: how fast a bare Lua move of this whole herd goes on this machine now.
+    floor_n, floor_s, floor_cpu = ctx.probe.floor_move_list(ctx.movers.batch_size)
     ctx.probe.flush()
     last = watched["all_on_list_s_after_due"]
     return {
@@ -287,7 +283,9 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
         "still_scheduled": left,
         "mover_rss_mb": max(rss, default=0.0),
         "moved_per_s": n / last if last > 0 else float("nan"),
-        "floor_move_per_s": len(sample) / floor_s if floor_s > 0 else float("nan"),
+        "floor_move_s": floor_s,
+        "floor_move_per_s": floor_n / floor_s if floor_s > 0 else float("nan"),
+        "floor_move_redis_cpu_us": floor_cpu * 1e6 / max(floor_n, 1),
     }
 
 

@@ -1,6 +1,12 @@
 """The scale scenario: with 10,000 scheduled and with millions (a bulk fill, pipelined
 ``schedule.lua`` calls), the cost of a publish (kombu's own and pipelined) and of a move,
-memory per message, and the latency of inspection (stats, ls, find, cancel, health)."""
+memory per message, and the latency of inspection (stats, ls, find, cancel, health).
+
+Two layouts (``--scale-layout``): ``spread``, what a deployment holds with the default
+settings (reminders over the next 90 days, one-minute buckets, compressed beyond
+``delay_compress_after``), and ``one-set``, every message in one uncompressed sorted set:
+the worst case for the O(log n) parts, which no default setting makes.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +24,13 @@ from kombu_delay.ops import health
 from kombu_delay.tooling.bench.ctx import Ctx, sleep_until, wait_for
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill, now_ms, rss_mb
 
-#: A bucket so wide that every message of the scale scenario shares one sorted set:
+#: A bucket so wide that every message of the ``one-set`` layout shares one sorted set:
 #: the worst case for the O(log n) members of the cost.
 ONE_BUCKET_MS = 10**12
+#: How far ahead the ``spread`` layout's fill is due: the next 90 days, from an hour on.
+SPREAD_MS = 90 * 86_400_000
+#: The layouts a scale run can fill.
+LAYOUTS = ("spread", "one-set")
 #: Messages published through kombu, one at a time, per round.
 KOMBU_PROBE = 500
 #: Runs of each timed inspection.
@@ -36,7 +46,7 @@ def _median_ms(fn: Callable[[], object], runs: int = RUNS) -> float:
     return statistics.median(times)
 
 
-def _inspection(ctx: Ctx, wide: Settings) -> dict[str, float]:
+def _inspection(ctx: Ctx, settings: Settings) -> dict[str, float]:
     """Median latency, ms, of what an operator runs: stats, the first page of ls, find,
     cancel (of Celery messages stored among the fill) and the health probe."""
     due = int(now_ms()) + 3_600_000
@@ -46,7 +56,7 @@ def _inspection(ctx: Ctx, wide: Settings) -> dict[str, float]:
         task_id, payload = ctx.payloads.make(due + random.randrange(3_600_000))
         ids.append(task_id)
         items.append((Due(due, task_id=task_id), QUEUE, payload))
-    ctx.store.schedule_many(items, wide)
+    ctx.store.schedule_many(items, settings)
     victims = iter(ids)
     with DelayControl(ctx.delay_url) as ctl:
         return {
@@ -59,29 +69,38 @@ def _inspection(ctx: Ctx, wide: Settings) -> dict[str, float]:
         }
 
 
+def _layout(ctx: Ctx) -> tuple[Settings, dict[str, Any], int]:
+    """The settings a publish uses in this run's layout, kombu's transport options for them,
+    and how far beyond an hour from now the fill is due, ms."""
+    if ctx.sizes.scale_layout == "one-set":
+        # Uncompressed, whatever the due time: the layout movers move from.
+        wide = Settings(bucket_width_ms=ONE_BUCKET_MS, compress_after_ms=0)
+        return wide, {"delay_bucket_width": ONE_BUCKET_MS / 1000, "delay_compress_after": 0}, 3_600_000
+    return ctx.settings, {}, SPREAD_MS
+
+
 def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     ctx.fresh()
-    # Uncompressed, whatever the due time: this measures the layout movers move from (the
-    # cold space, which they thaw from, is measured by the thaw scenario).
-    wide = Settings(bucket_width_ms=ONE_BUCKET_MS, compress_after_ms=0)
+    settings, options, span = _layout(ctx)
     base = int(now_ms()) + 3_600_000
     pad = "x" * 40
 
     def filler() -> Iterator[tuple[int, str, str]]:
         for i in range(size):  # distinct payloads: a bucket stores one copy of a payload per queue
-            yield base + random.randrange(3_600_000), f"fill-{i}", f'{{"body":"{pad}","n":{i}}}'
+            yield base + random.randrange(span), f"fill-{i}", f'{{"body":"{pad}","n":{i}}}'
 
-    _, fill_s = fill(ctx.store, wide, filler(), chunk=5000)
+    _, fill_s = fill(ctx.store, settings, filler(), chunk=5000)
     memory = ctx.probe.info("memory")
-    inspection = _inspection(ctx, wide)
+    inspection = _inspection(ctx, settings)
     mover = ctx.movers.start()
     # A round times a few milliseconds of Redis CPU, so one round is at the mercy of a cache
     # miss or a timer tick: the figures are the median of several rounds on the same fill.
-    rounds = [_scale_round(ctx, wide) for _ in range(ctx.sizes.scale_rounds)]
+    rounds = [_scale_round(ctx, settings, options) for _ in range(ctx.sizes.scale_rounds)]
     result: dict[str, Any] = {
         name: statistics.median(one[name] for one in rounds) for name in rounds[0] if name != "moved_all"
     }
     result.update(
+        layout=ctx.sizes.scale_layout,
         scheduled=size,
         fill_s=fill_s,
         moved_all=all(one["moved_all"] for one in rounds),
@@ -109,7 +128,7 @@ def _flush(ctx: Ctx) -> None:
         raise RuntimeError("the flush did not finish")
 
 
-def _scale_round(ctx: Ctx, wide: Settings) -> dict[str, Any]:
+def _scale_round(ctx: Ctx, settings: Settings, options: dict[str, Any]) -> dict[str, Any]:
     """Publish ``scale_probe`` messages due at one instant (pipelined, then 200 one by one)
     and time their publish and their move; the list is emptied afterwards."""
     k = ctx.sizes.scale_probe
@@ -120,14 +139,13 @@ def _scale_round(ctx: Ctx, wide: Settings) -> dict[str, Any]:
         items.append((Due(due, task_id=task_id), QUEUE, payload))
     ctx.probe.reset_stats()
     cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
-    ctx.store.schedule_many(items, wide)
+    ctx.store.schedule_many(items, settings)
     publish_wall = time.perf_counter() - started
     publish_cpu = ctx.probe.redis_cpu_s() - cpu
     publish_stats = ctx.probe.evalsha_stats()
     # kombu's own publish, one message at a time, as a producer makes them.
     app = celery_app(ctx.delay_url)
-    wide_options = {"delay_bucket_width": ONE_BUCKET_MS / 1000, "delay_compress_after": 0}
-    app.conf.broker_transport_options = wide_options
+    app.conf.broker_transport_options = options
     app.send_task(TASK, kwargs={"pad": ""}, eta=eta_of(due), queue="warmup")
     one_by_one = []
     cpu = ctx.probe.redis_cpu_s()
@@ -174,6 +192,8 @@ def scale(ctx: Ctx) -> dict[str, Any]:
         # Cost is Redis CPU per message: wall time inside Redis also counts the moments a
         # busy shared machine took the CPU away from it.
         "publish_ratio": large["publish_redis_cpu_us"] / max(small["publish_redis_cpu_us"], 1e-9),
+        "kombu_publish_ratio": large["publish_kombu_redis_cpu_us"]
+        / max(small["publish_kombu_redis_cpu_us"], 1e-9),
         "move_ratio": large["move_redis_cpu_us_per_msg"] / max(small["move_redis_cpu_us_per_msg"], 1e-9),
         "publish_server_ratio": large["publish_server_us"] / max(small["publish_server_us"], 1e-9),
         "move_server_ratio": large["move_server_us_per_msg"] / max(small["move_server_us_per_msg"], 1e-9),
