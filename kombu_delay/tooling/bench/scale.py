@@ -11,10 +11,13 @@ the worst case for the O(log n) parts, which no default setting makes.
 from __future__ import annotations
 
 import random
+import signal
 import statistics
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kombu_delay.config import Settings
@@ -35,6 +38,8 @@ LAYOUTS = ("spread", "one-set")
 KOMBU_PROBE = 500
 #: Runs of each timed inspection.
 RUNS = 50
+#: Seconds over which an idle mover's own Redis CPU is measured (its plans, sweeps, checks).
+IDLE_S = 10.0
 
 
 def _median_ms(fn: Callable[[], object], runs: int = RUNS) -> float:
@@ -93,9 +98,10 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     memory = ctx.probe.info("memory")
     inspection = _inspection(ctx, settings)
     mover = ctx.movers.start()
+    idle_cpu_ms_per_s = _idle_mover_cpu(ctx)
     # A round times a few milliseconds of Redis CPU, so one round is at the mercy of a cache
     # miss or a timer tick: the figures are the median of several rounds on the same fill.
-    rounds = [_scale_round(ctx, settings, options) for _ in range(ctx.sizes.scale_rounds)]
+    rounds = [_scale_round(ctx, settings, options, mover) for _ in range(ctx.sizes.scale_rounds)]
     result: dict[str, Any] = {
         name: statistics.median(one[name] for one in rounds) for name in rounds[0] if name != "moved_all"
     }
@@ -106,6 +112,7 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
         moved_all=all(one["moved_all"] for one in rounds),
         rounds=rounds,
         mover_rss_mb=rss_mb(mover.pid),
+        mover_idle_redis_cpu_ms_per_s=idle_cpu_ms_per_s,
         used_memory_mb=int(memory["used_memory"]) / 2**20,
         used_memory_per_msg=int(memory["used_memory"]) / size,
         redis_rss_mb=int(memory["used_memory_rss"]) / 2**20,
@@ -128,33 +135,46 @@ def _flush(ctx: Ctx) -> None:
         raise RuntimeError("the flush did not finish")
 
 
-def _scale_round(ctx: Ctx, settings: Settings, options: dict[str, Any]) -> dict[str, Any]:
-    """Publish ``scale_probe`` messages due at one instant (pipelined, then 200 one by one)
-    and time their publish and their move; the list is emptied afterwards."""
+def _idle_mover_cpu(ctx: Ctx) -> float:
+    """Redis CPU ms per second that a running mover costs while nothing is due: its thaw plan,
+    its sweep of every bucket, its checks; fixed per second, whatever is published."""
+    time.sleep(IDLE_S / 2)  # past its start: script loading, the first sweep and checks
+    cpu = ctx.probe.redis_cpu_s()
+    time.sleep(IDLE_S)
+    return (ctx.probe.redis_cpu_s() - cpu) * 1000 / IDLE_S
+
+
+@contextmanager
+def _paused(mover: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Hold the mover (SIGSTOP) while publishes are timed: its own per-second work (see
+    :func:`_idle_mover_cpu`) would be counted as theirs, more of it the more buckets there are."""
+    mover.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        mover.send_signal(signal.SIGCONT)
+
+
+def _scale_round(
+    ctx: Ctx, settings: Settings, options: dict[str, Any], mover: subprocess.Popen[bytes]
+) -> dict[str, Any]:
+    """Publish ``scale_probe`` messages due at one instant (pipelined, then ``KOMBU_PROBE``
+    one by one through kombu) with the mover held, then time their move; the list is emptied
+    afterwards."""
     k = ctx.sizes.scale_probe
     due = int(now_ms() + ctx.lead_ms(k) + 500)
     items = []
     for _ in range(k):
         task_id, payload = ctx.payloads.make(due)
         items.append((Due(due, task_id=task_id), QUEUE, payload))
-    ctx.probe.reset_stats()
-    cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
-    ctx.store.schedule_many(items, settings)
-    publish_wall = time.perf_counter() - started
-    publish_cpu = ctx.probe.redis_cpu_s() - cpu
-    publish_stats = ctx.probe.evalsha_stats()
-    # kombu's own publish, one message at a time, as a producer makes them.
-    app = celery_app(ctx.delay_url)
-    app.conf.broker_transport_options = options
-    app.send_task(TASK, kwargs={"pad": ""}, eta=eta_of(due), queue="warmup")
-    one_by_one = []
-    cpu = ctx.probe.redis_cpu_s()
-    for _ in range(KOMBU_PROBE):
-        started = time.perf_counter()
-        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due))
-        one_by_one.append(time.perf_counter() - started)
-    kombu_cpu = ctx.probe.redis_cpu_s() - cpu
-    app.close()
+    with _paused(mover):
+        ctx.probe.reset_stats()
+        cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
+        ctx.store.schedule_many(items, settings)
+        publish_wall = time.perf_counter() - started
+        publish_cpu = ctx.probe.redis_cpu_s() - cpu
+        publish_stats = ctx.probe.evalsha_stats()
+        kombu_cpu, one_by_one = _kombu_publish(ctx, options, due)
     sleep_until(due - 100)
     ctx.probe.reset_stats()
     cpu = ctx.probe.redis_cpu_s()
@@ -172,6 +192,23 @@ def _scale_round(ctx: Ctx, settings: Settings, options: dict[str, Any]) -> dict[
         "move_redis_cpu_us_per_msg": move_cpu / (k + KOMBU_PROBE) * 1e6,
         "moved_all": moved_all,
     }
+
+
+def _kombu_publish(ctx: Ctx, options: dict[str, Any], due: int) -> tuple[float, list[float]]:
+    """Publish ``KOMBU_PROBE`` messages due at ``due`` through kombu, one at a time, as a
+    producer makes them; return (Redis CPU seconds, seconds per publish)."""
+    app = celery_app(ctx.delay_url)
+    app.conf.broker_transport_options = options
+    app.send_task(TASK, kwargs={"pad": ""}, eta=eta_of(due), queue="warmup")
+    one_by_one = []
+    cpu = ctx.probe.redis_cpu_s()
+    for _ in range(KOMBU_PROBE):
+        started = time.perf_counter()
+        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due))
+        one_by_one.append(time.perf_counter() - started)
+    kombu_cpu = ctx.probe.redis_cpu_s() - cpu
+    app.close()
+    return kombu_cpu, one_by_one
 
 
 def scale(ctx: Ctx) -> dict[str, Any]:

@@ -299,6 +299,22 @@ ROWS: list[Row] = [
     ),
     ("scale", "mover RSS at large, MB", ("scale", "large", "mover_rss_mb"), "{:.1f}", "", None),
     (
+        "scale",
+        "idle mover, Redis CPU ms/s, small",
+        ("scale", "small", "mover_idle_redis_cpu_ms_per_s"),
+        "{:.2f}",
+        "",
+        None,
+    ),
+    (
+        "scale",
+        "idle mover, Redis CPU ms/s, large",
+        ("scale", "large", "mover_idle_redis_cpu_ms_per_s"),
+        "{:.2f}",
+        "",
+        None,
+    ),
+    (
         "backpressure",
         "max-rate: peak moved/s",
         ("backpressure", "max_rate", "peak_per_s"),
