@@ -4,8 +4,10 @@ put(k, now, due, task_id, dest, payload)
   Stores one message due in the future (schedule.lua and reschedule.lua; see put_group).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
   wake, and optionally expires (the queue's x-expires, ms), kept as the meta field
-  ``e:<dest>``; ``k`` comes from in_space: in the cold space (its refs start with 'c') the
-  bucket has no task-id list, and a wake makes movers look for something to thaw.
+  ``e:<dest>``, counter (the totals field counting the messages stored) and format (the
+  storage format, recorded in totals with a bucket's first message); ``k`` comes from
+  in_space: in the cold space (its refs start with 'c') the bucket has no task-id list, and
+  a wake makes movers look for something to thaw.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -130,6 +132,9 @@ local function put_group(k, now, start, dest, msgs)
              tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false}
   local codes, added, first
   codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
+  -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a
+  -- mover or an inspection reading it refuses it (heartbeat.lua).
+  if k.format and b.n_seq == #msgs then redis.call('HSETNX', k.totals, 'format', k.format) end
   if #added == 0 then return codes end
   b.n_added = #added
   b.n_here = redis.call('HINCRBY', b.meta, 'q:' .. dest, #added)

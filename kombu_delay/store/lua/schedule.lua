@@ -26,7 +26,8 @@ ARGV[14] thaw      ms: a cold member due no later than now + this is refused (co
 ARGV[15] now_ms    epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[16] fresh     ms: when not '0', also count the movers with a heartbeat this fresh (a
                    publisher asks once, to warn when no mover serves its namespace)
-ARGV[17] format    the storage format (keys.py FORMAT), recorded in totals when none is
+ARGV[17] format    the storage format (keys.py FORMAT), recorded in totals when none is (with
+                   a bucket's first message: the namespace's first message starts a bucket)
 Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[16]), else -1;
          code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
@@ -66,9 +67,7 @@ if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now, movers}
 end
 
--- Never over another format: a mover or an inspection reading it refuses it (heartbeat.lua).
-redis.call('HSETNX', totals, 'format', ARGV[17])
 local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
-           counter = 'scheduled', expires = tonumber(ARGV[12])}
+           counter = 'scheduled', expires = tonumber(ARGV[12]), format = ARGV[17]}
 return {put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload), due, now, movers}
