@@ -6,8 +6,8 @@ put(k, now, due, task_id, dest, payload)
   wake, and optionally expires (the queue's x-expires, ms), kept as the meta field
   ``e:<dest>``, counter (the totals field counting the messages stored) and format (the
   storage format, recorded in totals with a bucket's first message); ``k`` comes from
-  in_space: in the cold space (its refs start with 'c') the bucket has no task-id list, and
-  a wake makes movers look for something to thaw.
+  in_space (or is built as in_space builds it): in the cold space (its refs start with 'c')
+  the bucket has no task-id list, and a wake makes movers look for something to thaw.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -138,7 +138,8 @@ local function put_group(k, now, start, dest, msgs)
   local start_s = string.format('%d', start)
   local b = {start = start, start_s = start_s, dest = dest, n_msgs = #msgs,
              meta = k.space.meta(start_s), zset = k.space.zset(start_s, dest),
-             tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false}
+             tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false,
+             n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
   local codes, added, first
   codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
   -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a

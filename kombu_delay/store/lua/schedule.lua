@@ -41,7 +41,7 @@ due time here; Redis Cluster is not supported, so they need not be declared in K
 --- @include clock
 --- @include spaces
 --- @include put
-local index, ids, counts, totals, dest_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ids, counts, totals, dest_key = KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ns = ARGV[1]
 local when = tonumber(ARGV[4])
 local relative = ARGV[5] == '1'
@@ -67,7 +67,9 @@ if due > max_due or (max_delay > 0 and due - now > max_delay) then
   return {-1, due, now, movers}
 end
 
-local k = {ns = ns, index = index, ids = ids, counts = counts, totals = totals,
+-- k for put, as in_space would make it for this space, in one constructor: no copy.
+local sp = space(ns, cold and 'c' or '')
+local k = {ns = ns, space = sp, index = sp.index, ids = ids, counts = counts, totals = totals,
            width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[9],
            counter = 'scheduled', expires = tonumber(ARGV[12]), format = ARGV[17]}
-return {put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload), due, now, movers}
+return {put(k, now, due, task_id, dest, payload), due, now, movers}
