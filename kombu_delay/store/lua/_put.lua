@@ -28,7 +28,7 @@ put_group(k, now, start, dest, msgs)
   per-bucket ones once.
 ]]
 --- @include clock
---- @include refs
+--- @include ref_text
 --- @include spaces
 -- A count as a command argument: Redis turns a Lua number into text with "%.17g", costly
 -- next to the text '1' that almost every call passes.
