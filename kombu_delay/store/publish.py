@@ -130,20 +130,26 @@ class Publishing(StoreBase):
             settings.bucket_width_ms,
             settings.grace_ms,
             due.ms,
-            1 if due.relative else 0,
             due.task_id,
-            dest,
             space.member(payload, due.task_id),
             keys.wake_channel(self.prefix),
             settings.max_delay_ms,
             keys.MAX_DUE_MS,
-            expires_ms,
-            1 if space.compressed else 0,
-            settings.thaw_ahead_ms,
-            self._now(now_ms),
-            movers_fresh_ms,
             keys.FORMAT,
         ]
+        # The optional arguments, each at its default when 0 or '': only those up to the last
+        # one needed are sent (each costs Redis work in every call).
+        optional: list[Any] = [
+            1 if due.relative else 0,
+            1 if space.compressed else 0,
+            settings.thaw_ahead_ms if space.compressed else 0,
+            expires_ms,
+            movers_fresh_ms,
+            self._now(now_ms),
+        ]
+        while optional and optional[-1] in (0, ""):
+            optional.pop()
+        call_args += optional
         return call_keys, call_args
 
     def renew_expiry(self, lists: Iterable[str], expires_ms: int) -> None:

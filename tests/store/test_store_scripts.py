@@ -11,8 +11,11 @@ from importlib import resources
 import pytest
 import redis
 
-from kombu_delay.store import scripts
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys, scripts, spaces
 from tests.support.procs import ROOT
+from tests.support.stored import kombu_payload, redis_ms
 
 LUA = resources.files("kombu_delay.store").joinpath("lua")
 DEFINED = re.compile(r"^local function ([a-z_]+)\(", re.M)
@@ -87,3 +90,20 @@ def test_redis_compiles_every_script(r: redis.Redis) -> None:
     for name in scripts.names():
         sha = r.script_load(scripts.source(name))
         assert r.script_exists(sha) == [True], name
+
+
+def test_a_publish_sends_only_the_arguments_it_needs(r: redis.Redis, prefix: str) -> None:
+    """schedule.lua's optional arguments: each costs Redis work in every call, so those after
+    the last one needed are left out, and the script reads an absent one as its default."""
+    store, settings, due = Store(r, prefix), Settings(compress_after_ms=0), redis_ms(r) + 120_000
+    plain = Due(due, task_id="a")
+    _, args = store._schedule_call(spaces.ORDINARY, plain, f"{prefix}q", "{}", settings)
+    assert len(args) == 10
+    _, args = store._schedule_call(spaces.ORDINARY, plain, f"{prefix}q", "{}", settings, expires_ms=5000)
+    assert args[10:] == [0, 0, 0, 5000]
+    # Stored as with every argument given: a relative due, and the queue's x-expires.
+    store.schedule(Due(120_000, relative=True, task_id="b"), f"{prefix}q", kombu_payload("b"), settings, 5000)
+    [meta] = r.keys(f"{keys.ns(prefix)}m:*")
+    assert r.hget(meta, f"e:{prefix}q") == b"5000"
+    [found] = store.find("b")
+    assert due - 1000 <= found.score < due + 5000

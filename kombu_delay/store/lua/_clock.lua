@@ -14,7 +14,8 @@ keep_until(key, now, at)
 local function clock(at)
   if at and at ~= '' then return math.floor(tonumber(at)), 0 end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[2]) % 1000
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + math.floor(us / 1000), us % 1000
 end
 
 local function keep_until(key, now, at)

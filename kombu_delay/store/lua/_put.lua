@@ -4,13 +4,17 @@ put(k, now, due, task_id, dest, payload)
   Stores one message due in the future (schedule.lua and reschedule.lua; see put_group).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
   wake, and optionally expires (the queue's x-expires, ms), kept as the meta field
-  ``e:<dest>``; ``k`` comes from in_space: in the cold space (its refs start with 'c') the
-  bucket has no task-id list, and a wake makes movers look for something to thaw.
+  ``e:<dest>``, counter (the totals field counting the messages stored) and format (the
+  storage format, recorded in totals with a bucket's first message); ``k`` comes from
+  in_space (or is built as in_space builds it): in the cold space (its refs start with 'c')
+  the bucket has no task-id list, and a wake makes movers look for something to thaw.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
   not there (its first message, or the first since it drained), sets expiries, and wakes the
-  movers when this message may be the earliest scheduled.
+  movers when this message may be the earliest scheduled. The format, the expiries and the
+  index are written per bucket, not per message, and of the meta hash only the expiry ``x``
+  is read (an earlier one is extended; with one width and grace, it never is).
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
   in this bucket (nothing written but a step of the bucket's seq counter).
   Bound: a constant number of O(log n) commands.
@@ -24,13 +28,20 @@ put_group(k, now, start, dest, msgs)
   per-bucket ones once.
 ]]
 --- @include clock
---- @include refs
+--- @include ref_text
 --- @include spaces
+-- A count as a command argument: Redis turns a Lua number into text with "%.17g", costly
+-- next to the text '1' that almost every call passes.
+local function count_arg(n)
+  if n == 1 then return '1' end
+  return n
+end
+
 -- Adds each message to the bucket's set for its destination (ZADD NX: an identical payload
 -- there already is a duplicate, code 2); returns the codes, the messages added, the earliest
 -- of them, and the bucket's seq counter after this call.
 local function add_members(meta, zset, msgs)
-  local n_seq = redis.call('HINCRBY', meta, 'seq', #msgs)
+  local n_seq = redis.call('HINCRBY', meta, 'seq', count_arg(#msgs))
   local codes, added, first = {}, {}, nil
   for i, m in ipairs(msgs) do
     m.seq = (n_seq - #msgs + i - 1) % 2048
@@ -50,7 +61,7 @@ end
 -- space) gets it replaced.
 local function add_refs(k, start, start_s, added)
   for _, m in ipairs(added) do
-    local ref = k.space.tag .. start_s .. ':' .. string.format('%d', m.due - start) .. ':' .. m.seq
+    local ref = k.space.tag .. start_s .. string.format(':%d:%d', m.due - start, m.seq)
     if m.old_ref then
       local refs = redis.call('HGET', k.ids, m.task_id)
       local kept = refs and without_ref(refs, m.old_ref)
@@ -75,12 +86,12 @@ end
 -- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new).
 local function set_expiries(k, now, b)
   local end_ms, expire_at = b.start + k.width, b.start + k.width + k.grace
-  local known = redis.call('HMGET', b.meta, 'end', 'x')
-  local known_x = tonumber(known[2])
+  local known_x = tonumber(redis.call('HGET', b.meta, 'x'))
   local extended = not known_x or expire_at > known_x
   local new_set = b.n_here == b.n_added
   if extended then
-    if not known[1] or end_ms > tonumber(known[1]) then redis.call('HSET', b.meta, 'end', end_ms) end
+    local known_end = redis.call('HGET', b.meta, 'end')
+    if not known_end or end_ms > tonumber(known_end) then redis.call('HSET', b.meta, 'end', end_ms) end
     redis.call('HSET', b.meta, 'x', expire_at)
     redis.call('PEXPIREAT', b.meta, expire_at + 86400000)
     if b.tasks then redis.call('PEXPIREAT', b.tasks, expire_at + 86400000) end
@@ -127,19 +138,27 @@ local function put_group(k, now, start, dest, msgs)
   local start_s = string.format('%d', start)
   local b = {start = start, start_s = start_s, dest = dest, n_msgs = #msgs,
              meta = k.space.meta(start_s), zset = k.space.zset(start_s, dest),
-             tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false}
+             tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false,
+             n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
   local codes, added, first
   codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
+  -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a
+  -- mover or an inspection reading it refuses it (heartbeat.lua).
+  if k.format and b.n_seq == #msgs then redis.call('HSETNX', k.totals, 'format', k.format) end
   if #added == 0 then return codes end
   b.n_added = #added
-  b.n_here = redis.call('HINCRBY', b.meta, 'q:' .. dest, #added)
+  local n_arg = count_arg(#added)
+  b.n_here = redis.call('HINCRBY', b.meta, 'q:' .. dest, n_arg)
   if k.expires and k.expires > 0 then redis.call('HSET', b.meta, 'e:' .. dest, k.expires) end
   if not k.counted then
-    b.dest_new = redis.call('HINCRBY', k.counts, dest, #added) == #added
+    b.dest_new = redis.call('HINCRBY', k.counts, dest, n_arg) == #added
   end
-  if k.counter then redis.call('HINCRBY', k.totals, k.counter, #added) end
+  if k.counter then redis.call('HINCRBY', k.totals, k.counter, n_arg) end
   -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
-  if b.tasks then
+  -- One task id goes as it is: a table to unpack costs more than the push.
+  if b.tasks and #added == 1 then
+    b.n_tasks = redis.call('RPUSH', b.tasks, added[1].task_id)
+  elseif b.tasks then
     local task_ids = {}
     for i, m in ipairs(added) do task_ids[i] = m.task_id end
     b.n_tasks = redis.call('RPUSH', b.tasks, unpack(task_ids))

@@ -17,24 +17,9 @@ drop_start_refs(ids, task_ids, start_s)
   bucket is drained: all of them are stale), and a field with no ref left. Bound: one HMGET,
   then HDEL and HSET in slices of 1000.
 
-score_ref(start_s, score)
-  The id-index ref "start:offset:seq" of the message at ``score`` in bucket ``start_s``
-  (``score = due + seq/2048``, see keys.py), as put wrote it.
-
-without_ref(refs, ref)
-  ``refs`` without ``ref``; false when nothing is left.
+score_ref and without_ref: see _ref_text.lua.
 ]]
-local function without_ref(refs, ref)
-  if refs == ref then return false end
-  local padded = ' ' .. refs .. ' '
-  local s, e = string.find(padded, ' ' .. ref .. ' ', 1, true)
-  if not s then return refs end
-  local rest = string.sub(padded, 1, s) .. string.sub(padded, e + 1)
-  rest = string.gsub(string.gsub(rest, '^ +', ''), ' +$', '')
-  if rest == '' then return false end
-  return rest
-end
-
+--- @include ref_text
 -- Runs `command key` with the values of list in slices of at most `size` (even), in order:
 -- unpack cannot pass more than about 8,000 values to one call.
 local function call_sliced(command, key, list, size)
@@ -76,12 +61,6 @@ local function drop_refs(ids, task_ids, ref_of)
     if after[task_id] ~= before[task_id] then changed[#changed + 1] = task_id end
   end
   rewrite_refs(ids, changed, after)
-end
-
-local function score_ref(start_s, score)
-  local due = math.floor(score)
-  return start_s .. ':' .. string.format('%d', due - tonumber(start_s)) .. ':'
-    .. string.format('%d', (score - due) * 2048)
 end
 
 local function refs_without_start(refs, prefix)

@@ -12,21 +12,24 @@ split_bucket(text)
   its space tag and its start.
 
 in_space(k, tag)
-  Returns k for the space ``tag`` (for put, take and retire): a copy whose ``space`` is
-  space(k.ns, tag), and whose index is that space's.
+  Returns k for the space ``tag`` (for put, take and retire): a table whose ``space`` is
+  space(k.ns, tag) and whose index is that space's, and which reads every other field from k
+  (through a metatable: no copy, so k must not change while it is in use).
 
 cold_task_id(member)
   The task id a cold member carries in the clear (kombu_delay/store/cold.py), for its
   id-index ref.
 ]]
 local function space(ns, tag)
-  local s = {tag = tag, cold = tag ~= '', index = ns .. tag .. 'index'}
-  function s.meta(start_s) return ns .. tag .. 'm:' .. start_s end
-  function s.zset(start_s, dest) return ns .. tag .. 'z:' .. start_s .. ':' .. dest end
-  function s.tasks(start_s)
-    if tag == '' then return ns .. 't:' .. start_s end
-  end
-  return s
+  -- One constructor: a table grown field by field is rehashed as it grows.
+  return {
+    tag = tag, cold = tag ~= '', index = ns .. tag .. 'index',
+    meta = function(start_s) return ns .. tag .. 'm:' .. start_s end,
+    zset = function(start_s, dest) return ns .. tag .. 'z:' .. start_s .. ':' .. dest end,
+    tasks = function(start_s)
+      if tag == '' then return ns .. 't:' .. start_s end
+    end,
+  }
 end
 
 local function split_bucket(text)
@@ -34,11 +37,9 @@ local function split_bucket(text)
 end
 
 local function in_space(k, tag)
-  local copy = {}
-  for name, value in pairs(k) do copy[name] = value end
-  copy.space = space(k.ns, tag)
-  copy.index = copy.space.index
-  return copy
+  local s = space(k.ns, tag)
+  -- Reads fall through to k: cheaper than copying it field by field.
+  return setmetatable({space = s, index = s.index}, {__index = k})
 end
 
 local function cold_task_id(member)
