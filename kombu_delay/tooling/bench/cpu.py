@@ -70,16 +70,24 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
     move_cpu = _moved(ctx, due, n)
     ctx.probe.client.delete(QUEUE)
 
-    # Compressed: the mover thaws them (as planned: a few seconds ahead) before due.
-    options = {"delay_compress_after": COMPRESS_AFTER_S, "delay_thaw_ahead": THAW_AHEAD_S}
+    # Compressed: the mover thaws them (as planned: a few seconds ahead) before due. A plan
+    # begins a bucket's thaw by its start, not by its first message: one-second buckets keep
+    # that start next to the due time, so the thaw cannot begin during the publish.
+    options = {
+        "delay_compress_after": COMPRESS_AFTER_S,
+        "delay_thaw_ahead": THAW_AHEAD_S,
+        "delay_bucket_width": 1,
+    }
     # Far enough ahead that the planned thaw begins after the publish ends.
     lead = thaw_plan.lead_ms(n, thaw_plan.DEFAULT_RATE)
     due = int(now_ms() + COMPRESS_AFTER_S * 1000 + 3 * plain_s * 1000 + lead + 5000)
     cold_cpu, cold_s = _publish(ctx, ctx.delay_url, n, due, options)
     if now_ms() >= due - COMPRESS_AFTER_S * 1000:
         raise RuntimeError("the publish ended too close to the due time to store it compressed; rerun")
-    cold_set = keys.queue_set(ctx.store.prefix, due - due % ctx.settings.bucket_width_ms, QUEUE, keys.COLD)
+    cold_set = keys.queue_set(ctx.store.prefix, due - due % 1000, QUEUE, keys.COLD)
     stored_cold = int(ctx.probe.client.zcard(cold_set))
+    if stored_cold != n:
+        raise RuntimeError(f"{stored_cold} of {n} messages were still compressed after the publish; rerun")
     cpu_before = ctx.probe.redis_cpu_s()
     if not wait_for(lambda: int(ctx.probe.client.zcard(cold_set)) == 0, timeout=120):
         raise RuntimeError("the thaw did not finish")
