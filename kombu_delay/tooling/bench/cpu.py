@@ -73,27 +73,10 @@ def _moved(ctx: Ctx, due: int, n: int) -> float:
     return ctx.probe.redis_cpu_s() - cpu
 
 
-def cpu(ctx: Ctx) -> dict[str, Any]:
-    """Redis CPU µs per message: plain publish (first and last, the baseline their mean);
-    delayed schedule + move; compressed schedule + thaw + move; and the floor of a move (a
-    bare Lua ZRANGE/ZREM/LPUSH)."""
-    ctx.fresh()
-    n = ctx.sizes.cpu
-    per = 1e6 / n
-    plain_cpu, plain_s = _publish(ctx, ctx.url, n, None, {})
-    ctx.probe.client.delete(QUEUE)
-
-    # Uncompressed: due soon after the publish ends (the plain side's time, three times over).
-    mover = ctx.movers.start("--thaw-ahead", f"{THAW_AHEAD_S:g}")
-    _settled(ctx)
-    due = int(now_ms() + 3 * plain_s * 1000 + 3000)
-    hot_options = {"delay_compress_after": 0, "delay_bucket_width": BUCKET_S}
-    hot_cpu, hot_s = _publish(ctx, ctx.delay_url, n, due, hot_options)
-    if now_ms() >= due:
-        raise RuntimeError("the publish ended after the due time; rerun")
-    move_cpu = _moved(ctx, due, n)
-    ctx.probe.client.delete(QUEUE)
-
+def _compressed(ctx: Ctx, n: int, plain_s: float) -> dict[str, float]:
+    """Publish ``n`` messages stored compressed, wait for their thaw and their move; return
+    the Redis CPU seconds of each step (``schedule``, ``thaw``, ``move``), the publish's wall
+    seconds, the due time, and whether the thaw was done before it."""
     # Compressed: the mover thaws them (as planned: a few seconds ahead) before due. A plan
     # begins a bucket's thaw by its start, not by its first message: one-second buckets keep
     # that start next to the due time, so the thaw cannot begin during the publish.
@@ -118,6 +101,40 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
     thaw_cpu = ctx.probe.redis_cpu_s() - cpu_before
     thawed_before_due = now_ms() < due
     move_cold_cpu = _moved(ctx, due, n)
+    return {
+        "schedule": cold_cpu,
+        "wall": cold_s,
+        "thaw": thaw_cpu,
+        "move": move_cold_cpu,
+        "due": due,
+        "thawed_before_due": float(thawed_before_due),
+    }
+
+
+def cpu(ctx: Ctx) -> dict[str, Any]:
+    """Redis CPU µs per message: plain publish (first and last, the baseline their mean);
+    delayed schedule + move; compressed schedule + thaw + move; and the floor of a move (a
+    bare Lua ZRANGE/ZREM/LPUSH)."""
+    ctx.fresh()
+    n = ctx.sizes.cpu
+    per = 1e6 / n
+    plain_cpu, plain_s = _publish(ctx, ctx.url, n, None, {})
+    ctx.probe.client.delete(QUEUE)
+
+    # Uncompressed: due soon after the publish ends (the plain side's time, three times over).
+    mover = ctx.movers.start("--thaw-ahead", f"{THAW_AHEAD_S:g}")
+    _settled(ctx)
+    due = int(now_ms() + 3 * plain_s * 1000 + 3000)
+    hot_options = {"delay_compress_after": 0, "delay_bucket_width": BUCKET_S}
+    hot_cpu, hot_s = _publish(ctx, ctx.delay_url, n, due, hot_options)
+    if now_ms() >= due:
+        raise RuntimeError("the publish ended after the due time; rerun")
+    move_cpu = _moved(ctx, due, n)
+    ctx.probe.client.delete(QUEUE)
+
+    cold = _compressed(ctx, n, plain_s)
+    cold_cpu, cold_s, thaw_cpu, move_cold_cpu = cold["schedule"], cold["wall"], cold["thaw"], cold["move"]
+    due = int(cold["due"])
     ctx.movers.stop(mover)
     ctx.probe.flush()
     floor_payloads = [ctx.payloads.make(due)[1] for _ in range(n)]
@@ -141,10 +158,10 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
         "move_redis_cpu_us": move_cpu * per,
         "delayed_redis_cpu_us": delayed_us,
         "delayed_ratio": delayed_us / plain_us,
-        "stored_compressed": stored_cold,
+        "stored_compressed": n,
         "schedule_compressed_redis_cpu_us": cold_cpu * per,
         "thaw_redis_cpu_us": thaw_cpu * per,
-        "thawed_before_due": thawed_before_due,
+        "thawed_before_due": bool(cold["thawed_before_due"]),
         "move_after_thaw_redis_cpu_us": move_cold_cpu * per,
         "compressed_redis_cpu_us": compressed_us,
         "compressed_ratio": compressed_us / plain_us,
