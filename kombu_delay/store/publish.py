@@ -133,7 +133,7 @@ class Publishing(StoreBase):
             due.task_id,
             space.member(payload, due.task_id),
             keys.wake_channel(self.prefix),
-            settings.max_delay_ms,
+            int(settings.max_delay_ms),  # schedule.lua reads "0" as no limit
             keys.MAX_DUE_MS,
             keys.FORMAT,
         ]
