@@ -29,6 +29,45 @@ def _herd_rows(case: str, label: str) -> list[Row]:
     return [("herd", f"{label}: {name}", ("herd", case, key), fmt, t, c) for name, key, fmt, t, c in rows]
 
 
+def _scale_rows() -> list[Row]:
+    """The rows of the scale scenario: figures at the small and at the large size, and the
+    ratios of the two that the targets read."""
+
+    def both(label: str, key: str, fmt: str) -> list[Row]:
+        return [
+            ("scale", f"{label}, {size}", ("scale", size, key), fmt, "", None) for size in ("small", "large")
+        ]
+
+    def large(label: str, key: str, fmt: str) -> Row:
+        return ("scale", label, ("scale", "large", key), fmt, "", None)
+
+    def ratio(label: str, path: tuple[str, ...], limit: float | None) -> Row:
+        if limit is None:
+            return ("scale", label, ("scale", *path), "{:.2f}", "", None)
+        return ("scale", label, ("scale", *path), "{:.2f}", f"<= {limit:g}", lambda v: v <= limit)
+
+    inspection = ("stats", "ls_first_page", "find", "cancel", "health")
+    return [
+        *both("kombu publish, Redis CPU µs", "publish_kombu_redis_cpu_us", "{:.1f}"),
+        ratio("kombu publish cost large / small", ("kombu_publish_ratio",), 1.2),
+        *both("pipelined publish, Redis CPU µs", "publish_redis_cpu_us", "{:.1f}"),
+        ratio("pipelined publish cost large / small", ("publish_ratio",), None),
+        *both("move, Redis CPU µs/msg", "move_redis_cpu_us_per_msg", "{:.1f}"),
+        ratio("move cost large / small", ("move_ratio",), 1.2),
+        ratio("same, Redis wall µs: publish ratio", ("publish_server_ratio",), None),
+        ratio("same, Redis wall µs: move ratio", ("move_server_ratio",), None),
+        large("scheduled, large", "scheduled", "{:,.0f}"),
+        large("fill time, large, s", "fill_s", "{:,.0f}"),
+        large("Redis used_memory, large, MB", "used_memory_mb", "{:,.0f}"),
+        large("Redis RSS, large, MB", "redis_rss_mb", "{:,.0f}"),
+        large("used_memory per msg, large", "used_memory_per_msg", "{:.0f}"),
+        ratio("memory per msg, large / middle", ("memory_per_msg_ratio",), 1.05),
+        *(ratio(f"{op} ms, large / small", ("inspection_ratio", op), 2) for op in inspection),
+        large("mover RSS at large, MB", "mover_rss_mb", "{:.1f}"),
+        *both("idle mover, Redis CPU ms/s", "mover_idle_redis_cpu_ms_per_s", "{:.2f}"),
+    ]
+
+
 ROWS: list[Row] = [
     ("publish", "plain redis:// publishes/s", ("publish", "plain_per_s"), "{:,.0f}", "", None),
     ("publish", "delayed publishes/s", ("publish", "delayed_per_s"), "{:,.0f}", "", None),
@@ -193,136 +232,7 @@ ROWS: list[Row] = [
     ("cpu", "floor: bare Lua move, Redis CPU µs", ("cpu", "floor_move_redis_cpu_us"), "{:.1f}", "", None),
     *_herd_rows("default", "default settings"),
     *_herd_rows("short_ahead", "short thaw-ahead"),
-    (
-        "scale",
-        "kombu publish, Redis CPU µs, small",
-        ("scale", "small", "publish_kombu_redis_cpu_us"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    (
-        "scale",
-        "kombu publish, Redis CPU µs, large",
-        ("scale", "large", "publish_kombu_redis_cpu_us"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    (
-        "scale",
-        "kombu publish cost large / small",
-        ("scale", "kombu_publish_ratio"),
-        "{:.2f}",
-        "<= 1.2",
-        lambda v: v <= 1.2,
-    ),
-    (
-        "scale",
-        "pipelined publish, Redis CPU µs, small",
-        ("scale", "small", "publish_redis_cpu_us"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    (
-        "scale",
-        "pipelined publish, Redis CPU µs, large",
-        ("scale", "large", "publish_redis_cpu_us"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    ("scale", "pipelined publish cost large / small", ("scale", "publish_ratio"), "{:.2f}", "", None),
-    (
-        "scale",
-        "move, Redis CPU µs/msg, small",
-        ("scale", "small", "move_redis_cpu_us_per_msg"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    (
-        "scale",
-        "move, Redis CPU µs/msg, large",
-        ("scale", "large", "move_redis_cpu_us_per_msg"),
-        "{:.1f}",
-        "",
-        None,
-    ),
-    ("scale", "move cost large / small", ("scale", "move_ratio"), "{:.2f}", "<= 1.2", lambda v: v <= 1.2),
-    ("scale", "same, Redis wall µs: publish ratio", ("scale", "publish_server_ratio"), "{:.2f}", "", None),
-    ("scale", "same, Redis wall µs: move ratio", ("scale", "move_server_ratio"), "{:.2f}", "", None),
-    ("scale", "scheduled, large", ("scale", "large", "scheduled"), "{:,.0f}", "", None),
-    ("scale", "fill time, large, s", ("scale", "large", "fill_s"), "{:,.0f}", "", None),
-    ("scale", "Redis used_memory, large, MB", ("scale", "large", "used_memory_mb"), "{:,.0f}", "", None),
-    ("scale", "Redis RSS, large, MB", ("scale", "large", "redis_rss_mb"), "{:,.0f}", "", None),
-    ("scale", "used_memory per msg, large", ("scale", "large", "used_memory_per_msg"), "{:.0f}", "", None),
-    (
-        "scale",
-        "memory per msg, large / middle",
-        ("scale", "memory_per_msg_ratio"),
-        "{:.2f}",
-        "<= 1.05",
-        lambda v: v <= 1.05,
-    ),
-    (
-        "scale",
-        "stats ms, large / small",
-        ("scale", "inspection_ratio", "stats"),
-        "{:.2f}",
-        "<= 2",
-        lambda v: v <= 2,
-    ),
-    (
-        "scale",
-        "ls_first_page ms, large / small",
-        ("scale", "inspection_ratio", "ls_first_page"),
-        "{:.2f}",
-        "<= 2",
-        lambda v: v <= 2,
-    ),
-    (
-        "scale",
-        "find ms, large / small",
-        ("scale", "inspection_ratio", "find"),
-        "{:.2f}",
-        "<= 2",
-        lambda v: v <= 2,
-    ),
-    (
-        "scale",
-        "cancel ms, large / small",
-        ("scale", "inspection_ratio", "cancel"),
-        "{:.2f}",
-        "<= 2",
-        lambda v: v <= 2,
-    ),
-    (
-        "scale",
-        "health ms, large / small",
-        ("scale", "inspection_ratio", "health"),
-        "{:.2f}",
-        "<= 2",
-        lambda v: v <= 2,
-    ),
-    ("scale", "mover RSS at large, MB", ("scale", "large", "mover_rss_mb"), "{:.1f}", "", None),
-    (
-        "scale",
-        "idle mover, Redis CPU ms/s, small",
-        ("scale", "small", "mover_idle_redis_cpu_ms_per_s"),
-        "{:.2f}",
-        "",
-        None,
-    ),
-    (
-        "scale",
-        "idle mover, Redis CPU ms/s, large",
-        ("scale", "large", "mover_idle_redis_cpu_ms_per_s"),
-        "{:.2f}",
-        "",
-        None,
-    ),
+    *_scale_rows(),
     (
         "backpressure",
         "max-rate: peak moved/s",
