@@ -8,7 +8,7 @@ from typing import Any
 from kombu_delay.config import Settings
 from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
 from kombu_delay.message import Due
-from kombu_delay.store import keys, spaces
+from kombu_delay.store import spaces
 from kombu_delay.store.base import StoreBase
 from kombu_delay.store.replies import Scheduled, ScheduleResult
 
@@ -124,7 +124,8 @@ class Publishing(StoreBase):
                 f"a {len(payload.encode()):,}-byte message is over Redis's limit for one string "
                 f"({MAX_PAYLOAD_BYTES:,} bytes, proto-max-bulk-len); nothing was stored"
             )
-        call_keys = [self._index, self._ids, self._counts, self._totals, dest, keys.movers(self.prefix)]
+        # Only kombu's list is a key: schedule.lua names the others from the namespace.
+        call_keys = [dest]
         call_args: list[Any] = [
             self.ns,
             settings.bucket_width_ms,
@@ -132,14 +133,11 @@ class Publishing(StoreBase):
             due.ms,
             due.task_id,
             space.member(payload, due.task_id),
-            keys.wake_channel(self.prefix),
-            int(settings.max_delay_ms),  # schedule.lua reads "0" as no limit
-            keys.MAX_DUE_MS,
-            keys.FORMAT,
         ]
         # The optional arguments, each at its default when 0 or '': only those up to the last
         # one needed are sent (each costs Redis work in every call).
         optional: list[Any] = [
+            int(settings.max_delay_ms),  # schedule.lua reads "0" as no limit
             1 if due.relative else 0,
             1 if space.compressed else 0,
             settings.thaw_ahead_ms if space.compressed else 0,

@@ -86,6 +86,17 @@ def test_an_unknown_include_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None
         scripts.source.__wrapped__("x")
 
 
+def test_a_constant_comes_from_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--- @const`` lines stand for the integers of keys.py: one definition, no argument."""
+    assert "local FORMAT, MAX_DUE_MS = 1, 4398046511104\n" in scripts.source("schedule")
+    assert (keys.FORMAT, keys.MAX_DUE_MS) == (1, 4398046511104)
+    real = scripts._read
+    fake = {"x": "--- @const NAMESPACE\n"}
+    monkeypatch.setattr(scripts, "_read", lambda name: fake.get(name) or real(name))
+    with pytest.raises(TypeError, match="NAMESPACE"):
+        scripts.source.__wrapped__("x")
+
+
 def test_redis_compiles_every_script(r: redis.Redis) -> None:
     for name in scripts.names():
         sha = r.script_load(scripts.source(name))
@@ -97,10 +108,11 @@ def test_a_publish_sends_only_the_arguments_it_needs(r: redis.Redis, prefix: str
     the last one needed are left out, and the script reads an absent one as its default."""
     store, settings, due = Store(r, prefix), Settings(compress_after_ms=0), redis_ms(r) + 120_000
     plain = Due(due, task_id="a")
-    _, args = store._schedule_call(spaces.ORDINARY, plain, f"{prefix}q", "{}", settings)
-    assert len(args) == 10
+    call_keys, args = store._schedule_call(spaces.ORDINARY, plain, f"{prefix}q", "{}", settings)
+    assert call_keys == [f"{prefix}q"]
+    assert len(args) == 6
     _, args = store._schedule_call(spaces.ORDINARY, plain, f"{prefix}q", "{}", settings, expires_ms=5000)
-    assert args[10:] == [0, 0, 0, 5000]
+    assert args[6:] == [0, 0, 0, 0, 5000]
     # Stored as with every argument given: a relative due, and the queue's x-expires.
     store.schedule(Due(120_000, relative=True, task_id="b"), f"{prefix}q", kombu_payload("b"), settings, 5000)
     [meta] = r.keys(f"{keys.ns(prefix)}m:*")

@@ -53,7 +53,7 @@ end
 local function retire(k, start_s, end_ms, now)
   redis.call('ZREM', k.index, start_s)
   if k.space.cold then  -- a cold bucket: no ref of it is left, nothing to clean up
-    redis.call('DEL', k.space.meta(start_s))
+    redis.call('DEL', k.space:meta(start_s))
     return
   end
   local at = end_ms or tonumber(start_s)
@@ -62,8 +62,8 @@ local function retire(k, start_s, end_ms, now)
 end
 
 local function take(k, start_s, dest, payload, task_id, ref, now)
-  if redis.call('ZREM', k.space.zset(start_s, dest), payload) == 0 then return false end
-  local meta = k.space.meta(start_s)
+  if redis.call('ZREM', k.space:zset(start_s, dest), payload) == 0 then return false end
+  local meta = k.space:meta(start_s)
   redis.call('HINCRBY', meta, 'q:' .. dest, -1)
   uncount(k.counts, dest, 1)
   drop_refs(k.ids, {task_id}, function() return ref end)

@@ -1,7 +1,8 @@
 --[[ put: storing messages in their time bucket.
 
 put(k, now, due, task_id, dest, payload)
-  Stores one message due in the future (schedule.lua and reschedule.lua; see put_group).
+  Stores one message due in the future (schedule.lua and reschedule.lua; put_group in
+  _put_group.lua stores several, sharing the per-bucket work).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
   wake, and optionally expires (the queue's x-expires, ms), kept as the meta field
   ``e:<dest>``, counter (the totals field counting the messages stored) and format (the
@@ -19,13 +20,6 @@ put(k, now, due, task_id, dest, payload)
   in this bucket (nothing written but a step of the bucket's seq counter).
   Bound: a constant number of O(log n) commands.
 
-put_group(k, now, start, dest, msgs)
-  put for several messages of one bucket (``start``, as put computes it from k.width) and
-  one destination, sharing its per-bucket work (thaw.lua, whose messages may be overdue).
-  msgs[i] = {due, task_id, payload, old_ref}: old_ref, when given, is the message's current
-  ref in the id index, replaced by the new one. k.counted: the messages are counted already
-  (in counts). Returns the code of each, as put. Bound: four commands per message, and put's
-  per-bucket ones once.
 ]]
 --- @include clock
 --- @include ref_text
@@ -37,38 +31,17 @@ local function count_arg(n)
   return n
 end
 
--- Adds each message to the bucket's set for its destination (ZADD NX: an identical payload
--- there already is a duplicate, code 2); returns the codes, the messages added, the earliest
--- of them, and the bucket's seq counter after this call.
-local function add_members(meta, zset, msgs)
-  local n_seq = redis.call('HINCRBY', meta, 'seq', count_arg(#msgs))
-  local codes, added, first = {}, {}, nil
-  for i, m in ipairs(msgs) do
-    m.seq = (n_seq - #msgs + i - 1) % 2048
-    if redis.call('ZADD', zset, 'NX', m.due + m.seq / 2048, m.payload) == 0 then
-      codes[i] = 2
-    else
-      codes[i] = 1
-      added[#added + 1] = m
-      if not first or m.due < first.due then first = m end
-    end
-  end
-  return codes, added, first, n_seq
-end
-
--- Adds the ref of each message added to the id index. Written before the expiries, which need
--- the ids hash to exist. A message that already has a ref (m.old_ref: thawed out of the cold
--- space) gets it replaced.
-local function add_refs(k, start, start_s, added)
-  for _, m in ipairs(added) do
-    local ref = k.space.tag .. start_s .. string.format(':%d:%d', m.due - start, m.seq)
-    if m.old_ref then
-      local refs = redis.call('HGET', k.ids, m.task_id)
-      local kept = refs and without_ref(refs, m.old_ref)
-      redis.call('HSET', k.ids, m.task_id, kept and (kept .. ' ' .. ref) or ref)
-    elseif redis.call('HSETNX', k.ids, m.task_id, ref) == 0 then  -- a retry reuses its task id
-      redis.call('HSET', k.ids, m.task_id, redis.call('HGET', k.ids, m.task_id) .. ' ' .. ref)
-    end
+-- Adds the ref of one message added to the id index. Written before the expiries, which
+-- need the ids hash to exist. A message that already has a ref (old_ref: thawed out of the
+-- cold space) gets it replaced.
+local function add_ref(k, start, start_s, task_id, due, seq, old_ref)
+  local ref = k.space.tag .. start_s .. string.format(':%d:%d', due - start, seq)
+  if old_ref then
+    local refs = redis.call('HGET', k.ids, task_id)
+    local kept = refs and without_ref(refs, old_ref)
+    redis.call('HSET', k.ids, task_id, kept and (kept .. ' ' .. ref) or ref)
+  elseif redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
+    redis.call('HSET', k.ids, task_id, redis.call('HGET', k.ids, task_id) .. ' ' .. ref)
   end
 end
 
@@ -83,10 +56,10 @@ end
 -- and the index with it), or when this destination's global count was zero (they may
 -- have emptied and vanished, taking their expiry with them).
 -- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
--- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new).
-local function set_expiries(k, now, b)
+-- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new);
+-- known_x: the meta hash's field x, as the caller read it (nil when none).
+local function set_expiries(k, now, b, known_x)
   local end_ms, expire_at = b.start + k.width, b.start + k.width + k.grace
-  local known_x = tonumber(redis.call('HGET', b.meta, 'x'))
   local extended = not known_x or expire_at > known_x
   local new_set = b.n_here == b.n_added
   if extended then
@@ -101,7 +74,7 @@ local function set_expiries(k, now, b)
       for i = 1, #fields, 2 do
         local name = fields[i]
         if string.sub(name, 1, 2) == 'q:' and name ~= 'q:' .. b.dest then
-          redis.call('PEXPIREAT', k.space.zset(b.start_s, string.sub(name, 3)), expire_at)
+          redis.call('PEXPIREAT', k.space:zset(b.start_s, string.sub(name, 3)), expire_at)
         end
       end
     end
@@ -126,49 +99,53 @@ end
 -- earliest message). Cheap, and false for almost every publish. In the cold space the
 -- wake makes a mover look for something to thaw now: one that looks rarely (a longer
 -- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
-local function wake_if_first(k, start_s, zset, first)
-  if redis.call('ZRANK', zset, first.payload) ~= 0 then return end
+local function wake_if_first(k, start_s, zset, due, payload)
+  if redis.call('ZRANK', zset, payload) ~= 0 then return end
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
-  if head == start_s or (head and first.due < tonumber(redis.call('HGET', k.space.meta(head), 'end') or 0)) then
-    redis.call('PUBLISH', k.wake, string.format('%d', first.due))
+  if head == start_s or (head and due < tonumber(redis.call('HGET', k.space:meta(head), 'end') or 0)) then
+    redis.call('PUBLISH', k.wake, string.format('%d', due))
   end
 end
 
-local function put_group(k, now, start, dest, msgs)
-  local start_s = string.format('%d', start)
-  local b = {start = start, start_s = start_s, dest = dest, n_msgs = #msgs,
-             meta = k.space.meta(start_s), zset = k.space.zset(start_s, dest),
-             tasks = k.space.tasks(start_s), n_tasks = 0, dest_new = false,
-             n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
-  local codes, added, first
-  codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
-  -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a
-  -- mover or an inspection reading it refuses it (heartbeat.lua).
-  if k.format and b.n_seq == #msgs then redis.call('HSETNX', k.totals, 'format', k.format) end
-  if #added == 0 then return codes end
-  b.n_added = #added
-  local n_arg = count_arg(#added)
-  b.n_here = redis.call('HINCRBY', b.meta, 'q:' .. dest, n_arg)
-  if k.expires and k.expires > 0 then redis.call('HSET', b.meta, 'e:' .. dest, k.expires) end
-  if not k.counted then
-    b.dest_new = redis.call('HINCRBY', k.counts, dest, n_arg) == #added
-  end
+-- Counts the n messages just added to a bucket's set for ``dest`` (the meta hash, the
+-- destination's count unless k.counted, the lifetime counter k.counter), notes the queue's
+-- x-expires, and appends their task ids (one id, or a table of them) to the bucket's task-id
+-- list ``tasks`` (nil in the cold space: its refs leave the id index one by one, thaw and
+-- take). Returns the set's count after, whether the destination's count was zero before,
+-- and the task-id list's length after (0 without one).
+local function count_added(k, meta, dest, tasks, n, task_ids)
+  local n_arg = count_arg(n)
+  local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, n_arg)
+  if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
+  local dest_new = not k.counted and redis.call('HINCRBY', k.counts, dest, n_arg) == n
   if k.counter then redis.call('HINCRBY', k.totals, k.counter, n_arg) end
-  -- A cold bucket has no task-id list: its refs leave the id index one by one (thaw, take).
-  -- One task id goes as it is: a table to unpack costs more than the push.
-  if b.tasks and #added == 1 then
-    b.n_tasks = redis.call('RPUSH', b.tasks, added[1].task_id)
-  elseif b.tasks then
-    local task_ids = {}
-    for i, m in ipairs(added) do task_ids[i] = m.task_id end
-    b.n_tasks = redis.call('RPUSH', b.tasks, unpack(task_ids))
-  end
-  add_refs(k, start, start_s, added)
-  set_expiries(k, now, b)
-  wake_if_first(k, start_s, b.zset, first)
-  return codes
+  if not tasks then return n_here, dest_new, 0 end
+  if type(task_ids) == 'table' then return n_here, dest_new, redis.call('RPUSH', tasks, unpack(task_ids)) end
+  return n_here, dest_new, redis.call('RPUSH', tasks, task_ids)
 end
 
+-- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
+-- publish. Of the
+-- per-bucket work, only the read of the expiry is left on it: set_expiries runs only where
+-- it can change something (a new bucket, set, task-id list or destination, a later expiry).
 local function put(k, now, due, task_id, dest, payload)
-  return put_group(k, now, due - due % k.width, dest, {{due = due, task_id = task_id, payload = payload}})[1]
+  local start = due - due % k.width
+  local start_s = string.format('%d', start)
+  local meta, zset = k.space:meta(start_s), k.space:zset(start_s, dest)
+  local n_seq = redis.call('HINCRBY', meta, 'seq', '1')
+  local seq = (n_seq - 1) % 2048
+  local added = redis.call('ZADD', zset, 'NX', due + seq / 2048, payload)
+  if k.format and n_seq == 1 then redis.call('HSETNX', k.totals, 'format', k.format) end
+  if added == 0 then return 2 end
+  local tasks = k.space:tasks(start_s)
+  local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
+  add_ref(k, start, start_s, task_id, due, seq)
+  local known_x = tonumber(redis.call('HGET', meta, 'x'))
+  if not known_x or start + k.width + k.grace > known_x or n_here == 1 or n_tasks == 1 or dest_new then
+    set_expiries(k, now, {start = start, start_s = start_s, dest = dest, n_msgs = 1, meta = meta,
+                          zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
+                          n_seq = n_seq, n_added = 1, n_here = n_here}, known_x)
+  end
+  wake_if_first(k, start_s, zset, due, payload)
+  return 1
 end

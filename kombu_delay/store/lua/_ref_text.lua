@@ -1,5 +1,5 @@
 --[[ ref_text: the text of the id index's refs "start:offset:seq" (see _refs.lua), apart from
-the commands that write them: put (_put.lua) needs these two only, and every function a script
+the commands that write them: put (_put.lua) needs no more than these, and every function a script
 includes costs each call of it the making of a closure.
 
 score_ref(start_s, score)

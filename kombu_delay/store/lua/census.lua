@@ -32,13 +32,13 @@ for i = 1, slots do reply[i + 3] = 0 end
 if #starts > max_buckets then reply[1] = 1 end
 for i = 1, math.min(#starts, max_buckets) do
   local start = tonumber(starts[i])
-  local fields = redis.call('HGETALL', s.meta(starts[i]))
+  local fields = redis.call('HGETALL', s:meta(starts[i]))
   local slot = 0
   if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
   for j = 1, #fields, 2 do
     local size = tonumber(fields[j + 1])
     if string.sub(fields[j], 1, 2) == 'q:' and size > 0 then
-      local zset = s.zset(starts[i], string.sub(fields[j], 3))
+      local zset = s:zset(starts[i], string.sub(fields[j], 3))
       if redis.call('EXISTS', zset) == 0 then
         reply[3] = reply[3] + size
       else

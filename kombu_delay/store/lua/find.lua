@@ -22,12 +22,12 @@ for ref in string.gmatch(refs, '%S+') do
   if start_s then
     local s = space(ns, sp)
     local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
-    local fields = redis.call('HGETALL', s.meta(start_s))
+    local fields = redis.call('HGETALL', s:meta(start_s))
     for i = 1, #fields, 2 do
       local name = fields[i]
       if string.sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
         local dest = string.sub(name, 3)
-        local members = redis.call('ZRANGEBYSCORE', s.zset(start_s, dest), score, score, 'WITHSCORES')
+        local members = redis.call('ZRANGEBYSCORE', s:zset(start_s, dest), score, score, 'WITHSCORES')
         for j = 1, #members, 2 do
           found[#found + 1] = sp .. start_s
           found[#found + 1] = members[j + 1]

@@ -104,7 +104,7 @@ end
 
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
-  local meta = s.meta(start_s)
+  local meta = s:meta(start_s)
   local fields = redis.call('HGETALL', meta)
   local end_ms, left_total = nil, 0
   local expiry, pushed = {}, {}
@@ -116,7 +116,7 @@ local function visit(start_s)
       expiry[sub(name, 3)] = n
     elseif n > 0 and sub(name, 1, 2) == 'q:' and budget > 0 then
       local dest = sub(name, 3)
-      local zset = s.zset(start_s, dest)
+      local zset = s:zset(start_s, dest)
       local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
       if not head[2] then
         -- Gone while counted: expired after its grace, or deleted by hand.
@@ -191,11 +191,11 @@ if budget > 0 then
     if redis.call('ZSCORE', index, start_s) then
       redis.call('ZREM', gc, start_s)  -- scheduled into again: it comes back when it drains
     else
-      local tasks = s.tasks(start_s)
+      local tasks = s:tasks(start_s)
       local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
       drop_start_refs(ids, chunk, start_s)
       if #chunk < budget then
-        redis.call('DEL', tasks, s.meta(start_s))
+        redis.call('DEL', tasks, s:meta(start_s))
         redis.call('ZREM', gc, start_s)
         budget = budget - math.max(1, #chunk)
       else
@@ -216,11 +216,11 @@ if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
 -- time found so far are looked at too (none with one width).
 local function earliest_in(start_s)
   local best
-  local fields = redis.call('HGETALL', s.meta(start_s))
+  local fields = redis.call('HGETALL', s:meta(start_s))
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
-      local head = redis.call('ZRANGE', s.zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
+      local head = redis.call('ZRANGE', s:zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
       if head[2] then
         local due = floor(tonumber(head[2]))
         if not best or due < best then best = due end

@@ -48,14 +48,14 @@ local starts = redis.call('ZRANGEBYSCORE', index, cursor, '+inf', 'LIMIT', 0, li
 for _, start_s in ipairs(starts) do
   if budget <= 0 then return finish(0, start_s) end
   budget = budget - 1
-  local meta = s.meta(start_s)
+  local meta = s:meta(start_s)
   local counted = redis.call('HMGET', meta, unpack(fields))
   local touched = false
   for i, dest in ipairs(dests) do
     local n = tonumber(counted[i] or '0')
     while n > 0 do
       if budget <= 0 then return finish(0, start_s) end
-      local zset = s.zset(start_s, dest)
+      local zset = s:zset(start_s, dest)
       if s.cold then  -- no task-id list: the refs go with the members
         local doomed = redis.call('ZRANGE', zset, 0, budget - 1, 'WITHSCORES')
         local task_ids, refs = {}, {}

@@ -67,7 +67,7 @@ end
 
 -- The queue's x-expires, if its publish gave one, goes with the message.
 local old_space = space(ARGV[1], old_sp)
-local expires = tonumber(redis.call('HGET', old_space.meta(old_start), 'e:' .. dest) or 0)
+local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0)
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
            expires = expires}
@@ -76,7 +76,7 @@ if due <= now then
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
   -- known to be there; the empty ZREMRANGEBYRANK is this script's first write, one that
   -- cannot grow memory, so that under maxmemory the push is still allowed.
-  local old_set = old_space.zset(old_start, dest)
+  local old_set = old_space:zset(old_start, dest)
   if not redis.call('ZSCORE', old_set, ARGV[6]) then return {0, due, now} end
   checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
   checked_call('LPUSH', dest_key, payload)

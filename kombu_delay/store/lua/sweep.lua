@@ -44,7 +44,7 @@ local keep_shared = 0
 local function rebuild(meta, s, start_s)
   local found = {}
   for _, dest in ipairs(redis.call('HKEYS', KEYS[4])) do
-    local n = redis.call('ZCARD', s.zset(start_s, dest))
+    local n = redis.call('ZCARD', s:zset(start_s, dest))
     if n > 0 then
       found[#found + 1] = 'q:' .. dest
       found[#found + 1] = n
@@ -58,7 +58,7 @@ local function rebuild(meta, s, start_s)
 end
 
 local function visit(s, start_s)
-  local meta = s.meta(start_s)
+  local meta = s:meta(start_s)
   local fields = redis.call('HGETALL', meta)
   if #fields == 0 then fields = rebuild(meta, s, start_s) end
   local end_ms, x, live, left = nil, nil, {}, 0
@@ -70,7 +70,7 @@ local function visit(s, start_s)
       x = n
     elseif sub(name, 1, 2) == 'q:' and n > 0 then
       local dest = sub(name, 3)
-      local zset = s.zset(start_s, dest)
+      local zset = s:zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
         lost = lost + n
         settle_gone(meta, name, KEYS[4], dest, n)
@@ -92,7 +92,7 @@ local function visit(s, start_s)
   -- memory (HSET), and a held message must keep its expiry pushed out then too.
   for _, zset in ipairs(live) do redis.call('PEXPIREAT', zset, until_ms) end
   redis.call('PEXPIREAT', meta, until_ms + DAY)
-  local tasks = s.tasks(start_s)
+  local tasks = s:tasks(start_s)
   if tasks then redis.call('PEXPIREAT', tasks, until_ms + DAY) end
   redis.call('HSET', meta, 'x', until_ms)
   renewed = renewed + 1

@@ -19,7 +19,7 @@ Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that
 Bound: about six O(log n) commands per message, and a constant number per bucket.
 
 Each message leaves the cold space (ZREM first, so a member already gone is left alone)
-and enters the ordinary one (put_group in _put.lua) in this one script, so a crash can
+and enters the ordinary one (put_group in _put_group.lua) in this one script, so a crash can
 neither lose nor duplicate one; its id-index ref is replaced by the new one. It keeps its due time, and its bucket width, grace and
 x-expires as its publisher set them; one that is overdue (no mover ran in time) goes into
 a bucket that is due now, and is moved by the next move call. A message that could not be
@@ -30,7 +30,7 @@ so the lifetime totals add up). Under maxmemory the call is refused as a whole.
 --- @include refs
 --- @include spaces
 --- @include buckets
---- @include put
+--- @include put_group
 local ns = ARGV[1]
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
@@ -51,16 +51,16 @@ for i = 4, #ARGV, 5 do
   local start_s, score_s, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local meta = cold_meta[start_s]
   if not meta then
-    local known = redis.call('HMGET', cs.meta(start_s), 'end', 'x')
+    local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x')
     local end_ms = tonumber(known[1]) or (tonumber(start_s) + 60000)
     meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = (tonumber(known[2]) or end_ms) - end_ms,
             expires = {}}
     cold_meta[start_s] = meta
   end
   if meta.expires[dest] == nil then
-    meta.expires[dest] = tonumber(redis.call('HGET', cs.meta(start_s), 'e:' .. dest) or 0)
+    meta.expires[dest] = tonumber(redis.call('HGET', cs:meta(start_s), 'e:' .. dest) or 0)
   end
-  if redis.call('ZREM', cs.zset(start_s, dest), member) == 0 then
+  if redis.call('ZREM', cs:zset(start_s, dest), member) == 0 then
     gone = gone + 1
   else
     local score = tonumber(score_s)
@@ -96,7 +96,7 @@ for i = 4, #ARGV, 5 do
 end
 
 for _, start_s in ipairs(touched) do
-  local meta = cs.meta(start_s)
+  local meta = cs:meta(start_s)
   for dest, n in pairs(removed[start_s]) do redis.call('HINCRBY', meta, 'q:' .. dest, -n) end
   local empty, end_ms = drained_counts(meta)
   if empty then retire(cold, start_s, end_ms, now) end

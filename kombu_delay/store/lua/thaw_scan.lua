@@ -43,7 +43,7 @@ for _, start_s in ipairs(starts) do
     more = 1
     break
   end
-  local meta = cs.meta(start_s)
+  local meta = cs:meta(start_s)
   local fields = redis.call('HGETALL', meta)
   local left, end_ms = 0, nil
   for i = 1, #fields, 2 do
@@ -51,7 +51,7 @@ for _, start_s in ipairs(starts) do
     if name == 'end' then end_ms = n end
     if string.sub(name, 1, 2) == 'q:' and n > 0 then
       local dest = string.sub(name, 3)
-      local zset = cs.zset(start_s, dest)
+      local zset = cs:zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
         -- Gone while counted: settle the count, as move.lua does. Their refs stay in the
         -- id index (a cold bucket keeps no task-id list) and name nothing.

@@ -1,0 +1,51 @@
+--[[ put_group: storing several messages of one bucket and destination at once.
+
+put_group(k, now, start, dest, msgs)
+  put for several messages of one bucket (``start``, as put computes it from k.width) and
+  one destination, sharing its per-bucket work (thaw.lua, whose messages may be overdue).
+  msgs[i] = {due, task_id, payload, old_ref}: old_ref, when given, is the message's current
+  ref in the id index, replaced by the new one. k.counted: the messages are counted already
+  (in counts). Returns the code of each, as put. Bound: four commands per message, and put's
+  per-bucket ones once.
+]]
+--- @include put
+-- Adds each message to the bucket's set for its destination (ZADD NX: an identical payload
+-- there already is a duplicate, code 2); returns the codes, the messages added, the earliest
+-- of them, and the bucket's seq counter after this call.
+local function add_members(meta, zset, msgs)
+  local n_seq = redis.call('HINCRBY', meta, 'seq', count_arg(#msgs))
+  local codes, added, first = {}, {}, nil
+  for i, m in ipairs(msgs) do
+    m.seq = (n_seq - #msgs + i - 1) % 2048
+    if redis.call('ZADD', zset, 'NX', m.due + m.seq / 2048, m.payload) == 0 then
+      codes[i] = 2
+    else
+      codes[i] = 1
+      added[#added + 1] = m
+      if not first or m.due < first.due then first = m end
+    end
+  end
+  return codes, added, first, n_seq
+end
+
+local function put_group(k, now, start, dest, msgs)
+  local start_s = string.format('%d', start)
+  local b = {start = start, start_s = start_s, dest = dest, n_msgs = #msgs,
+             meta = k.space:meta(start_s), zset = k.space:zset(start_s, dest),
+             tasks = k.space:tasks(start_s), n_tasks = 0, dest_new = false,
+             n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
+  local codes, added, first
+  codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
+  -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a
+  -- mover or an inspection reading it refuses it (heartbeat.lua).
+  if k.format and b.n_seq == #msgs then redis.call('HSETNX', k.totals, 'format', k.format) end
+  if #added == 0 then return codes end
+  local task_ids = {}
+  for i, m in ipairs(added) do task_ids[i] = m.task_id end
+  b.n_added = #added
+  b.n_here, b.dest_new, b.n_tasks = count_added(k, b.meta, dest, b.tasks, #added, task_ids)
+  for _, m in ipairs(added) do add_ref(k, start, start_s, m.task_id, m.due, m.seq, m.old_ref) end
+  set_expiries(k, now, b, tonumber(redis.call('HGET', b.meta, 'x')))
+  wake_if_first(k, start_s, b.zset, first.due, first.payload)
+  return codes
+end
