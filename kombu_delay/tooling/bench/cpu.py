@@ -2,19 +2,22 @@
 step (schedule, thaw where it applies, move), against a plain kombu publish of the same
 number of the same messages, in the same run.
 
-Every publish is kombu's own (``send_task``, one message at a time). One mover runs from the
-first delayed publish on (its start-up, script loading and checks are not counted), idle while
-the messages are published: the schedule figures hold no move or thaw, only its looks (a few
-a second, each well under a millisecond). A move figure runs from just before the due time
-until all are on the list and the mover has dropped their id-index refs (the clean-up of a
-drained bucket, after its end); the thaw figure from the end of the publish until nothing is
-left compressed. Every delayed message goes into one-second buckets, so that clean-up and the
-thaw follow the due time closely.
+Every publish is kombu's own (``send_task``, one message at a time). The plain and the delayed
+publishes alternate in :data:`ROUNDS` rounds, so a machine whose speed drifts during the run
+(a shared host) weighs on both sides alike, and each ratio is taken against the plain rounds
+beside it. One mover runs from the first delayed publish on (its start-up, script loading and
+checks are not counted), idle while the messages are published: the schedule figures hold no
+move or thaw, only its looks (a few a second, each well under a millisecond). A move figure
+runs from just before the due time until all are on the list and the mover has dropped their
+id-index refs (the clean-up of a drained bucket, after its end); the thaw figure from the end
+of the publish until nothing is left compressed. Every delayed message goes into one-second
+buckets, so that clean-up and the thaw follow the due time closely.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kombu_delay.mover import thaw_plan
@@ -30,24 +33,61 @@ SETTLE_S = 2.0
 #: Bucket width of every delayed message here, s: a mover cleans up a bucket once it has
 #: ended, and a plan begins a bucket's thaw by its start, so both follow the due time closely.
 BUCKET_S = 1
+#: Rounds of plain and delayed publishes, alternating.
+ROUNDS = 5
+#: Plain publishes timed before a run, to place its due time after its publishes.
+CALIBRATION = 200
 
 
-def _publish(ctx: Ctx, url: str, n: int, due: int | None, options: dict[str, Any]) -> tuple[float, float]:
-    """Publish ``n`` messages through kombu at ``url`` (due at ``due``, or now); return
-    (Redis CPU seconds, wall seconds)."""
-    app = celery_app(url)
-    app.conf.broker_transport_options = options
+@dataclass
+class Side:
+    """What one side of an interleaved publish cost Redis, and took."""
+
+    cpu_s: float = 0.0
+    user_s: float = 0.0
+    wall_s: float = 0.0
+
+
+def _calibrate(ctx: Ctx) -> float:
+    """Seconds one plain ``send_task`` takes here (connections and imports warmed up)."""
+    app = celery_app(ctx.url)
     kwargs = {"pad": ctx.payloads.pad}
-    eta = None if due is None else eta_of(due)
-    for _ in range(20):  # connections, script loading, imports
-        app.send_task(TASK, kwargs=kwargs, queue="warmup", countdown=None if due is None else 3600)
-    cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
-    for _ in range(n):
-        app.send_task(TASK, kwargs=kwargs, eta=eta)
-    wall = time.perf_counter() - started
-    cpu = ctx.probe.redis_cpu_s() - cpu
+    for _ in range(20):
+        app.send_task(TASK, kwargs=kwargs, queue="warmup")
+    started = time.perf_counter()
+    for _ in range(CALIBRATION):
+        app.send_task(TASK, kwargs=kwargs, queue="warmup")
     app.close()
-    return cpu, wall
+    ctx.probe.client.delete("warmup")
+    return (time.perf_counter() - started) / CALIBRATION
+
+
+def _interleaved(ctx: Ctx, n: int, due: int, options: dict[str, Any]) -> tuple[Side, Side]:
+    """Publish ``n`` messages through plain ``redis://`` (due now) and ``n`` through kombu-delay
+    (due at ``due``, with these transport options) in alternating rounds; return what each side
+    cost. The plain side's messages are deleted afterwards: only the delayed ones reach the list
+    later."""
+    plain, delayed = celery_app(ctx.url), celery_app(ctx.delay_url)
+    delayed.conf.broker_transport_options = options
+    kwargs = {"pad": ctx.payloads.pad}
+    for _ in range(20):  # connections, script loading, imports
+        plain.send_task(TASK, kwargs=kwargs, queue="warmup")
+        delayed.send_task(TASK, kwargs=kwargs, queue="warmup", countdown=3600)
+    sides = (Side(), Side())
+    for _ in range(ROUNDS):
+        for side, app, eta in ((sides[0], plain, None), (sides[1], delayed, eta_of(due))):
+            user, system = ctx.probe.redis_cpu_split_s()
+            started = time.perf_counter()
+            for _ in range(n // ROUNDS):
+                app.send_task(TASK, kwargs=kwargs, eta=eta)
+            side.wall_s += time.perf_counter() - started
+            user_after, system_after = ctx.probe.redis_cpu_split_s()
+            side.user_s += user_after - user
+            side.cpu_s += user_after + system_after - user - system
+    plain.close()
+    delayed.close()
+    ctx.probe.client.delete(QUEUE)
+    return sides
 
 
 def _settled(ctx: Ctx) -> None:
@@ -73,10 +113,10 @@ def _moved(ctx: Ctx, due: int, n: int) -> float:
     return ctx.probe.redis_cpu_s() - cpu
 
 
-def _compressed(ctx: Ctx, n: int, plain_s: float) -> dict[str, float]:
-    """Publish ``n`` messages stored compressed, wait for their thaw and their move; return
-    the Redis CPU seconds of each step (``schedule``, ``thaw``, ``move``), the publish's wall
-    seconds, the due time, and whether the thaw was done before it."""
+def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
+    """Publish ``n`` messages stored compressed (beside as many plain ones), wait for their
+    thaw and their move; return both sides of the publish, the Redis CPU seconds of the thaw
+    and of the move, and whether the thaw was done before the due time."""
     # Compressed: the mover thaws them (as planned: a few seconds ahead) before due. A plan
     # begins a bucket's thaw by its start, not by its first message: one-second buckets keep
     # that start next to the due time, so the thaw cannot begin during the publish.
@@ -87,8 +127,8 @@ def _compressed(ctx: Ctx, n: int, plain_s: float) -> dict[str, float]:
     }
     # Far enough ahead that the planned thaw begins after the publish ends.
     lead = thaw_plan.lead_ms(n, thaw_plan.DEFAULT_RATE)
-    due = int(now_ms() + COMPRESS_AFTER_S * 1000 + 3 * plain_s * 1000 + lead + 5000)
-    cold_cpu, cold_s = _publish(ctx, ctx.delay_url, n, due, options)
+    due = int(now_ms() + COMPRESS_AFTER_S * 1000 + 2 * publish_s * 1000 + lead + 5000)
+    plain, cold = _interleaved(ctx, n, due, options)
     if now_ms() >= due - COMPRESS_AFTER_S * 1000:
         raise RuntimeError("the publish ended too close to the due time to store it compressed; rerun")
     cold_set = keys.queue_set(ctx.store.prefix, due - due % (BUCKET_S * 1000), QUEUE, keys.COLD)
@@ -100,77 +140,70 @@ def _compressed(ctx: Ctx, n: int, plain_s: float) -> dict[str, float]:
         raise RuntimeError("the thaw did not finish")
     thaw_cpu = ctx.probe.redis_cpu_s() - cpu_before
     thawed_before_due = now_ms() < due
-    move_cold_cpu = _moved(ctx, due, n)
     return {
-        "schedule": cold_cpu,
-        "wall": cold_s,
+        "plain": plain,
+        "schedule": cold,
         "thaw": thaw_cpu,
-        "move": move_cold_cpu,
-        "due": due,
-        "thawed_before_due": float(thawed_before_due),
+        "move": _moved(ctx, due, n),
+        "thawed_before_due": thawed_before_due,
     }
 
 
 def cpu(ctx: Ctx) -> dict[str, Any]:
-    """Redis CPU µs per message: plain publish (first and last, the baseline their mean);
-    delayed schedule + move; compressed schedule + thaw + move; and the floor of a move (a
-    bare Lua ZRANGE/ZREM/LPUSH)."""
+    """Redis CPU µs per message: plain publish beside delayed schedule + move, and beside
+    compressed schedule + thaw + move; and the floor of a move (a bare Lua ZRANGE/ZREM/LPUSH)."""
     ctx.fresh()
-    n = ctx.sizes.cpu
+    n = ctx.sizes.cpu - ctx.sizes.cpu % ROUNDS
     per = 1e6 / n
-    plain_cpu, plain_s = _publish(ctx, ctx.url, n, None, {})
-    ctx.probe.client.delete(QUEUE)
+    # How long both sides' publishes take, about (a delayed one takes a little longer): each
+    # due time comes twice that after their start.
+    publish_s = 2.5 * n * _calibrate(ctx)
 
-    # Uncompressed: due soon after the publish ends (the plain side's time, three times over).
     mover = ctx.movers.start("--thaw-ahead", f"{THAW_AHEAD_S:g}")
     _settled(ctx)
-    due = int(now_ms() + 3 * plain_s * 1000 + 3000)
-    hot_options = {"delay_compress_after": 0, "delay_bucket_width": BUCKET_S}
-    hot_cpu, hot_s = _publish(ctx, ctx.delay_url, n, due, hot_options)
+    due = int(now_ms() + 2 * publish_s * 1000 + 3000)
+    plain, hot = _interleaved(ctx, n, due, {"delay_compress_after": 0, "delay_bucket_width": BUCKET_S})
     if now_ms() >= due:
         raise RuntimeError("the publish ended after the due time; rerun")
     move_cpu = _moved(ctx, due, n)
     ctx.probe.client.delete(QUEUE)
 
-    cold = _compressed(ctx, n, plain_s)
-    cold_cpu, cold_s, thaw_cpu, move_cold_cpu = cold["schedule"], cold["wall"], cold["thaw"], cold["move"]
-    due = int(cold["due"])
+    cold = _compressed(ctx, n, publish_s)
+    plain_cold, cold_side = cold["plain"], cold["schedule"]
     ctx.movers.stop(mover)
     ctx.probe.flush()
     floor_payloads = [ctx.payloads.make(due)[1] for _ in range(n)]
     _, floor_cpu = ctx.probe.floor_move(floor_payloads, ctx.movers.batch_size)
     ctx.probe.flush()
-    # The plain side again, last: a machine whose speed drifts during the run (a shared host)
-    # then weighs on both sides alike; the baseline is the mean of the two.
-    plain_last_cpu, plain_last_s = _publish(ctx, ctx.url, n, None, {})
-    ctx.probe.flush()
 
-    plain_us = (plain_cpu + plain_last_cpu) / 2 * per
-    delayed_us = (hot_cpu + move_cpu) * per
-    compressed_us = (cold_cpu + thaw_cpu + move_cold_cpu) * per
+    plain_us = plain.cpu_s * per
+    plain_cold_us = plain_cold.cpu_s * per
+    delayed_us = (hot.cpu_s + move_cpu) * per
+    compressed_us = (cold_side.cpu_s + cold["thaw"] + cold["move"]) * per
     return {
         "messages": n,
+        "rounds": ROUNDS,
         "payload_bytes": ctx.payloads.size,
-        "plain_redis_cpu_us": plain_us,
-        "plain_redis_cpu_us_first": plain_cpu * per,
-        "plain_redis_cpu_us_last": plain_last_cpu * per,
-        "schedule_redis_cpu_us": hot_cpu * per,
+        "plain_redis_cpu_us": (plain_us + plain_cold_us) / 2,
+        "plain_redis_cpu_us_beside_schedule": plain_us,
+        "plain_redis_cpu_us_beside_compressed": plain_cold_us,
+        "plain_redis_user_us": plain.user_s * per,
+        "schedule_redis_cpu_us": hot.cpu_s * per,
+        "schedule_redis_user_us": hot.user_s * per,
         "move_redis_cpu_us": move_cpu * per,
         "delayed_redis_cpu_us": delayed_us,
         "delayed_ratio": delayed_us / plain_us,
         "stored_compressed": n,
-        "schedule_compressed_redis_cpu_us": cold_cpu * per,
-        "thaw_redis_cpu_us": thaw_cpu * per,
+        "schedule_compressed_redis_cpu_us": cold_side.cpu_s * per,
+        "thaw_redis_cpu_us": cold["thaw"] * per,
         "thawed_before_due": bool(cold["thawed_before_due"]),
-        "move_after_thaw_redis_cpu_us": move_cold_cpu * per,
+        "move_after_thaw_redis_cpu_us": cold["move"] * per,
         "compressed_redis_cpu_us": compressed_us,
-        "compressed_ratio": compressed_us / plain_us,
+        "compressed_ratio": compressed_us / plain_cold_us,
         "floor_move_redis_cpu_us": floor_cpu * per,
-        # Not interleaved, so a noisy neighbour may favour either side: the publish scenario
-        # compares the rates (in alternating rounds).
-        "plain_per_s": 2 * n / (plain_s + plain_last_s),
-        "delayed_per_s": n / hot_s,
-        "compressed_per_s": n / cold_s,
-        "publish_ratio": (plain_s + plain_last_s) / 2 / hot_s,
-        "compressed_publish_ratio": (plain_s + plain_last_s) / 2 / cold_s,
+        "plain_per_s": 2 * n / (plain.wall_s + plain_cold.wall_s),
+        "delayed_per_s": n / hot.wall_s,
+        "compressed_per_s": n / cold_side.wall_s,
+        "publish_ratio": plain.wall_s / hot.wall_s,
+        "compressed_publish_ratio": plain_cold.wall_s / cold_side.wall_s,
     }

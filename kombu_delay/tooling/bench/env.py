@@ -197,8 +197,12 @@ class Probe:
     def redis_cpu_s(self) -> float:
         """CPU seconds used by Redis's main thread so far (less noisy than wall time when
         the machine is shared)."""
+        return sum(self.redis_cpu_split_s())
+
+    def redis_cpu_split_s(self) -> tuple[float, float]:
+        """CPU seconds used by Redis's main thread so far: (in user space, in the kernel)."""
         cpu = self.info("cpu")
-        return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
+        return float(cpu["used_cpu_user_main_thread"]), float(cpu["used_cpu_sys_main_thread"])
 
     def zadd_all(self, key: str, payloads: list[str]) -> None:
         """Add ``payloads`` to the sorted set ``key`` as they are (score 0), in chunks."""
