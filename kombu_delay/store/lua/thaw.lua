@@ -41,7 +41,7 @@ local thawed, dead, merged, gone = 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
 local cs = cold.space
 local cold_meta, removed, touched = {}, {}, {}
-local groups, order = {}, {}
+local order = {}  -- the groups of messages put_group stores, in the order first met
 
 -- Each message is taken from its cold set first (ZREM: a member another mover thawed, or
 -- that was cancelled, is gone, and nothing is written for it). The counts stay: the
@@ -54,7 +54,7 @@ for i = 4, #ARGV, 5 do
     local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x')
     local end_ms = tonumber(known[1]) or (tonumber(start_s) + 60000)
     meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = (tonumber(known[2]) or end_ms) - end_ms,
-            expires = {}}
+            expires = {}, groups = {}}
     cold_meta[start_s] = meta
   end
   if meta.expires[dest] == nil then
@@ -80,14 +80,20 @@ for i = 4, #ARGV, 5 do
       uncount(KEYS[3], dest, 1)
       dead = dead + 1
     else
+      -- The group of its ordinary bucket and destination, found by table lookups: a key made
+      -- of text would turn three numbers into text for every message.
       local start = due - due % meta.width
-      local key = start .. ' ' .. meta.width .. ' ' .. meta.grace .. ' ' .. dest
-      local group = groups[key]
+      local of_start = meta.groups[start]
+      if not of_start then
+        of_start = {}
+        meta.groups[start] = of_start
+      end
+      local group = of_start[dest]
       if not group then
         group = {start = start, dest = dest, width = meta.width, grace = meta.grace,
                  expires = meta.expires[dest], msgs = {}, first_due = due}
-        groups[key] = group
-        order[#order + 1] = key
+        of_start[dest] = group
+        order[#order + 1] = group
       end
       group.msgs[#group.msgs + 1] = {due = due, task_id = task_id, payload = message, old_ref = ref}
       if due < group.first_due then group.first_due = due end
@@ -102,8 +108,7 @@ for _, start_s in ipairs(touched) do
   if empty then retire(cold, start_s, end_ms, now) end
 end
 
-for _, key in ipairs(order) do
-  local g = groups[key]
+for _, g in ipairs(order) do
   local k = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
              width = g.width,
              -- An overdue message's bucket must not expire before its mover comes.
