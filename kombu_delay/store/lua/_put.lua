@@ -125,9 +125,9 @@ local function count_added(k, meta, dest, tasks, n, task_ids)
 end
 
 -- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
--- publish. Of the
--- per-bucket work, only the read of the expiry is left on it: set_expiries runs only where
--- it can change something (a new bucket, set, task-id list or destination, a later expiry).
+-- publish. Of the per-bucket work, only the read of the expiry is left on it: set_expiries
+-- runs only where it can change something (a new bucket, set, task-id list or destination,
+-- a later expiry).
 local function put(k, now, due, task_id, dest, payload)
   local start = due - due % k.width
   local start_s = string.format('%d', start)
