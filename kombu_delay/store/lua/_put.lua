@@ -93,6 +93,15 @@ local function set_expiries(k, now, b, known_x)
   end
 end
 
+-- True when set_expiries would write nothing, so a caller may skip it and the table it takes:
+-- the bucket's expiry known_x is as late as this publisher's, and this call made neither the
+-- set (n_here: its count after the n_added messages), the task-id list (n_tasks: its length
+-- after, 0 without one) nor the destination's count (dest_new).
+local function expiries_settled(k, start, known_x, n_here, n_added, n_tasks, dest_new)
+  return known_x and start + k.width + k.grace <= known_x and n_here ~= n_added
+    and n_tasks ~= n_added and not dest_new
+end
+
 -- Wakes the movers only when a message may now be the earliest one of its space: first in
 -- its sorted set, and in the first bucket or due before the first bucket's end (with
 -- publishers of different bucket widths, a later-starting narrow bucket can hold the
@@ -126,8 +135,7 @@ end
 
 -- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
 -- publish. Of the per-bucket work, only the read of the expiry is left on it: set_expiries
--- runs only where it can change something (a new bucket, set, task-id list or destination,
--- a later expiry).
+-- runs only where it can change something (expiries_settled).
 local function put(k, now, due, task_id, dest, payload)
   local start = due - due % k.width
   local start_s = string.format('%d', start)
@@ -141,7 +149,7 @@ local function put(k, now, due, task_id, dest, payload)
   local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
   add_ref(k, start, start_s, task_id, due, seq)
   local known_x = tonumber(redis.call('HGET', meta, 'x'))
-  if not known_x or start + k.width + k.grace > known_x or n_here == 1 or n_tasks == 1 or dest_new then
+  if not expiries_settled(k, start, known_x, n_here, 1, n_tasks, dest_new) then
     set_expiries(k, now, {start = start, start_s = start_s, dest = dest, n_msgs = 1, meta = meta,
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here}, known_x)
