@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kombu_delay.store.replies import ColdBucket
+from kombu_delay.store.replies import BucketCounts
 
 #: A plan allows this many times the thaw time its rate predicts: the moves between thaw
 #: steps, other movers, a noisy neighbour and a rate measured on a lighter load take the rest.
@@ -57,7 +57,7 @@ def lead_ms(count: int, rate: float) -> int:
     return int(count / max(rate, MIN_RATE) * SAFETY * 1000) + MARGIN_MS
 
 
-def plan(now_ms: int, buckets: list[ColdBucket], min_lead_ms: int, rate: float) -> ThawPlan:
+def plan(now_ms: int, buckets: list[BucketCounts], min_lead_ms: int, rate: float) -> ThawPlan:
     """Plan the thaw at ``now_ms`` of ``buckets`` (earliest first, as the cold index orders
     them) at ``rate`` messages/s, with ``min_lead_ms`` (``delay_thaw_ahead``) the least lead.
 
@@ -67,7 +67,7 @@ def plan(now_ms: int, buckets: list[ColdBucket], min_lead_ms: int, rate: float) 
     of each of its messages, as ever.
     """
     horizon = now_ms + min_lead_ms
-    begins: list[tuple[int, ColdBucket]] = []
+    begins: list[tuple[int, BucketCounts]] = []
     waiting = 0
     for bucket in buckets:
         waiting += bucket.count

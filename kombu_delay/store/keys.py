@@ -65,6 +65,14 @@ def queue_set(prefix: str, start_ms: int, dest: str, space: str = "") -> str:
     return f"{ns(prefix)}{space}z:{start_ms}:{dest}"
 
 
+def staged(prefix: str, start_ms: int, dest: str) -> str:
+    """LIST: a herd of one bucket's set for ``dest`` (its head run, due at one millisecond)
+    copied ahead of its due time, in the order a move pushes it, for the move to hand over
+    whole (``RENAME`` onto ``dest``). Its bucket's meta hash marks it (fields ``h:<dest>``,
+    the run's due time, and ``hn:<dest>``, its size); see ``lua/_staged.lua``."""
+    return f"{ns(prefix)}h:{start_ms}:{dest}"
+
+
 def split_bucket(text: str) -> tuple[str, int]:
     """Split a bucket as the scripts name it (``<start>``, or ``c<start>`` in the cold space)
     into its space (``""`` or :data:`COLD`) and start; raise ``ValueError`` for anything else."""

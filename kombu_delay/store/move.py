@@ -11,7 +11,7 @@ import redis
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase, as_text, format_must_be
-from kombu_delay.store.replies import ColdBucket, MoveResult, SweepResult, ThawResult
+from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 
@@ -109,29 +109,70 @@ class Moving(StoreBase):
             items += [start, score, dest, member, message]
         return items
 
-    def cold_buckets(self, limit: int) -> tuple[int, list[ColdBucket]]:
+    def cold_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:
         """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, earliest
         first, each with the compressed messages it still holds, for a mover to plan its thaw.
 
         Two pipelined round trips of ``limit + 2`` reads. Not atomic: a plan is an estimate,
         made again every second.
         """
+        return self._bucket_counts(spaces.COLD, limit)
+
+    def ordinary_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:
+        """As :meth:`cold_buckets`, for the first ``limit`` ordinary buckets: where a mover
+        looks for herds to stage ahead of their due time."""
+        return self._bucket_counts(spaces.ORDINARY, limit)
+
+    def _bucket_counts(self, space: spaces.Space, limit: int) -> tuple[int, list[BucketCounts]]:
         with translated_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.time()
-            pipe.zrange(spaces.COLD.index(self.prefix), 0, limit - 1)
+            pipe.zrange(space.index(self.prefix), 0, limit - 1)
             (sec, usec), starts = pipe.execute()
             pipe = self.client.pipeline(transaction=False)
             for start in starts:
-                pipe.hgetall(spaces.COLD.meta(self.prefix, int(start)))
+                pipe.hgetall(space.meta(self.prefix, int(start)))
             metas = pipe.execute() if starts else []
         now = int(sec) * 1000 + int(usec) // 1000 if self.clock is None else int(self.clock())
         found = []
         for start, meta in zip(starts, metas, strict=True):
             fields = {as_text(k): int(v) for k, v in meta.items()}
-            count = sum(n for name, n in fields.items() if name.startswith("q:") and n > 0)
-            found.append(ColdBucket(int(start), fields.get("end", int(start)), count))
+            dests = tuple((name[2:], n) for name, n in fields.items() if name.startswith("q:") and n > 0)
+            count = sum(n for _, n in dests)
+            found.append(BucketCounts(int(start), fields.get("end", int(start)), count, dests))
         return now, found
+
+    def stage(self, start_ms: int, dest: str, limit: int, min_run: int) -> StageResult:
+        """Copy up to ``limit`` more members of the run at the head of bucket ``start_ms``'s
+        set for ``dest`` into the list a move hands over whole when the run is due
+        (``stage.lua``; see ``_staged.lua``). A head run of fewer than ``min_run`` members is
+        left to the batches."""
+        with translated_errors():
+            reply = self._scripts["stage"](keys=[self._index], args=[self.ns, start_ms, dest, limit, min_run])
+        return StageResult.from_reply(reply)
+
+    def memory_free(self, share: float) -> int | None:
+        """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
+        it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""
+        try:
+            with translated_errors():
+                info = self.client.info("memory")
+        except redis.exceptions.NoPermissionError:
+            return 0
+        limit = int(info.get("maxmemory", 0))
+        if not limit:
+            return None
+        return max(0, int(limit * share) - int(info.get("used_memory", 0)))
+
+    def set_memory(self, start_ms: int, dest: str) -> int | None:
+        """Bytes of bucket ``start_ms``'s sorted set for ``dest`` (``MEMORY USAGE``, sampled);
+        ``None`` when it is gone or the ACL refuses the command."""
+        try:
+            with translated_errors():
+                size = self.client.memory_usage(keys.queue_set(self.prefix, start_ms, dest), samples=5)
+        except redis.exceptions.NoPermissionError:
+            return None
+        return None if size is None else int(size)
 
     def sweep(self, after: str, limit: int, now_ms: int | None = None) -> SweepResult:
         """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):

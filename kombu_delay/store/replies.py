@@ -176,14 +176,43 @@ class ThawResult:
 
 
 @dataclass(frozen=True)
-class ColdBucket:
-    """One cold bucket as a mover plans its thaw (:meth:`Store.cold_buckets`)."""
+class BucketCounts:
+    """One bucket as a mover plans its thaw or its staging (:meth:`Store.cold_buckets`,
+    :meth:`Store.ordinary_buckets`)."""
 
     #: Its start and end, epoch ms: it holds messages due from ``start_ms`` to before ``end_ms``.
     start_ms: int
     end_ms: int
-    #: The compressed messages it still holds (its meta hash's counts).
+    #: The messages it still holds (its meta hash's counts).
     count: int
+    #: The same per destination list key.
+    dests: tuple[tuple[str, int], ...] = ()
+
+
+class Staged(enum.IntEnum):
+    """What one ``stage.lua`` call found (:class:`StageResult`)."""
+
+    DONE = 0  #: the whole run is in its staged list
+    MORE = 1  #: part of it is: call again
+    NO_RUN = -1  #: the head run is too small to stage, or the set is gone
+    REFUSED = -2  #: the ACL refuses what a handover needs (RENAME, UNLINK, ...)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One ``stage.lua`` call: the run at the head of a bucket's set for one destination."""
+
+    outcome: Staged
+    #: Members in the staged list after the call.
+    staged: int
+    #: The run's size and due time (epoch ms); 0 when the set is gone.
+    run: int
+    due_ms: int
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> StageResult:
+        code, staged, run, due = (int(x) for x in reply)
+        return cls(Staged(code), staged, run, due)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from kombu_delay.mover import thaw_plan
 from kombu_delay.mover.loop import MoverStats
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.store import Store, cold, keys
-from kombu_delay.store.replies import ColdBucket
+from kombu_delay.store.replies import BucketCounts
 from tests.support.stored import FakeClock, kombu_payload
 
 #: Short spans: a message due more than 6 s ahead is stored compressed, thawed 5 s ahead.
@@ -26,9 +26,9 @@ NOW = 1_700_000_000_000
 S = 1000
 
 
-def bucket(start_s: float, count: int, width_s: float = 60) -> ColdBucket:
+def bucket(start_s: float, count: int, width_s: float = 60) -> BucketCounts:
     start = NOW + int(start_s * S)
-    return ColdBucket(start, start + int(width_s * S), count)
+    return BucketCounts(start, start + int(width_s * S), count)
 
 
 # (buckets, rate/s, expected horizon - NOW in s, expected next start - NOW in s or None)
@@ -51,7 +51,7 @@ PLANS = [
 
 
 @pytest.mark.parametrize(("buckets", "rate", "horizon_s", "next_s"), PLANS)
-def test_plan(buckets: list[ColdBucket], rate: float, horizon_s: float, next_s: float | None) -> None:
+def test_plan(buckets: list[BucketCounts], rate: float, horizon_s: float, next_s: float | None) -> None:
     planned = thaw_plan.plan(NOW, buckets, 30 * S, rate)
     assert planned.horizon_ms == NOW + horizon_s * S
     assert planned.next_start_ms == (None if next_s is None else NOW + next_s * S)

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.message import index_id
+from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, cold, keys
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -101,6 +101,13 @@ def kombu_payload(tag: str, queue: str = "celery", body: str = "e30=") -> str:
             },
         }
     )
+
+
+def schedule_herd(
+    store: Store, dest: str, due_ms: int, tags: list[str], settings: Settings = ORDINARY
+) -> None:
+    """Schedule one test payload per tag for ``dest``, all due at ``due_ms`` (task id = tag)."""
+    store.schedule_many([(Due(due_ms, task_id=tag), dest, kombu_payload(tag)) for tag in tags], settings)
 
 
 def tags_in(client: redis.Redis, key: str) -> list[str]:

@@ -13,7 +13,8 @@ put(k, now, due, task_id, dest, payload)
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
   not there (its first message, or the first since it drained), sets expiries, and wakes the
-  movers when this message may be the earliest scheduled. The format, the expiries and the
+  movers when this message may be the earliest scheduled; drops the copy of a herd staged
+  ahead that the message would make wrong (_staged.lua). The format, the expiries and the
   index are written per bucket, not per message, and of the meta hash only the expiry ``x``
   is read (an earlier one is extended; with one width and grace, it never is).
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
@@ -24,6 +25,7 @@ put(k, now, due, task_id, dest, payload)
 --- @include clock
 --- @include ref_text
 --- @include spaces
+--- @include staged
 -- A count as a command argument: Redis turns a Lua number into text with "%.17g", costly
 -- next to the text '1' that almost every call passes.
 local function count_arg(n)
@@ -148,7 +150,11 @@ local function put(k, now, due, task_id, dest, payload)
   local tasks = k.space:tasks(start_s)
   local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
   add_ref(k, start, start_s, task_id, due, seq)
-  local known_x = tonumber(redis.call('HGET', meta, 'x'))
+  -- The expiry, and the mark of a herd staged ahead (_staged.lua), which this message, due
+  -- by its time, would make wrong.
+  local known = redis.call('HMGET', meta, 'x', 'h:' .. dest)
+  local known_x = tonumber(known[1])
+  if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
   if not expiries_settled(k, start, known_x, n_here, 1, n_tasks, dest_new) then
     set_expiries(k, now, {start = start, start_s = start_s, dest = dest, n_msgs = 1, meta = meta,
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,

@@ -36,6 +36,9 @@ local function put_group(k, now, start, dest, msgs)
              n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
   local codes, added, first
   codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
+  if first then  -- a herd staged ahead that these messages would make wrong (_staged.lua)
+    drop_staged_for(k.space, b.meta, start_s, dest, first.due, staged_mark(b.meta, dest))
+  end
   -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a
   -- mover or an inspection reading it refuses it (heartbeat.lua).
   if k.format and b.n_seq == #msgs then redis.call('HSETNX', k.totals, 'format', k.format) end

@@ -4,7 +4,8 @@ keys.py names their keys; kombu_delay/store/spaces.py says what can happen to a 
 space(ns, tag)
   The space ``tag`` ('' or 'c') of namespace ``ns``: {tag, cold (true for 'c'), index (its
   ZSET of bucket starts)} and the keys of one of its buckets, called as methods:
-  s:meta(start_s), s:zset(start_s, dest), s:tasks(start_s); ``tasks`` (the task-id list) is
+  s:meta(start_s), s:zset(start_s, dest), s:tasks(start_s), s:staged(start_s, dest) (a herd's
+  list built ahead, see _staged.lua); ``tasks`` (the task-id list) is
   nil in the cold space, whose refs leave the id index one by one (thaw, take, purge) instead
   of with their drained bucket. Methods, not closures: a space is made in every call of most
   scripts, and a closure per key kind was a good part of a publish's Redis CPU.
@@ -24,6 +25,7 @@ cold_task_id(member)
 ]]
 local function space_meta(s, start_s) return s.keys .. 'm:' .. start_s end
 local function space_zset(s, start_s, dest) return s.keys .. 'z:' .. start_s .. ':' .. dest end
+local function space_staged(s, start_s, dest) return s.keys .. 'h:' .. start_s .. ':' .. dest end
 local function space_tasks(s, start_s)
   if not s.cold then return s.keys .. 't:' .. start_s end
 end
@@ -32,7 +34,7 @@ local function space(ns, tag)
   -- One constructor: a table grown field by field is rehashed as it grows. ``keys``: what
   -- the space's keys start with.
   return {tag = tag, cold = tag ~= '', keys = ns .. tag, index = ns .. tag .. 'index',
-          meta = space_meta, zset = space_zset, tasks = space_tasks}
+          meta = space_meta, zset = space_zset, tasks = space_tasks, staged = space_staged}
 end
 
 local function split_bucket(text)

@@ -27,6 +27,9 @@ Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of
         on Redis 6 the LPUSH comes before the removal (move_head).
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
+       The exception is a herd staged ahead (stage.lua, _staged.lua): its run is handed over
+       whole, however large, at the cost of a few commands and of at most 20 x ARGV[2]
+       messages moved one by one (see hand_over in _handover.lua), and ends the call.
        A bucket whose due messages are all held costs no move budget, so when more such
        buckets than ARGV[2] lie ahead, the scan stops after ARGV[2] of them and the next call
        goes on from there (scan_after): the buckets behind them are never starved.
@@ -48,6 +51,7 @@ of its refs, in this script's leftover budget, so a burst is never slowed by it.
 --- @include lateness
 --- @include spaces
 --- @include buckets
+--- @include handover
 local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
@@ -102,12 +106,28 @@ local function move_head(zset, dest, due_first, take)
   return got
 end
 
+-- A staged run of dest whose head is due: handed over whole when its copy is good and the
+-- destination takes it (no max length); else the copy is dropped and nil returned (batches).
+local function handed_over(meta, start_s, zset, dest, due_first, left, t)
+  local n = tonumber(redis.call('HGET', meta, 'hn:' .. dest))
+  if n and t == due_first and left == math.huge then
+    local got = hand_over(s, meta, start_s, zset, dest, t, n, 20 * limit)
+    if got then return got end
+  else
+    drop_staged(s, meta, start_s, dest)
+  end
+end
+
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
   local meta = s:meta(start_s)
   local fields = redis.call('HGETALL', meta)
   local end_ms, left_total = nil, 0
-  local expiry, pushed = {}, {}
+  local expiry, pushed, marks = {}, {}, {}
+  for i = 1, #fields, 2 do  -- the marks of staged runs first: the fields come in any order
+    local name = fields[i]
+    if sub(name, 1, 2) == 'h:' then marks[sub(name, 3)] = tonumber(fields[i + 1]) end
+  end
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
     if name == 'end' then
@@ -131,11 +151,17 @@ local function visit(start_s)
             local waiting = redis.call('ZCOUNT', zset, '-inf', upper)
             if left == -1 then wrong = wrong + waiting else held = held + waiting end
           else
-            local got = move_head(zset, dest, due_first, math.min(budget, left))
+            local got = marks[dest] and handed_over(meta, start_s, zset, dest, due_first, left, marks[dest])
+            if got then
+              add_late(math.max(0, now - due_first), got)
+              budget = 0  -- one herd per call: the next call goes on at once (more)
+            else
+              got = move_head(zset, dest, due_first, math.min(budget, left))
+              budget = budget - got
+            end
             if got > 0 then
               pushed[#pushed + 1] = dest
               room[dest] = left - got
-              budget = budget - got
               moved = moved + got
               n = n - got
               redis.call('HINCRBY', meta, name, -got)

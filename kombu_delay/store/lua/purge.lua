@@ -16,13 +16,14 @@ Bound: removes at most ARGV[2] messages and visits at most ARGV[2] buckets.
 
 A bucket keeps one sorted set per destination, so a purge removes those sets from the head
 by rank and never reads a message; buckets whose meta hash counts none of these lists cost
-one HMGET. The refs of purged messages are dropped with their bucket's (see move.lua); a cold
+one HMGET. A herd's copy staged ahead (_staged.lua) goes with its run. The refs of purged messages are dropped with their bucket's (see move.lua); a cold
 bucket has no task-id list, so there they are read off the members (cold_task_id) first.
 ]]
 --- @include clock
 --- @include refs
 --- @include spaces
 --- @include buckets
+--- @include staged
 local index, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
@@ -53,6 +54,7 @@ for _, start_s in ipairs(starts) do
   local touched = false
   for i, dest in ipairs(dests) do
     local n = tonumber(counted[i] or '0')
+    if n > 0 and not s.cold and staged_mark(meta, dest) then drop_staged(s, meta, start_s, dest) end
     while n > 0 do
       if budget <= 0 then return finish(0, start_s) end
       local zset = s:zset(start_s, dest)

@@ -1,0 +1,72 @@
+--[[ handover: a due run's staged list onto its destination, whole (move.lua).
+
+hand_over(s, meta, start_s, zset, dest, t, n, spare)
+  The run of n members due at t at the head of ``zset`` was staged by stage.lua (see
+  _staged.lua). Renames the staged list onto ``dest`` and drops the run from ``zset``, in
+  O(1) for the run whatever n is; returns n. Returns nil, having dropped the copy and
+  written nothing else, when it cannot: the run changed, or what it would do per message
+  exceeds ``spare`` (the part of the copy still missing, what waits on ``dest`` already, and
+  the members of ``zset`` after the run, each moved one by one). The caller then moves the
+  run in batches, as without a copy. The caller has checked ``dest``: a list or no key, no
+  max length, and LPUSH allowed.
+
+What waits on ``dest`` already goes to the right of the herd, where consumers take first, as
+it would with batches pushed on its left. ``dest`` keeps its own expiry (x-expires), not the
+copy's. The sorted set is deleted with UNLINK, which frees its members in the background; the
+members after the run, if any, are kept in a new set that takes its name and expiry.
+Each refusal Redis could still give (an ACL changed since the copy was made) comes before
+the rename, which commits, or is followed by a fallback that removes the run as a batch move
+would: a herd is never both on its list and still scheduled.
+]]
+--- @include staged
+local function push_sliced(command, key, values)
+  for first = 1, #values, 1000 do
+    redis.call(command, key, unpack(values, first, math.min(#values, first + 999)))
+  end
+end
+
+local function failed(reply)
+  return type(reply) == 'table' and reply.err ~= nil
+end
+
+local function hand_over(s, meta, start_s, zset, dest, t, n, spare)
+  local staged = s:staged(start_s, dest)
+  local have, waiting = redis.call('LLEN', staged), redis.call('LLEN', dest)
+  local rest = redis.call('ZCARD', zset) - n
+  if have > n or n - have > spare or waiting > spare or rest > spare
+      or not run_intact(zset, staged, t, n, have)
+      or (redis.acl_check_cmd and not may_hand_over(staged, zset, dest)) then
+    drop_staged(s, meta, start_s, dest)
+    return nil
+  end
+  if have < n then
+    -- The end of the copy: the last stage call may not have come before the due time.
+    push_sliced('LPUSH', staged, redis.call('ZRANGE', zset, have, n - 1))
+  end
+  local kept
+  if rest > 0 then
+    kept = staged .. ':rest'
+    if failed(redis.pcall('ZRANGESTORE', kept, zset, n, -1)) then
+      drop_staged(s, meta, start_s, dest)
+      return nil
+    end
+  end
+  if waiting > 0 then push_sliced('RPUSH', staged, redis.call('LRANGE', dest, 0, -1)) end
+  local ttl = redis.call('PTTL', dest)
+  if failed(redis.pcall('RENAME', staged, dest)) then
+    if kept then redis.call('UNLINK', kept) end
+    drop_staged(s, meta, start_s, dest)
+    return nil
+  end
+  if ttl > 0 then redis.call('PEXPIRE', dest, ttl) else redis.call('PERSIST', dest) end
+  local zttl = redis.call('PTTL', zset)
+  if failed(redis.pcall('UNLINK', zset)) then
+    redis.call('ZREMRANGEBYRANK', zset, 0, n - 1)
+    if kept then redis.call('DEL', kept) end
+  elseif kept then
+    redis.call('RENAME', kept, zset)
+    if zttl > 0 then redis.call('PEXPIRE', zset, zttl) end
+  end
+  redis.call('HDEL', meta, 'h:' .. dest, 'hn:' .. dest)
+  return n
+end

@@ -1,0 +1,222 @@
+"""A herd staged ahead (stage.lua) and handed over whole when due (move.lua, _handover.lua).
+
+Each test checks what a consumer would see against what the batches deliver for the same
+messages: the same payloads, in the same order, each once, none early, and the store's
+counts and keys as a batch move leaves them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Staged
+from tests.support.stored import ORDINARY, FakeClock, kombu_payload, schedule_herd
+
+RUN = 3000  #: the herd of most tests
+MIN_RUN = 1000  #: what these tests pass as the smallest run worth staging
+
+
+def stage_all(store: Store, start: int, dest: str, batch: int = 700) -> Staged:
+    """Stage calls until the run is staged or refused; the outcome of the last."""
+    while (result := store.stage(start, dest, batch, MIN_RUN)).outcome is Staged.MORE:
+        pass
+    return result.outcome
+
+
+def drain(store: Store) -> int:
+    moved = 0
+    while (result := store.move_due(500)).moved:
+        moved += result.moved
+    return moved
+
+
+def staged_keys(r: redis.Redis, prefix: str) -> list[bytes]:
+    return sorted(r.scan_iter(match=keys.ns(prefix) + "h:*", count=1000))
+
+
+@pytest.fixture
+def herd(r: redis.Redis, prefix: str) -> tuple[FakeClock, Store, str, int]:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    due = (clock() // width + 1) * width + width // 2  # mid-bucket: room before and after
+    schedule_herd(store, f"{prefix}q", due, [f"h{i}" for i in range(RUN)])
+    return clock, store, f"{prefix}q", due
+
+
+def batches_of(
+    r: redis.Redis, prefix: str, build: list[tuple[int, list[str]]], waiting: list[str]
+) -> list[bytes]:
+    """The list the batches leave for the same messages (under a prefix of its own)."""
+    clock = FakeClock(r)
+    store = Store(r, f"{prefix}ctl:", clock=clock)
+    dest = f"{prefix}ctl:q"
+    for due, ids in build:
+        schedule_herd(store, dest, due, ids)
+    if waiting:
+        r.lpush(dest, *waiting)
+    clock.ms = max(due for due, _ in build) + 10
+    drain(store)
+    return r.lrange(dest, 0, -1)  # type: ignore[return-value]
+
+
+def test_a_staged_herd_reaches_its_list_whole_in_one_call_as_the_batches_would_leave_it(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    r.lpush(dest, "waiting-1", "waiting-2")  # a consumer has not taken these yet
+    start = due - due % ORDINARY.bucket_width_ms
+    assert stage_all(store, start, dest) is Staged.DONE
+    assert stage_all(store, start, dest) is Staged.DONE  # a second mover: nothing copied twice
+    assert staged_keys(r, prefix) == [keys.staged(store.prefix, start, dest).encode()]
+    assert r.llen(staged_keys(r, prefix)[0]) == RUN
+    assert r.llen(dest) == 2  # nothing delivered before due
+
+    clock.ms = due - 1
+    assert store.move_due(500).moved == 0
+    clock.ms = due + 40
+    result = store.move_due(500)
+
+    assert (result.moved, result.more) == (RUN, True)
+    assert result.lateness_ms == [40] * RUN
+    expected = batches_of(r, prefix, [(due, [f"h{i}" for i in range(RUN)])], ["waiting-1", "waiting-2"])
+    assert r.lrange(dest, 0, -1) == expected
+    assert r.ttl(dest) == -1  # the copy's expiry did not come with it
+    assert store.move_due(500).moved == 0
+    assert store.counts() == {}
+    assert store.totals()["moved"] == RUN
+    assert store.find("h7") == []
+    assert staged_keys(r, prefix) == []
+    assert not r.exists(keys.queue_set(store.prefix, start, dest))
+
+
+def test_what_the_set_holds_after_the_run_stays_scheduled_with_its_expiry(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    schedule_herd(store, dest, due + 20_000, ["later-0", "later-1"])
+    start = due - due % ORDINARY.bucket_width_ms
+    zset = keys.queue_set(store.prefix, start, dest)
+    ttl = r.pttl(zset)
+    assert stage_all(store, start, dest) is Staged.DONE
+
+    clock.ms = due
+    assert store.move_due(500).moved == RUN
+    assert r.zrange(zset, 0, -1) == [kombu_payload("later-0").encode(), kombu_payload("later-1").encode()]
+    assert ttl - 60_000 < r.pttl(zset) <= ttl  # its own expiry (Redis's clock ran meanwhile)
+    assert store.counts() == {dest: 2}
+    assert [m.payload for m in store.find("later-1")] == [kombu_payload("later-1").encode()]
+    clock.ms = due + 20_000
+    assert store.move_due(500).moved == 2
+    assert r.llen(dest) == RUN + 2
+
+
+def test_a_publish_due_by_the_herd_drops_its_copy_and_the_batches_deliver_each_once(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    start = due - due % ORDINARY.bucket_width_ms
+    stage_all(store, start, dest)
+    schedule_herd(store, dest, due, ["joined"])  # the same millisecond: it would be missing from the copy
+    assert staged_keys(r, prefix) == []
+    assert stage_all(store, start, dest) is Staged.DONE  # staged again, with it
+    schedule_herd(store, dest, due - 3, ["earlier"])  # before the herd: it would shift every rank
+    assert staged_keys(r, prefix) == []
+
+    clock.ms = due
+    assert drain(store) == RUN + 2
+    listed = r.lrange(dest, 0, -1)
+    assert len(listed) == len(set(listed)) == RUN + 2
+    assert listed[-1] == kombu_payload("earlier").encode()
+
+
+@pytest.mark.parametrize("when", ["while staging", "once staged"])
+def test_a_message_cancelled_after_its_herd_was_copied_is_not_delivered(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int], when: str
+) -> None:
+    clock, store, dest, due = herd
+    start = due - due % ORDINARY.bucket_width_ms
+    if when == "while staging":
+        assert store.stage(start, dest, 1000, MIN_RUN).outcome is Staged.MORE
+        assert store.cancel("h5") == 1  # already in the copy, which then goes on
+        assert stage_all(store, start, dest) is Staged.DONE
+    else:
+        assert stage_all(store, start, dest) is Staged.DONE
+        assert store.cancel("h2999") == 1
+    clock.ms = due
+    assert drain(store) == RUN - 1
+    listed = r.lrange(dest, 0, -1)
+    assert len(set(listed)) == RUN - 1
+    assert kombu_payload("h5" if when == "while staging" else "h2999").encode() not in listed
+    assert staged_keys(r, prefix) == []
+
+
+@pytest.mark.parametrize(("limit", "first_call"), [(10, RUN), (5, 5)])
+def test_a_copy_left_unfinished_at_the_due_time_is_completed_or_dropped(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int], limit: int, first_call: int
+) -> None:
+    clock, store, dest, due = herd
+    start = due - due % ORDINARY.bucket_width_ms
+    assert store.stage(start, dest, 2800, MIN_RUN).outcome is Staged.MORE
+    clock.ms = due
+    # 200 are missing from the copy: within 20 x 10 the call copies them and hands the herd
+    # over; past 20 x 5 it drops the copy and moves a batch.
+    assert store.move_due(limit).moved == first_call
+    assert staged_keys(r, prefix) == []
+    assert drain(store) == RUN - first_call
+    assert len(set(r.lrange(dest, 0, -1))) == RUN
+    assert r.lrange(dest, 0, -1) == batches_of(r, prefix, [(due, [f"h{i}" for i in range(RUN)])], [])
+
+
+def test_small_runs_and_spread_messages_are_not_staged(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    dest = f"{prefix}q"
+    due = clock() + 5000
+    for k in range(5):  # 5 x 500 messages: 2,500 in the set, no run of 1,000
+        schedule_herd(store, dest, due + k, [f"s{k}-{i}" for i in range(500)])
+    start = due - due % ORDINARY.bucket_width_ms
+    result = store.stage(start, dest, 1000, MIN_RUN)
+    assert (result.outcome, result.run, result.due_ms) == (Staged.NO_RUN, 500, due)
+    assert staged_keys(r, prefix) == []
+
+
+def test_an_acl_without_the_handover_commands_stages_nothing_and_moves_in_batches(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, _, dest, due = herd
+    r.execute_command("ACL", "SETUSER", "no-rename", "on", ">pw", "~*", "&*", "+@all", "-rename")
+    try:
+        client = redis.Redis(
+            port=r.connection_pool.connection_kwargs["port"], username="no-rename", password="pw"
+        )
+        limited = Store(client, prefix, clock=clock)
+        start = due - due % ORDINARY.bucket_width_ms
+        assert limited.stage(start, dest, 1000, MIN_RUN).outcome is Staged.REFUSED
+        assert staged_keys(r, prefix) == []
+        clock.ms = due
+        assert drain(limited) == RUN
+        client.close()
+    finally:
+        r.execute_command("ACL", "DELUSER", "no-rename")
+
+
+def test_a_queue_with_an_expiry_keeps_it_and_a_purge_drops_the_copy(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    start = due - due % ORDINARY.bucket_width_ms
+    stage_all(store, start, dest)
+    r.lpush(dest, "waiting")
+    r.pexpire(dest, 600_000)  # as kombu sets a queue's x-expires
+    clock.ms = due
+    assert store.move_due(500).moved == RUN
+    assert 590_000 < r.pttl(dest) <= 600_000
+
+    schedule_herd(store, dest, due + 9000, [f"p{i}" for i in range(RUN)])
+    stage_all(store, start, dest)
+    assert len(staged_keys(r, prefix)) == 1
+    assert store.purge([dest]) == RUN
+    assert staged_keys(r, prefix) == []
