@@ -26,6 +26,7 @@ from kombu_delay.config import Settings
 from kombu_delay.connect import Target
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable
 from kombu_delay.mover.pacing import Backoff, RateLimiter
+from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.watch import Findings, Watch
 from kombu_delay.store import Store
@@ -133,6 +134,8 @@ class Mover:
         self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw)
+        #: The copy of each herd, ahead of its due time, that a move hands over whole.
+        self.stager = Stager(store, settings, self.name)
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
@@ -163,8 +166,9 @@ class Mover:
                 result = self.drain()
                 thaw_in = self.thaw()
                 sweep_in = self.sweep()
+                stage_in = self.stager.step()
                 backoff.reset()
-                self._wait(pubsub, min(self._sleep_for(result), thaw_in, sweep_in))
+                self._wait(pubsub, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
                 if self._on_error is not None:

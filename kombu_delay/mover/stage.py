@@ -1,0 +1,127 @@
+"""A mover's staging: each herd copied, ahead of its due time, into the list a move hands
+over whole.
+
+A move pushes due messages in batches, some 100,000 a second: a million due at one instant
+would reach their list over ten seconds. So a mover looks, once a second, at the first
+ordinary buckets for a run of at least :data:`MIN_RUN` messages due at one millisecond
+(a nightly job's reminders, a campaign), and copies it, a batch per step between its
+drains, into a list that ``move.lua`` renames onto the destination when the run is due:
+the whole herd arrives at once, on time (``_staged.lua`` says what keeps the copy right).
+
+A run is staged no earlier than it must be: its lead grows with its size at a rate assumed
+low (:data:`RATE`), as a thaw's does, since the copy holds the herd twice in Redis's memory
+until it is due. Under ``maxmemory`` a run is staged only when its copy fits in what is
+free; with ``delay_max_rate`` or ``delay_max_queue_length`` nothing is (a handover would
+pass either). Several movers may stage the same run: each call goes on where the last one
+stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import RedisRefused
+from kombu_delay.mover import thaw_plan
+from kombu_delay.store import Store
+from kombu_delay.store.replies import Staged
+
+logger = logging.getLogger(__name__)
+
+#: A run of fewer messages due at one millisecond is left to the batches, which move it in
+#: a fraction of a second.
+MIN_RUN = 10_000
+#: Members one staging step copies: one script call of some 10 ms.
+STAGE_BATCH = 2_000
+#: Staging rate a plan assumes, messages/s (one mover copies more than 100,000 a second on a
+#: busy 2-core machine): low, so a herd's copy is ready early rather than late.
+RATE = 20_000.0
+#: Ordinary buckets a plan reads, earliest first (one ``HGETALL`` each, once a second).
+PLAN_BUCKETS = 64
+#: A copy is made only while Redis's memory stays under this share of ``maxmemory`` with it.
+MEMORY_SHARE = 0.8
+
+
+class Stager:
+    """The staging of one mover: which runs to copy, one batch per step."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        name: str,
+        monotonic: Callable[[], float] = time.monotonic,
+        min_run: int = MIN_RUN,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.monotonic = monotonic
+        self.min_run = min_run
+        #: Off with a rate cap or a queue-length cap, and once the ACL has refused a handover.
+        self.enabled = not settings.max_rate and not settings.max_queue_length
+        #: Runs (bucket start, destination) to copy now, first first.
+        self._work: list[tuple[int, str]] = []
+        #: Runs staged whole or found too small, by their destination's count then: looked at
+        #: again only when that count changes.
+        self._settled: dict[tuple[int, str], int] = {}
+        #: Each destination's count in each bucket, as the last plan read them.
+        self._count_of: dict[tuple[int, str], int] = {}
+        self._next_plan = float("-inf")
+        self._refused_logged_at = float("-inf")
+
+    def step(self) -> float:
+        """Copy one batch of the first run that needs it; return the seconds until the next step."""
+        if not self.enabled:
+            return thaw_plan.PLAN_EVERY_S * 60
+        now = self.monotonic()
+        try:
+            if not self._work and now >= self._next_plan:
+                self._plan()
+                self._next_plan = now + thaw_plan.PLAN_EVERY_S
+            if not self._work:
+                return max(0.0, self._next_plan - now)
+            self._copy(*self._work[0])
+        except RedisRefused as exc:
+            # maxmemory, say: a copy grows memory; moves go on, and the plan is made again.
+            if now - self._refused_logged_at >= thaw_plan.PLAN_EVERY_S * 10:
+                logger.warning("mover %s: staging refused (%s); herds move in batches", self.name, exc)
+                self._refused_logged_at = now
+            self._work.clear()
+            self._next_plan = now + thaw_plan.PLAN_EVERY_S
+        return 0.0 if self._work else max(0.0, self._next_plan - now)
+
+    def _copy(self, start_ms: int, dest: str) -> None:
+        result = self.store.stage(start_ms, dest, STAGE_BATCH, self.min_run)
+        if result.outcome is Staged.MORE:
+            return
+        self._work.pop(0)
+        if result.outcome is Staged.REFUSED:
+            self.enabled = False
+            logger.warning(
+                "mover %s: the ACL refuses what a herd's handover needs (RENAME, UNLINK, PERSIST, "
+                "PEXPIRE, LINDEX, ZRANGESTORE); herds move in batches",
+                self.name,
+            )
+            return
+        self._settled[(start_ms, dest)] = self._count_of.get((start_ms, dest), -1)
+
+    def _plan(self) -> None:
+        """Read the first ordinary buckets' counts and list the runs to copy now."""
+        now_ms, buckets = self.store.ordinary_buckets(PLAN_BUCKETS)
+        counts = {(b.start_ms, dest): n for b in buckets for dest, n in b.dests}
+        self._settled = {run: n for run, n in self._settled.items() if counts.get(run) == n}
+        self._count_of = counts
+        free = self.store.memory_free(MEMORY_SHARE)
+        for (start_ms, dest), n in counts.items():
+            if n < self.min_run or (start_ms, dest) in self._settled:
+                continue
+            if start_ms - now_ms > thaw_plan.lead_ms(n, RATE):
+                continue
+            if free is not None:
+                size = self.store.set_memory(start_ms, dest)
+                if size is None or size > free:
+                    continue
+                free -= size
+            self._work.append((start_ms, dest))

@@ -1,0 +1,107 @@
+"""A mover's staging (kombu_delay/mover/stage.py): which herds it copies ahead, when, and the
+whole path through a real mover process: a herd handed over at its due time, each once."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.mover import stage
+from kombu_delay.mover.stage import Stager
+from kombu_delay.store import Store, keys
+from tests.support.procs import wait_until
+from tests.support.stored import ORDINARY, FakeClock, redis_ms, schedule_herd, tags_in
+
+MIN_RUN = 1000
+
+
+def schedule(store: Store, dest: str, due: int, n: int, name: str = "h") -> None:
+    schedule_herd(store, dest, due, [f"{name}{i}" for i in range(n)])
+
+
+def staged(r: redis.Redis, prefix: str) -> dict[str, int]:
+    found = r.scan_iter(match=keys.ns(prefix) + "h:*", count=1000)
+    return {key.decode().rsplit(":", 1)[-1]: int(r.llen(key)) for key in found}
+
+
+def run_steps(stager: Stager, limit: int = 100) -> None:
+    """Steps until the stager has nothing to copy now (each step one script call at most)."""
+    for _ in range(limit):
+        if stager.step() > 0:
+            return
+    raise AssertionError("the stager never ran out of work")
+
+
+def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_not(
+    r: redis.Redis, prefix: str
+) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    soon = (clock() // width + 1) * width + 10
+    schedule(store, f"{prefix}big", soon, 3000)
+    schedule(store, f"{prefix}small", soon, 500, name="s")
+    # Due in an hour: 3,000 at the assumed rate need seconds of lead, not an hour.
+    schedule(store, f"{prefix}far", soon + 3_600_000, 3000, name="f")
+    clock.ms = soon - 1000  # 3,000 at the assumed rate need 2.3 s of lead
+    ticks = iter(range(0, 10_000, 2))
+    stager = Stager(store, ORDINARY, "t", monotonic=lambda: float(next(ticks)), min_run=MIN_RUN)
+
+    run_steps(stager)
+    assert staged(r, prefix) == {"big": 3000}
+    run_steps(stager)  # the next plan: the staged run is settled, nothing is copied again
+    assert staged(r, prefix) == {"big": 3000}
+
+    clock.ms = soon + 3_600_000 - 2000
+    run_steps(stager)
+    assert staged(r, prefix) == {"big": 3000, "far": 3000}
+
+
+def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    schedule(store, f"{prefix}q", clock() + 5000, 3000)
+    for settings in (Settings(max_rate=100), Settings(max_queue_length=10)):
+        stager = Stager(store, settings, "t", min_run=MIN_RUN)
+        assert not stager.enabled
+        stager.step()
+    assert staged(r, prefix) == {}
+
+    used = int(r.info("memory")["used_memory"])
+    r.config_set("maxmemory", str(used + 2**20))  # 1 MB free: the 3,000-message set does not fit
+    try:
+        run_steps(Stager(store, ORDINARY, "t", min_run=MIN_RUN))
+        assert staged(r, prefix) == {}
+        r.config_set("maxmemory", str(used + 2**30))
+        run_steps(Stager(store, ORDINARY, "t", min_run=MIN_RUN))
+        assert staged(r, prefix) == {"q": 3000}
+    finally:
+        r.config_set("maxmemory", "0")
+
+
+def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Redis, start_mover) -> None:
+    n = stage.MIN_RUN + 2000
+    store = Store(r)
+    dest = "herd"
+    due = redis_ms(r) + 20_000  # the mover's start, a plan and six copy steps come first
+    schedule(store, dest, due, n)
+    renames = int(r.info("commandstats").get("cmdstat_rename", {}).get("calls", 0))
+    mover = start_mover()
+    wait_until(lambda: staged(r, "").get(dest) == n, timeout=20)
+    early = 0
+    while True:  # LLEN first, Redis's clock after: a message seen before due is early
+        length = r.llen(dest)
+        if redis_ms(r) >= due:
+            break
+        early = max(early, length)
+        time.sleep(0.01)  # a sample every 10 ms, not a wait for anything
+    wait_until(lambda: r.llen(dest) == n, timeout=60)
+    assert early == 0
+    delivered = Counter(tags_in(r, dest))
+    assert set(delivered) == {f"h{i}" for i in range(n)} and set(delivered.values()) == {1}
+    assert int(r.info("commandstats")["cmdstat_rename"]["calls"]) > renames  # whole, not in batches
+    assert store.counts() == {} and staged(r, "") == {}
+    assert mover.stop() == 0, mover.output()
