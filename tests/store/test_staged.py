@@ -7,11 +7,15 @@ counts and keys as a batch move leaves them.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import redis
 
+from kombu_delay.errors import RedisRefused
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Staged
+from tests.support.procs import wait_until
 from tests.support.stored import ORDINARY, FakeClock, kombu_payload, schedule_herd
 
 RUN = 3000  #: the herd of most tests
@@ -220,3 +224,38 @@ def test_a_queue_with_an_expiry_keeps_it_and_a_purge_drops_the_copy(
     assert len(staged_keys(r, prefix)) == 1
     assert store.purge([dest]) == RUN
     assert staged_keys(r, prefix) == []
+
+
+def test_a_consumer_blocked_on_the_empty_queue_gets_the_herd(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    stage_all(store, due - due % ORDINARY.bucket_width_ms, dest)
+    consumer = redis.Redis(port=r.connection_pool.connection_kwargs["port"])
+    got: list[object] = []
+    waiting = threading.Thread(target=lambda: got.append(consumer.brpop([dest], timeout=60)))
+    waiting.start()
+    wait_until(lambda: any(c.get("cmd") == "brpop" for c in r.client_list()), timeout=30)
+    clock.ms = due
+    assert store.move_due(500).moved == RUN
+    waiting.join(60)
+    assert got == [(dest.encode(), kombu_payload("h0").encode())]  # the herd's first, as batches give it
+    consumer.close()
+
+
+def test_under_maxmemory_a_copy_is_refused_before_anything_is_written(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    start = due - due % ORDINARY.bucket_width_ms
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(RedisRefused):
+            store.stage(start, dest, 1000, MIN_RUN)
+    finally:
+        r.config_set("maxmemory", "0")
+    assert staged_keys(r, prefix) == []
+    assert not r.hexists(keys.meta(store.prefix, start), f"h:{dest}")
+    clock.ms = due
+    assert drain(store) == RUN

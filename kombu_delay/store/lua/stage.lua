@@ -6,6 +6,7 @@ ARGV[2] start   the bucket's start (ordinary space)
 ARGV[3] dest    the destination list key: the bucket's sorted set for it holds the run
 ARGV[4] limit   most members copied in this call
 ARGV[5] min_run a head run of fewer members is not staged (its batches are on time anyway)
+Raises: OOM under maxmemory, before anything is written.
 Returns: {code, staged, n, t}
          code 0: the run's n members due at t are all in the staged list (staged = n);
               1: staged of n copied so far, call again;
@@ -26,6 +27,10 @@ last stopped, in one atomic call. The list expires with the sorted set it copies
 --- @include staged
 local ns, start_s, dest = ARGV[1], ARGV[2], ARGV[3]
 local limit, min_run = tonumber(ARGV[4]), tonumber(ARGV[5])
+-- The first write may grow memory, so that under maxmemory Redis refuses the whole call: a
+-- copy doubles its herd, and moves, which free memory, must go on. (ZADD XX of a member that
+-- is not there writes nothing.)
+redis.call('ZADD', KEYS[1], 'XX', 0, '')
 if not redis.call('ZSCORE', KEYS[1], start_s) then return {-1, 0, 0, 0} end
 local s = space(ns, '')
 local meta, zset, staged = s:meta(start_s), s:zset(start_s, dest), s:staged(start_s, dest)
