@@ -10,10 +10,11 @@ the whole herd arrives at once, on time (``_staged.lua`` says what keeps the cop
 
 A run is staged no earlier than it must be: its lead grows with its size at a rate assumed
 low (:data:`RATE`), as a thaw's does, since the copy holds the herd twice in Redis's memory
-until it is due. Under ``maxmemory`` a run is staged only when its copy fits in what is
-free; with ``delay_max_rate`` or ``delay_max_queue_length`` nothing is (a handover would
-pass either). Several movers may stage the same run: each call goes on where the last one
-stopped.
+until it is due. Nor while its count still changes from one plan to the next: a herd still
+being published would drop its copy with each publish due by its time. Under ``maxmemory`` a
+run is staged only when its copy fits in what is free; with ``delay_max_rate`` or
+``delay_max_queue_length`` nothing is (a handover would pass either). Several movers may
+stage the same run: each call goes on where the last one stopped.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class Stager:
         self.name = name
         self.monotonic = monotonic
         self.min_run = min_run
+        #: With ``delay_look_ahead`` a run is moved that long before its due time, and so must
+        #: be copied that much earlier, ms.
+        self.look_ahead_ms = settings.look_ahead_ms
         #: Off with a rate cap or a queue-length cap, and once the ACL has refused a handover.
         self.enabled = not settings.max_rate and not settings.max_queue_length
         #: Runs (bucket start, destination) to copy now, first first.
@@ -68,6 +72,8 @@ class Stager:
         self._settled: dict[tuple[int, str], int] = {}
         #: Each destination's count in each bucket, as the last plan read them.
         self._count_of: dict[tuple[int, str], int] = {}
+        #: Members in the copy of the run in hand after its last step.
+        self._copied = 0
         self._next_plan = float("-inf")
         self._refused_logged_at = float("-inf")
 
@@ -94,9 +100,13 @@ class Stager:
 
     def _copy(self, start_ms: int, dest: str) -> None:
         result = self.store.stage(start_ms, dest, STAGE_BATCH, self.min_run)
-        if result.outcome is Staged.MORE:
+        if result.outcome is Staged.MORE and result.staged > self._copied:
+            self._copied = result.staged
             return
+        # Done, or no run, or refused; or the copy began again (a publish due by the run's time
+        # dropped it): then the plans wait until the run has settled.
         self._work.pop(0)
+        self._copied = 0
         if result.outcome is Staged.REFUSED:
             self.enabled = False
             logger.warning(
@@ -112,12 +122,14 @@ class Stager:
         now_ms, buckets = self.store.ordinary_buckets(PLAN_BUCKETS)
         counts = {(b.start_ms, dest): n for b in buckets for dest, n in b.dests}
         self._settled = {run: n for run, n in self._settled.items() if counts.get(run) == n}
-        self._count_of = counts
+        before, self._count_of = self._count_of, counts
         free = self.store.memory_free(MEMORY_SHARE)
         for (start_ms, dest), n in counts.items():
-            if n < self.min_run or (start_ms, dest) in self._settled:
+            # A count that changed since the last plan may be a herd still being published:
+            # each publish due by its time would drop the copy, so it waits until it settles.
+            if n < self.min_run or (start_ms, dest) in self._settled or before.get((start_ms, dest)) != n:
                 continue
-            if start_ms - now_ms > thaw_plan.lead_ms(n, RATE):
+            if start_ms - self.look_ahead_ms - now_ms > thaw_plan.lead_ms(n, RATE):
                 continue
             if free is not None:
                 size = self.store.set_memory(start_ms, dest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import redis
 
@@ -27,12 +28,17 @@ def staged(r: redis.Redis, prefix: str) -> dict[str, int]:
     return {key.decode().rsplit(":", 1)[-1]: int(r.llen(key)) for key in found}
 
 
-def run_steps(stager: Stager, limit: int = 100) -> None:
-    """Steps until the stager has nothing to copy now (each step one script call at most)."""
-    for _ in range(limit):
-        if stager.step() > 0:
-            return
-    raise AssertionError("the stager never ran out of work")
+def run_steps(stager: Stager, steps: int = 20) -> None:
+    """Steps of a stager whose clock moves 2 s a step, so each step may plan: a run is copied
+    once two plans found its count unchanged."""
+    for _ in range(steps):
+        stager.step()
+
+
+def ticking() -> Callable[[], float]:
+    """A clock for a stager that moves 2 s each time it is read."""
+    ticks = iter(range(0, 100_000, 2))
+    return lambda: float(next(ticks))
 
 
 def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_not(
@@ -47,8 +53,7 @@ def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_n
     # Due in an hour: 3,000 at the assumed rate need seconds of lead, not an hour.
     schedule(store, f"{prefix}far", soon + 3_600_000, 3000, name="f")
     clock.ms = soon - 1000  # 3,000 at the assumed rate need 2.3 s of lead
-    ticks = iter(range(0, 10_000, 2))
-    stager = Stager(store, ORDINARY, "t", monotonic=lambda: float(next(ticks)), min_run=MIN_RUN)
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
 
     run_steps(stager)
     assert staged(r, prefix) == {"big": 3000}
@@ -73,10 +78,10 @@ def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.
     used = int(r.info("memory")["used_memory"])
     r.config_set("maxmemory", str(used + 2**20))  # 1 MB free: the 3,000-message set does not fit
     try:
-        run_steps(Stager(store, ORDINARY, "t", min_run=MIN_RUN))
+        run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
         assert staged(r, prefix) == {}
         r.config_set("maxmemory", str(used + 2**30))
-        run_steps(Stager(store, ORDINARY, "t", min_run=MIN_RUN))
+        run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
         assert staged(r, prefix) == {"q": 3000}
     finally:
         r.config_set("maxmemory", "0")
@@ -105,3 +110,23 @@ def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Re
     assert int(r.info("commandstats")["cmdstat_rename"]["calls"]) > renames  # whole, not in batches
     assert store.counts() == {} and staged(r, "") == {}
     assert mover.stop() == 0, mover.output()
+
+
+def test_a_herd_still_being_published_is_copied_once_its_count_settles(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    due = (clock() // width + 1) * width + 10
+    clock.ms = due - 1000
+    dest = f"{prefix}q"
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
+    calls: list[int] = []
+    stage_call = store.stage
+    store.stage = lambda *args: calls.append(1) or stage_call(*args)  # type: ignore[method-assign]
+    schedule(store, dest, due, 2000)
+    for more in range(3):
+        stager.step()  # each plan finds the count grown since the last: no copy is begun
+        schedule(store, dest, due, 500, name=f"m{more}-")
+    assert calls == []
+    run_steps(stager)
+    assert staged(r, prefix) == {"q": 3500}

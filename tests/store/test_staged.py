@@ -29,6 +29,13 @@ def stage_all(store: Store, start: int, dest: str, batch: int = 700) -> Staged:
     return result.outcome
 
 
+def stage_herd(store: Store, dest: str, due: int) -> int:
+    """Stage the run due at ``due`` whole; return its bucket's start."""
+    start = due - due % ORDINARY.bucket_width_ms
+    assert stage_all(store, start, dest) is Staged.DONE
+    return start
+
+
 def drain(store: Store) -> int:
     moved = 0
     while (result := store.move_due(500)).moved:
@@ -121,8 +128,7 @@ def test_a_publish_due_by_the_herd_drops_its_copy_and_the_batches_deliver_each_o
     r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
 ) -> None:
     clock, store, dest, due = herd
-    start = due - due % ORDINARY.bucket_width_ms
-    stage_all(store, start, dest)
+    start = stage_herd(store, dest, due)
     schedule_herd(store, dest, due, ["joined"])  # the same millisecond: it would be missing from the copy
     assert staged_keys(r, prefix) == []
     assert stage_all(store, start, dest) is Staged.DONE  # staged again, with it
@@ -211,8 +217,7 @@ def test_a_queue_with_an_expiry_keeps_it_and_a_purge_drops_the_copy(
     r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
 ) -> None:
     clock, store, dest, due = herd
-    start = due - due % ORDINARY.bucket_width_ms
-    stage_all(store, start, dest)
+    start = stage_herd(store, dest, due)
     r.lpush(dest, "waiting")
     r.pexpire(dest, 600_000)  # as kombu sets a queue's x-expires
     clock.ms = due

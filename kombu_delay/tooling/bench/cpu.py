@@ -8,9 +8,13 @@ publishes alternate in :data:`ROUNDS` rounds, so a machine whose speed drifts du
 beside it. One mover runs from the first delayed publish on (its start-up, script loading and
 checks are not counted), idle while the messages are published: the schedule figures hold no
 move or thaw, only its looks (a few a second, each well under a millisecond). A move figure
-runs from just before the due time until all are on the list and the mover has dropped their
-id-index refs (the clean-up of a drained bucket, after its end); the thaw figure from the end
-of the publish until nothing is left compressed. Every delayed message goes into one-second
+runs from the end of the publish (or of the thaw) until all are on the list and the mover has
+dropped their id-index refs (the clean-up of a drained bucket, after its end), and counts the
+whole Redis process: the messages of each side are due at one instant, a herd, which a mover
+copies ahead of its due time and hands over whole (see kombu_delay/mover/stage.py), and whose
+sorted set Redis frees in a background thread; both are part of the move's cost. The idle
+mover's looks over those few seconds are in it too. The thaw figure runs from the end of the
+publish until nothing is left compressed. Every delayed message goes into one-second
 buckets, so that clean-up and the thaw follow the due time closely.
 """
 
@@ -99,18 +103,19 @@ def _settled(ctx: Ctx) -> None:
 
 
 def _moved(ctx: Ctx, due: int, n: int) -> float:
-    """Redis CPU seconds from just before ``due`` until all ``n`` are on the list and their
-    bucket is cleaned up: a mover drops a drained bucket's id-index refs once the bucket has
-    ended (one second after ``due``, in :data:`BUCKET_S` buckets), so that work is part of
-    each message's cost, and is not left to fall into a later step's figure."""
+    """Redis process CPU seconds from now (the end of the publish or of the thaw) until all
+    ``n`` are on the list and their bucket is cleaned up: the copy of a herd made ahead of its
+    due time is part of its move, and so is the clean-up, in which a mover drops a drained
+    bucket's id-index refs once the bucket has ended (one second after ``due``, in
+    :data:`BUCKET_S` buckets), not left to fall into a later step's figure."""
+    cpu = ctx.probe.redis_process_cpu_s()
     sleep_until(due - 200)
-    cpu = ctx.probe.redis_cpu_s()
     if not wait_for(lambda: ctx.probe.llen() >= n, timeout=120, interval=0.002):
         raise RuntimeError("the messages did not all arrive")
     tasks = keys.task_ids(ctx.store.prefix, due - due % (BUCKET_S * 1000))
     if not wait_for(lambda: not ctx.probe.client.exists(tasks), timeout=120, interval=0.002):
         raise RuntimeError("the mover did not clean up the drained bucket")
-    return ctx.probe.redis_cpu_s() - cpu
+    return ctx.probe.redis_process_cpu_s() - cpu
 
 
 def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:

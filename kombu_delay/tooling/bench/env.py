@@ -165,6 +165,10 @@ class Probe:
         self.client.config_set("slowlog-max-len", 10000)
         self.client.slowlog_reset()
 
+    def calls(self, command: str) -> int:
+        """Calls of ``command`` (lower case) since the server started or its stats were reset."""
+        return int(self.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
     def evalsha_stats(self) -> dict[str, float]:
         """Calls and server µs of ``EVALSHA`` since :meth:`reset_stats`."""
         stat = self.info("commandstats").get("cmdstat_evalsha", {})
@@ -198,6 +202,12 @@ class Probe:
         """CPU seconds used by Redis's main thread so far (less noisy than wall time when
         the machine is shared)."""
         return sum(self.redis_cpu_split_s())
+
+    def redis_process_cpu_s(self) -> float:
+        """CPU seconds used by the whole Redis process so far: its main thread and its
+        background threads (which free what ``UNLINK`` dropped)."""
+        cpu = self.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
     def redis_cpu_split_s(self) -> tuple[float, float]:
         """CPU seconds used by Redis's main thread so far: (in user space, in the kernel)."""

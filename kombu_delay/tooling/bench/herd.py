@@ -116,22 +116,31 @@ class VariedPayloads:
         return task_id, json.dumps(message)
 
 
-def _watch(ctx: Ctx, cold_set: str, stored: int, n: int, due: int, timeout_s: float) -> dict[str, Any]:
-    """Sample the compressed set and the list until all ``n`` are on the list: when the thaw
-    began and ended, how many were on the list before ``due`` (early), when the last came."""
+def _watch(
+    ctx: Ctx, cold_set: str, stored: int, n: int, due: int, timeout_s: float, staged: str = ""
+) -> dict[str, Any]:
+    """Sample the compressed set, the herd's staged copy (``staged``, its key) and the list
+    until all ``n`` are on the list: when the thaw began and ended, when the copy began and
+    was whole, how many were on the list before ``due`` (early), when the last came."""
     client = ctx.probe.client
     cpu = ctx.probe.redis_cpu_s()
+    renames = ctx.probe.calls("rename")
     series: list[tuple[float, int, int]] = []  # (ms after due, still compressed, on the list)
-    began_at = done_at = listed_at = 0.0
+    began_at = done_at = listed_at = staging_at = staged_at = 0.0
     left_at_first, early, thaw_cpu, peak_memory, next_memory = 0, 0, 0.0, 0, 0.0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pipe = client.pipeline(transaction=False)
         pipe.zcard(cold_set)
         pipe.llen(QUEUE)
-        left, length = (int(x) for x in pipe.execute())
+        pipe.llen(staged or QUEUE)
+        left, length, copied = (int(x) for x in pipe.execute())
         at = now_ms()  # read after the sample, so a message is never taken for early
         series.append((round(at - due, 2), left, length))
+        if staged and copied and not staging_at:
+            staging_at = at
+        if staged and copied >= n and not staged_at:
+            staged_at = at
         if at < due:
             early = max(early, length)
         if left < stored and not began_at:
@@ -155,6 +164,9 @@ def _watch(ctx: Ctx, cold_set: str, stored: int, n: int, due: int, timeout_s: fl
         "thaw_redis_cpu_us_per_msg": thaw_cpu * 1e6 / max(stored, 1),
         "peak_used_memory_mb": peak_memory / 2**20,
         "all_on_list_s_after_due": (listed_at - due) / 1000 if listed_at else float("nan"),
+        "staging_began_ms_before_due": due - staging_at if staging_at else float("nan"),
+        "staged_ms_before_due": due - staged_at if staged_at else float("nan"),
+        "handed_over_whole": ctx.probe.calls("rename") > renames,
         "early": early,
         "series": series[:: max(1, len(series) // 400)] + series[-1:],
     }
@@ -253,7 +265,8 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
     cold_set = keys.queue_set(ctx.store.prefix, due - due % settings.bucket_width_ms, QUEUE, keys.COLD)
     totals = ctx.store.totals()
     cold_at_fill_end = int(ctx.probe.client.zcard(cold_set))
-    watched = _watch(ctx, cold_set, cold_at_fill_end, n, due, (due - now_ms()) / 1000 + 300)
+    staged = keys.staged(ctx.store.prefix, due - due % settings.bucket_width_ms, QUEUE)
+    watched = _watch(ctx, cold_set, cold_at_fill_end, n, due, (due - now_ms()) / 1000 + 300, staged)
     total, distinct = _distinct_on_list(ctx)
     left = sum(ctx.store.counts().values())
     rss = [rss_mb(p.pid) for p in procs]
