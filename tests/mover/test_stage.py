@@ -68,7 +68,9 @@ def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_n
 def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.Redis, prefix: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
-    schedule(store, f"{prefix}q", clock() + 5000, 3000)
+    due = (clock() // ORDINARY.bucket_width_ms + 1) * ORDINARY.bucket_width_ms + 10
+    clock.ms = due - 1000  # within the run's lead
+    schedule(store, f"{prefix}q", due, 3000)
     for settings in (Settings(max_rate=100), Settings(max_queue_length=10)):
         stager = Stager(store, settings, "t", min_run=MIN_RUN)
         assert not stager.enabled
