@@ -123,14 +123,18 @@ class Stager:
         counts = {(b.start_ms, dest): n for b in buckets for dest, n in b.dests}
         self._settled = {run: n for run, n in self._settled.items() if counts.get(run) == n}
         before, self._count_of = self._count_of, counts
-        free = self.store.memory_free(MEMORY_SHARE)
-        for (start_ms, dest), n in counts.items():
+        due = [
+            run
+            for run, n in counts.items()
             # A count that changed since the last plan may be a herd still being published:
             # each publish due by its time would drop the copy, so it waits until it settles.
-            if n < self.min_run or (start_ms, dest) in self._settled or before.get((start_ms, dest)) != n:
-                continue
-            if start_ms - self.look_ahead_ms - now_ms > thaw_plan.lead_ms(n, RATE):
-                continue
+            if n >= self.min_run
+            and run not in self._settled
+            and before.get(run) == n
+            and run[0] - self.look_ahead_ms - now_ms <= thaw_plan.lead_ms(n, RATE)
+        ]
+        free = self.store.memory_free(MEMORY_SHARE) if due else None
+        for start_ms, dest in due:
             if free is not None:
                 size = self.store.set_memory(start_ms, dest)
                 if size is None or size > free:
