@@ -101,6 +101,14 @@ class Stager:
     def _copy(self, start_ms: int, dest: str) -> None:
         result = self.store.stage(start_ms, dest, STAGE_BATCH, self.min_run)
         if result.outcome is Staged.MORE and result.staged > self._copied:
+            if not self._copied:
+                logger.info(
+                    "mover %s: copying a herd of %d messages for %s, due in %.1f s, to hand it over whole",
+                    self.name,
+                    result.run,
+                    dest,
+                    (result.due_ms - self.store.time_ms()) / 1000,
+                )
             self._copied = result.staged
             return
         # Done, or no run, or refused; or the copy began again (a publish due by the run's time
