@@ -166,7 +166,7 @@ def _watch(
         "all_on_list_s_after_due": (listed_at - due) / 1000 if listed_at else float("nan"),
         "staging_began_ms_before_due": due - staging_at if staging_at else float("nan"),
         "staged_ms_before_due": due - staged_at if staged_at else float("nan"),
-        "handed_over_whole": ctx.probe.calls("rename") > renames,
+        "renames": ctx.probe.calls("rename") - renames,
         "early": early,
         "series": series[:: max(1, len(series) // 400)] + series[-1:],
     }

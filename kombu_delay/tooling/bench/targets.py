@@ -18,7 +18,7 @@ def _herd_rows(case: str, label: str) -> list[Row]:
         ("thawed/s", "thawed_per_s", "{:,.0f}", "", None),
         ("copy for the handover began, ms before due", "staging_began_ms_before_due", "{:,.0f}", "", None),
         ("copy whole, ms before due", "staged_ms_before_due", "{:,.0f}", "", None),
-        ("handed over whole (1 = yes)", "handed_over_whole", "{:.0f}", "", None),
+        ("handed over whole: RENAME calls", "renames", "{:.0f}", "", None),
         ("peak used memory, MB", "peak_used_memory_mb", "{:,.0f}", "", None),
         ("all on list, s after due", "all_on_list_s_after_due", "{:.2f}", "<= 2", lambda v: v <= 2),
         ("moved/s (due -> last on list)", "moved_per_s", "{:,.0f}", "", None),
