@@ -10,8 +10,8 @@ the whole herd arrives at once, on time (``_staged.lua`` says what keeps the cop
 
 A run is staged no earlier than it must be: its lead grows with its size at a rate assumed
 low (:data:`RATE`), as a thaw's does, since the copy holds the herd twice in Redis's memory
-until it is due. Nor while its count still changes from one plan to the next: a herd still
-being published would drop its copy with each publish due by its time. Under ``maxmemory`` a
+until it is due. Nor while the run changes from one plan to the next: a herd still being
+published would drop its copy with each publish due at its millisecond. Under ``maxmemory`` a
 run is staged only when its copy fits in what is free; with ``delay_max_rate`` or
 ``delay_max_queue_length`` nothing is (a handover would pass either). Several movers may
 stage the same run: each call goes on where the last one stopped.
@@ -74,6 +74,8 @@ class Stager:
         self._count_of: dict[tuple[int, str], int] = {}
         #: Members in the copy of the run in hand after its last step.
         self._copied = 0
+        #: The run (its due ms and size) each destination's set held when last looked at.
+        self._seen: dict[tuple[int, str], tuple[int, int]] = {}
         self._next_plan = float("-inf")
         self._refused_logged_at = float("-inf")
 
@@ -99,6 +101,15 @@ class Stager:
         return 0.0 if self._work else max(0.0, self._next_plan - now)
 
     def _copy(self, start_ms: int, dest: str) -> None:
+        run = (start_ms, dest)
+        if not self._copied:
+            # Before a copy begins: its run must be what the last plan found, or it may be a
+            # herd still being published, each of whose publishes would drop the copy.
+            looked = self.store.stage(start_ms, dest, 0, self.min_run)
+            seen, self._seen[run] = self._seen.get(run), (looked.due_ms, looked.run)
+            if looked.outcome is Staged.MORE and not looked.staged and seen != (looked.due_ms, looked.run):
+                self._work.pop(0)  # looked at again in the next plan
+                return
         result = self.store.stage(start_ms, dest, STAGE_BATCH, self.min_run)
         if result.outcome is Staged.MORE and result.staged > self._copied:
             if not self._copied:
@@ -111,8 +122,8 @@ class Stager:
                 )
             self._copied = result.staged
             return
-        # Done, or no run, or refused; or the copy began again (a publish due by the run's time
-        # dropped it): then the plans wait until the run has settled.
+        # Done, or no run, or refused; or the copy began again (a publish at the run's
+        # millisecond dropped it): then the plans wait until the run has settled.
         self._work.pop(0)
         self._copied = 0
         if result.outcome is Staged.REFUSED:
@@ -122,23 +133,21 @@ class Stager:
                 "PEXPIRE, LINDEX, ZRANGESTORE); herds move in batches",
                 self.name,
             )
-            return
-        self._settled[(start_ms, dest)] = self._count_of.get((start_ms, dest), -1)
+        elif result.outcome is not Staged.MORE:
+            self._settled[run] = self._count_of.get(run, -1)
 
     def _plan(self) -> None:
         """Read the first ordinary buckets' counts and list the runs to copy now."""
         now_ms, buckets = self.store.ordinary_buckets(PLAN_BUCKETS)
         counts = {(b.start_ms, dest): n for b in buckets for dest, n in b.dests}
         self._settled = {run: n for run, n in self._settled.items() if counts.get(run) == n}
-        before, self._count_of = self._count_of, counts
+        self._seen = {run: seen for run, seen in self._seen.items() if run in counts}
+        self._count_of = counts
         due = [
             run
             for run, n in counts.items()
-            # A count that changed since the last plan may be a herd still being published:
-            # each publish due by its time would drop the copy, so it waits until it settles.
             if n >= self.min_run
             and run not in self._settled
-            and before.get(run) == n
             and run[0] - self.look_ahead_ms - now_ms <= thaw_plan.lead_ms(n, RATE)
         ]
         free = self.store.memory_free(MEMORY_SHARE) if due else None

@@ -114,7 +114,7 @@ def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Re
     assert mover.stop() == 0, mover.output()
 
 
-def test_a_herd_still_being_published_is_copied_once_its_count_settles(r: redis.Redis, prefix: str) -> None:
+def test_a_herd_still_being_published_is_copied_once_it_settles(r: redis.Redis, prefix: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     width = ORDINARY.bucket_width_ms
@@ -122,13 +122,34 @@ def test_a_herd_still_being_published_is_copied_once_its_count_settles(r: redis.
     clock.ms = due - 1000
     dest = f"{prefix}q"
     stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
-    calls: list[int] = []
+    copies: list[int] = []  # the limit of each stage call that may copy (0: it only looks)
     stage_call = store.stage
-    store.stage = lambda *args: calls.append(1) or stage_call(*args)  # type: ignore[method-assign]
+    store.stage = lambda *args: copies.append(args[2]) or stage_call(*args)  # type: ignore[method-assign]
     schedule(store, dest, due, 2000)
     for more in range(3):
-        stager.step()  # each plan finds the count grown since the last: no copy is begun
+        stager.step()  # each look finds the run grown since the last: no copy is begun
         schedule(store, dest, due, 500, name=f"m{more}-")
-    assert calls == []
+    assert copies and set(copies) == {0}
     run_steps(stager)
     assert staged(r, prefix) == {"q": 3500}
+
+
+def test_a_herd_is_copied_while_its_queue_gets_other_messages_before_and_after_it(
+    r: redis.Redis, prefix: str
+) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    due = (clock() // width + 1) * width + 1000
+    clock.ms = due - 1500
+    dest = f"{prefix}q"
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
+    schedule(store, dest, due, 3000)
+    for i in range(12):  # steady traffic into the same set, none at the herd's millisecond
+        stager.step()
+        schedule(store, dest, due + 100 + i, 1, name=f"after{i}-")
+        schedule(store, dest, due - 100 - i, 1, name=f"before{i}-")
+    assert staged(r, prefix) == {"q": 3000}
+    clock.ms = due
+    results = [store.move_due(500).moved for _ in range(3)]
+    assert results == [12, 3000, 0]  # what was due before it, then the herd whole

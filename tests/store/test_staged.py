@@ -124,22 +124,25 @@ def test_what_the_set_holds_after_the_run_stays_scheduled_with_its_expiry(
     assert r.llen(dest) == RUN + 2
 
 
-def test_a_publish_due_by_the_herd_drops_its_copy_and_the_batches_deliver_each_once(
+def test_a_publish_at_the_herds_millisecond_drops_its_copy_and_others_go_before_or_after_it(
     r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
 ) -> None:
     clock, store, dest, due = herd
     start = stage_herd(store, dest, due)
-    schedule_herd(store, dest, due, ["joined"])  # the same millisecond: it would be missing from the copy
+    schedule_herd(store, dest, due, ["joined"])  # it would be missing from the copy
     assert staged_keys(r, prefix) == []
     assert stage_all(store, start, dest) is Staged.DONE  # staged again, with it
-    schedule_herd(store, dest, due - 3, ["earlier"])  # before the herd: it would shift every rank
-    assert staged_keys(r, prefix) == []
+    schedule_herd(store, dest, due - 3, ["earlier"])  # before the herd, and after it: the copy
+    schedule_herd(store, dest, due + 3, ["later"])  # still holds exactly the herd
+    assert len(staged_keys(r, prefix)) == 1
 
-    clock.ms = due
-    assert drain(store) == RUN + 2
+    clock.ms = due + 5
+    assert [store.move_due(500).moved for _ in range(4)] == [1, RUN + 1, 1, 0]
     listed = r.lrange(dest, 0, -1)
-    assert len(listed) == len(set(listed)) == RUN + 2
-    assert listed[-1] == kombu_payload("earlier").encode()
+    assert len(listed) == len(set(listed)) == RUN + 3
+    assert listed[-1] == kombu_payload("earlier").encode()  # consumers take it first
+    assert listed[0] == kombu_payload("later").encode()
+    assert staged_keys(r, prefix) == []
 
 
 @pytest.mark.parametrize("when", ["while staging", "once staged"])
@@ -180,7 +183,7 @@ def test_a_copy_left_unfinished_at_the_due_time_is_completed_or_dropped(
     assert r.lrange(dest, 0, -1) == batches_of(r, prefix, [(due, [f"h{i}" for i in range(RUN)])], [])
 
 
-def test_small_runs_and_spread_messages_are_not_staged(r: redis.Redis, prefix: str) -> None:
+def test_small_runs_are_not_staged_and_a_herd_behind_them_is_found(r: redis.Redis, prefix: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     dest = f"{prefix}q"
@@ -191,6 +194,23 @@ def test_small_runs_and_spread_messages_are_not_staged(r: redis.Redis, prefix: s
     result = store.stage(start, dest, 1000, MIN_RUN)
     assert (result.outcome, result.run, result.due_ms) == (Staged.NO_RUN, 500, due)
     assert staged_keys(r, prefix) == []
+
+    # A herd behind them is found, and only looking at it writes nothing.
+    schedule_herd(store, dest, due + 10, [f"h{i}" for i in range(1500)])
+    looked = store.stage(start, dest, 0, MIN_RUN)
+    assert (looked.outcome, looked.staged, looked.run, looked.due_ms) == (Staged.MORE, 0, 1500, due + 10)
+    assert staged_keys(r, prefix) == [] and not r.hexists(keys.meta(store.prefix, start), f"h:{dest}")
+    assert stage_all(store, start, dest) is Staged.DONE
+    clock.ms = due + 10
+    moved = [store.move_due(5000).moved for _ in range(3)]
+    assert moved == [2500, 1500, 0]  # the spread ones in a batch, then the herd whole
+    assert r.lrange(dest, 0, -1) == batches_of(
+        r,
+        prefix,
+        [(due + k, [f"s{k}-{i}" for i in range(500)]) for k in range(5)]
+        + [(due + 10, [f"h{i}" for i in range(1500)])],
+        [],
+    )
 
 
 def test_an_acl_without_the_handover_commands_stages_nothing_and_moves_in_batches(

@@ -1,7 +1,8 @@
 --[[ handover: a due run's staged list onto its destination, whole (move.lua).
 
 hand_over(s, meta, start_s, zset, dest, t, n, spare)
-  The run of n members due at t at the head of ``zset`` was staged by stage.lua (see
+  The run of n members due at t, at the head of ``zset`` now (what was due before it has
+  gone), was staged by stage.lua (see
   _staged.lua). Renames the staged list onto ``dest`` and drops the run from ``zset``, in
   O(1) for the run whatever n is; returns n. Returns nil, having dropped the copy and
   written nothing else, when it cannot: the run changed, or what it would do per message
@@ -34,7 +35,7 @@ local function hand_over(s, meta, start_s, zset, dest, t, n, spare)
   local have, waiting = redis.call('LLEN', staged), redis.call('LLEN', dest)
   local rest = redis.call('ZCARD', zset) - n
   if have > n or n - have > spare or waiting > spare or rest > spare
-      or not run_intact(zset, staged, t, n, have)
+      or run_intact(zset, staged, t, n, have) ~= 0
       or (redis.acl_check_cmd and not may_hand_over(staged, zset, dest)) then
     drop_staged(s, meta, start_s, dest)
     return nil

@@ -150,8 +150,8 @@ local function put(k, now, due, task_id, dest, payload)
   local tasks = k.space:tasks(start_s)
   local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
   add_ref(k, start, start_s, task_id, due, seq)
-  -- The expiry, and the mark of a herd staged ahead (_staged.lua), which this message, due
-  -- by its time, would make wrong.
+  -- The expiry, and the mark of a herd staged ahead (_staged.lua), which this message would
+  -- make wrong if it is due at the herd's millisecond.
   local known = redis.call('HMGET', meta, 'x', 'h:' .. dest)
   local known_x = tonumber(known[1])
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end

@@ -36,8 +36,14 @@ local function put_group(k, now, start, dest, msgs)
              n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
   local codes, added, first
   codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
-  if first then  -- a herd staged ahead that these messages would make wrong (_staged.lua)
-    drop_staged_for(k.space, b.meta, start_s, dest, first.due, staged_mark(b.meta, dest))
+  local t = first and staged_mark(b.meta, dest)
+  if t then  -- a herd staged ahead that one of these messages would make wrong (_staged.lua)
+    for _, m in ipairs(added) do
+      if m.due == t then
+        drop_staged(k.space, b.meta, start_s, dest)
+        break
+      end
+    end
   end
   -- A new meta hash: the namespace's first bucket, or one more. Never over another format: a
   -- mover or an inspection reading it refuses it (heartbeat.lua).

@@ -1,19 +1,20 @@
 --[[ staged: a herd's list, built ahead of its due time, handed over whole when it is due.
 
-A run is the head of one bucket's sorted set for one destination: its n members due at one
-millisecond T, and nothing earlier. stage.lua copies a large run, ahead of T, into a list
-<ns>h:<start>:<dest> (the staged list) in the order move.lua would push it, while the run
-stays in its sorted set: find, cancel, listing and the counts read only the sorted set, so
-the staged list is a copy nothing else sees. When T is due, move.lua renames the staged list
-onto the destination and drops the run from its sorted set (UNLINK, freed by Redis in the
-background), in one call whatever n is: the herd reaches its list in O(1), not in batches.
+A run is the n members of one bucket's sorted set for one destination due at one millisecond
+T; in the set, only messages due before T come before it. stage.lua copies a large run, ahead
+of T, into a list <ns>h:<start>:<dest> (the staged list) in the order move.lua would push it,
+while the run stays in its sorted set: find, cancel, listing and the counts read only the
+sorted set, so the staged list is a copy nothing else sees. When T is due (and what was due
+before it has gone), move.lua renames the staged list onto the destination and drops the run
+from its sorted set (UNLINK, freed by Redis in the background), in one call whatever n is:
+the herd reaches its list in O(1), not in batches.
 
 The meta hash keeps the run's mark: fields ``h:<dest>`` (T) and ``hn:<dest>`` (n). A copy
 is good only while the run is unchanged. A removal (cancel, reschedule, purge, another
-mover's batch) leaves fewer than n due by T, which stage.lua and move.lua check before they
-use it. An addition due by T would hide such a removal, so whatever adds to a sorted set
-(put, put_group) drops the copy first (drop_staged_for). A copy that is not used expires
-with its bucket.
+mover's batch) leaves fewer than n due at T, which stage.lua and move.lua check, with the
+copy's ends, before they use it. An addition due at T could hide a removal, so whatever adds
+to a sorted set (put, put_group) drops the copy first (drop_staged_for). Messages due before
+or after T change nothing in the run. A copy that is not used expires with its bucket.
 
 staged_mark(meta, dest)
   Returns T, n of the destination's mark, or nil.
@@ -23,18 +24,23 @@ drop_staged(s, meta, start_s, dest)
 
 drop_staged_for(s, meta, start_s, dest, due, t)
   drop_staged when there is a mark (``t``, its T, as staged_mark or the caller read it) and
-  ``due`` is not after T: for put and put_group, which have just added a message due then.
+  ``due`` is T: for put and put_group, which have just added a message due then.
+
+run_of(zset, t)
+  Returns e, n: how many members of the set are due before T, and how many at T.
 
 run_intact(zset, staged, t, n, have)
-  True when the sorted set still holds exactly n members due by T and the staged list, of
-  ``have`` members so far, begins with the run's first and ends with its member of rank
-  have - 1: nothing of the run was removed, nothing added.
+  Returns e (see run_of) when the set still holds exactly n members due at T and the staged
+  list, of ``have`` members so far, ends with the run's first member (on the right) and its
+  member of rank have - 1 (on the left): nothing of the run was removed, nothing added.
+  Returns nil otherwise.
 
 may_hand_over(staged, zset, dest)
   True when this user's ACL allows what staging and a handover do beyond a move (RENAME,
-  UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE). Redis 7 is asked (acl_check_cmd); Redis 6 cannot be, so each is
-  tried on a key that does not exist (the ACL is checked before the command runs, and such a
-  call writes nothing): a refusal is an error other than "no such key".
+  UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE). Redis 7 is asked (acl_check_cmd); Redis 6
+  cannot be, so each is tried on a key that does not exist (the ACL is checked before the
+  command runs, and such a call writes nothing): a refusal is an error other than "no such
+  key".
 ]]
 local function staged_mark(meta, dest)
   local mark = redis.call('HMGET', meta, 'h:' .. dest, 'hn:' .. dest)
@@ -48,14 +54,21 @@ local function drop_staged(s, meta, start_s, dest)
 end
 
 local function drop_staged_for(s, meta, start_s, dest, due, t)
-  if t and due < t + 1 then drop_staged(s, meta, start_s, dest) end
+  if t and due == t then drop_staged(s, meta, start_s, dest) end
+end
+
+local function run_of(zset, t)
+  local t_s, next_s = string.format('%d', t), string.format('%d', t + 1)
+  return redis.call('ZCOUNT', zset, '-inf', '(' .. t_s), redis.call('ZCOUNT', zset, t_s, '(' .. next_s)
 end
 
 local function run_intact(zset, staged, t, n, have)
-  if redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', t + 1)) ~= n then return false end
-  if have == 0 then return true end
-  local first, last = redis.call('ZRANGE', zset, 0, 0)[1], redis.call('ZRANGE', zset, have - 1, have - 1)[1]
-  return first == redis.call('LINDEX', staged, -1) and last == redis.call('LINDEX', staged, 0)
+  local e, now_n = run_of(zset, t)
+  if now_n ~= n then return nil end
+  if have == 0 then return e end
+  local first = redis.call('ZRANGE', zset, e, e)[1]
+  local last = redis.call('ZRANGE', zset, e + have - 1, e + have - 1)[1]
+  if first == redis.call('LINDEX', staged, -1) and last == redis.call('LINDEX', staged, 0) then return e end
 end
 
 local function may_hand_over(staged, zset, dest)

@@ -106,8 +106,9 @@ local function move_head(zset, dest, due_first, take)
   return got
 end
 
--- A staged run of dest whose head is due: handed over whole when its copy is good and the
--- destination takes it (no max length); else the copy is dropped and nil returned (batches).
+-- A staged run of dest at the head of its set, due: handed over whole when its copy is good
+-- and the destination takes it (no max length); else the copy is dropped and nil returned
+-- (batches).
 local function handed_over(meta, start_s, zset, dest, due_first, left, t)
   local n = tonumber(redis.call('HGET', meta, 'hn:' .. dest))
   if n and t == due_first and left == math.huge then
@@ -116,6 +117,22 @@ local function handed_over(meta, start_s, zset, dest, due_first, left, t)
   else
     drop_staged(s, meta, start_s, dest)
   end
+end
+
+-- Moves what is due in dest's set, at most take: a staged run whole (returns its size and true)
+-- or a batch (returns its size), which stops short of a staged run behind it, so that the run
+-- goes whole in the next call.
+local function move_due_head(meta, start_s, zset, dest, due_first, left, take, t)
+  if t and due_first < t then
+    local before = redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', t))
+    return move_head(zset, dest, due_first, math.min(take, before))
+  end
+  local got = t and handed_over(meta, start_s, zset, dest, due_first, left, t)
+  if got then
+    add_late(math.max(0, now - due_first), got)
+    return got, true
+  end
+  return move_head(zset, dest, due_first, take)
 end
 
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
@@ -151,14 +168,10 @@ local function visit(start_s)
             local waiting = redis.call('ZCOUNT', zset, '-inf', upper)
             if left == -1 then wrong = wrong + waiting else held = held + waiting end
           else
-            local got = marks[dest] and handed_over(meta, start_s, zset, dest, due_first, left, marks[dest])
-            if got then
-              add_late(math.max(0, now - due_first), got)
-              budget = 0  -- one herd per call: the next call goes on at once (more)
-            else
-              got = move_head(zset, dest, due_first, math.min(budget, left))
-              budget = budget - got
-            end
+            local got, whole = move_due_head(meta, start_s, zset, dest, due_first, left,
+                                             math.min(budget, left), marks[dest])
+            -- One herd per call: the next call goes on at once (more).
+            budget = whole and 0 or budget - got
             if got > 0 then
               pushed[#pushed + 1] = dest
               room[dest] = left - got

@@ -4,22 +4,25 @@ KEYS[1] index   ZSET  <ns>index     the ordinary buckets' index (read only)
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] start   the bucket's start (ordinary space)
 ARGV[3] dest    the destination list key: the bucket's sorted set for it holds the run
-ARGV[4] limit   most members copied in this call
-ARGV[5] min_run a head run of fewer members is not staged (its batches are on time anyway)
+ARGV[4] limit   most members copied in this call; 0 to only look: nothing is written, and
+                the reply describes the run the next call would copy
+ARGV[5] min_run a run of fewer members is not staged (its batches are on time anyway)
 Raises: OOM under maxmemory, before anything is written.
 Returns: {code, staged, n, t}
          code 0: the run's n members due at t are all in the staged list (staged = n);
-              1: staged of n copied so far, call again;
-             -1: no run to stage (the head run has fewer than min_run members, or the set is
-                 gone; n and t describe the head run when there is one, else 0);
+              1: staged of n copied so far (with limit 0: staged so far, or 0), call again;
+             -1: no run to stage: the set holds no run of min_run members at one
+                 millisecond, or is gone (n and t describe its first run, or are 0);
              -2: this user's ACL refuses what a handover needs (see may_hand_over): nothing
                  is staged, and move.lua moves the run in batches as ever.
-Bound: one ZRANGE of at most ARGV[4] members and one LPUSH of them, plus a constant number
-       of O(log n) commands.
+Bound: one ZRANGE of at most ARGV[4] members and one LPUSH of them, plus, to find a run, at
+       most 256 reads of one member and one ZCOUNT each, and a constant number of others.
 
-See _staged.lua for what a run, its mark and its staged list are. The staged list is built
-with LPUSH of the run's ranks in order, so it reads as move.lua's LPUSH of the same batch
-would leave the destination: rank 0 on the right, where a consumer's BRPOP takes it first.
+See _staged.lua for what a run, its mark and its staged list are. The run staged is the set's
+first run of at least min_run members: a run that long holds a member whose rank is a multiple
+of min_run, so reading those ranks, in order, finds it. The staged list is built with LPUSH of
+the run's ranks in order, so it reads as move.lua's LPUSH of the same batch would leave the
+destination: the run's first member on the right, where a consumer's BRPOP takes it first.
 Several movers may stage the same run: each call goes on where the list's length says the
 last stopped, in one atomic call. The list expires with the sorted set it copies.
 ]]
@@ -30,34 +33,51 @@ local limit, min_run = tonumber(ARGV[4]), tonumber(ARGV[5])
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call: a
 -- copy doubles its herd, and moves, which free memory, must go on. (ZADD XX of a member that
 -- is not there writes nothing.)
-redis.call('ZADD', KEYS[1], 'XX', 0, '')
+if limit > 0 then redis.call('ZADD', KEYS[1], 'XX', 0, '') end
 if not redis.call('ZSCORE', KEYS[1], start_s) then return {-1, 0, 0, 0} end
 local s = space(ns, '')
 local meta, zset, staged = s:meta(start_s), s:zset(start_s, dest), s:staged(start_s, dest)
 
+-- The set's first run of min_run members or more: found, its t, n and e (the members
+-- before it); else false and the set's first run's t and n (0 and 0 when it is empty).
+local function first_run()
+  local first_t, first_n = 0, 0
+  local total = redis.call('ZCARD', zset)
+  for rank = 0, math.min(total - 1, 255 * min_run), min_run do
+    local head = redis.call('ZRANGE', zset, rank, rank, 'WITHSCORES')
+    local t = math.floor(tonumber(head[2]))
+    local e, n = run_of(zset, t)
+    if rank == 0 then first_t, first_n = t, n end
+    if n >= min_run then return true, t, n, e end
+  end
+  return false, first_t, first_n, 0
+end
+
 local t, n = staged_mark(meta, dest)
-local have = 0
+local have, e = 0, nil
 if t then
   have = redis.call('LLEN', staged)
-  if have > n or not run_intact(zset, staged, t, n, have) then
-    drop_staged(s, meta, start_s, dest)
-    t = nil
+  e = have <= n and run_intact(zset, staged, t, n, have)
+  if not e then
+    if limit == 0 then have, t = 0, nil  -- only looking: describe the run a copy would begin
+    else
+      drop_staged(s, meta, start_s, dest)
+      have, t = 0, nil
+    end
   end
 end
 if not t then
-  local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
-  if not head[2] then return {-1, 0, 0, 0} end
-  t = math.floor(tonumber(head[2]))
-  n = redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', t + 1))
-  if n < min_run then return {-1, 0, n, t} end
+  local found
+  found, t, n, e = first_run()
+  if not found then return {-1, 0, n, t} end
+  if limit == 0 then return {1, 0, n, t} end
   if not may_hand_over(staged, zset, dest) then return {-2, 0, n, t} end
-  redis.call('UNLINK', staged)
   redis.call('HSET', meta, 'h:' .. dest, t, 'hn:' .. dest, n)
-  have = 0
+  redis.call('UNLINK', staged)
 end
 
-if have < n then
-  local batch = redis.call('ZRANGE', zset, have, math.min(n, have + limit) - 1)
+if have < n and limit > 0 then
+  local batch = redis.call('ZRANGE', zset, e + have, e + math.min(n, have + limit) - 1)
   for first = 1, #batch, 1000 do
     redis.call('LPUSH', staged, unpack(batch, first, math.min(#batch, first + 999)))
   end
