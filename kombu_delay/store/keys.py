@@ -66,7 +66,7 @@ def queue_set(prefix: str, start_ms: int, dest: str, space: str = "") -> str:
 
 
 def staged(prefix: str, start_ms: int, dest: str) -> str:
-    """LIST: a herd of one bucket's set for ``dest`` (its head run, due at one millisecond)
+    """LIST: a herd of one bucket's set for ``dest`` (a run of members due at one millisecond)
     copied ahead of its due time, in the order a move pushes it, for the move to hand over
     whole (``RENAME`` onto ``dest``). Its bucket's meta hash marks it (fields ``h:<dest>``,
     the run's due time, and ``hn:<dest>``, its size); see ``lua/_staged.lua``."""
