@@ -222,6 +222,7 @@ class Mover:
                 min(self.settings.batch_size, allowance),
                 self.settings.max_queue_length,
                 look_ahead_ms=self.settings.look_ahead_ms,
+                whole=not self.settings.max_rate,
             )
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw

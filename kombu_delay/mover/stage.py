@@ -97,6 +97,7 @@ class Stager:
                 logger.warning("mover %s: staging refused (%s); herds move in batches", self.name, exc)
                 self._refused_logged_at = now
             self._work.clear()
+            self._copied = 0
             self._next_plan = now + thaw_plan.PLAN_EVERY_S
         return 0.0 if self._work else max(0.0, self._next_plan - now)
 

@@ -23,10 +23,17 @@ class Moving(StoreBase):
     _scan_after: int | None = None
 
     def move_due(
-        self, limit: int, max_queue_length: int = 0, now_ms: int | None = None, look_ahead_ms: int = 0
+        self,
+        limit: int,
+        max_queue_length: int = 0,
+        now_ms: int | None = None,
+        look_ahead_ms: int = 0,
+        whole: bool = True,
     ) -> MoveResult:
         """Move up to ``limit`` due messages onto their lists (one atomic script call);
-        with ``look_ahead_ms``, also those due within that many ms from now.
+        with ``look_ahead_ms``, also those due within that many ms from now. A herd staged
+        ahead (:meth:`stage`) is handed over whole, past ``limit``, unless ``whole`` is false
+        (a rate-capped mover).
 
         When held buckets ahead use up a call's bucket visits, the next call on this store
         goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
@@ -42,6 +49,7 @@ class Moving(StoreBase):
                     "" if self._scan_after is None else self._scan_after,
                     self._now(now_ms),
                     look_ahead_ms,
+                    1 if whole else 0,
                 ],
             )
         result = MoveResult.from_reply(reply)

@@ -153,11 +153,13 @@ def test_a_message_cancelled_after_its_herd_was_copied_is_not_delivered(
     start = due - due % ORDINARY.bucket_width_ms
     if when == "while staging":
         assert store.stage(start, dest, 1000, MIN_RUN).outcome is Staged.MORE
-        assert store.cancel("h5") == 1  # already in the copy, which then goes on
-        assert stage_all(store, start, dest) is Staged.DONE
+        assert store.cancel("h5") == 1  # already in the copy, which goes with it
+        assert staged_keys(r, prefix) == []
+        assert stage_all(store, start, dest) is Staged.DONE  # made again, without it
     else:
         assert stage_all(store, start, dest) is Staged.DONE
         assert store.cancel("h2999") == 1
+        assert staged_keys(r, prefix) == []
     clock.ms = due
     assert drain(store) == RUN - 1
     listed = r.lrange(dest, 0, -1)
@@ -282,5 +284,28 @@ def test_under_maxmemory_a_copy_is_refused_before_anything_is_written(
         r.config_set("maxmemory", "0")
     assert staged_keys(r, prefix) == []
     assert not r.hexists(keys.meta(store.prefix, start), f"h:{dest}")
+
+    # A copy made before, short of its last 200: under maxmemory the handover still completes
+    # it and runs (it frees memory).
+    assert store.stage(start, dest, 2800, MIN_RUN).outcome is Staged.MORE
+    r.config_set("maxmemory", "1")
+    try:
+        clock.ms = due
+        assert store.move_due(500).moved == RUN
+    finally:
+        r.config_set("maxmemory", "0")
+    assert r.llen(dest) == RUN and staged_keys(r, prefix) == []
+
+
+def test_a_rate_capped_move_takes_a_staged_herd_in_batches(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    clock, store, dest, due = herd
+    stage_herd(store, dest, due)
     clock.ms = due
-    assert drain(store) == RUN
+    assert store.move_due(500, whole=False).moved == 500
+    assert staged_keys(r, prefix) == []
+    moved = 500
+    while step := store.move_due(500, whole=False).moved:
+        moved += step
+    assert moved == RUN and len(set(r.lrange(dest, 0, -1))) == RUN

@@ -21,12 +21,14 @@ retire(k, start_s, end_ms, now)
 take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
-  uncounts it, drops its ref from the id index, retires the bucket if that was its last
-  message, returns true.
+  uncounts it, drops its ref from the id index, drops the copy of a herd staged ahead that
+  it belonged to (_staged.lua), retires the bucket if that was its last message, returns
+  true.
 ]]
 --- @include clock
 --- @include refs
 --- @include spaces
+--- @include staged
 local function uncount(counts, dest, n)
   if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
 end
@@ -62,8 +64,12 @@ local function retire(k, start_s, end_ms, now)
 end
 
 local function take(k, start_s, dest, payload, task_id, ref, now)
-  if redis.call('ZREM', k.space:zset(start_s, dest), payload) == 0 then return false end
-  local meta = k.space:meta(start_s)
+  local zset, meta = k.space:zset(start_s, dest), k.space:meta(start_s)
+  -- A member of a herd staged ahead: its copy is wrong from now on, and goes at once.
+  local t = not k.space.cold and staged_mark(meta, dest)
+  local score = t and redis.call('ZSCORE', zset, payload)
+  if redis.call('ZREM', zset, payload) == 0 then return false end
+  if score and math.floor(tonumber(score)) == t then drop_staged(k.space, meta, start_s, dest) end
   redis.call('HINCRBY', meta, 'q:' .. dest, -1)
   uncount(k.counts, dest, 1)
   drop_refs(k.ids, {task_id}, function() return ref end)

@@ -35,11 +35,11 @@ run_intact(zset, staged, t, n, have)
   member of rank have - 1 (on the left): nothing of the run was removed, nothing added.
   Returns nil otherwise.
 
-may_hand_over(staged, zset, dest)
+may_hand_over(s, zset, dest)
   True when this user's ACL allows what staging and a handover do beyond a move (RENAME,
   UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE). Redis 7 is asked (acl_check_cmd); Redis 6
-  cannot be, so each is tried on a key that does not exist (the ACL is checked before the
-  command runs, and such a call writes nothing): a refusal is an error other than "no such
+  cannot be, so each is tried on <ns>h-probe, a key nothing creates (the ACL is checked before
+  the command runs, and such a call writes nothing): a refusal is an error other than "no such
   key".
 ]]
 local function staged_mark(meta, dest)
@@ -71,8 +71,8 @@ local function run_intact(zset, staged, t, n, have)
   if first == redis.call('LINDEX', staged, -1) and last == redis.call('LINDEX', staged, 0) then return e end
 end
 
-local function may_hand_over(staged, zset, dest)
-  local spare = staged .. ':probe'
+local function may_hand_over(s, zset, dest)
+  local spare = s.keys .. 'h-probe'
   local calls = {{'RENAME', spare, dest}, {'RENAME', spare, zset}, {'UNLINK', spare},
                  {'PERSIST', spare}, {'PEXPIRE', spare, 1}, {'LINDEX', spare, 0},
                  {'ZRANGESTORE', spare, zset, 0, 0}}

@@ -16,6 +16,8 @@ ARGV[5] now_ms   epoch ms to judge "due" by; '' = Redis TIME (the production pat
 ARGV[6] ahead_ms optional look-ahead, ms: also move what falls due by now + ahead_ms (the
                  message keeps its ETA, the worker starts it then; its lateness reads 0); ''
                  or absent = 0
+ARGV[7] whole    optional: '0' to move a staged herd in batches instead of handing it over
+                 whole (a caller with a rate cap); absent or '1' = hand it over
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
           held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, or
           the scan stopped short), scan_after (-1, or the start to pass as ARGV[4] next),
@@ -28,8 +30,10 @@ Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
        The exception is a herd staged ahead (stage.lua, _staged.lua): its run is handed over
-       whole, however large, at the cost of a few commands and of at most 20 x ARGV[2]
-       messages moved one by one (see hand_over in _handover.lua), and ends the call.
+       whole, however large, at the cost of a few commands and of copying at most 20 x ARGV[2]
+       messages of its copy, 20 x ARGV[2] already on the list and 100 x ARGV[2] of its set
+       after it (see hand_over in _handover.lua), and ends the call. ARGV[7] '0' forbids it
+       (a rate-capped mover: the herd then moves in batches).
        A bucket whose due messages are all held costs no move budget, so when more such
        buckets than ARGV[2] lie ahead, the scan stops after ARGV[2] of them and the next call
        goes on from there (scan_after): the buckets behind them are never starved.
@@ -60,6 +64,7 @@ local max_len = tonumber(ARGV[3])
 
 local now, now_us = clock(ARGV[5])
 local due_by = now + (tonumber(ARGV[6] or '') or 0)
+local whole = ARGV[7] ~= '0'
 local upper = '(' .. string.format('%d', due_by + 1)  -- floor(score) <= due_by, never earlier
 local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
 local s = k.space
@@ -111,8 +116,8 @@ end
 -- (batches).
 local function handed_over(meta, start_s, zset, dest, due_first, left, t)
   local n = tonumber(redis.call('HGET', meta, 'hn:' .. dest))
-  if n and t == due_first and left == math.huge then
-    local got = hand_over(s, meta, start_s, zset, dest, t, n, 20 * limit)
+  if n and t == due_first and left == math.huge and whole then
+    local got = hand_over(s, meta, start_s, zset, dest, t, n, 20 * limit, 100 * limit)
     if got then return got end
   else
     drop_staged(s, meta, start_s, dest)
@@ -168,10 +173,10 @@ local function visit(start_s)
             local waiting = redis.call('ZCOUNT', zset, '-inf', upper)
             if left == -1 then wrong = wrong + waiting else held = held + waiting end
           else
-            local got, whole = move_due_head(meta, start_s, zset, dest, due_first, left,
-                                             math.min(budget, left), marks[dest])
+            local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
+                                              math.min(budget, left), marks[dest])
             -- One herd per call: the next call goes on at once (more).
-            budget = whole and 0 or budget - got
+            budget = handed and 0 or budget - got
             if got > 0 then
               pushed[#pushed + 1] = dest
               room[dest] = left - got

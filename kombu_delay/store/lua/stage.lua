@@ -29,7 +29,7 @@ last stopped, in one atomic call. The list expires with the sorted set it copies
 --- @include spaces
 --- @include staged
 local ns, start_s, dest = ARGV[1], ARGV[2], ARGV[3]
-local limit, min_run = tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit, min_run = tonumber(ARGV[4]), math.max(1, tonumber(ARGV[5]))
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call: a
 -- copy doubles its herd, and moves, which free memory, must go on. (ZADD XX of a member that
 -- is not there writes nothing.)
@@ -37,6 +37,8 @@ if limit > 0 then redis.call('ZADD', KEYS[1], 'XX', 0, '') end
 if not redis.call('ZSCORE', KEYS[1], start_s) then return {-1, 0, 0, 0} end
 local s = space(ns, '')
 local meta, zset, staged = s:meta(start_s), s:zset(start_s, dest), s:staged(start_s, dest)
+-- A bucket whose meta hash counts nothing for dest (drained, or the hash lost) gets no mark.
+if (tonumber(redis.call('HGET', meta, 'q:' .. dest)) or 0) <= 0 then return {-1, 0, 0, 0} end
 
 -- The set's first run of min_run members or more: found, its t, n and e (the members
 -- before it); else false and the set's first run's t and n (0 and 0 when it is empty).
@@ -71,7 +73,7 @@ if not t then
   found, t, n, e = first_run()
   if not found then return {-1, 0, n, t} end
   if limit == 0 then return {1, 0, n, t} end
-  if not may_hand_over(staged, zset, dest) then return {-2, 0, n, t} end
+  if not may_hand_over(s, zset, dest) then return {-2, 0, n, t} end
   redis.call('HSET', meta, 'h:' .. dest, t, 'hn:' .. dest, n)
   redis.call('UNLINK', staged)
 end
