@@ -41,24 +41,18 @@ def ticking() -> Callable[[], float]:
     return lambda: float(next(ticks))
 
 
-def next_bucket(r: redis.Redis, prefix: str, offset_ms: int, lead_ms: int) -> tuple[FakeClock, Store, int]:
-    """A store on a test clock, and a due time ``offset_ms`` into the next ordinary bucket with
-    the clock ``lead_ms`` before it (within the lead of the runs these tests stage)."""
-    clock = FakeClock(r)
-    width = ORDINARY.bucket_width_ms
-    due = (clock() // width + 1) * width + offset_ms
-    clock.ms = due - lead_ms
-    return clock, Store(r, prefix, clock=clock), due
-
-
 def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_not(
     r: redis.Redis, prefix: str
 ) -> None:
-    clock, store, soon = next_bucket(r, prefix, 10, 1000)  # 3,000 need 2.3 s of lead
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    soon = (clock() // width + 1) * width + 10
     schedule(store, f"{prefix}big", soon, 3000)
     schedule(store, f"{prefix}small", soon, 500, name="s")
     # Due in an hour: 3,000 at the assumed rate need seconds of lead, not an hour.
     schedule(store, f"{prefix}far", soon + 3_600_000, 3000, name="f")
+    clock.ms = soon - 1000  # 3,000 at the assumed rate need 2.3 s of lead
     stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
 
     run_steps(stager)
@@ -72,7 +66,10 @@ def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_n
 
 
 def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.Redis, prefix: str) -> None:
-    _, store, due = next_bucket(r, prefix, 10, 1000)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = (clock() // ORDINARY.bucket_width_ms + 1) * ORDINARY.bucket_width_ms + 10
+    clock.ms = due - 1000  # within the run's lead
     schedule(store, f"{prefix}q", due, 3000)
     for settings in (Settings(max_rate=100), Settings(max_queue_length=10)):
         stager = Stager(store, settings, "t", min_run=MIN_RUN)
@@ -118,7 +115,11 @@ def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Re
 
 
 def test_a_herd_still_being_published_is_copied_once_it_settles(r: redis.Redis, prefix: str) -> None:
-    _, store, due = next_bucket(r, prefix, 10, 1000)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    due = (clock() // width + 1) * width + 10
+    clock.ms = due - 1000
     dest = f"{prefix}q"
     stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
     copies: list[int] = []  # the limit of each stage call that may copy (0: it only looks)
@@ -136,7 +137,11 @@ def test_a_herd_still_being_published_is_copied_once_it_settles(r: redis.Redis, 
 def test_a_herd_is_copied_while_its_queue_gets_other_messages_before_and_after_it(
     r: redis.Redis, prefix: str
 ) -> None:
-    clock, store, due = next_bucket(r, prefix, 1000, 1500)
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    due = (clock() // width + 1) * width + 1000
+    clock.ms = due - 1500
     dest = f"{prefix}q"
     stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
     schedule(store, dest, due, 3000)
