@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
@@ -76,16 +75,6 @@ class StoreBase:
         with translated_errors():
             sec, usec = self.client.time()
         return int(sec) * 1000 + int(usec) // 1000
-
-    def memory_info(self) -> dict[str, Any] | None:
-        """Return ``INFO memory``, or ``None`` when an ACL refuses ``INFO`` (it is in
-        ``@dangerous``): what the eviction-policy check and a herd's staging read."""
-        with translated_errors():
-            try:
-                info: dict[str, Any] = self.client.info("memory")
-            except redis.ResponseError:
-                return None
-        return info
 
 
 def format_must_be(found: str | None, prefix: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import redis
+
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.message import index_id
 from kombu_delay.store import keys, listing, spaces
@@ -23,8 +25,12 @@ class Inspecting(StoreBase):
         ``INFO memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL
         users): a policy other than ``noeviction`` lets Redis delete scheduled messages.
         """
-        info = self.memory_info()
-        policy = None if info is None else info.get("maxmemory_policy")
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("memory")
+            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
+                return None
+        policy = info.get("maxmemory_policy")
         return None if policy is None else as_text(policy)
 
     def stranded(self, fresh_ms: int, page: int = 10_000) -> dict[str, int]:

@@ -151,10 +151,10 @@ class Moving(StoreBase):
         return now, found
 
     def stage(self, start_ms: int, dest: str, limit: int, min_run: int) -> StageResult:
-        """Copy up to ``limit`` more members of the first run of ``min_run`` or more at one
-        millisecond in bucket ``start_ms``'s set for ``dest`` into the list a move hands over
-        whole when the run is due (``stage.lua``; see ``_staged.lua``); ``limit`` 0 only
-        looks. A set with no such run is left to the batches."""
+        """Copy up to ``limit`` more members of the run at the head of bucket ``start_ms``'s
+        set for ``dest`` into the list a move hands over whole when the run is due
+        (``stage.lua``; see ``_staged.lua``). A head run of fewer than ``min_run`` members is
+        left to the batches."""
         with translated_errors():
             reply = self._scripts["stage"](keys=[self._index], args=[self.ns, start_ms, dest, limit, min_run])
         return StageResult.from_reply(reply)
@@ -162,8 +162,10 @@ class Moving(StoreBase):
     def memory_free(self, share: float) -> int | None:
         """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
         it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""
-        info = self.memory_info()
-        if info is None:
+        try:
+            with translated_errors():
+                info = self.client.info("memory")
+        except redis.exceptions.NoPermissionError:
             return 0
         limit = int(info.get("maxmemory", 0))
         if not limit:

@@ -16,9 +16,8 @@ Bound: removes at most ARGV[2] messages and visits at most ARGV[2] buckets.
 
 A bucket keeps one sorted set per destination, so a purge removes those sets from the head
 by rank and never reads a message; buckets whose meta hash counts none of these lists cost
-one HMGET. A herd's copy staged ahead (_staged.lua) goes with its run. The refs of purged
-messages are dropped with their bucket's (see move.lua); a cold bucket has no task-id list,
-so there they are read off the members (cold_task_id) first.
+one HMGET. A herd's copy staged ahead (_staged.lua) goes with its run. The refs of purged messages are dropped with their bucket's (see move.lua); a cold
+bucket has no task-id list, so there they are read off the members (cold_task_id) first.
 ]]
 --- @include clock
 --- @include refs
