@@ -12,10 +12,18 @@ runs from the end of the publish (or of the thaw) until all are on the list and 
 dropped their id-index refs (the clean-up of a drained bucket, after its end), and counts the
 whole Redis process: the messages of each side are due at one instant, a herd, which a mover
 copies ahead of its due time and hands over whole (see kombu_delay/mover/stage.py), and whose
-sorted set Redis frees in a background thread; both are part of the move's cost. The idle
-mover's looks over those few seconds are in it too. The thaw figure runs from the end of the
-publish until nothing is left compressed. Every delayed message goes into one-second
-buckets, so that clean-up and the thaw follow the due time closely.
+sorted set Redis frees in a background thread; both are part of the move's cost. The thaw
+figure runs from the end of the publish until nothing is left compressed. Every delayed
+message goes into one-second buckets, so that clean-up and the thaw follow the due time
+closely.
+
+Redis spends CPU every second whatever is stored: its own timers, the idle mover's looks and
+heartbeat, and this scenario's polls. That is a cost per second, not per message, and each
+window here is seconds long (a move's window waits for the due time), so before anything is
+published the scenario measures it for :data:`IDLE_S` s, with the mover running and the same
+polls, and reports each figure net of it (the rate times the window's length), the plain
+side's as well as the delayed one's. The gross ratios, with nothing taken off, are reported
+beside the net ones.
 """
 
 from __future__ import annotations
@@ -41,6 +49,10 @@ BUCKET_S = 1
 ROUNDS = 5
 #: Plain publishes timed before a run, to place its due time after its publishes.
 CALIBRATION = 200
+#: Seconds over which Redis's CPU is measured with the mover idle (see the module's docstring).
+IDLE_S = 5.0
+#: Seconds between this scenario's polls while it waits: a poll costs Redis CPU too.
+POLL_S = 0.05
 
 
 @dataclass
@@ -50,6 +62,45 @@ class Side:
     cpu_s: float = 0.0
     user_s: float = 0.0
     wall_s: float = 0.0
+
+    def net(self, idle: Idle) -> Side:
+        """This side less what Redis's main thread would have spent over its wall time anyway."""
+        cpu_s, user_s = (
+            self.cpu_s - idle.main_per_s * self.wall_s,
+            self.user_s - idle.user_per_s * self.wall_s,
+        )
+        return Side(cpu_s, user_s, self.wall_s)
+
+    def less(self, per_s: float) -> float:
+        """CPU seconds less ``per_s`` over this window's wall time."""
+        return self.cpu_s - per_s * self.wall_s
+
+
+@dataclass
+class Idle:
+    """Redis's CPU per second with nothing to do but the idle mover's looks and this
+    scenario's polls: of its main thread (the publishes' and the thaw's figures; ``user``: in
+    user space) and of the whole process (a move's figure)."""
+
+    main_per_s: float
+    user_per_s: float
+    process_per_s: float
+
+
+def _idle(ctx: Ctx) -> Idle:
+    """Measure :class:`Idle` over :data:`IDLE_S` seconds, polling as the waits here poll."""
+    (user, system), process = ctx.probe.redis_cpu_split_s(), ctx.probe.redis_process_cpu_s()
+    started = time.monotonic()
+    while time.monotonic() - started < IDLE_S:
+        ctx.probe.llen()
+        time.sleep(POLL_S)
+    took = time.monotonic() - started
+    user_after, system_after = ctx.probe.redis_cpu_split_s()
+    return Idle(
+        (user_after + system_after - user - system) / took,
+        (user_after - user) / took,
+        (ctx.probe.redis_process_cpu_s() - process) / took,
+    )
 
 
 def _calibrate(ctx: Ctx) -> float:
@@ -102,26 +153,27 @@ def _settled(ctx: Ctx) -> None:
     time.sleep(SETTLE_S)
 
 
-def _moved(ctx: Ctx, due: int, n: int) -> float:
+def _moved(ctx: Ctx, due: int, n: int) -> Side:
     """Redis process CPU seconds from now (the end of the publish or of the thaw) until all
-    ``n`` are on the list and their bucket is cleaned up: the copy of a herd made ahead of its
-    due time is part of its move, and so is the clean-up, in which a mover drops a drained
-    bucket's id-index refs once the bucket has ended (one second after ``due``, in
-    :data:`BUCKET_S` buckets), not left to fall into a later step's figure."""
-    cpu = ctx.probe.redis_process_cpu_s()
+    ``n`` are on the list and their bucket is cleaned up, and that window's length: the copy
+    of a herd made ahead of its due time is part of its move, and so is the clean-up, in which
+    a mover drops a drained bucket's id-index refs once the bucket has ended (one second after
+    ``due``, in :data:`BUCKET_S` buckets), not left to fall into a later step's figure."""
+    cpu, started = ctx.probe.redis_process_cpu_s(), time.monotonic()
     sleep_until(due - 200)
-    if not wait_for(lambda: ctx.probe.llen() >= n, timeout=120, interval=0.002):
+    if not wait_for(lambda: ctx.probe.llen() >= n, timeout=120, interval=POLL_S):
         raise RuntimeError("the messages did not all arrive")
     tasks = keys.task_ids(ctx.store.prefix, due - due % (BUCKET_S * 1000))
-    if not wait_for(lambda: not ctx.probe.client.exists(tasks), timeout=120, interval=0.002):
+    if not wait_for(lambda: not ctx.probe.client.exists(tasks), timeout=120, interval=POLL_S):
         raise RuntimeError("the mover did not clean up the drained bucket")
-    return ctx.probe.redis_process_cpu_s() - cpu
+    return Side(cpu_s=ctx.probe.redis_process_cpu_s() - cpu, wall_s=time.monotonic() - started)
 
 
 def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
     """Publish ``n`` messages stored compressed (beside as many plain ones), wait for their
-    thaw and their move; return both sides of the publish, the Redis CPU seconds of the thaw
-    and of the move, and whether the thaw was done before the due time."""
+    thaw and their move; return both sides of the publish, the Redis CPU of the thaw and of
+    the move with their windows (:class:`Side`), and whether the thaw was done before the due
+    time."""
     # Compressed: the mover thaws them (as planned: a few seconds ahead) before due. A plan
     # begins a bucket's thaw by its start, not by its first message: one-second buckets keep
     # that start next to the due time, so the thaw cannot begin during the publish.
@@ -132,7 +184,7 @@ def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
     }
     # Far enough ahead that the planned thaw begins after the publish ends.
     lead = thaw_plan.lead_ms(n, thaw_plan.DEFAULT_RATE)
-    due = int(now_ms() + COMPRESS_AFTER_S * 1000 + 2 * publish_s * 1000 + lead + 5000)
+    due = int(now_ms() + COMPRESS_AFTER_S * 1000 + publish_s * 1000 + lead + 5000)
     plain, cold = _interleaved(ctx, n, due, options)
     if now_ms() >= due - COMPRESS_AFTER_S * 1000:
         raise RuntimeError("the publish ended too close to the due time to store it compressed; rerun")
@@ -140,15 +192,15 @@ def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
     stored_cold = int(ctx.probe.client.zcard(cold_set))
     if stored_cold != n:
         raise RuntimeError(f"{stored_cold} of {n} messages were still compressed after the publish; rerun")
-    cpu_before = ctx.probe.redis_cpu_s()
-    if not wait_for(lambda: int(ctx.probe.client.zcard(cold_set)) == 0, timeout=120):
+    cpu_before, started = ctx.probe.redis_cpu_s(), time.monotonic()
+    if not wait_for(lambda: int(ctx.probe.client.zcard(cold_set)) == 0, timeout=120, interval=POLL_S):
         raise RuntimeError("the thaw did not finish")
-    thaw_cpu = ctx.probe.redis_cpu_s() - cpu_before
+    thaw = Side(cpu_s=ctx.probe.redis_cpu_s() - cpu_before, wall_s=time.monotonic() - started)
     thawed_before_due = now_ms() < due
     return {
         "plain": plain,
         "schedule": cold,
-        "thaw": thaw_cpu,
+        "thaw": thaw,
         "move": _moved(ctx, due, n),
         "thawed_before_due": thawed_before_due,
     }
@@ -159,56 +211,74 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
     compressed schedule + thaw + move; and the floor of a move (a bare Lua ZRANGE/ZREM/LPUSH)."""
     ctx.fresh()
     n = ctx.sizes.cpu - ctx.sizes.cpu % ROUNDS
-    per = 1e6 / n
-    # How long both sides' publishes take, about (a delayed one takes a little longer): each
-    # due time comes twice that after their start.
-    publish_s = 2.5 * n * _calibrate(ctx)
+    # How long both sides' publishes take, with a margin (a delayed one takes a little longer).
+    publish_s = 1.5 * 2 * n * _calibrate(ctx)
 
     mover = ctx.movers.start("--thaw-ahead", f"{THAW_AHEAD_S:g}")
     _settled(ctx)
-    due = int(now_ms() + 2 * publish_s * 1000 + 3000)
+    idle = _idle(ctx)
+    # The herd's copy (kombu_delay/mover/stage.py) begins its lead before due: after the publish.
+    due = int(now_ms() + publish_s * 1000 + thaw_plan.lead_ms(n, thaw_plan.DEFAULT_RATE) + 3000)
     plain, hot = _interleaved(ctx, n, due, {"delay_compress_after": 0, "delay_bucket_width": BUCKET_S})
     if now_ms() >= due:
         raise RuntimeError("the publish ended after the due time; rerun")
-    move_cpu = _moved(ctx, due, n)
+    move = _moved(ctx, due, n)
     ctx.probe.client.delete(QUEUE)
 
     cold = _compressed(ctx, n, publish_s)
-    plain_cold, cold_side = cold["plain"], cold["schedule"]
     ctx.movers.stop(mover)
     ctx.probe.flush()
     floor_payloads = [ctx.payloads.make(due)[1] for _ in range(n)]
     _, floor_cpu = ctx.probe.floor_move(floor_payloads, ctx.movers.batch_size)
     ctx.probe.flush()
-
-    plain_us = plain.cpu_s * per
-    plain_cold_us = plain_cold.cpu_s * per
-    delayed_us = (hot.cpu_s + move_cpu) * per
-    compressed_us = (cold_side.cpu_s + cold["thaw"] + cold["move"]) * per
     return {
         "messages": n,
         "rounds": ROUNDS,
         "payload_bytes": ctx.payloads.size,
-        "plain_redis_cpu_us": (plain_us + plain_cold_us) / 2,
-        "plain_redis_cpu_us_beside_schedule": plain_us,
-        "plain_redis_cpu_us_beside_compressed": plain_cold_us,
+        "idle_redis_cpu_ms_per_s": idle.main_per_s * 1000,
+        "idle_redis_process_cpu_ms_per_s": idle.process_per_s * 1000,
+        **_figures(n, idle, (plain, hot, move), cold),
+        "floor_move_redis_cpu_us": floor_cpu * 1e6 / n,
+    }
+
+
+def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, Any]) -> dict[str, Any]:
+    """The per-message figures, net of ``idle``, and the gross ratios beside them."""
+    per = 1e6 / n
+    plain_gross, schedule_gross, move_gross = hot
+    plain_cold_gross, cold_gross = cold["plain"], cold["schedule"]
+    thaw_gross, cold_move_gross = cold["thaw"], cold["move"]
+    plain, schedule = plain_gross.net(idle), schedule_gross.net(idle)
+    plain_cold, cold_side = plain_cold_gross.net(idle), cold_gross.net(idle)
+    move, thaw = move_gross.less(idle.process_per_s), thaw_gross.less(idle.main_per_s)
+    cold_move = cold_move_gross.less(idle.process_per_s)
+    delayed_us = (schedule.cpu_s + move) * per
+    compressed_us = (cold_side.cpu_s + thaw + cold_move) * per
+    gross_delayed = schedule_gross.cpu_s + move_gross.cpu_s
+    gross_compressed = cold_gross.cpu_s + thaw_gross.cpu_s + cold_move_gross.cpu_s
+    return {
+        "plain_redis_cpu_us": (plain.cpu_s + plain_cold.cpu_s) * per / 2,
+        "plain_redis_cpu_us_beside_schedule": plain.cpu_s * per,
+        "plain_redis_cpu_us_beside_compressed": plain_cold.cpu_s * per,
         "plain_redis_user_us": plain.user_s * per,
-        "schedule_redis_cpu_us": hot.cpu_s * per,
-        "schedule_redis_user_us": hot.user_s * per,
-        "move_redis_cpu_us": move_cpu * per,
+        "schedule_redis_cpu_us": schedule.cpu_s * per,
+        "schedule_redis_user_us": schedule.user_s * per,
+        "move_redis_cpu_us": move * per,
+        "move_window_s": move_gross.wall_s,
         "delayed_redis_cpu_us": delayed_us,
-        "delayed_ratio": delayed_us / plain_us,
+        "delayed_ratio": delayed_us / (plain.cpu_s * per),
+        "delayed_ratio_gross": gross_delayed / plain_gross.cpu_s,
         "stored_compressed": n,
         "schedule_compressed_redis_cpu_us": cold_side.cpu_s * per,
-        "thaw_redis_cpu_us": cold["thaw"] * per,
+        "thaw_redis_cpu_us": thaw * per,
         "thawed_before_due": bool(cold["thawed_before_due"]),
-        "move_after_thaw_redis_cpu_us": cold["move"] * per,
+        "move_after_thaw_redis_cpu_us": cold_move * per,
         "compressed_redis_cpu_us": compressed_us,
-        "compressed_ratio": compressed_us / plain_cold_us,
-        "floor_move_redis_cpu_us": floor_cpu * per,
+        "compressed_ratio": compressed_us / (plain_cold.cpu_s * per),
+        "compressed_ratio_gross": gross_compressed / plain_cold_gross.cpu_s,
         "plain_per_s": 2 * n / (plain.wall_s + plain_cold.wall_s),
-        "delayed_per_s": n / hot.wall_s,
+        "delayed_per_s": n / schedule.wall_s,
         "compressed_per_s": n / cold_side.wall_s,
-        "publish_ratio": plain.wall_s / hot.wall_s,
+        "publish_ratio": plain.wall_s / schedule.wall_s,
         "compressed_publish_ratio": plain_cold.wall_s / cold_side.wall_s,
     }
