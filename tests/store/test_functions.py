@@ -1,0 +1,175 @@
+"""A publish's script as a Redis 7 function (``FCALL``): it stores exactly what the script
+stores, the library comes back after the server lost it, and where functions are missing
+(Redis 6) or refused (an ACL without them) the script runs as it is, by ``EVALSHA``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import DelayTooLong, RedisRefused
+from kombu_delay.message import Due
+from kombu_delay.store import Store, scripts
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.servers import binary_before, binary_from
+from tests.support.stored import kombu_payload
+
+NOW = 1_800_000_000_000
+DEST = "celery"
+
+
+@pytest.fixture(scope="module")
+def server7() -> Iterator[RedisServer]:
+    with RedisServer(binary=binary_from(7)) as server:
+        yield server
+
+
+@pytest.fixture
+def r7(server7: RedisServer) -> Iterator[redis.Redis]:
+    client = server7.client()
+    client.flushall()
+    client.function_flush()
+    client.config_resetstat()
+    yield client
+    client.close()
+
+
+def calls(r: redis.Redis, command: str) -> int:
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def pairs(flat: list[Any]) -> dict[bytes, Any]:
+    """A RESP2 map (a flat list of names and values) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def publish_all(store: Store) -> list[Any]:
+    """Publishes of every kind, at a fixed clock: stored, the same again, due now, relative,
+    with the queue's x-expires and a movers count, compressed, and beyond max_delay."""
+    settings = Settings(compress_after_ms=3_600_000, max_delay_ms=86_400_000)
+    replies: list[Any] = []
+    for due, task_id, extra in (
+        (Due(NOW + 60_000, task_id="a"), "a", {}),
+        (Due(NOW + 60_000, task_id="a"), "a", {}),  # the same payload: a duplicate
+        (Due(NOW - 1, task_id="b"), "b", {}),  # due: pushed
+        (Due(30_000, relative=True, task_id="c"), "c", {"expires_ms": 9000, "movers_fresh_ms": 30_000}),
+        (Due(NOW + 30_000, task_id="d"), "d", {}),  # earlier than "a": the first of its set
+        (Due(NOW + 7_200_000, task_id="e"), "e", {}),  # compressed
+    ):
+        replies.append(store.schedule(due, DEST, kombu_payload(task_id), settings, now_ms=NOW, **extra))
+    with pytest.raises(DelayTooLong):
+        store.schedule(Due(NOW + 172_800_000, task_id="f"), DEST, kombu_payload("f"), settings, now_ms=NOW)
+    return replies
+
+
+def dump(r: redis.Redis) -> dict[bytes, Any]:
+    """Every key with its value and its expiry time."""
+    found: dict[bytes, Any] = {}
+    for key in sorted(r.keys("*")):
+        kind = r.type(key)
+        value: Any = {
+            b"zset": lambda k: r.zrange(k, 0, -1, withscores=True),
+            b"hash": r.hgetall,
+            b"list": lambda k: r.lrange(k, 0, -1),
+            b"string": r.get,
+        }[kind](key)
+        found[key] = (kind, value, r.execute_command("PEXPIRETIME", key))
+    return found
+
+
+def test_a_publish_runs_as_a_function_and_stores_what_the_script_stores(
+    r7: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_function = publish_all(Store(r7, "app:"))
+    assert calls(r7, "fcall") == 7 and calls(r7, "evalsha") == 0  # the last one writes nothing
+    stored = dump(r7)
+    assert stored[DEST.encode()][1] == [kombu_payload("b").encode()]
+    r7.flushall()
+    monkeypatch.setattr(scripts, "FUNCTIONS", ())
+    as_script = publish_all(Store(r7, "app:"))
+    assert calls(r7, "evalsha") >= 7
+    assert as_script == as_function
+    assert dump(r7) == stored
+
+
+def test_the_library_is_one_per_version_and_loads_once(r7: redis.Redis) -> None:
+    name, text = scripts.library()
+    assert name.startswith("kombu_delay_") and text.startswith(f"#!lua name={name}\n")
+    Store(r7, "").schedule(Due(NOW + 60_000, task_id="a"), DEST, kombu_payload("a"), Settings(), now_ms=NOW)
+    [library] = [pairs(entry) for entry in r7.function_list()]
+    assert library[b"library_name"].decode() == name
+    assert [pairs(f)[b"name"].decode() for f in library[b"functions"]] == [f"{name}_schedule"]
+    # A second publisher finds it there ("already exists"), and runs it.
+    Store(r7, "").schedule(Due(NOW + 60_000, task_id="b"), DEST, kombu_payload("b"), Settings(), now_ms=NOW)
+    assert calls(r7, "function|load") == 2 and calls(r7, "fcall") == 2
+    assert len(r7.function_list()) == 1
+
+
+def test_a_library_the_server_lost_is_loaded_again(r7: redis.Redis) -> None:
+    """FUNCTION FLUSH (or a restart that kept no data): the next publish still stores its
+    message, by the script, and the one after runs the function again."""
+    store = Store(r7, "")
+    for task_id in ("a", "b", "c"):
+        if task_id == "b":
+            r7.function_flush()
+        store.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    assert all(store.find(task_id) for task_id in ("a", "b", "c"))
+    assert calls(r7, "fcall") == 3  # a; b's, not found; c
+    assert calls(r7, "function|load") == 2
+    assert r7.function_list()
+
+
+def test_an_acl_without_functions_publishes_by_evalsha(r7: redis.Redis) -> None:
+    r7.execute_command("ACL", "SETUSER", "publisher", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function")
+    user = redis.Redis(port=r7.connection_pool.connection_kwargs["port"], username="publisher", password="pw")
+    store = Store(user, "")
+    for task_id in ("a", "b"):
+        store.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    assert store.find("a") and store.find("b")
+    assert calls(r7, "evalsha") >= 2 and calls(r7, "fcall") == 0
+    # Asked once: the refusal is not repeated on every publish.
+    assert int(r7.info("commandstats")["cmdstat_function|load"]["rejected_calls"]) == 1
+    user.close()
+
+
+def test_a_function_refused_under_maxmemory_is_a_refusal_that_writes_nothing(r7: redis.Redis) -> None:
+    store = Store(r7, "")
+    store.schedule(Due(NOW + 60_000, task_id="a"), DEST, kombu_payload("a"), Settings(), now_ms=NOW)
+    before = dump(r7)
+    r7.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(RedisRefused, match="maxmemory"):
+            store.schedule(Due(NOW + 60_000, task_id="b"), DEST, kombu_payload("b"), Settings(), now_ms=NOW)
+    finally:
+        r7.config_set("maxmemory", 0)
+    assert dump(r7) == before
+
+
+def test_redis_6_has_no_functions_and_publishes_by_evalsha() -> None:
+    with RedisServer(binary=binary_before(7)) as server:
+        r6 = server.client()
+        store = Store(r6, "")
+        for task_id in ("a", "b"):
+            store.schedule(
+                Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+            )
+        assert store.find("a") and store.find("b")
+        assert calls(r6, "evalsha") >= 2
+        assert calls(r6, "function") <= 1  # asked once, as an unknown command
+
+
+def test_a_helper_that_reads_its_arguments_cannot_run_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A function's helpers are made when the library loads, before any call has KEYS or ARGV."""
+    real = scripts._read
+    fake = {"x": "--- @include y\nreturn 1\n", "_y": "local function y() return ARGV[1] end\n"}
+    monkeypatch.setattr(scripts, "_read", lambda name: fake.get(name) or real(name))
+    with pytest.raises(ValueError, match="KEYS or ARGV"):
+        scripts._split("x")
