@@ -39,9 +39,9 @@ Redis Cluster is not supported, so they need not be declared in KEYS, and each a
 is Redis work saved in every publish.
 ]]
 --- @include clock
---- @include spaces
+--- @include publish
 --- @include put
---- @const FORMAT MAX_DUE_MS
+--- @const MAX_DUE_MS
 local dest_key, ns, task_id, payload = KEYS[1], ARGV[1], ARGV[5], ARGV[6]
 local when = tonumber(ARGV[4])
 -- The optional arguments are compared as text: tonumber costs more, and only a non-default
@@ -65,10 +65,5 @@ if due > MAX_DUE_MS or (max_delay ~= '0' and due - now > tonumber(max_delay)) th
   return {-1, due, now, movers}
 end
 
--- k for put, as in_space would make it for this space, in one constructor: no copy.
-local sp = space(ns, cold and 'c' or '')
-local k = {ns = ns, space = sp, index = sp.index, ids = ns .. 'ids', counts = ns .. 'counts',
-           totals = ns .. 'totals', width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]),
-           wake = ns .. 'wake', counter = 'scheduled', expires = expires ~= '0' and tonumber(expires),
-           format = FORMAT}
+local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires)
 return {put(k, now, due, task_id, dest_key, payload), due, now, movers}
