@@ -20,7 +20,7 @@ The scripts of :data:`FUNCTIONS` run once per message. On Redis 7 and later they
 one function library (:func:`library`), loaded on first use and run by ``FCALL``: the same
 text, but a script's helpers (its includes and constants) are made once, when the library
 loads, instead of anew (a closure each) on every call, a good part of what a call costs
-Redis. Where the server has no functions (Redis 6), lost them (``FUNCTION FLUSH``, a restart
+Redis, and a helper may keep what it made for the next call (a memo, see :data:`MEMO`). Where the server has no functions (Redis 6), lost them (``FUNCTION FLUSH``, a restart
 without persistence), or the ACL refuses them, the script runs as it is, by ``EVALSHA``: same
 arguments, same reply.
 """
@@ -44,6 +44,9 @@ from kombu_delay.store import keys
 INCLUDE = re.compile(r"^--- @include ([a-z_]+)[ \t]*$")
 #: A constants line: ``--- @const <NAME> [<NAME>...]``, names of integers in :mod:`keys`.
 CONST = re.compile(r"^--- @const((?: [A-Z][A-Z0-9_]*)+)[ \t]*$")
+#: A helper's memo, ``local <name>_memo = false``: off in a script, whose helpers are made on
+#: every call; a function's library turns it on (an empty table), as its helpers outlive a call.
+MEMO = re.compile(r"^local ([a-z_]+_memo)\b.* = false\b", re.M)
 #: The scripts that also run as functions (see the module's docstring): those called once per
 #: message. The others run once per batch, where a call's own cost is shared.
 FUNCTIONS = ("schedule",)
@@ -123,6 +126,7 @@ def library() -> tuple[str, str]:
         parts = []
         for name in FUNCTIONS:
             helpers, own = _split(name)
+            helpers += "".join(f"{memo} = {{}}\n" for memo in MEMO.findall(helpers))
             register = (
                 f"redis.register_function('{function_name(library_name, name)}', function(KEYS, ARGV)\n"
             )

@@ -5,25 +5,30 @@ publish_k(ns, cold, width, grace, expires)
   cold space or the ordinary one, and a publisher's bucket width, grace and queue x-expires
   (ARGV text, as given; expires '0' = none). It is the same for every publish with the same
   settings, and put only reads it: where a script's helpers outlive a call (a Redis 7
-  function, see scripts.py) it is made once per settings, and a publish builds no key name;
-  as a script, on each call. At most 64 are kept: a caller whose settings kept changing would
-  only make them anew.
+  function: scripts.py turns the memo below on) it is made once per settings, and a publish
+  builds no key name; as a script, on each call, with nothing kept. At most 64 are kept: a
+  caller whose settings kept changing would only make them anew.
 ]]
 --- @include spaces
 --- @const FORMAT
-local publish_k_made, publish_k_count = {}, 0
+local publish_k_memo, publish_k_count = false, 0
 
 local function publish_k(ns, cold, width, grace, expires)
-  local id = ns .. ' ' .. width .. ' ' .. grace .. ' ' .. expires .. (cold and ' c' or '')
-  local k = publish_k_made[id]
-  if k then return k end
+  local id
+  if publish_k_memo then
+    id = ns .. ' ' .. width .. ' ' .. grace .. ' ' .. expires .. (cold and ' c' or '')
+    local k = publish_k_memo[id]
+    if k then return k end
+  end
   -- In one constructor: a table grown field by field is rehashed as it grows.
   local sp = space(ns, cold and 'c' or '')
-  k = {ns = ns, space = sp, index = sp.index, ids = ns .. 'ids', counts = ns .. 'counts',
-       totals = ns .. 'totals', width = tonumber(width), grace = tonumber(grace),
-       wake = ns .. 'wake', counter = 'scheduled', expires = expires ~= '0' and tonumber(expires),
-       format = FORMAT}
-  if publish_k_count >= 64 then publish_k_made, publish_k_count = {}, 0 end
-  publish_k_made[id], publish_k_count = k, publish_k_count + 1
+  local k = {ns = ns, space = sp, index = sp.index, ids = ns .. 'ids', counts = ns .. 'counts',
+             totals = ns .. 'totals', width = tonumber(width), grace = tonumber(grace),
+             wake = ns .. 'wake', counter = 'scheduled', expires = expires ~= '0' and tonumber(expires),
+             format = FORMAT}
+  if publish_k_memo then
+    if publish_k_count >= 64 then publish_k_memo, publish_k_count = {}, 0 end
+    publish_k_memo[id], publish_k_count = k, publish_k_count + 1
+  end
   return k
 end
