@@ -20,7 +20,8 @@ The scripts of :data:`FUNCTIONS` run once per message. On Redis 7 and later they
 one function library (:func:`library`), loaded on first use and run by ``FCALL``: the same
 text, but a script's helpers (its includes and constants) are made once, when the library
 loads, instead of anew (a closure each) on every call, a good part of what a call costs
-Redis, and a helper may keep what it made for the next call (a memo, see :data:`MEMO`). Where the server has no functions (Redis 6), lost them (``FUNCTION FLUSH``, a restart
+Redis, and a helper may keep what it made for the next call (a memo, see :data:`MEMO`).
+Where the server has no functions (Redis 6), lost them (``FUNCTION FLUSH``, a restart
 without persistence), or the ACL refuses them, the script runs as it is, by ``EVALSHA``: same
 arguments, same reply.
 """

@@ -489,7 +489,9 @@ def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix,
     monkeypatch.setattr(transport, "time", types.SimpleNamespace(time=lambda: real_time() - 60))
     r.config_resetstat()
     sent = app.send_task("t.x", eta=datetime.now(UTC) - timedelta(seconds=1)).id
-    ran = sum(int(r.info("commandstats").get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "fcall"))
+    ran = sum(
+        int(r.info("commandstats").get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "fcall")
+    )
     assert ran >= 1  # the script ran (as a function on Redis 7)
     (raw,) = r.lrange(f"{prefix}celery", 0, -1)
     assert json.loads(raw)["headers"]["id"] == sent
