@@ -163,13 +163,17 @@ class Library:
             try:
                 self.client.function_load(library()[1])
                 self._usable = True
-            except (redis.exceptions.OutOfMemoryError, redis.exceptions.BusyLoadingError):
-                return False  # for now: the script runs, or fails as it would anyway
+            except (
+                redis.exceptions.OutOfMemoryError,
+                redis.exceptions.BusyLoadingError,
+                redis.ReadOnlyError,
+            ):
+                return False  # for now (a full, loading or replica server): the script runs
             except redis.ResponseError as error:
                 self._usable = "already exists" in str(error)
                 if not self._usable:
-                    logger.info(
-                        "kombu-delay's scripts run as EVALSHA on this server: FUNCTION LOAD failed: %s", error
+                    logger.debug(
+                        "scripts run by EVALSHA here: FUNCTION LOAD failed: %s", _first_clause(error)
                     )
         return self._usable
 
