@@ -8,6 +8,7 @@ import redis
 
 from kombu_delay.errors import StorageFormatError, translated_errors
 from kombu_delay.store import keys, spaces
+from kombu_delay.store.clock import RedisClock
 from kombu_delay.store.scripts import Scripts
 
 
@@ -28,6 +29,9 @@ class StoreBase:
         #: or the expiries it sets delete what they should keep. A method's ``now_ms`` argument
         #: overrides it for one call.
         self.clock = clock
+        #: Redis's clock as estimated here, for a publish due well ahead (see
+        #: :mod:`kombu_delay.store.clock`); unused with a clock of the store's own.
+        self.redis_clock = RedisClock(client)
         self.prefix = prefix
         #: kombu's ``sep`` transport option, between a queue name and its priority step.
         self.sep = sep

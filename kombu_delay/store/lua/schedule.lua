@@ -3,30 +3,33 @@
 KEYS[1] dest       LIST  kombu's queue list key (written only when already due)
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:": the other keys are named
                    from it (keys.py): <ns>index, <ns>ids, <ns>counts, <ns>totals, the
-                   bucket's own keys, <ns>movers (read only with ARGV[12]) and the channel
+                   bucket's own keys, <ns>movers (read only with ARGV[13]) and the channel
                    <ns>wake that wakes movers
 ARGV[2] width      bucket width, ms
 ARGV[3] grace      how long a bucket outlives its end, ms
-ARGV[4] when       due time, epoch ms, or with ARGV[8] = "1" a delay from now, ms
+ARGV[4] when       due time, epoch ms, or with ARGV[9] = "1" a delay from now, ms
 ARGV[5] task_id    id-index key (Celery task id, message id or delivery tag)
 ARGV[6] payload    the exact JSON string plain kombu would LPUSH; stored as it is, never decoded
 ARGV[7..13] are optional: the caller leaves out those after the last one it needs (each
-  argument costs Redis work in every call, and almost no publish needs any of them).
-ARGV[7] max_delay  furthest delay accepted, ms (absent or "0" = no limit)
-ARGV[8] relative   "1": ARGV[4] is a delay from now; absent or "0": a due time
-ARGV[9] cold       "1" when ARGV[6] is a cold member (kombu_delay/cold.py): stored in the cold
+  argument costs Redis work in every call, and almost no publish needs any of them but the first).
+ARGV[7] now_ms     epoch ms to judge by; absent or '' = Redis TIME. Tests drive time through it,
+                   and a publisher gives its estimate of Redis's clock for a message due well
+                   after it (kombu_delay/store/clock.py), which this script then stores: the
+                   TIME call is a good part of a publish's cost
+ARGV[8] max_delay  furthest delay accepted, ms (absent or "0" = no limit)
+ARGV[9] relative   "1": ARGV[4] is a delay from now; absent or "0": a due time
+ARGV[10] cold      "1" when ARGV[6] is a cold member (kombu_delay/cold.py): stored in the cold
                    space (keys.py), never pushed from here; absent or "0": a payload
-ARGV[10] thaw      ms: a cold member due no later than now + this is refused (code -2), so
+ARGV[11] thaw      ms: a cold member due no later than now + this is refused (code -2), so
                    movers, which thaw that far ahead, always have time to thaw one (read only
-                   with ARGV[9] = "1")
-ARGV[11] expires   the queue's x-expires, ms (absent or "0" = none): kept in the bucket's meta
+                   with ARGV[10] = "1")
+ARGV[12] expires   the queue's x-expires, ms (absent or "0" = none): kept in the bucket's meta
                    hash, so the mover renews the list's expiry when it pushes the message
-ARGV[12] fresh     ms: when given and not "0", also count the movers with a heartbeat this
+ARGV[13] fresh     ms: when given and not "0", also count the movers with a heartbeat this
                    fresh (a publisher asks once, to warn when no mover serves its namespace)
-ARGV[13] now_ms    epoch ms to judge by; absent or '' = Redis TIME (tests drive time through it)
 The storage format (recorded in totals with a bucket's first message) and the latest due
 time accepted are constants of the script (keys.py FORMAT, MAX_DUE_MS).
-Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[12]), else -1;
+Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[13]), else -1;
          code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          MAX_DUE_MS (nothing written), -2 a cold member due too soon (nothing written: the
@@ -46,15 +49,15 @@ local dest_key, ns, task_id, payload = KEYS[1], ARGV[1], ARGV[5], ARGV[6]
 local when = tonumber(ARGV[4])
 -- The optional arguments are compared as text: tonumber costs more, and only a non-default
 -- value needs it.
-local cold = ARGV[9] == '1'
-local max_delay, expires, fresh = ARGV[7] or '0', ARGV[11] or '0', ARGV[12] or '0'
+local cold = ARGV[10] == '1'
+local max_delay, expires, fresh = ARGV[8] or '0', ARGV[12] or '0', ARGV[13] or '0'
 
-local now = clock(ARGV[13])
+local now = clock(ARGV[7])
 local due = when
-if ARGV[8] == '1' then due = now + when end
+if ARGV[9] == '1' then due = now + when end
 local movers = -1
 if fresh ~= '0' then movers = redis.call('ZCOUNT', ns .. 'movers', now - tonumber(fresh), '+inf') end
-if cold and due <= now + tonumber(ARGV[10] or '0') then
+if cold and due <= now + tonumber(ARGV[11] or '0') then
   return {-2, due, now, movers}
 end
 if due <= now then

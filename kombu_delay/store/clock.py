@@ -1,0 +1,67 @@
+"""Redis's clock as a publisher sees it, without asking Redis on every publish.
+
+Whether a message is due is Redis's clock's to say: a publish asks it (``TIME``, inside
+``schedule.lua``) before it pushes a message due now. That question is a good part of a
+publish's Redis CPU, and almost every delayed message is due minutes or days ahead, where the
+answer is certain. So a publisher reads Redis's clock once every :data:`REFRESH_S` seconds,
+keeps its offset from this machine's monotonic clock, and gives the script the estimate as the
+time to judge by when the message is due at least :data:`MARGIN_MS` after it. The script then
+stores the message and never pushes it, whatever the estimate's error: a message is never
+delivered early. Were the estimate late by more than the margin (a clock stepped since the
+last reading), a message already due would be stored rather than pushed, and the mover would
+push it at once. A nearer due time, or no estimate, leaves the judging to Redis's own clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+
+#: Seconds between two readings of Redis's clock (one ``TIME`` round trip each).
+REFRESH_S = 10.0
+#: A message due at least this many ms after the estimate is judged by it (see the module's
+#: docstring); a nearer one by Redis's clock, inside the script.
+MARGIN_MS = 1000
+#: A reading whose round trip took longer than this many seconds is not used: the estimate is
+#: off by up to half a round trip.
+MAX_ROUND_TRIP_S = 0.1
+
+
+class RedisClock:
+    """Redis's clock, estimated from one reading every :data:`REFRESH_S` seconds."""
+
+    def __init__(self, client: redis.Redis, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self._monotonic = monotonic
+        #: Redis's clock minus this machine's monotonic one, ms (``None``: no usable reading).
+        self._offset_ms: float | None = None
+        self._read_at: float | None = None
+
+    def estimate_ms(self) -> float | None:
+        """Redis's clock now, epoch ms, as estimated here; ``None`` when there is no usable
+        reading (the last round trip was too slow)."""
+        now = self._monotonic()
+        if self._read_at is None or now - self._read_at >= REFRESH_S:
+            self._read()
+            now = self._monotonic()
+        return None if self._offset_ms is None else now * 1000 + self._offset_ms
+
+    def judge_by(self, due_ms: int) -> str:
+        """The ``now_ms`` argument of a publish of a message due at ``due_ms``: the estimate
+        when the message is due at least :data:`MARGIN_MS` after it, else '' (Redis's clock)."""
+        estimate = self.estimate_ms()
+        if estimate is None or due_ms < estimate + MARGIN_MS:
+            return ""
+        return str(int(estimate))
+
+    def _read(self) -> None:
+        before = self._monotonic()
+        sec, usec = self.client.time()
+        after = self._monotonic()
+        self._read_at = after
+        if after - before > MAX_ROUND_TRIP_S:
+            self._offset_ms = None
+            return
+        self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2 * 1000

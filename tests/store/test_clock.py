@@ -1,0 +1,127 @@
+"""A publish due well ahead is judged by the publisher's estimate of Redis's clock, read once
+in a while, not by a TIME call in every publish: never early, and nothing lost when the
+estimate is wrong (kombu_delay/store/clock.py)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.store import Store, clock, keys, spaces
+from kombu_delay.store.replies import Scheduled
+from tests.support.stored import kombu_payload, redis_ms
+
+HOUR_MS = 3_600_000
+
+
+class SteppedClock:
+    """A monotonic clock that a test can step: as if Redis's clock had been stepped the other
+    way since the publisher's last reading."""
+
+    def __init__(self) -> None:
+        self.step_s = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.step_s
+
+
+def time_calls(r: redis.Redis) -> int:
+    """The TIME commands Redis ran since the last CONFIG RESETSTAT, its scripts' included."""
+    return int(r.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
+
+
+def stepped_store(r: redis.Redis, prefix: str) -> tuple[Store, SteppedClock]:
+    store = Store(r, prefix)
+    stepped = SteppedClock()
+    store.redis_clock = clock.RedisClock(r, monotonic=stepped)
+    store.redis_clock.estimate_ms()  # the reading, before any step
+    return store, stepped
+
+
+def test_a_publish_well_ahead_asks_redis_no_time(r: redis.Redis, prefix: str) -> None:
+    store, settings, queue = Store(r, prefix), Settings(compress_after_ms=0), f"{prefix}q"
+    base = redis_ms(r)
+    store.schedule(Due(base + 60_000, task_id="first"), queue, kombu_payload("first"), settings)
+    r.config_resetstat()
+    for i in range(50):
+        result = store.schedule(Due(base + 60_000, task_id=f"t{i}"), queue, kombu_payload(f"t{i}"), settings)
+        assert result.outcome is Scheduled.STORED
+    assert time_calls(r) == 0
+    # Due now: judged by Redis's clock, and pushed as plain kombu would.
+    result = store.schedule(Due(base - 1, task_id="now"), queue, kombu_payload("now"), settings)
+    assert result.outcome is Scheduled.PUSHED_NOW
+    assert time_calls(r) == 1
+    # Due within the margin of the estimate (or already): Redis's clock again.
+    store.schedule(Due(base + clock.MARGIN_MS // 2, task_id="near"), queue, kombu_payload("near"), settings)
+    assert time_calls(r) == 2
+
+
+def test_an_estimate_ahead_of_redis_never_pushes_early(r: redis.Redis, prefix: str) -> None:
+    store, stepped = stepped_store(r, prefix)
+    stepped.step_s = HOUR_MS / 1000  # the estimate runs an hour ahead of Redis
+    settings, queue = Settings(compress_after_ms=0), f"{prefix}q"
+    for name, ahead_ms in (("soon", 5_000), ("later", 30 * 60_000), ("far", 2 * HOUR_MS)):
+        due = redis_ms(r) + ahead_ms
+        result = store.schedule(Due(due, task_id=name), queue, kombu_payload(name), settings)
+        assert result.outcome is Scheduled.STORED, name
+        assert result.due_ms == due
+    assert r.llen(queue) == 0
+    moved = store.move_due(100)
+    assert moved.moved == 0
+    assert r.llen(queue) == 0
+
+
+def test_an_estimate_behind_redis_stores_a_due_message_for_the_mover(r: redis.Redis, prefix: str) -> None:
+    """A message already due by Redis's clock, that the estimate takes for one due ahead, is
+    stored rather than pushed, and the next move delivers it: late by one move, not lost."""
+    store, stepped = stepped_store(r, prefix)
+    stepped.step_s = -HOUR_MS / 1000  # the estimate runs an hour behind Redis
+    settings, queue = Settings(compress_after_ms=0), f"{prefix}q"
+    overdue = kombu_payload("overdue")
+    result = store.schedule(Due(redis_ms(r) - 30 * 60_000, task_id="overdue"), queue, overdue, settings)
+    assert result.outcome is Scheduled.STORED
+    ahead = kombu_payload("ahead")
+    store.schedule(Due(redis_ms(r) + 60_000, task_id="ahead"), queue, ahead, settings)
+    assert r.llen(queue) == 0
+    # Its bucket outlives the mover's coming: it expires a grace after its end, by Redis's clock.
+    for stored_set in r.keys(f"{keys.ns(prefix)}z:*"):
+        assert r.pttl(stored_set) > settings.grace_ms - HOUR_MS
+    moved = store.move_due(100)
+    assert moved.moved == 1
+    assert r.lrange(queue, 0, -1) == [overdue.encode()]
+    assert [s.payload for s in store.find("ahead")] == [ahead.encode()]
+
+
+def test_a_slow_reading_is_not_used(r: redis.Redis) -> None:
+    """A reading whose round trip took too long gives no estimate: Redis's clock judges."""
+    ticks = itertools.count(0.0, clock.MAX_ROUND_TRIP_S * 2)  # each reading of it takes that long
+    slow = clock.RedisClock(r, monotonic=lambda: next(ticks))
+    assert slow.judge_by(redis_ms(r) + HOUR_MS) == ""
+
+
+def test_the_estimate_is_read_again_after_the_refresh(r: redis.Redis) -> None:
+    now = [1000.0]
+    estimate = clock.RedisClock(r, monotonic=lambda: now[0])
+    before = redis_ms(r)
+    r.config_resetstat()
+    first = estimate.estimate_ms()
+    assert first is not None and before <= first < before + 1000
+    now[0] += clock.REFRESH_S / 2
+    estimate.estimate_ms()
+    assert time_calls(r) == 1
+    now[0] += clock.REFRESH_S
+    estimate.estimate_ms()
+    assert time_calls(r) == 2
+
+
+def test_the_arguments_of_a_publish_well_ahead(r: redis.Redis, prefix: str) -> None:
+    """The estimate goes first among the optional arguments: almost every publish sends it."""
+    store, settings = Store(r, prefix), Settings(compress_after_ms=0)
+    due = Due(redis_ms(r) + 120_000, task_id="a")
+    _, args = store._schedule_call(spaces.ORDINARY, due, f"{prefix}q", "{}", settings)
+    assert len(args) == 7
+    assert abs(int(args[6]) - redis_ms(r)) < 1000
