@@ -11,7 +11,7 @@ import redis
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase, as_text, format_must_be
-from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, SweepResult, ThawResult
+from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Stored, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 
@@ -98,23 +98,25 @@ class Moving(StoreBase):
 
     def _restored(self, listed: list[Any]) -> list[Any]:
         """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
-        member each): each followed by its message, or ``b""`` (logged) when it cannot be restored."""
+        member each): start, due time, id-index ref, dest, member and message each, the message
+        ``b""`` (logged) when it cannot be restored."""
         items: list[Any] = []
         for i in range(0, len(listed), 4):
             start, score, dest, member = listed[i : i + 4]
+            stored = Stored(int(start), float(score), as_text(dest), bytes(member), cold=True)
             try:
-                message = spaces.COLD.message(bytes(member))
+                message = stored.message
             except CorruptMember as exc:
                 logger.error(
                     "cold message in bucket %s for %s cannot be restored (%s); it goes to the "
                     "dead-letter list %s",
                     as_text(start),
-                    as_text(dest),
+                    stored.dest,
                     exc,
                     keys.dead(self.prefix),
                 )
                 message = b""
-            items += [start, score, dest, member, message]
+            items += [start, stored.due_ms, stored.ref, dest, member, message]
         return items
 
     def cold_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:

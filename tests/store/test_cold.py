@@ -604,3 +604,31 @@ def test_a_mover_that_thaws_far_ahead_is_in_time_with_a_narrow_publisher_behind_
     finally:
         mover.stop()
         runner.join(30)
+
+
+def test_a_thaw_replaces_only_the_thawed_refs_of_each_task_id(r, prefix):
+    """The id index is rewritten once per thaw call: each thawed message's cold ref gives way
+    to its ordinary one, and a task id's other refs (an ordinary message of the same id, a
+    retry of it thawed in the same call) stay, each once."""
+    clock = FakeClock(r)
+    store, queue = Store(r, prefix, clock=clock), f"{prefix}q"
+    due = clock() + 600_000
+    bodies = ["b3JkaW5hcnk=", "Y29sZC0x", "Y29sZC0y"]  # three messages of task id "t"
+    store.schedule(Due(due, task_id="t"), queue, kombu_payload("t", body=bodies[0]), Settings(compress_after_ms=0))
+    for offset, body in enumerate(bodies[1:], 1):
+        store.schedule(Due(due + offset, task_id="t"), queue, kombu_payload("t", body=body), FAST)
+    store.schedule(Due(due + 3, task_id="u"), queue, kombu_payload("u"), FAST)
+    assert len(cold_members(r, prefix)) == 3
+    ids = keys.ids(prefix)
+    assert sum(ref.startswith("c") for ref in r.hget(ids, "t").decode().split()) == 2
+
+    clock.ms = due - 1000
+    assert store.thaw(2000, 100).thawed == 3
+    refs = r.hget(ids, "t").decode().split()
+    assert len(refs) == len(set(refs)) == 3 and not any(ref.startswith("c") for ref in refs)
+    found = store.find("t")
+    assert sorted(json.loads(s.payload)["body"] for s in found) == sorted(bodies)
+    assert not any(s.cold for s in found)
+    assert [s.cold for s in store.find("u")] == [False]
+    assert len(r.hget(ids, "u").split()) == 1
+    assert store.cancel("t") == 3 and not r.hexists(ids, "t")

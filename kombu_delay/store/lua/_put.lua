@@ -23,7 +23,6 @@ put(k, now, due, task_id, dest, payload)
 
 ]]
 --- @include clock
---- @include ref_text
 --- @include spaces
 --- @include staged
 -- A count as a command argument: Redis turns a Lua number into text with "%.17g", costly
@@ -33,16 +32,11 @@ local function count_arg(n)
   return n
 end
 
--- Adds the ref of one message added to the id index. Written before the expiries, which
--- need the ids hash to exist. A message that already has a ref (old_ref: thawed out of the
--- cold space) gets it replaced.
-local function add_ref(k, start, start_s, task_id, due, seq, old_ref)
+-- Adds the ref of one message added to the id index (put_group's add_refs, several). Written
+-- before the expiries, which need the ids hash to exist.
+local function add_ref(k, start, start_s, task_id, due, seq)
   local ref = k.space.tag .. start_s .. string.format(':%d:%d', due - start, seq)
-  if old_ref then
-    local refs = redis.call('HGET', k.ids, task_id)
-    local kept = refs and without_ref(refs, old_ref)
-    redis.call('HSET', k.ids, task_id, kept and (kept .. ' ' .. ref) or ref)
-  elseif redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
+  if redis.call('HSETNX', k.ids, task_id, ref) == 0 then  -- a retry reuses its task id
     redis.call('HSET', k.ids, task_id, redis.call('HGET', k.ids, task_id) .. ' ' .. ref)
   end
 end

@@ -5,10 +5,12 @@ put_group(k, now, start, dest, msgs)
   one destination, sharing its per-bucket work (thaw.lua, whose messages may be overdue).
   msgs[i] = {due, task_id, payload, old_ref}: old_ref, when given, is the message's current
   ref in the id index, replaced by the new one. k.counted: the messages are counted already
-  (in counts). Returns the code of each, as put. Bound: four commands per message, and put's
-  per-bucket ones once.
+  (in counts). Returns the code of each, as put. Bound: one command per message (its ZADD),
+  and put's per-bucket ones once, the id index's in two (one HMGET, one HSET) per slice of
+  1000 messages.
 ]]
 --- @include put
+--- @include refs
 -- Adds each message to the bucket's set for its destination (ZADD NX: an identical payload
 -- there already is a duplicate, code 2); returns the codes, the messages added, the earliest
 -- of them, and the bucket's seq counter after this call.
@@ -26,6 +28,36 @@ local function add_members(meta, zset, msgs)
     end
   end
   return codes, added, first, n_seq
+end
+
+-- add_ref for the messages added, in two commands per slice of 1000 whatever their number:
+-- their ids' refs read in one HMGET, and written back with each new ref (in place of its
+-- old_ref, when it has one) in one HSET.
+local function add_refs(k, start, start_s, added)
+  local after, order = {}, {}
+  for first = 1, #added, 1000 do
+    local last = math.min(#added, first + 999)
+    local ids = {}
+    for i = first, last do ids[#ids + 1] = added[i].task_id end
+    local stored = redis.call('HMGET', k.ids, unpack(ids))
+    for i = first, last do
+      local m = added[i]
+      local refs = after[m.task_id]
+      if refs == nil then
+        refs = stored[i - first + 1]
+        order[#order + 1] = m.task_id
+      end
+      if refs and m.old_ref then refs = without_ref(refs, m.old_ref) end
+      local ref = k.space.tag .. start_s .. string.format(':%d:%d', m.due - start, m.seq)
+      after[m.task_id] = refs and (refs .. ' ' .. ref) or ref
+    end
+  end
+  local fields = {}
+  for _, task_id in ipairs(order) do
+    fields[#fields + 1] = task_id
+    fields[#fields + 1] = after[task_id]
+  end
+  call_sliced('HSET', k.ids, fields, 1000)
 end
 
 local function put_group(k, now, start, dest, msgs)
@@ -53,7 +85,7 @@ local function put_group(k, now, start, dest, msgs)
   for i, m in ipairs(added) do task_ids[i] = m.task_id end
   b.n_added = #added
   b.n_here, b.dest_new, b.n_tasks = count_added(k, b.meta, dest, b.tasks, #added, task_ids)
-  for _, m in ipairs(added) do add_ref(k, start, start_s, m.task_id, m.due, m.seq, m.old_ref) end
+  add_refs(k, start, start_s, added)
   set_expiries(k, now, b, tonumber(redis.call('HGET', b.meta, 'x')))
   wake_if_first(k, start_s, b.zset, first.due, first.payload)
   return codes

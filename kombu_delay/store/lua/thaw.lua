@@ -10,13 +10,16 @@ KEYS[6] dead    LIST  <ns>dead      dead letters: what could not be restored, ke
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] wake    pub/sub channel that wakes movers
 ARGV[3] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
-ARGV[4..] one group of five per message: start (its cold bucket), score, dest, member (the
-        cold member, exactly as listed), message (the JSON string it restores to; "" when it
-        could not be restored)
+ARGV[4..] one group of six per message: start (its cold bucket), due (epoch ms), ref (its
+        id-index ref in the cold space, "c<start>:<offset>:<seq>", as put wrote it), dest,
+        member (the cold member, exactly as listed), message (the JSON string it restores
+        to; "" when it could not be restored). The caller makes due and ref from the score
+        listed: text Lua would otherwise make, per message, at a good part of its cost.
 Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that were
          cancelled meanwhile (nothing written for them), and the rare one whose identical
          twin was stored already (counted as cancelled).
-Bound: about six O(log n) commands per message, and a constant number per bucket.
+Bound: about three O(log n) commands per message, and a constant number per bucket and
+       destination (put_group).
 
 Each message leaves the cold space (ZREM first, so a member already gone is left alone)
 and enters the ordinary one (put_group in _put_group.lua) in this one script, so a crash can
@@ -47,8 +50,8 @@ local order = {}  -- the groups of messages put_group stores, in the order first
 -- that was cancelled, is gone, and nothing is written for it). The counts stay: the
 -- messages are still scheduled. The ordinary buckets' work is then done per bucket and
 -- destination (put_group), and the cold buckets' meta counts once per bucket.
-for i = 4, #ARGV, 5 do
-  local start_s, score_s, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+for i = 4, #ARGV, 6 do
+  local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local meta = cold_meta[start_s]
   if not meta then
     local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x')
@@ -63,10 +66,8 @@ for i = 4, #ARGV, 5 do
   if redis.call('ZREM', cs:zset(start_s, dest), member) == 0 then
     gone = gone + 1
   else
-    local score = tonumber(score_s)
-    local due = math.floor(score)
+    local due = tonumber(due_s)
     local task_id = cold_task_id(member)
-    local ref = cs.tag .. score_ref(start_s, score)
     if not removed[start_s] then
       removed[start_s] = {}
       touched[#touched + 1] = start_s
