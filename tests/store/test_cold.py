@@ -614,7 +614,8 @@ def test_a_thaw_replaces_only_the_thawed_refs_of_each_task_id(r, prefix):
     store, queue = Store(r, prefix, clock=clock), f"{prefix}q"
     due = clock() + 600_000
     bodies = ["b3JkaW5hcnk=", "Y29sZC0x", "Y29sZC0y"]  # three messages of task id "t"
-    store.schedule(Due(due, task_id="t"), queue, kombu_payload("t", body=bodies[0]), Settings(compress_after_ms=0))
+    ordinary = Settings(compress_after_ms=0)
+    store.schedule(Due(due, task_id="t"), queue, kombu_payload("t", body=bodies[0]), ordinary)
     for offset, body in enumerate(bodies[1:], 1):
         store.schedule(Due(due + offset, task_id="t"), queue, kombu_payload("t", body=body), FAST)
     store.schedule(Due(due + 3, task_id="u"), queue, kombu_payload("u"), FAST)
