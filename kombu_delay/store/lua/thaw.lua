@@ -18,8 +18,8 @@ ARGV[4..] one group of six per message: start (its cold bucket), due (epoch ms),
 Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that were
          cancelled meanwhile (nothing written for them), and the rare one whose identical
          twin was stored already (counted as cancelled).
-Bound: about three O(log n) commands per message, and a constant number per bucket and
-       destination (put_group).
+Bound: two O(log n) commands per message (its ZREM and ZADD), a constant number per bucket
+       and destination (put_group), and two for the id index per 1000 messages.
 
 Each message leaves the cold space (ZREM first, so a member already gone is left alone)
 and enters the ordinary one (put_group in _put_group.lua) in this one script, so a crash can
