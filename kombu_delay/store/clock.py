@@ -10,6 +10,9 @@ stores the message and never pushes it, whatever the estimate's error: a message
 delivered early. Were the estimate late by more than the margin (a clock stepped since the
 last reading), a message already due would be stored rather than pushed, and the mover would
 push it at once. A nearer due time, or no estimate, leaves the judging to Redis's own clock.
+The clock is read again as soon as this machine's wall clock and its monotonic one part (a
+suspended machine, whose monotonic clock stood still, or a wall clock stepped), so an estimate
+is never far off for longer than one publish.
 """
 
 from __future__ import annotations
@@ -27,26 +30,43 @@ MARGIN_MS = 1000
 #: A reading whose round trip took longer than this many seconds is not used: the estimate is
 #: off by up to half a round trip.
 MAX_ROUND_TRIP_S = 0.1
+#: Seconds by which this machine's wall clock and monotonic clock may part between two readings
+#: before the estimate is read again.
+MAX_PARTING_S = 0.5
 
 
 class RedisClock:
     """Redis's clock, estimated from one reading every :data:`REFRESH_S` seconds."""
 
-    def __init__(self, client: redis.Redis, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.client = client
         self._monotonic = monotonic
+        self._wall = wall
         #: Redis's clock minus this machine's monotonic one, ms (``None``: no usable reading).
         self._offset_ms: float | None = None
-        self._read_at: float | None = None
+        #: This machine's monotonic and wall clocks at the last reading.
+        self._read_at: tuple[float, float] | None = None
 
     def estimate_ms(self) -> float | None:
         """Redis's clock now, epoch ms, as estimated here; ``None`` when there is no usable
         reading (the last round trip was too slow)."""
         now = self._monotonic()
-        if self._read_at is None or now - self._read_at >= REFRESH_S:
+        if self._stale(now):
             self._read()
             now = self._monotonic()
         return None if self._offset_ms is None else now * 1000 + self._offset_ms
+
+    def _stale(self, now: float) -> bool:
+        if self._read_at is None:
+            return True
+        monotonic_at, wall_at = self._read_at
+        elapsed = now - monotonic_at
+        return elapsed >= REFRESH_S or abs(self._wall() - wall_at - elapsed) > MAX_PARTING_S
 
     def judge_by(self, due_ms: int) -> str:
         """The ``now_ms`` argument of a publish of a message due at ``due_ms``: the estimate
@@ -60,7 +80,7 @@ class RedisClock:
         before = self._monotonic()
         sec, usec = self.client.time()
         after = self._monotonic()
-        self._read_at = after
+        self._read_at = (after, self._wall())
         if after - before > MAX_ROUND_TRIP_S:
             self._offset_ms = None
             return

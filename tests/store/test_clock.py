@@ -37,7 +37,7 @@ def time_calls(r: redis.Redis) -> int:
 def stepped_store(r: redis.Redis, prefix: str) -> tuple[Store, SteppedClock]:
     store = Store(r, prefix)
     stepped = SteppedClock()
-    store.redis_clock = clock.RedisClock(r, monotonic=stepped)
+    store.redis_clock = clock.RedisClock(r, monotonic=stepped, wall=lambda: time.time() + stepped.step_s)
     store.redis_clock.estimate_ms()  # the reading, before any step
     return store, stepped
 
@@ -105,7 +105,7 @@ def test_a_slow_reading_is_not_used(r: redis.Redis) -> None:
 
 def test_the_estimate_is_read_again_after_the_refresh(r: redis.Redis) -> None:
     now = [1000.0]
-    estimate = clock.RedisClock(r, monotonic=lambda: now[0])
+    estimate = clock.RedisClock(r, monotonic=lambda: now[0], wall=lambda: now[0])
     before = redis_ms(r)
     r.config_resetstat()
     first = estimate.estimate_ms()
@@ -125,3 +125,19 @@ def test_the_arguments_of_a_publish_well_ahead(r: redis.Redis, prefix: str) -> N
     _, args = store._schedule_call(spaces.ORDINARY, due, f"{prefix}q", "{}", settings)
     assert len(args) == 7
     assert abs(int(args[6]) - redis_ms(r)) < 1000
+
+
+def test_the_estimate_is_read_again_when_the_machine_slept(r: redis.Redis) -> None:
+    """A suspended machine's monotonic clock stands still while its wall clock (and Redis's)
+    goes on: the estimate is read again at once, not a refresh later."""
+    mono, wall = [1000.0], [time.time()]
+    estimate = clock.RedisClock(r, monotonic=lambda: mono[0], wall=lambda: wall[0])
+    estimate.estimate_ms()
+    r.config_resetstat()
+    wall[0] += clock.MAX_PARTING_S / 2
+    mono[0] += clock.MAX_PARTING_S / 2
+    estimate.estimate_ms()
+    assert time_calls(r) == 0
+    wall[0] += 2 * 3600  # two hours asleep: the monotonic clock stood still
+    estimate.estimate_ms()
+    assert time_calls(r) == 1
