@@ -11,8 +11,11 @@ delivered early. Were the estimate late by more than the margin (a clock stepped
 last reading), a message already due would be stored rather than pushed, and the mover would
 push it at once. A nearer due time, or no estimate, leaves the judging to Redis's own clock.
 The clock is read again as soon as this machine's wall clock and its monotonic one part (a
-suspended machine, whose monotonic clock stood still, or a wall clock stepped), so an estimate
-is never far off for longer than one publish.
+suspended machine, whose monotonic clock stood still, or a wall clock stepped); a step of
+Redis's own clock, or a failover to a server whose clock differs, goes unseen until the next
+reading. Whatever the error, the expiries a publish sets are set by Redis's clock: a
+message the estimate took for one due ahead that is long overdue (by more than
+``delay_grace``) is still kept until the mover pushes it.
 """
 
 from __future__ import annotations
@@ -68,13 +71,14 @@ class RedisClock:
         elapsed = now - monotonic_at
         return elapsed >= REFRESH_S or abs(self._wall() - wall_at - elapsed) > MAX_PARTING_S
 
-    def judge_by(self, due_ms: int) -> str:
-        """The ``now_ms`` argument of a publish of a message due at ``due_ms``: the estimate
-        when the message is due at least :data:`MARGIN_MS` after it, else '' (Redis's clock)."""
+    def judge_by(self, due_ms: int) -> int | None:
+        """The time a publish of a message due at ``due_ms`` is judged by: the estimate (epoch
+        ms) when the message is due at least :data:`MARGIN_MS` after it, else ``None`` (Redis's
+        clock)."""
         estimate = self.estimate_ms()
         if estimate is None or due_ms < estimate + MARGIN_MS:
-            return ""
-        return str(int(estimate))
+            return None
+        return int(estimate)
 
     def _read(self) -> None:
         before = self._monotonic()

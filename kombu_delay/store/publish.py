@@ -137,7 +137,7 @@ class Publishing(StoreBase):
         # The optional arguments, each at its default when 0 or '': only those up to the last
         # one needed are sent (each costs Redis work in every call).
         optional: list[Any] = [
-            self._judge_by(due, now_ms),
+            *self._judge_by(due, now_ms),
             int(settings.max_delay_ms),  # schedule.lua reads "0" as no limit
             1 if due.relative else 0,
             1 if space.compressed else 0,
@@ -150,13 +150,15 @@ class Publishing(StoreBase):
         call_args += optional
         return call_keys, call_args
 
-    def _judge_by(self, due: Due, now_ms: int | None) -> str:
-        """schedule.lua's ``now_ms``: as :meth:`_now`, but in production (no clock of this
-        store's own) Redis's clock as estimated here for a due time well ahead of it, which
-        spares the script its ``TIME`` call (see :mod:`kombu_delay.store.clock`)."""
-        if now_ms is not None or self.clock is not None or due.relative:
-            return self._now(now_ms)
-        return self.redis_clock.judge_by(due.ms)
+    def _judge_by(self, due: Due, now_ms: int | None) -> tuple[str, int]:
+        """schedule.lua's ``now_ms`` and ``estimated``: as :meth:`_now`, but in production (no
+        clock of this store's own) Redis's clock as estimated here for a due time well ahead
+        of it, which spares the script its ``TIME`` call (see :mod:`kombu_delay.store.clock`)."""
+        if now_ms is None and self.clock is None and not due.relative:
+            estimate = self.redis_clock.judge_by(due.ms)
+            if estimate is not None:
+                return str(estimate), 1
+        return self._now(now_ms), 0
 
     def renew_expiry(self, lists: Iterable[str], expires_ms: int) -> None:
         """Set the expiry of the existing ``lists`` to ``expires_ms`` (a queue's x-expires),

@@ -113,7 +113,7 @@ def test_a_publish_sends_only_the_arguments_it_needs(r: redis.Redis, prefix: str
     assert call_keys == [f"{prefix}q"]
     assert len(args) == 6
     _, args = store._schedule_call(spaces.ORDINARY, plain, f"{prefix}q", "{}", settings, expires_ms=5000)
-    assert args[6:] == ["", 0, 0, 0, 0, 5000]
+    assert args[6:] == ["", 0, 0, 0, 0, 0, 5000]
     # Stored as with every argument given: a relative due, and the queue's x-expires.
     store.schedule(Due(120_000, relative=True, task_id="b"), f"{prefix}q", kombu_payload("b"), settings, 5000)
     [meta] = r.keys(f"{keys.ns(prefix)}m:*")

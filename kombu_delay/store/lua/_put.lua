@@ -1,6 +1,6 @@
 --[[ put: storing messages in their time bucket.
 
-put(k, now, due, task_id, dest, payload)
+put(k, now, due, task_id, dest, payload, estimated)
   Stores one message due in the future (schedule.lua and reschedule.lua; put_group in
   _put_group.lua stores several, sharing the per-bucket work).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
@@ -19,6 +19,10 @@ put(k, now, due, task_id, dest, payload)
   is read (an earlier one is extended; with one width and grace, it never is).
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
   in this bucket (nothing written but a step of the bucket's seq counter).
+  estimated: ``now`` is a publisher's estimate of the Redis clock (schedule.lua): the
+  expiries, where they are set, are set by Redis's own, and a message the estimate took for
+  one due ahead that is due already gets its keys' expiry extended by its lateness, as the
+  thaw does for an overdue one, so they outlive the move that pushes it.
   Bound: a constant number of O(log n) commands.
 
 ]]
@@ -52,10 +56,11 @@ end
 -- and the index with it), or when this destination's global count was zero (they may
 -- have emptied and vanished, taking their expiry with them).
 -- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
--- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new);
+-- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new, late: ms
+-- added to the grace);
 -- known_x: the meta hash's field x, as the caller read it (nil when none).
 local function set_expiries(k, now, b, known_x)
-  local end_ms, expire_at = b.start + k.width, b.start + k.width + k.grace
+  local end_ms, expire_at = b.start + k.width, b.start + k.width + k.grace + b.late
   local extended = not known_x or expire_at > known_x
   local new_set = b.n_here == b.n_added
   if extended then
@@ -132,7 +137,7 @@ end
 -- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
 -- publish. Of the per-bucket work, only the read of the expiry is left on it: set_expiries
 -- runs only where it can change something (expiries_settled).
-local function put(k, now, due, task_id, dest, payload)
+local function put(k, now, due, task_id, dest, payload, estimated)
   local start = due - due % k.width
   local start_s = string.format('%d', start)
   local meta, zset = k.space:meta(start_s), k.space:zset(start_s, dest)
@@ -150,9 +155,14 @@ local function put(k, now, due, task_id, dest, payload)
   local known_x = tonumber(known[1])
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
   if not expiries_settled(k, start, known_x, n_here, 1, n_tasks, dest_new) then
+    local late = 0
+    if estimated then
+      now = clock('')
+      late = math.max(0, now - due)
+    end
     set_expiries(k, now, {start = start, start_s = start_s, dest = dest, n_msgs = 1, meta = meta,
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
-                          n_seq = n_seq, n_added = 1, n_here = n_here}, known_x)
+                          n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x)
   end
   wake_if_first(k, start_s, zset, due, payload)
   return 1

@@ -65,7 +65,7 @@ local function put_group(k, now, start, dest, msgs)
   local b = {start = start, start_s = start_s, dest = dest, n_msgs = #msgs,
              meta = k.space:meta(start_s), zset = k.space:zset(start_s, dest),
              tasks = k.space:tasks(start_s), n_tasks = 0, dest_new = false,
-             n_seq = 0, n_added = 0, n_here = 0}  -- all here: a table grown later is rehashed
+             n_seq = 0, n_added = 0, n_here = 0, late = 0}  -- all here: a table grown later is rehashed
   local codes, added, first
   codes, added, first, b.n_seq = add_members(b.meta, b.zset, msgs)
   local t = first and staged_mark(b.meta, dest)

@@ -3,33 +3,34 @@
 KEYS[1] dest       LIST  kombu's queue list key (written only when already due)
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:": the other keys are named
                    from it (keys.py): <ns>index, <ns>ids, <ns>counts, <ns>totals, the
-                   bucket's own keys, <ns>movers (read only with ARGV[13]) and the channel
+                   bucket's own keys, <ns>movers (read only with ARGV[14]) and the channel
                    <ns>wake that wakes movers
 ARGV[2] width      bucket width, ms
 ARGV[3] grace      how long a bucket outlives its end, ms
-ARGV[4] when       due time, epoch ms, or with ARGV[9] = "1" a delay from now, ms
+ARGV[4] when       due time, epoch ms, or with ARGV[10] = "1" a delay from now, ms
 ARGV[5] task_id    id-index key (Celery task id, message id or delivery tag)
 ARGV[6] payload    the exact JSON string plain kombu would LPUSH; stored as it is, never decoded
-ARGV[7..13] are optional: the caller leaves out those after the last one it needs (each
-  argument costs Redis work in every call, and almost no publish needs any of them but the first).
-ARGV[7] now_ms     epoch ms to judge by; absent or '' = Redis TIME. Tests drive time through it,
-                   and a publisher gives its estimate of Redis's clock for a message due well
-                   after it (kombu_delay/store/clock.py), which this script then stores: the
-                   TIME call is a good part of a publish's cost
-ARGV[8] max_delay  furthest delay accepted, ms (absent or "0" = no limit)
-ARGV[9] relative   "1": ARGV[4] is a delay from now; absent or "0": a due time
-ARGV[10] cold      "1" when ARGV[6] is a cold member (kombu_delay/cold.py): stored in the cold
+ARGV[7..14] are optional: the caller leaves out those after the last one it needs (each
+  argument costs Redis work in every call, and almost no publish needs any but the first two).
+ARGV[7] now_ms     epoch ms to judge by; absent or '' = Redis TIME (tests drive time through it)
+ARGV[8] estimated  "1": ARGV[7] is a publisher's estimate of Redis's clock, given for a message
+                   due well after it (kombu_delay/store/clock.py), which this script then stores
+                   without a TIME call (a good part of a publish's cost); the expiries, set once
+                   per new set or bucket (put), then read Redis's clock
+ARGV[9] max_delay  furthest delay accepted, ms (absent or "0" = no limit)
+ARGV[10] relative  "1": ARGV[4] is a delay from now; absent or "0": a due time
+ARGV[11] cold      "1" when ARGV[6] is a cold member (kombu_delay/cold.py): stored in the cold
                    space (keys.py), never pushed from here; absent or "0": a payload
-ARGV[11] thaw      ms: a cold member due no later than now + this is refused (code -2), so
+ARGV[12] thaw      ms: a cold member due no later than now + this is refused (code -2), so
                    movers, which thaw that far ahead, always have time to thaw one (read only
-                   with ARGV[10] = "1")
-ARGV[12] expires   the queue's x-expires, ms (absent or "0" = none): kept in the bucket's meta
+                   with ARGV[11] = "1")
+ARGV[13] expires   the queue's x-expires, ms (absent or "0" = none): kept in the bucket's meta
                    hash, so the mover renews the list's expiry when it pushes the message
-ARGV[13] fresh     ms: when given and not "0", also count the movers with a heartbeat this
+ARGV[14] fresh     ms: when given and not "0", also count the movers with a heartbeat this
                    fresh (a publisher asks once, to warn when no mover serves its namespace)
 The storage format (recorded in totals with a bucket's first message) and the latest due
 time accepted are constants of the script (keys.py FORMAT, MAX_DUE_MS).
-Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[13]), else -1;
+Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[14]), else -1;
          code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          MAX_DUE_MS (nothing written), -2 a cold member due too soon (nothing written: the
@@ -49,15 +50,15 @@ local dest_key, ns, task_id, payload = KEYS[1], ARGV[1], ARGV[5], ARGV[6]
 local when = tonumber(ARGV[4])
 -- The optional arguments are compared as text: tonumber costs more, and only a non-default
 -- value needs it.
-local cold = ARGV[10] == '1'
-local max_delay, expires, fresh = ARGV[8] or '0', ARGV[12] or '0', ARGV[13] or '0'
+local cold, estimated = ARGV[11] == '1', ARGV[8] == '1'
+local max_delay, expires, fresh = ARGV[9] or '0', ARGV[13] or '0', ARGV[14] or '0'
 
 local now = clock(ARGV[7])
 local due = when
-if ARGV[9] == '1' then due = now + when end
+if ARGV[10] == '1' then due = now + when end
 local movers = -1
 if fresh ~= '0' then movers = redis.call('ZCOUNT', ns .. 'movers', now - tonumber(fresh), '+inf') end
-if cold and due <= now + tonumber(ARGV[11] or '0') then
+if cold and due <= now + tonumber(ARGV[12] or '0') then
   return {-2, due, now, movers}
 end
 if due <= now then
@@ -69,4 +70,4 @@ if due > MAX_DUE_MS or (max_delay ~= '0' and due - now > tonumber(max_delay)) th
 end
 
 local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires)
-return {put(k, now, due, task_id, dest_key, payload), due, now, movers}
+return {put(k, now, due, task_id, dest_key, payload, estimated), due, now, movers}
