@@ -19,8 +19,10 @@ SEQ_SLOTS = 2048
 #: kombu's default ``sep`` transport option, between a queue name and its priority step.
 KOMBU_PRIORITY_SEP = "\x06\x16"
 
-#: Latest due time accepted, epoch ms (2**42 ms is in the year 2109).
-MAX_DUE_MS = 2**42
+#: Latest due time accepted, epoch ms (in the year 2109): below 2**42, where a double still holds
+#: every score ``due + seq/2048`` exactly, so each message's id-index ref can be read back
+#: from its score.
+MAX_DUE_MS = 2**42 - 1
 
 #: The storage format this version writes and reads: the layout of every key named here. A
 #: change that code of this format would misread takes the next number. Publishers (with their

@@ -13,7 +13,7 @@ A script that needs a constant of :mod:`kombu_delay.store.keys` names it the sam
 
     --- @const FORMAT MAX_DUE_MS
 
-which stands for ``local FORMAT, MAX_DUE_MS = 1, 4398046511104``: one definition, in Python,
+which stands for ``local FORMAT, MAX_DUE_MS = 1, 4398046511103``: one definition, in Python,
 and no argument to pass in every call.
 
 The scripts of :data:`FUNCTIONS` run once per message. On Redis 7 and later they also make up
