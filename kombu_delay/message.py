@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kombu_delay.errors import BadETA, DelayTooLong
@@ -40,11 +40,18 @@ class Due:
 # -- time -------------------------------------------------------------------------------------
 
 
+#: The epoch, for :func:`to_ms`.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
 def to_ms(when: datetime) -> int:
-    """Return ``when`` as epoch milliseconds. Naive datetimes are rejected."""
+    """Return ``when`` as epoch milliseconds, rounded down to the millisecond, exactly (in
+    floating point, ``timestamp() * 1000`` puts many a whole millisecond of the years before
+    the 2109 ceiling one millisecond early). Naive datetimes are rejected."""
     if when.tzinfo is None or when.tzinfo.utcoffset(when) is None:
         raise BadETA(f"naive datetime {when.isoformat()!r}: give a timezone (UTC is usual)")
-    return int(when.timestamp() * 1000)
+    return (when - _EPOCH) // _MS
 
 
 def parse_iso_ms(text: str) -> int:

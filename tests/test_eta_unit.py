@@ -141,6 +141,16 @@ def test_to_ms_rejects_naive_datetimes():
     assert to_ms(T) == T_MS
 
 
+@pytest.mark.parametrize("ms", [1_796_228_704_814, 4_347_044_157_447, keys.MAX_DUE_MS, 0, -1])
+def test_to_ms_is_exact_on_a_whole_millisecond(ms):
+    """Through ``timestamp() * 1000`` in floating point, the second and third (in the years
+    before the 2109 ceiling) come out one millisecond early."""
+    when = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    assert to_ms(when) == ms
+    assert to_ms(when + timedelta(microseconds=999)) == ms
+    assert to_ms(when.astimezone(timezone(timedelta(hours=-5)))) == ms
+
+
 @pytest.mark.parametrize("priority", range(10))
 @pytest.mark.parametrize("prefix", ["", "app1:"])
 @pytest.mark.parametrize("queue", ["celery", "a.b", "q\x06\x16x"])
@@ -162,9 +172,11 @@ def test_score_floor_is_the_due_ms_and_survives_redis_text(due, seq):
     assert float(keys.score_text(score)) == score
 
 
-def test_score_floor_is_the_due_ms_up_to_the_year_2109_ceiling():
-    due = keys.MAX_DUE_MS - 1
-    assert all(math.floor(keys.score(due, seq)) == due for seq in range(keys.SEQ_SLOTS))
+def test_score_floor_and_seq_hold_up_to_the_year_2109_ceiling():
+    due = keys.MAX_DUE_MS
+    for seq in range(keys.SEQ_SLOTS):
+        score = keys.score(due, seq)
+        assert math.floor(score) == due and (score - due) * keys.SEQ_SLOTS == seq
 
 
 @pytest.mark.parametrize(
