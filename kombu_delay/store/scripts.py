@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -71,17 +71,22 @@ def _constants(names: list[str]) -> str:
     return f"local {', '.join(names)} = {', '.join(str(v) for v in values)}\n"
 
 
-def _expand(name: str, included: set[str]) -> list[str]:
-    lines: list[str] = []
+def _lines(name: str, included: set[str]) -> Iterator[tuple[bool, list[str]]]:
+    """The lines of ``lua/<name>.lua`` in order, each as ``(resolved, text)``: an include or a
+    constants line resolved (True; an include already made in ``included`` gives nothing),
+    any other line as it is (False)."""
     for line in _read(name).splitlines(keepends=True):
         if match := CONST.match(line):
-            lines.append(_constants(match[1].split()))
+            yield True, [_constants(match[1].split())]
         elif (match := INCLUDE.match(line)) is None:
-            lines.append(line)
+            yield False, [line]
         elif (helper := f"_{match[1]}") not in included:
             included.add(helper)
-            lines += _expand(helper, included)
-    return lines
+            yield True, _expand(helper, included)
+
+
+def _expand(name: str, included: set[str]) -> list[str]:
+    return [text for _, part in _lines(name, included) for text in part]
 
 
 @cache
@@ -95,16 +100,8 @@ def _split(name: str) -> tuple[str, str]:
     lines resolved), and its own text (the rest, in order)."""
     helpers: list[str] = []
     own: list[str] = []
-    included: set[str] = set()
-    for line in _read(name).splitlines(keepends=True):
-        if match := CONST.match(line):
-            helpers.append(_constants(match[1].split()))
-        elif match := INCLUDE.match(line):
-            if (helper := f"_{match[1]}") not in included:
-                included.add(helper)
-                helpers += _expand(helper, included)
-        else:
-            own.append(line)
+    for resolved, part in _lines(name, set()):
+        (helpers if resolved else own).extend(part)
     text = "".join(helpers)
     if re.search(r"\b(KEYS|ARGV)\[", text):
         raise ValueError(f"a helper of {name}.lua reads KEYS or ARGV: a function's helpers run at load")
