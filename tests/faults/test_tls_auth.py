@@ -28,7 +28,7 @@ from kombu_delay.mover.loop import Mover, open_when_reachable
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
 from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server
-from tests.support.stored import stored
+from tests.support.stored import calls, stored
 
 PASSWORD = "s3cret"
 #: Generous: the suite shares two cores with other work.
@@ -39,12 +39,6 @@ TIMEOUTS = {"socket_connect_timeout": 10, "socket_timeout": 10, "max_retries": 0
 #: The same for a connection that must fail (it fails by a timeout too): short, as it changes
 #: no outcome.
 MUST_FAIL = {"socket_connect_timeout": 3, "socket_timeout": 3, "max_retries": 0}
-
-
-def calls(client: redis.Redis, command: str) -> int:
-    """How many times the server has run ``command`` (``INFO commandstats``)."""
-    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
-    return int(stats.get("calls", 0))
 
 
 # -- delayrediss:// with ssl=True ---------------------------------------------------------

@@ -13,7 +13,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, clock, keys, spaces
 from kombu_delay.store.replies import Scheduled
-from tests.support.stored import kombu_payload, redis_ms
+from tests.support.stored import calls, kombu_payload, redis_ms
 
 HOUR_MS = 3_600_000
 
@@ -27,11 +27,6 @@ class SteppedClock:
 
     def __call__(self) -> float:
         return time.monotonic() + self.step_s
-
-
-def time_calls(r: redis.Redis) -> int:
-    """The TIME commands Redis ran since the last CONFIG RESETSTAT, its scripts' included."""
-    return int(r.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
 
 
 def stepped_store(r: redis.Redis, prefix: str) -> tuple[Store, SteppedClock]:
@@ -50,14 +45,14 @@ def test_a_publish_well_ahead_asks_redis_no_time(r: redis.Redis, prefix: str) ->
     for i in range(50):
         result = store.schedule(Due(base + 60_000, task_id=f"t{i}"), queue, kombu_payload(f"t{i}"), settings)
         assert result.outcome is Scheduled.STORED
-    assert time_calls(r) == 0
+    assert calls(r, "time") == 0
     # Due now: judged by Redis's clock, and pushed as plain kombu would.
     result = store.schedule(Due(base - 1, task_id="now"), queue, kombu_payload("now"), settings)
     assert result.outcome is Scheduled.PUSHED_NOW
-    assert time_calls(r) == 1
+    assert calls(r, "time") == 1
     # Due within the margin of the estimate (or already): Redis's clock again.
     store.schedule(Due(base + clock.MARGIN_MS // 2, task_id="near"), queue, kombu_payload("near"), settings)
-    assert time_calls(r) == 2
+    assert calls(r, "time") == 2
 
 
 def test_an_estimate_ahead_of_redis_never_pushes_early(r: redis.Redis, prefix: str) -> None:
@@ -112,10 +107,10 @@ def test_the_estimate_is_read_again_after_the_refresh(r: redis.Redis) -> None:
     assert first is not None and before <= first < before + 1000
     now[0] += clock.REFRESH_S / 2
     estimate.estimate_ms()
-    assert time_calls(r) == 1
+    assert calls(r, "time") == 1
     now[0] += clock.REFRESH_S
     estimate.estimate_ms()
-    assert time_calls(r) == 2
+    assert calls(r, "time") == 2
 
 
 def test_the_arguments_of_a_publish_well_ahead(r: redis.Redis, prefix: str) -> None:
@@ -137,10 +132,10 @@ def test_the_estimate_is_read_again_when_the_machine_slept(r: redis.Redis) -> No
     wall[0] += clock.MAX_PARTING_S / 2
     mono[0] += clock.MAX_PARTING_S / 2
     estimate.estimate_ms()
-    assert time_calls(r) == 0
+    assert calls(r, "time") == 0
     wall[0] += 2 * 3600  # two hours asleep: the monotonic clock stood still
     estimate.estimate_ms()
-    assert time_calls(r) == 1
+    assert calls(r, "time") == 1
 
 
 def test_an_estimate_late_by_more_than_the_grace_loses_nothing(r: redis.Redis, prefix: str) -> None:

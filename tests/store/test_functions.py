@@ -16,7 +16,7 @@ from kombu_delay.message import Due
 from kombu_delay.store import Store, scripts
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.servers import binary_before, binary_from
-from tests.support.stored import kombu_payload
+from tests.support.stored import calls, kombu_payload
 
 NOW = 1_800_000_000_000
 DEST = "celery"
@@ -36,10 +36,6 @@ def r7(server7: RedisServer) -> Iterator[redis.Redis]:
     client.config_resetstat()
     yield client
     client.close()
-
-
-def calls(r: redis.Redis, command: str) -> int:
-    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def pairs(flat: list[Any]) -> dict[bytes, Any]:

@@ -217,6 +217,13 @@ def behind(client: redis.Redis, ms: int = 60_000) -> FakeClock:
     return clock
 
 
+def calls(client: redis.Redis, command: str) -> int:
+    """How many times the server has run ``command`` (``INFO commandstats``: a script's
+    commands included) since it started or its CONFIG RESETSTAT."""
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0))
+
+
 def redis_ms(client: redis.Redis) -> int:
     """Redis's clock, epoch ms."""
     sec, usec = client.time()
