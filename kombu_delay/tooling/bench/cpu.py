@@ -65,11 +65,7 @@ class Side:
 
     def net(self, idle: Idle) -> Side:
         """This side less what Redis's main thread would have spent over its wall time anyway."""
-        cpu_s, user_s = (
-            self.cpu_s - idle.main_per_s * self.wall_s,
-            self.user_s - idle.user_per_s * self.wall_s,
-        )
-        return Side(cpu_s, user_s, self.wall_s)
+        return Side(self.less(idle.main_per_s), self.user_s - idle.user_per_s * self.wall_s, self.wall_s)
 
     def less(self, per_s: float) -> float:
         """CPU seconds less ``per_s`` over this window's wall time."""
