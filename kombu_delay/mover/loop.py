@@ -276,8 +276,8 @@ class Mover:
             )
         if result.rebuilt:
             logger.error(
-                "mover %s: %d buckets had lost their meta hash (evicted or deleted); rebuilt from "
-                "their sorted sets",
+                "mover %s: %d buckets held messages their counts missed (a meta hash evicted or "
+                "deleted, or members added by hand); counted again from their sorted sets",
                 self.name,
                 result.rebuilt,
             )
@@ -304,6 +304,13 @@ class Mover:
                 "was deleted before it was moved",
                 self.name,
                 result.expired,
+            )
+        if result.recounted:
+            logger.error(
+                "mover %s: %d scheduled messages were missing from their bucket's counts (a meta "
+                "hash evicted or deleted, or members added by hand); counted again, and moved",
+                self.name,
+                result.recounted,
             )
         now = time.monotonic()
         # Polled every HELD_POLL_S while they wait: said once per LOG_EVERY_S, not per poll.

@@ -145,6 +145,14 @@ class Thawer:
                 self.name,
                 result.expired,
             )
+        if result.recounted:
+            logger.error(
+                "mover %s: %d compressed scheduled messages were missing from their bucket's "
+                "counts (a meta hash evicted or deleted, or members added by hand); counted "
+                "again, and thawed",
+                self.name,
+                result.recounted,
+            )
 
     def _wait_after(self, result: ThawResult) -> float:
         """Seconds until the next look after ``result``."""

@@ -70,8 +70,8 @@ class Moving(StoreBase):
                 keys=[cold_index, self._counts, self._totals],
                 args=[self.ns, ahead_ms, limit, self._now(now_ms)],
             )
-            scanned_ms, next_ms, more, expired = (int(x) for x in reply[:4])
-            items = self._restored(reply[4:])
+            scanned_ms, next_ms, more, expired, recounted = (int(x) for x in reply[:5])
+            items = self._restored(reply[5:])
             thawed = dead = gone = 0
             if items:
                 call_keys = [
@@ -85,12 +85,14 @@ class Moving(StoreBase):
                 done = self._scripts["thaw"](
                     keys=call_keys, args=[self.ns, keys.wake_channel(self.prefix), self._now(now_ms), *items]
                 )
-                thawed, dead, gone = (int(x) for x in done)
+                thawed, dead, gone, recounted_after = (int(x) for x in done)
+                recounted += recounted_after
         return ThawResult(
             thawed=thawed,
             dead=dead,
             gone=gone,
             expired=expired,
+            recounted=recounted,
             now_ms=scanned_ms,
             next_ms=None if next_ms < 0 else next_ms,
             more=bool(more),
@@ -146,10 +148,12 @@ class Moving(StoreBase):
         now = int(sec) * 1000 + int(usec) // 1000 if self.clock is None else int(self.clock())
         found = []
         for start, meta in zip(starts, metas, strict=True):
-            fields = {as_text(k): int(v) for k, v in meta.items()}
+            # A field that is not a whole number (written by hand) counts nothing: the scripts
+            # read it so too.
+            fields = {as_text(k): _whole(v) for k, v in meta.items()}
             dests = tuple((name[2:], n) for name, n in fields.items() if name.startswith("q:") and n > 0)
             count = sum(n for _, n in dests)
-            found.append(BucketCounts(int(start), fields.get("end", int(start)), count, dests))
+            found.append(BucketCounts(int(start), fields.get("end") or int(start), count, dests))
         return now, found
 
     def stage(self, start_ms: int, dest: str, limit: int, min_run: int) -> StageResult:
@@ -230,3 +234,11 @@ class Moving(StoreBase):
             )
             pubsub.subscribe(keys.wake_channel(self.prefix))
         return pubsub
+
+
+def _whole(value: bytes | str) -> int:
+    """A meta hash field as a whole number; 0 where it is not one."""
+    try:
+        return int(value)
+    except ValueError:
+        return 0

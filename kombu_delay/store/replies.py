@@ -42,7 +42,7 @@ class ScheduleResult:
 
 
 #: Integers before the run-length coded lateness in a ``move.lua`` reply.
-MOVE_HEAD = 9
+MOVE_HEAD = 10
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ class MoveResult:
     #: buckets ahead used up its visits); the next call goes on after it. ``None``: the
     #: next call starts from the first bucket.
     scan_after: int | None = None
+    #: Members found in a bucket whose counts read zero (added by hand, or counted in a meta
+    #: hash that is gone), counted again and moved by a later call.
+    recounted: int = 0
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> MoveResult:
@@ -82,6 +85,7 @@ class MoveResult:
             more=bool(head[7]),
             lateness_ms=_runs(reply[MOVE_HEAD:]),
             scan_after=head[8] if head[8] >= 0 else None,
+            recounted=head[9],
         )
 
 
@@ -173,6 +177,9 @@ class ThawResult:
     next_ms: int | None
     #: True when the limit cut the step short: more are due within the thaw horizon.
     more: bool
+    #: Members found in a cold bucket whose counts read zero (added by hand, or counted in a
+    #: meta hash that is gone), counted again, and thawed by a later step.
+    recounted: int = 0
 
 
 @dataclass(frozen=True)
@@ -223,7 +230,8 @@ class SweepResult:
     renewed: int
     #: Counted messages whose sorted set was gone (expired or evicted), now settled.
     lost: int
-    #: Buckets whose meta hash was gone, rebuilt from their sorted sets.
+    #: Buckets whose counts read zero while their sorted sets held members (a meta hash
+    #: evicted or deleted, members added by hand), counted again from the sets.
     rebuilt: int
     #: Where the next page starts; ``""`` when the walk reached the end of both spaces.
     cursor: str

@@ -21,10 +21,10 @@ def test_runs_expand_in_order() -> None:
 
 def test_reply_has_the_scan_position_before_the_lateness() -> None:
     head = [b"3", b"-1", b"1000", b"250", b"2", b"1", b"0", b"1"]
-    result = MoveResult.from_reply([*head, b"-1", b"-2", b"5", b"9"])
+    result = MoveResult.from_reply([*head, b"-1", b"0", b"-2", b"5", b"9"])
     assert result == MoveResult(3, None, 1000, 250, 2, 1, 0, True, [5, 5, 9])
-    plain = MoveResult.from_reply([*head, 60_000, 7])
-    assert plain.scan_after == 60_000 and plain.lateness_ms == [7]
+    plain = MoveResult.from_reply([*head, 60_000, 4, 7])
+    assert plain.scan_after == 60_000 and plain.recounted == 4 and plain.lateness_ms == [7]
 
 
 def test_lateness_has_one_value_per_moved_message(r: redis.Redis, prefix: str) -> None:
@@ -71,3 +71,15 @@ def test_lateness_follows_the_move_order_destination_by_destination(r: redis.Red
     late = {dest: [result.now_ms - due for due in times] for dest, times in dues.items()}
     assert result.lateness_ms in (late["a"] + late["b"], late["b"] + late["a"])
     assert min(result.lateness_ms) >= 0
+
+
+def test_a_score_written_by_hand_as_minus_infinity_is_moved_with_a_finite_lateness(r, prefix) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = clock() + 300
+    store.schedule(Due(due, task_id="t"), f"{prefix}q", "payload", Settings(compress_after_ms=0))
+    start = int(r.zrange(keys.index(prefix), 0, 0)[0])
+    r.zadd(keys.queue_set(prefix, start, f"{prefix}q"), {"by hand": float("-inf")})
+    clock.ms = due + 5
+    result = store.move_due(100)
+    assert result.moved == 2 and sorted(result.lateness_ms) == [5, 2**53]

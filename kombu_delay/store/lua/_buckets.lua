@@ -17,6 +17,18 @@ retire(k, start_s, end_ms, now)
   where the mover drops its id-index refs once nothing more can be scheduled into it. Its
   meta hash stays until then: its seq counter keeps the refs of the bucket unique. A cold
   bucket (k.space.cold) is deleted at once: its refs left the id index with its messages.
+  First its sorted sets are counted (recount): when they still hold members that its counts
+  missed, it stays, counted again, and retire returns how many it found (else 0).
+
+recount(k, start_s, now)
+  Counts the members of a bucket whose counts read zero, in the sorted sets of the
+  destinations its meta hash names, or, where it names none (the meta hash was evicted or
+  deleted), of every destination counted in <ns>counts. Members its counts missed (added by
+  hand, or counted in a meta hash that is gone) are counted again: in the meta hash (made
+  anew where it is gone, with an end, an expiry and a seq), in <ns>counts (unless the meta
+  hash was gone: <ns>counts still holds its messages then) and in the totals field
+  ``recounted``, so movers move them. Returns how many. Bound: one ZCARD per destination;
+  more only for members found.
 
 take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
@@ -46,21 +58,72 @@ local function drained_counts(meta)
     if name == 'end' then
       end_ms = tonumber(fields[i + 1])
     elseif string.sub(name, 1, 2) == 'q:' then
-      left = left + math.max(0, tonumber(fields[i + 1]))
+      left = left + math.max(0, tonumber(fields[i + 1]) or 0)
     end
   end
   return left == 0, end_ms
 end
 
+local DAY_MS = 86400000
+
+-- The dests of a bucket's sorted sets: those its meta hash names, else every counted one
+-- (and then true: the meta hash is gone, but its messages are still in <ns>counts).
+local function bucket_dests(meta, counts)
+  local dests = {}
+  for _, name in ipairs(redis.call('HKEYS', meta)) do
+    if string.sub(name, 1, 2) == 'q:' then dests[#dests + 1] = string.sub(name, 3) end
+  end
+  if #dests > 0 then return dests, false end
+  return redis.call('HKEYS', counts), true
+end
+
+local function recount(k, start_s, now)
+  local s, counts = k.space, k.ns .. 'counts'
+  local meta = s:meta(start_s)
+  local start = tonumber(start_s)
+  local found, last, fields = 0, start, {}
+  local dests, still_counted = bucket_dests(meta, counts)
+  for _, dest in ipairs(dests) do
+    local zset = s:zset(start_s, dest)
+    local n = redis.call('ZCARD', zset)
+    if n > 0 then
+      found = found + n
+      fields[#fields + 1] = 'q:' .. dest
+      fields[#fields + 1] = n
+      local tail = tonumber(redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')[2]) or start
+      if tail ~= tail or tail == math.huge or tail == -math.huge then tail = start end  -- by hand
+      if tail > last then last = tail end
+    end
+  end
+  if found == 0 then return 0 end
+  -- A meta hash made anew: its end is at least its last member's due time, its expiry a
+  -- grace of seven days from now, its seq past the members' count.
+  local x = math.max(now, start) + 7 * DAY_MS
+  redis.call('HSETNX', meta, 'end', math.max(start + 60000, math.floor(last) + 1))
+  redis.call('HSETNX', meta, 'x', x)
+  redis.call('HSETNX', meta, 'seq', found)
+  redis.call('HSET', meta, unpack(fields))
+  keep_until(meta, now, tonumber(redis.call('HGET', meta, 'x')) + DAY_MS)
+  if not still_counted then
+    for i = 1, #fields, 2 do redis.call('HINCRBY', counts, string.sub(fields[i], 3), fields[i + 1]) end
+  end
+  redis.call('HINCRBY', k.ns .. 'totals', 'recounted', found)
+  if redis.call('ZSCORE', s.index, start_s) == false then redis.call('ZADD', s.index, start, start_s) end
+  return found
+end
+
 local function retire(k, start_s, end_ms, now)
+  local found = recount(k, start_s, now)
+  if found > 0 then return found end
   redis.call('ZREM', k.index, start_s)
   if k.space.cold then  -- a cold bucket: no ref of it is left, nothing to clean up
     redis.call('DEL', k.space:meta(start_s))
-    return
+    return 0
   end
   local at = end_ms or tonumber(start_s)
   redis.call('ZADD', k.gc, at, start_s)
   keep_until(k.gc, now, math.max(now, at) + 86400000)
+  return 0
 end
 
 local function take(k, start_s, dest, payload, task_id, ref, now)

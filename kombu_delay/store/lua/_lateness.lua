@@ -3,8 +3,11 @@
 lateness_runs()
   Returns add(late, n), which records n moves ``late`` ms after their due time, and
   finish(reply), which appends them to reply run-length coded: a run of n > 1 equal values
-  is -n followed by the value, so a burst due at one instant costs two integers.
+  is -n followed by the value, so a burst due at one instant costs two integers. A lateness
+  past MAX_LATE_MS (a score written by hand, -inf) is recorded as MAX_LATE_MS: Redis would
+  turn an infinite one into a negative integer, read as a run.
 ]]
+local MAX_LATE_MS = 2 ^ 53
 local function lateness_runs()
   local runs = {}
   local run_value, run_count = nil, 0
@@ -17,6 +20,7 @@ local function lateness_runs()
     end
   end
   local function add(late, n)
+    if not (late <= MAX_LATE_MS) then late = MAX_LATE_MS end  -- also NaN
     if late == run_value then run_count = run_count + n else
       end_run()
       run_value, run_count = late, n

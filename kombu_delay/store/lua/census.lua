@@ -36,7 +36,7 @@ for i = 1, math.min(#starts, max_buckets) do
   local slot = 0
   if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
   for j = 1, #fields, 2 do
-    local size = tonumber(fields[j + 1])
+    local size = tonumber(fields[j + 1]) or 0
     if string.sub(fields[j], 1, 2) == 'q:' and size > 0 then
       local zset = s:zset(starts[i], string.sub(fields[j], 3))
       if redis.call('EXISTS', zset) == 0 then

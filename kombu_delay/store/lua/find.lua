@@ -25,7 +25,7 @@ for ref in string.gmatch(refs, '%S+') do
     local fields = redis.call('HGETALL', s:meta(start_s))
     for i = 1, #fields, 2 do
       local name = fields[i]
-      if string.sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
+      if string.sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
         local dest = string.sub(name, 3)
         local members = redis.call('ZRANGEBYSCORE', s:zset(start_s, dest), score, score, 'WITHSCORES')
         for j = 1, #members, 2 do

@@ -19,9 +19,11 @@ ARGV[6] ahead_ms optional look-ahead, ms: also move what falls due by now + ahea
 ARGV[7] whole    optional: '0' to move a staged herd in batches instead of handing it over
                  whole (a caller with a rate cap); absent or '1' = hand it over
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
-          held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, or
-          the scan stopped short), scan_after (-1, or the start to pass as ARGV[4] next),
-          lateness...}
+          held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, the
+          scan stopped short, or members were recounted), scan_after (-1, or the start to
+          pass as ARGV[4] next), recounted (members found in a bucket whose counts read zero:
+          added by hand, or counted in a meta hash that is gone; see recount in
+          _buckets.lua), lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
 Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of that
@@ -69,7 +71,7 @@ local upper = '(' .. string.format('%d', due_by + 1)  -- floor(score) <= due_by,
 local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
 local s = k.space
 
-local moved, held, expired, wrong = 0, 0, 0, 0
+local moved, held, expired, wrong, recounted = 0, 0, 0, 0, 0
 local add_late, finish_lateness = lateness_runs()
 local budget = limit
 local room, room_of = room_keeper(max_len)
@@ -156,7 +158,7 @@ local function visit(start_s)
       end_ms = n
     elseif sub(name, 1, 2) == 'e:' then
       expiry[sub(name, 3)] = n
-    elseif n > 0 and sub(name, 1, 2) == 'q:' and budget > 0 then
+    elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and budget > 0 then
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
       local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
@@ -201,8 +203,9 @@ local function visit(start_s)
     if expiry[dest] then redis.pcall('PEXPIRE', dest, expiry[dest]) end
   end
   if left_total == 0 then
-    -- Drained (or only counted members that are gone): the bucket leaves the index.
-    retire(k, start_s, end_ms, now)
+    -- Drained (or only counted members that are gone): the bucket leaves the index, unless
+    -- its sorted sets hold members its counts missed (then counted again, moved next call).
+    recounted = recounted + retire(k, start_s, end_ms, now)
   end
 end
 
@@ -263,7 +266,7 @@ local function earliest_in(start_s)
   local fields = redis.call('HGETALL', s:meta(start_s))
   for i = 1, #fields, 2 do
     local name = fields[i]
-    if sub(name, 1, 2) == 'q:' and tonumber(fields[i + 1]) > 0 then
+    if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
       local head = redis.call('ZRANGE', s:zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
       if head[2] then
         local due = floor(tonumber(head[2]))
@@ -284,7 +287,7 @@ if first then
   end
 end
 local more = 0
-if budget <= 0 or cleanup_left == 1 or scan_after >= 0 then more = 1 end
-local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after}
+if budget <= 0 or cleanup_left == 1 or scan_after >= 0 or recounted > 0 then more = 1 end
+local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after, recounted}
 finish_lateness(reply)
 return reply

@@ -26,7 +26,7 @@ local count, oldest, order = {}, {}, {}
 for i = 1, math.min(#starts, max_buckets) do
   local fields = redis.call('HGETALL', s:meta(starts[i]))
   for j = 1, #fields, 2 do
-    if string.sub(fields[j], 1, 2) == 'q:' and tonumber(fields[j + 1]) > 0 then
+    if string.sub(fields[j], 1, 2) == 'q:' and (tonumber(fields[j + 1]) or 0) > 0 then
       local dest = string.sub(fields[j], 3)
       local zset = s:zset(starts[i], dest)
       local due = redis.call('ZCOUNT', zset, '-inf', upper)

@@ -12,10 +12,13 @@ ARGV[3] limit   most buckets visited in this call
 ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 Returns: {renewed, lost, rebuilt, cursor}: buckets whose expiry was pushed out, messages whose
          sorted set was gone (expired or evicted; their counts are settled here and counted as
-         expired), buckets whose meta hash was gone and was rebuilt from their sorted sets,
-         and the cursor to pass next ('' when both indexes were walked to the end).
-Bound: ARGV[3] buckets, each one HGETALL and one EXISTS per destination (a rebuilt one: HKEYS
-       of counts and one ZCARD per destination there); a renewed one a PEXPIREAT per key.
+         expired), buckets whose counts read zero while their sorted sets held members (a
+         meta hash evicted or deleted, members added by hand), counted again from the sets
+         (recount in _buckets.lua), and the cursor to pass next ('' when both indexes were
+         walked to the end).
+Bound: ARGV[3] buckets, each one HGETALL and one EXISTS per destination (one whose counts read
+       zero: one ZCARD per destination its meta hash names, or, with the hash gone, per
+       counted destination); a renewed one a PEXPIREAT per key.
 
 Why: every key of a bucket is written with an expiry of its end plus the publisher's grace, so
 that a system whose movers are all gone cannot grow Redis forever. A message a mover holds back
@@ -39,28 +42,9 @@ local spaces = {space(ns, ''), space(ns, 'c')}  -- KEYS[1], KEYS[2]
 local renewed, lost, rebuilt, visited = 0, 0, 0, 0
 local keep_shared = 0
 
--- A meta hash gone while its bucket is indexed (evicted, or deleted by hand): its destinations
--- are found again among the counted ones, so its messages are tracked (and kept) again.
-local function rebuild(meta, s, start_s)
-  local found = {}
-  for _, dest in ipairs(redis.call('HKEYS', KEYS[4])) do
-    local n = redis.call('ZCARD', s:zset(start_s, dest))
-    if n > 0 then
-      found[#found + 1] = 'q:' .. dest
-      found[#found + 1] = n
-    end
-  end
-  if #found == 0 then return {} end
-  local start = tonumber(start_s)
-  redis.call('HSET', meta, 'end', start + 60000, 'x', start + 60000 + DEFAULT_GRACE, unpack(found))
-  rebuilt = rebuilt + 1
-  return redis.call('HGETALL', meta)
-end
-
 local function visit(s, start_s)
   local meta = s:meta(start_s)
   local fields = redis.call('HGETALL', meta)
-  if #fields == 0 then fields = rebuild(meta, s, start_s) end
   local end_ms, x, live, left = nil, nil, {}, 0
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
@@ -68,7 +52,7 @@ local function visit(s, start_s)
       end_ms = n
     elseif name == 'x' then
       x = n
-    elseif sub(name, 1, 2) == 'q:' and n > 0 then
+    elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
@@ -81,7 +65,11 @@ local function visit(s, start_s)
     end
   end
   if left == 0 then
-    retire(in_space({ns = ns, gc = KEYS[6]}, s.tag), start_s, end_ms, now)
+    -- Drained, or its counts read zero while its sorted sets hold members (a meta hash
+    -- evicted or deleted, members added by hand): those are counted again (recount).
+    if retire(in_space({ns = ns, gc = KEYS[6]}, s.tag), start_s, end_ms, now) > 0 then
+      rebuilt = rebuilt + 1
+    end
     return
   end
   local grace = DEFAULT_GRACE

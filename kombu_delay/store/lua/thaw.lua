@@ -15,7 +15,7 @@ ARGV[4..] one group of six per message: start (its cold bucket), due (epoch ms),
         member (the cold member, exactly as listed), message (the JSON string it restores
         to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
-Returns: {thawed, dead, gone}; gone: members another mover thawed first, or that were
+Returns: {thawed, dead, gone, recounted}; recounted: as thaw_scan.lua's; gone: members another mover thawed first, or that were
          cancelled meanwhile (nothing written for them), and the rare one whose identical
          twin was stored already (counted as cancelled).
 Bound: two O(log n) commands per message (its ZREM and ZADD), a constant number per bucket
@@ -40,7 +40,7 @@ local ns = ARGV[1]
 -- member that is not there writes nothing.) Moves, which free memory, go on meanwhile.
 redis.call('ZADD', KEYS[5], 'XX', 0, '')
 local now = clock(ARGV[3])
-local thawed, dead, merged, gone = 0, 0, 0, 0
+local thawed, dead, merged, gone, recounted = 0, 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
 local cs = cold.space
 local cold_meta, removed, touched = {}, {}, {}
@@ -106,7 +106,7 @@ for _, start_s in ipairs(touched) do
   local meta = cs:meta(start_s)
   for dest, n in pairs(removed[start_s]) do redis.call('HINCRBY', meta, 'q:' .. dest, -n) end
   local empty, end_ms = drained_counts(meta)
-  if empty then retire(cold, start_s, end_ms, now) end
+  if empty then recounted = recounted + retire(cold, start_s, end_ms, now) end
 end
 
 for _, g in ipairs(order) do
@@ -134,4 +134,4 @@ if dead > 0 then
   redis.call('HINCRBY', KEYS[4], 'expired', dead)
 end
 if merged > 0 then redis.call('HINCRBY', KEYS[4], 'cancelled', merged) end
-return {thawed, dead, gone + merged}
+return {thawed, dead, gone + merged, recounted}

@@ -7,7 +7,9 @@ ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] ahead   ms: the cold messages due no later than now + ahead are listed
 ARGV[3] limit   most messages listed (and most cold buckets visited)
 ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
-Returns: {now_ms, next_ms, more, expired, start, score, dest, member, start, score, ...}
+Returns: {now_ms, next_ms, more, expired, recounted, start, score, dest, member, start, score, ...}
+         recounted: members found in a bucket whose counts read zero (added by hand, or
+         counted in a meta hash that is gone), counted again (recount in _buckets.lua)
          next_ms: no cold message left unlisted is due before it (-1: none is stored), so
          the mover need not look again before next_ms - ahead. more: 1 when the limit cut
          the list. expired: counted messages whose cold set was gone (expired after its
@@ -30,7 +32,7 @@ local horizon_s = string.format('%d', horizon)
 local k = in_space({ns = ns}, 'c')
 local cs = k.space
 
-local listed, expired = {}, 0
+local listed, expired, recounted = {}, 0, 0
 local wanted = limit
 local next_ms, more = -1, 0
 local function later(due)
@@ -49,7 +51,7 @@ for _, start_s in ipairs(starts) do
   for i = 1, #fields, 2 do
     local name, n = fields[i], tonumber(fields[i + 1])
     if name == 'end' then end_ms = n end
-    if string.sub(name, 1, 2) == 'q:' and n > 0 then
+    if string.sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
       local dest = string.sub(name, 3)
       local zset = cs:zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
@@ -77,12 +79,13 @@ for _, start_s in ipairs(starts) do
   end
   -- Drained, or only counted messages that are gone, or its meta hash gone (expired a day
   -- after its grace, or deleted): the bucket leaves the index, as move.lua retires one.
-  if left == 0 then retire(k, start_s, end_ms, now) end
+  if left == 0 then recounted = recounted + retire(k, start_s, end_ms, now) end
 end
 if more == 0 and #starts == limit then more = 1 end
 local first = redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1]
 if first then later(tonumber(first)) end
 if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
-local reply = {now, next_ms, more, expired}
+if recounted > 0 then more = 1 end
+local reply = {now, next_ms, more, expired, recounted}
 for i = 1, #listed do reply[#reply + 1] = listed[i] end
 return reply
