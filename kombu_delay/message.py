@@ -8,7 +8,8 @@ one datetime-to-ms helper. A message's due time is read, in this order, from:
 2. Celery protocol 1: ``eta`` inside a JSON body (``application/json``), for a message of
    protocol 1's full shape only (:func:`protocol1_body`); other JSON bodies are app data.
 3. Plain kombu: an ``x-delay`` header in milliseconds from now, judged by the
-   Redis clock (the RabbitMQ delayed-message convention).
+   Redis clock (the RabbitMQ delayed-message convention), on any message without an
+   ``eta`` header of its own, a ``task`` header or not.
 
 A stored payload (the JSON string plain kombu would push) is read and its ETA rewritten
 here too, in Python: Lua never decodes a payload (a Lua decode and re-encode corrupts JSON).
@@ -140,9 +141,9 @@ def message_due(message: dict[str, Any]) -> Due | None:
     headers = message.get("headers") or {}
     if "task" in headers:  # Celery protocol 2
         eta = headers.get("eta")
-        if eta is None or eta == "":  # the worker, too, reads an empty ETA as none
-            return None
-        return Due(parse_iso_ms(eta), task_id=message_id(message))
+        # The worker, too, reads an empty ETA as none; an x-delay may still delay the message.
+        if eta is not None and eta != "":
+            return Due(parse_iso_ms(eta), task_id=message_id(message))
     if "x-delay" in headers:
         delay = _x_delay_ms(headers["x-delay"])
         return Due(delay, relative=True, task_id=message_id(message)) if delay > 0 else None
@@ -219,6 +220,8 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     eta = iso_utc(due_ms)
     headers = message.get("headers") or {}
     if "task" in headers:
+        if headers.get("eta") is None or headers["eta"] == "":  # held by its x-delay
+            return text
         headers["eta"] = eta
         return json.dumps(message)
     body = protocol1_body(message)

@@ -19,7 +19,8 @@ ETA sources, in this order
 ==========================
 1. Celery protocol 2: the ``eta`` header, ISO-8601 (an offset is honoured; none means UTC).
 2. Celery protocol 1: ``eta`` in a JSON body of protocol 1's full shape (other JSON is app data).
-3. Plain kombu: header ``x-delay``, milliseconds from now, by the Redis clock.
+3. Plain kombu: header ``x-delay``, milliseconds from now, by the Redis clock (on any message
+   without an ``eta`` header of its own, a ``task`` header or not).
 
 Transport options (``broker_transport_options``)
 ================================================
@@ -44,7 +45,6 @@ import logging
 import os
 import ssl
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,7 +57,7 @@ from kombu_delay.errors import BadETA
 from kombu_delay.message import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.redact import mask_url
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,10 @@ class DelayChannelMixin:
             logger.warning("kombu-delay: %s; delivering message %s now", exc, tag)
             self.delay_store.count("bad_eta")
             due = None
-        if due is None or (not due.relative and due.ms <= time.time() * 1000):
+        # Due already, by Redis's clock as estimated here (never this machine's wall clock):
+        # pushed as plain kombu pushes it. A due time near the estimate goes through the
+        # script, which judges it by Redis's clock and pushes a due message itself.
+        if due is None or self.delay_store.surely_due(due):
             super()._put(queue, message, **kwargs)  # type: ignore[misc]
             return
         # A held message is not part of a publish batch: it is written now, in one
@@ -136,6 +139,8 @@ class DelayChannelMixin:
         )
         if ask:
             self._tell_if_no_mover(where, result.movers)
+        if result.wake_refused:
+            self._tell_wake_refused()
         if expires:
             # A queue declared with x-expires: a publish renews the expiry of its lists, as
             # kombu's own does (the mover renews it again when it pushes the message). The
@@ -166,6 +171,26 @@ class DelayChannelMixin:
                 FRESH_HEARTBEAT_MS // 1000,
                 prefix,
             )
+
+    def _tell_wake_refused(self) -> None:
+        """Warn once per connection that Redis's ACL refuses this user the channel that wakes
+        movers. The message is stored (and counted as ``wake_refused`` by the script): the
+        wake-up is an optimisation, and a publish that made its writes must not fail, or
+        kombu's retry would store the message twice."""
+        transport = self.connection  # type: ignore[attr-defined]
+        if getattr(transport, "_delay_wake_refused_told", False):
+            return
+        transport._delay_wake_refused_told = True
+        prefix = self.global_keyprefix  # type: ignore[attr-defined]
+        logger.warning(
+            "kombu-delay: Redis's ACL refuses this user PUBLISH on %s, the channel that wakes "
+            "movers: delayed messages are stored and delivered, but movers learn of one due "
+            "sooner than what they wait for only when they next poll (up to delay_max_sleep "
+            "late); grant the channel to this user: `ACL SETUSER <user> &%skombu_delay:*` "
+            "(see the security docs)",
+            keys.wake_channel(prefix),
+            prefix,
+        )
 
     def _purge(self, queue: str) -> int:
         # ``celery purge`` and ``Queue.purge()`` mean "these tasks must not run": a delayed

@@ -67,6 +67,14 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "p2-no-eta": (p2(None), None),
     "p2-empty-eta": (p2(""), None),
     "p2-wins-over-x-delay": (p2(T.isoformat(), **{"x-delay": 5}), Due(T_MS, task_id="abc")),
+    # A task header with no ETA of its own: its x-delay holds it, as any message's does.
+    "p2-no-eta-x-delay": (p2(None, **{"x-delay": 1500}), Due(1500, relative=True, task_id="abc")),
+    "p2-empty-eta-x-delay": (p2("", **{"x-delay": "1500"}), Due(1500, relative=True, task_id="abc")),
+    "app-task-header-x-delay": (
+        {"headers": {"task": "resize", "x-delay": 60_000}, "properties": {"delivery_tag": "tag-1"}},
+        Due(60_000, relative=True, task_id="tag-1"),
+    ),
+    "p2-no-eta-x-delay-zero": (p2(None, **{"x-delay": 0}), None),
     "p1-body-base64": (p1(task(eta=T.isoformat())), Due(T_MS, task_id="b1")),
     "p1-body-plain": (p1(task(eta=T.isoformat()), False), Due(T_MS, task_id="b1")),
     "p1-no-eta": (p1(task()), None),
@@ -103,6 +111,7 @@ BAD_CASES = {
     "p2-number": p2(12345),
     "p1-number-eta": p1(task(eta=12)),
     "x-delay-word": xd("soon"),
+    "p2-no-eta-x-delay-word": p2(None, **{"x-delay": "soon"}),
     "x-delay-bool": xd(True),
     "x-delay-list": xd([1]),
     "x-delay-inf": xd(float("inf")),
@@ -283,6 +292,15 @@ def test_inspection_reads_and_rewrites_protocol_1():
     assert (index_id(text), task_name(text)) == ("b1", "proj.add")
     rewritten = json.loads(with_eta(text, T_MS))
     assert parse_iso_ms(json.loads(base64.b64decode(rewritten["body"]))["eta"]) == T_MS
+
+
+def test_a_task_headed_message_held_by_its_x_delay_keeps_its_headers_on_reschedule():
+    """Held by its x-delay, not an ETA: only the stored due time moves, as for any x-delay."""
+    message = {"headers": {"task": "resize", "x-delay": 60_000}, "properties": {"delivery_tag": "tag-1"}}
+    text = json.dumps(message)
+    assert with_eta(text, T_MS) == text
+    with_none = json.dumps(p2(None, **{"x-delay": 60_000}))
+    assert with_eta(with_none, T_MS) == with_none
 
 
 @pytest.mark.parametrize("payload", [b"", b"garbage", b"[1, 2]", b'"text"', b"\xff{}", b"{"])

@@ -10,6 +10,11 @@ stores the message and never pushes it, whatever the estimate's error: a message
 delivered early. Were the estimate late by more than the margin (a clock stepped since the
 last reading), a message already due would be stored rather than pushed, and the mover would
 push it at once. A nearer due time, or no estimate, leaves the judging to Redis's own clock.
+The same estimate lets a publisher push a message due at least :data:`MARGIN_MS` before it at
+once, as plain kombu would, without a script call; one due later than that goes through the
+script, which judges it by Redis's clock. Only a step back of Redis's own clock (or a failover
+to a server whose clock is behind) by more than the margin since the last reading could make
+that push early.
 The clock is read again as soon as this machine's wall clock and its monotonic one part (a
 suspended machine, whose monotonic clock stood still, or a wall clock stepped); a step of
 Redis's own clock, or a failover to a server whose clock differs, goes unseen until the next
@@ -79,6 +84,13 @@ class RedisClock:
         if estimate is None or due_ms < estimate + MARGIN_MS:
             return None
         return int(estimate)
+
+    def surely_past(self, due_ms: int) -> bool:
+        """True when a message due at ``due_ms`` is due by the estimate with :data:`MARGIN_MS`
+        to spare: a publisher then pushes it itself, as plain kombu would, with no script call.
+        False when nearer, or with no usable reading: the script judges it by Redis's clock."""
+        estimate = self.estimate_ms()
+        return estimate is not None and due_ms <= estimate - MARGIN_MS
 
     def _read(self) -> None:
         before = self._monotonic()

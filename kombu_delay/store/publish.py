@@ -150,6 +150,19 @@ class Publishing(StoreBase):
         call_args += optional
         return call_keys, call_args
 
+    def surely_due(self, due: Due) -> bool:
+        """True when ``due`` is past by Redis's clock as estimated here, with a margin (see
+        :mod:`kombu_delay.store.clock`), or by this store's own clock when it has one: the
+        transport then pushes the message itself, as plain kombu would. False leaves the
+        judging to :meth:`schedule`, by Redis's clock. At most one ``TIME`` round trip, once
+        every few seconds; none for a relative delay."""
+        if due.relative:
+            return False
+        if self.clock is not None:
+            return due.ms <= self.clock()
+        with translated_errors():
+            return self.redis_clock.surely_past(due.ms)
+
     def _judge_by(self, due: Due, now_ms: int | None) -> tuple[str, int]:
         """schedule.lua's ``now_ms`` and ``estimated``: as :meth:`_now`, but in production (no
         clock of this store's own) Redis's clock as estimated here for a due time well ahead

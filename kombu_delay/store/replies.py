@@ -34,11 +34,17 @@ class ScheduleResult:
     now_ms: int
     #: Movers with a fresh heartbeat, when the call asked (``movers_fresh_ms``), else ``None``.
     movers: int | None = None
+    #: The message was stored, but Redis's ACL refused the ``PUBLISH`` that wakes the movers
+    #: (counted in the totals as ``wake_refused``): they find it on their next poll.
+    wake_refused: bool = False
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> ScheduleResult:
         movers = int(reply[3])
-        return cls(Scheduled(int(reply[0])), int(reply[1]), int(reply[2]), None if movers < 0 else movers)
+        refused = len(reply) > 4 and int(reply[4]) == 1
+        return cls(
+            Scheduled(int(reply[0])), int(reply[1]), int(reply[2]), None if movers < 0 else movers, refused
+        )
 
 
 #: Integers before the run-length coded lateness in a ``move.lua`` reply.

@@ -5,6 +5,7 @@ estimate is wrong (kombu_delay/store/clock.py)."""
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import redis
@@ -152,3 +153,30 @@ def test_an_estimate_late_by_more_than_the_grace_loses_nothing(r: redis.Redis, p
     moved = store.move_due(100)
     assert (moved.moved, moved.expired) == (1, 0)
     assert r.lrange(queue, 0, -1) == [overdue.encode()]
+
+
+def test_only_a_due_time_a_margin_before_the_estimate_is_surely_past(r: redis.Redis) -> None:
+    """What a publisher pushes at once, as plain kombu (no script): a message due at least
+    MARGIN_MS before Redis's clock as estimated; a nearer one, or any with no usable reading, goes
+    through the script, which judges it by Redis's clock."""
+    frozen = 1000.0
+    estimate = clock.RedisClock(r, monotonic=lambda: frozen, wall=lambda: frozen)
+    now = estimate.estimate_ms()
+    assert now is not None
+    edge = math.floor(now) - clock.MARGIN_MS
+    assert estimate.surely_past(edge) and estimate.surely_past(edge - HOUR_MS)
+    assert not estimate.surely_past(edge + 1)
+    assert not estimate.surely_past(int(now))
+    ticks = itertools.count(0.0, clock.MAX_ROUND_TRIP_S * 2)
+    slow = clock.RedisClock(r, monotonic=lambda: next(ticks))
+    assert not slow.surely_past(0)
+
+
+def test_a_store_pushes_at_once_only_what_is_surely_due(r: redis.Redis, prefix: str) -> None:
+    store, now = Store(r, prefix), redis_ms(r)
+    assert store.surely_due(Due(now - 60_000))
+    assert not store.surely_due(Due(now + 60_000))
+    assert not store.surely_due(Due(-1, relative=True))  # a delay is always the script's
+    # With a clock of its own (tests), by that clock.
+    fixed = Store(r, prefix, clock=lambda: now)
+    assert fixed.surely_due(Due(now)) and not fixed.surely_due(Due(now + 1))

@@ -9,7 +9,6 @@ import ssl
 import subprocess
 import sys
 import time
-import types
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -22,14 +21,14 @@ from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay import DelayTooLong, PayloadTooLarge, transport
+from kombu_delay import DelayTooLong, PayloadTooLarge
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.message import Due, parse_iso_ms
-from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, keys
+from kombu_delay.message import Due, parse_iso_ms, to_ms
+from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, clock, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.procs import ROOT
-from tests.support.stored import FakeClock, Stored, calls, stored
+from tests.support.stored import FakeClock, Stored, calls, redis_ms, stored
 
 
 def options(prefix: str, **extra: Any) -> dict[str, Any]:
@@ -209,6 +208,20 @@ def test_x_delay_header_is_milliseconds_from_the_redis_clock(r, redis_server):
     assert lists(r) == {}
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [{"task": "resize"}, {"task": "t.x", "id": "c1", "eta": None}, {"task": "t.x", "id": "c2", "eta": ""}],
+    ids=["app-task-header", "celery-no-eta", "celery-empty-eta"],
+)
+def test_x_delay_holds_a_message_with_a_task_header_and_no_eta(r, redis_server, prefix, headers):
+    """A ``task`` header without an ETA of its own does not make the x-delay go unheard."""
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        Producer(conn).publish({"file": "b.png"}, routing_key="jobs", headers={**headers, "x-delay": 60_000})
+    assert lists(r) == {}
+    held = only(stored(r, prefix))
+    assert held.envelope.dest == f"{prefix}jobs" and held.message["headers"]["x-delay"] == 60_000
+
+
 # -- no ETA, past ETA, bad ETA: exactly what plain kombu pushes ---------------------------
 
 
@@ -243,8 +256,22 @@ CELERY_IMMEDIATE = {
 }
 
 
+def estimate_at(monkeypatch: pytest.MonkeyPatch, at_ms: float | None) -> None:
+    """Redis's clock as every store estimates it, held at ``at_ms`` for the test (``None``: no
+    usable reading, as after a slow round trip): a test sets the estimate instead of racing it.
+    On the class: Celery's producer pool keeps a channel, and its store, from test to test."""
+    monkeypatch.setattr(clock.RedisClock, "estimate_ms", lambda self: at_ms)
+
+
+@pytest.mark.parametrize("estimate", ["estimated", "no-estimate"])
 @pytest.mark.parametrize("case", list(CELERY_IMMEDIATE))
-def test_celery_immediate_publish_is_byte_identical_to_plain_redis(r, make_app, redis_server, case):
+def test_celery_immediate_publish_is_byte_identical_to_plain_redis(
+    r, make_app, redis_server, case, estimate, monkeypatch
+):
+    """Pushed by the transport (a past ETA, by the estimate of Redis's clock), or by the script,
+    which judges by Redis's clock (no usable estimate): the same bytes either way."""
+    if estimate == "no-estimate":
+        estimate_at(monkeypatch, None)
     app = make_app()
     task_id = str(uuid.uuid4())
 
@@ -479,20 +506,72 @@ def test_a_message_over_redis_string_limit_is_refused_before_it_is_sent(r):
 
 
 def test_an_eta_that_passes_on_the_way_in_is_pushed_at_once(r, make_app, prefix, monkeypatch):
-    """An ETA can be future when the transport looks (by this machine's clock) and past when
-    the script runs (by Redis's): the script then pushes the message itself, and the publish
-    returns normally on every supported kombu (before 5.7 kombu has no x-expires to look up).
-    Here the transport's clock runs a minute behind, so the ETA, a second past by Redis's,
-    takes that path every time (in production a millisecond-ahead ETA takes it sometimes)."""
+    """An ETA can be future when the transport looks (by its estimate of Redis's clock) and past
+    when the script runs (by Redis's own): the script then pushes the message itself, and the
+    publish returns normally on every supported kombu (before 5.7 kombu has no x-expires to look
+    up). Here the ETA is half a second past by Redis's clock and the estimate is held at the
+    time it was taken: within the estimate's margin, so the script judges it every time."""
     app = make_app(prefix)
-    real_time = time.time
-    monkeypatch.setattr(transport, "time", types.SimpleNamespace(time=lambda: real_time() - 60))
+    now = redis_ms(r)
+    estimate_at(monkeypatch, now)
     r.config_resetstat()
-    sent = app.send_task("t.x", eta=datetime.now(UTC) - timedelta(seconds=1)).id
+    sent = app.send_task("t.x", eta=datetime.fromtimestamp((now - 500) / 1000, UTC)).id
     assert calls(r, "evalsha") + calls(r, "fcall") >= 1  # the script ran (as a function on Redis 7)
     (raw,) = r.lrange(f"{prefix}celery", 0, -1)
     assert json.loads(raw)["headers"]["id"] == sent
     assert stored(r, prefix) == [] and not r.hget(keys.totals(prefix), "scheduled")
+
+
+def test_a_publisher_clock_ahead_of_redis_never_pushes_a_future_eta(r, make_app, prefix, monkeypatch):
+    """Whether a message is due is Redis's clock's to say: a publisher whose wall clock runs two
+    minutes fast stores an ETA a minute ahead by Redis's clock; it does not push it."""
+    eta = datetime.fromtimestamp(redis_ms(r) / 1000 + 60, UTC)
+    app = make_app(prefix)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 120)
+    sent = app.send_task("t.x", eta=eta).id
+    monkeypatch.undo()
+    assert lists(r) == {}
+    held = only(stored(r, prefix))
+    assert held.envelope.task_id == sent and held.due_ms == to_ms(eta)
+
+
+def test_a_past_eta_is_pushed_as_plain_kombu_with_no_script_call(r, make_app, prefix):
+    """The shortcut stays fast: a message due well before Redis's clock as estimated is one
+    LPUSH, and the estimate costs one TIME for all of them (read again every few seconds)."""
+    app = make_app(prefix)
+    eta = datetime.fromtimestamp(redis_ms(r) / 1000 - 60, UTC)
+    r.config_resetstat()
+    for _ in range(20):
+        app.send_task("t.x", eta=eta)
+    assert calls(r, "evalsha") + calls(r, "fcall") == 0
+    assert calls(r, "time") <= 1
+    assert r.llen(f"{prefix}celery") == 20 and stored(r, prefix) == []
+
+
+def test_a_user_refused_the_wake_channel_publishes_each_message_once_and_is_told(
+    r, redis_server, prefix, caplog
+):
+    """The wake-up PUBLISH comes after a publish's writes: its refusal by the ACL must not fail
+    the publish (kombu's retry would store the message twice). Each publish returns, each
+    message is stored once, the refusals are counted, and each connection warns once."""
+    r.execute_command("ACL", "SETUSER", "no-wake", "reset", "on", ">pw", "~*", "+@all")  # no channel
+    url = f"delayredis://no-wake:pw@127.0.0.1:{redis_server.port}/0"
+    try:
+        with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+            # Two connections; each message the earliest so far, so each publish wakes movers.
+            for delays in ((60_000, 50_000, 40_000), (30_000, 20_000, 10_000)):
+                with Connection(url, transport_options=options(prefix)) as conn:
+                    producer = Producer(conn)
+                    for delay in delays:
+                        producer.publish({}, routing_key="q", headers={"x-delay": delay}, retry=False)
+    finally:
+        r.execute_command("ACL", "DELUSER", "no-wake")
+    assert lists(r) == {} and len(stored(r, prefix)) == 6
+    assert r.hget(keys.totals(prefix), "wake_refused") == b"6"
+    told = [rec.getMessage() for rec in caplog.records if "wakes movers" in rec.getMessage()]
+    assert len(told) == 2, told
+    assert keys.wake_channel(prefix) in told[0] and f"&{prefix}kombu_delay:*" in told[0]
 
 
 # -- queues declared with x-expires -------------------------------------------------------

@@ -18,7 +18,9 @@ put(k, now, due, task_id, dest, payload, estimated)
   index are written per bucket, not per message, and of the meta hash only the expiry ``x``
   is read (an earlier one is extended; with one width and grace, it never is).
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
-  in this bucket (nothing written but a step of the bucket's seq counter).
+  in this bucket (nothing written but a step of the bucket's seq counter); after a 1, true
+  when the wake-up PUBLISH was refused (the message is stored all the same, see
+  wake_if_first), else nothing.
   estimated: ``now`` is a publisher's estimate of the Redis clock (schedule.lua): the
   expiries, where they are set, are set by Redis's own, and a message the estimate took for
   one due ahead that is due already gets its keys' expiry extended by its lateness, as the
@@ -109,11 +111,19 @@ end
 -- earliest message). Cheap, and false for almost every publish. In the cold space the
 -- wake makes a mover look for something to thaw now: one that looks rarely (a longer
 -- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
+-- The wake is an optimisation, made after every write: a PUBLISH the ACL refuses (a user
+-- without the channel) must not fail a call whose message is stored, which a retry would
+-- store twice. So it is a pcall; a refusal is counted (totals field wake_refused) and returns
+-- true, for the caller to tell; movers then find the message on their next poll.
 local function wake_if_first(k, start_s, zset, due, payload)
   if redis.call('ZRANK', zset, payload) ~= 0 then return end
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
   if head == start_s or (head and due < tonumber(redis.call('HGET', k.space:meta(head), 'end') or 0)) then
-    redis.call('PUBLISH', k.wake, string.format('%d', due))
+    local reply = redis.pcall('PUBLISH', k.wake, string.format('%d', due))
+    if type(reply) == 'table' and reply.err then
+      redis.call('HINCRBY', k.totals, 'wake_refused', '1')
+      return true
+    end
   end
 end
 
@@ -164,6 +174,5 @@ local function put(k, now, due, task_id, dest, payload, estimated)
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x)
   end
-  wake_if_first(k, start_s, zset, due, payload)
-  return 1
+  return 1, wake_if_first(k, start_s, zset, due, payload)
 end

@@ -5,9 +5,10 @@ put_group(k, now, start, dest, msgs)
   one destination, sharing its per-bucket work (thaw.lua, whose messages may be overdue).
   msgs[i] = {due, task_id, payload, old_ref}: old_ref, when given, is the message's current
   ref in the id index, replaced by the new one. k.counted: the messages are counted already
-  (in counts). Returns the code of each, as put. Bound: one command per message (its ZADD),
-  and put's per-bucket ones once, the id index's in two (one HMGET, one HSET) per slice of
-  1000 messages.
+  (in counts). Returns the code of each, as put, and true when the wake-up PUBLISH was
+  refused (as put: the messages are stored all the same). Bound: one command per message
+  (its ZADD), and put's per-bucket ones once, the id index's in two (one HMGET, one HSET) per
+  slice of 1000 messages.
 ]]
 --- @include put
 --- @include refs
@@ -87,6 +88,5 @@ local function put_group(k, now, start, dest, msgs)
   b.n_here, b.dest_new, b.n_tasks = count_added(k, b.meta, dest, b.tasks, #added, task_ids)
   add_refs(k, start, start_s, added)
   set_expiries(k, now, b, tonumber(redis.call('HGET', b.meta, 'x')))
-  wake_if_first(k, start_s, b.zset, first.due, first.payload)
-  return codes
+  return codes, wake_if_first(k, start_s, b.zset, first.due, first.payload)
 end

@@ -30,7 +30,9 @@ ARGV[14] fresh     ms: when given and not "0", also count the movers with a hear
                    fresh (a publisher asks once, to warn when no mover serves its namespace)
 The storage format (recorded in totals with a bucket's first message) and the latest due
 time accepted are constants of the script (keys.py FORMAT, MAX_DUE_MS).
-Returns: {code, due_ms, now_ms, movers}; movers: the fresh movers counted (ARGV[14]), else -1;
+Returns: {code, due_ms, now_ms, movers[, 1]}; movers: the fresh movers counted (ARGV[14]), else -1;
+         a fifth element, 1, when the message was stored but the ACL refused the PUBLISH that
+         wakes movers (counted in <ns>totals as wake_refused; see wake_if_first in _put.lua);
          code 1 stored, 0 pushed onto dest now, 2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          MAX_DUE_MS (nothing written), -2 a cold member due too soon (nothing written: the
@@ -70,4 +72,6 @@ if due > MAX_DUE_MS or (max_delay ~= '0' and due - now > tonumber(max_delay)) th
 end
 
 local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires)
-return {put(k, now, due, task_id, dest_key, payload, estimated), due, now, movers}
+local code, wake_refused = put(k, now, due, task_id, dest_key, payload, estimated)
+if wake_refused then return {code, due, now, movers, 1} end
+return {code, due, now, movers}
