@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError
+from kombu.transport import redis as kombu_redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import (
@@ -39,6 +40,14 @@ DELAY_SCHEMES = {
 }
 #: Schemes that name a Redis server but publish without kombu-delay.
 PLAIN_SCHEMES = frozenset(DELAY_SCHEMES)
+#: Every scheme kombu-delay can work with (any case, as kombu reads them): the store is in Redis.
+REDIS_SCHEMES = PLAIN_SCHEMES | frozenset(DELAY_SCHEMES.values())
+#: What a refusal of another transport's URL suggests instead.
+_NEEDS_REDIS = (
+    "kombu-delay keeps its messages in Redis and needs a delayredis://, delayrediss://, "
+    "delaysentinel:// or delayredis+socket:// URL (or redis://, rediss://, sentinel://, "
+    "redis+socket:// of the same server)"
+)
 
 
 #: kombu reads ``+`` in a scheme as "transport + inner URL": ``redis+delay://host`` is plain
@@ -51,8 +60,9 @@ _USERINFO_BREAKERS = "/#?"
 
 
 def check_url(url: str) -> None:
-    """Refuse a broker URL that kombu would silently or noisily misread, with one line that
-    names the problem and shows the URL with its password masked (:class:`ConfigError`)."""
+    """Refuse a broker URL that kombu would silently or noisily misread, or that names another
+    transport than Redis, with one line that names the problem and shows the URL with its
+    password masked (:class:`ConfigError`)."""
     for one in url.split(";"):
         scheme = one.partition("://")[0] if "://" in one else ""
         if "+" in scheme and scheme.lower() not in _PLUS_SCHEMES:
@@ -62,6 +72,7 @@ def check_url(url: str) -> None:
                 "(redis+delay://host is plain Redis on localhost:6379, with no delayed delivery); "
                 "use delayredis:// (delayrediss://, delaysentinel://)"
             )
+        _check_redis_scheme(one, scheme)
         userinfo = split_url(one).userinfo or ""
         found = [char for char in _USERINFO_BREAKERS if char in userinfo]
         if found:
@@ -70,6 +81,21 @@ def check_url(url: str) -> None:
                 f"broker URL {mask_url(one)}: the user name or password holds an unescaped {chars}, which "
                 'ends it early for kombu; percent-encode it: urllib.parse.quote(password, safe="")'
             )
+
+
+def _check_redis_scheme(one: str, scheme: str) -> None:
+    """Refuse one URL of a broker URL whose scheme is not Redis's: kombu would open its own
+    transport (``memory://``, ``filesystem://``; with no scheme at all, AMQP), where
+    kombu-delay has no store."""
+    if scheme.lower() in REDIS_SCHEMES:
+        return
+    if not one.strip():
+        raise ConfigError(f"the broker URL is empty: {_NEEDS_REDIS}")
+    if not scheme:
+        raise ConfigError(
+            f"broker URL {mask_url(one)!r} has no scheme (kombu would read it as amqp://): {_NEEDS_REDIS}"
+        )
+    raise ConfigError(f"broker URL {mask_url(one)}: {scheme!r} is not a Redis scheme; {_NEEDS_REDIS}")
 
 
 def delay_url(url: str) -> str:
@@ -160,9 +186,13 @@ def default_channel(conn: Connection) -> Any:
     refused credentials :class:`RedisAuthError`, an ACL refusal :class:`RedisPermissionError`,
     another refusal (a database number the server lacks) :class:`RedisRefused`, a transport
     option redis-py cannot use :class:`ConfigError`, and anything else :class:`RedisUnavailable`.
+    A connection of another transport than Redis (a kombu :class:`~kombu.Connection` to
+    ``memory://`` handed to :class:`~kombu_delay.DelayControl`) raises :class:`ConfigError`.
     No exception raised here quotes a password."""
     with _redactor(conn).scrubbing(), translated_errors():
         try:
+            if not issubclass(conn.transport.Channel, kombu_redis.Channel):
+                raise ConfigError(f"a kombu connection of transport {conn.transport_cls!r}: {_NEEDS_REDIS}")
             return conn.default_channel
         except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
             cause = exc.__cause__ or exc.__context__
@@ -173,6 +203,8 @@ def default_channel(conn: Connection) -> Any:
             if isinstance(cause, redis.ResponseError):
                 raise RedisRefused(f"Redis refused the connection: {exc}") from exc
             raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+        except ConfigError:
+            raise
         except (ValueError, TypeError) as exc:  # redis-py setting up a socket, say ``socket_timeout=abc``
             raise ConfigError(f"bad broker URL or option: {exc}") from exc
 

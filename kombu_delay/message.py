@@ -122,10 +122,20 @@ def _body_bytes(message: dict[str, Any]) -> bytes | None:
         return None
 
 
+#: The parts of a kombu message that are JSON objects when present.
+_OBJECT_PARTS = ("headers", "properties")
+
+
+def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
+    """``message[name]`` when it is an object, else ``{}`` (absent, or damaged in Redis)."""
+    part = message.get(name)
+    return part if isinstance(part, dict) else {}
+
+
 def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
-    """Return the id a message is indexed under: task id, message id or delivery tag."""
-    headers = message.get("headers") or {}
-    props = message.get("properties") or {}
+    """Return the id a message is indexed under: task id, message id or delivery tag (``""``
+    when it has none; headers or properties that are not objects hold none)."""
+    headers, props = _part(message, "headers"), _part(message, "properties")
     for candidate in (headers.get("id"), (body or {}).get("id"), props.get("message_id")):
         if isinstance(candidate, str) and candidate:
             return candidate
@@ -173,11 +183,15 @@ def _x_delay_ms(raw: Any) -> int:
 
 
 def _load(payload: bytes | str) -> dict[str, Any] | None:
+    """A stored payload as a kombu message, or ``None`` for a member that is not one (damaged):
+    not a JSON object, or one whose ``headers`` or ``properties`` is not an object."""
     try:
         message = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a kombu message
         return None
-    return message if isinstance(message, dict) else None
+    if not isinstance(message, dict):
+        return None
+    return message if all(isinstance(message.get(part) or {}, dict) for part in _OBJECT_PARTS) else None
 
 
 def index_id(payload: bytes | str) -> str:

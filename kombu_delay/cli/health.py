@@ -7,6 +7,7 @@ cron-style check. What it judges is :mod:`kombu_delay.ops.health`.
 
 from __future__ import annotations
 
+import math
 import socket
 
 import click
@@ -14,9 +15,20 @@ import click
 from kombu_delay.cli.common import announce, global_options, target
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.ops.health import check
+from kombu_delay.store.keys import MAX_DUE_MS
 
 #: Exit statuses.
 HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2
+#: The longest threshold, s: the span of every due time there can be (to the year-2109 ceiling).
+MAX_THRESHOLD_S = MAX_DUE_MS // 1000
+
+
+def threshold(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A threshold in seconds: finite, from 0 (don't check) to :data:`MAX_THRESHOLD_S`; a usage
+    error (exit 2) otherwise, never a verdict on the movers."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_THRESHOLD_S):
+        raise click.BadParameter(f"{value} is not a number of seconds from 0 to {MAX_THRESHOLD_S}")
+    return value
 
 
 @global_options
@@ -24,6 +36,7 @@ HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2
 @click.option(
     "--max-heartbeat-age",
     type=float,
+    callback=threshold,
     default=30.0,
     show_default=True,
     help="Unhealthy when no mover heartbeat is younger than this, s (0 = don't check).",
@@ -31,6 +44,7 @@ HEALTHY, UNHEALTHY, UNREACHABLE = 0, 1, 2
 @click.option(
     "--max-overdue",
     type=float,
+    callback=threshold,
     default=60.0,
     show_default=True,
     help="Unhealthy when a due message has waited longer than this, s (0 = don't check).",

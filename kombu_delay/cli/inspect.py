@@ -22,6 +22,8 @@ from kombu_delay.store.listing import Cursor
 NOT_FOUND = 1
 FAILED = 3
 BAR_WIDTH = 40
+#: The task id column of a message damaged in Redis (it has no id to cancel it by).
+UNREADABLE = "(unreadable)"
 
 
 class InspectError(click.ClickException):
@@ -169,13 +171,14 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
 
     Shows task id, task name, queue, ETA (UTC), time left and payload size, then
     the cursor of the next page. The cursor is a position in time, so paging is
-    stable while movers deliver messages.
+    stable while movers deliver messages. A message damaged in Redis is listed as
+    (unreadable), with no task id.
 
     \b
     Examples:
       kombu-delay ls
       kombu-delay ls --queue emails --limit 20
-      kombu-delay ls --cursor 1764504000000:1764504012345.25:1:celery
+      kombu-delay ls -c 1796281560000:1796281574917:0:1796281574917.0:1796281560000:8f008930511d4321:celery
       kombu-delay ls --json | jq -r '.items[].task_id'
       celery -A proj delay ls -Q celery
     """
@@ -197,7 +200,14 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
     for item in page.items:
         left = item.due_ms - now
         table.append(
-            [item.task_id, item.task or "-", item.queue, when(item.due_ms), span(left), str(item.size)]
+            [
+                item.task_id or UNREADABLE,
+                item.task or "-",
+                item.queue,
+                when(item.due_ms),
+                span(left),
+                str(item.size),
+            ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:

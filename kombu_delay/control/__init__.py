@@ -42,6 +42,9 @@ __all__ = [
     "histogram_slots",
 ]
 
+#: The last list position Redis reads (a signed 64-bit integer): a page must end by it.
+_MAX_POSITION = 2**63 - 1
+
 
 class DelayControl:
     """Inspect and control kombu-delay's scheduled messages.
@@ -256,9 +259,12 @@ class DelayControl:
 
     def dead_letters(self, offset: int = 0, limit: int = 50) -> tuple[int, list[DeadLetter]]:
         """Return how many dead letters there are, and up to ``limit`` from ``offset`` (newest
-        first): members a mover could not restore, kept as stored, never delivered."""
+        first): members a mover could not restore, kept as stored, never delivered. Raises
+        ``ValueError`` for a page Redis cannot address (past a 64-bit list position)."""
         if limit <= 0 or offset < 0:
             raise ValueError("limit must be positive and offset not negative")
+        if offset + limit > _MAX_POSITION:
+            raise ValueError(f"offset {offset} and limit {limit} reach past any list position")
         total, members = self.store.dead_letters(offset, limit)
         return total, [DeadLetter(m, offset + i) for i, m in enumerate(members)]
 

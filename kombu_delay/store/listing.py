@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,13 +66,16 @@ class Cursor:
 
     @classmethod
     def parse(cls, text: str) -> Cursor:
-        """Parse :meth:`__str__` output; raise ``ValueError`` for anything else."""
+        """Parse :meth:`__str__` output; raise ``ValueError`` for anything else, such as a
+        score that is not finite or a time past the due-time ceiling."""
         lo, due, rank, score, start, last, dest = text.split(":", 6)
         numbers = (lo, due, start)
         if not all(n.isdigit() for n in numbers) or rank not in ("0", "1") or len(last) != 16:
             raise ValueError(text)
         int(last, 16)
         at = Position(int(due), int(rank), float(score), int(start), dest, last)
+        if not math.isfinite(at.score) or at.due_ms > keys.MAX_DUE_MS:
+            raise ValueError(text)
         if int(at.score) != at.due_ms or int(lo) > at.start_ms:
             raise ValueError(text)
         return cls(int(lo), at)

@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.cli.inspect import span, when
-from kombu_delay.control import DelayControl
+from kombu_delay.control import DeadLetter, DelayControl
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present
@@ -28,6 +28,8 @@ from kombu_delay.web.overview import DEFAULT_RANGE, RANGES, SHARED_FOR_S, Shared
 PAGE_ROWS = 50
 #: Most rows one listing page may ask for.
 MAX_ROWS = 500
+#: Why a dead-letter offset or position is refused (HTTP 400).
+BAD_POSITION = "the offset or position is past any list"
 READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
 
 
@@ -190,14 +192,14 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
     @app.get("/dead")
     def dead() -> str:
         offset = max(0, _int(request.args.get("offset"), 0))
-        total, letters = control.dead_letters(offset, PAGE_ROWS)
+        total, letters = _dead_letters(control, offset, PAGE_ROWS)
         rows = [(letter, present.dead_preview(letter.member, 160)) for letter in letters]
         return render_template("dead.html", total=total, rows=rows, offset=offset, page_rows=PAGE_ROWS)
 
     @app.get("/dead/letter")
     def dead_letter() -> tuple[str, int]:
         digest, near = request.args.get("digest", ""), max(0, _int(request.args.get("near"), 0))
-        _, letters = control.dead_letters(max(0, near - 50), 100)
+        _, letters = _dead_letters(control, max(0, near - 50), 100)
         letter = next((d for d in letters if d.digest == digest), None)
         text = present.dead_preview(letter.member, 20_000) if letter else ""
         return render_template("dead_letter.html", letter=letter, text=text, near=near), (
@@ -263,9 +265,20 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
         acting("remove dead letter", digest)
         if request.form.get("confirm") != "yes":
             return render_template("confirm.html", action="remove", digest=digest, near=near)
-        n = control.remove_dead_letter(digest, near)
+        try:
+            n = control.remove_dead_letter(digest, near)
+        except ValueError:
+            abort(400, BAD_POSITION)
         guard.audit.warning("remove dead letter %s by %s: %d removed", digest, guard.who(request), n)
         return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
+
+
+def _dead_letters(control: DelayControl, offset: int, limit: int) -> tuple[int, list[DeadLetter]]:
+    """:meth:`DelayControl.dead_letters`, a position past any list being a bad request."""
+    try:
+        return control.dead_letters(offset, limit)
+    except ValueError:
+        abort(400, BAD_POSITION)
 
 
 def _int(text: str | None, default: int) -> int:

@@ -11,6 +11,8 @@ import os
 import click
 
 from kombu_delay.cli.common import announce, target
+from kombu_delay.cli.inspect import InspectError
+from kombu_delay.errors import KombuDelayError
 
 DEFAULT_PORT = 9809
 
@@ -80,7 +82,10 @@ def web(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth") from exc
     announce(ctx)
-    control = DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl)
+    try:
+        control = DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl)
+    except KombuDelayError as exc:  # a broker URL it cannot use: one line, as the other commands say it
+        raise InspectError(tgt.redact(str(exc))) from exc
     app = create_app(
         control,
         allow_actions=allow_actions,

@@ -46,11 +46,16 @@ def clip(text: str, limit: int) -> str:
 
 
 def _load(message: bytes) -> dict[str, Any] | None:
+    """The kombu envelope of a stored message, or ``None`` when it is none (damaged in Redis): not
+    a JSON object, or one whose ``headers`` or ``properties`` is not an object."""
     try:
         loaded = json.loads(message)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return loaded if isinstance(loaded, dict) else None
+    if not isinstance(loaded, dict):
+        return None
+    parts = (loaded.get("headers") or {}, loaded.get("properties") or {})
+    return loaded if all(isinstance(part, dict) for part in parts) else None
 
 
 def _raw_body(envelope: dict[str, Any]) -> bytes | None:

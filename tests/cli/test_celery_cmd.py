@@ -186,6 +186,15 @@ def test_delay_refuses_an_app_broker_url_with_a_plus_scheme(r, redis_server):
         assert "use delayredis://" in done.stderr
 
 
+def test_delay_refuses_an_app_broker_url_of_another_transport():
+    env = {"ECO_BROKER": "memory://", "ECO_OPTIONS": "{}"}
+    for command in (["stats"], ["ls"], ["cancel", "some-id"], ["health"], ["web", "--host", "256.0.0.1"]):
+        done = run_celery(env, "delay", *command)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "the Celery app's broker URL memory://: 'memory' is not a Redis scheme" in done.stderr
+        assert "needs a delayredis://" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_delay_says_when_the_app_publishes_through_plain_redis(r, redis_server):
     plain = {"ECO_BROKER": redis_server.url, "ECO_OPTIONS": "{}"}
     done = run_celery(plain, "delay", "stats", "--json")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
+from kombu import Connection
 
-from kombu_delay import DelayControl
+from kombu_delay import ConfigError, DelayControl
 from kombu_delay.cli import main
 from kombu_delay.cli.inspect import COMMANDS, span
 from kombu_delay.store.listing import Cursor
@@ -162,3 +164,69 @@ def test_span_reads_well():
 def test_stats_refuses_a_histogram_too_fine_to_draw(r, redis_server):
     code, out = kd(redis_server, "", "stats", "--hours", "1000", "--slot", "1")
     assert code == 2 and "at most 1000" in out
+
+
+#: Broker URLs kombu reads as another transport than Redis (an empty one is AMQP's default).
+NOT_REDIS = {"memory": "memory://", "filesystem": "filesystem://", "empty": ""}
+#: The dashboard on an address nobody can serve on: a URL let through fails there, it never serves.
+WEB = ["web", "--host", "256.0.0.1"]
+
+
+@pytest.mark.parametrize("url", NOT_REDIS.values(), ids=NOT_REDIS.keys())
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [(["cancel", "some-id"], 3), (["ls"], 3), (["stats"], 3), (["health"], 2), (WEB, 3)],
+    ids=["cancel", "ls", "stats", "health", "web"],
+)
+def test_a_broker_url_of_another_transport_is_refused_in_one_line(url, command, code):
+    result = CliRunner().invoke(main, ["--broker", url, "--log-level", "error", *command])
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output, result.output
+    said = "the broker URL is empty" if not url else f"broker URL {url}: '{url[:-3]}' is not a Redis scheme"
+    assert said in result.output and "needs a delayredis://" in result.output, result.output
+
+
+def test_a_kombu_connection_of_another_transport_is_refused():
+    with Connection("memory://") as conn, pytest.raises(ConfigError, match="transport 'memory'"):
+        DelayControl(conn).stats()
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "0:1:1:inf:0:0000000000000000:celery",
+        "0:1:1:-inf:0:0000000000000000:celery",
+        "0:1:1:1e400:0:0000000000000000:celery",
+        "0:1:1:nan:0:0000000000000000:celery",
+        f"0:{2**53}:1:{2**53}.0:0:0000000000000000:celery",
+    ],
+    ids=["inf", "minus-inf", "overflow", "nan", "past-the-ceiling"],
+)
+def test_ls_refuses_a_cursor_out_of_range_as_a_usage_error(r, redis_server, cursor):
+    code, out = kd(redis_server, "", "ls", "--cursor", cursor)
+    assert code == 2 and "is not a cursor printed by ls" in out, out
+    with DelayControl(redis_server.url) as ctl, pytest.raises(ValueError):
+        ctl.scheduled(cursor=cursor)
+
+
+@pytest.mark.parametrize("flag", ["--max-heartbeat-age", "--max-overdue"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "-1"])
+def test_health_refuses_a_threshold_out_of_range_as_a_usage_error(redis_server, flag, value):
+    # Exit 1 would say "unhealthy": a usage error must not read as a verdict on the movers.
+    code, out = kd(redis_server, "", "health", f"{flag}={value}")
+    assert code == 2 and f"Invalid value for '{flag}'" in out and "Traceback" not in out, out
+
+
+def test_health_takes_a_zero_threshold_as_off(r, redis_server):
+    code, out = kd(redis_server, "", "health", "--max-heartbeat-age", "0", "--max-overdue", "0")
+    assert code == 0, out
+
+
+def test_the_cursor_examples_in_help_and_docs_are_cursors_ls_prints():
+    helped = CliRunner().invoke(main, ["ls", "--help"]).output
+    docs = (ROOT / "docs" / "cli.md").read_text()
+    examples = re.findall(r"(?:-c|--cursor) (\d\S*)", helped + docs)
+    assert len(examples) >= 2, examples
+    for example in examples:
+        assert str(Cursor.parse(example)) == example

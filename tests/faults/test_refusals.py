@@ -193,7 +193,7 @@ def test_health_names_an_acl_refusal_at_connect(server: RedisServer) -> None:
     [
         ("delayredis://127.0.0.1:notaport/0", [], ConfigError, "bad broker URL"),
         ("delayredis://127.0.0.1:{port}/abc", [], ConfigError, "bad broker URL"),
-        ("http://127.0.0.1:{port}/0", [], ConfigError, "bad broker URL"),
+        ("http://127.0.0.1:{port}/0", [], ConfigError, "'http' is not a Redis scheme"),
         ("delayredis://127.0.0.1:{port}/0", ["socket_timeout=abc"], ConfigError, "bad broker URL or option"),
         ("delayredis://127.0.0.1:{port}/99", [], RedisRefused, "DB index is out of range"),
     ],

@@ -235,6 +235,49 @@ def test_dead_letter_pages_and_removal(r, control, prefix):
     assert removed.status_code == 200 and r.llen(keys.dead(prefix)) == 0
 
 
+#: A position past any list Redis can address (a 64-bit integer).
+HUGE = "99999999999999999999"
+#: Cursors of the right shape whose numbers no listing prints.
+OUT_OF_RANGE_CURSORS = [
+    "0:1:1:inf:0:0000000000000000:celery",
+    "0:1:1:1e400:0:0000000000000000:celery",
+    "0:1:1:nan:0:0000000000000000:celery",
+    f"0:{2**53}:1:{2**53}.0:0:0000000000000000:celery",  # past the due-time ceiling
+]
+
+
+@pytest.mark.parametrize("cursor", OUT_OF_RANGE_CURSORS)
+def test_a_cursor_out_of_range_is_a_bad_request(control, cursor):
+    assert client_of(control).get(f"/scheduled?cursor={cursor}").status_code == 400
+
+
+def test_dead_letter_positions_past_any_list_are_a_bad_request(r, control, prefix):
+    r.lpush(keys.dead(prefix), b"\x01\x05junk")
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    [digest] = re.findall(r"digest=([0-9a-f]{64})", client.get("/dead").get_data(as_text=True))
+    assert client.get(f"/dead?offset={HUGE}").status_code == 400
+    assert client.get(f"/dead/letter?digest={digest}&near={HUGE}").status_code == 400
+    form = {"digest": digest, "near": HUGE, "csrf": csrf, "confirm": "yes"}
+    assert client.post("/dead/remove", data=form).status_code == 400
+    assert r.llen(keys.dead(prefix)) == 1
+    # Far, but a position Redis reads: an empty page, not an error.
+    assert client.get(f"/dead?offset={2**62}").status_code == 200
+    with pytest.raises(ValueError, match="past any list position"):
+        control.dead_letters(int(HUGE), 50)
+
+
+def test_a_damaged_envelope_shows_as_text_not_an_error():
+    for damaged in (
+        {"headers": "oops", "properties": {}, "body": ""},
+        {"headers": {"task": "t.x", "id": "x"}, "properties": "oops", "body": "[[], {}, {}]"},
+    ):
+        raw = json.dumps(damaged).encode()
+        assert present.preview(raw) == ""
+        shown = present.show(raw)
+        assert shown.source == "" and shown.body == raw.decode()
+
+
 def test_basic_auth_guards_every_path(control):
     client = client_of(control, credentials=Credentials.parse("ops:pa:ss"))
     for path in ("/", "/static/dashboard.css", "/overview.json"):

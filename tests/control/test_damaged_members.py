@@ -1,0 +1,89 @@
+"""A stored member damaged in Redis: a JSON object whose ``headers`` or ``properties`` is not an
+object, in either space. Listing shows it as unreadable (no task id), as it shows a compressed
+member that cannot be restored; find, cancel and the dashboard's pages go on around it. None of
+them ends in an ``AttributeError``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from celery import Celery
+
+from kombu_delay import DelayControl
+from kombu_delay.message import index_id, task_name
+from kombu_delay.store.replies import Stored
+from kombu_delay.web.app import create_app
+from tests.support.cli import kd
+
+#: Damaged members: each is a JSON object, but not a kombu message.
+DAMAGED = {
+    "headers-a-string": {"headers": "oops", "properties": {}, "body": ""},
+    "properties-a-string": {"headers": {}, "properties": "oops", "body": ""},
+    "headers-a-list": {"headers": ["id", "task"], "properties": {"delivery_tag": "t"}, "body": ""},
+    "properties-a-number": {"headers": {"task": "t.x", "id": "x"}, "properties": 5, "body": ""},
+}
+#: ``delay_compress_after`` that keeps a message 600 s out in each space.
+SPACES = {"ordinary": 0, "cold": 60}
+
+
+def publish(redis_server, options: dict[str, object]) -> list[str]:
+    """Three tasks, 600 s out and more."""
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options
+    try:
+        return [app.send_task("t.x", (i,), countdown=600 + i).id for i in range(3)]
+    finally:
+        app.close()
+
+
+def damage(r, stored: Stored, task_id: str, prefix: str, content: dict[str, object]) -> None:
+    """Replace the member of ``stored`` in place (same set, same score) with ``content``."""
+    key = stored.space.queue_set(prefix, stored.start_ms, stored.dest)
+    assert r.zrem(key, stored.payload) == 1
+    r.zadd(key, {stored.space.member(json.dumps(content), task_id): stored.score})
+
+
+@pytest.mark.parametrize("damaged", DAMAGED.values(), ids=DAMAGED.keys())
+def test_stored_payload_readers_take_a_damaged_member_for_no_message(damaged):
+    payload = json.dumps(damaged)
+    assert index_id(payload) == "" and task_name(payload) is None
+
+
+@pytest.mark.parametrize("compress_after", SPACES.values(), ids=SPACES.keys())
+@pytest.mark.parametrize("damaged", DAMAGED.values(), ids=DAMAGED.keys())
+def test_a_damaged_member_is_listed_unreadable_and_find_and_cancel_go_on(
+    r, redis_server, prefix, compress_after, damaged
+):
+    options = {"global_keyprefix": prefix, "delay_compress_after": compress_after}
+    ids = publish(redis_server, options)
+    with DelayControl(redis_server.url, options) as ctl:
+        [stored] = ctl.store.find(ids[1])
+        assert stored.space.compressed == bool(compress_after)
+        damage(r, stored, ids[1], prefix, damaged)
+
+        page = ctl.scheduled()
+        assert [m.task_id for m in page.items] == [ids[0], "", ids[2]]
+        unreadable = page.items[1]
+        assert unreadable.task is None and unreadable.due_ms == stored.due_ms and unreadable.queue == "celery"
+        # Its id is gone with its headers: nothing is found or cancelled under it, and no other
+        # id is disturbed.
+        assert ctl.find(ids[1]) == []
+        assert ctl.cancel(ids[1]) == 0
+        assert [m.task_id for m in ctl.find(ids[2])] == [ids[2]]
+        assert ctl.cancel(ids[2]) == 1
+        assert [m.task_id for m in ctl.scheduled().items] == [ids[0], ""]
+
+        code, out = kd(redis_server, prefix, "ls")
+        assert code == 0, out
+        rows = out.splitlines()[1:-1]
+        assert [row.split()[0] for row in rows] == [ids[0], "(unreadable)"], out
+        code, out = kd(redis_server, prefix, "cancel", ids[1])
+        assert code == 1 and f"{ids[1]}: not scheduled" in out, out
+
+        client = create_app(ctl).test_client()
+        listing = client.get("/scheduled")
+        assert listing.status_code == 200
+        assert "<em>unreadable</em>" in listing.get_data(as_text=True)
+        assert client.get(f"/task?id={ids[1]}").status_code == 404
+        assert client.get(f"/task?id={ids[0]}").status_code == 200
