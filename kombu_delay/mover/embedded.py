@@ -26,6 +26,7 @@ from kombu_delay.config import Settings
 from kombu_delay.connect import Target, app_target
 from kombu_delay.mover.loop import Mover, mover_id, open_when_reachable
 from kombu_delay.mover.pacing import Backoff
+from kombu_delay.mover.threads import start_daemon
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,7 @@ class EmbeddedMover:
     def start(self) -> None:
         """Start the thread (settings are validated first, so a bad option fails the worker)."""
         self.target.settings()
-        self._thread = threading.Thread(target=self._run, name="kombu-delay-mover", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._run, "kombu-delay-mover")
         logger.info("kombu-delay: embedded mover %s started", self.name)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:

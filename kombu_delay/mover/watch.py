@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kombu_delay.errors import RedisPermissionError
+from kombu_delay.mover.threads import start_daemon
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, eviction_problem, stranded_problem
 from kombu_delay.store import Store
 
@@ -68,8 +69,7 @@ class Watch:
         self._scan_allowed = True
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="kombu-delay-watch", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self.run, "kombu-delay-watch")
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()

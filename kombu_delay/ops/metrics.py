@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 
+from kombu_delay.mover.threads import stop_signals_blocked
 from kombu_delay.mover.watch import Findings
 from kombu_delay.store import Store
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
@@ -94,7 +95,8 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
         ) from exc
 
     metrics = MoverMetrics(store, prom)
-    prom.start_http_server(port, addr=addr, registry=metrics.registry)
+    with stop_signals_blocked():  # its threads leave SIGTERM and SIGINT to the main one
+        prom.start_http_server(port, addr=addr, registry=metrics.registry)
     logger.info("metrics on http://%s:%d/metrics", addr, port)
     return metrics.hooks()
 

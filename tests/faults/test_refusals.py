@@ -321,7 +321,11 @@ def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Call
                 return False
             return mover.popen.poll() is not None
 
-        wait_until(stopped, timeout=60, interval=0.5)
+        try:
+            wait_until(stopped, timeout=60, interval=0.5)
+        except AssertionError as exc:  # say what the mover did
+            alive = mover.popen.poll() is None
+            raise AssertionError(f"{exc}; mover running: {alive}; its output:\n{mover.output()}") from exc
         assert mover.popen.returncode == 1
         assert "second SIGTERM" in mover.output()
     finally:

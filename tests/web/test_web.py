@@ -119,11 +119,13 @@ def test_overview_lists_queues_chart_warnings_and_totals(r, redis_server, contro
     assert len(data["histogram"]) == 60
 
 
-def test_overview_shows_wake_ups_the_acl_refused(r, control, prefix):
-    """A publisher refused the wake-up channel stores its messages and counts the refusals."""
-    r.hset(keys.totals(prefix), "wake_refused", 3)
+def test_overview_shows_wake_ups_the_acl_refused_and_members_counted_again(r, control, prefix):
+    """A publisher refused the wake-up channel stores its messages and counts the refusals; a
+    bucket whose counts missed members counts them again (see tests/store/test_recount.py)."""
+    r.hset(keys.totals(prefix), mapping={"wake_refused": 3, "recounted": 4})
     html = client_of(control).get("/").get_data(as_text=True)
     assert re.search(r"<td>wake_refused</td><td class=\"num\">3</td>", html)
+    assert re.search(r"<td>recounted</td><td class=\"num\">4</td>", html)
 
 
 def test_listing_filters_by_queue_and_task_and_pages_with_the_cursor(redis_server, control, prefix):
