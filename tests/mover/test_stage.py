@@ -10,11 +10,14 @@ from collections.abc import Callable
 import redis
 
 from kombu_delay.config import Settings
+from kombu_delay.message import Due
 from kombu_delay.mover import stage
 from kombu_delay.mover.stage import Stager
 from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Scheduled
+from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
-from tests.support.stored import ORDINARY, FakeClock, redis_ms, schedule_herd, tags_in
+from tests.support.stored import ORDINARY, FakeClock, kombu_payload, redis_ms, schedule_herd, tags_in
 
 MIN_RUN = 1000
 
@@ -153,3 +156,29 @@ def test_a_herd_is_copied_while_its_queue_gets_other_messages_before_and_after_i
     clock.ms = due
     results = [store.move_due(500).moved for _ in range(3)]
     assert results == [12, 3000, 0]  # what was due before it, then the herd whole
+
+
+def test_a_publisher_the_acl_refuses_unlink_drops_the_herd_copy_it_makes_wrong() -> None:
+    """A message published at a staged herd's millisecond drops the herd's copy: with DEL where
+    the ACL refuses the publisher UNLINK (the documented publisher line), and the publish
+    succeeds, as a retry would store it twice."""
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "pub", "on", ">pw", "~*", "&*", "+@all", "-unlink")
+        clock = FakeClock(admin)
+        store = Store(admin, clock=clock)
+        width = ORDINARY.bucket_width_ms
+        soon = (clock() // width + 1) * width + 10
+        schedule(store, "q", soon, 3000)
+        clock.ms = soon - 1000
+        run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
+        assert staged(admin, "") == {"q": 3000}
+        publisher = Store(server.client(username="pub", password="pw"), clock=clock)
+        result = publisher.schedule(Due(soon, task_id="late"), "q", kombu_payload("late"), ORDINARY)
+        assert result.outcome is Scheduled.STORED
+        assert staged(admin, "") == {}
+        assert not admin.hget(keys.meta("", soon - soon % width), "h:q")
+        clock.ms = soon
+        while store.move_due(1000).more:
+            pass
+        assert Counter(tags_in(admin, "q")) == Counter([*(f"h{i}" for i in range(3000)), "late"])

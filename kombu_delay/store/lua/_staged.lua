@@ -20,7 +20,10 @@ staged_mark(meta, dest)
   Returns T, n of the destination's mark, or nil.
 
 drop_staged(s, meta, start_s, dest)
-  Deletes the staged list (UNLINK: Redis frees a large one in the background) and the mark.
+  Deletes the mark and the staged list (UNLINK: Redis frees a large one in the background;
+  DEL for a user the ACL refuses UNLINK, such as a publisher's, which put and put_group call
+  this for: a publish that made its writes must not fail, or its retry would store the
+  message twice).
 
 drop_staged_for(s, meta, start_s, dest, due, t)
   drop_staged when there is a mark (``t``, its T, as staged_mark or the caller read it) and
@@ -50,7 +53,9 @@ end
 
 local function drop_staged(s, meta, start_s, dest)
   redis.call('HDEL', meta, 'h:' .. dest, 'hn:' .. dest)
-  redis.call('UNLINK', s:staged(start_s, dest))
+  local staged = s:staged(start_s, dest)
+  local gone = redis.pcall('UNLINK', staged)
+  if type(gone) == 'table' and gone.err then redis.call('DEL', staged) end
 end
 
 local function drop_staged_for(s, meta, start_s, dest, due, t)
