@@ -555,7 +555,8 @@ def test_a_user_refused_the_wake_channel_publishes_each_message_once_and_is_told
     """The wake-up PUBLISH comes after a publish's writes: its refusal by the ACL must not fail
     the publish (kombu's retry would store the message twice). Each publish returns, each
     message is stored once, the refusals are counted, and each connection warns once."""
-    r.execute_command("ACL", "SETUSER", "no-wake", "reset", "on", ">pw", "~*", "+@all")  # no channel
+    # No channel: resetchannels is Redis 7's default for a new user, not Redis 6.2's.
+    r.execute_command("ACL", "SETUSER", "no-wake", "reset", "resetchannels", "on", ">pw", "~*", "+@all")
     url = f"delayredis://no-wake:pw@127.0.0.1:{redis_server.port}/0"
     try:
         with caplog.at_level(logging.WARNING, logger="kombu_delay"):
