@@ -33,11 +33,6 @@ if TYPE_CHECKING:
 CHUNK = 64
 #: Bucket starts read from an index per call.
 STARTS = 64
-#: Bucket starts read per call when a listing is filtered by destination: each batch is
-#: narrowed to the buckets holding one of them, by one pipelined EXISTS per bucket and
-#: destination, so a destination found in few of many buckets costs a round trip per batch,
-#: not per bucket.
-FILTERED_STARTS = 256
 
 
 @dataclass(frozen=True, order=True)
@@ -161,26 +156,24 @@ class _Source:
 
 
 class _Buckets:
-    """Bucket starts of both spaces from ``lo`` on, merged in start order; with ``dests``, only
-    those of buckets holding a sorted set for one of them."""
+    """Bucket starts of both spaces from ``lo`` on, merged in start order."""
 
-    def __init__(self, store: Store, lo: int, dests: set[str] | None = None) -> None:
-        self._streams = [self._starts(store, space, lo, dests) for space in spaces.ALL]
+    def __init__(self, store: Store, lo: int) -> None:
+        self._streams = [self._starts(store, space, lo) for space in spaces.ALL]
         self._heads: list[tuple[int, int, Space]] = []
         for i, stream in enumerate(self._streams):
             self._advance(i, stream)
 
     @staticmethod
-    def _starts(store: Store, space: Space, lo: int, dests: set[str] | None) -> Iterator[tuple[int, Space]]:
-        lower, size = str(lo), STARTS if dests is None else FILTERED_STARTS
+    def _starts(store: Store, space: Space, lo: int) -> Iterator[tuple[int, Space]]:
+        lower = str(lo)
         while True:
-            raw: list[Any] = store.client.zrangebyscore(space.index(store.prefix), lower, "+inf", 0, size)
-            starts = [int(start) for start in raw]
-            for start in starts if dests is None else _holding(store, space, starts, sorted(dests)):
-                yield start, space
-            if len(raw) < size:
+            raw: list[Any] = store.client.zrangebyscore(space.index(store.prefix), lower, "+inf", 0, STARTS)
+            for start in raw:
+                yield int(start), space
+            if len(raw) < STARTS:
                 return
-            lower = f"({starts[-1]}"
+            lower = f"({int(raw[-1])}"
 
     def _advance(self, i: int, stream: Iterator[tuple[int, Space]]) -> None:
         nxt = next(stream, None)
@@ -196,25 +189,12 @@ class _Buckets:
         return start, space
 
 
-def _holding(store: Store, space: Space, starts: list[int], dests: list[str]) -> list[int]:
-    """The ``starts`` of buckets holding a sorted set for one of ``dests``, in one round trip."""
-    if not starts or not dests:
-        return []
-    pipe = store.client.pipeline(transaction=False)
-    for start in starts:
-        for dest in dests:
-            pipe.exists(space.queue_set(store.prefix, start, dest))
-    found = pipe.execute()
-    n = len(dests)
-    return [start for i, start in enumerate(starts) if any(found[i * n : (i + 1) * n])]
-
-
 class _Merge:
     """One page: the members of the open sorted sets, merged in listing order."""
 
     def __init__(self, store: Store, after: Cursor | None, dests: set[str] | None) -> None:
         self.store, self.dests = store, dests
-        self.buckets = _Buckets(store, after.lo if after else 0, dests)
+        self.buckets = _Buckets(store, after.lo if after else 0)
         self.at = after.at if after else None
         #: The open sets by their next member.
         self.heap: list[tuple[Position, int, _Source]] = []

@@ -11,7 +11,6 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys, spaces
 from kombu_delay.store.replies import Rescheduled, Scheduled
-from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.stored import kombu_payload, redis_ms
 
 HOUR = 3_600_000
@@ -122,26 +121,3 @@ def test_a_cold_message_is_thawed_then_moved_by_the_time_given(r: redis.Redis, p
     assert result.moved == 1 and result.lateness_ms == [0]
     assert r.llen(f"{prefix}q") == 1
     assert store.heartbeat("m", now_ms=due) == due
-
-
-def test_a_page_of_a_queue_found_in_few_of_many_buckets_costs_a_round_trip_per_batch() -> None:
-    """With 3,000 buckets of another queue before it, a page of a queue found in one bucket (and
-    in each space) reads the index and checks each batch of buckets in one round trip: not one
-    round trip per bucket."""
-    with RedisServer() as server:
-        r = server.client()
-        store = Store(r)
-        start, minute, plain = redis_ms(r) + 3_600_000, 60_000, Settings(compress_after_ms=0)
-        tag = "b{}".format
-        busy = [(Due(start + i * minute, task_id=tag(i)), "busy", kombu_payload(tag(i))) for i in range(3000)]
-        store.schedule_many(busy, plain)
-        last = start + 3000 * minute
-        store.schedule(Due(last, task_id="rare"), "rare", kombu_payload("rare"), plain)
-        store.schedule(Due(last + minute, task_id="cold"), "rare", kombu_payload("cold"), Settings())
-        r.config_resetstat()
-        listed, _ = store.page(None, 10, dests={"rare"})
-        assert [s.dest for s in listed] == ["rare", "rare"]
-        calls = {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
-        assert calls.pop("exists") >= 3000  # pipelined, a batch of buckets a round trip
-        calls.pop("config|resetstat")
-        assert sum(calls.values()) < 100, calls  # not a round trip per bucket of the other queue
