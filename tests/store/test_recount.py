@@ -131,7 +131,7 @@ def test_a_cold_bucket_whose_meta_hash_is_gone_is_thawed_whole(r, prefix, caplog
     assert store.counts() == {}
 
 
-@pytest.mark.parametrize("junk", ["xyz", "1.5"])
+@pytest.mark.parametrize("junk", ["xyz", "1.5", "-0.5"])
 def test_a_field_that_is_not_a_count_stops_no_move(r: redis.Redis, prefix: str, junk: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
@@ -141,9 +141,12 @@ def test_a_field_that_is_not_a_count_stops_no_move(r: redis.Redis, prefix: str, 
     store.schedule(Due(later, task_id="other"), f"{prefix}b", kombu_payload("other"), PLAIN)
     r.hset(keys.meta(prefix, start), "junk", junk)
     assert store.ordinary_buckets(10)[1][0].count == 5  # the planners read past it
+    r.hset(keys.meta(prefix, start), f"q:{prefix}q", junk)  # the count itself, written by hand
     clock.ms = later
     assert _move_all(store) == 6
     assert tags_in(r, f"{prefix}b") == ["other"]
+    assert sorted(tags_in(r, f"{prefix}q")) == [f"m{i}" for i in range(5)]
+    assert store.counts() == {} and _real_counts(r, prefix) == {}
 
 
 def test_a_meta_hash_swept_anew_has_an_expiry(r, prefix):
@@ -156,3 +159,65 @@ def test_a_meta_hash_swept_anew_has_an_expiry(r, prefix):
     assert r.pttl(meta) > 0
     assert sweep_all(store)[2] == 0  # counted once
     assert store.counts() == {f"{prefix}q": 5}
+
+
+def _real_counts(r: redis.Redis, prefix: str) -> dict[str, int]:
+    """What the sorted sets of both spaces hold, per destination."""
+    found: dict[str, int] = {}
+    for key in r.scan_iter(match=keys.ns(prefix) + "*z:*", count=1000):
+        rest = key.decode().removeprefix(keys.ns(prefix)).removeprefix("c")  # "z:<start>:<dest>"
+        dest = rest.split(":", 2)[2]
+        found[dest] = found.get(dest, 0) + int(r.zcard(key))
+    return found
+
+
+@pytest.mark.parametrize("then", ["move", "cancel"])
+def test_a_meta_hash_deleted_then_made_anew_by_a_publish_is_counted_once(r, prefix, then):
+    """A publish into a bucket whose meta hash is gone makes it anew, counting only itself; the
+    counts of its destination still hold the others. Moving part of the bucket (or cancelling
+    the new message) brings the meta count to zero: the rest are counted again in the meta hash,
+    not in the counts, which had them all along."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = _store_five(store, clock, prefix, PLAIN, 30_000)
+    start = keys.bucket_start(due, PLAIN.bucket_width_ms)
+    r.delete(keys.meta(prefix, start))
+    store.schedule(Due(due + 5000, task_id="late"), f"{prefix}q", kombu_payload("late"), PLAIN)
+    if then == "move":
+        clock.ms = due + 3000  # four due: more than the new meta hash counts
+        assert _move_all(store, 1) == 4
+    else:
+        assert store.cancel("late") == 1
+    left = 2 if then == "move" else 5
+    assert store.counts() == {f"{prefix}q": left} == _real_counts(r, prefix)
+    clock.ms = due + 10_000
+    _move_all(store)
+    moved = [f"m{i}" for i in range(5)] + (["late"] if then == "move" else [])
+    assert sorted(tags_in(r, f"{prefix}q")) == sorted(moved)
+    assert store.counts() == {} and _real_counts(r, prefix) == {}
+
+
+def test_a_meta_hash_made_anew_for_another_queue_leaves_no_queue_behind(r, prefix):
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = _store_five(store, clock, prefix, PLAIN, 30_000)
+    start = keys.bucket_start(due, PLAIN.bucket_width_ms)
+    r.delete(keys.meta(prefix, start))
+    store.schedule(Due(due, task_id="other"), f"{prefix}q2", kombu_payload("other"), PLAIN)
+    clock.ms = due + 10_000
+    _move_all(store)
+    assert tags_in(r, f"{prefix}q2") == ["other"]
+    assert tags_in(r, f"{prefix}q") == [f"m{i}" for i in range(5)]
+    assert store.counts() == {} and _real_counts(r, prefix) == {}
+
+
+def test_a_purge_removes_what_a_bucket_holds_beyond_its_counts(r, prefix):
+    """A purged message must never run: members a lost meta hash no longer counts go too."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = _store_five(store, clock, prefix, PLAIN, 30_000)
+    r.delete(keys.meta(prefix, keys.bucket_start(due, PLAIN.bucket_width_ms)))
+    assert store.purge([f"{prefix}q"]) == 5
+    clock.ms = due + 10_000
+    _move_all(store)
+    assert not r.exists(f"{prefix}q") and _real_counts(r, prefix) == {}

@@ -3,6 +3,10 @@
 uncount(counts, dest, n)
   Takes n off a destination's scheduled count; a count that reaches zero is deleted.
 
+count_of(text)
+  A meta field's count as a whole number, or nil where it is not one (written by hand: the
+  scripts then count nothing for it, and recount, below, counts the set again).
+
 settle_gone(meta, name, counts, dest, n)
   A destination whose sorted set is gone while its meta field ``name`` counts n messages
   (expired after its grace, or deleted by hand): deletes the field (HDEL first: under
@@ -22,13 +26,14 @@ retire(k, start_s, end_ms, now)
 
 recount(k, start_s, now)
   Counts the members of a bucket whose counts read zero, in the sorted sets of the
-  destinations its meta hash names, or, where it names none (the meta hash was evicted or
-  deleted), of every destination counted in <ns>counts. Members its counts missed (added by
-  hand, or counted in a meta hash that is gone) are counted again: in the meta hash (made
-  anew where it is gone, with an end, an expiry and a seq), in <ns>counts (unless the meta
-  hash was gone: <ns>counts still holds its messages then) and in the totals field
-  ``recounted``, so movers move them. Returns how many. Bound: one ZCARD per destination;
-  more only for members found.
+  destinations its meta hash names and of every destination counted in <ns>counts (a meta
+  hash evicted, or deleted and made anew by a later publish, names only some, or none).
+  Members its counts missed are counted again in its meta hash (made anew where it is gone,
+  with an end, an expiry and a seq) and in the totals field ``recounted``, so movers move
+  them; <ns>counts is left as it is. It still counts them where the meta hash was lost, and a
+  member added by hand, which it never counted, leaves it one short until that member is
+  moved (a count that would fall below zero is deleted). Returns how many. Bound: one EXISTS
+  per 1000 destinations; one ZCARD per destination, and more, only where members are found.
 
 take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
@@ -45,6 +50,12 @@ local function uncount(counts, dest, n)
   if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
 end
 
+-- A meta field's count: its whole number, or nil where it is not one (written by hand).
+local function count_of(text)
+  local n = tonumber(text)
+  if n and n == math.floor(n) and math.abs(n) < 2 ^ 53 then return n end
+end
+
 local function settle_gone(meta, name, counts, dest, n)
   redis.call('HDEL', meta, name)
   uncount(counts, dest, n)
@@ -58,7 +69,7 @@ local function drained_counts(meta)
     if name == 'end' then
       end_ms = tonumber(fields[i + 1])
     elseif string.sub(name, 1, 2) == 'q:' then
-      left = left + math.max(0, tonumber(fields[i + 1]) or 0)
+      left = left + math.max(0, count_of(fields[i + 1]) or 0)
     end
   end
   return left == 0, end_ms
@@ -66,31 +77,49 @@ end
 
 local DAY_MS = 86400000
 
--- The dests of a bucket's sorted sets: those its meta hash names, else every counted one
--- (and then true: the meta hash is gone, but its messages are still in <ns>counts).
+-- The dests whose sorted set of this bucket may hold members: those its meta hash names and
+-- every counted one (a meta hash evicted, or deleted and made anew by a later publish, names
+-- only some of them, or none), each once.
 local function bucket_dests(meta, counts)
-  local dests = {}
+  local dests, seen = {}, {}
   for _, name in ipairs(redis.call('HKEYS', meta)) do
-    if string.sub(name, 1, 2) == 'q:' then dests[#dests + 1] = string.sub(name, 3) end
+    if string.sub(name, 1, 2) == 'q:' then
+      local dest = string.sub(name, 3)
+      seen[dest] = true
+      dests[#dests + 1] = dest
+    end
   end
-  if #dests > 0 then return dests, false end
-  return redis.call('HKEYS', counts), true
+  for _, dest in ipairs(redis.call('HKEYS', counts)) do
+    if not seen[dest] then dests[#dests + 1] = dest end
+  end
+  return dests
+end
+
+-- How many of ``keys`` exist: one EXISTS per slice of 1000 (unpack's limit).
+local function existing(keys)
+  local n = 0
+  for first = 1, #keys, 1000 do
+    n = n + redis.call('EXISTS', unpack(keys, first, math.min(#keys, first + 999)))
+  end
+  return n
 end
 
 local function recount(k, start_s, now)
   local s, counts = k.space, k.ns .. 'counts'
   local meta = s:meta(start_s)
+  local dests = bucket_dests(meta, counts)
+  local zsets = {}
+  for i, dest in ipairs(dests) do zsets[i] = s:zset(start_s, dest) end
+  if existing(zsets) == 0 then return 0 end  -- the path of every drained bucket: one call
   local start = tonumber(start_s)
   local found, last, fields = 0, start, {}
-  local dests, still_counted = bucket_dests(meta, counts)
-  for _, dest in ipairs(dests) do
-    local zset = s:zset(start_s, dest)
-    local n = redis.call('ZCARD', zset)
+  for i, dest in ipairs(dests) do
+    local n = redis.call('ZCARD', zsets[i])
     if n > 0 then
       found = found + n
       fields[#fields + 1] = 'q:' .. dest
       fields[#fields + 1] = n
-      local tail = tonumber(redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES')[2]) or start
+      local tail = tonumber(redis.call('ZRANGE', zsets[i], -1, -1, 'WITHSCORES')[2]) or start
       if tail ~= tail or tail == math.huge or tail == -math.huge then tail = start end  -- by hand
       if tail > last then last = tail end
     end
@@ -104,9 +133,6 @@ local function recount(k, start_s, now)
   redis.call('HSETNX', meta, 'seq', found)
   redis.call('HSET', meta, unpack(fields))
   keep_until(meta, now, tonumber(redis.call('HGET', meta, 'x')) + DAY_MS)
-  if not still_counted then
-    for i = 1, #fields, 2 do redis.call('HINCRBY', counts, string.sub(fields[i], 3), fields[i + 1]) end
-  end
   redis.call('HINCRBY', k.ns .. 'totals', 'recounted', found)
   if redis.call('ZSCORE', s.index, start_s) == false then redis.call('ZADD', s.index, start, start_s) end
   return found

@@ -153,7 +153,7 @@ local function visit(start_s)
     if sub(name, 1, 2) == 'h:' then marks[sub(name, 3)] = tonumber(fields[i + 1]) end
   end
   for i = 1, #fields, 2 do
-    local name, n = fields[i], tonumber(fields[i + 1])
+    local name, n = fields[i], count_of(fields[i + 1])
     if name == 'end' then
       end_ms = n
     elseif sub(name, 1, 2) == 'e:' then

@@ -53,7 +53,9 @@ for _, start_s in ipairs(starts) do
   local counted = redis.call('HMGET', meta, unpack(fields))
   local touched = false
   for i, dest in ipairs(dests) do
-    local n = tonumber(counted[i] or '0')
+    -- What its set holds, where that is more than its count (members its counts missed: a
+    -- meta hash lost, or a member added by hand): a purged message must never run.
+    local n = math.max(count_of(counted[i]) or 0, redis.call('ZCARD', s:zset(start_s, dest)))
     if n > 0 and not s.cold and staged_mark(meta, dest) then drop_staged(s, meta, start_s, dest) end
     while n > 0 do
       if budget <= 0 then return finish(0, start_s) end

@@ -47,7 +47,7 @@ local function visit(s, start_s)
   local fields = redis.call('HGETALL', meta)
   local end_ms, x, live, left = nil, nil, {}, 0
   for i = 1, #fields, 2 do
-    local name, n = fields[i], tonumber(fields[i + 1])
+    local name, n = fields[i], count_of(fields[i + 1])
     if name == 'end' then
       end_ms = n
     elseif name == 'x' then

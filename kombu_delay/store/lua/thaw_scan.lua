@@ -49,7 +49,7 @@ for _, start_s in ipairs(starts) do
   local fields = redis.call('HGETALL', meta)
   local left, end_ms = 0, nil
   for i = 1, #fields, 2 do
-    local name, n = fields[i], tonumber(fields[i + 1])
+    local name, n = fields[i], count_of(fields[i + 1])
     if name == 'end' then end_ms = n end
     if string.sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
       local dest = string.sub(name, 3)
