@@ -10,7 +10,9 @@ start of the earliest bucket still open (``lo``), so the next page opens it agai
 Order: due millisecond, then the cold space before the ordinary one, then score, bucket start,
 destination and member. A mover thawing a message moves it from the cold space to the ordinary
 one at the same due millisecond, that is, later in this order: a message thawed while a listing
-pages may be listed twice, never skipped.
+pages may be listed twice. The bucket starts ahead are read a batch at a time, so a bucket made
+after that read (a thaw's or a publish's) is not seen by that page, nor by a later one when it
+starts before the earliest bucket still open: its messages are left out of that pass.
 """
 
 from __future__ import annotations
