@@ -30,7 +30,7 @@ recount(k, start_s, now)
   hash evicted, or deleted and made anew by a later publish, names only some, or none).
   Members its counts missed are counted again in its meta hash (made anew where it is gone,
   with an end, an expiry and a seq) and in the totals field ``recounted``, so movers move
-  them; <ns>counts is left as it is. It still counts them where the meta hash was lost, and a
+  them. <ns>counts is left as it is: where the meta hash was lost, it still counts them; a
   member added by hand, which it never counted, leaves it one short until that member is
   moved (a count that would fall below zero is deleted). Returns how many. Bound: one EXISTS
   per 1000 destinations; one ZCARD per destination, and more, only where members are found.
