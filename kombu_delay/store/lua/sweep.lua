@@ -17,8 +17,9 @@ Returns: {renewed, lost, rebuilt, cursor}: buckets whose expiry was pushed out, 
          (recount in _buckets.lua), and the cursor to pass next ('' when both indexes were
          walked to the end).
 Bound: ARGV[3] buckets, each one HGETALL and one EXISTS per destination (one whose counts read
-       zero: one ZCARD per destination its meta hash names, or, with the hash gone, per
-       counted destination); a renewed one a PEXPIREAT per key.
+       zero: one EXISTS of the sets of every destination its meta hash names or counts
+       counts, and a ZCARD per destination only where members are left); a renewed one a
+       PEXPIREAT per key.
 
 Why: every key of a bucket is written with an expiry of its end plus the publisher's grace, so
 that a system whose movers are all gone cannot grow Redis forever. A message a mover holds back

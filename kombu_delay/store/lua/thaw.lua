@@ -15,9 +15,10 @@ ARGV[4..] one group of six per message: start (its cold bucket), due (epoch ms),
         member (the cold member, exactly as listed), message (the JSON string it restores
         to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
-Returns: {thawed, dead, gone, recounted}; recounted: as thaw_scan.lua's; gone: members another mover thawed first, or that were
-         cancelled meanwhile (nothing written for them), and the rare one whose identical
-         twin was stored already (counted as cancelled).
+Returns: {thawed, dead, gone, recounted}; gone: members another mover thawed first, or that
+         were cancelled meanwhile (nothing written for them), and the rare one whose
+         identical twin was stored already (counted as cancelled); recounted: as
+         thaw_scan.lua's.
 Bound: two O(log n) commands per message (its ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
