@@ -182,7 +182,7 @@ def _x_delay_ms(raw: Any) -> int:
 # -- a stored payload (the JSON string plain kombu would push) ------------------------------------
 
 
-def _load(payload: bytes | str) -> dict[str, Any] | None:
+def load_stored(payload: bytes | str) -> dict[str, Any] | None:
     """A stored payload as a kombu message, or ``None`` for a member that is not one (damaged):
     not a JSON object, or one whose ``headers`` or ``properties`` is not an object."""
     try:
@@ -197,7 +197,7 @@ def _load(payload: bytes | str) -> dict[str, Any] | None:
 def index_id(payload: bytes | str) -> str:
     """Return the id-index key of a stored payload, as the transport chose it at publish
     (task id, message id or delivery tag); ``""`` for a payload that is not a kombu message."""
-    message = _load(payload)
+    message = load_stored(payload)
     if message is None:
         return ""
     headers = message.get("headers") or {}
@@ -207,7 +207,7 @@ def index_id(payload: bytes | str) -> str:
 
 def task_name(payload: bytes | str) -> str | None:
     """Return the Celery task name of a payload (protocol 2 or 1), or ``None``."""
-    message = _load(payload)
+    message = load_stored(payload)
     if message is None:
         return None
     headers = message.get("headers") or {}
@@ -228,7 +228,7 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     their delivery time is the stored score alone.
     """
     text = payload.decode("utf-8") if isinstance(payload, bytes) else payload
-    message = _load(text)
+    message = load_stored(text)
     if message is None:
         return text
     eta = iso_utc(due_ms)

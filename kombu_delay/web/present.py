@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kombu_delay.control import Slot
-from kombu_delay.message import protocol1_body
+from kombu_delay.message import load_stored, protocol1_body
 
 #: Longest args/kwargs preview in a listing row, characters.
 PREVIEW_CHARS = 120
@@ -43,19 +43,6 @@ class Shown:
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, ending in an ellipsis when cut."""
     return text if len(text) <= limit else text[: max(0, limit - 1)] + "\u2026"
-
-
-def _load(message: bytes) -> dict[str, Any] | None:
-    """The kombu envelope of a stored message, or ``None`` when it is none (damaged in Redis): not
-    a JSON object, or one whose ``headers`` or ``properties`` is not an object."""
-    try:
-        loaded = json.loads(message)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(loaded, dict):
-        return None
-    parts = (loaded.get("headers") or {}, loaded.get("properties") or {})
-    return loaded if all(isinstance(part, dict) for part in parts) else None
 
 
 def _raw_body(envelope: dict[str, Any]) -> bytes | None:
@@ -110,7 +97,7 @@ def arguments(envelope: dict[str, Any]) -> tuple[str, str, str]:
 
 def show(message: bytes) -> Shown:
     """What the task page shows of a stored message (each part clipped to ``DETAIL_CHARS``)."""
-    envelope = _load(message)
+    envelope = load_stored(message)
     if envelope is None:
         text = message.decode("utf-8", "replace")
         return Shown("", "", "", "", clip(text, DETAIL_CHARS), "")
@@ -131,7 +118,7 @@ def show(message: bytes) -> Shown:
 
 def preview(message: bytes) -> str:
     """A one-line args/kwargs preview for a listing row (``PREVIEW_CHARS`` at most)."""
-    envelope = _load(message)
+    envelope = load_stored(message)
     if envelope is None:
         return ""
     args, kwargs, source = arguments(envelope)
