@@ -193,7 +193,8 @@ class DelayControl:
         """Return counts per queue, the earliest due time, overdue messages (mover lag),
         a due-time histogram for the next ``hours`` and the movers' last heartbeats.
 
-        Cost is per bucket (``ZCARD``/``ZCOUNT``), never per message; the histogram's
+        Cost is per bucket of the histogram's window (its counts, see
+        :meth:`~kombu_delay.store.Store.census`), never per message; the histogram's
         resolution is one bucket width.
         """
         slot_ms, slots = histogram_slots(hours, slot_minutes)
@@ -204,7 +205,7 @@ class DelayControl:
         for dest, n in by_dest.items():
             name = self.queue_of(dest)
             by_queue[name] = by_queue.get(name, 0) + n
-        census = store.census(now, slot_ms, slots, max_buckets)
+        census = store.census(now, slot_ms, slots, max_buckets, dests=by_dest)
         overdue, counts = census.overdue, census.slots
         total = sum(by_dest.values()) - census.vanished
         earliest = store.earliest_due_ms()

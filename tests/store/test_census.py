@@ -1,0 +1,88 @@
+"""The census (census.lua) behind ``stats``: the same counts whether it reads each bucket's counts
+by name (the destinations ``stats`` passes) or whole, including sets that are gone and buckets
+that have started. Time is set per call, never waited for."""
+
+from __future__ import annotations
+
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.control import DelayControl
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys
+from kombu_delay.store.inspection import CENSUS_DESTS_MAX
+from tests.support.stored import kombu_payload, redis_ms
+
+MINUTE = 60_000
+ORDINARY = Settings(compress_after_ms=0)
+#: Compressed beyond 30 minutes: the later part of the window is held in the cold space.
+MIXED = Settings(compress_after_ms=30 * MINUTE, thaw_ahead_ms=5_000)
+
+
+def _store(r: redis.Redis, prefix: str, messages: list[tuple[int, str]], settings: Settings) -> Store:
+    store = Store(r, prefix)
+    items = [
+        (Due(due, task_id=f"t{i}"), f"{prefix}{queue}", kombu_payload(f"t{i}", queue))
+        for i, (due, queue) in enumerate(messages)
+    ]
+    store.schedule_many(items, settings)
+    return store
+
+
+def test_a_census_by_name_counts_what_a_whole_read_counts(r: redis.Redis, prefix: str) -> None:
+    now = redis_ms(r)
+    queues = ["a", "b", "c"]
+    # Over the next three hours in both spaces, three queues, several messages to a bucket.
+    messages = [(now + 2 * MINUTE + i * 85_000, queues[i % 3]) for i in range(120)]
+    store = _store(r, prefix, messages, MIXED)
+    assert r.zcard(keys.cold_index(prefix)) > 0 and r.zcard(keys.index(prefix)) > 0
+    # One set gone (deleted by hand: an eviction looks the same), and time moved on past the
+    # first buckets' starts, so their due members count as overdue.
+    lost_due = messages[40][0]
+    lost = keys.queue_set(prefix, keys.bucket_start(lost_due, 60_000), f"{prefix}b", "c")
+    lost_size = r.zcard(lost)
+    assert lost_size > 0 and r.delete(lost) == 1
+    later = now + 7 * MINUTE + 30_000
+    dests = store.counts()
+
+    whole = store.census(later, 30 * MINUTE, 6)
+    named = store.census(later, 30 * MINUTE, 6, dests=dests)
+    assert named == whole
+    assert whole.vanished == lost_size
+    # Four messages (at +2 min and then every 85 s) are due by +7.5 min, and all lie
+    # within the window (+170.6 min at most).
+    assert whole.overdue == 4
+    assert whole.overdue + sum(whole.slots) + whole.vanished == 120
+    assert whole.truncated is False
+
+    # A destination left out is not counted; more than CENSUS_DESTS_MAX are read whole.
+    only_a = store.census(later, 30 * MINUTE, 6, dests=[f"{prefix}a"])
+    assert only_a.overdue + sum(only_a.slots) == 40
+    many = [f"{prefix}a"] + [f"{prefix}none{i}" for i in range(CENSUS_DESTS_MAX)]
+    assert store.census(later, 30 * MINUTE, 6, dests=many) == whole
+
+
+def test_a_census_checks_its_sets_in_slices_and_finds_one_gone_in_any(r: redis.Redis, prefix: str) -> None:
+    now = redis_ms(r)
+    # 2,500 one-second buckets, one set each: three slices of the sets' EXISTS.
+    messages = [(now + MINUTE + i * 1000, "a") for i in range(2500)]
+    store = _store(r, prefix, messages, Settings(compress_after_ms=0, bucket_width_ms=1000))
+    assert r.zcard(keys.index(prefix)) == 2500
+    gone = [messages[i][0] for i in (0, 1500, 2499)]
+    for due in gone:
+        assert r.delete(keys.queue_set(prefix, keys.bucket_start(due, 1000), f"{prefix}a")) == 1
+    for dests in (None, store.counts()):
+        census = store.census(now, 10 * MINUTE, 6, dests=dests)
+        assert census.vanished == 3
+        assert sum(census.slots) == 2497 and census.overdue == 0
+
+
+def test_stats_reads_buckets_by_name_and_still_counts_every_message(r, redis_server, prefix) -> None:
+    now = redis_ms(r)
+    # Every 3 minutes from +5 min: 19 in the first hour, 11 after it.
+    messages = [(now + 5 * MINUTE + i * 3 * MINUTE, ("a", "b")[i % 2]) for i in range(30)]
+    _store(r, prefix, messages, ORDINARY)
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as ctl:
+        stats = ctl.stats(hours=1, slot_minutes=10)
+    assert stats.scheduled == 30 and stats.by_queue == {"a": 15, "b": 15}
+    assert sum(s.count for s in stats.histogram) == 19 and stats.later == 11
