@@ -1,11 +1,28 @@
 --[[ buckets: counting and retiring a bucket's messages.
 
 uncount(counts, dest, n)
-  Takes n off a destination's scheduled count; a count that reaches zero is deleted.
+  Takes n off a destination's scheduled count; a count that reaches zero is deleted, and so
+  is one HINCRBY refuses (written by hand), rather than fail a script after it wrote.
 
 count_of(text)
   A meta field's count as a whole number, or nil where it is not one (written by hand: the
-  scripts then count nothing for it, and recount, below, counts the set again).
+  scripts then count nothing for it, and recount, below, counts the set again). Only the
+  text Redis's HINCRBY accepts is a count: no spaces, signs other than a leading '-', leading
+  zeros, hexadecimal or exponents, which Lua's tonumber would read.
+
+uncount_meta(meta, name, n)
+  Takes n off a bucket's meta count ``name``. A count that would fall below zero, or that is
+  not a whole number, is set to zero instead: a bucket whose sets held members its counts
+  missed (added by hand, or under a meta hash made anew) must not be left counting less than
+  nothing, or the next publish into it would take its set for one already indexed, and
+  neither index it nor set its expiry. recount (retire) counts whatever is left.
+
+mend_counters(meta, names)
+  Deletes those of the meta fields ``names`` (counters and times: seq, end, x, q:<dest>) that
+  hold text HINCRBY or a comparison would fail on (written by hand), before a script writes
+  anything it could not take back (thaw.lua): a field deleted starts again from nothing, and
+  recount counts the sets again. Returns how many it deleted. Bound: one HMGET, and an HDEL
+  only where one is damaged.
 
 settle_gone(meta, name, counts, dest, n)
   A destination whose sorted set is gone while its meta field ``name`` counts n messages
@@ -47,13 +64,29 @@ take(k, start_s, dest, payload, task_id, ref, now)
 --- @include spaces
 --- @include staged
 local function uncount(counts, dest, n)
-  if redis.call('HINCRBY', counts, dest, -n) <= 0 then redis.call('HDEL', counts, dest) end
+  local left = redis.pcall('HINCRBY', counts, dest, -n)
+  if type(left) ~= 'number' or left <= 0 then redis.call('HDEL', counts, dest) end
 end
 
 -- A meta field's count: its whole number, or nil where it is not one (written by hand).
 local function count_of(text)
+  if type(text) ~= 'string' or not (text == '0' or string.find(text, '^%-?[1-9]%d*$')) then return nil end
   local n = tonumber(text)
-  if n and n == math.floor(n) and math.abs(n) < 2 ^ 53 then return n end
+  if math.abs(n) < 2 ^ 53 then return n end
+end
+
+local function uncount_meta(meta, name, n)
+  local left = redis.pcall('HINCRBY', meta, name, -n)
+  if type(left) ~= 'number' or left < 0 then redis.call('HSET', meta, name, '0') end
+end
+
+local function mend_counters(meta, names)
+  local values, damaged = redis.call('HMGET', meta, unpack(names)), {}
+  for i, name in ipairs(names) do
+    if values[i] and not count_of(values[i]) then damaged[#damaged + 1] = name end
+  end
+  if #damaged > 0 then redis.call('HDEL', meta, unpack(damaged)) end
+  return #damaged
 end
 
 local function settle_gone(meta, name, counts, dest, n)
@@ -159,7 +192,7 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   local score = t and redis.call('ZSCORE', zset, payload)
   if redis.call('ZREM', zset, payload) == 0 then return false end
   if score and math.floor(tonumber(score)) == t then drop_staged(k.space, meta, start_s, dest) end
-  redis.call('HINCRBY', meta, 'q:' .. dest, -1)
+  uncount_meta(meta, 'q:' .. dest, 1)
   uncount(k.counts, dest, 1)
   drop_refs(k.ids, {task_id}, function() return ref end)
   local empty, end_ms = drained_counts(meta)

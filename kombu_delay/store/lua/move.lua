@@ -184,7 +184,7 @@ local function visit(start_s)
               room[dest] = left - got
               moved = moved + got
               n = n - got
-              redis.call('HINCRBY', meta, name, -got)
+              uncount_meta(meta, name, got)
               uncount(counts, dest, got)
             end
             if room[dest] == 0 then  -- the list just filled up: what is still due is held

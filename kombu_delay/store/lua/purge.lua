@@ -78,7 +78,7 @@ for _, start_s in ipairs(starts) do
         budget = budget - gone
       end
       touched = true
-      redis.call('HINCRBY', meta, fields[i], -gone)
+      uncount_meta(meta, fields[i], gone)
       uncount(counts, dest, gone)
       n = n - gone
     end

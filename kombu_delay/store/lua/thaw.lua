@@ -47,12 +47,9 @@ local cs = cold.space
 local cold_meta, removed, touched = {}, {}, {}
 local order = {}  -- the groups of messages put_group stores, in the order first met
 
--- Each message is taken from its cold set first (ZREM: a member another mover thawed, or
--- that was cancelled, is gone, and nothing is written for it). The counts stay: the
--- messages are still scheduled. The ordinary buckets' work is then done per bucket and
--- destination (put_group), and the cold buckets' meta counts once per bucket.
-for i = 4, #ARGV, 6 do
-  local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+-- What this call needs of a cold bucket's meta hash: the width and grace its publisher gave
+-- it, and (filled in below) each destination's x-expires and the groups it thaws into.
+local function cold_meta_of(start_s)
   local meta = cold_meta[start_s]
   if not meta then
     local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x')
@@ -61,6 +58,32 @@ for i = 4, #ARGV, 6 do
             expires = {}, groups = {}}
     cold_meta[start_s] = meta
   end
+  return meta
+end
+
+-- A write that fails after the first ZREM below would lose the messages taken: Redis takes
+-- back nothing a script wrote before its error. So the counters put_group writes in each
+-- ordinary bucket this call may thaw into are mended first, where one was written by hand
+-- with text HINCRBY refuses (mend_counters).
+local ordinary, mended = space(ns, ''), {}
+for i = 4, #ARGV, 6 do
+  local due, dest = tonumber(ARGV[i + 1]), ARGV[i + 3]
+  local width = cold_meta_of(ARGV[i]).width
+  local meta = ordinary:meta(string.format('%d', due - due % width))
+  if not mended[meta] then mended[meta] = {} end
+  if not mended[meta][dest] then
+    mended[meta][dest] = true
+    mend_counters(meta, {'seq', 'end', 'x', 'q:' .. dest})
+  end
+end
+
+-- Each message is taken from its cold set first (ZREM: a member another mover thawed, or
+-- that was cancelled, is gone, and nothing is written for it). The counts stay: the
+-- messages are still scheduled. The ordinary buckets' work is then done per bucket and
+-- destination (put_group), and the cold buckets' meta counts once per bucket.
+for i = 4, #ARGV, 6 do
+  local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local meta = cold_meta_of(start_s)
   if meta.expires[dest] == nil then
     meta.expires[dest] = tonumber(redis.call('HGET', cs:meta(start_s), 'e:' .. dest) or 0)
   end
@@ -105,7 +128,7 @@ end
 
 for _, start_s in ipairs(touched) do
   local meta = cs:meta(start_s)
-  for dest, n in pairs(removed[start_s]) do redis.call('HINCRBY', meta, 'q:' .. dest, -n) end
+  for dest, n in pairs(removed[start_s]) do uncount_meta(meta, 'q:' .. dest, n) end
   local empty, end_ms = drained_counts(meta)
   if empty then recounted = recounted + retire(cold, start_s, end_ms, now) end
 end

@@ -1,0 +1,104 @@
+"""Counts the scripts did not write (a member added by hand, a meta hash made anew, a counter
+written by hand) neither strand nor lose a message: a meta count never falls below zero, text
+HINCRBY refuses counts as nothing, and a thaw mends what it would fail on before it takes a
+message from the cold space. Time is set per call, never waited for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys
+from tests.support.stored import kombu_payload, redis_ms
+
+WIDTH = 60_000
+ORDINARY = Settings(compress_after_ms=0)
+COLD = Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000)
+
+
+def _bucket(r: redis.Redis, ahead: int = 2) -> tuple[int, int]:
+    """Redis's clock now, and the start of a bucket ``ahead`` widths later."""
+    now = redis_ms(r)
+    return now, (now // WIDTH + ahead) * WIDTH
+
+
+def _delivered(r: redis.Redis, dest: str) -> list[str]:
+    """The tags (kombu_payload's delivery tags) of what is on ``dest``, pushed first first."""
+    return [json.loads(m)["properties"]["delivery_tag"] for m in reversed(r.lrange(dest, 0, -1))]
+
+
+@pytest.mark.parametrize("damage", ["member added by hand", "meta hash made anew"])
+def test_a_bucket_whose_count_would_fall_below_zero_still_moves_what_comes_next(
+    r: redis.Redis, prefix: str, damage: str
+) -> None:
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    zset, meta = keys.queue_set(prefix, start, dest), keys.meta(prefix, start)
+    store.schedule(Due(start + 10_000, task_id="a1"), dest, kombu_payload("a1"), ORDINARY, now_ms=now)
+    if damage == "member added by hand":
+        r.zadd(zset, {kombu_payload("hand"): start + 5_000})
+    else:
+        r.delete(meta)
+        store.schedule(Due(start + 12_000, task_id="a2"), dest, kombu_payload("a2"), ORDINARY, now_ms=now)
+    # The move takes one member more than the meta hash counts.
+    assert store.move_due(100, now_ms=start + 20_000).moved == 2
+    assert int(r.hget(meta, f"q:{dest}") or 0) == 0
+
+    # A later publish into the same bucket is indexed and expires, and is moved when due.
+    store.schedule(
+        Due(start + 30_000, task_id="b1"), dest, kombu_payload("b1"), ORDINARY, now_ms=start + 20_000
+    )
+    assert r.zscore(keys.index(prefix), str(start)) is not None
+    assert r.pttl(zset) > 0
+    assert store.move_due(100, now_ms=start + 31_000).moved == 1
+    assert _delivered(r, dest)[-1] == "b1"
+    assert store.counts() == {}
+
+
+@pytest.mark.parametrize("junk", [" 3", "0x3", "3e0", "03", "+3", "3.0"])
+def test_a_count_hincrby_refuses_counts_nothing_and_stops_no_move(
+    r: redis.Redis, prefix: str, junk: str
+) -> None:
+    now, start = _bucket(r)
+    store = Store(r, prefix)
+    bad, good = f"{prefix}bad", f"{prefix}good"
+    for i in range(3):
+        store.schedule(
+            Due(start + 1_000 + i, task_id=f"b{i}"), bad, kombu_payload(f"b{i}"), ORDINARY, now_ms=now
+        )
+        store.schedule(
+            Due(start + 2_000 + i, task_id=f"g{i}"), good, kombu_payload(f"g{i}"), ORDINARY, now_ms=now
+        )
+    r.hset(keys.meta(prefix, start), f"q:{bad}", junk)  # read by Lua's tonumber, refused by HINCRBY
+    moved, recounted = 0, 0
+    for _ in range(3):
+        result = store.move_due(100, now_ms=start + 10_000)
+        moved, recounted = moved + result.moved, recounted + result.recounted
+    assert (r.llen(good), r.llen(bad)) == (3, 3)
+    assert moved == 6 and recounted == 3
+
+
+def test_a_thaw_mends_a_damaged_counter_before_it_takes_a_message(r: redis.Redis, prefix: str) -> None:
+    now, start = _bucket(r, ahead=10)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    cold = [(Due(start + 5_000 + i, task_id=f"c{i}"), dest, kombu_payload(f"c{i}")) for i in range(50)]
+    store.schedule_many(cold, COLD, now_ms=now)
+    assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 50
+    # An ordinary message in the bucket the thaw restores into, then counters no script wrote:
+    # its seq and end in the ordinary bucket, its count in the cold one.
+    store.schedule(Due(start + 59_000, task_id="o1"), dest, kombu_payload("o1"), ORDINARY, now_ms=now)
+    r.hset(keys.meta(prefix, start), mapping={"seq": "junk", "end": "soon"})
+    r.hset(keys.meta(prefix, start, "c"), f"q:{dest}", " 50")
+
+    # The cold count is junk: the first call counts the set again (recounted), the next thaws.
+    thawed = [store.thaw(40_000, 100, now_ms=start - 30_000) for _ in range(3)]
+    assert sum(t.thawed for t in thawed) == 50 and sum(t.recounted for t in thawed) == 50
+    assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 0
+    assert r.zcard(keys.queue_set(prefix, start, dest)) == 51
+    for at in (start + 6_000, start + 60_000):
+        store.move_due(500, now_ms=at)
+    assert sorted(_delivered(r, dest)) == sorted([f"c{i}" for i in range(50)] + ["o1"])
