@@ -1,7 +1,7 @@
-"""A mover's background checks: Redis's eviction policy and other key prefixes' stranded messages.
-
-They run in a thread of their own, so a scan of a large database never delays a move: at the
-mover's start, then the policy every :data:`POLICY_CHECK_EVERY_S` and the prefixes every
+"""A mover's background checks: Redis's eviction policy, other key prefixes' stranded messages,
+and buckets that left their index (evicted or deleted), which are put back. They run in a
+thread of their own, so a scan of a large database never delays a move: at the mover's start,
+then the policy every :data:`POLICY_CHECK_EVERY_S` and the scans every
 :data:`PREFIX_CHECK_EVERY_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
 it lasts), handed to the metrics, and recorded in the namespace's alerts hash, which ``stats``
 and ``health`` read.
@@ -104,19 +104,38 @@ class Watch:
         self._report()
 
     def check_prefixes(self) -> None:
-        """Scan for other key prefixes whose messages no mover serves; log and record them."""
+        """Scan for other key prefixes whose messages no mover serves; log and record them.
+        Then put back into their index the buckets that count messages but left it."""
         if not self._scan_allowed:
             return
         try:
             self.findings.stranded = self.store.stranded(FRESH_HEARTBEAT_MS)
+            self.check_index()
         except RedisPermissionError:
             self._scan_allowed = False
-            logger.info("mover %s: this user may not SCAN; other key prefixes are not checked", self.name)
+            logger.info(
+                "mover %s: this user may not SCAN; other key prefixes and lost buckets are not checked",
+                self.name,
+            )
             return
         problem = stranded_problem(self.findings.stranded)
         self.store.set_alert(STRANDED, problem, ALERT_KEEP_MS)
         self._tell("stranded", problem, logging.WARNING)
         self._report()
+
+    def check_index(self) -> None:
+        """Put back into their index the buckets whose meta hash counts messages but that are
+        in no index (an index evicted, or deleted by hand, strands every bucket it named:
+        movers reach buckets only through it); log an ERROR when there were any."""
+        buckets, messages = self.store.reindex()
+        if buckets:
+            logger.error(
+                "mover %s: %d buckets holding %d messages had left the bucket index (evicted or "
+                "deleted): put back, and moved from now on",
+                self.name,
+                buckets,
+                messages,
+            )
 
     def _tell(self, what: str, problem: str | None, level: int) -> None:
         """Log ``problem`` when it is new, or once per LOG_REPEAT_S while it lasts."""

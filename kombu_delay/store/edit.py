@@ -3,7 +3,9 @@ message is never both delivered and cancelled (or rescheduled)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 from kombu_delay.config import Settings
@@ -119,6 +121,29 @@ class Editing(Inspecting, Publishing):
                     cursor = as_text(reply[2])
         return total
 
+    def reindex(self, page: int = 10_000, now_ms: int | None = None) -> tuple[int, int]:
+        """Put back into their space's index every bucket whose meta hash counts messages but
+        that is in no index (the index evicted, or deleted by hand), so movers reach it again;
+        return (buckets, messages) put back (``reindex.lua``). A full ``SCAN`` of the meta
+        hashes, ``page`` keys per call: a background check's work (see :meth:`stranded`),
+        never a probe's."""
+        buckets = messages = 0
+        with translated_errors():
+            for space in spaces.ALL:
+                for batch in _batched(self._meta_buckets(space, page), 1000):
+                    reply = self._scripts["reindex"](keys=[], args=[self.ns, self._now(now_ms), *batch])
+                    buckets, messages = buckets + int(reply[0]), messages + int(reply[1])
+        return buckets, messages
+
+    def _meta_buckets(self, space: spaces.Space, page: int) -> Iterator[str]:
+        """The buckets of ``space`` that have a meta hash, as reindex.lua names them."""
+        head = f"{self.ns}{space.tag}m:"
+        for key in self.client.scan_iter(match=f"{_glob_escaped(head)}*", count=page):
+            name = as_text(key)
+            start = name[len(head) :]
+            if name.startswith(head) and start.isascii() and start.isdigit():
+                yield f"{space.tag}{start}"
+
     def remove_dead_letter(self, member: bytes) -> int:
         """Remove one dead letter equal to ``member``; return 1, or 0 when it is gone."""
         with translated_errors():
@@ -127,3 +152,15 @@ class Editing(Inspecting, Publishing):
 
 def _too_soon(reply: list[Any]) -> bool:
     return int(reply[0]) == Rescheduled.TOO_SOON_FOR_COLD
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` as a SCAN pattern that matches only itself."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    """``items`` in lists of at most ``size``."""
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch

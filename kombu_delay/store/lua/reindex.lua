@@ -1,0 +1,44 @@
+--[[ reindex: put back into their index the buckets that count messages but left it.
+
+ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
+ARGV[2] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[3..] buckets, as found by a SCAN of the meta hashes: "<start>" (ordinary) or "c<start>"
+        (cold)
+Returns: {buckets put back, the messages they count}.
+Bound: per bucket one ZSCORE, and for one not in its index an HGETALL, and a ZADD where it
+       counts messages.
+
+Movers, sweeps and thaws reach a bucket only through its space's index (<ns>index,
+<ns>cindex). An index evicted (under an allkeys-* maxmemory-policy) or deleted by hand would
+strand every bucket it named, and a publish into such a bucket does not index it again (it
+indexes a set it makes, not one it adds to). A bucket whose meta hash still counts messages
+and is in no index is put back here; one whose counts are all zero has drained (or left its
+messages to the sweep's accounting) and is left alone, as is a meta hash gone with its sets.
+]]
+--- @include clock
+--- @include spaces
+--- @include buckets
+local ns = ARGV[1]
+local now = clock(ARGV[2])
+local put_back, counted = 0, 0
+for i = 3, #ARGV do
+  local tag, start_s = split_bucket(ARGV[i])
+  if start_s then
+    local s = space(ns, tag)
+    if redis.call('ZSCORE', s.index, start_s) == false then
+      local fields, n, x = redis.call('HGETALL', s:meta(start_s)), 0, nil
+      for j = 1, #fields, 2 do
+        if string.sub(fields[j], 1, 2) == 'q:' then n = n + math.max(0, count_of(fields[j + 1]) or 0) end
+        if fields[j] == 'x' then x = count_of(fields[j + 1]) end
+      end
+      if n > 0 then
+        -- The index outlives the bucket's meta hash, as a publish keeps it (set_expiries).
+        redis.call('ZADD', s.index, tonumber(start_s), start_s)
+        keep_until(s.index, now, math.max(now, x or 0) + 8 * DAY_MS)
+        put_back, counted = put_back + 1, counted + n
+      end
+    end
+  end
+end
+if put_back > 0 then redis.call('HINCRBY', ns .. 'totals', 'reindexed', put_back) end
+return {put_back, counted}

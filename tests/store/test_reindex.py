@@ -1,0 +1,74 @@
+"""A bucket index evicted or deleted strands every bucket it named: reindex (reindex.lua, run by
+a mover's background checks) puts back each bucket whose meta hash counts messages, and
+nothing else. Time is set per call, never waited for."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.mover.watch import Watch
+from kombu_delay.store import Store, keys
+from tests.support.stored import kombu_payload, redis_ms
+
+WIDTH = 60_000
+ORDINARY = Settings(compress_after_ms=0)
+COLD = Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000)
+
+
+def _schedule(store: Store, tag: str, due: int, settings: Settings, now: int) -> None:
+    store.schedule(Due(due, task_id=tag), f"{store.prefix}celery", kombu_payload(tag), settings, now_ms=now)
+
+
+@pytest.mark.parametrize("prefix", ["", "app*[1]:"], ids=["noprefix", "globprefix"])
+def test_buckets_left_out_of_a_lost_index_are_put_back_and_moved(r: redis.Redis, prefix: str) -> None:
+    now = redis_ms(r)
+    start = (now // WIDTH + 10) * WIDTH
+    store = Store(r, prefix)
+    # Another namespace whose name the glob prefix would match unescaped: left alone.
+    other = Store(r, "app1:")
+    _schedule(other, "x", start + 1_000, ORDINARY, now)
+    other_index = r.zrange(keys.index("app1:"), 0, -1)
+    r.delete(keys.index("app1:"))
+
+    _schedule(store, "o1", start + 1_000, ORDINARY, now)
+    _schedule(store, "o2", start + WIDTH + 1_000, ORDINARY, now)
+    for i in range(3):
+        _schedule(store, f"c{i}", start + 2 * WIDTH + i, COLD, now)
+    drained = start - 5 * WIDTH
+    _schedule(store, "gone", drained + 1_000, ORDINARY, now)
+    assert store.move_due(10, now_ms=drained + 2_000).moved == 1  # drained: its bucket left the index
+    r.delete(keys.index(prefix), keys.cold_index(prefix))
+    # A publish into a bucket that exists already does not index it again.
+    _schedule(store, "o3", start + 2_000, ORDINARY, now)
+    assert store.move_due(10, now_ms=start + 3 * WIDTH).moved == 0
+
+    assert store.reindex(page=2) == (3, 6)
+    assert sorted(r.zrange(keys.index(prefix), 0, -1)) == sorted(
+        [str(start).encode(), str(start + WIDTH).encode()]
+    )
+    assert r.zrange(keys.cold_index(prefix), 0, -1) == [str(start + 2 * WIDTH).encode()]
+    assert r.pttl(keys.index(prefix)) > 0 and r.pttl(keys.cold_index(prefix)) > 0
+    assert store.reindex() == (0, 0)  # nothing twice
+    assert r.exists(keys.index("app1:")) == 0 and other_index  # the other namespace untouched
+    assert store.totals()["reindexed"] == 3
+
+    assert sum(store.thaw(40_000, 100, now_ms=start + 2 * WIDTH - 30_000).thawed for _ in range(2)) == 3
+    assert store.move_due(100, now_ms=start + 3 * WIDTH).moved == 6
+    assert r.llen(f"{prefix}celery") == 7 and store.counts() == {}
+
+
+def test_a_mover_puts_back_a_lost_index_and_says_so(r: redis.Redis, prefix: str, caplog) -> None:
+    now = redis_ms(r)
+    store = Store(r, prefix)
+    _schedule(store, "o1", (now // WIDTH + 3) * WIDTH, ORDINARY, now)
+    r.delete(keys.index(prefix))
+    watch = Watch(store, "m1")
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.watch"):
+        watch.check_prefixes()
+    assert r.zcard(keys.index(prefix)) == 1
+    assert "1 buckets holding 1 messages had left the bucket index" in caplog.text
