@@ -114,7 +114,7 @@ class DelayChannelMixin:
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         try:
-            due = message_due(message)
+            due = message_due(_spent_delay_removed(message))
         except BadETA as exc:
             tag = (message.get("properties") or {}).get("delivery_tag")
             logger.warning("kombu-delay: %s; delivering message %s now", exc, tag)
@@ -271,3 +271,14 @@ def register() -> None:
     from kombu.transport import TRANSPORT_ALIASES
 
     TRANSPORT_ALIASES.update(SCHEMES)
+
+
+def _spent_delay_removed(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as its due time is judged: without its ``x-delay`` when kombu puts it back
+    (``redelivered``: a requeue, or an unacked message restored, where ack emulation is off).
+    That delay, from its publish, is spent, as RabbitMQ's delayed exchange applies one only on
+    publish; an absolute ETA still counts."""
+    headers = message.get("headers")
+    if not message.get("redelivered") or not isinstance(headers, dict) or "x-delay" not in headers:
+        return message
+    return {**message, "headers": {k: v for k, v in headers.items() if k != "x-delay"}}

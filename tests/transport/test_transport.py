@@ -672,3 +672,23 @@ def test_a_delayed_publish_with_no_mover_warns_once_per_process_naming_the_names
     Store(r, "other:" if prefix == "" else "").heartbeat("elsewhere")
     assert "no mover serves" in publish_five(url, prefix)
     assert r.llen(f"{prefix}forgotten") == 0 and len(stored(r, prefix)) == 20
+
+
+def test_a_requeued_x_delay_message_comes_back_at_once_as_on_plain_redis(r, redis_server, prefix):
+    # With ack emulation off, kombu puts a requeued (or unacked) message back through the
+    # channel's _put, marked redelivered: its x-delay, spent at its publish, must not hold it
+    # again (RabbitMQ's delayed exchange applies one only on publish).
+    opts = options(prefix, ack_emulation=False)
+    with Connection(redis_server.delay_url, transport_options=opts) as conn:
+        queue = conn.SimpleQueue("requeued")
+        queue.put({"n": 1}, headers={"x-delay": 60_000})
+        assert r.llen(f"{prefix}requeued") == 0  # held
+        Store(r, prefix).move_due(10, now_ms=redis_ms(r) + 120_000)  # as a mover does when due
+        message = queue.get(timeout=30)
+        assert message.payload == {"n": 1} and message.headers["x-delay"] == 60_000
+        message.requeue()
+        assert r.llen(f"{prefix}requeued") == 1
+        again = queue.get(timeout=30)
+        assert again.payload == {"n": 1}
+        again.ack()
+        queue.close()
