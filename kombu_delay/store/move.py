@@ -101,12 +101,19 @@ class Moving(StoreBase):
     def _restored(self, listed: list[Any]) -> list[Any]:
         """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
         member each): start, due time, id-index ref, dest, member and message each, the message
-        ``b""`` (logged) when it cannot be restored."""
+        ``b""`` (logged) when it cannot be restored: a member that does not decompress, or
+        whose score is no due time (:func:`_due_ms`)."""
         items: list[Any] = []
         for i in range(0, len(listed), 4):
             start, score, dest, member = listed[i : i + 4]
             stored = Stored(int(start), float(score), as_text(dest), bytes(member), cold=True)
+            # Kept where nothing can be made of the score: the bucket's start stands for its due
+            # time (thaw.lua reads one even of a member it dead-letters), and the bucket alone
+            # for its ref, which is no ref and so drops none from the id index (the one put
+            # wrote, from the score it had then, is left stale, as a vanished bucket's are).
+            due_ms, ref = stored.start_ms, stored.bucket
             try:
+                due_ms, ref = _due_ms(stored), stored.ref
                 message = stored.message
             except CorruptMember as exc:
                 logger.error(
@@ -118,7 +125,7 @@ class Moving(StoreBase):
                     keys.dead(self.prefix),
                 )
                 message = b""
-            items += [start, stored.due_ms, stored.ref, dest, member, message]
+            items += [start, due_ms, ref, dest, member, message]
         return items
 
     def cold_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:
@@ -234,6 +241,16 @@ class Moving(StoreBase):
             )
             pubsub.subscribe(keys.wake_channel(self.prefix))
         return pubsub
+
+
+def _due_ms(stored: Stored) -> int:
+    """The due time of a cold member listed for its thaw; raises :class:`CorruptMember` when its
+    score is none the scripts accept (infinite, or past 0 to :data:`keys.MAX_DUE_MS`: set by
+    hand), which would otherwise fail every thaw step that lists it, and with it every other
+    message's thaw."""
+    if not 0 <= stored.score < keys.MAX_DUE_MS + 1:  # false for NaN too
+        raise CorruptMember(f"its score {stored.score!r} is no due time")
+    return stored.due_ms
 
 
 def _whole(value: bytes | str) -> int:

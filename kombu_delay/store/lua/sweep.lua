@@ -19,15 +19,25 @@ Returns: {renewed, lost, rebuilt, cursor}: buckets whose expiry was pushed out, 
 Bound: ARGV[3] buckets, each one HGETALL and one EXISTS per destination (one whose counts read
        zero: one EXISTS of the sets of every destination its meta hash names or counts
        counts, and a ZCARD per destination only where members are left); a renewed one a
-       PEXPIREAT per key.
+       PEXPIREAT per key and one HSET.
 
 Why: every key of a bucket is written with an expiry of its end plus the publisher's grace, so
 that a system whose movers are all gone cannot grow Redis forever. A message a mover holds back
 (a full list under delay_max_queue_length, a key that is not a list, a thaw refused under
 maxmemory, a rate-capped backlog) would outlive that expiry while a mover runs the whole time.
-So each bucket visited here is given its grace again from now: a message expires only after no
-mover swept it for a whole grace. A bucket due in the future has more than its grace left
-already, and costs nothing but the reads.
+So each bucket visited here is given its grace again from now, and never more: a message
+expires once no mover swept it for a whole grace. A bucket due in the future has more than its
+grace left already, and costs nothing but the reads. A renewal never shortens an expiry: a
+bucket whose expiry (meta field x) is a grace or more from now is left as it is.
+
+The grace is the publishers': x - end, while x is one a publisher wrote. A renewal writes x too
+(publishers read it, so that none of them sets an earlier expiry), and from then on x - end is
+the grace plus the time from the end to that renewal: renewing by it would add that time again
+at each renewal, and a held bucket's lifetime would grow without bound (a grace of an hour,
+held a day: two years). So a renewal also keeps the grace it gave (field g) and the expiry it
+wrote (field r), and the next renewal gives g again. A publisher that extended x since (it only
+ever writes a later x, so x then differs from r) may have asked for a longer grace: the longer
+is given. A bucket no renewal has written (no g) takes x - end, or 7 days without either.
 ]]
 --- @include clock
 --- @include spaces
@@ -46,13 +56,17 @@ local keep_shared = 0
 local function visit(s, start_s)
   local meta = s:meta(start_s)
   local fields = redis.call('HGETALL', meta)
-  local end_ms, x, live, left = nil, nil, {}, 0
+  local end_ms, x, g, r, live, left = nil, nil, nil, nil, {}, 0
   for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])
     if name == 'end' then
       end_ms = n
     elseif name == 'x' then
       x = n
+    elseif name == 'g' then
+      g = n
+    elseif name == 'r' then
+      r = n
     elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
@@ -73,8 +87,12 @@ local function visit(s, start_s)
     end
     return
   end
-  local grace = DEFAULT_GRACE
-  if end_ms and x and x > end_ms then grace = x - end_ms end
+  -- The grace: the one the last renewal gave (g), or a publisher's (x - end) where x is not
+  -- that renewal's (r), the longer of the two (see Why above).
+  local grace = nil
+  if g and g > 0 then grace = g end
+  if end_ms and x and x ~= r and x > end_ms and (not grace or x - end_ms > grace) then grace = x - end_ms end
+  grace = grace or DEFAULT_GRACE
   local until_ms = now + grace
   if x and x >= until_ms then return end
   -- The expiries first: under maxmemory Redis refuses a script whose first write may grow
@@ -83,7 +101,7 @@ local function visit(s, start_s)
   redis.call('PEXPIREAT', meta, until_ms + DAY)
   local tasks = s:tasks(start_s)
   if tasks then redis.call('PEXPIREAT', tasks, until_ms + DAY) end
-  redis.call('HSET', meta, 'x', until_ms)
+  redis.call('HSET', meta, 'x', until_ms, 'g', grace, 'r', until_ms)
   renewed = renewed + 1
   if until_ms + DAY > keep_shared then keep_shared = until_ms + DAY end
 end
