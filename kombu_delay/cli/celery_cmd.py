@@ -86,7 +86,12 @@ def delay(ctx: click.Context, log_level: str) -> None:
 
 @global_options
 @delay.command()
-@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port.",
+)
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.pass_context
 def mover(ctx: click.Context, metrics_port: int | None, metrics_addr: str) -> None:

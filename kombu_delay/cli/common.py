@@ -15,11 +15,14 @@ import math
 import os
 import sys
 import traceback
+from collections.abc import Mapping, MutableMapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import click
 
 from kombu_delay.connect import Target
+from kombu_delay.mover.loop import SOCKET_TIMEOUT_S
 from kombu_delay.redact import RedactingFilter, Redactor
 
 BROKER_ENV = "KOMBU_DELAY_BROKER"
@@ -34,6 +37,18 @@ OPTION_WORDS: dict[str, Any] = {"true": True, "false": False, "none": None}
 #: global_keyprefix=0123`` is the prefix ``0123``, not the number 123.
 STRING_OPTIONS = frozenset(
     {"global_keyprefix", "master_name", "sep", "client_name", "username", "password", "queue_order_strategy"}
+)
+
+#: The environment variables through which Celery names a server, or a configuration that may
+#: name one: its settings read them before an app's own ``broker=`` (``app.conf.broker_url``
+#: is ``CELERY_BROKER_URL`` first), and the ``celery`` command reads them as its options.
+CELERY_SERVER_ENV = (
+    "CELERY_BROKER_URL",
+    "CELERY_BROKER_READ_URL",
+    "CELERY_BROKER_WRITE_URL",
+    "CELERY_RESULT_BACKEND",
+    "CELERY_CONFIG_MODULE",
+    "CELERY_LOADER",
 )
 
 #: Scrubs every log line of the CLI's process; its redactor follows the broker in use.
@@ -86,6 +101,27 @@ def setup_logging(level: str) -> None:
     for handler in root.handlers:  # also handlers someone else set up: they print our errors too
         if LOG_FILTER not in handler.filters:
             handler.addFilter(LOG_FILTER)
+
+
+def with_socket_timeouts(tgt: Target) -> Target:
+    """``tgt`` with the mover's socket timeouts (:data:`~kombu_delay.mover.loop.SOCKET_TIMEOUT_S`)
+    unless its transport options set their own: a Redis that accepts connections but never
+    answers (stopped, or behind a black-holed network) fails a command instead of hanging it."""
+    defaults = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
+    return replace(tgt, transport_options={**defaults, **tgt.transport_options})
+
+
+def without_celery_servers(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` without :data:`CELERY_SERVER_ENV`: the environment of a child that
+    must use only the servers it is given."""
+    return {name: value for name, value in env.items() if name not in CELERY_SERVER_ENV}
+
+
+def forget_celery_servers(env: MutableMapping[str, str] = os.environ) -> list[str]:
+    """Remove :data:`CELERY_SERVER_ENV` from ``env`` (this process's environment); return the
+    names removed. The demo and the benchmark call it first: they run their own Redis, and a
+    Celery app would otherwise publish to the one the environment names."""
+    return [name for name in CELERY_SERVER_ENV if env.pop(name, None) is not None]
 
 
 def resolve_broker(flag: str | None) -> tuple[str, str]:

@@ -12,7 +12,7 @@ import socket
 
 import click
 
-from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.cli.common import announce, global_options, target, with_socket_timeouts
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.ops.health import check
 from kombu_delay.store.keys import MAX_DUE_MS
@@ -86,7 +86,7 @@ def health(
       kombu-delay health -b delayredis://redis:6379/0 --this-host --max-overdue 120
       celery -A proj delay health --max-overdue 120
     """
-    tgt = target(ctx)
+    tgt = with_socket_timeouts(target(ctx))
     if liveness:
         this_host, max_overdue = True, 0.0
     try:

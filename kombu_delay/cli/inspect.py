@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import click
 
-from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.cli.common import announce, global_options, target, with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
@@ -35,14 +35,24 @@ class InspectError(click.ClickException):
 @contextmanager
 def control(ctx: click.Context) -> Iterator[DelayControl]:
     """Yield a :class:`DelayControl` for the command's broker, turning errors into exit 3.
-    Says first, on stderr, which broker it reads."""
-    tgt = target(ctx)
+    Says first, on stderr, which broker it reads. Redis gets the mover's socket timeouts
+    unless the transport options set their own, so a silent server fails the command."""
+    tgt = with_socket_timeouts(target(ctx))
     announce(ctx)
     try:
         with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
             yield ctl
     except KombuDelayError as exc:
         raise InspectError(tgt.redact(str(exc))) from exc
+
+
+def shown(text: str) -> str:
+    """``text`` for a terminal: every character that is not printable (a newline, an escape
+    sequence's ESC) as its Python escape, so a task or queue name cannot forge rows or steer
+    the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def when(ms: int) -> str:
@@ -98,9 +108,10 @@ def render_stats(stats: Stats) -> str:
         lines.append("movers     none seen (is `kombu-delay mover` running?)")
     if stats.by_queue:
         lines.append("queues")
-        width = max(len(q) for q in stats.by_queue)
+        names = {name: shown(name) for name in stats.by_queue}
+        width = max(len(q) for q in names.values())
         for name, n in sorted(stats.by_queue.items()):
-            lines.append(f"  {name:<{width}}  {n:,}")
+            lines.append(f"  {names[name]:<{width}}  {n:,}")
     if stats.histogram:
         slot_ms = stats.histogram[0].end_ms - stats.histogram[0].start_ms
         lines.append(f"due times (UTC, one row per {span(slot_ms)}, row = start of slot)")
@@ -201,9 +212,9 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
         left = item.due_ms - now
         table.append(
             [
-                item.task_id or UNREADABLE,
-                item.task or "-",
-                item.queue,
+                shown(item.task_id) if item.task_id else UNREADABLE,
+                shown(item.task) if item.task else "-",
+                shown(item.queue),
                 when(item.due_ms),
                 span(left),
                 str(item.size),

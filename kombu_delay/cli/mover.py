@@ -44,7 +44,12 @@ logger = logging.getLogger(__name__)
     default=None,
     help="Hand messages to their lists this long before due, ETA unchanged, s (default 0 = off).",
 )
-@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port.",
+)
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
 @click.pass_context
 def mover(

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from kombu_delay.cli.common import announce, target
+from kombu_delay.cli.common import announce, target, with_socket_timeouts
 from kombu_delay.cli.inspect import InspectError
 from kombu_delay.errors import KombuDelayError
 
@@ -30,7 +30,8 @@ DEFAULT_PORT = 9809
     "--auth",
     default=None,
     metavar="USER:PASSWORD",
-    help="Require HTTP basic auth (else from env KOMBU_DELAY_WEB_AUTH; none when neither is set).",
+    help="Require HTTP basic auth (else from env KOMBU_DELAY_WEB_AUTH; none when neither is set). "
+    "An empty or malformed value, from either, is refused.",
 )
 @click.option(
     "--url-prefix",
@@ -75,12 +76,15 @@ def web(
         ) from exc
     from kombu_delay.control import DelayControl
 
-    tgt = target(ctx)
-    auth = auth if auth is not None else os.environ.get(AUTH_ENV) or None
+    tgt = with_socket_timeouts(target(ctx))
+    # Any value given is parsed, the empty one too (an unset shell variable): it is refused,
+    # never read as "no auth", and never hides the environment variable.
+    source = "--auth" if auth is not None else AUTH_ENV
+    auth = auth if auth is not None else os.environ.get(AUTH_ENV)
     try:
-        credentials = Credentials.parse(auth) if auth else None
+        credentials = Credentials.parse(auth) if auth is not None else None
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--auth") from exc
+        raise click.BadParameter(str(exc), param_hint=source) from exc
     announce(ctx)
     try:
         control = DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl)
@@ -105,7 +109,7 @@ def web(
         app.wsgi_app = PathPrefix(app.wsgi_app, prefix)  # type: ignore[method-assign]
     try:
         waitress.serve(app, host=host, port=port, threads=threads, ident="kombu-delay")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
     finally:
         control.close()

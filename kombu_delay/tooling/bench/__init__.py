@@ -27,6 +27,7 @@ import click
 import kombu
 
 from kombu_delay import __version__
+from kombu_delay.cli.common import forget_celery_servers
 from kombu_delay.config import Settings
 from kombu_delay.connect import delay_url
 from kombu_delay.store import Store
@@ -180,6 +181,9 @@ def bench(
       kombu-delay bench --only drain --drain 20000   # stock vs kombu-delay workers
       kombu-delay bench --broker redis://127.0.0.1:7000/5   # FLUSHES db 5
     """
+    ignored = forget_celery_servers()
+    if ignored:  # Celery reads them before an app's own broker= argument
+        click.echo(f"bench: ignoring {', '.join(ignored)}: it measures the Redis it was given", err=True)
     available = scenarios(with_e2e or "e2e" in only.split(","), "drain" in only.split(","))
     chosen = [name.strip() for name in only.split(",") if name.strip()] or list(available)
     unknown = [name for name in chosen if name not in available]

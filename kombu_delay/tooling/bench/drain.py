@@ -34,6 +34,7 @@ import click
 import redis
 from celery import Celery
 
+from kombu_delay.cli.common import without_celery_servers
 from kombu_delay.message import parse_iso_ms
 from kombu_delay.tooling.bench.e2e import BROKER_ENV, RECORD_ENV, STARTS
 from kombu_delay.tooling.bench.env import QUEUE, TASK, now_ms, rss_mb
@@ -76,7 +77,7 @@ class Worker:
         args += ["-c", str(ctx.sizes.drain_procs), "-Q", QUEUE, "-l", "warning"]
         args += ["--prefetch-multiplier", str(ctx.sizes.drain_prefetch)]
         args += ["--without-heartbeat", "--without-mingle", "--without-gossip"]
-        env = {**os.environ, BROKER_ENV: broker, RECORD_ENV: ctx.url}
+        env = {**without_celery_servers(os.environ), BROKER_ENV: broker, RECORD_ENV: ctx.url}
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.log = log

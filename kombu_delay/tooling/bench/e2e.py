@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from kombu_delay.cli.common import without_celery_servers
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
 from kombu_delay.tooling.redis_server import stop_process
 
@@ -51,7 +52,12 @@ def _worker(url: str, queue: str, log: str) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "celery", "-A", "kombu_delay.tooling.bench.e2e", "worker", "--pool", "solo"]
     args += ["-Q", queue, "-l", "warning", "--without-heartbeat", "--without-mingle", "--without-gossip"]
     out = open(log, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, BROKER_ENV: url})
+    proc = subprocess.Popen(
+        args,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**without_celery_servers(os.environ), BROKER_ENV: url},
+    )
     out.close()
     return proc
 

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from kombu_delay.cli.common import without_celery_servers
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, scripts
@@ -290,7 +291,9 @@ class Movers:
         args = [sys.executable, "-m", "kombu_delay", "--broker", self.delay_url, "--log-level", "warning"]
         args += ["mover", "--batch-size", str(self.batch_size), *extra]
         log = open(self.log_dir / f"mover-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=without_celery_servers(os.environ)
+        )
         log.close()
         self.procs.append(proc)
         time.sleep(0.5)  # let it subscribe to the wake channel before anything is published

@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
 from kombu_delay.store import Store
 from kombu_delay.tooling.redis_server import RedisServer, stop_process
 
@@ -55,7 +56,7 @@ class Child:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                env=without_celery_servers({**os.environ, **(env or {})}),
                 start_new_session=True,
             )
 
@@ -287,11 +288,17 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def demo(live: bool | None) -> None:
     """Run a private Redis, a mover and a stock Celery worker; watch delayed tasks fire.
 
+    Everything runs on the demo's own Redis: --broker, --prefix and -o are ignored, and so are
+    CELERY_BROKER_URL and Celery's other server variables.
+
     \b
     Examples:
       python -m kombu_delay demo
       python -m kombu_delay demo --no-live > demo.log
     """
+    ignored = forget_celery_servers()
+    if ignored:
+        click.echo(f"demo: ignoring {', '.join(ignored)}: it runs on a private Redis of its own", err=True)
     if live is None:
         live = sys.stdout.isatty() and os.environ.get("TERM", "") != "dumb"
     view = View(live)

@@ -1,0 +1,97 @@
+"""``kombu-delay web`` at its edges: every --auth value given is parsed (an empty one refused,
+never read as "no auth"), an address it cannot serve on is one line of error, and a Redis that
+stops answering fails a request in bounded time instead of holding a request thread."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from kombu_delay.cli import main
+from kombu_delay.tooling.redis_server import RedisServer, free_port
+from kombu_delay.web.guard import AUTH_ENV
+from tests.support.procs import wait_until
+
+pytest.importorskip("flask")
+pytest.importorskip("waitress")
+
+#: A request against a silent Redis must be answered well within this, s.
+BOUND_S = 120
+
+
+def web(redis_server, *args: str, env: dict[str, str] | None = None):
+    return CliRunner(env=env).invoke(main, ["-b", redis_server.delay_url, "web", *args])
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--auth", ""], {AUTH_ENV: "ops:a-long-password"}, "--auth"),  # an unset shell variable
+        (["--auth", ""], {AUTH_ENV: None}, "--auth"),
+        ([], {AUTH_ENV: ""}, AUTH_ENV),
+        (["--auth", "ops"], {AUTH_ENV: None}, "--auth"),
+        ([], {AUTH_ENV: "ops:"}, AUTH_ENV),
+    ],
+)
+def test_an_empty_or_malformed_auth_is_refused_before_serving(redis_server, args, env, named):
+    result = web(redis_server, "--port", str(free_port()), "--allow-actions", *args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "expected USER:PASSWORD" in result.output and named in result.output, result.output
+    assert "kombu-delay web: http" not in result.output  # it never served
+
+
+def test_a_host_it_cannot_resolve_is_one_line_of_error(redis_server):
+    result = web(redis_server, "--host", "no-such-host.invalid", "--port", str(free_port()))
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Error: cannot serve on no-such-host.invalid:" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def silent_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own that accepts connections but never answers (SIGSTOP
+    once the dashboard is up); continued and stopped by its PID afterwards."""
+    server = RedisServer().start()
+    assert server.process is not None
+    try:
+        yield server
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.cleanup()
+
+
+def status_of(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=BOUND_S) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_a_silent_redis_fails_dashboard_requests_in_bounded_time(silent_server, spawn):
+    port = free_port()
+    args = [sys.executable, "-m", "kombu_delay", "-b", silent_server.delay_url, "--log-level", "warning"]
+    proc = spawn([*args, "web", "--port", str(port), "--threads", "1"], name="web")
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return status_of(base + "/") == 200
+        except OSError:
+            assert proc.popen.poll() is None, proc.output()
+            return False
+
+    wait_until(up, timeout=BOUND_S)
+    assert silent_server.process is not None
+    os.kill(silent_server.process.pid, signal.SIGSTOP)
+    # Before: no socket timeout, so the request waited for ever (and held the only thread).
+    assert status_of(base + "/scheduled") >= 500
+    assert status_of(base + "/static/dashboard.css") == 200  # the thread is free again
