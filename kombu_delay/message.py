@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import kombu.compression
+
 from kombu_delay.errors import BadETA, DelayTooLong
 from kombu_delay.store.keys import MAX_DUE_MS
 
@@ -82,7 +84,8 @@ def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     """Return the decoded body of a Celery protocol 1 task message, else ``None``.
 
     Recognised by its full shape, as Celery's ``as_task_v1`` builds it and its worker reads it:
-    no ``task`` header, and a JSON object body with ``task`` and ``id`` strings, an ``args``
+    no ``task`` header, and a JSON object body (compressed, where Celery's ``task_compression``
+    had kombu compress it) with ``task`` and ``id`` strings, an ``args``
     list, a ``kwargs`` mapping and an ``eta`` key. Application data that merely has ``task`` and
     ``eta`` keys is not a Celery task, and plain kombu delivers it as it is.
     """
@@ -90,6 +93,12 @@ def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     if "task" in headers or message.get("content-type") != "application/json":
         return None
     raw = _body_bytes(message)
+    compression = headers.get("compression") if isinstance(headers, dict) else None
+    if raw is not None and compression:  # Celery's task_compression: kombu compressed the body
+        try:
+            raw = kombu.compression.decompress(raw, compression)
+        except Exception:  # an unknown or damaged compression: not a task this can read
+            return None
     if raw is None or not all(key in raw for key in _PROTOCOL1_KEYS):
         return None
     try:
@@ -134,12 +143,25 @@ def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
 
 def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
     """Return the id a message is indexed under: task id, message id or delivery tag (``""``
-    when it has none; headers or properties that are not objects hold none)."""
+    when it has none; headers or properties that are not objects hold none), as
+    :func:`id_key` makes it."""
     headers, props = _part(message, "headers"), _part(message, "properties")
     for candidate in (headers.get("id"), (body or {}).get("id"), props.get("message_id")):
         if isinstance(candidate, str) and candidate:
-            return candidate
-    return str(props.get("delivery_tag", ""))
+            return id_key(candidate)
+    return id_key(str(props.get("delivery_tag", "")))
+
+
+def id_key(task_id: str) -> str:
+    """``task_id`` as the id index holds it: as it is, or, where it is no UTF-8 text (a lone
+    surrogate, as ``os.fsdecode`` makes of bytes that are not UTF-8, which Redis cannot be
+    sent), with those characters escaped as ``\\udcff``. A find, cancel or reschedule of the
+    same id makes the same key."""
+    try:
+        task_id.encode()
+    except UnicodeEncodeError:
+        return task_id.encode("utf-8", "backslashreplace").decode()
+    return task_id
 
 
 def message_due(message: dict[str, Any]) -> Due | None:

@@ -58,6 +58,7 @@ from kombu_delay.message import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.redact import mask_url
 from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Scheduled
 
 logger = logging.getLogger(__name__)
 
@@ -127,16 +128,26 @@ class DelayChannelMixin:
             super()._put(queue, message, **kwargs)  # type: ignore[misc]
             return
         # A held message is not part of a publish batch: it is written now, in one
-        # atomic script call, and only a mover ever delivers it.
-        kwargs.pop("_publish_batch", None)
+        # atomic script call, and only a mover ever delivers it. One the script finds due is
+        # left to the batch, which pushes it in its order or, aborted, not at all.
+        batch = kwargs.pop("_publish_batch", None)
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
         where = (os.getpid(), self.delay_broker, self.global_keyprefix)  # type: ignore[attr-defined]
         ask = where not in _asked
         result = self.delay_store.schedule(
-            due, dest, dumps(message), self.delay_settings, expires, FRESH_HEARTBEAT_MS if ask else 0
+            due,
+            dest,
+            dumps(message),
+            self.delay_settings,
+            expires,
+            FRESH_HEARTBEAT_MS if ask else 0,
+            push_due=batch is None,
         )
+        if result.outcome is Scheduled.DUE_NOW:
+            super()._put(queue, message, _publish_batch=batch, **kwargs)  # type: ignore[misc]
+            return
         if ask:
             self._tell_if_no_mover(where, result.movers)
         if result.wake_refused:

@@ -28,8 +28,12 @@ class Publishing(StoreBase):
         expires_ms: int = 0,
         movers_fresh_ms: int = 0,
         now_ms: int | None = None,
+        push_due: bool = True,
     ) -> ScheduleResult:
         """Store ``payload`` for ``dest`` until ``due``, or push it now if already due.
+
+        ``push_due``: false leaves a message already due to the caller (outcome
+        ``DUE_NOW``, nothing written), for one that pushes it in a publish batch.
 
         ``expires_ms``: the queue's ``x-expires``. The mover then renews the expiry of
         ``dest`` when it pushes the message, as kombu's own publish would.
@@ -48,7 +52,9 @@ class Publishing(StoreBase):
         space = self._space_for(due, settings, now_ms)
 
         def send(to: spaces.Space) -> Any:
-            call = self._schedule_call(to, due, dest, payload, settings, expires_ms, movers_fresh_ms, now_ms)
+            call = self._schedule_call(
+                to, due, dest, payload, settings, expires_ms, movers_fresh_ms, now_ms, leave_due=not push_due
+            )
             return self._scripts["schedule"](*call)
 
         with translated_errors():
@@ -115,6 +121,7 @@ class Publishing(StoreBase):
         expires_ms: int = 0,
         movers_fresh_ms: int = 0,
         now_ms: int | None = None,
+        leave_due: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space``."""
         # Redis drops the connection on a longer argument; kombu would take that for an
@@ -144,6 +151,7 @@ class Publishing(StoreBase):
             settings.thaw_ahead_ms if space.compressed else 0,
             expires_ms,
             movers_fresh_ms,
+            1 if leave_due else 0,
         ]
         while optional and optional[-1] in (0, ""):
             optional.pop()

@@ -23,6 +23,8 @@ class Scheduled(enum.IntEnum):
     PUSHED_NOW = 0
     STORED = 1
     DUPLICATE = 2
+    #: Due already, and left to the caller to push (``push_due=False``): nothing was written.
+    DUE_NOW = 3
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import ssl
 import subprocess
@@ -329,9 +330,11 @@ def test_app_data_that_looks_like_a_celery_body_passes_untouched(r, redis_server
     assert not caplog.records  # nothing taken for a bad ETA either
 
 
-def test_celery_protocol_1_countdowns_are_still_held(r, make_app, redis_server, prefix):
+@pytest.mark.parametrize("compression", [None, "zlib", "bzip2"])
+def test_celery_protocol_1_countdowns_are_still_held(r, make_app, redis_server, prefix, compression):
     app = make_app(prefix)
     app.conf.task_protocol = 1
+    app.conf.task_compression = compression  # kombu compresses the body; the ETA is inside it
     before = time.time()
     task_id = app.send_task("t.add", (1, 2), countdown=30).id
     after = time.time()
@@ -394,6 +397,28 @@ def test_batched_publish_keeps_immediate_and_delayed_messages(r, redis_server, p
     held = stored(r, prefix)
     assert len(held) == 25 and {s.envelope.dest for s in held} == {f"{prefix}later"}
     assert r.llen(f"{prefix}later") == 0
+
+
+@pytest.mark.skipif(not hasattr(Producer, "batch"), reason="kombu without Producer.batch")
+@pytest.mark.parametrize("aborted", [False, True], ids=["committed", "aborted"])
+def test_a_batched_message_due_by_the_script_stays_in_its_batch(r, redis_server, prefix, aborted):
+    # An ETA 300 ms ago is within the publisher's clock margin: schedule.lua judges it, finds
+    # it due, and leaves it to the batch, which keeps its order or, aborted, drops it.
+    just_past = (datetime.now(UTC) - timedelta(milliseconds=300)).isoformat()
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        producer = Producer(conn)
+        try:
+            with producer.batch(max_size=10):
+                for i, eta in enumerate([None, just_past, None]):
+                    headers = {"task": "t", "id": f"m{i}", **({"eta": eta} if eta else {})}
+                    producer.publish({"i": i}, routing_key="batched", headers=headers)
+                if aborted:
+                    raise RuntimeError("abandon the batch")
+        except RuntimeError:
+            pass
+    listed = [json.loads(m)["headers"]["id"] for m in reversed(r.lrange(f"{prefix}batched", 0, -1))]
+    assert listed == ([] if aborted else ["m0", "m1", "m2"])
+    assert stored(r, prefix) == []
 
 
 def _body(raw: bytes) -> bytes:
@@ -692,3 +717,20 @@ def test_a_requeued_x_delay_message_comes_back_at_once_as_on_plain_redis(r, redi
         assert again.payload == {"n": 1}
         again.ack()
         queue.close()
+
+
+@pytest.mark.parametrize("compress_after", [None, 0], ids=["default", "uncompressed"])
+def test_a_task_id_that_is_not_utf8_is_held_found_and_cancelled(
+    r, make_app, redis_server, prefix, compress_after
+):
+    # os.fsdecode makes a lone surrogate of bytes that are not UTF-8; Redis cannot be sent one.
+    task_id = os.fsdecode(b"job-\xff")
+    extra = {} if compress_after is None else {"delay_compress_after": compress_after}
+    app = make_app(prefix, **extra)
+    app.send_task("t.x", task_id=task_id, countdown=600)
+    assert r.llen(f"{prefix}celery") == 0  # held
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        [found] = ctl.find(task_id)
+        assert found.task_id == task_id.encode("utf-8", "backslashreplace").decode()
+        assert ctl.cancel(task_id) == 1
+        assert ctl.find(task_id) == []

@@ -10,7 +10,7 @@ ARGV[3] grace      how long a bucket outlives its end, ms
 ARGV[4] when       due time, epoch ms, or with ARGV[10] = "1" a delay from now, ms
 ARGV[5] task_id    id-index key (Celery task id, message id or delivery tag)
 ARGV[6] payload    the exact JSON string plain kombu would LPUSH; stored as it is, never decoded
-ARGV[7..14] are optional: the caller leaves out those after the last one it needs (each
+ARGV[7..15] are optional: the caller leaves out those after the last one it needs (each
   argument costs Redis work in every call, and almost no publish needs any but the first two).
 ARGV[7] now_ms     epoch ms to judge by; absent or '' = Redis TIME (tests drive time through it)
 ARGV[8] estimated  "1": ARGV[7] is a publisher's estimate of Redis's clock, given for a message
@@ -28,12 +28,16 @@ ARGV[13] expires   the queue's x-expires, ms (absent or "0" = none): kept in the
                    hash, so the mover renews the list's expiry when it pushes the message
 ARGV[14] fresh     ms: when given and not "0", also count the movers with a heartbeat this
                    fresh (a publisher asks once, to warn when no mover serves its namespace)
+ARGV[15] leave_due "1": a message already due is not pushed here (code 3, nothing written): the
+                   caller pushes it itself, in a publish batch that must keep it (kombu's
+                   Producer.batch); absent or "0": pushed onto dest
 The storage format (recorded in totals with a bucket's first message) and the latest due
 time accepted are constants of the script (keys.py FORMAT, MAX_DUE_MS).
 Returns: {code, due_ms, now_ms, movers[, 1]}; movers: the fresh movers counted (ARGV[14]), else -1;
          a fifth element, 1, when the message was stored but the ACL refused the PUBLISH that
          wakes movers (counted in <ns>totals as wake_refused; see wake_if_first in _put.lua);
-         code 1 stored, 0 pushed onto dest now, 2 duplicate (this
+         code 1 stored, 0 pushed onto dest now, 3 due now and left to the caller (ARGV[15]),
+         2 duplicate (this
          payload is already stored for dest in that bucket), -1 due time beyond max_delay or
          MAX_DUE_MS (nothing written), -2 a cold member due too soon (nothing written: the
          caller stores the message itself)
@@ -64,6 +68,7 @@ if cold and due <= now + tonumber(ARGV[12] or '0') then
   return {-2, due, now, movers}
 end
 if due <= now then
+  if ARGV[15] == '1' then return {3, due, now, movers} end
   redis.call('LPUSH', dest_key, payload)
   return {0, due, now, movers}
 end
