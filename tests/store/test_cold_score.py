@@ -52,3 +52,43 @@ def test_a_cold_member_whose_score_is_no_due_time_goes_to_the_dead_letters(r, pr
     # Lost to delivery, so counted as expired too: the totals add up to what is stored (0).
     assert consistency(r, prefix)["stored"] == 0
     assert not r.exists(keys.cold_index(prefix))
+
+
+@pytest.mark.parametrize("score", ["inf", "past-end", "past-ceiling"])
+def test_a_cold_member_scored_past_its_bucket_is_listed_not_left_for_ever(r, prefix, score, caplog):
+    """A member scored past its bucket's end (by hand) is never within the thaw horizon while
+    its bucket is: it is listed all the same, and thawed by its due time where it has one (then
+    moved when due) or dead-lettered where it has none, so its bucket does not stay held."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    now = clock()
+    for tag in [*GOOD, "odd"]:
+        store.schedule(Due(now + 2100, task_id=tag), q, kombu_payload(tag), JUST_COLD)
+    start = int(r.zrange(keys.cold_index(prefix), 0, 0)[0])
+    key = keys.queue_set(prefix, start, q, keys.COLD)
+    odd = next(m for m in r.zrange(key, 0, -1) if cold.unpack(m)[0] == "odd")
+    later = {"inf": float("inf"), "past-end": now + 3_600_000, "past-ceiling": keys.MAX_DUE_MS + 10}[score]
+    r.zadd(key, {odd: later}, xx=True)
+    clock.advance(150)
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
+        results = [store.thaw(2000, 10) for _ in range(3)]
+    has_due = score == "past-end"
+    assert sum(t.thawed for t in results) == len(GOOD) + has_due
+    assert sum(t.dead for t in results) == (0 if has_due else 1)
+    assert not r.exists(keys.cold_index(prefix))  # nothing left held in the cold space
+    clock.advance(2000)
+    assert store.move_due(10).moved == len(GOOD)
+    if has_due:
+        clock.ms = later
+        assert store.move_due(10).moved == 1
+    assert sorted(tags_in(r, q)) == sorted(GOOD + (["odd"] if has_due else []))
+
+
+def test_a_cold_index_member_that_is_no_start_does_not_fail_a_thaw(r, prefix):
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    store.schedule(Due(clock() + 2100, task_id="good"), f"{prefix}q", kombu_payload("good"), JUST_COLD)
+    r.zadd(keys.cold_index(prefix), {"junk": clock() + 3_600_000})
+    clock.advance(150)
+    assert store.thaw(2000, 10).thawed == 1

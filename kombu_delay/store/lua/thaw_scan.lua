@@ -49,8 +49,10 @@ for _, start_s in ipairs(starts) do
   local fields = redis.call('HGETALL', meta)
   local left, end_ms = 0, nil
   for i = 1, #fields, 2 do
+    if fields[i] == 'end' then end_ms = count_of(fields[i + 1]) end
+  end
+  for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])
-    if name == 'end' then end_ms = n end
     if string.sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
       local dest = string.sub(name, 3)
       local zset = cs:zset(start_s, dest)
@@ -70,7 +72,19 @@ for _, start_s in ipairs(starts) do
         end
         wanted = wanted - #batch / 2
         local rest = redis.call('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-        if rest[2] then later(math.floor(tonumber(rest[2]))) end
+        local score = tonumber(rest[2])
+        if score and (score == math.huge or (end_ms and score >= end_ms)) then
+          -- Scored past its bucket's end (no publish does that: a score written by hand, up
+          -- to +inf): listed now, so that the thaw stores it by its due time, or dead-letters
+          -- one that has none, rather than leave its bucket held, and renewed, for ever.
+          listed[#listed + 1] = start_s
+          listed[#listed + 1] = rest[2]
+          listed[#listed + 1] = dest
+          listed[#listed + 1] = rest[1]
+          wanted, more = wanted - 1, 1
+        elseif score then
+          later(math.floor(score))
+        end
       else
         left = left + n
         more = 1
@@ -82,8 +96,8 @@ for _, start_s in ipairs(starts) do
   if left == 0 then recounted = recounted + retire(k, start_s, end_ms, now) end
 end
 if more == 0 and #starts == limit then more = 1 end
-local first = redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1]
-if first then later(tonumber(first)) end
+local first = tonumber(redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1])
+if first then later(first) end  -- (a member that is no start, written by hand, is none)
 if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
 if recounted > 0 then more = 1 end
 local reply = {now, next_ms, more, expired, recounted}
