@@ -85,8 +85,15 @@ class Moving(StoreBase):
                 done = self._scripts["thaw"](
                     keys=call_keys, args=[self.ns, keys.wake_channel(self.prefix), self._now(now_ms), *items]
                 )
-                thawed, dead, gone, recounted_after = (int(x) for x in done)
+                thawed, dead, gone, recounted_after, blocked = (int(x) for x in done)
                 recounted += recounted_after
+                if blocked:
+                    logger.error(
+                        "%d thawed messages could not be stored: a key of their ordinary bucket is "
+                        "of another type (written by hand); they go to the dead-letter list %s",
+                        blocked,
+                        keys.dead(self.prefix),
+                    )
         return ThawResult(
             thawed=thawed,
             dead=dead,

@@ -102,3 +102,28 @@ def test_a_thaw_mends_a_damaged_counter_before_it_takes_a_message(r: redis.Redis
     for at in (start + 6_000, start + 60_000):
         store.move_due(500, now_ms=at)
     assert sorted(_delivered(r, dest)) == sorted([f"c{i}" for i in range(50)] + ["o1"])
+
+
+@pytest.mark.parametrize("key", ["sorted set", "task-id list"])
+def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, prefix, key, caplog):
+    import logging
+
+    now, start = _bucket(r, ahead=10)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    cold = [(Due(start + 5_000 + i, task_id=f"c{i}"), dest, kombu_payload(f"c{i}")) for i in range(5)]
+    other = f"{prefix}other"
+    cold.append((Due(start + 5_000, task_id="o1"), other, kombu_payload("o1")))
+    store.schedule_many(cold, COLD, now_ms=now)
+    # Written by hand: the bucket's sorted set for dest, or its task-id list, as a string.
+    damaged = keys.queue_set(prefix, start, dest) if key == "sorted set" else keys.task_ids(prefix, start)
+    r.set(damaged, "not mine")
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
+        result = store.thaw(40_000, 100, now_ms=start - 30_000)
+    if key == "sorted set":
+        assert (result.thawed, result.dead) == (1, 5)
+    else:  # the bucket's one task-id list serves every destination
+        assert (result.thawed, result.dead) == (0, 6)
+    assert "could not be stored" in caplog.text
+    assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 0
+    assert r.llen(keys.dead(prefix)) == result.dead  # kept, as stored
+    assert r.get(damaged) == b"not mine"

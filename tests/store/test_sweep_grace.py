@@ -90,3 +90,25 @@ def test_a_renewal_never_shortens_a_publishers_expiry_and_keeps_its_longer_grace
     assert expiry(r, prefix, day) == clock() + 7 * DAY
     at = expires_at(r, keys.queue_set(prefix, day, q))
     assert at is not None and clock() + 7 * DAY - 5 <= at <= clock() + 7 * DAY + SLACK
+
+
+def test_a_thaw_after_a_renewal_of_its_cold_bucket_gives_the_publishers_grace(r, prefix):
+    """A cold bucket renewed by the sweep records the grace it gave (g) and its renewal (x = r);
+    a thaw then gives the ordinary bucket that grace, not x - end, which has the time since the
+    bucket's end in it."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    settings = Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000, grace_ms=HOUR)
+    due = clock() + 10 * 60_000
+    store.schedule(Due(due, task_id="t1"), q, kombu_payload("t1"), settings)
+    start = keys.bucket_start(due, settings.bucket_width_ms)
+    cold_meta = keys.meta(prefix, start, keys.COLD)
+    end = int(r.hget(cold_meta, "end"))
+    # As sweep.lua leaves a bucket it renewed five hours after its end.
+    renewal = end + 5 * HOUR + HOUR
+    r.hset(cold_meta, mapping={"x": renewal, "r": renewal, "g": HOUR})
+    clock.ms = due - 20_000
+    assert store.thaw(30_000, 10).thawed == 1
+    ordinary = keys.meta(prefix, keys.bucket_start(due, settings.bucket_width_ms))
+    assert int(r.hget(ordinary, "x")) - int(r.hget(ordinary, "end")) == HOUR

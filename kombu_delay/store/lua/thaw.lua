@@ -15,10 +15,11 @@ ARGV[4..] one group of six per message: start (its cold bucket), due (epoch ms),
         member (the cold member, exactly as listed), message (the JSON string it restores
         to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
-Returns: {thawed, dead, gone, recounted}; gone: members another mover thawed first, or that
-         were cancelled meanwhile (nothing written for them), and the rare one whose
+Returns: {thawed, dead, gone, recounted, blocked}; gone: members another mover thawed first,
+         or that were cancelled meanwhile (nothing written for them), and the rare one whose
          identical twin was stored already (counted as cancelled); recounted: as
-         thaw_scan.lua's.
+         thaw_scan.lua's; blocked: of the dead, those whose ordinary bucket has a key of
+         another type (written by hand), where no message can be stored.
 Bound: two O(log n) commands per message (its ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
@@ -52,10 +53,15 @@ local order = {}  -- the groups of messages put_group stores, in the order first
 local function cold_meta_of(start_s)
   local meta = cold_meta[start_s]
   if not meta then
-    local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x')
+    local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x', 'g', 'r')
     local end_ms = tonumber(known[1]) or (tonumber(start_s) + 60000)
-    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = (tonumber(known[2]) or end_ms) - end_ms,
-            expires = {}, groups = {}}
+    local x, g = tonumber(known[2]) or end_ms, tonumber(known[3])
+    -- The publisher's grace: x - end, unless the sweep renewed the bucket (sweep.lua: then
+    -- x is its renewal, r, and g the grace it gave), and the longer where a publisher
+    -- extended x since.
+    local grace = x - end_ms
+    if g and known[2] == known[4] then grace = g elseif g and g > grace then grace = g end
+    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = grace, expires = {}, groups = {}}
     cold_meta[start_s] = meta
   end
   return meta
@@ -65,15 +71,25 @@ end
 -- back nothing a script wrote before its error. So the counters put_group writes in each
 -- ordinary bucket this call may thaw into are mended first, where one was written by hand
 -- with text HINCRBY refuses (mend_counters).
-local ordinary, mended = space(ns, ''), {}
+-- Likewise a key of that bucket that is not of its type (written by hand: its sorted set, its
+-- task-id list), which no mending makes right: the messages bound for it go to the
+-- dead-letter list instead (``blocked``, counted as dead), kept as they are stored.
+local ordinary, mended, blocked = space(ns, ''), {}, 0
+local function target_of(i)
+  local due = tonumber(ARGV[i + 1])
+  return string.format('%d', due - due % cold_meta_of(ARGV[i]).width), ARGV[i + 3]
+end
+local function has_type(key, wanted)
+  local found = redis.call('TYPE', key)['ok']
+  return found == 'none' or found == wanted
+end
 for i = 4, #ARGV, 6 do
-  local due, dest = tonumber(ARGV[i + 1]), ARGV[i + 3]
-  local width = cold_meta_of(ARGV[i]).width
-  local meta = ordinary:meta(string.format('%d', due - due % width))
-  if not mended[meta] then mended[meta] = {} end
-  if not mended[meta][dest] then
-    mended[meta][dest] = true
-    mend_counters(meta, {'seq', 'end', 'x', 'q:' .. dest})
+  local start_s, dest = target_of(i)
+  if not mended[start_s] then mended[start_s] = {} end
+  if mended[start_s][dest] == nil then
+    mend_counters(ordinary:meta(start_s), {'seq', 'end', 'x', 'q:' .. dest})
+    mended[start_s][dest] = has_type(ordinary:zset(start_s, dest), 'zset')
+      and has_type(ordinary:tasks(start_s), 'list')
   end
 end
 
@@ -84,6 +100,13 @@ end
 for i = 4, #ARGV, 6 do
   local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local meta = cold_meta_of(start_s)
+  if message ~= '' then
+    local to_start, to_dest = target_of(i)
+    if not mended[to_start][to_dest] then
+      message = ''
+      blocked = blocked + 1
+    end
+  end
   if meta.expires[dest] == nil then
     meta.expires[dest] = tonumber(redis.call('HGET', cs:meta(start_s), 'e:' .. dest) or 0)
   end
@@ -158,4 +181,4 @@ if dead > 0 then
   redis.call('HINCRBY', KEYS[4], 'expired', dead)
 end
 if merged > 0 then redis.call('HINCRBY', KEYS[4], 'cancelled', merged) end
-return {thawed, dead, gone + merged, recounted}
+return {thawed, dead, gone + merged, recounted, blocked}
