@@ -127,3 +127,23 @@ def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, pre
     assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 0
     assert r.llen(keys.dead(prefix)) == result.dead  # kept, as stored
     assert r.get(damaged) == b"not mine"
+
+
+def test_an_end_written_by_hand_in_the_first_bucket_fails_no_publish_and_no_thaw(r, prefix):
+    now, start = _bucket(r, ahead=10)
+    store = Store(r, prefix)
+    store.schedule(
+        Due(start + 1_000, task_id="head"), f"{prefix}q0", kombu_payload("head", "q0"), ORDINARY, now_ms=now
+    )
+    r.hset(keys.meta(prefix, start), "end", "oops")  # the index's first bucket, read by every wake check
+    later = start + 2 * WIDTH
+    cold = [
+        (Due(later + i, task_id=f"c{i}"), f"{prefix}{q}", kombu_payload(f"c{i}", q))
+        for i, q in enumerate("ab")
+    ]
+    store.schedule_many(cold, COLD, now_ms=now)
+    store.schedule(Due(later + 5, task_id="o1"), f"{prefix}b", kombu_payload("o1", "b"), ORDINARY, now_ms=now)
+    assert store.thaw(40_000, 100, now_ms=later - 30_000).thawed == 2
+    for at in (start + 2_000, later + 1_000):
+        store.move_due(100, now_ms=at)
+    assert [r.llen(f"{prefix}{q}") for q in ("q0", "a", "b")] == [1, 1, 2]

@@ -72,3 +72,21 @@ def test_a_mover_puts_back_a_lost_index_and_says_so(r: redis.Redis, prefix: str,
         watch.check_prefixes()
     assert r.zcard(keys.index(prefix)) == 1
     assert "1 buckets holding 1 messages had left the bucket index" in caplog.text
+
+
+def test_a_bucket_scheduled_into_after_it_drained_is_not_cleaned_up_when_the_index_is_lost(r, prefix):
+    """A bucket that drained (into <ns>gc) and was scheduled into again is in the index and in
+    gc. With the index lost, the gc clean-up once its end passed took it for a drained one and
+    deleted its meta hash, so reindex could not find it: it now puts it back into the index."""
+    now = redis_ms(r)
+    start = (now // WIDTH + 2) * WIDTH
+    store = Store(r, prefix)
+    _schedule(store, "m1", start + 1_000, ORDINARY, now)
+    assert store.move_due(10, now_ms=start + 2_000).moved == 1
+    _schedule(store, "m2", start + 30_000, ORDINARY, start + 2_500)
+    r.delete(keys.index(prefix))
+    store.move_due(10, now_ms=start + WIDTH + 1_000)  # the gc clean-up of the ended bucket
+    assert r.zscore(keys.index(prefix), str(start)) is not None
+    assert store.move_due(10, now_ms=start + 2 * WIDTH).moved == 1
+    assert r.llen(f"{prefix}celery") == 2 and store.counts() == {}
+    assert store.totals()["reindexed"] == 1

@@ -118,7 +118,8 @@ end
 local function wake_if_first(k, start_s, zset, due, payload)
   if redis.call('ZRANK', zset, payload) ~= 0 then return end
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
-  if head == start_s or (head and due < tonumber(redis.call('HGET', k.space:meta(head), 'end') or 0)) then
+  -- (An end that is no number, written by hand, is none: a publish must not fail on it.)
+  if head == start_s or (head and due < (tonumber(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
     local reply = redis.pcall('PUBLISH', k.wake, string.format('%d', due))
     if type(reply) == 'table' and reply.err then
       redis.call('HINCRBY', k.totals, 'wake_refused', '1')

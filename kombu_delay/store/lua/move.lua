@@ -237,6 +237,13 @@ if budget > 0 then
     end
     if redis.call('ZSCORE', index, start_s) then
       redis.call('ZREM', gc, start_s)  -- scheduled into again: it comes back when it drains
+    elseif not drained_counts(s:meta(start_s)) then
+      -- Scheduled into again, and out of the index all the same: the index was lost (evicted
+      -- or deleted) after a publish put it back. Back into the index, not deleted with its
+      -- messages (reindex.lua would find it only minutes later).
+      redis.call('ZADD', index, tonumber(start_s), start_s)
+      redis.call('ZREM', gc, start_s)
+      redis.call('HINCRBY', totals, 'reindexed', 1)
     else
       local tasks = s:tasks(start_s)
       local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
