@@ -74,22 +74,25 @@ end
 -- Likewise a key of that bucket that is not of its type (written by hand: its sorted set, its
 -- task-id list), which no mending makes right: the messages bound for it go to the
 -- dead-letter list instead (``blocked``, counted as dead), kept as they are stored.
-local ordinary, mended, blocked = space(ns, ''), {}, 0
-local function target_of(i)
-  local due = tonumber(ARGV[i + 1])
-  return string.format('%d', due - due % cold_meta_of(ARGV[i]).width), ARGV[i + 3]
-end
+local ordinary, fit, blocked = space(ns, ''), {}, 0  -- fit[start][dest]: its keys can take it
 local function has_type(key, wanted)
   local found = redis.call('TYPE', key)['ok']
   return found == 'none' or found == wanted
 end
+-- Keyed by the start as a number, as the groups are: text made per message would cost a good
+-- part of a thaw (see the groups below).
 for i = 4, #ARGV, 6 do
-  local start_s, dest = target_of(i)
-  if not mended[start_s] then mended[start_s] = {} end
-  if mended[start_s][dest] == nil then
+  local due, dest = tonumber(ARGV[i + 1]), ARGV[i + 3]
+  local start = due - due % cold_meta_of(ARGV[i]).width
+  local of_start = fit[start]
+  if not of_start then
+    of_start = {}
+    fit[start] = of_start
+  end
+  if of_start[dest] == nil then
+    local start_s = string.format('%d', start)
     mend_counters(ordinary:meta(start_s), {'seq', 'end', 'x', 'q:' .. dest})
-    mended[start_s][dest] = has_type(ordinary:zset(start_s, dest), 'zset')
-      and has_type(ordinary:tasks(start_s), 'list')
+    of_start[dest] = has_type(ordinary:zset(start_s, dest), 'zset') and has_type(ordinary:tasks(start_s), 'list')
   end
 end
 
@@ -100,13 +103,6 @@ end
 for i = 4, #ARGV, 6 do
   local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local meta = cold_meta_of(start_s)
-  if message ~= '' then
-    local to_start, to_dest = target_of(i)
-    if not mended[to_start][to_dest] then
-      message = ''
-      blocked = blocked + 1
-    end
-  end
   if meta.expires[dest] == nil then
     meta.expires[dest] = tonumber(redis.call('HGET', cs:meta(start_s), 'e:' .. dest) or 0)
   end
@@ -115,6 +111,11 @@ for i = 4, #ARGV, 6 do
   else
     local due = tonumber(due_s)
     local task_id = cold_task_id(member)
+    local start = due - due % meta.width
+    if message ~= '' and not fit[start][dest] then
+      message = ''
+      blocked = blocked + 1
+    end
     if not removed[start_s] then
       removed[start_s] = {}
       touched[#touched + 1] = start_s
@@ -130,7 +131,6 @@ for i = 4, #ARGV, 6 do
     else
       -- The group of its ordinary bucket and destination, found by table lookups: a key made
       -- of text would turn three numbers into text for every message.
-      local start = due - due % meta.width
       local of_start = meta.groups[start]
       if not of_start then
         of_start = {}
