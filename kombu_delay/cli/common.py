@@ -49,6 +49,13 @@ CELERY_SERVER_ENV = (
     "CELERY_RESULT_BACKEND",
     "CELERY_CONFIG_MODULE",
     "CELERY_LOADER",
+    # The celery command's own options (click: envvar=..., and auto_envvar_prefix CELERY).
+    "BROKER_URL",
+    "CELERY_BROKER",
+    "RESULT_BACKEND",
+    "LOADER",
+    "CONFIG_MODULE",
+    "CELERY_CONFIG",
 )
 
 #: Scrubs every log line of the CLI's process; its redactor follows the broker in use.

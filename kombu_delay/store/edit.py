@@ -125,25 +125,26 @@ class Editing(Inspecting, Publishing):
     def reindex(self, page: int = 10_000, now_ms: int | None = None) -> tuple[int, int]:
         """Put back into their space's index every bucket whose meta hash counts messages but
         that is in no index (the index evicted, or deleted by hand), so movers reach it again;
-        return (buckets, messages) put back (``reindex.lua``). A full ``SCAN`` of the meta
-        hashes, ``page`` keys per call: a background check's work (see :meth:`stranded`),
-        never a probe's."""
+        return (buckets, messages) put back (``reindex.lua``). One full ``SCAN`` of the meta
+        hashes of both spaces, ``page`` keys per call: a background check's work (see
+        :meth:`stranded`), never a probe's."""
         buckets = messages = 0
         with translated_errors():
-            for space in spaces.ALL:
-                for batch in _batched(self._meta_buckets(space, page), 1000):
-                    reply = self._scripts["reindex"](keys=[], args=[self.ns, self._now(now_ms), *batch])
-                    buckets, messages = buckets + int(reply[0]), messages + int(reply[1])
+            for batch in _batched(self._meta_buckets(page), 1000):
+                reply = self._scripts["reindex"](keys=[], args=[self.ns, self._now(now_ms), *batch])
+                buckets, messages = buckets + int(reply[0]), messages + int(reply[1])
         return buckets, messages
 
-    def _meta_buckets(self, space: spaces.Space, page: int) -> Iterator[str]:
-        """The buckets of ``space`` that have a meta hash, as reindex.lua names them."""
-        head = f"{self.ns}{space.tag}m:"
-        for key in self.client.scan_iter(match=f"{_glob_escaped(head)}*", count=page):
-            name = as_text(key)
-            start = name[len(head) :]
-            if name.startswith(head) and start.isascii() and start.isdigit():
-                yield f"{space.tag}{start}"
+    def _meta_buckets(self, page: int) -> Iterator[str]:
+        """The buckets of either space that have a meta hash, as reindex.lua names them
+        (``"<start>"``, ``"c<start>"``)."""
+        tags = "|".join(re.escape(space.tag) for space in spaces.ALL)
+        name = re.compile(rf"({tags})m:([0-9]+)")
+        for key in self.client.scan_iter(match=f"{_glob_escaped(self.ns)}*m:*", count=page):
+            text = as_text(key)
+            found = name.fullmatch(text[len(self.ns) :]) if text.startswith(self.ns) else None
+            if found:
+                yield found[1] + found[2]
 
     def remove_dead_letter(self, member: bytes) -> int:
         """Remove one dead letter equal to ``member``; return 1, or 0 when it is gone."""

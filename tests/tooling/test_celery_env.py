@@ -16,13 +16,17 @@ from kombu_delay.cli.common import CELERY_SERVER_ENV, forget_celery_servers, wit
 from kombu_delay.tooling.demo import Child
 from tests.support.procs import ROOT
 
-#: Prints the CELERY_* variable names of its environment as JSON.
-SHOW_ENV = "import json, os; print(json.dumps(sorted(k for k in os.environ if k.startswith('CELERY_'))))"
+#: Prints the names of its environment's CELERY_* variables and Celery's server variables, as JSON.
+SHOW_ENV = (
+    "import json, os; from kombu_delay.cli.common import CELERY_SERVER_ENV as S; "
+    "print(json.dumps(sorted(k for k in os.environ if k.startswith('CELERY_') or k in S)))"
+)
 
 
 def foreign_env(url: str) -> dict[str, str]:
     """Every server variable, naming ``url`` (the suite's server, standing for a production one)."""
-    return {name: url for name in CELERY_SERVER_ENV if name not in ("CELERY_CONFIG_MODULE", "CELERY_LOADER")}
+    modules = ("CELERY_CONFIG_MODULE", "CELERY_LOADER", "LOADER", "CONFIG_MODULE", "CELERY_CONFIG")
+    return {name: url for name in CELERY_SERVER_ENV if name not in modules}
 
 
 def test_forget_and_without_drop_only_celerys_server_variables():
