@@ -265,6 +265,8 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
         return text
     body["eta"] = eta
     encoded = json.dumps(body).encode("utf-8")
+    if headers.get("compression"):  # compressed as it was (protocol1_body read it decompressed)
+        encoded = kombu.compression.compress(encoded, headers["compression"])[0]
     props = message.get("properties") or {}
     if props.get("body_encoding") == "base64":
         message["body"] = base64.b64encode(encoded).decode("ascii")

@@ -167,6 +167,23 @@ def test_reschedule_rewrites_the_eta_inside_celery_protocol_2_and_1(r, redis_ser
             app.close()
 
 
+def test_reschedule_keeps_a_compressed_protocol_1_body_compressed(r, redis_server, prefix):
+    # A protocol 1 task sent with task_compression carries its ETA in a compressed body: the
+    # new ETA goes into it, compressed as before, so a worker can still decode it.
+    import kombu.compression
+
+    new_eta = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        app = publisher(redis_server, prefix, task_protocol=1, task_compression="zlib")
+        sent = app.send_task("inspect.record", ("p",), countdown=600)
+        assert ctl.reschedule(sent.id, eta=new_eta) == 1
+        message = _stored_payload(ctl, sent.id)
+        compression = message["headers"]["compression"]  # type: ignore[index]
+        body = kombu.compression.decompress(base64.b64decode(message["body"]), compression)  # type: ignore[arg-type]
+        assert datetime.fromisoformat(json.loads(body)["eta"]) == new_eta
+        app.close()
+
+
 def test_reschedule_keeps_an_x_delay_message_as_it_is(r, redis_server, prefix):
     with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
         queue = Queue("plain", Exchange("plain", "direct"), "plain")

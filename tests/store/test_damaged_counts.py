@@ -104,7 +104,7 @@ def test_a_thaw_mends_a_damaged_counter_before_it_takes_a_message(r: redis.Redis
     assert sorted(_delivered(r, dest)) == sorted([f"c{i}" for i in range(50)] + ["o1"])
 
 
-@pytest.mark.parametrize("key", ["sorted set", "task-id list"])
+@pytest.mark.parametrize("key", ["sorted set", "task-id list", "meta hash"])
 def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, prefix, key, caplog):
     import logging
 
@@ -115,13 +115,17 @@ def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, pre
     cold.append((Due(start + 5_000, task_id="o1"), other, kombu_payload("o1")))
     store.schedule_many(cold, COLD, now_ms=now)
     # Written by hand: the bucket's sorted set for dest, or its task-id list, as a string.
-    damaged = keys.queue_set(prefix, start, dest) if key == "sorted set" else keys.task_ids(prefix, start)
+    damaged = {
+        "sorted set": keys.queue_set(prefix, start, dest),
+        "task-id list": keys.task_ids(prefix, start),
+        "meta hash": keys.meta(prefix, start),
+    }[key]
     r.set(damaged, "not mine")
     with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
         result = store.thaw(40_000, 100, now_ms=start - 30_000)
     if key == "sorted set":
         assert (result.thawed, result.dead) == (1, 5)
-    else:  # the bucket's one task-id list serves every destination
+    else:  # the bucket's one task-id list, or meta hash, serves every destination
         assert (result.thawed, result.dead) == (0, 6)
     assert "could not be stored" in caplog.text
     assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 0

@@ -71,8 +71,8 @@ end
 -- back nothing a script wrote before its error. So the counters put_group writes in each
 -- ordinary bucket this call may thaw into are mended first, where one was written by hand
 -- with text HINCRBY refuses (mend_counters).
--- Likewise a key of that bucket that is not of its type (written by hand: its sorted set, its
--- task-id list), which no mending makes right: the messages bound for it go to the
+-- Likewise a key of that bucket that is not of its type (written by hand: its meta hash, its
+-- sorted set, its task-id list), which no mending makes right: the messages bound for it go to the
 -- dead-letter list instead (``blocked``, counted as dead), kept as they are stored.
 local ordinary, fit, blocked = space(ns, ''), {}, 0  -- fit[start][dest]: its keys can take it
 local function has_type(key, wanted)
@@ -91,8 +91,10 @@ for i = 4, #ARGV, 6 do
   end
   if of_start[dest] == nil then
     local start_s = string.format('%d', start)
-    mend_counters(ordinary:meta(start_s), {'seq', 'end', 'x', 'q:' .. dest})
-    of_start[dest] = has_type(ordinary:zset(start_s, dest), 'zset') and has_type(ordinary:tasks(start_s), 'list')
+    local meta = ordinary:meta(start_s)
+    of_start[dest] = has_type(meta, 'hash') and has_type(ordinary:zset(start_s, dest), 'zset')
+      and has_type(ordinary:tasks(start_s), 'list')
+    if of_start[dest] then mend_counters(meta, {'seq', 'end', 'x', 'q:' .. dest}) end
   end
 end
 
