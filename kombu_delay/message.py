@@ -143,24 +143,23 @@ def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
 
 def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
     """Return the id a message is indexed under: task id, message id or delivery tag (``""``
-    when it has none; headers or properties that are not objects hold none), as
-    :func:`id_key` makes it."""
+    when it has none; headers or properties that are not objects hold none)."""
     headers, props = _part(message, "headers"), _part(message, "properties")
     for candidate in (headers.get("id"), (body or {}).get("id"), props.get("message_id")):
         if isinstance(candidate, str) and candidate:
-            return id_key(candidate)
-    return id_key(str(props.get("delivery_tag", "")))
+            return candidate
+    return str(props.get("delivery_tag", ""))
 
 
-def id_key(task_id: str) -> str:
-    """``task_id`` as the id index holds it: as it is, or, where it is no UTF-8 text (a lone
-    surrogate, as ``os.fsdecode`` makes of bytes that are not UTF-8, which Redis cannot be
-    sent), with those characters escaped as ``\\udcff``. A find, cancel or reschedule of the
-    same id makes the same key."""
+def id_arg(task_id: str) -> str | bytes:
+    """``task_id`` as Redis is sent it (the id index's key): the text itself, or, where it holds
+    lone surrogates (``os.fsdecode`` of bytes that are not UTF-8, or a JSON ``\\udcff`` escape),
+    which Redis cannot be sent as text, its UTF-8 bytes with those surrogates encoded as they
+    are ("surrogatepass"). No text encodes to such bytes, so no two ids share a key."""
     try:
         task_id.encode()
     except UnicodeEncodeError:
-        return task_id.encode("utf-8", "backslashreplace").decode()
+        return task_id.encode("utf-8", "surrogatepass")
     return task_id
 
 

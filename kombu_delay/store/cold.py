@@ -66,7 +66,7 @@ def pack(message: str | bytes, task_id: str) -> bytes | None:
     member it removes without decoding it; the id then joins the dictionary, so the copies
     of it inside the message cost almost nothing.
     """
-    tid = task_id.encode("utf-8")
+    tid = task_id.encode("utf-8", "surrogatepass")  # as message.id_arg sends it
     if len(tid) > MAX_TASK_ID_BYTES:
         return None
     raw = message.encode("utf-8") if isinstance(message, str) else message
@@ -89,7 +89,7 @@ def unpack(member: bytes) -> tuple[str, bytes]:
     tid = member[2:end]
     inflate = zlib.decompressobj(-15, DICTIONARY + tid)
     try:
-        task_id = tid.decode("utf-8")
+        task_id = tid.decode("utf-8", "surrogatepass")
         message = inflate.decompress(member[end:], MAX_MESSAGE_BYTES)
     except (zlib.error, UnicodeDecodeError) as exc:
         raise CorruptMember(f"cold member does not inflate: {exc}") from exc

@@ -10,7 +10,7 @@ from typing import Any
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import translated_errors
-from kombu_delay.message import Due, id_key
+from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import as_text
 from kombu_delay.store.inspection import Inspecting
@@ -27,7 +27,7 @@ class Editing(Inspecting, Publishing):
         A compressed message a mover thawed between the find and its removal is looked for
         again (:func:`spaces.may_have_thawed`).
         """
-        done, task_id = 0, id_key(task_id)
+        done = 0
         with translated_errors():
             again = False
             for stored in self.find(task_id):
@@ -41,7 +41,7 @@ class Editing(Inspecting, Publishing):
     def _cancel_one(self, task_id: str, stored: Stored, now_ms: int | None) -> int:
         args: list[Any] = [
             self.ns,
-            task_id,
+            id_arg(task_id),
             stored.bucket,
             stored.dest,
             stored.ref,
@@ -72,7 +72,6 @@ class Editing(Inspecting, Publishing):
         ``payload`` is the message itself; it is stored compressed when due far enough ahead,
         as :meth:`schedule` does.
         """
-        task_id = id_key(task_id)
         due = Due(due_ms, task_id=task_id)
 
         def send(to: spaces.Space) -> Any:
@@ -83,7 +82,7 @@ class Editing(Inspecting, Publishing):
                 old.ref,
                 old.bucket,
                 old.payload,
-                task_id,
+                id_arg(task_id),
                 old.dest,
                 to.member(payload, task_id),
                 due_ms,

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
-from kombu_delay.message import id_key, index_id
+from kombu_delay.message import id_arg, index_id
 from kombu_delay.store import keys, listing, spaces
 from kombu_delay.store.base import StoreBase, as_text
 from kombu_delay.store.listing import Cursor
@@ -165,9 +165,8 @@ class Inspecting(StoreBase):
         the dead-letter list).
         """
         self._check_format_once()
-        task_id = id_key(task_id)
         with translated_errors():
-            flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, task_id])
+            flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, id_arg(task_id)])
         found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
         for i in range(0, len(flat), 4):
             start, score, dest, member = flat[i : i + 4]

@@ -7,7 +7,7 @@ from typing import Any
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
-from kombu_delay.message import Due
+from kombu_delay.message import Due, id_arg
 from kombu_delay.store import spaces
 from kombu_delay.store.base import StoreBase
 from kombu_delay.store.replies import Scheduled, ScheduleResult
@@ -138,7 +138,7 @@ class Publishing(StoreBase):
             settings.bucket_width_ms,
             settings.grace_ms,
             due.ms,
-            due.task_id,
+            id_arg(due.task_id),
             space.member(payload, due.task_id),
         ]
         # The optional arguments, each at its default when 0 or '': only those up to the last

@@ -125,7 +125,8 @@ def for_due(due: Due, settings: Settings, now_ms: float | None) -> Space:
     ``now_ms``: the publisher's clock (``None``: this machine's). It is good enough here: the
     script checks against Redis's clock, and :func:`placed` handles a refusal.
     """
-    if not settings.compress_after_ms or len(due.task_id.encode()) > cold.MAX_TASK_ID_BYTES:
+    carried = due.task_id.encode("utf-8", "surrogatepass")  # as cold.pack carries it
+    if not settings.compress_after_ms or len(carried) > cold.MAX_TASK_ID_BYTES:
         return ORDINARY
     now = time.time() * 1000 if now_ms is None else now_ms
     ahead = due.ms if due.relative else due.ms - now

@@ -731,6 +731,12 @@ def test_a_task_id_that_is_not_utf8_is_held_found_and_cancelled(
     assert r.llen(f"{prefix}celery") == 0  # held
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         [found] = ctl.find(task_id)
-        assert found.task_id == task_id.encode("utf-8", "backslashreplace").decode()
+        assert found.task_id == task_id
+        # The same id written out with a backslash is another id, with a key of its own.
+        lookalike = task_id.encode("utf-8", "backslashreplace").decode()
+        app.send_task("t.y", task_id=lookalike, countdown=600)
+        assert [m.task for m in ctl.find(lookalike)] == ["t.y"]
+        assert ctl.cancel(lookalike) == 1
+        assert [m.task for m in ctl.find(task_id)] == ["t.x"]
         assert ctl.cancel(task_id) == 1
         assert ctl.find(task_id) == []
