@@ -19,6 +19,25 @@ JUST_COLD = Settings(compress_after_ms=2050, thaw_ahead_ms=2000)
 GOOD = ["good-1", "good-2", "good-3"]
 
 
+def _stored(r, prefix: str, odd: str = "bad") -> tuple[FakeClock, Store, str]:
+    """A store on a fake clock holding GOOD and ``odd`` compressed, due 2.1 s ahead, for ``q``."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    for tag in [*GOOD, odd]:
+        store.schedule(Due(clock() + 2100, task_id=tag), q, kombu_payload(tag), JUST_COLD)
+    return clock, store, q
+
+
+def _rescored(r, prefix: str, tag: str, score: float) -> bytes:
+    """Set by hand the score of the cold member of ``tag`` (in the first cold bucket); return it."""
+    start = int(r.zrange(keys.cold_index(prefix), 0, 0)[0])
+    key = keys.queue_set(prefix, start, f"{prefix}q", keys.COLD)
+    member = next(m for m in r.zrange(key, 0, -1) if cold.unpack(m)[0] == tag)
+    r.zadd(key, {member: score}, xx=True)
+    return member
+
+
 @pytest.mark.parametrize(
     "score",
     [float("-inf"), -1e300, -1.0],
@@ -28,16 +47,8 @@ def test_a_cold_member_whose_score_is_no_due_time_goes_to_the_dead_letters(r, pr
     """The member "bad" (stored as any other, then its score set by hand) is listed by every
     thaw step; it is dead-lettered as it is stored, counted as dead and expired, and logged,
     and the messages beside it reach their list once each."""
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    q = f"{prefix}q"
-    now = clock()
-    for tag in [*GOOD, "bad"]:
-        store.schedule(Due(now + 2100, task_id=tag), q, kombu_payload(tag), JUST_COLD)
-    start = int(r.zrange(keys.cold_index(prefix), 0, 0)[0])
-    key = keys.queue_set(prefix, start, q, keys.COLD)
-    bad = next(m for m in r.zrange(key, 0, -1) if cold.unpack(m)[0] == "bad")
-    r.zadd(key, {bad: score}, xx=True)
+    clock, store, q = _stored(r, prefix)
+    bad = _rescored(r, prefix, "bad", score)
     clock.advance(150)  # within the thaw horizon
     with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
         result = store.thaw(2000, 10)
@@ -59,17 +70,10 @@ def test_a_cold_member_scored_past_its_bucket_is_listed_not_left_for_ever(r, pre
     """A member scored past its bucket's end (by hand) is never within the thaw horizon while
     its bucket is: it is listed all the same, and thawed by its due time where it has one (then
     moved when due) or dead-lettered where it has none, so its bucket does not stay held."""
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    q = f"{prefix}q"
+    clock, store, q = _stored(r, prefix, "odd")
     now = clock()
-    for tag in [*GOOD, "odd"]:
-        store.schedule(Due(now + 2100, task_id=tag), q, kombu_payload(tag), JUST_COLD)
-    start = int(r.zrange(keys.cold_index(prefix), 0, 0)[0])
-    key = keys.queue_set(prefix, start, q, keys.COLD)
-    odd = next(m for m in r.zrange(key, 0, -1) if cold.unpack(m)[0] == "odd")
     later = {"inf": float("inf"), "past-end": now + 3_600_000, "past-ceiling": keys.MAX_DUE_MS + 10}[score]
-    r.zadd(key, {odd: later}, xx=True)
+    _rescored(r, prefix, "odd", later)
     clock.advance(150)
     with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
         results = [store.thaw(2000, 10) for _ in range(3)]
