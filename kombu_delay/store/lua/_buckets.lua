@@ -31,7 +31,8 @@ settle_gone(meta, name, counts, dest, n)
   moving then) and takes n off its count.
 
 drained_counts(meta)
-  Returns true when the meta hash counts no message (or is gone), and the bucket's end.
+  Returns true when the meta hash counts no message (or is gone), the bucket's end, and how
+  many messages it counts.
 
 retire(k, start_s, end_ms, now)
   A bucket whose meta counts all reached zero leaves the index for <ns>gc (scored by its end),
@@ -105,7 +106,7 @@ local function drained_counts(meta)
       left = left + math.max(0, count_of(fields[i + 1]) or 0)
     end
   end
-  return left == 0, end_ms
+  return left == 0, end_ms, left
 end
 
 local DAY_MS = 86400000

@@ -5,8 +5,8 @@ ARGV[2] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through 
 ARGV[3..] buckets, as found by a SCAN of the meta hashes: "<start>" (ordinary) or "c<start>"
         (cold)
 Returns: {buckets put back, the messages they count}.
-Bound: per bucket one ZSCORE, and for one not in its index an HGETALL, and a ZADD where it
-       counts messages.
+Bound: per bucket one ZSCORE, and for one not in its index an HGETALL, and an HGET and a
+       ZADD where it counts messages.
 
 Movers, sweeps and thaws reach a bucket only through its space's index (<ns>index,
 <ns>cindex). An index evicted (under an allkeys-* maxmemory-policy) or deleted by hand would
@@ -26,13 +26,11 @@ for i = 3, #ARGV do
   if start_s then
     local s = space(ns, tag)
     if redis.call('ZSCORE', s.index, start_s) == false then
-      local fields, n, x = redis.call('HGETALL', s:meta(start_s)), 0, nil
-      for j = 1, #fields, 2 do
-        if string.sub(fields[j], 1, 2) == 'q:' then n = n + math.max(0, count_of(fields[j + 1]) or 0) end
-        if fields[j] == 'x' then x = count_of(fields[j + 1]) end
-      end
-      if n > 0 then
+      local meta = s:meta(start_s)
+      local empty, _, n = drained_counts(meta)
+      if not empty then
         -- The index outlives the bucket's meta hash, as a publish keeps it (set_expiries).
+        local x = count_of(redis.call('HGET', meta, 'x') or '')
         redis.call('ZADD', s.index, tonumber(start_s), start_s)
         keep_until(s.index, now, math.max(now, x or 0) + 8 * DAY_MS)
         put_back, counted = put_back + 1, counted + n
