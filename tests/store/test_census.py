@@ -1,9 +1,13 @@
 """The census (census.lua) behind ``stats``: the same counts whether it reads each bucket's counts
-by name (the destinations ``stats`` passes) or whole, including sets that are gone and buckets
-that have started. Time is set per call, never waited for."""
+by name (the destinations ``stats`` passes: on Redis 7, all buckets in one SORT_RO, else one
+HMGET per bucket) or whole, including sets that are gone and buckets that have started. Time
+is set per call, never waited for."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
 import redis
 
 from kombu_delay.config import Settings
@@ -11,6 +15,8 @@ from kombu_delay.control import DelayControl
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from kombu_delay.store.inspection import CENSUS_DESTS_MAX
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.servers import binary_from
 from tests.support.stored import kombu_payload, redis_ms
 
 MINUTE = 60_000
@@ -29,20 +35,23 @@ def _store(r: redis.Redis, prefix: str, messages: list[tuple[int, str]], setting
     return store
 
 
-def test_a_census_by_name_counts_what_a_whole_read_counts(r: redis.Redis, prefix: str) -> None:
+def _with_a_lost_set(r: redis.Redis, prefix: str) -> tuple[Store, int, int]:
+    """Over the next three hours in both spaces, three queues, several messages to a bucket; one
+    set gone (deleted by hand: an eviction looks the same). Returns the store, a time past the
+    first buckets' starts (their due members count as overdue) and the lost set's size."""
     now = redis_ms(r)
     queues = ["a", "b", "c"]
-    # Over the next three hours in both spaces, three queues, several messages to a bucket.
     messages = [(now + 2 * MINUTE + i * 85_000, queues[i % 3]) for i in range(120)]
     store = _store(r, prefix, messages, MIXED)
     assert r.zcard(keys.cold_index(prefix)) > 0 and r.zcard(keys.index(prefix)) > 0
-    # One set gone (deleted by hand: an eviction looks the same), and time moved on past the
-    # first buckets' starts, so their due members count as overdue.
-    lost_due = messages[40][0]
-    lost = keys.queue_set(prefix, keys.bucket_start(lost_due, 60_000), f"{prefix}b", "c")
+    lost = keys.queue_set(prefix, keys.bucket_start(messages[40][0], 60_000), f"{prefix}b", "c")
     lost_size = r.zcard(lost)
     assert lost_size > 0 and r.delete(lost) == 1
-    later = now + 7 * MINUTE + 30_000
+    return store, now + 7 * MINUTE + 30_000, lost_size
+
+
+def test_a_census_by_name_counts_what_a_whole_read_counts(r: redis.Redis, prefix: str) -> None:
+    store, later, lost_size = _with_a_lost_set(r, prefix)
     dests = store.counts()
 
     whole = store.census(later, 30 * MINUTE, 6)
@@ -60,6 +69,70 @@ def test_a_census_by_name_counts_what_a_whole_read_counts(r: redis.Redis, prefix
     assert only_a.overdue + sum(only_a.slots) == 40
     many = [f"{prefix}a"] + [f"{prefix}none{i}" for i in range(CENSUS_DESTS_MAX)]
     assert store.census(later, 30 * MINUTE, 6, dests=many) == whole
+    # Cut short at two buckets (of each space), it says so.
+    cut = store.census(later, 30 * MINUTE, 6, max_buckets=2, dests=dests)
+    assert cut.truncated is True and cut == store.census(later, 30 * MINUTE, 6, max_buckets=2)
+    assert 0 < cut.overdue + sum(cut.slots) < whole.overdue + sum(whole.slots)
+
+
+@pytest.fixture(scope="module")
+def server7() -> Iterator[RedisServer]:
+    with RedisServer(binary=binary_from(7)) as server:
+        yield server
+
+
+def _calls(r: redis.Redis, command: str) -> int:
+    return int(r.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_on_redis_7_a_census_by_name_reads_all_buckets_in_one_sort_or_bucket_by_bucket_where_refused(
+    server7: RedisServer, prefix: str
+) -> None:
+    r = server7.client()
+    r.flushall()
+    store, later, _ = _with_a_lost_set(r, prefix)
+    dests = store.counts()
+    whole = store.census(later, 30 * MINUTE, 6)
+    for index in (keys.index(prefix), keys.cold_index(prefix)):  # by hand: it names no bucket
+        r.zadd(index, {"junk": later + MINUTE})
+
+    r.config_resetstat()
+    assert store.census(later, 30 * MINUTE, 6, dests=dests) == whole
+    assert (_calls(r, "sort_ro"), _calls(r, "hmget")) == (2, 0)  # one per space
+
+    # A user who may read only the namespace's keys (SORT_RO's GET is refused to it), and one
+    # whose ACL refuses SORT_RO: bucket by bucket, and nothing in the ACL log on every census.
+    ns = keys.ns(prefix)
+    r.acl_log_reset()
+    for name, commands in (("scoped", []), ("nosort", ["-sort_ro"])):
+        r.acl_setuser(
+            name, enabled=True, passwords=["+pw"], categories=["+@all"], commands=commands, keys=[f"{ns}*"]
+        )
+        client = server7.client(username=name, password="pw")
+        r.config_resetstat()
+        assert Store(client, prefix).census(later, 30 * MINUTE, 6, dests=dests) == whole
+        assert _calls(r, "hmget") > 0
+        client.close()
+    assert r.acl_log() == []
+    r.close()
+
+
+def test_a_census_counts_nothing_for_an_index_member_that_names_no_bucket(
+    r: redis.Redis, prefix: str
+) -> None:
+    store, later, _ = _with_a_lost_set(r, prefix)
+    dests = store.counts()
+    before = store.census(later, 30 * MINUTE, 6, dests=dests)
+    # Written by hand, in the window of each space: no start, so no bucket.
+    for index in (keys.index(prefix), keys.cold_index(prefix)):
+        r.zadd(index, {"junk": later + MINUTE})
+    assert store.census(later, 30 * MINUTE, 6, dests=dests) == before
+    assert store.census(later, 30 * MINUTE, 6) == store.census(later, 30 * MINUTE, 6, dests=dests)
+
+
+def test_a_key_prefix_with_a_star_is_counted_bucket_by_bucket(r: redis.Redis) -> None:
+    store, later, _ = _with_a_lost_set(r, "a*b:")
+    assert store.census(later, 30 * MINUTE, 6, dests=store.counts()) == store.census(later, 30 * MINUTE, 6)
 
 
 def test_a_census_checks_its_sets_in_slices_and_finds_one_gone_in_any(r: redis.Redis, prefix: str) -> None:
