@@ -141,12 +141,17 @@ def fill(
 FLOOR_SET = "kombu_delay_bench:floor"
 
 
+#: The probe's socket timeout, s: a synchronous FLUSHDB of millions of messages, or a command
+#: while a flush of them is freed, can take longer than redis-py's own default (5 s from 8.0).
+PROBE_TIMEOUT_S = 300
+
+
 class Probe:
     """Direct Redis access for measuring: memory, slow log, command stats, list lengths."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.client = redis.Redis.from_url(url)
+        self.client = redis.Redis.from_url(url, socket_timeout=PROBE_TIMEOUT_S, socket_connect_timeout=10)
 
     def flush(self) -> None:
         self.client.flushdb()
