@@ -748,7 +748,7 @@ ACL_RULES = (
     "~app1:kombu_delay:* ~app1:_kombu.binding* ~app1:celery* &app1:kombu_delay:* "
     "-@all +ping +multi +exec +evalsha +script|load +time +info +sadd +smembers +lpush +subscribe "
     "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hkeys +hincrby +pttl "
-    "+pexpireat +rpush +lrange +ltrim +zadd +zrem +zrank +zscore +zcard +zcount +zrange +zrangebyscore "
+    "+pexpireat +rpush +lrange +ltrim +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore "
     "+zremrangebyscore +zremrangebyrank"
 )
 

@@ -93,6 +93,7 @@ def test_countdown_is_stored_in_its_bucket_scored_at_the_eta(r, make_app, prefix
         b"seq": b"1",
         b"end": str(held.start_ms + 60_000).encode(),
         b"x": str(held.start_ms + 60_000 + 7 * 86_400_000).encode(),  # the latest expiry asked for
+        b"w": str(eta_ms).encode(),  # the wake mark: the first message stored woke the movers
     }
     tasks = keys.task_ids(prefix, held.start_ms)
     assert r.lrange(tasks, 0, -1) == [task_id.encode()]

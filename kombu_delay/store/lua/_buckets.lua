@@ -57,8 +57,8 @@ take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
   uncounts it, drops its ref from the id index, drops the copy of a herd staged ahead that
-  it belonged to (_staged.lua), retires the bucket if that was its last message, returns
-  true.
+  it belonged to (_staged.lua) and the bucket's wake mark (wake_if_first in _put.lua),
+  retires the bucket if that was its last message, returns true.
 ]]
 --- @include clock
 --- @include refs
@@ -193,6 +193,7 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   local score = t and redis.call('ZSCORE', zset, payload)
   if redis.call('ZREM', zset, payload) == 0 then return false end
   if score and math.floor(tonumber(score)) == t then drop_staged(k.space, meta, start_s, dest) end
+  redis.call('HDEL', meta, 'w')  -- it may have been the wake mark (wake_if_first in _put.lua)
   uncount_meta(meta, 'q:' .. dest, 1)
   uncount(k.counts, dest, 1)
   drop_refs(k.ids, {task_id}, function() return ref end)

@@ -16,7 +16,8 @@ put(k, now, due, task_id, dest, payload, estimated)
   movers when this message may be the earliest scheduled; drops the copy of a herd staged
   ahead that the message would make wrong (_staged.lua). The format, the expiries and the
   index are written per bucket, not per message, and of the meta hash only the expiry ``x``
-  is read (an earlier one is extended; with one width and grace, it never is).
+  (an earlier one is extended; with one width and grace, it never is), the herd's mark and
+  the wake mark ``w`` are read, in one command.
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
   in this bucket (nothing written but a step of the bucket's seq counter); after a 1, true
   when the wake-up PUBLISH was refused (the message is stored all the same, see
@@ -105,18 +106,26 @@ local function expiries_settled(k, start, known_x, n_here, n_added, n_tasks, des
     and n_tasks ~= n_added and not dest_new
 end
 
--- Wakes the movers only when a message may now be the earliest one of its space: first in
--- its sorted set, and in the first bucket or due before the first bucket's end (with
--- publishers of different bucket widths, a later-starting narrow bucket can hold the
--- earliest message). Cheap, and false for almost every publish. In the cold space the
--- wake makes a mover look for something to thaw now: one that looks rarely (a longer
--- delay_thaw_ahead than this publisher's) would otherwise thaw it late.
+-- Wakes the movers only when a message may now be the earliest one of its space. A bucket's
+-- wake mark (its meta field w) is the due time of a message stored in it and still ahead, so
+-- waited for: a message due no earlier cannot be the earliest, and wakes no one; the path of
+-- almost every publish, with no command of its own (put reads the mark with the expiry). A
+-- message due before the mark, or with no mark or one already passed (its message is due,
+-- moved or about to be), becomes the mark, and wakes the movers where it is in the first
+-- bucket or due before the first bucket's end (with publishers of different bucket widths, a
+-- later-starting narrow bucket can hold the earliest message). Whatever takes a message out of
+-- a bucket before it is due (take, purge, thaw, a move with a look-ahead) deletes the mark, so
+-- the next message stored there is judged afresh. In the cold space the wake makes a mover
+-- look for something to thaw now: one that looks rarely (a longer delay_thaw_ahead than this
+-- publisher's) would otherwise thaw it late. ``mark``: the field w as put read it (a number,
+-- or nil).
 -- The wake is an optimisation, made after every write: a PUBLISH the ACL refuses (a user
 -- without the channel) must not fail a call whose message is stored, which a retry would
 -- store twice. So it is a pcall; a refusal is counted (totals field wake_refused) and returns
 -- true, for the caller to tell; movers then find the message on their next poll.
-local function wake_if_first(k, start_s, zset, due, payload)
-  if redis.call('ZRANK', zset, payload) ~= 0 then return end
+local function wake_if_first(k, start_s, meta, due, mark, now)
+  if mark and mark <= due and mark > now then return end
+  redis.call('HSET', meta, 'w', string.format('%d', due))
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
   -- (An end that is no number, written by hand, is none: a publish must not fail on it.)
   if head == start_s or (head and due < (tonumber(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
@@ -160,9 +169,9 @@ local function put(k, now, due, task_id, dest, payload, estimated)
   local tasks = k.space:tasks(start_s)
   local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
   add_ref(k, start, start_s, task_id, due, seq)
-  -- The expiry, and the mark of a herd staged ahead (_staged.lua), which this message would
-  -- make wrong if it is due at the herd's millisecond.
-  local known = redis.call('HMGET', meta, 'x', 'h:' .. dest)
+  -- The expiry, the mark of a herd staged ahead (_staged.lua), which this message would make
+  -- wrong if it is due at the herd's millisecond, and the wake mark (wake_if_first).
+  local known = redis.call('HMGET', meta, 'x', 'h:' .. dest, 'w')
   local known_x = tonumber(known[1])
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
   if not expiries_settled(k, start, known_x, n_here, 1, n_tasks, dest_new) then
@@ -175,5 +184,5 @@ local function put(k, now, due, task_id, dest, payload, estimated)
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x)
   end
-  return 1, wake_if_first(k, start_s, zset, due, payload)
+  return 1, wake_if_first(k, start_s, meta, due, tonumber(known[3]), now)
 end

@@ -202,6 +202,9 @@ local function visit(start_s)
   for _, dest in ipairs(pushed) do
     if expiry[dest] then redis.pcall('PEXPIRE', dest, expiry[dest]) end
   end
+  -- Moved ahead of their due time (ARGV[6]): the bucket's wake mark may be one of them, still
+  -- ahead, which would keep the next publish from waking the movers (wake_if_first in _put.lua).
+  if #pushed > 0 and due_by > now then redis.call('HDEL', meta, 'w') end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
     -- its sorted sets hold members its counts missed (then counted again, moved next call).

@@ -84,6 +84,7 @@ for _, start_s in ipairs(starts) do
     end
   end
   if touched then
+    redis.call('HDEL', meta, 'w')  -- the wake mark's message may be gone (_put.lua)
     local empty, end_ms = drained_counts(meta)
     if empty then retire(k, start_s, end_ms, now) end
   end

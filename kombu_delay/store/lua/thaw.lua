@@ -153,6 +153,7 @@ end
 
 for _, start_s in ipairs(touched) do
   local meta = cs:meta(start_s)
+  redis.call('HDEL', meta, 'w')  -- its wake mark's message may be thawed (_put.lua)
   for dest, n in pairs(removed[start_s]) do uncount_meta(meta, 'q:' .. dest, n) end
   local empty, end_ms = drained_counts(meta)
   if empty then recounted = recounted + retire(cold, start_s, end_ms, now) end

@@ -1,0 +1,111 @@
+"""The wake-up of a publish (wake_if_first in _put.lua): a message that becomes the earliest
+scheduled wakes the movers, whatever was published, moved (on time or ahead), cancelled or
+purged before it; a message with an earlier one still waiting in its bucket wakes no one, and
+costs no command to tell. A seeded random run of those steps, time set per call."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys
+from tests.support.stored import kombu_payload, redis_ms
+
+ORDINARY = Settings(compress_after_ms=0)
+#: Compressed when due more than 3 s ahead, thawed 2 s ahead (as tests/store/test_cold.py).
+JUST_COLD = Settings(compress_after_ms=2050, thaw_ahead_ms=2000)
+#: How long a wake-up that must come is waited for, s: it is written before the publish
+#: returns, so it comes at once; the bound is for a machine that stalls.
+WAKE_WAIT_S = 30
+
+
+@pytest.fixture
+def wakes(r: redis.Redis, prefix: str) -> Iterator[redis.client.PubSub]:
+    pubsub = r.pubsub()
+    pubsub.subscribe(keys.wake_channel(prefix))
+    confirmed = pubsub.get_message(timeout=WAKE_WAIT_S)
+    assert confirmed is not None and confirmed["type"] == "subscribe"
+    yield pubsub
+    pubsub.close()
+
+
+def woke_for(wakes: redis.client.PubSub, due: int) -> bool:
+    """Whether a wake-up for ``due`` comes, reading past earlier ones (which may be any)."""
+    while (message := wakes.get_message(timeout=WAKE_WAIT_S)) is not None:
+        if message["data"] == str(due).encode():
+            return True
+    return False
+
+
+def test_every_message_that_becomes_the_earliest_wakes_the_movers(r, prefix, wakes) -> None:
+    store, rng = Store(r, prefix), random.Random(21)
+    queues = [f"{prefix}a", f"{prefix}b"]
+    now = redis_ms(r)
+    live: dict[str, tuple[int, str]] = {}  # task id -> (due, queue)
+    earliest_published = 0
+    for step in range(400):
+        roll = rng.random()
+        if roll < 0.6:
+            due = now + rng.randrange(1, 180_000)
+            if any(due == d for d, _ in live.values()):
+                continue  # each wake-up is told apart by its due time
+            task, queue = f"t{step}", rng.choice(queues)
+            earliest = all(due < d for d, _ in live.values())
+            store.schedule(Due(due, task_id=task), queue, kombu_payload(task), ORDINARY, now_ms=now)
+            live[task] = (due, queue)
+            if earliest:
+                assert woke_for(wakes, due), f"step {step}: the earliest message woke no mover"
+                earliest_published += 1
+        elif roll < 0.8:
+            now += rng.randrange(0, 60_000)
+            ahead = rng.choice([0, 0, rng.randrange(1, 30_000)])
+            store.move_due(10_000, now_ms=now, look_ahead_ms=ahead)
+            live = {t: (d, q) for t, (d, q) in live.items() if d > now + ahead}
+        elif roll < 0.97:
+            if live:
+                task = rng.choice(sorted(live))
+                assert store.cancel(task, now_ms=now) == 1
+                del live[task]
+        else:
+            queue = rng.choice(queues)
+            store.purge([queue], now_ms=now)
+            live = {t: (d, q) for t, (d, q) in live.items() if q != queue}
+    assert earliest_published > 20  # the run tells something
+
+
+def test_a_message_after_one_still_waiting_in_its_bucket_costs_no_rank_and_wakes_no_one(
+    r, prefix, wakes
+) -> None:
+    store, queue = Store(r, prefix), f"{prefix}q"
+    base = (redis_ms(r) // 60_000 + 10) * 60_000  # a bucket's start, 10 minutes ahead
+    r.config_resetstat()
+    for i in range(50):
+        store.schedule(Due(base + 1000 + i, task_id=f"t{i}"), queue, kombu_payload(f"t{i}"), ORDINARY)
+    assert "cmdstat_zrank" not in r.info("commandstats")
+    assert r.hget(keys.meta(prefix, base), "w") == str(base + 1000).encode()
+    # Only the first woke the movers: the next wake-up read is the earlier message's below.
+    store.schedule(Due(base + 500, task_id="early"), queue, kombu_payload("early"), ORDINARY)
+    first = wakes.get_message(timeout=WAKE_WAIT_S)
+    assert first is not None and first["data"] == str(base + 1000).encode()
+    second = wakes.get_message(timeout=WAKE_WAIT_S)
+    assert second is not None and second["data"] == str(base + 500).encode()
+
+
+def test_a_thaw_lets_the_next_compressed_message_wake_the_movers(r, prefix, wakes) -> None:
+    store, queue = Store(r, prefix), f"{prefix}q"
+    now = redis_ms(r)
+    base = (now // 60_000 + 10) * 60_000
+    # Two compressed messages in one cold bucket; the earlier is thawed (2 s ahead of its due).
+    store.schedule(Due(base + 1000, task_id="a"), queue, kombu_payload("a"), JUST_COLD, now_ms=now)
+    store.schedule(Due(base + 30_000, task_id="b"), queue, kombu_payload("b"), JUST_COLD, now_ms=now)
+    assert woke_for(wakes, base + 1000)
+    thawed = store.thaw(ahead_ms=2000, limit=1, now_ms=base - 1000)
+    assert thawed.thawed == 1
+    # Later than the thawed one, earlier than any compressed one left: it wakes the movers.
+    store.schedule(Due(base + 2000, task_id="c"), queue, kombu_payload("c"), JUST_COLD, now_ms=base - 3000)
+    assert woke_for(wakes, base + 2000)
