@@ -8,6 +8,11 @@ suite starts is stopped by its PID.
 from __future__ import annotations
 
 import sys
+
+# pytest's hook for exceptions raised where none can propagate (a finalizer, during garbage
+# collection) imports tracemalloc on its first call; a second such exception during that import
+# finds it half made and fails the test it happens in. Imported here, it is whole before then.
+import tracemalloc  # noqa: F401
 from collections.abc import Callable, Iterator
 from pathlib import Path
 

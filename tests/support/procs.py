@@ -43,9 +43,13 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> None:
         self.log = log
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
-        self.popen = subprocess.Popen(
-            args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
-        )
+        try:
+            self.popen = subprocess.Popen(
+                args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+            )
+        finally:
+            if log:  # the child writes to its own copy; ours would be left for the GC to close
+                out.close()  # type: ignore[union-attr]
 
     @property
     def pid(self) -> int:

@@ -66,6 +66,7 @@ def running_tls_server(directory: Path) -> Iterator[TLSRedisServer]:
     try:
         server.start()
     except RuntimeError as exc:
+        server.cleanup()  # its directory, which the GC would otherwise clean up with a warning
         if "tls" in str(exc).lower():
             pytest.skip(f"this redis-server has no TLS support: {exc}")
         raise
