@@ -51,12 +51,14 @@ def test_every_message_that_becomes_the_earliest_wakes_the_movers(r, prefix, wak
     for step in range(400):
         roll = rng.random()
         if roll < 0.6:
-            due = now + rng.randrange(1, 180_000)
+            # A publisher's clock may lag Redis's (an estimate, a clock stepped since it read it).
+            judged_at = now - rng.choice([0, 0, rng.randrange(1, 5000)])
+            due = judged_at + rng.randrange(1, 180_000)
             if any(due == d for d, _ in live.values()):
                 continue  # each wake-up is told apart by its due time
             task, queue = f"t{step}", rng.choice(queues)
             earliest = all(due < d for d, _ in live.values())
-            store.schedule(Due(due, task_id=task), queue, kombu_payload(task), ORDINARY, now_ms=now)
+            store.schedule(Due(due, task_id=task), queue, kombu_payload(task), ORDINARY, now_ms=judged_at)
             live[task] = (due, queue)
             if earliest:
                 assert woke_for(wakes, due), f"step {step}: the earliest message woke no mover"
@@ -76,6 +78,19 @@ def test_every_message_that_becomes_the_earliest_wakes_the_movers(r, prefix, wak
             store.purge([queue], now_ms=now)
             live = {t: (d, q) for t, (d, q) in live.items() if q != queue}
     assert earliest_published > 20  # the run tells something
+
+
+def test_a_publisher_whose_clock_lags_is_not_misled_by_the_mark_of_a_moved_message(r, prefix, wakes) -> None:
+    store, queue = Store(r, prefix), f"{prefix}q"
+    base = (redis_ms(r) // 60_000 + 10) * 60_000
+    at = base + 10_000
+    store.schedule(Due(at, task_id="a"), queue, kombu_payload("a"), ORDINARY, now_ms=base)
+    store.schedule(Due(at + 30_000, task_id="c"), queue, kombu_payload("c"), ORDINARY, now_ms=base)
+    assert store.move_due(100, now_ms=at).moved == 1  # "a", at its due time
+    # Judged a second behind the mover's clock: "a"'s mark looks ahead to it, but "a" is gone,
+    # and this one is now the earliest.
+    store.schedule(Due(at + 500, task_id="b"), queue, kombu_payload("b"), ORDINARY, now_ms=at - 1000)
+    assert woke_for(wakes, at + 500)
 
 
 def test_a_message_after_one_still_waiting_in_its_bucket_costs_no_rank_and_wakes_no_one(

@@ -114,8 +114,8 @@ end
 -- moved or about to be), becomes the mark, and wakes the movers where it is in the first
 -- bucket or due before the first bucket's end (with publishers of different bucket widths, a
 -- later-starting narrow bucket can hold the earliest message). Whatever takes a message out of
--- a bucket before it is due (take, purge, thaw, a move with a look-ahead) deletes the mark, so
--- the next message stored there is judged afresh. In the cold space the wake makes a mover
+-- a bucket (take, purge, thaw; a move, once the mark is due by its clock) deletes the mark, so
+-- the next message stored there is judged afresh, whatever the publisher's clock says. In the cold space the wake makes a mover
 -- look for something to thaw now: one that looks rarely (a longer delay_thaw_ahead than this
 -- publisher's) would otherwise thaw it late. ``mark``: the field w as put read it (a number,
 -- or nil).

@@ -147,10 +147,15 @@ local function visit(start_s)
   local meta = s:meta(start_s)
   local fields = redis.call('HGETALL', meta)
   local end_ms, left_total = nil, 0
-  local expiry, pushed, marks = {}, {}, {}
-  for i = 1, #fields, 2 do  -- the marks of staged runs first: the fields come in any order
+  local expiry, pushed, marks, wake_mark = {}, {}, {}, nil
+  -- The marks first (of staged runs, and the wake mark): the fields come in any order.
+  for i = 1, #fields, 2 do
     local name = fields[i]
-    if sub(name, 1, 2) == 'h:' then marks[sub(name, 3)] = tonumber(fields[i + 1]) end
+    if sub(name, 1, 2) == 'h:' then
+      marks[sub(name, 3)] = tonumber(fields[i + 1])
+    elseif name == 'w' then
+      wake_mark = tonumber(fields[i + 1])
+    end
   end
   for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])
@@ -202,9 +207,9 @@ local function visit(start_s)
   for _, dest in ipairs(pushed) do
     if expiry[dest] then redis.pcall('PEXPIRE', dest, expiry[dest]) end
   end
-  -- Moved ahead of their due time (ARGV[6]): the bucket's wake mark may be one of them, still
-  -- ahead, which would keep the next publish from waking the movers (wake_if_first in _put.lua).
-  if #pushed > 0 and due_by > now then redis.call('HDEL', meta, 'w') end
+  -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
+  -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).
+  if wake_mark and wake_mark <= due_by then redis.call('HDEL', meta, 'w') end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
     -- its sorted sets hold members its counts missed (then counted again, moved next call).
