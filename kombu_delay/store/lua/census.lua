@@ -14,7 +14,10 @@ ARGV[7..] dests      optional: the destinations to count (stats passes those <ns
                      that GETs their meta fields (Redis 7; a fraction of what a call per
                      bucket costs); where SORT_RO is missing (Redis 6) or refused (by the
                      ACL, or by Redis to a user who may not read every key; a key prefix with
-                     a '*', which its patterns would read as theirs), one HMGET per bucket.
+                     a '*' or a NUL byte, which its patterns would misread), one HMGET per
+                     bucket. A meta key of another type (written by hand) counts nothing.
+                     SORT_RO turns an index small enough for Redis's compact encoding into a
+                     skip list (some KB more, at most, kept until it is deleted).
 Returns: {truncated (1 if max_buckets cut the census), overdue, vanished, count_slot_0, ...}
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
@@ -48,9 +51,14 @@ local n_buckets = math.min(in_window, max_buckets)
 -- The window's buckets with their counts of the fields asked for, as one SORT_RO of the index
 -- in its order (by start) returns them: each start followed by its counts. nil where it cannot.
 local function counts_sorted()
-  -- (redis.acl_check_cmd: Redis 7, as SORT_RO; it asks without adding to the ACL log, which
-  -- a refused call would, on every census.)
-  if #fields == 0 or n_buckets == 0 or not redis.acl_check_cmd or string.find(s.keys, '*', 1, true) then
+  -- Redis reads a pattern's '*' up to the first NUL byte: a key prefix with either is left out.
+  if #fields == 0 or n_buckets == 0 or not redis.acl_check_cmd or string.find(s.keys, '[%*%z]') then
+    return nil
+  end
+  -- Asked first (redis.acl_check_cmd, Redis 7 as SORT_RO), so that no census adds to the ACL
+  -- log or to the errors INFO counts: the command, and whether the user may read a key outside
+  -- any namespace ('\0'), as SORT's GET wants a user who may read every key.
+  if not redis.acl_check_cmd('SORT_RO', index) or not redis.acl_check_cmd('SORT_RO', '\0') then
     return nil
   end
   local args = {index, 'BY', 'nosort', 'LIMIT', 0, n_buckets, 'GET', '#'}
@@ -58,7 +66,6 @@ local function counts_sorted()
     args[#args + 1] = 'GET'
     args[#args + 1] = s:meta('*') .. '->' .. field
   end
-  if not redis.acl_check_cmd('SORT_RO', unpack(args)) then return nil end
   local rows = redis.pcall('SORT_RO', unpack(args))
   if type(rows) ~= 'table' or rows.err or #rows ~= n_buckets * (#fields + 1) then return nil end
   return rows
@@ -94,13 +101,16 @@ else
   for i = 1, #starts do
     local start_s = starts[i]
     local start = tonumber(start_s)
+    -- (A meta key of another type, written by hand, counts nothing, as SORT_RO's GET reads it.)
     if #dests > 0 then
-      local counts = redis.call('HMGET', s:meta(start_s), unpack(fields))
+      local counts = redis.pcall('HMGET', s:meta(start_s), unpack(fields))
+      if counts.err then counts = {} end
       for j = 1, #dests do
         if counts[j] then add(start_s, dests[j], counts[j], slot_at(start), start <= now) end
       end
     else
-      local all = redis.call('HGETALL', s:meta(start_s))
+      local all = redis.pcall('HGETALL', s:meta(start_s))
+      if all.err then all = {} end
       for j = 1, #all, 2 do
         if string.sub(all[j], 1, 2) == 'q:' then add(start_s, string.sub(all[j], 3), all[j + 1], slot_at(start), start <= now) end
       end
