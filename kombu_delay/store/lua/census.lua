@@ -74,45 +74,40 @@ end
 -- First the counts, bucket by bucket: each destination's set, its size, its slot, and whether
 -- its bucket has started.
 local sets, sizes, slot_of, started = {}, {}, {}, {}
-local function add(start_s, dest, text, slot, has_started)
+local function add(start_s, start, dest, text)
   local size = tonumber(text)
   if size and size > 0 then
-    local n = #sets + 1
-    sets[n], sizes[n], slot_of[n], started[n] = s:zset(start_s, dest), size, slot, has_started
+    local n, slot = #sets + 1, 0
+    if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
+    sets[n], sizes[n], slot_of[n], started[n] = s:zset(start_s, dest), size, slot, start <= now
   end
 end
-local function slot_at(start)
-  if start > now then return math.min(slots - 1, math.floor((start - now) / slot_ms)) end
-  return 0
+-- A bucket's counts of the destinations asked for: values[offset + j] for dests[j] (false
+-- where it counts none), as SORT_RO and HMGET return them.
+local function add_counts(start_s, values, offset)
+  local start = tonumber(start_s)
+  for j = 1, #dests do
+    local text = values[offset + j]
+    if text then add(start_s, start, dests[j], text) end
+  end
 end
 local rows = counts_sorted()
 if rows then
-  local width = #fields + 1
-  for i = 0, n_buckets - 1 do
-    local start_s = rows[i * width + 1]
-    local start = tonumber(start_s)
-    for j = 1, #dests do
-      local text = rows[i * width + 1 + j]
-      if text then add(start_s, dests[j], text, slot_at(start), start <= now) end
-    end
-  end
+  for i = 1, #rows, #fields + 1 do add_counts(rows[i], rows, i) end
 else
   local starts = redis.call('ZRANGEBYSCORE', index, '-inf', horizon, 'LIMIT', 0, n_buckets)
-  for i = 1, #starts do
-    local start_s = starts[i]
-    local start = tonumber(start_s)
+  for _, start_s in ipairs(starts) do
+    local meta = s:meta(start_s)
     -- (A meta key of another type, written by hand, counts nothing, as SORT_RO's GET reads it.)
     if #dests > 0 then
-      local counts = redis.pcall('HMGET', s:meta(start_s), unpack(fields))
-      if counts.err then counts = {} end
-      for j = 1, #dests do
-        if counts[j] then add(start_s, dests[j], counts[j], slot_at(start), start <= now) end
-      end
+      local counts = redis.pcall('HMGET', meta, unpack(fields))
+      add_counts(start_s, counts.err and {} or counts, 0)
     else
-      local all = redis.pcall('HGETALL', s:meta(start_s))
+      local all = redis.pcall('HGETALL', meta)
       if all.err then all = {} end
-      for j = 1, #all, 2 do
-        if string.sub(all[j], 1, 2) == 'q:' then add(start_s, string.sub(all[j], 3), all[j + 1], slot_at(start), start <= now) end
+      local start = tonumber(start_s)
+      for k = 1, #all, 2 do
+        if string.sub(all[k], 1, 2) == 'q:' then add(start_s, start, string.sub(all[k], 3), all[k + 1]) end
       end
     end
   end
