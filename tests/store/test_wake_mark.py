@@ -1,7 +1,8 @@
 """The wake-up of a publish (wake_if_first in _put.lua): a message that becomes the earliest
-scheduled wakes the movers, whatever was published, moved (on time or ahead), cancelled or
-purged before it; a message with an earlier one still waiting in its bucket wakes no one, and
-costs no command to tell. A seeded random run of those steps, time set per call."""
+scheduled wakes the movers, whatever was published (by publishers of other bucket widths and
+graces too), moved (on time or ahead), cancelled or purged before it; a message with an
+earlier one still waiting in its bucket wakes no one, and costs no command to tell. A seeded
+random run of those steps, time set per call."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ from tests.support.stored import kombu_payload, redis_ms
 ORDINARY = Settings(compress_after_ms=0)
 #: Compressed when due more than 3 s ahead, thawed 2 s ahead (as tests/store/test_cold.py).
 JUST_COLD = Settings(compress_after_ms=2050, thaw_ahead_ms=2000)
+#: Publishers sharing a namespace with other bucket widths and graces (the random run's).
+MIXED = [
+    ORDINARY,
+    Settings(compress_after_ms=0, bucket_width_ms=1000),
+    Settings(compress_after_ms=0, bucket_width_ms=60_000, grace_ms=3_600_000),
+]
 #: How long a wake-up that must come is waited for, s: it is written before the publish
 #: returns, so it comes at once; the bound is for a machine that stalls.
 WAKE_WAIT_S = 30
@@ -58,7 +65,8 @@ def test_every_message_that_becomes_the_earliest_wakes_the_movers(r, prefix, wak
                 continue  # each wake-up is told apart by its due time
             task, queue = f"t{step}", rng.choice(queues)
             earliest = all(due < d for d, _ in live.values())
-            store.schedule(Due(due, task_id=task), queue, kombu_payload(task), ORDINARY, now_ms=judged_at)
+            settings = rng.choice(MIXED)
+            store.schedule(Due(due, task_id=task), queue, kombu_payload(task), settings, now_ms=judged_at)
             live[task] = (due, queue)
             if earliest:
                 assert woke_for(wakes, due), f"step {step}: the earliest message woke no mover"
@@ -124,3 +132,30 @@ def test_a_thaw_lets_the_next_compressed_message_wake_the_movers(r, prefix, wake
     # Later than the thawed one, earlier than any compressed one left: it wakes the movers.
     store.schedule(Due(base + 2000, task_id="c"), queue, kombu_payload("c"), JUST_COLD, now_ms=base - 3000)
     assert woke_for(wakes, base + 2000)
+
+
+@pytest.mark.parametrize("space", ["", keys.COLD])
+def test_a_wider_publisher_raises_a_shared_buckets_end_even_with_a_shorter_grace(
+    r, prefix, wakes, space
+) -> None:
+    """Publishers of different widths share a bucket's start: its end is the latest any asked
+    for, even where the wider one's shorter grace leaves the expiry as it was. The first
+    bucket's end is what a later bucket's message is judged the earliest by (and a thaw a
+    cold bucket's width)."""
+    store, queue = Store(r, prefix), f"{prefix}q"
+    compress = 2050 if space else 0
+    cold = {"compress_after_ms": compress, "thaw_ahead_ms": 2000}
+    narrow = Settings(**cold, bucket_width_ms=1000)  # the default grace, 7 days
+    wide = Settings(**cold, bucket_width_ms=60_000, grace_ms=3_600_000)
+    now = redis_ms(r)
+    start = (now // 3_600_000 + 2) * 3_600_000  # the start of a narrow and of a wide bucket
+    store.schedule(Due(start + 500, task_id="narrow"), queue, kombu_payload("narrow"), narrow, now_ms=now)
+    store.schedule(Due(start + 58_000, task_id="wide"), queue, kombu_payload("wide"), wide, now_ms=now)
+    assert int(r.hget(keys.meta(prefix, start, space), "end")) == start + 60_000
+    if space:  # the thaw reaching 2 s past the start restores the narrow message only
+        assert store.thaw(ahead_ms=2000, limit=10, now_ms=start).thawed == 1
+        return
+    assert store.cancel("narrow", now_ms=now) == 1
+    # In a later narrow bucket, before the wide message: now the earliest of all.
+    store.schedule(Due(start + 10_000, task_id="next"), queue, kombu_payload("next"), narrow, now_ms=now)
+    assert woke_for(wakes, start + 10_000)

@@ -16,8 +16,8 @@ put(k, now, due, task_id, dest, payload, estimated)
   movers when this message may be the earliest scheduled; drops the copy of a herd staged
   ahead that the message would make wrong (_staged.lua). The format, the expiries and the
   index are written per bucket, not per message, and of the meta hash only the expiry ``x``
-  (an earlier one is extended; with one width and grace, it never is), the herd's mark and
-  the wake mark ``w`` are read, in one command.
+  and the ``end`` (an earlier one is raised; with one width and grace, it never is), the
+  herd's mark and the wake mark ``w`` are read, in one command.
   Returns 1 when stored, 2 when this exact payload is already stored for this destination
   in this bucket (nothing written but a step of the bucket's seq counter); after a 1, true
   when the wake-up PUBLISH was refused (the message is stored all the same, see
@@ -61,14 +61,17 @@ end
 -- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
 -- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new, late: ms
 -- added to the grace);
--- known_x: the meta hash's field x, as the caller read it (nil when none).
-local function set_expiries(k, now, b, known_x)
+-- known_x, known_end: the meta hash's fields x and end, as the caller read them (nil when
+-- none, or no number). The end is raised whether or not the expiry is: a wider publisher
+-- with a shorter grace leaves x as it was, and its message must still lie before the end
+-- (the wake-up judges the earliest message by the first bucket's end, a thaw a cold
+-- bucket's width by it).
+local function set_expiries(k, now, b, known_x, known_end)
   local end_ms, expire_at = b.start + k.width, b.start + k.width + k.grace + b.late
   local extended = not known_x or expire_at > known_x
   local new_set = b.n_here == b.n_added
+  if not known_end or end_ms > known_end then redis.call('HSET', b.meta, 'end', end_ms) end
   if extended then
-    local known_end = redis.call('HGET', b.meta, 'end')
-    if not known_end or end_ms > tonumber(known_end) then redis.call('HSET', b.meta, 'end', end_ms) end
     redis.call('HSET', b.meta, 'x', expire_at)
     redis.call('PEXPIREAT', b.meta, expire_at + 86400000)
     if b.tasks then redis.call('PEXPIREAT', b.tasks, expire_at + 86400000) end
@@ -98,12 +101,12 @@ local function set_expiries(k, now, b, known_x)
 end
 
 -- True when set_expiries would write nothing, so a caller may skip it and the table it takes:
--- the bucket's expiry known_x is as late as this publisher's, and this call made neither the
--- set (n_here: its count after the n_added messages), the task-id list (n_tasks: its length
--- after, 0 without one) nor the destination's count (dest_new).
-local function expiries_settled(k, start, known_x, n_here, n_added, n_tasks, dest_new)
-  return known_x and start + k.width + k.grace <= known_x and n_here ~= n_added
-    and n_tasks ~= n_added and not dest_new
+-- the bucket's expiry known_x and end known_end are as late as this publisher's, and this
+-- call made neither the set (n_here: its count after the n_added messages), the task-id list
+-- (n_tasks: its length after, 0 without one) nor the destination's count (dest_new).
+local function expiries_settled(k, start, known_x, known_end, n_here, n_added, n_tasks, dest_new)
+  return known_x and start + k.width + k.grace <= known_x and known_end and start + k.width <= known_end
+    and n_here ~= n_added and n_tasks ~= n_added and not dest_new
 end
 
 -- Wakes the movers only when a message may now be the earliest one of its space. A bucket's
@@ -170,11 +173,11 @@ local function put(k, now, due, task_id, dest, payload, estimated)
   local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
   add_ref(k, start, start_s, task_id, due, seq)
   -- The expiry, the mark of a herd staged ahead (_staged.lua), which this message would make
-  -- wrong if it is due at the herd's millisecond, and the wake mark (wake_if_first).
-  local known = redis.call('HMGET', meta, 'x', 'h:' .. dest, 'w')
-  local known_x = tonumber(known[1])
+  -- wrong if it is due at the herd's millisecond, the wake mark (wake_if_first) and the end.
+  local known = redis.call('HMGET', meta, 'x', 'h:' .. dest, 'w', 'end')
+  local known_x, known_end = tonumber(known[1]), tonumber(known[4])
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
-  if not expiries_settled(k, start, known_x, n_here, 1, n_tasks, dest_new) then
+  if not expiries_settled(k, start, known_x, known_end, n_here, 1, n_tasks, dest_new) then
     local late = 0
     if estimated then
       now = clock('')
@@ -182,7 +185,7 @@ local function put(k, now, due, task_id, dest, payload, estimated)
     end
     set_expiries(k, now, {start = start, start_s = start_s, dest = dest, n_msgs = 1, meta = meta,
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
-                          n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x)
+                          n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x, known_end)
   end
   return 1, wake_if_first(k, start_s, meta, due, tonumber(known[3]), now)
 end
