@@ -80,6 +80,17 @@ def iso_utc(ms: int) -> str:
 _PROTOCOL1_KEYS = (b'"task"', b'"id"', b'"args"', b'"kwargs"', b'"eta"')
 
 
+#: The parts of a kombu message that are JSON objects when present.
+_OBJECT_PARTS = ("headers", "properties")
+
+
+def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
+    """``message[name]`` when it is an object, else ``{}`` (absent, damaged in Redis, or
+    published so: kombu sends what it is given)."""
+    part = message.get(name)
+    return part if isinstance(part, dict) else {}
+
+
 def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     """Return the decoded body of a Celery protocol 1 task message, else ``None``.
 
@@ -89,11 +100,11 @@ def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     list, a ``kwargs`` mapping and an ``eta`` key. Application data that merely has ``task`` and
     ``eta`` keys is not a Celery task, and plain kombu delivers it as it is.
     """
-    headers = message.get("headers") or {}
+    headers = _part(message, "headers")
     if "task" in headers or message.get("content-type") != "application/json":
         return None
     raw = _body_bytes(message)
-    compression = headers.get("compression") if isinstance(headers, dict) else None
+    compression = headers.get("compression")
     if raw is not None and compression:  # Celery's task_compression: kombu compressed the body
         try:
             raw = kombu.compression.decompress(raw, compression)
@@ -124,21 +135,11 @@ def _body_bytes(message: dict[str, Any]) -> bytes | None:
         return body
     if not isinstance(body, str):
         return None
-    props = message.get("properties") or {}
+    props = _part(message, "properties")
     try:
         return base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
     except ValueError:  # not base64 after all (binascii.Error), or a lone surrogate
         return None
-
-
-#: The parts of a kombu message that are JSON objects when present.
-_OBJECT_PARTS = ("headers", "properties")
-
-
-def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
-    """``message[name]`` when it is an object, else ``{}`` (absent, or damaged in Redis)."""
-    part = message.get(name)
-    return part if isinstance(part, dict) else {}
 
 
 def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
@@ -167,9 +168,10 @@ def message_due(message: dict[str, Any]) -> Due | None:
     """Return when ``message`` is due, or ``None`` when it carries no delay.
 
     Raises :class:`BadETA` for a delay that is present but unusable; the
-    transport then delivers the message at once, as plain kombu would.
+    transport then delivers the message at once, as plain kombu would. Headers that are not
+    an object (kombu sends what it is given) carry no delay.
     """
-    headers = message.get("headers") or {}
+    headers = _part(message, "headers")
     if "task" in headers:  # Celery protocol 2
         eta = headers.get("eta")
         # The worker, too, reads an empty ETA as none; an x-delay may still delay the message.

@@ -292,6 +292,9 @@ KOMBU_IMMEDIATE = {
     "x-delay-negative": {"x-delay": -5},
     "garbage-celery-eta": {"task": "t.add", "id": "g1", "eta": "next tuesday"},
     "garbage-x-delay": {"x-delay": "soon"},
+    # Headers that are not an object: kombu sends them as they are, and they hold no delay.
+    "headers-text": "mytask",
+    "headers-list": ["task", "x-delay"],
 }
 
 
