@@ -91,6 +91,11 @@ def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
     return part if isinstance(part, dict) else {}
 
 
+def _parts_are_objects(message: dict[str, Any]) -> bool:
+    """Whether the headers and properties of ``message`` are objects (or absent, or empty)."""
+    return all(isinstance(message.get(part) or {}, dict) for part in _OBJECT_PARTS)
+
+
 def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     """Return the decoded body of a Celery protocol 1 task message, else ``None``.
 
@@ -168,9 +173,12 @@ def message_due(message: dict[str, Any]) -> Due | None:
     """Return when ``message`` is due, or ``None`` when it carries no delay.
 
     Raises :class:`BadETA` for a delay that is present but unusable; the
-    transport then delivers the message at once, as plain kombu would. Headers that are not
-    an object (kombu sends what it is given) carry no delay.
+    transport then delivers the message at once, as plain kombu would. A message whose
+    headers or properties are not objects (kombu sends what it is given) carries none: it could
+    not be read back once stored (:func:`load_stored`).
     """
+    if not _parts_are_objects(message):
+        return None
     headers = _part(message, "headers")
     if "task" in headers:  # Celery protocol 2
         eta = headers.get("eta")
@@ -214,7 +222,7 @@ def load_stored(payload: bytes | str) -> dict[str, Any] | None:
         return None
     if not isinstance(message, dict):
         return None
-    return message if all(isinstance(message.get(part) or {}, dict) for part in _OBJECT_PARTS) else None
+    return message if _parts_are_objects(message) else None
 
 
 def index_id(payload: bytes | str) -> str:
