@@ -57,8 +57,8 @@ local function counts_sorted()
   end
   -- Asked first (redis.acl_check_cmd, Redis 7 as SORT_RO), so that no census adds to the ACL
   -- log or to the errors INFO counts: the command, and whether the user may read a key outside
-  -- any namespace, the empty one (''), as SORT's GET wants a user who may read every key.
-  if not redis.acl_check_cmd('SORT_RO', index) or not redis.acl_check_cmd('SORT_RO', '') then
+  -- any namespace ('\0'), as SORT's GET wants a user who may read every key.
+  if not redis.acl_check_cmd('SORT_RO', index) or not redis.acl_check_cmd('SORT_RO', '\0') then
     return nil
   end
   local args = {index, 'BY', 'nosort', 'LIMIT', 0, n_buckets, 'GET', '#'}
