@@ -100,10 +100,19 @@ def test_on_redis_7_a_census_by_name_reads_all_buckets_in_one_sort_or_bucket_by_
     assert store.census(later, 30 * MINUTE, 6, dests=dests) == whole
     assert (_calls(r, "sort_ro"), _calls(r, "hmget")) == (2, 0)  # one per space
 
+    # So does a user who may read every key without the allkeys flag ("%R~*", writing only its
+    # namespace's keys), as Redis lets it GET by pattern.
+    ns = keys.ns(prefix)
+    r.acl_setuser("reader", enabled=True, passwords=["+pw"], categories=["+@all"], keys=["%R~*", f"{ns}*"])
+    client = server7.client(username="reader", password="pw")
+    r.config_resetstat()
+    assert Store(client, prefix).census(later, 30 * MINUTE, 6, dests=dests) == whole
+    assert (_calls(r, "sort_ro"), _calls(r, "hmget")) == (2, 0)
+    client.close()
+
     # A user who may read only the namespace's keys (SORT_RO's GET is refused to it), and one
     # whose ACL refuses SORT_RO: bucket by bucket, with nothing in the ACL log or in the failed
     # calls INFO counts on every census (it is not tried).
-    ns = keys.ns(prefix)
     r.acl_log_reset()
     for name, commands in (("scoped", []), ("nosort", ["-sort_ro"])):
         r.acl_setuser(
