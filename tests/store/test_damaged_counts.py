@@ -6,6 +6,7 @@ message from the cold space. Time is set per call, never waited for."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import redis
@@ -151,3 +152,24 @@ def test_an_end_written_by_hand_in_the_first_bucket_fails_no_publish_and_no_thaw
     for at in (start + 2_000, later + 1_000):
         store.move_due(100, now_ms=at)
     assert [r.llen(f"{prefix}{q}") for q in ("q0", "a", "b")] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("end", ["inf", "nan", "1e20", "1.5"])
+def test_an_end_lua_reads_as_a_number_but_no_time_is_replaced_and_loses_no_message(r, prefix, end):
+    """An end written by hand that Lua's tonumber takes for a number (no publish writes one)
+    used to be kept for ever: a reschedule out of its bucket then retired the bucket with that
+    end and failed after taking the message out."""
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 10, task_id="a"), dest, kombu_payload("a"), ORDINARY, now_ms=now)
+    r.hset(keys.meta(prefix, start), "end", end)
+    store.schedule(Due(start + 20, task_id="b"), dest, kombu_payload("b"), ORDINARY, now_ms=now)
+    assert r.hget(keys.meta(prefix, start), "end") == str(start + WIDTH).encode()  # replaced
+    r.hset(keys.meta(prefix, start), "end", end)  # and written again, after the last publish
+    assert store.cancel("b", now_ms=now) == 1
+    later = start + 10 * WIDTH
+    [old] = store.find("a")
+    store.reschedule(old, "a", kombu_payload("a"), later, ORDINARY, now_ms=now)  # its bucket drains
+    assert all(math.isfinite(score) for _, score in r.zrange(keys.drained(prefix), 0, -1, withscores=True))
+    store.move_due(100, now_ms=later)
+    assert _delivered(r, dest) == ["a"]

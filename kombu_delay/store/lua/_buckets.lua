@@ -101,7 +101,7 @@ local function drained_counts(meta)
   for i = 1, #fields, 2 do
     local name = fields[i]
     if name == 'end' then
-      end_ms = tonumber(fields[i + 1])
+      end_ms = ms_of(fields[i + 1])
     elseif string.sub(name, 1, 2) == 'q:' then
       left = left + math.max(0, count_of(fields[i + 1]) or 0)
     end
@@ -166,7 +166,7 @@ local function recount(k, start_s, now)
   redis.call('HSETNX', meta, 'x', x)
   redis.call('HSETNX', meta, 'seq', found)
   redis.call('HSET', meta, unpack(fields))
-  keep_until(meta, now, tonumber(redis.call('HGET', meta, 'x')) + DAY_MS)
+  keep_until(meta, now, (ms_of(redis.call('HGET', meta, 'x')) or x) + DAY_MS)
   redis.call('HINCRBY', k.ns .. 'totals', 'recounted', found)
   if redis.call('ZSCORE', s.index, start_s) == false then redis.call('ZADD', s.index, start, start_s) end
   return found

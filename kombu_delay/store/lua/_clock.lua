@@ -10,6 +10,12 @@ keep_until(key, now, at)
   now  the clock, epoch ms;  at  epoch ms
   Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
   never shortens it. Bound: one PTTL and at most one PEXPIREAT.
+
+ms_of(text)
+  A time read from a hash field (a bucket's end, expiry, wake mark) as whole epoch ms, or nil
+  where there is none: absent, or written by hand as text no script writes, including what
+  Lua reads as a number that is no time ('inf', 'nan', '1e20', '1.5'), which a comparison
+  would otherwise keep for ever and a PEXPIREAT refuse after a script's first writes.
 ]]
 local function clock(at)
   if at and at ~= '' then return math.floor(tonumber(at)), 0 end
@@ -23,4 +29,9 @@ local function keep_until(key, now, at)
   if ttl == -1 or now + ttl < at then
     redis.call('PEXPIREAT', key, at)
   end
+end
+
+local function ms_of(text)
+  local n = tonumber(text)
+  if n and n >= 0 and n < 2 ^ 53 and n == math.floor(n) then return n end
 end

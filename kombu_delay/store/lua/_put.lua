@@ -131,7 +131,7 @@ local function wake_if_first(k, start_s, meta, due, mark, now)
   redis.call('HSET', meta, 'w', string.format('%d', due))
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
   -- (An end that is no number, written by hand, is none: a publish must not fail on it.)
-  if head == start_s or (head and due < (tonumber(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
+  if head == start_s or (head and due < (ms_of(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
     local reply = redis.pcall('PUBLISH', k.wake, string.format('%d', due))
     if type(reply) == 'table' and reply.err then
       redis.call('HINCRBY', k.totals, 'wake_refused', '1')
@@ -175,7 +175,7 @@ local function put(k, now, due, task_id, dest, payload, estimated)
   -- The expiry, the mark of a herd staged ahead (_staged.lua), which this message would make
   -- wrong if it is due at the herd's millisecond, the wake mark (wake_if_first) and the end.
   local known = redis.call('HMGET', meta, 'x', 'h:' .. dest, 'w', 'end')
-  local known_x, known_end = tonumber(known[1]), tonumber(known[4])
+  local known_x, known_end = ms_of(known[1]), ms_of(known[4])
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
   if not expiries_settled(k, start, known_x, known_end, n_here, 1, n_tasks, dest_new) then
     local late = 0
@@ -187,5 +187,5 @@ local function put(k, now, due, task_id, dest, payload, estimated)
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x, known_end)
   end
-  return 1, wake_if_first(k, start_s, meta, due, tonumber(known[3]), now)
+  return 1, wake_if_first(k, start_s, meta, due, ms_of(known[3]), now)
 end

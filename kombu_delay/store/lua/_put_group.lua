@@ -88,6 +88,6 @@ local function put_group(k, now, start, dest, msgs)
   b.n_here, b.dest_new, b.n_tasks = count_added(k, b.meta, dest, b.tasks, #added, task_ids)
   add_refs(k, start, start_s, added)
   local known = redis.call('HMGET', b.meta, 'x', 'w', 'end')
-  set_expiries(k, now, b, tonumber(known[1]), tonumber(known[3]))
-  return codes, wake_if_first(k, start_s, b.meta, first.due, tonumber(known[2]), now)
+  set_expiries(k, now, b, ms_of(known[1]), ms_of(known[3]))
+  return codes, wake_if_first(k, start_s, b.meta, first.due, ms_of(known[2]), now)
 end

@@ -54,8 +54,8 @@ local function cold_meta_of(start_s)
   local meta = cold_meta[start_s]
   if not meta then
     local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x', 'g', 'r')
-    local end_ms = tonumber(known[1]) or (tonumber(start_s) + 60000)
-    local x, g = tonumber(known[2]) or end_ms, tonumber(known[3])
+    local end_ms = ms_of(known[1]) or (tonumber(start_s) + 60000)
+    local x, g = ms_of(known[2]) or end_ms, ms_of(known[3])
     -- The publisher's grace: x - end, unless the sweep renewed the bucket (sweep.lua: then
     -- x is its renewal, r, and g the grace it gave), and the longer where a publisher
     -- extended x since.
