@@ -61,8 +61,8 @@ end
 -- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
 -- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new, late: ms
 -- added to the grace);
--- known_x, known_end: the meta hash's fields x and end, as the caller read them (nil when
--- none, or no number). The end is raised whether or not the expiry is: a wider publisher
+-- known_x, known_end: the meta hash's fields x and end, as the caller read them (ms_of: nil when
+-- none, or no time). The end is raised whether or not the expiry is: a wider publisher
 -- with a shorter grace leaves x as it was, and its message must still lie before the end
 -- (the wake-up judges the earliest message by the first bucket's end, a thaw a cold
 -- bucket's width by it).
