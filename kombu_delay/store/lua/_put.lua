@@ -118,21 +118,22 @@ end
 -- bucket or due before the first bucket's end (with publishers of different bucket widths, a
 -- later-starting narrow bucket can hold the earliest message). Whatever takes a message out of
 -- a bucket (take, purge, thaw; a move, once the mark is due by its clock) deletes the mark, so
--- the next message stored there is judged afresh, whatever the publisher's clock says. In the cold space the wake makes a mover
--- look for something to thaw now: one that looks rarely (a longer delay_thaw_ahead than this
--- publisher's) would otherwise thaw it late. ``mark``: the field w as put read it (a number,
--- or nil).
+-- the next message stored there is judged afresh, whatever the publisher's clock says. In the
+-- cold space the wake makes a mover look for something to thaw now: one that looks rarely (a
+-- longer delay_thaw_ahead than this publisher's) would otherwise thaw it late. ``mark``: the
+-- field w as put read it (ms_of: a number, or nil).
 -- The wake is an optimisation, made after every write: a PUBLISH the ACL refuses (a user
 -- without the channel) must not fail a call whose message is stored, which a retry would
 -- store twice. So it is a pcall; a refusal is counted (totals field wake_refused) and returns
 -- true, for the caller to tell; movers then find the message on their next poll.
 local function wake_if_first(k, start_s, meta, due, mark, now)
   if mark and mark <= due and mark > now then return end
-  redis.call('HSET', meta, 'w', string.format('%d', due))
+  local due_s = string.format('%d', due)
+  redis.call('HSET', meta, 'w', due_s)
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
   -- (An end that is no number, written by hand, is none: a publish must not fail on it.)
   if head == start_s or (head and due < (ms_of(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
-    local reply = redis.pcall('PUBLISH', k.wake, string.format('%d', due))
+    local reply = redis.pcall('PUBLISH', k.wake, due_s)
     if type(reply) == 'table' and reply.err then
       redis.call('HINCRBY', k.totals, 'wake_refused', '1')
       return true

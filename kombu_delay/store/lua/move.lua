@@ -154,7 +154,7 @@ local function visit(start_s)
     if sub(name, 1, 2) == 'h:' then
       marks[sub(name, 3)] = tonumber(fields[i + 1])
     elseif name == 'w' then
-      wake_mark = tonumber(fields[i + 1])
+      wake_mark = ms_of(fields[i + 1])
     end
   end
   for i = 1, #fields, 2 do
