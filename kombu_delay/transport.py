@@ -213,14 +213,18 @@ class DelayChannelMixin:
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
     ) -> None:
-        # A deleted queue's delayed messages go with it: left behind, they would recreate
-        # its list when due, a queue nobody consumes. (As with RabbitMQ's delayed-message
-        # exchange, a delayed message is not in the queue yet, so ``if_empty`` looks at the
-        # list alone.)
-        if if_empty and self._size(queue):  # type: ignore[attr-defined]
+        # A deleted queue's delayed messages go with it: left behind, they would recreate its
+        # list when due, a queue nobody consumes. Only where kombu deletes the queue: it
+        # deletes nothing for a queue this channel holds no binding of, and on redis:// a
+        # message with an ETA sits on the list, so ``if_empty`` counts the delayed messages
+        # too (``exchange_delete`` deletes its queues only if they are empty).
+        dests = self._delay_dests(queue)
+        if if_empty and (self._size(queue) or self.delay_store.pending(dests)):  # type: ignore[attr-defined]
             return
+        bound = any(True for _ in self.state.queue_bindings(queue))  # type: ignore[attr-defined]
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)  # type: ignore[misc]
-        self.delay_store.purge(self._delay_dests(queue))
+        if bound:
+            self.delay_store.purge(dests)
 
     def _delay_dests(self, queue: str) -> list[str]:
         """The list keys of ``queue``, one per priority step, as the store names them."""

@@ -95,3 +95,14 @@ def format_must_be(found: str | None, prefix: str) -> None:
 def as_text(value: bytes | str) -> str:
     """A Redis reply as text."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def whole(value: bytes | str | None) -> int:
+    """A count kept in a hash as a whole number; 0 where it is none (missing, or set by hand
+    to text that is no whole number)."""
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        return 0

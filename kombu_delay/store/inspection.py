@@ -11,7 +11,7 @@ import redis
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.message import id_arg, index_id
 from kombu_delay.store import keys, listing, spaces
-from kombu_delay.store.base import StoreBase, as_text
+from kombu_delay.store.base import StoreBase, as_text, whole
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Census, Stored
 
@@ -66,7 +66,7 @@ class Inspecting(StoreBase):
             now = self.time_ms()
             found: dict[str, int] = {}
             for other in sorted(prefixes):
-                waiting = sum(int(n) for n in self.client.hvals(keys.counts(other)))
+                waiting = sum(max(0, whole(n)) for n in self.client.hvals(keys.counts(other)))
                 beats: list[Any] = self.client.zrevrange(keys.movers(other), 0, 0, withscores=True)
                 served = bool(beats) and now - int(beats[0][1]) <= fresh_ms
                 if waiting > 0 and not served:
@@ -104,7 +104,16 @@ class Inspecting(StoreBase):
         """Return the scheduled count per destination list key (kept by the scripts)."""
         with translated_errors():
             raw = self.client.hgetall(self._counts)
-        return {as_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+        return {as_text(k): n for k, n in ((k, whole(v)) for k, v in raw.items()) if n > 0}
+
+    def pending(self, dests: Iterable[str]) -> int:
+        """Return how many messages are scheduled for ``dests`` (list keys), by ``counts``."""
+        wanted = list(dests)
+        if not wanted:
+            return 0
+        with translated_errors():
+            raw = self.client.hmget(self._counts, wanted)
+        return sum(max(0, whole(v)) for v in raw)
 
     def heartbeats(self) -> dict[str, int]:
         """Return mover id -> last heartbeat (epoch ms, Redis clock)."""
@@ -148,7 +157,7 @@ class Inspecting(StoreBase):
         raw = self.client.hgetall(space.meta(self.prefix, start))
         return sorted(
             name[2:]
-            for name, n in ((as_text(k), int(v)) for k, v in raw.items())
+            for name, n in ((as_text(k), whole(v)) for k, v in raw.items())
             if name.startswith("q:") and n > 0
         )
 
@@ -263,7 +272,7 @@ class Inspecting(StoreBase):
         with translated_errors():
             raw = self.client.hgetall(self._totals)
         found = {as_text(k): v for k, v in raw.items()}
-        return {k: int(v) for k, v in found.items() if k != keys.FORMAT_FIELD}
+        return {k: whole(v) for k, v in found.items() if k != keys.FORMAT_FIELD}
 
     def index_memory(self) -> tuple[int, int]:
         """Return (bytes, entries) of the id index hash (``MEMORY USAGE``, all samples)."""

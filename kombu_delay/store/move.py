@@ -10,7 +10,7 @@ import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.store import keys, spaces
-from kombu_delay.store.base import StoreBase, as_text, format_must_be
+from kombu_delay.store.base import StoreBase, as_text, format_must_be, whole
 from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Stored, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class Moving(StoreBase):
         for start, meta in zip(starts, metas, strict=True):
             # A field that is not a whole number (written by hand) counts nothing: the scripts
             # read it so too.
-            fields = {as_text(k): _whole(v) for k, v in meta.items()}
+            fields = {as_text(k): whole(v) for k, v in meta.items()}
             dests = tuple((name[2:], n) for name, n in fields.items() if name.startswith("q:") and n > 0)
             count = sum(n for _, n in dests)
             found.append(BucketCounts(int(start), fields.get("end") or int(start), count, dests))
@@ -258,11 +258,3 @@ def _due_ms(stored: Stored) -> int:
     if not 0 <= stored.score < keys.MAX_DUE_MS + 1:  # false for NaN too
         raise CorruptMember(f"its score {stored.score!r} is no due time")
     return stored.due_ms
-
-
-def _whole(value: bytes | str) -> int:
-    """A meta hash field as a whole number; 0 where it is not one."""
-    try:
-        return int(value)
-    except ValueError:
-        return 0

@@ -534,6 +534,31 @@ def test_deleting_a_queue_drops_its_delayed_messages_too(r, redis_server, prefix
         assert r.llen(f"{prefix}kept") == 1
 
 
+def test_a_queue_is_deleted_with_its_delayed_messages_only_where_kombu_deletes_it(r, redis_server, prefix):
+    """On redis:// a message with an ETA sits on the list: an ``if_empty`` delete (as
+    ``exchange_delete`` makes) keeps a queue holding one, and a channel with no binding of
+    the queue deletes nothing. Its delayed messages stay likewise."""
+    held = Counter({f"{prefix}held": 1})
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        channel = conn.default_channel
+        exchange = Exchange("held", "direct")
+        queue = Queue("held", exchange, "held", channel=channel)
+        queue.declare()
+        Producer(channel).publish(
+            {"n": 1}, exchange=exchange, routing_key="held", headers={"x-delay": 600_000}
+        )
+        assert truth(r, prefix) == held
+        exchange(channel).delete()  # its queues only if empty: this one holds a delayed message
+        assert truth(r, prefix) == held
+        queue.delete(if_empty=True)
+        assert truth(r, prefix) == held
+        with Connection(redis_server.delay_url, transport_options=options(prefix)) as other:
+            Queue("held", exchange, "held", channel=other.default_channel).delete()  # no binding here
+        assert truth(r, prefix) == held
+        queue.delete()
+        assert truth(r, prefix) == Counter()
+
+
 @pytest.mark.process
 def test_celery_purge_also_purges_delayed_messages(r, redis_server, prefix):
     app = publisher(redis_server, prefix)

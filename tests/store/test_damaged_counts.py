@@ -173,3 +173,18 @@ def test_an_end_lua_reads_as_a_number_but_no_time_is_replaced_and_loses_no_messa
     assert all(math.isfinite(score) for _, score in r.zrange(keys.drained(prefix), 0, -1, withscores=True))
     store.move_due(100, now_ms=later)
     assert _delivered(r, dest) == ["a"]
+
+
+def test_counts_written_by_hand_read_as_none_where_stats_and_listing_read_them(
+    r: redis.Redis, prefix: str
+) -> None:
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 1_000, task_id="m"), dest, kombu_payload("m"), ORDINARY, now_ms=now)
+    r.hset(keys.counts(prefix), f"{prefix}other", "5x")
+    r.hset(keys.meta(prefix, start), f"q:{prefix}other", "2e0")
+    r.hset(keys.totals(prefix), "purged", "oops")
+    assert store.counts() == {dest: 1}
+    assert store.pending([dest, f"{prefix}other"]) == 1
+    assert store.dests(start) == [dest]
+    assert store.totals()["purged"] == 0
