@@ -175,6 +175,50 @@ def test_an_end_lua_reads_as_a_number_but_no_time_is_replaced_and_loses_no_messa
     assert _delivered(r, dest) == ["a"]
 
 
+@pytest.mark.parametrize(
+    "field",
+    ["counts", "totals scheduled", "meta q", "meta seq"],
+)
+@pytest.mark.parametrize("settings", [ORDINARY, COLD], ids=["ordinary", "cold"])
+def test_a_count_written_by_hand_fails_no_publish_so_no_retry_stores_it_twice(
+    r: redis.Redis, prefix: str, field: str, settings: Settings
+) -> None:
+    """A publish's counts come after its message is stored: one HINCRBY refuses would fail the
+    call with the message kept, and kombu's retry would store it again."""
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 1_000, task_id="first"), dest, kombu_payload("first"), settings, now_ms=now)
+    key, name = {
+        "counts": (keys.counts(prefix), dest),
+        "totals scheduled": (keys.totals(prefix), "scheduled"),
+        "meta q": (None, f"q:{dest}"),
+        "meta seq": (None, "seq"),
+    }[field]
+    if key is None:
+        key = keys.meta(prefix, start, keys.COLD if settings is COLD else "")
+    r.hset(key, name, "oops")
+    store.schedule(Due(start + 2_000, task_id="second"), dest, kombu_payload("second"), settings, now_ms=now)
+    assert len(store.find("second")) == 1
+    if settings is COLD:
+        store.thaw(3_600_000, 100, now_ms=start)
+    assert store.move_due(100, now_ms=start + 10_000).moved == 2
+    assert sorted(_delivered(r, dest)) == ["first", "second"]
+    assert store.counts() == {}
+
+
+def test_a_lifetime_total_written_by_hand_stops_no_move(r: redis.Redis, prefix: str) -> None:
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    for i in range(3):
+        store.schedule(
+            Due(start + 1_000 + i, task_id=f"m{i}"), dest, kombu_payload(f"m{i}"), ORDINARY, now_ms=now
+        )
+    r.hset(keys.totals(prefix), "moved", "oops")
+    assert store.move_due(100, now_ms=start + 10_000).moved == 3
+    assert r.llen(dest) == 3
+    assert store.totals()["moved"] == 3
+
+
 def test_counts_written_by_hand_read_as_none_where_stats_and_listing_read_them(
     r: redis.Redis, prefix: str
 ) -> None:

@@ -167,7 +167,7 @@ local function recount(k, start_s, now)
   redis.call('HSETNX', meta, 'seq', found)
   redis.call('HSET', meta, unpack(fields))
   keep_until(meta, now, (ms_of(redis.call('HGET', meta, 'x')) or x) + DAY_MS)
-  redis.call('HINCRBY', k.ns .. 'totals', 'recounted', found)
+  count_up(k.ns .. 'totals', 'recounted', found)
   if redis.call('ZSCORE', s.index, start_s) == false then redis.call('ZADD', s.index, start, start_s) end
   return found
 end

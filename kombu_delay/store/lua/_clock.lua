@@ -16,6 +16,12 @@ ms_of(text)
   where there is none: absent, or written by hand as text no script writes, including what
   Lua reads as a number that is no time ('inf', 'nan', '1e20', '1.5'), which a comparison
   would otherwise keep for ever and a PEXPIREAT refuse after a script's first writes.
+
+count_up(key, field, n)
+  HINCRBY key field n (n: a number, or text such as '1'); returns the count after. Where the
+  field holds text HINCRBY refuses (written by hand), it becomes n: a count made after a
+  script's first write must not fail the script, since Redis takes back none of the writes
+  before the failure (a message stored, a retry storing it again).
 ]]
 local function clock(at)
   if at and at ~= '' then return math.floor(tonumber(at)), 0 end
@@ -34,4 +40,11 @@ end
 local function ms_of(text)
   local n = tonumber(text)
   if n and n >= 0 and n < 2 ^ 53 and n == math.floor(n) then return n end
+end
+
+local function count_up(key, field, n)
+  local after = redis.pcall('HINCRBY', key, field, n)
+  if type(after) == 'number' then return after end
+  redis.call('HSET', key, field, n)
+  return tonumber(n)
 end

@@ -135,7 +135,7 @@ local function wake_if_first(k, start_s, meta, due, mark, now)
   if head == start_s or (head and due < (ms_of(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
     local reply = redis.pcall('PUBLISH', k.wake, due_s)
     if type(reply) == 'table' and reply.err then
-      redis.call('HINCRBY', k.totals, 'wake_refused', '1')
+      count_up(k.totals, 'wake_refused', '1')
       return true
     end
   end
@@ -149,10 +149,10 @@ end
 -- and the task-id list's length after (0 without one).
 local function count_added(k, meta, dest, tasks, n, task_ids)
   local n_arg = count_arg(n)
-  local n_here = redis.call('HINCRBY', meta, 'q:' .. dest, n_arg)
+  local n_here = count_up(meta, 'q:' .. dest, n_arg)
   if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
-  local dest_new = not k.counted and redis.call('HINCRBY', k.counts, dest, n_arg) == n
-  if k.counter then redis.call('HINCRBY', k.totals, k.counter, n_arg) end
+  local dest_new = not k.counted and count_up(k.counts, dest, n_arg) == n
+  if k.counter then count_up(k.totals, k.counter, n_arg) end
   if not tasks then return n_here, dest_new, 0 end
   if type(task_ids) == 'table' then return n_here, dest_new, redis.call('RPUSH', tasks, unpack(task_ids)) end
   return n_here, dest_new, redis.call('RPUSH', tasks, task_ids)
@@ -165,7 +165,7 @@ local function put(k, now, due, task_id, dest, payload, estimated)
   local start = due - due % k.width
   local start_s = string.format('%d', start)
   local meta, zset = k.space:meta(start_s), k.space:zset(start_s, dest)
-  local n_seq = redis.call('HINCRBY', meta, 'seq', '1')
+  local n_seq = count_up(meta, 'seq', '1')
   local seq = (n_seq - 1) % 2048
   local added = redis.call('ZADD', zset, 'NX', due + seq / 2048, payload)
   if k.format and n_seq == 1 then redis.call('HSETNX', k.totals, 'format', k.format) end

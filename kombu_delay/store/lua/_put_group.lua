@@ -16,7 +16,7 @@ put_group(k, now, start, dest, msgs)
 -- there already is a duplicate, code 2); returns the codes, the messages added, the earliest
 -- of them, and the bucket's seq counter after this call.
 local function add_members(meta, zset, msgs)
-  local n_seq = redis.call('HINCRBY', meta, 'seq', count_arg(#msgs))
+  local n_seq = count_up(meta, 'seq', count_arg(#msgs))
   local codes, added, first = {}, {}, nil
   for i, m in ipairs(msgs) do
     m.seq = (n_seq - #msgs + i - 1) % 2048

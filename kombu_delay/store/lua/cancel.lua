@@ -26,5 +26,5 @@ local now = clock(ARGV[7])
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], gc = KEYS[5]}
 local sp, start_s = split_bucket(ARGV[3])
 if not take(in_space(k, sp), start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
-redis.call('HINCRBY', KEYS[4], 'cancelled', 1)
+count_up(KEYS[4], 'cancelled', 1)
 return 1

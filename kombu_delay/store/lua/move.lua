@@ -251,7 +251,7 @@ if budget > 0 then
       -- messages (reindex.lua would find it only minutes later).
       redis.call('ZADD', index, tonumber(start_s), start_s)
       redis.call('ZREM', gc, start_s)
-      redis.call('HINCRBY', totals, 'reindexed', 1)
+      count_up(totals, 'reindexed', 1)
     else
       local tasks = s:tasks(start_s)
       local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
@@ -269,8 +269,8 @@ if budget > 0 then
   end
 end
 
-if moved > 0 then redis.call('HINCRBY', totals, 'moved', moved) end
-if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
+if moved > 0 then count_up(totals, 'moved', moved) end
+if expired > 0 then count_up(totals, 'expired', expired) end
 
 -- The earliest due time still scheduled. With one bucket width the first bucket holds it;
 -- publishers with different widths may leave a narrower bucket that starts after a wider

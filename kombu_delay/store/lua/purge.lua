@@ -40,8 +40,8 @@ local s = k.space
 local removed, lost = 0, 0
 local budget = limit
 local function finish(done, start_s)
-  if removed > 0 then redis.call('HINCRBY', totals, 'purged', removed) end
-  if lost > 0 then redis.call('HINCRBY', totals, 'expired', lost) end
+  if removed > 0 then count_up(totals, 'purged', removed) end
+  if lost > 0 then count_up(totals, 'expired', lost) end
   return {removed, done, start_s}
 end
 

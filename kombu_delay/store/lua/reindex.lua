@@ -38,5 +38,5 @@ for i = 3, #ARGV do
     end
   end
 end
-if put_back > 0 then redis.call('HINCRBY', ns .. 'totals', 'reindexed', put_back) end
+if put_back > 0 then count_up(ns .. 'totals', 'reindexed', put_back) end
 return {put_back, counted}

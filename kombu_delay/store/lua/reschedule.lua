@@ -84,17 +84,17 @@ end
 if not take(in_space(k, old_sp), old_start, dest, ARGV[6], task_id, ARGV[4], now) then
   return {0, due, now}
 end
-redis.call('HINCRBY', k.totals, 'rescheduled', 1)
+count_up(k.totals, 'rescheduled', 1)
 
 -- The lifetime totals keep scheduled - moved - expired - cancelled - purged equal to what is
 -- stored: a message pushed now has moved, and one merged into its identical twin is gone as
 -- a cancelled one is.
 if due <= now then
-  redis.call('HINCRBY', k.totals, 'moved', 1)
+  count_up(k.totals, 'moved', 1)
   -- Best effort, as kombu's own renewal: a refusal must not undo the move (it cannot).
   if expires > 0 then redis.pcall('PEXPIRE', dest_key, expires) end
   return {3, due, now}
 end
 local code = put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload)
-if code == 2 then redis.call('HINCRBY', k.totals, 'cancelled', 1) end
+if code == 2 then count_up(k.totals, 'cancelled', 1) end
 return {code, due, now}

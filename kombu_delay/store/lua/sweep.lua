@@ -112,7 +112,7 @@ local function finish(cursor)
       if redis.call('EXISTS', key) == 1 then keep_until(key, now, keep_shared) end
     end
   end
-  if lost > 0 then redis.call('HINCRBY', KEYS[5], 'expired', lost) end
+  if lost > 0 then count_up(KEYS[5], 'expired', lost) end
   return {renewed, lost, rebuilt, cursor}
 end
 

@@ -180,8 +180,8 @@ for _, g in ipairs(order) do
   end
 end
 if dead > 0 then
-  redis.call('HINCRBY', KEYS[4], 'dead', dead)
-  redis.call('HINCRBY', KEYS[4], 'expired', dead)
+  count_up(KEYS[4], 'dead', dead)
+  count_up(KEYS[4], 'expired', dead)
 end
-if merged > 0 then redis.call('HINCRBY', KEYS[4], 'cancelled', merged) end
+if merged > 0 then count_up(KEYS[4], 'cancelled', merged) end
 return {thawed, dead, gone + merged, recounted, blocked}

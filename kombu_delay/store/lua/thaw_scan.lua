@@ -98,7 +98,7 @@ end
 if more == 0 and #starts == limit then more = 1 end
 local first = tonumber(redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1])
 if first then later(first) end  -- (a member that is no start, written by hand, is none)
-if expired > 0 then redis.call('HINCRBY', totals, 'expired', expired) end
+if expired > 0 then count_up(totals, 'expired', expired) end
 if recounted > 0 then more = 1 end
 local reply = {now, next_ms, more, expired, recounted}
 for i = 1, #listed do reply[#reply + 1] = listed[i] end
