@@ -232,3 +232,30 @@ def test_counts_written_by_hand_read_as_none_where_stats_and_listing_read_them(
     assert store.pending([dest, f"{prefix}other"]) == 1
     assert store.dests(start) == [dest]
     assert store.totals()["purged"] == 0
+
+
+def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
+    r: redis.Redis, prefix: str
+) -> None:
+    """Its messages are lost to delivery (counted as expired); the key is left as it is."""
+    now, start = _bucket(r)
+    store, good, bad = Store(r, prefix), f"{prefix}good", f"{prefix}bad"
+    for i in range(3):
+        store.schedule(
+            Due(start + 1_000 + i, task_id=f"g{i}"), good, kombu_payload(f"g{i}"), ORDINARY, now_ms=now
+        )
+        store.schedule(
+            Due(start + 1_000 + i, task_id=f"b{i}"), bad, kombu_payload(f"b{i}"), ORDINARY, now_ms=now
+        )
+    later = start + WIDTH
+    store.schedule(Due(later + 1_000, task_id="later"), good, kombu_payload("later"), ORDINARY, now_ms=now)
+    wrong = keys.queue_set(prefix, start, bad)
+    r.delete(wrong)
+    r.set(wrong, "by hand")
+    result = store.move_due(100, now_ms=start + 10_000)
+    assert (result.moved, result.expired) == (3, 3)
+    assert result.next_due_ms == later + 1_000
+    assert _delivered(r, good) == ["g0", "g1", "g2"]
+    assert r.get(wrong) == b"by hand"
+    assert store.move_due(100, now_ms=later + 2_000).moved == 1
+    assert store.counts() == {}

@@ -148,8 +148,8 @@ local function recount(k, start_s, now)
   local start = tonumber(start_s)
   local found, last, fields = 0, start, {}
   for i, dest in ipairs(dests) do
-    local n = redis.call('ZCARD', zsets[i])
-    if n > 0 then
+    local n = redis.pcall('ZCARD', zsets[i])  -- (an error from a key of another type: none)
+    if type(n) == 'number' and n > 0 then
       found = found + n
       fields[#fields + 1] = 'q:' .. dest
       fields[#fields + 1] = n

@@ -166,9 +166,10 @@ local function visit(start_s)
     elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and budget > 0 then
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
-      local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
-      if not head[2] then
-        -- Gone while counted: expired after its grace, or deleted by hand.
+      local head = redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
+      if head.err or not head[2] then
+        -- Gone while counted: expired after its grace, or deleted or replaced by hand (a key
+        -- of another type, left as it is: one such key must not stop every move).
         expired = expired + n
         settle_gone(meta, name, counts, dest, n)
         n = 0
@@ -282,8 +283,8 @@ local function earliest_in(start_s)
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
-      local head = redis.call('ZRANGE', s:zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
-      if head[2] then
+      local head = redis.pcall('ZRANGE', s:zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
+      if head[2] then  -- (none from a key of another type, whose count the visit settles)
         local due = floor(tonumber(head[2]))
         if not best or due < best then best = due end
       end
