@@ -255,6 +255,15 @@ class Mover:
             logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
+        except redis.ResponseError as exc:  # a key damaged by hand: moves must go on meanwhile
+            if isinstance(exc, FATAL_ERRORS):
+                raise
+            self.stats.errors += 1
+            logger.error(
+                "mover %s: sweep failed (%s); moves go on, retrying in %.0f s", self.name, exc, SWEEP_EVERY_S
+            )
+            self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
+            return SWEEP_EVERY_S
         self._sweep_busy += time.monotonic() - now
         self._account_sweep(result)
         if result.cursor:

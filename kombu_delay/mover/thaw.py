@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+import redis
+
 from kombu_delay.config import Settings
-from kombu_delay.errors import RedisRefused
+from kombu_delay.errors import FATAL_ERRORS, RedisRefused
 from kombu_delay.mover import thaw_plan
 from kombu_delay.store import Store
 from kombu_delay.store.replies import ThawResult
@@ -35,6 +37,7 @@ class ThawCounts(Protocol):
     thawed: int
     dead: int
     expired: int
+    errors: int
 
 
 class Thawer:
@@ -102,6 +105,18 @@ class Thawer:
             self._run = None
             self._next_look = now + 1.0
             return 1.0
+        except redis.ResponseError as exc:
+            # A key of the cold space damaged by hand (its index of another type, say): moves
+            # must go on meanwhile; the thaw is retried, and its error logged, every minute.
+            if isinstance(exc, FATAL_ERRORS):
+                raise
+            self.stats.errors += 1
+            logger.error(
+                "mover %s: thaw failed (%s); moves go on, the thaw is retried in 60 s", self.name, exc
+            )
+            self._run = None
+            self._next_look = now + 60.0
+            return 60.0
         self._account(result)
         self._run = (now, result.thawed) if _listed(result) else None
         wait = self._wait_after(result)

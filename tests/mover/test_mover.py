@@ -725,3 +725,20 @@ def test_mover_with_another_prefix_warns_about_stranded_messages(r, start_mover)
     wait_until(lambda: Store(r, "app1:").heartbeats())
     assert right.stop() == 0
     assert "stranded" not in right.output()
+
+
+def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: redis.Redis) -> None:
+    """The cold index replaced by a key of another type fails every thaw and sweep: the
+    mover logs and counts it, retries them a minute later, and moves on."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 5_000
+    store.schedule(Due(due, task_id="t"), "q", "payload", Settings(compress_after_ms=0), now_ms=clock())
+    r.set(keys.cold_index(""), "by hand")
+    mover = Mover(store, Settings(), watch=False)
+    assert mover.thaw() == 60.0
+    assert mover.sweep() == 60.0
+    assert mover.stats.errors == 2
+    clock.ms = due
+    assert mover.drain().moved == 1
+    assert r.lrange("q", 0, -1) == [b"payload"]

@@ -259,3 +259,26 @@ def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
     assert r.get(wrong) == b"by hand"
     assert store.move_due(100, now_ms=later + 2_000).moved == 1
     assert store.counts() == {}
+
+
+def test_a_meta_hash_replaced_by_a_key_of_another_type_stops_no_move_sweep_or_reindex(
+    r: redis.Redis, prefix: str
+) -> None:
+    """Nothing of that bucket can be counted or moved: it leaves the index, counted as
+    unreadable, and every other bucket moves on."""
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    damaged, later = start + WIDTH, start + 2 * WIDTH
+    for at, task_id in ((start, "first"), (damaged, "lost"), (later, "later")):
+        store.schedule(Due(at + 1_000, task_id=task_id), dest, kombu_payload(task_id), ORDINARY, now_ms=now)
+    meta = keys.meta(prefix, damaged)
+    r.delete(meta)
+    r.set(meta, "by hand")
+    assert store.sweep("", 100, now_ms=now).cursor == ""
+    assert store.reindex(now_ms=now) == (0, 0)
+    assert store.move_due(100, now_ms=start + 10_000).moved == 1
+    assert store.move_due(100, now_ms=later + 10_000).moved == 1
+    assert _delivered(r, dest) == ["first", "later"]
+    assert r.zscore(keys.index(prefix), str(damaged)) is None
+    assert store.totals()["unreadable"] == 1
+    assert r.get(meta) == b"by hand"

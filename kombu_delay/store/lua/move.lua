@@ -145,7 +145,15 @@ end
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
   local meta = s:meta(start_s)
-  local fields = redis.call('HGETALL', meta)
+  local fields = redis.pcall('HGETALL', meta)
+  if fields.err then
+    -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
+    -- counted or moved, and one such bucket must not stop every move. It leaves the index,
+    -- counted (totals field unreadable); its sorted sets expire after their grace.
+    redis.call('ZREM', index, start_s)
+    count_up(totals, 'unreadable', 1)
+    return
+  end
   local end_ms, left_total = nil, 0
   local expiry, pushed, marks, wake_mark = {}, {}, {}, nil
   -- The marks first (of staged runs, and the wake mark): the fields come in any order.
@@ -279,7 +287,8 @@ if expired > 0 then count_up(totals, 'expired', expired) end
 -- time found so far are looked at too (none with one width).
 local function earliest_in(start_s)
   local best
-  local fields = redis.call('HGETALL', s:meta(start_s))
+  local fields = redis.pcall('HGETALL', s:meta(start_s))
+  if fields.err then return nil end  -- a key of another type: the visit takes it out
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
