@@ -249,6 +249,18 @@ def task_name(payload: bytes | str) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def carries_eta(payload: bytes | str) -> bool:
+    """True when the stored message ``payload`` carries an ETA of its own, which a worker
+    waits for whenever the message arrives; false for one held by its ``x-delay`` alone (or
+    that holds no delay), which a worker runs on arrival."""
+    message = load_stored(payload)
+    try:
+        due = message_due(message) if message is not None else None
+    except (BadETA, DelayTooLong):
+        return False
+    return due is not None and not due.relative
+
+
 def with_eta(payload: bytes | str, due_ms: int) -> str:
     """Return ``payload`` with its Celery ETA set to ``due_ms``.
 

@@ -13,7 +13,16 @@ import pytest
 from kombu.transport.redis import Channel as KombuChannel
 
 from kombu_delay.errors import BadETA, DelayTooLong
-from kombu_delay.message import Due, index_id, message_due, parse_iso_ms, task_name, to_ms, with_eta
+from kombu_delay.message import (
+    Due,
+    carries_eta,
+    index_id,
+    message_due,
+    parse_iso_ms,
+    task_name,
+    to_ms,
+    with_eta,
+)
 from kombu_delay.store import keys
 from kombu_delay.store.listing import Cursor, Position, digest
 from kombu_delay.store.replies import Stored
@@ -378,3 +387,21 @@ def test_stored_ref_and_due_come_from_the_score(seq, offset):
     stored = Stored(start, keys.score(start + offset, seq), "celery", b"{}")
     assert stored.due_ms == start + offset
     assert stored.ref == f"{start}:{offset}:{seq}"  # the ref put() in _put.lua writes
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (p2(T.isoformat()), True),
+        (p1(task(eta=T.isoformat())), True),
+        (p2(None, **{"x-delay": 5_000}), False),  # held by its x-delay alone: run on arrival
+        (xd(5_000), False),
+        (p2(None), False),
+        (p2("soon"), False),
+    ],
+    ids=["p2-eta", "p1-eta", "p2-x-delay", "kombu-x-delay", "p2-none", "p2-bad"],
+)
+def test_carries_eta_tells_a_message_a_worker_holds_until_its_eta(
+    message: dict[str, Any], expected: bool
+) -> None:
+    assert carries_eta(json.dumps(message)) is expected

@@ -26,7 +26,7 @@ from kombu_delay.control.results import (
     histogram_slots,
 )
 from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
-from kombu_delay.message import index_id, task_name, to_ms, with_eta
+from kombu_delay.message import carries_eta, index_id, task_name, to_ms, with_eta
 from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
@@ -142,10 +142,11 @@ class DelayControl:
             if due_ms > keys.MAX_DUE_MS:
                 raise self._too_far(task_id, due_ms)
             payload = with_eta(stored.message, due_ms)
-            outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings)
+            own_eta = carries_eta(payload)
+            outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings, own_eta=own_eta)
             if outcome is Rescheduled.GONE and (copy := store.thawed_copy(task_id, stored)) is not None:
                 # A mover thawed it between the find and now: the same message, uncompressed.
-                outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings)
+                outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings, own_eta=own_eta)
             if outcome is Rescheduled.TOO_FAR:
                 raise self._too_far(task_id, due_ms)
             if outcome is Rescheduled.NOT_A_LIST:

@@ -66,11 +66,13 @@ class Editing(Inspecting, Publishing):
         due_ms: int,
         settings: Settings,
         now_ms: int | None = None,
+        own_eta: bool = True,
     ) -> Rescheduled:
         """Replace ``old`` by ``payload`` due at ``due_ms``, atomically (see ``reschedule.lua``).
 
         ``payload`` is the message itself; it is stored compressed when due far enough ahead,
-        as :meth:`schedule` does.
+        as :meth:`schedule` does. ``own_eta``: false for a message that carries no ETA of its
+        own (an ``x-delay``), which movers then never move ahead of its due time.
         """
         due = Due(due_ms, task_id=task_id)
 
@@ -93,6 +95,8 @@ class Editing(Inspecting, Publishing):
                 settings.thaw_ahead_ms,
                 self._now(now_ms),
             ]
+            if not own_eta:
+                args.append(1)
             call_keys = [self._index, self._ids, self._counts, self._totals, old.dest, self._gc]
             return self._scripts["reschedule"](keys=call_keys, args=args)
 

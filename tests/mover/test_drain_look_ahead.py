@@ -19,10 +19,10 @@ from kombu_delay.errors import ConfigError
 from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
-from kombu_delay.store.replies import MoveResult, Scheduled
+from kombu_delay.store.replies import MoveResult, Rescheduled, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
-from tests.support.stored import FakeClock
+from tests.support.stored import FakeClock, kombu_payload
 
 WIDTH = 60_000
 AHEAD = 10_000
@@ -142,3 +142,40 @@ def test_a_compressed_message_is_thawed_in_time_for_the_look_ahead(r: redis.Redi
         mover.stop()
         runner.join(30)
     assert r.lrange("q", 0, -1) == [b"payload"]
+
+
+@pytest.mark.parametrize("space", ["ordinary", "cold", "rescheduled"])
+def test_a_message_with_no_eta_of_its_own_is_never_moved_before_its_due_time(
+    r: redis.Redis, prefix: str, space: str
+) -> None:
+    """An x-delay message: a worker runs it on arrival, so the look-ahead leaves it (and its
+    bucket) until it is due, in whichever space it waited; a message with an ETA in a later
+    bucket still moves ahead."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    base = keys.bucket_start(clock() + 3 * WIDTH, WIDTH)
+    due, eta_due = base + 1_000, base + WIDTH + 1_000
+    cold = Settings(compress_after_ms=30_000, thaw_ahead_ms=20_000)
+    plain = Settings(compress_after_ms=0)
+    dest, x_delay, eta = f"{prefix}q", kombu_payload("x"), kombu_payload("eta")
+    published_due = due - 5_000 if space == "rescheduled" else due
+    delay = Due(published_due - clock(), relative=True, task_id="x")
+    store.schedule(delay, dest, x_delay, cold if space == "cold" else plain)
+    if space == "rescheduled":  # to its due time, as a message with no ETA of its own
+        [stored] = store.find("x")
+        assert store.reschedule(stored, "x", x_delay, due, plain, own_eta=False) is Rescheduled.RESCHEDULED
+    store.schedule(Due(eta_due, task_id="eta"), dest, eta, plain)
+    if space == "cold":
+        clock.ms = due - 20_000
+        assert store.thaw(20_000, 100).thawed == 1
+    clock.ms = due - AHEAD
+    result = store.move_due(1000, look_ahead_ms=AHEAD)
+    assert result.moved == 0
+    assert result.next_due_ms == due + AHEAD  # the mover calls again AHEAD before that: at due
+    clock.ms = due - 1
+    assert store.move_due(1000, look_ahead_ms=AHEAD).moved == 0
+    clock.ms = due
+    assert store.move_due(1000, look_ahead_ms=AHEAD).moved == 1
+    clock.ms = eta_due - AHEAD
+    assert store.move_due(1000, look_ahead_ms=AHEAD).moved == 1
+    assert r.lrange(dest, 0, -1) == [eta.encode(), x_delay.encode()]

@@ -158,6 +158,14 @@ local function count_added(k, meta, dest, tasks, n, task_ids)
   return n_here, dest_new, redis.call('RPUSH', tasks, task_ids)
 end
 
+-- Marks the bucket of a message due at ``due`` as holding one with no ETA of its own (an
+-- x-delay): a worker runs it on arrival, so a mover's look-ahead must not move it before its
+-- due time (move.lua reads the meta field n). Written after put, on the meta hash put made
+-- with its expiry.
+local function mark_no_eta(k, due)
+  redis.call('HSET', k.space:meta(string.format('%d', due - due % k.width)), 'n', '1')
+end
+
 -- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
 -- publish. Of the per-bucket work, only the read of the expiry is left on it: set_expiries
 -- runs only where it can change something (expiries_settled).

@@ -65,9 +65,15 @@ local limit = tonumber(ARGV[2])
 local max_len = tonumber(ARGV[3])
 
 local now, now_us = clock(ARGV[5])
-local due_by = now + (tonumber(ARGV[6] or '') or 0)
+local ahead = tonumber(ARGV[6] or '') or 0
 local whole = ARGV[7] ~= '0'
-local upper = '(' .. string.format('%d', due_by + 1)  -- floor(score) <= due_by, never earlier
+-- What this call moves: due by now + ahead (reach), except in a bucket marked as holding a
+-- message with no ETA of its own (an x-delay, mark_no_eta in _put.lua), which a worker runs on
+-- arrival: there, due by now. visit sets due_by and upper per bucket.
+local reach = now + ahead
+local reach_upper = '(' .. string.format('%d', reach + 1)  -- floor(score) <= reach, never earlier
+local now_upper = '(' .. string.format('%d', now + 1)
+local due_by, upper = reach, reach_upper
 local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
 local s = k.space
 
@@ -156,13 +162,16 @@ local function visit(start_s)
   end
   local end_ms, left_total = nil, 0
   local expiry, pushed, marks, wake_mark = {}, {}, {}, nil
-  -- The marks first (of staged runs, and the wake mark): the fields come in any order.
+  due_by, upper = reach, reach_upper
+  -- The marks first (of staged runs, the wake mark, no ETA): the fields come in any order.
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'h:' then
       marks[sub(name, 3)] = tonumber(fields[i + 1])
     elseif name == 'w' then
       wake_mark = ms_of(fields[i + 1])
+    elseif name == 'n' then
+      due_by, upper = now, now_upper
     end
   end
   for i = 1, #fields, 2 do
@@ -232,7 +241,7 @@ local after = ARGV[4] or ''
 if after ~= '' then lower = '(' .. after end
 while budget > 0 and visits > 0 do
   local page = math.min(visits, 256)
-  local starts = redis.call('ZRANGEBYSCORE', index, lower, due_by, 'LIMIT', 0, page)
+  local starts = redis.call('ZRANGEBYSCORE', index, lower, reach, 'LIMIT', 0, page)
   for _, start_s in ipairs(starts) do
     if budget <= 0 then break end
     visit(start_s)
@@ -285,10 +294,17 @@ if expired > 0 then count_up(totals, 'expired', expired) end
 -- publishers with different widths may leave a narrower bucket that starts after a wider
 -- one's start yet holds an earlier message, so the buckets starting before the best due
 -- time found so far are looked at too (none with one width).
+-- In a bucket marked as holding a message with no ETA of its own, that is the due time plus
+-- the look-ahead: the time the mover, which calls ahead of the due time it is given, may move
+-- it.
 local function earliest_in(start_s)
   local best
   local fields = redis.pcall('HGETALL', s:meta(start_s))
   if fields.err then return nil end  -- a key of another type: the visit takes it out
+  local later = 0
+  for i = 1, #fields, 2 do
+    if fields[i] == 'n' then later = ahead end
+  end
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
@@ -299,7 +315,7 @@ local function earliest_in(start_s)
       end
     end
   end
-  return best
+  return best and best + later
 end
 
 local next_due = -1

@@ -22,6 +22,8 @@ ARGV[13] max_due   latest due time accepted, epoch ms
 ARGV[14] cold      "1" when ARGV[9] is a cold member (kombu_delay/cold.py), to store cold
 ARGV[15] thaw      ms: a cold member due no later than now + this is refused (code -3)
 ARGV[16] now_ms    epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[17] no_eta    optional: "1" when the message carries no ETA of its own (an x-delay): its
+                   new bucket is marked as schedule.lua marks it (mark_no_eta in _put.lua)
 Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (moved or
          cancelled meanwhile; nothing written), 3 new due time passed so pushed onto dest now,
          2 an identical payload was already stored at the new time (the old one is removed),
@@ -96,5 +98,6 @@ if due <= now then
   return {3, due, now}
 end
 local code = put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload)
+if code == 1 and ARGV[17] == '1' then mark_no_eta(in_space(k, cold and 'c' or ''), due) end
 if code == 2 then count_up(k.totals, 'cancelled', 1) end
 return {code, due, now}

@@ -18,7 +18,9 @@ ARGV[8] estimated  "1": ARGV[7] is a publisher's estimate of Redis's clock, give
                    without a TIME call (a good part of a publish's cost); the expiries, set once
                    per new set or bucket (put), then read Redis's clock
 ARGV[9] max_delay  furthest delay accepted, ms (absent or "0" = no limit)
-ARGV[10] relative  "1": ARGV[4] is a delay from now; absent or "0": a due time
+ARGV[10] relative  "1": ARGV[4] is a delay from now (an x-delay: the message carries no ETA
+                   of its own, so the bucket is marked for movers never to move it ahead of
+                   its due time, see move.lua); absent or "0": a due time
 ARGV[11] cold      "1" when ARGV[6] is a cold member (kombu_delay/cold.py): stored in the cold
                    space (keys.py), never pushed from here; absent or "0": a payload
 ARGV[12] thaw      ms: a cold member due no later than now + this is refused (code -2), so
@@ -78,5 +80,6 @@ end
 
 local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires)
 local code, wake_refused = put(k, now, due, task_id, dest_key, payload, estimated)
+if code == 1 and ARGV[10] == '1' then mark_no_eta(k, due) end
 if wake_refused then return {code, due, now, movers, 1} end
 return {code, due, now, movers}

@@ -53,7 +53,7 @@ local order = {}  -- the groups of messages put_group stores, in the order first
 local function cold_meta_of(start_s)
   local meta = cold_meta[start_s]
   if not meta then
-    local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x', 'g', 'r')
+    local known = redis.call('HMGET', cs:meta(start_s), 'end', 'x', 'g', 'r', 'n')
     local end_ms = ms_of(known[1]) or (tonumber(start_s) + 60000)
     local x, g = ms_of(known[2]) or end_ms, ms_of(known[3])
     -- The publisher's grace: x - end, unless the sweep renewed the bucket (sweep.lua: then
@@ -61,7 +61,8 @@ local function cold_meta_of(start_s)
     -- extended x since.
     local grace = x - end_ms
     if g and known[2] == known[4] then grace = g elseif g and g > grace then grace = g end
-    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = grace, expires = {}, groups = {}}
+    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = grace, expires = {}, groups = {},
+            no_eta = known[5] ~= false}  -- (mark_no_eta in _put.lua: carried to where it thaws)
     cold_meta[start_s] = meta
   end
   return meta
@@ -141,7 +142,7 @@ for i = 4, #ARGV, 6 do
       local group = of_start[dest]
       if not group then
         group = {start = start, dest = dest, width = meta.width, grace = meta.grace,
-                 expires = meta.expires[dest], msgs = {}, first_due = due}
+                 expires = meta.expires[dest], msgs = {}, first_due = due, no_eta = meta.no_eta}
         of_start[dest] = group
         order[#order + 1] = group
       end
@@ -176,6 +177,10 @@ for _, g in ipairs(order) do
       merged = merged + 1
     else
       thawed = thawed + 1
+      if g.no_eta then  -- once per group, on the meta hash put_group wrote
+        mark_no_eta(k, g.start)
+        g.no_eta = false
+      end
     end
   end
 end
