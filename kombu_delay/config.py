@@ -25,6 +25,13 @@ MIN_GRACE_MS = 3_600_000
 #: memory, and in kombu's unacked set, restored after ``visibility_timeout``), so the window
 #: stays a small fraction of the default hour.
 MAX_LOOK_AHEAD_MS = 60_000
+#: The longest duration accepted, ms: the span of every due time there can be (to the year-2109
+#: ceiling, ``store.keys.MAX_DUE_MS``, spelled again as the store imports this module), which no
+#: option needs more than. It keeps every expiry a publish sets (a due time, plus the bucket width
+#: and the grace, plus a day) far below 2**53 ms, where a Lua number stops being a whole
+#: millisecond Redis takes, so no script is refused after its first writes.
+MAX_DURATION_MS = 2**42 - 1
+_TOO_LONG = f"must be at most {MAX_DURATION_MS // 1000} s (the span of every due time there can be, to 2109)"
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,8 @@ class Settings:
     thaw_ahead_ms: int = 30_000
     #: Move messages onto their lists this long before they are due, ms; 0 = at due (the
     #: default). Option ``delay_look_ahead`` (s), at most 60 s. Mover only. A message keeps its
-    #: ETA, so Celery's timer still starts it at its ETA, never before; the worker fetches what
+    #: ETA, so Celery's timer still starts it at its ETA, never before (one held by an
+    #: ``x-delay`` alone carries none: it is moved at its due time); the worker fetches what
     #: falls due in the window into its memory (as stock Celery does, for that window only) and
     #: a herd finishes sooner. Keep it well below the workers' ``visibility_timeout``: a worker
     #: holds a message up to this long plus its backlog before it runs and acks it.
@@ -92,6 +100,9 @@ class Settings:
             )
         if self.batch_size > 5000:
             raise ConfigError(f"delay_batch_size must be at most 5000, got {self.batch_size}")
+        for name in (f.name for f in fields(self) if f.name.endswith("_ms")):
+            if getattr(self, name) > MAX_DURATION_MS:
+                raise ConfigError(f"{_option(name)} {_TOO_LONG}, got {_shown(self, name)}")
 
     @classmethod
     def from_options(
@@ -150,6 +161,11 @@ def _convert(name: str, raw: Any) -> Any:
         if not number.is_integer():
             raise ConfigError(f"{option} must be a whole number, got {raw!r}")
         return int(number)
+    if abs(number) > MAX_DURATION_MS / 1000:
+        # Checked before * 1000, which overflows a float near 1e305 s.
+        if number < 0:
+            raise ConfigError(f"{option} must not be negative, got {raw!r}")
+        raise ConfigError(f"{option} {_TOO_LONG}, got {raw!r}")
     ms = round(number * 1000)
     if ms == 0 and number > 0:
         # Rounding must not turn a positive duration into 0, which means "no limit" for some.

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from kombu_delay.config import Settings
+from kombu_delay.config import MAX_DURATION_MS, Settings
 from kombu_delay.errors import ConfigError
+from kombu_delay.store.keys import MAX_DUE_MS
 
 OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
     ("defaults", {}, {}, {"bucket_width_ms": 60_000, "grace_ms": 7 * 86_400_000, "max_delay_ms": 0}),
@@ -27,6 +28,8 @@ OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
      {"KOMBU_DELAY_BATCH_SIZE": "1e3"}, {"max_rate": 5, "max_queue_length": 100, "batch_size": 1000}),
     ("one-ms", {"delay_max_delay": 0.001, "delay_max_sleep": "0.0015"}, {}, {"max_delay_ms": 1,
                                                                            "max_sleep_ms": 2}),
+    ("longest-grace-and-width", {"delay_grace": 4398046511, "delay_bucket_width": "4398046511"}, {},
+     {"grace_ms": 4_398_046_511_000, "bucket_width_ms": 4_398_046_511_000}),
 ]  # fmt: skip
 
 
@@ -60,6 +63,18 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     # Likewise a positive duration under 1 ms: 0 is "no limit" for delay_max_delay.
     ("sub-ms-delay", {"delay_max_delay": 0.0004}, "delay_max_delay must be at least 0.001 s"),
     ("sub-ms-sleep", {"delay_max_sleep": "0.0001"}, "delay_max_sleep must be at least 0.001 s"),
+    # Seconds * 1000 overflowed a float to infinity: a traceback, not this error.
+    ("overflowing-sleep", {"delay_max_sleep": "1e308"}, "^delay_max_sleep must be at most 4398046511 s"),
+    ("overflowing-grace", {"delay_grace": 1e306}, "^delay_grace must be at most 4398046511 s"),
+    ("overflowing-negative", {"delay_max_delay": -1e308}, "^delay_max_delay must not be negative"),
+    # Accepted, the expiry a publish sets was past what Redis takes from a script, which then
+    # failed after storing the message: a retry stored it twice.
+    ("grace-past-the-span", {"delay_grace": 1e14}, "^delay_grace must be at most 4398046511 s"),
+    (
+        "width-past-the-span",
+        {"delay_bucket_width": 4398046512},
+        "^delay_bucket_width must be at most 4398046511 s",
+    ),
 ]
 
 
@@ -77,6 +92,26 @@ def test_env_never_turns_a_positive_limit_into_zero(var, value):
     option = "delay_" + var[len("KOMBU_DELAY_") :].lower()
     with pytest.raises(ConfigError, match=f"^{option} must be"):
         Settings.from_options({}, env={var: value})
+
+
+@pytest.mark.parametrize(
+    ("var", "value"), [("KOMBU_DELAY_MAX_DELAY", "1e308"), ("KOMBU_DELAY_HEARTBEAT_INTERVAL", "-1e308")]
+)
+def test_env_durations_out_of_range_are_config_errors(var, value):
+    option = "delay_" + var[len("KOMBU_DELAY_") :].lower()
+    with pytest.raises(ConfigError, match=f"^{option} must"):
+        Settings.from_options({}, env={var: value})
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["grace_ms", "bucket_width_ms", "max_delay_ms", "max_sleep_ms", "heartbeat_interval_ms", "thaw_ahead_ms"],
+)
+def test_settings_refuse_a_duration_past_the_span_of_due_times(field):
+    assert MAX_DURATION_MS == MAX_DUE_MS  # spelled again in config, which the store imports
+    Settings(**{field: MAX_DURATION_MS})
+    with pytest.raises(ConfigError, match=f"^delay_{field[:-3]} must be at most 4398046511 s"):
+        Settings(**{field: MAX_DURATION_MS + 1})
 
 
 @pytest.mark.parametrize("values", [{"max_rate": 0.5}, {"max_queue_length": "0.5"}, {"max_delay": 0.0001}])

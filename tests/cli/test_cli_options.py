@@ -106,6 +106,23 @@ def test_a_fractional_count_in_o_is_refused_not_switched_off(r, redis_server):
     assert result.exit_code == 3 and "delay_max_queue_length must be a whole number" in result.output
 
 
+def test_a_duration_too_large_for_a_float_is_one_line_of_error(r, redis_server, monkeypatch):
+    # Seconds * 1000 overflowed to infinity: OverflowError and a traceback, from every command.
+    argv = [sys.executable, "-m", "kombu_delay", "--broker", redis_server.delay_url, "--log-level", "warning"]
+    done = subprocess.run(
+        [*argv, "mover", "--max-sleep", "1e308"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert "delay_max_sleep must be at most 4398046511 s" in done.stderr and "Traceback" not in done.stderr
+    result = invoke(redis_server, "-o", "delay_grace=1e306", "stats")
+    assert result.exit_code == 3, (result.output, result.exception)
+    assert "Error: delay_grace must be at most 4398046511 s" in result.output
+    monkeypatch.setenv("KOMBU_DELAY_MAX_DELAY", "1e308")
+    result = invoke(redis_server, "health")
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "delay_max_delay must be at most 4398046511 s" in result.output
+
+
 @pytest.mark.parametrize("countdown", ["nan", "inf", "-inf"])
 def test_reschedule_refuses_a_non_finite_countdown(r, redis_server, countdown):
     (task_id,) = publish(redis_server, 1)
