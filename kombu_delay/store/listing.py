@@ -13,6 +13,11 @@ one at the same due millisecond, that is, later in this order: a message thawed 
 pages may be listed twice. The bucket starts ahead are read a batch at a time, so a bucket made
 after that read (a thaw's or a publish's) is not seen by that page, nor by a later one when it
 starts before the earliest bucket still open: its messages are left out of that pass.
+
+A page's work is bounded: each member read and each bucket opened (a read of its meta hash, for
+a bucket that may hold nothing for the destinations asked for) counts against one budget. A
+page cut by it while nothing is left open goes on, on the next page, from the next bucket not
+opened yet; so a listing of a rare queue among many buckets of others pages its way through them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ if TYPE_CHECKING:
 CHUNK = 64
 #: Bucket starts read from an index per call.
 STARTS = 64
+#: The digest of a cursor that names no message: one before the next bucket to open.
+NO_MEMBER = "0" * 16
 
 
 @dataclass(frozen=True, order=True)
@@ -203,10 +210,32 @@ class _Merge:
         self.opened: list[_Source] = []
         #: The last member taken (the cursor's position before any).
         self.last = self.at
+        #: Buckets opened, the start of the last one, and members taken, so far.
+        self.visited = 0
+        self.opened_to = -1
+        self.taken = 0
 
     @property
-    def read(self) -> int:
-        return sum(s.read for s in self.opened)
+    def spent(self) -> int:
+        """The page's work so far: members read and buckets opened."""
+        return self.visited + sum(s.read for s in self.opened)
+
+    @property
+    def may_stop(self) -> bool:
+        """True when a cursor can go on from here, past what this page did: it took a member,
+        or nothing it opened is left and the next bucket starts after the cursor's message (the
+        next page starts at that bucket). Else (a wide bucket still open, say) the page goes on."""
+        if self.taken:
+            return True
+        return not self.heap and self._untouched(self.buckets.peek())
+
+    def _untouched(self, start: int | None) -> bool:
+        """True when no bucket starting at ``start`` was opened (one of the other space may
+        share its start), and none can hold the last member taken or one before it; or when
+        no bucket is left."""
+        if start is None:
+            return True
+        return start > self.opened_to and (self.last is None or self.last.due_ms < start)
 
     def step(self) -> Stored | bool | None:
         """Open the next bucket when it may hold the next member (``True``), else take the next
@@ -219,6 +248,8 @@ class _Merge:
         return self._take() if self.heap else None
 
     def _open(self, start: int, space: Space) -> None:
+        self.visited += 1
+        self.opened_to = start
         for dest in self.store.dests(start, space):
             if self.dests is None or dest in self.dests:
                 self.opened.append(source := _Source(self.store, space, start, dest, self.at))
@@ -231,6 +262,7 @@ class _Merge:
 
     def _take(self) -> Stored:
         self.last, _, source = heapq.heappop(self.heap)
+        self.taken += 1
         _, member = source.pop()
         self._push(source)
         return Stored(source.start, self.last.score, source.dest, member, source.space.compressed)
@@ -248,15 +280,30 @@ class _Merge:
         ]
         return Cursor(min([last.start_ms, *still]), last)
 
+    def resume(self) -> Cursor | None:
+        """The cursor of a page the budget cut: with nothing left open, one just before the next
+        bucket to open (every message before it is listed, and none of its is due before its
+        start), so the next page does not open again what this one did; ``None`` when no
+        bucket is left."""
+        nxt = self.buckets.peek()
+        if self.heap or not self._untouched(nxt):
+            return self.cursor()
+        if nxt is None:
+            return None
+        return Cursor(nxt, Position(nxt - 1, spaces.ORDINARY.rank, float(nxt - 1), nxt, "", NO_MEMBER))
+
 
 def page(
     store: Store, after: Cursor | None, limit: int, dests: set[str] | None, examine: int
 ) -> tuple[list[Stored], Cursor | None]:
     """Return up to ``limit`` messages after ``after`` in due order, and the next cursor
-    (``None`` at the end). At most about ``examine`` members are read per call."""
+    (``None`` at the end). At most about ``examine`` members are read and buckets opened per
+    call (a wide bucket still open, with no member taken, can hold the page longer)."""
     merge = _Merge(store, after, dests)
     out: list[Stored] = []
-    while len(out) < limit and merge.read < examine:
+    while len(out) < limit:
+        if merge.spent >= examine and merge.may_stop:
+            return out, merge.resume()
         got = merge.step()
         if got is None:
             return out, None

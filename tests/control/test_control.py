@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -18,15 +19,18 @@ from kombu import Connection, Exchange, Producer, Queue
 
 import kombu_delay
 from kombu_delay import BadETA, DelayControl
-from kombu_delay.config import Settings
+from kombu_delay.config import MAX_DURATION_MS, Settings
 from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, keys
+from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Scheduled
 from tests.support.procs import ROOT, wait_until
 from tests.support.stored import ORDINARY, FakeClock, kombu_payload
 from tests.support.workers import INSPECT_APP, inspect_ledger, start_inspect_worker
 
 SEP = "\x06\x16"
+HOUR_MS = 3_600_000
+ORDINARY_HOUR = Settings(bucket_width_ms=HOUR_MS, compress_after_ms=0)
 
 
 def options(prefix: str) -> dict[str, object]:
@@ -661,6 +665,71 @@ def test_app_control_purge_counts_delayed_messages(r, redis_server, prefix):
     assert truth(r, prefix) == Counter()
     assert r.llen(f"{prefix}emails") == 0
     app.close()
+
+
+def list_queue(store: Store, dest: str, examine: int) -> tuple[list[str], list[int]]:
+    """Page through ``dest``'s messages as ``ls --queue`` does (each cursor printed and parsed
+    again); return the task ids listed and the buckets each call opened."""
+    opened: list[int] = []
+    real = store.dests
+
+    def counting(*args: Any) -> list[str]:
+        opened.append(args[0])
+        return real(*args)
+
+    store.dests = counting  # type: ignore[method-assign]
+    listed, per_call, cursor = [], [], None
+    try:
+        for _ in range(1000):
+            before = len(opened)
+            found, cursor = store.page(cursor, 50, {dest}, examine=examine)
+            per_call.append(len(opened) - before)
+            listed += [index_id(s.payload) for s in found]
+            if cursor is None:
+                return listed, per_call
+            cursor = Cursor.parse(str(cursor))
+        raise AssertionError("the listing never ended")
+    finally:
+        del store.dests
+
+
+def test_a_queue_listing_opens_a_bounded_number_of_buckets_per_call(r, prefix):
+    """A queue's messages among many buckets of another queue: each call opened every bucket
+    ahead, however few held anything for it. Now each call counts every bucket it opens against
+    its budget, and its cursor goes on from the next one."""
+    store = Store(r, prefix, clock=FakeClock(r))
+    base = (store.clock() // HOUR_MS + 2) * HOUR_MS
+    second = Settings(bucket_width_ms=1000, compress_after_ms=0)
+    busy, rare = f"{prefix}busy", f"{prefix}rare"
+    items = [
+        (Due(base + 1000 * i + 100, task_id=f"b{i}"), busy, kombu_payload(f"b{i}", "busy")) for i in range(45)
+    ]
+    items += [
+        (Due(base + 20_500, task_id="r0"), rare, kombu_payload("r0", "rare")),
+        (Due(base + 45_500, task_id="r1"), rare, kombu_payload("r1", "rare")),
+    ]
+    store.schedule_many(items, second)
+    listed, per_call = list_queue(store, rare, examine=10)
+    assert listed == ["r0", "r1"]
+    assert max(per_call) <= 11 and sum(per_call) == 46, per_call  # each bucket opened once
+    # An hour-wide bucket open across the narrow ones: the listing still ends, nothing twice.
+    store.schedule(Due(base + 30_500, task_id="r-wide"), rare, kombu_payload("r-wide", "rare"), ORDINARY_HOUR)
+    assert list_queue(store, rare, examine=10)[0] == ["r0", "r-wide", "r1"]
+    assert list_queue(store, busy, examine=10)[0] == [f"b{i}" for i in range(45)]
+
+
+@pytest.mark.parametrize("compress_after_ms", [0, 60_000], ids=["ordinary", "cold"])
+def test_the_longest_grace_and_width_store_a_message_due_at_the_ceiling(r, prefix, compress_after_ms):
+    # The bounds Settings keeps both to: every expiry a publish sets is one Redis takes.
+    longest = Settings(
+        grace_ms=MAX_DURATION_MS, bucket_width_ms=MAX_DURATION_MS, compress_after_ms=compress_after_ms
+    )
+    store = Store(r, prefix)
+    store.schedule(Due(keys.MAX_DUE_MS, task_id="last"), f"{prefix}celery", kombu_payload("last"), longest)
+    assert store.counts() == {f"{prefix}celery": 1}
+    assert [s.cold for s in store.find("last")] == [bool(compress_after_ms)]
+    stored = [key for key in r.scan_iter(f"{prefix}kombu_delay:*") if r.type(key) == b"zset"]
+    assert stored and all(r.pttl(key) > 0 for key in stored)
 
 
 def test_listing_is_earliest_first_across_spaces_widths_and_queues(r, redis_server, prefix):
