@@ -22,7 +22,7 @@ from kombu_delay.control import DeadLetter, DelayControl
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present
-from kombu_delay.web.overview import DEFAULT_RANGE, RANGES, SHARED_FOR_S, Shared
+from kombu_delay.web.overview import DEFAULT_RANGE, MAX_REFRESH_S, RANGES, SHARED_FOR_S, Shared
 
 #: Rows per page of the scheduled listing and of the dead letters.
 PAGE_ROWS = 50
@@ -45,7 +45,11 @@ def create_app(
 ) -> Flask:
     """Build the dashboard for ``control``. ``where``: the broker and prefix, passwords masked,
     shown in the page header. Mount it under a path prefix with the WSGI ``SCRIPT_NAME``
-    (``kombu-delay web --url-prefix``). ``share_s``: how long one overview serves every browser."""
+    (``kombu-delay web --url-prefix``). ``share_s``: how long one overview serves every browser.
+    ``refresh_s``: the overview's refresh, from 0 (off) to :data:`MAX_REFRESH_S`, else
+    ``ValueError``."""
+    if not (math.isfinite(refresh_s) and 0 <= refresh_s <= MAX_REFRESH_S):
+        raise ValueError(f"refresh_s {refresh_s} is not a number of seconds from 0 to {MAX_REFRESH_S}")
     app = Flask(__name__)
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
     shared = Shared(control, max_buckets, share_s)
@@ -67,7 +71,7 @@ def _install_guards(
         return {
             "allow_actions": allow_actions,
             "where": where,
-            "refresh_ms": int(refresh_s * 1000),
+            "refresh_ms": round(refresh_s * 1000),
             "csrf_token": g.get("csrf", ""),
             "span": span,
             "when": when,

@@ -6,6 +6,7 @@ the command, so a missing ``web`` extra is one clear message, not a broken CLI.
 
 from __future__ import annotations
 
+import math
 import os
 
 import click
@@ -13,8 +14,17 @@ import click
 from kombu_delay.cli.common import announce, target, with_socket_timeouts
 from kombu_delay.cli.inspect import InspectError
 from kombu_delay.errors import KombuDelayError
+from kombu_delay.web.overview import MAX_REFRESH_S
 
 DEFAULT_PORT = 9809
+
+
+def refresh_seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``--refresh``: finite, from 0 (off) to :data:`~kombu_delay.web.overview.MAX_REFRESH_S`; a usage
+    error otherwise (an infinite one made every page fail)."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_REFRESH_S):
+        raise click.BadParameter(f"{value} is not a number of seconds from 0 (off) to {MAX_REFRESH_S:,}")
+    return value
 
 
 @click.command()
@@ -39,7 +49,12 @@ DEFAULT_PORT = 9809
     help="Serve under this path (behind a reverse proxy that passes /PREFIX/... on unchanged).",
 )
 @click.option(
-    "--refresh", type=click.FloatRange(0), default=5.0, show_default=True, help="Overview refresh, s; 0: off"
+    "--refresh",
+    type=float,
+    callback=refresh_seconds,
+    default=5.0,
+    show_default=True,
+    help=f"Overview refresh, s, at most {MAX_REFRESH_S:,}; 0: off",
 )
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True, help="Request threads.")
 @click.pass_context

@@ -26,6 +26,9 @@ DEFAULT_RANGE = "hours"
 MOVER_FRESH_MS = 30_000
 #: How long one census serves every browser, s.
 SHARED_FOR_S = 1.0
+#: The longest overview refresh, s (a day): well within the 2**31 - 1 ms a browser's timer holds
+#: (a longer delay fires at once, and the page would refresh without pause).
+MAX_REFRESH_S = 86_400
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import ssl
 import subprocess
 import sys
@@ -117,6 +118,23 @@ def test_overview_lists_queues_chart_warnings_and_totals(r, redis_server, contro
     data = client.get("/overview.json?range=minutes").get_json()
     assert data["scheduled"] == 2 and {q["name"] for q in data["queues"]} == {"celery", "emails"}
     assert len(data["histogram"]) == 60
+
+
+def test_a_cut_census_shows_its_counts_as_lower_bounds(r, redis_server, control, prefix):
+    # Two buckets in the chart's window, one examined: the other's message is not "due after".
+    publish(
+        redis_server,
+        prefix,
+        ("tasks.a", (1,), {}, {"countdown": 600}),
+        ("tasks.b", (2,), {}, {"countdown": 7200}),
+    )
+    html = client_of(control, max_buckets=1).get("/").get_data(as_text=True)
+    assert "1 due after the chart or not counted; counts cut short by the bucket limit." in html
+    assert re.search(r"UTC: at least 1 due</title>", html)
+    data = client_of(control, max_buckets=1).get("/overview.json").get_json()
+    assert data["truncated"] is True and data["later"] == 1
+    whole = client_of(control).get("/").get_data(as_text=True)
+    assert "0 due after the chart." in whole and "at least" not in whole
 
 
 def test_overview_shows_wake_ups_the_acl_refused_and_members_counted_again(r, control, prefix):
@@ -311,6 +329,39 @@ def test_previews_are_clipped_and_plain_messages_show_their_body():
     plain = present.show(b'{"body": "hello <there>", "headers": {}, "properties": {}}')
     assert plain.source == "" and plain.body == "hello <there>"
     assert present.dead_preview(b"ab\x00\xff") == "ab\\x00\\xff"
+
+
+@pytest.mark.parametrize("refresh_s", [float("inf"), float("nan"), 1e306, 86_401, -1])
+def test_a_refresh_out_of_range_is_refused_when_the_app_is_built(control, refresh_s):
+    with pytest.raises(ValueError, match="refresh_s"):
+        create_app(control, refresh_s=refresh_s)
+
+
+def test_the_longest_refresh_fits_a_browser_timer(control):
+    page = client_of(control, refresh_s=86_400).get("/").get_data(as_text=True)
+    assert 'data-refresh-ms="86400000"' in page
+
+
+#: The dashboard's script run by node with a stub DOM: it prints the delay its timer was given.
+TIMER_STUB = """
+const listeners = {};
+const box = { getAttribute: () => "/overview/part", setAttribute() {}, querySelectorAll: () => [] };
+global.document = { hidden: false, body: { getAttribute: () => process.argv[2] },
+  getElementById: () => box, querySelectorAll: () => [], addEventListener: (e, f) => { listeners[e] = f; } };
+global.setInterval = (f, every) => console.log(every);
+eval(require("fs").readFileSync(process.argv[1], "utf8"));
+listeners.DOMContentLoaded();
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize(("served", "timer"), [("5000", "5000"), ("3000000000", "2147483647"), ("0", "")])
+def test_the_page_never_gives_its_timer_more_than_it_holds(served, timer):
+    # A delay past 2**31 - 1 ms fires at once: the overview refreshed without pause.
+    script = ROOT / "kombu_delay" / "web" / "static" / "dashboard.js"
+    run = ["node", "-e", TIMER_STUB, str(script), served]
+    out = subprocess.run(run, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == timer
 
 
 def test_the_mover_and_the_cli_do_not_import_the_web_stack():

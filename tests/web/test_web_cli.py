@@ -55,6 +55,16 @@ def test_a_host_it_cannot_resolve_is_one_line_of_error(redis_server):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("refresh", ["inf", "nan", "1e306", "86401", "-1"])
+def test_a_refresh_out_of_range_is_refused_before_serving(redis_server, refresh):
+    # An infinite one made every page a 500; one past 2**31 - 1 ms made the page refresh at once,
+    # without pause. On an address nobody can serve on: a value let through fails there instead.
+    result = web(redis_server, "--host", "256.0.0.1", "--port", str(free_port()), f"--refresh={refresh}")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--refresh'" in result.output and "from 0 (off) to 86,400" in result.output
+    assert "kombu-delay web: http" not in result.output
+
+
 @pytest.fixture
 def silent_server() -> Iterator[RedisServer]:
     """A redis-server of this test's own that accepts connections but never answers (SIGSTOP

@@ -40,6 +40,7 @@
     localTimes(document);
     var box = document.getElementById("overview");
     var every = Number(document.body.getAttribute("data-refresh-ms"));
-    if (box && every > 0) refresh(box, every);
+    // A timer holds at most 2^31 - 1 ms; a longer delay fires at once, and then without pause.
+    if (box && every > 0) refresh(box, Math.min(every, 2147483647));
   });
 })();
