@@ -24,10 +24,15 @@ MAX_THRESHOLD_S = MAX_DUE_MS // 1000
 
 
 def threshold(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """A threshold in seconds: finite, from 0 (don't check) to :data:`MAX_THRESHOLD_S`; a usage
-    error (exit 2) otherwise, never a verdict on the movers."""
+    """A threshold in seconds: finite, 0 (don't check) or from 0.001 (1 ms) to
+    :data:`MAX_THRESHOLD_S`; a usage error (exit 2) otherwise, never a verdict on the movers."""
     if not (math.isfinite(value) and 0 <= value <= MAX_THRESHOLD_S):
         raise click.BadParameter(f"{value} is not a number of seconds from 0 to {MAX_THRESHOLD_S}")
+    if 0 < value < 0.001:
+        # In whole ms it would be 0, which turns the check off, as the settings refuse it too.
+        raise click.BadParameter(
+            f"{value} is under 0.001 s (1 ms), the shortest threshold; 0 turns the check off"
+        )
     return value
 
 

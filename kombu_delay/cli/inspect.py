@@ -22,6 +22,8 @@ from kombu_delay.store.listing import Cursor
 NOT_FOUND = 1
 FAILED = 3
 BAR_WIDTH = 40
+#: One day, ms: a histogram spanning more labels its rows with their dates.
+DAY_MS = 86_400_000
 #: The task id column of a message damaged in Redis (it has no id to cancel it by).
 UNREADABLE = "(unreadable)"
 
@@ -96,6 +98,11 @@ def render_stats(stats: Stats) -> str:
     lag = f"   oldest is {span(stats.oldest_overdue_ms)} late" if stats.overdue else ""
     more = "+" if stats.truncated else ""
     lines.append(f"overdue    {stats.overdue:,}{more}{lag}")
+    if stats.truncated:
+        lines.append(
+            "NOTE       counts cut short by the census's bucket limit: overdue and the due times are "
+            "lower bounds (+), and 'not counted' is what is due later or in buckets not examined"
+        )
     if stats.vanished:
         lines.append(
             f"vanished   {stats.vanished:,} counted messages are gone from Redis (expired or evicted); "
@@ -113,16 +120,29 @@ def render_stats(stats: Stats) -> str:
         for name, n in sorted(stats.by_queue.items()):
             lines.append(f"  {names[name]:<{width}}  {n:,}")
     if stats.histogram:
-        slot_ms = stats.histogram[0].end_ms - stats.histogram[0].start_ms
-        lines.append(f"due times (UTC, one row per {span(slot_ms)}, row = start of slot)")
-        peak = max([s.count for s in stats.histogram] + [stats.later])
-        for slot in stats.histogram:
-            label = datetime.fromtimestamp(slot.start_ms / 1000, UTC).strftime("%H:%M:%S")
-            lines.append(f"  {label}  {bar(slot.count, peak)} {slot.count:,}")
-        lines.append(f"  {'later':<8}  {bar(stats.later, peak)} {stats.later:,}")
+        lines.extend(_histogram_rows(stats))
     if stats.totals:
         lines.append("lifetime   " + "  ".join(f"{k}={v:,}" for k, v in sorted(stats.totals.items())))
     return "\n".join(lines)
+
+
+def _histogram_rows(stats: Stats) -> list[str]:
+    """The due-time histogram: a header, a row per slot (its start, with the date when the rows
+    span more than a day), and what is due after it, or, cut short, not counted."""
+    first, last = stats.histogram[0], stats.histogram[-1]
+    slot_ms = first.end_ms - first.start_ms
+    dated = last.end_ms - first.start_ms > DAY_MS
+    stamp = "%Y-%m-%d %H:%M:%S" if dated else "%H:%M:%S"
+    more = "+" if stats.truncated else ""
+    rest = "not counted" if stats.truncated else "later"
+    labels = [datetime.fromtimestamp(slot.start_ms / 1000, UTC).strftime(stamp) for slot in stats.histogram]
+    width = max(len(rest), *(len(label) for label in labels))
+    peak = max([s.count for s in stats.histogram] + [stats.later])
+    lines = [f"due times (UTC, one row per {span(slot_ms)}, row = start of slot)"]
+    for label, slot in zip(labels, stats.histogram, strict=True):
+        lines.append(f"  {label:<{width}}  {bar(slot.count, peak)} {slot.count:,}{more}")
+    lines.append(f"  {rest:<{width}}  {bar(stats.later, peak)} {stats.later:,}")
+    return lines
 
 
 @global_options

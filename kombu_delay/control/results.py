@@ -99,9 +99,14 @@ class Stats:
     overdue: int
     oldest_overdue_ms: int
     #: Due-time histogram for the coming hours (slot 0 starts now), and what is due after it.
+    #: Each slot counts a bucket's messages in the slot its start falls in (so it is accurate to
+    #: one bucket width).
     histogram: list[Slot]
+    #: Scheduled messages in neither ``overdue`` nor the histogram: due after it, or, when
+    #: ``truncated``, also in buckets the census did not reach.
     later: int
-    #: True when a bucket limit cut the overdue count or the histogram short.
+    #: True when a bucket limit cut the overdue count or the histogram short: both are then
+    #: lower bounds.
     truncated: bool
     #: Mover id -> last heartbeat, epoch ms (Redis clock).
     movers: dict[str, int]

@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from click.testing import CliRunner
@@ -15,12 +15,15 @@ from kombu import Connection
 
 from kombu_delay import ConfigError, DelayControl
 from kombu_delay.cli import main
-from kombu_delay.cli.inspect import COMMANDS, span
+from kombu_delay.cli.inspect import COMMANDS, render_stats, span
+from kombu_delay.control import Slot, Stats
 from kombu_delay.store.listing import Cursor
 from kombu_delay.tooling.redis_server import free_port
 from tests.support.cli import kd, options, publish
 from tests.support.procs import ROOT
 from tests.support.workers import INSPECT_APP
+
+HOUR_MS = 3_600_000
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
@@ -44,6 +47,42 @@ def test_stats_shows_queues_and_histogram_bars(r, redis_server, prefix):
     data = json.loads(out)
     assert data["by_queue"] == {"celery": 4, "emails": 2}
     assert data["scheduled"] == 6 and data["overdue"] == 0
+
+
+def test_stats_dates_its_rows_when_they_span_days(r, redis_server, prefix):
+    # Rows labelled with the time of day only looked alike a day apart.
+    publish(redis_server, prefix, 1, countdown=3600)
+    publish(redis_server, prefix, 2, countdown=30 * 3600)
+    code, out = kd(redis_server, prefix, "stats", "--hours", "72", "--slot", "1440")
+    assert code == 0, out
+    rows = out.split("row = start of slot)\n")[1].splitlines()[:4]
+    labels = [" ".join(row.split()[:2]) for row in rows[:3]]
+    days = [datetime.strptime(label, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC) for label in labels]
+    assert days[1] - days[0] == days[2] - days[1] == timedelta(days=1)
+    assert [row.split()[-1] for row in rows] == ["1", "2", "0", "0"] and rows[3].split()[0] == "later"
+    code, out = kd(redis_server, prefix, "stats", "--hours", "2", "--slot", "60")
+    assert re.search(r"^  \d\d:\d\d:\d\d  .* 1$", out, re.M), out
+
+
+def cut_short(truncated: bool) -> Stats:
+    """A snapshot whose census examined only some buckets (``truncated``), or all of them."""
+    now = 1_796_300_000_000
+    slots = [Slot(now + i * HOUR_MS, now + (i + 1) * HOUR_MS, n) for i, n in enumerate([3, 0, 2])]
+    return Stats(now, 20, {"celery": 20}, {"celery": 20}, now + 60_000, 0, 0, slots, 15, truncated, {})
+
+
+def test_stats_says_when_its_counts_are_cut_short():
+    # A cut census printed the messages of buckets it never examined as due "later", and only
+    # the overdue count said it was short.
+    text = render_stats(cut_short(True))
+    assert "overdue    0+" in text
+    assert "NOTE       counts cut short" in text and "lower bounds" in text
+    rows = text.split("row = start of slot)\n")[1].splitlines()
+    assert [row.split()[-1] for row in rows] == ["3+", "0+", "2+", "15"]
+    assert rows[-1].split()[:2] == ["not", "counted"] and not any("later" in row.split() for row in rows)
+    whole = render_stats(cut_short(False))
+    assert "NOTE" not in whole and "+" not in whole and "not counted" not in whole
+    assert whole.rstrip().splitlines()[-1].split() == ["later", "\u2588" * 40, "15"]
 
 
 def test_ls_pages_with_the_printed_cursor(r, redis_server, prefix):
@@ -216,6 +255,14 @@ def test_health_refuses_a_threshold_out_of_range_as_a_usage_error(redis_server, 
     # Exit 1 would say "unhealthy": a usage error must not read as a verdict on the movers.
     code, out = kd(redis_server, "", "health", f"{flag}={value}")
     assert code == 2 and f"Invalid value for '{flag}'" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("flag", ["--max-heartbeat-age", "--max-overdue"])
+@pytest.mark.parametrize("value", ["0.0004", "0.0009", "1e-9"])
+def test_health_refuses_a_threshold_under_a_millisecond(redis_server, flag, value):
+    # It was rounded to 0 ms, which turns the check off: a probe of nothing said OK.
+    code, out = kd(redis_server, "", "health", f"{flag}={value}")
+    assert code == 2 and f"Invalid value for '{flag}'" in out and "under 0.001 s" in out, out
 
 
 def test_health_takes_a_zero_threshold_as_off(r, redis_server):
