@@ -165,6 +165,24 @@ def test_install_hints_name_extras_that_exist() -> None:
                 assert extra in extras, f"{name}: an install hint names [{extra}], which setup.cfg lacks"
 
 
+def test_every_extra_is_listed_in_the_readme_and_the_install_table() -> None:
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "setup.cfg")
+    listed = re.search(r"The extras are (.+?): see", README.read_text(), re.S)
+    assert listed, "the README lists the extras"
+    in_table = set(re.findall(r"^\| `(\w+)` \|", (DOCS / "getting-started.md").read_text(), re.M))
+    for extra in config["options.extras_require"]:
+        assert f"`{extra}`" in listed.group(1), f"the README's list of extras lacks {extra}"
+        assert extra in in_table, f"the extras table of getting-started.md lacks {extra}"
+
+
+def test_the_proxy_example_keeps_the_port_the_origin_check_compares() -> None:
+    # nginx's $host drops the port: behind a proxy on another port every action was refused.
+    text = (DOCS / "dashboard.md").read_text()
+    headers = re.findall(r"proxy_set_header Host (\S+);", text)
+    assert headers == ["$http_host"], headers
+
+
 def test_every_option_named_anywhere_exists() -> None:
     in_code = {option_name(f.name) for f in fields(Settings)}
     for path in [README, *DOCS.glob("*.md")]:
