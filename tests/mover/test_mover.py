@@ -742,3 +742,22 @@ def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: r
     clock.ms = due
     assert mover.drain().moved == 1
     assert r.lrange("q", 0, -1) == [b"payload"]
+
+
+def test_the_plans_pass_over_a_meta_hash_of_another_type(r: redis.Redis) -> None:
+    """The herd and thaw plans read the first buckets' meta hashes: one replaced by hand with
+    a key of another type is passed over, as the move passes it over, not a failed step."""
+    store = Store(r)
+    start = keys.bucket_start(store.time_ms() + 180_000, 60_000)
+    for i in range(3):
+        store.schedule(Due(start + 1_000, task_id=f"t{i}"), "q", f"p{i}", ORDINARY)
+    store.schedule(Due(start + 61_000, task_id="next"), "q", "next", ORDINARY)
+    meta = keys.meta("", start)
+    r.delete(meta)
+    r.set(meta, "by hand")
+    _, buckets = store.ordinary_buckets(10)
+    assert [b.start_ms for b in buckets] == [start + 60_000]
+    mover = Mover(store, Settings(), watch=False)
+    mover.stager.step()
+    mover.thaw()
+    assert mover.stats.errors == 0
