@@ -248,7 +248,11 @@ class _Merge:
         return self._take() if self.heap else None
 
     def _open(self, start: int, space: Space) -> None:
-        self.visited += 1
+        # Only a bucket past the cursor's message counts: one that starts before it is opened
+        # again (a wide bucket still open kept the cursor's start back), not explored, and
+        # counted, it would cut every page after its first message.
+        if self.at is None or start > self.at.due_ms:
+            self.visited += 1
         self.opened_to = start
         for dest in self.store.dests(start, space):
             if self.dests is None or dest in self.dests:

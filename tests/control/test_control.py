@@ -718,6 +718,33 @@ def test_a_queue_listing_opens_a_bounded_number_of_buckets_per_call(r, prefix):
     assert list_queue(store, busy, examine=10)[0] == [f"b{i}" for i in range(45)]
 
 
+def test_a_wide_bucket_open_across_many_narrow_ones_does_not_cut_every_page(r, prefix):
+    """A page's cursor starts at the wide bucket still open, so the next page opens again the
+    narrow buckets before the cursor: those are not new ground, and count nothing, or every page
+    would end after its first message."""
+    store = Store(r, prefix, clock=FakeClock(r))
+    base = (store.clock() // HOUR_MS + 2) * HOUR_MS
+    second = Settings(bucket_width_ms=1000, compress_after_ms=0)
+    busy, wide = f"{prefix}busy", f"{prefix}wide"
+    store.schedule_many(
+        [
+            (Due(base + 1000 * i + 100, task_id=f"b{i}"), busy, kombu_payload(f"b{i}", "busy"))
+            for i in range(60)
+        ],
+        second,
+    )
+    store.schedule_many(
+        [(Due(base + 61_000 + i, task_id=f"w{i}"), wide, kombu_payload(f"w{i}", "wide")) for i in range(20)],
+        ORDINARY_HOUR,
+    )
+    listed, per_call = list_queue(store, wide, examine=30)
+    assert listed == [f"w{i}" for i in range(20)]
+    # The first call opens the 61 buckets before the first message (no page ends before its
+    # first message) and is cut there; the next lists the rest. Counted, the 60 opened again
+    # would cut each page after one message: 20 calls.
+    assert len(per_call) == 2, per_call
+
+
 @pytest.mark.parametrize("compress_after_ms", [0, 60_000], ids=["ordinary", "cold"])
 def test_the_longest_grace_and_width_store_a_message_due_at_the_ceiling(r, prefix, compress_after_ms):
     # The bounds Settings keeps both to: every expiry a publish sets is one Redis takes.
