@@ -78,6 +78,12 @@ FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError, StorageFormatE
 _SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
 
 
+#: Refusals that waiting may end (and that write nothing): a read-only replica, a failed
+#: background save, too few replicas (min-replicas-to-write), a replica cut off from its
+#: master, a script running too long.
+_WAIT_REFUSALS = ("READONLY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "BUSY ")
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn redis-py's connection failures and refusals into kombu-delay errors."""
@@ -105,6 +111,6 @@ def translated_errors() -> Iterator[None]:
             raise RedisRefused(
                 f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
             ) from exc
-        if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text or "MISCONF" in text:
+        if isinstance(exc, redis.exceptions.ReadOnlyError) or any(m in text for m in _WAIT_REFUSALS):
             raise RedisRefused(f"Redis refused the write: {text}") from exc
         raise

@@ -255,8 +255,8 @@ class Mover:
             logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
-        except redis.ResponseError as exc:  # a key damaged by hand: moves must go on meanwhile
-            if isinstance(exc, FATAL_ERRORS):
+        except redis.ResponseError as exc:  # a key of another type, by hand: moves go on meanwhile
+            if isinstance(exc, FATAL_ERRORS) or "WRONGTYPE" not in str(exc):
                 raise
             self.stats.errors += 1
             logger.error(

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 THAW_BATCH = 100
 #: How often, at most, a refused thaw is logged, seconds.
 LOG_EVERY_S = 10.0
+#: Seconds before a thaw that failed on a key of another type (written by hand) is tried again.
+DAMAGED_RETRY_S = 10.0
 
 
 class ThawCounts(Protocol):
@@ -106,17 +108,21 @@ class Thawer:
             self._next_look = now + 1.0
             return 1.0
         except redis.ResponseError as exc:
-            # A key of the cold space damaged by hand (its index of another type, say): moves
-            # must go on meanwhile; the thaw is retried, and its error logged, every minute.
-            if isinstance(exc, FATAL_ERRORS):
+            # A key of the cold space replaced by hand with one of another type (its index, say):
+            # moves must go on meanwhile; the thaw is retried, and its error logged, every
+            # DAMAGED_RETRY_S. Any other error goes to the loop's back-off, as before.
+            if isinstance(exc, FATAL_ERRORS) or "WRONGTYPE" not in str(exc):
                 raise
             self.stats.errors += 1
             logger.error(
-                "mover %s: thaw failed (%s); moves go on, the thaw is retried in 60 s", self.name, exc
+                "mover %s: thaw failed (%s); moves go on, the thaw is retried in %.0f s",
+                self.name,
+                exc,
+                DAMAGED_RETRY_S,
             )
             self._run = None
-            self._next_look = now + 60.0
-            return 60.0
+            self._next_look = now + DAMAGED_RETRY_S
+            return DAMAGED_RETRY_S
         self._account(result)
         self._run = (now, result.thawed) if _listed(result) else None
         wait = self._wait_after(result)

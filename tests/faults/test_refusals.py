@@ -400,3 +400,29 @@ def test_a_user_without_pexpire_still_moves_an_x_expires_queue_once(server: Redi
         assert store.move_due(100).moved == 0
     assert stored(admin) == [] and admin.llen(QUEUE) == 2
     assert admin.pttl(QUEUE) == -1  # not renewed: the user may not
+
+
+def test_too_few_replicas_is_a_refusal_that_waiting_ends(server: RedisServer) -> None:
+    """min-replicas-to-write with no replica: Redis refuses every write (NOREPLICAS) and
+    writes nothing. That is a RedisRefused, as READONLY is: a thaw then looks again a second
+    later, not after the pause for a key damaged by hand, which would make messages late."""
+    from kombu_delay.config import Settings
+    from kombu_delay.message import Due
+    from kombu_delay.mover.loop import Mover
+
+    client = server.client()
+    with open_store(server.delay_url) as store:
+        due = redis_ms(client) + 120_000
+        store.schedule(Due(due, task_id="t"), "q", "payload", Settings(compress_after_ms=30_000))
+        mover = Mover(store, Settings(thaw_ahead_ms=3_600_000), watch=False)
+        client.config_set("min-replicas-to-write", 1)
+        try:
+            with pytest.raises(RedisRefused, match="NOREPLICAS"):
+                store.thaw(3_600_000, 100)
+            assert mover.thaw() == 1.0
+        finally:
+            client.config_set("min-replicas-to-write", 0)
+        mover.thawer._next_look = 0.0
+        mover.thaw()
+        assert mover.stats.thawed == 1
+    client.close()

@@ -736,7 +736,7 @@ def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: r
     store.schedule(Due(due, task_id="t"), "q", "payload", Settings(compress_after_ms=0), now_ms=clock())
     r.set(keys.cold_index(""), "by hand")
     mover = Mover(store, Settings(), watch=False)
-    assert mover.thaw() == 60.0
+    assert mover.thaw() == 10.0  # DAMAGED_RETRY_S
     assert mover.sweep() == 60.0
     assert mover.stats.errors == 2
     clock.ms = due
