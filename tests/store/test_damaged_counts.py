@@ -277,8 +277,52 @@ def test_a_meta_hash_replaced_by_a_key_of_another_type_stops_no_move_sweep_or_re
     assert store.sweep("", 100, now_ms=now).cursor == ""
     assert store.reindex(now_ms=now) == (0, 0)
     assert store.move_due(100, now_ms=start + 10_000).moved == 1
-    assert store.move_due(100, now_ms=later + 10_000).moved == 1
+    result = store.move_due(100, now_ms=later + 10_000)
+    assert (result.moved, result.expired) == (1, 1)  # the damaged bucket's message: lost, counted
     assert _delivered(r, dest) == ["first", "later"]
     assert r.zscore(keys.index(prefix), str(damaged)) is None
     assert store.totals()["unreadable"] == 1
+    assert store.counts() == {}  # nothing left counted for ever
     assert r.get(meta) == b"by hand"
+
+
+def test_a_cold_bucket_of_another_type_holds_back_no_other_thaw(r: redis.Redis, prefix: str) -> None:
+    """A cold bucket's meta hash, or one of its sorted sets, replaced by hand: that bucket's
+    messages are lost (counted as expired, taken off the counts), every other one thaws."""
+    now, start = _bucket(r, ahead=5)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    starts = [start, start + WIDTH, start + 2 * WIDTH]
+    for i, at in enumerate(starts):
+        store.schedule(Due(at + 1_000, task_id=f"m{i}"), dest, kombu_payload(f"m{i}"), COLD, now_ms=now)
+    assert r.zcard(keys.cold_index(prefix)) == 3
+    r.delete(keys.meta(prefix, starts[0], keys.COLD))
+    r.set(keys.meta(prefix, starts[0], keys.COLD), "by hand")
+    wrong_set = keys.queue_set(prefix, starts[1], dest, keys.COLD)
+    r.delete(wrong_set)
+    r.set(wrong_set, "by hand")
+    result = store.thaw(10 * WIDTH, 100, now_ms=start - 30_000)
+    assert (result.thawed, result.expired) == (1, 2)
+    assert store.totals()["unreadable"] == 1
+    assert store.counts() == {dest: 1}
+    assert store.move_due(100, now_ms=starts[2] + 2_000).moved == 1
+    assert _delivered(r, dest) == ["m2"]
+    assert store.counts() == {}
+
+
+def test_a_drained_bucket_whose_task_id_list_is_of_another_type_is_let_go(
+    r: redis.Redis, prefix: str
+) -> None:
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 1_000, task_id="a"), dest, kombu_payload("a"), ORDINARY, now_ms=now)
+    store.schedule(Due(start + WIDTH + 1_000, task_id="b"), dest, kombu_payload("b"), ORDINARY, now_ms=now)
+    assert store.move_due(100, now_ms=start + 2_000).moved == 1
+    tasks = keys.task_ids(prefix, start)
+    r.delete(tasks)
+    r.set(tasks, "by hand")
+    assert r.zscore(keys.drained(prefix), str(start)) is not None
+    assert store.move_due(100, now_ms=start + WIDTH + 2_000).moved == 1  # after the first bucket's end
+    assert r.zscore(keys.drained(prefix), str(start)) is None
+    assert store.totals()["unreadable"] == 1
+    assert store.totals()["moved"] == 2
+    assert _delivered(r, dest) == ["a", "b"]

@@ -42,6 +42,13 @@ retire(k, start_s, end_ms, now)
   First its sorted sets are counted (recount): when they still hold members that its counts
   missed, it stays, counted again, and retire returns how many it found (else 0).
 
+let_go_unreadable(k, start_s)
+  A bucket whose meta hash was replaced by a key of another type (by hand): nothing of it can be
+  counted or moved. It leaves its space's index, counted (totals field unreadable); what its
+  sorted sets hold, for any destination ``counts`` counts, is taken off those counts and
+  returned, for the caller to count as expired (lost to delivery). Its keys are left as they
+  are: the sorted sets expire after their grace. Bound: one ZCARD per destination counted.
+
 recount(k, start_s, now)
   Counts the members of a bucket whose counts read zero, in the sorted sets of the
   destinations its meta hash names and of every destination counted in <ns>counts (a meta
@@ -170,6 +177,20 @@ local function recount(k, start_s, now)
   count_up(k.ns .. 'totals', 'recounted', found)
   if redis.call('ZSCORE', s.index, start_s) == false then redis.call('ZADD', s.index, start, start_s) end
   return found
+end
+
+local function let_go_unreadable(k, start_s)
+  local counts, lost = k.ns .. 'counts', 0
+  redis.call('ZREM', k.index, start_s)
+  for _, dest in ipairs(redis.call('HKEYS', counts)) do
+    local n = redis.pcall('ZCARD', k.space:zset(start_s, dest))
+    if type(n) == 'number' and n > 0 then
+      uncount(counts, dest, n)
+      lost = lost + n
+    end
+  end
+  count_up(k.ns .. 'totals', 'unreadable', 1)
+  return lost
 end
 
 local function retire(k, start_s, end_ms, now)

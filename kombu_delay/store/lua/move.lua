@@ -154,10 +154,8 @@ local function visit(start_s)
   local fields = redis.pcall('HGETALL', meta)
   if fields.err then
     -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
-    -- counted or moved, and one such bucket must not stop every move. It leaves the index,
-    -- counted (totals field unreadable); its sorted sets expire after their grace.
-    redis.call('ZREM', index, start_s)
-    count_up(totals, 'unreadable', 1)
+    -- counted or moved, and one such bucket must not stop every move (let_go_unreadable).
+    expired = expired + let_go_unreadable(k, start_s)
     return
   end
   local end_ms, left_total = nil, 0
@@ -272,13 +270,22 @@ if budget > 0 then
       count_up(totals, 'reindexed', 1)
     else
       local tasks = s:tasks(start_s)
-      local chunk = redis.call('LRANGE', tasks, 0, budget - 1)
-      drop_start_refs(ids, chunk, start_s)
-      if #chunk < budget then
+      local chunk = redis.pcall('LRANGE', tasks, 0, budget - 1)
+      if chunk.err then
+        -- Its task-id list replaced by a key of another type (by hand): its refs cannot be
+        -- found, and stay in the id index, naming nothing (find and cancel drop such a ref).
+        -- The bucket is let go all the same, counted, the key left as it is.
+        redis.call('ZREM', gc, start_s)
+        redis.call('DEL', s:meta(start_s))
+        count_up(totals, 'unreadable', 1)
+        budget = budget - 1
+      elseif #chunk < budget then
+        drop_start_refs(ids, chunk, start_s)
         redis.call('DEL', tasks, s:meta(start_s))
         redis.call('ZREM', gc, start_s)
         budget = budget - math.max(1, #chunk)
       else
+        drop_start_refs(ids, chunk, start_s)
         redis.call('LTRIM', tasks, #chunk, -1)
         budget = 0
         cleanup_left = 1

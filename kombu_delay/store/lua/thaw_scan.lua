@@ -46,7 +46,12 @@ for _, start_s in ipairs(starts) do
     break
   end
   local meta = cs:meta(start_s)
-  local fields = redis.call('HGETALL', meta)
+  local fields = redis.pcall('HGETALL', meta)
+  local unreadable = fields.err ~= nil
+  if unreadable then  -- of another type, by hand: let go, so no other bucket's thaw waits on it
+    expired = expired + let_go_unreadable(k, start_s)
+    fields = {}
+  end
   local left, end_ms = 0, nil
   for i = 1, #fields, 2 do
     if fields[i] == 'end' then end_ms = count_of(fields[i + 1]) end
@@ -63,7 +68,13 @@ for _, start_s in ipairs(starts) do
         settle_gone(meta, name, counts, dest, n)
       elseif wanted > 0 then
         left = left + n
-        local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, wanted)
+        local batch = redis.pcall('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, wanted)
+        if batch.err then  -- of another type, by hand: read as gone, as move.lua reads one
+          left = left - n
+          expired = expired + n
+          settle_gone(meta, name, counts, dest, n)
+          batch = {}
+        end
         for j = 1, #batch, 2 do
           listed[#listed + 1] = start_s
           listed[#listed + 1] = batch[j + 1]
@@ -71,7 +82,8 @@ for _, start_s in ipairs(starts) do
           listed[#listed + 1] = batch[j]
         end
         wanted = wanted - #batch / 2
-        local rest = redis.call('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        local rest = redis.pcall('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        if rest.err then rest = {} end
         local score = tonumber(rest[2])
         if score and (score == math.huge or (end_ms and score >= end_ms)) then
           -- Scored past its bucket's end (no publish does that: a score written by hand, up
@@ -93,7 +105,7 @@ for _, start_s in ipairs(starts) do
   end
   -- Drained, or only counted messages that are gone, or its meta hash gone (expired a day
   -- after its grace, or deleted): the bucket leaves the index, as move.lua retires one.
-  if left == 0 then recounted = recounted + retire(k, start_s, end_ms, now) end
+  if left == 0 and not unreadable then recounted = recounted + retire(k, start_s, end_ms, now) end
 end
 if more == 0 and #starts == limit then more = 1 end
 local first = tonumber(redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+inf', 'LIMIT', 0, 1)[1])
