@@ -50,6 +50,17 @@ class RedisRefused(KombuDelayError, redis.ResponseError):
     kombu's ``channel_errors``, as the same refusal of plain kombu's ``LPUSH`` would be."""
 
 
+class WrongTypeKey(KombuDelayError, redis.ResponseError):
+    """A key holds a value of another type than the command expects (``WRONGTYPE``): one of
+    kombu-delay's keys written over by hand, or a destination that is not a list. Also a
+    ``redis.ResponseError``, as redis-py raises it."""
+
+
+def is_wrong_type(error: redis.ResponseError) -> bool:
+    """True for Redis's ``WRONGTYPE`` refusal, raw (also in a script's error text) or translated."""
+    return isinstance(error, WrongTypeKey) or "WRONGTYPE" in str(error)
+
+
 class PayloadTooLarge(KombuDelayError, ValueError):
     """The message is larger than Redis accepts for one string (512 MB)."""
 
@@ -113,4 +124,6 @@ def translated_errors() -> Iterator[None]:
             ) from exc
         if isinstance(exc, redis.exceptions.ReadOnlyError) or any(m in text for m in _WAIT_REFUSALS):
             raise RedisRefused(f"Redis refused the write: {text}") from exc
+        if is_wrong_type(exc):
+            raise WrongTypeKey(text) from exc
         raise

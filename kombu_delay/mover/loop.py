@@ -24,7 +24,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
-from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable
+from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, WrongTypeKey
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
@@ -255,9 +255,7 @@ class Mover:
             logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
-        except redis.ResponseError as exc:  # a key of another type, by hand: moves go on meanwhile
-            if isinstance(exc, FATAL_ERRORS) or "WRONGTYPE" not in str(exc):
-                raise
+        except WrongTypeKey as exc:  # a key of another type, by hand: moves go on meanwhile
             self.stats.errors += 1
             logger.error(
                 "mover %s: sweep failed (%s); moves go on, retrying in %.0f s", self.name, exc, SWEEP_EVERY_S

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from kombu_delay.errors import CorruptMember, translated_errors
+from kombu_delay.errors import CorruptMember, is_wrong_type, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase, as_text, format_must_be, whole
 from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Stored, SweepResult, ThawResult
@@ -162,7 +162,7 @@ class Moving(StoreBase):
             # move and the sweep pass it over: its error must not fail the whole plan.
             metas = pipe.execute(raise_on_error=False) if starts else []
             for meta in metas:
-                if isinstance(meta, redis.ResponseError) and not str(meta).startswith("WRONGTYPE"):
+                if isinstance(meta, redis.ResponseError) and not is_wrong_type(meta):
                     raise meta
         now = int(sec) * 1000 + int(usec) // 1000 if self.clock is None else int(self.clock())
         found = []
