@@ -310,11 +310,10 @@ local function earliest_in(start_s)
   if fields.err then return nil end  -- a key of another type: the visit takes it out
   local later = 0
   for i = 1, #fields, 2 do
-    if fields[i] == 'n' then later = ahead end
-  end
-  for i = 1, #fields, 2 do
     local name = fields[i]
-    if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
+    if name == 'n' then
+      later = ahead
+    elseif sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
       local head = redis.pcall('ZRANGE', s:zset(start_s, sub(name, 3)), 0, 0, 'WITHSCORES')
       if head[2] then  -- (none from a key of another type, whose count the visit settles)
         local due = floor(tonumber(head[2]))
