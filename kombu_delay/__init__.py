@@ -24,6 +24,7 @@ from kombu_delay.errors import (
     RedisRefused,
     RedisUnavailable,
     StorageFormatError,
+    WrongTypeKey,
 )
 from kombu_delay.transport import register
 
@@ -50,6 +51,7 @@ __all__ = [
     "Slot",
     "Stats",
     "StorageFormatError",
+    "WrongTypeKey",
     "__version__",
     "register",
 ]
