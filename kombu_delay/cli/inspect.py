@@ -223,6 +223,8 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
     with control(ctx) as ctl:
         page = ctl.scheduled(queue=queue, limit=limit, cursor=cursor)
         now = ctl.store.time_ms()
+        if queue is not None and not cursor:
+            _warn_look_alikes(ctl, queue, "not listed")
     rows = [_row(item, now) for item in page.items]
     if as_json:
         click.echo(json.dumps({"items": rows, "cursor": page.cursor}, indent=2))
@@ -318,6 +320,21 @@ def reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: flo
     click.echo(f"{task_id}: rescheduled {n} message{'s' if n != 1 else ''}, {due}")
 
 
+def _warn_look_alikes(ctl: DelayControl, queue: str, what: str) -> None:
+    """Name on stderr the destinations that look like ``queue``'s priority lists under
+    another separator (:meth:`DelayControl.look_alikes`), and say what to pass."""
+    found = ctl.look_alikes(queue)
+    if not found:
+        return
+    names = ", ".join(f"{shown(ctl.queue_of(dest))} ({n:,})" for dest, n in sorted(found.items()))
+    click.echo(
+        f"kombu-delay: {names} look like priority lists of {queue!r} under another separator than "
+        f"this command's ({ctl.store.sep!r}), and were {what}: if the app sets `sep` in its "
+        "broker_transport_options, pass it here (-o sep=...) or run `celery -A <app> delay`",
+        err=True,
+    )
+
+
 @global_options
 @click.command()
 @click.option("--queue", "-Q", required=True, help="Queue whose scheduled messages are removed.")
@@ -339,6 +356,7 @@ def purge(ctx: click.Context, queue: str, yes: bool) -> None:
         raise click.UsageError(f"purge removes every scheduled message of {queue!r}; add --yes to confirm")
     with control(ctx) as ctl:
         n = ctl.purge(queue)
+        _warn_look_alikes(ctl, queue, "not purged")
     click.echo(f"{queue}: purged {n} scheduled message{'s' if n != 1 else ''}")
     if not n:
         ctx.exit(NOT_FOUND)

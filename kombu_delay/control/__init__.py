@@ -8,6 +8,7 @@ index or per-bucket counters, so none of them scans the scheduled messages.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from datetime import datetime
 from types import TracebackType
@@ -168,6 +169,23 @@ class DelayControl:
         dests = {d for d in store.counts() if self.queue_of(d) == queue}
         dests.update(keys.destination(store.prefix, queue, p, store.sep) for p in self._steps)
         return store.purge(dests)
+
+    def look_alikes(self, queue: str) -> dict[str, int]:
+        """Return the destinations, with their scheduled counts, that look like priority lists
+        of ``queue`` under a separator other than this control's (``celery:9`` for ``celery``
+        where the separator is kombu's default): an app that sets ``sep`` in its transport
+        options, read by a control that was not given it. :meth:`purge` and
+        :meth:`scheduled` do not take them as ``queue``'s; the CLI names them, so that no
+        message is left behind unseen."""
+        shape = re.compile(re.escape(queue) + r"[^0-9A-Za-z]{1,4}[0-9]{1,3}")
+        prefix = self.store.prefix
+        return {
+            dest: n
+            for dest, n in self.store.counts().items()
+            if dest.startswith(prefix)
+            and shape.fullmatch(dest[len(prefix) :])
+            and self.queue_of(dest) != queue
+        }
 
     def scheduled(self, queue: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:
         """Return one page of scheduled messages, earliest bucket first.

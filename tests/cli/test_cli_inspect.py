@@ -10,6 +10,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from celery import Celery
 from click.testing import CliRunner
 from kombu import Connection
 
@@ -157,6 +158,26 @@ def test_purge_needs_yes(r, redis_server, prefix):
         assert code == 0 and "purged 3 scheduled messages" in out
         assert ctl.stats().by_queue == {"celery": 1}
     assert kd(redis_server, prefix, "purge", "--queue", "emails", "--yes")[0] == 1
+
+
+def test_purge_and_ls_name_priority_lists_under_another_separator(r, redis_server, prefix):
+    # An app with its own `sep`, read without it: its priority lists were left behind unseen.
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {**options(prefix), "sep": ":", "priority_steps": list(range(10))}
+    for priority in (0, 4, 9):
+        app.send_task("inspect.record", (priority,), countdown=600, priority=priority)
+    app.close()
+    code, out = kd(redis_server, prefix, "ls", "--queue", "celery")
+    assert code == 0, out
+    assert "celery:4 (1), celery:9 (1) look like priority lists of 'celery'" in out
+    assert "were not listed" in out and "-o sep=..." in out
+    code, out = kd(redis_server, prefix, "purge", "--queue", "celery", "--yes")
+    assert code == 0 and "purged 1 scheduled message\n" in out and "were not purged" in out
+    code, out = kd(redis_server, prefix, "-o", "sep=:", "purge", "--queue", "celery", "--yes")
+    assert code == 0 and "purged 2 scheduled messages" in out and "look like" not in out
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.stats().by_queue == {}
+        assert ctl.look_alikes("celery") == {}
 
 
 def test_redis_unavailable_exits_3():
