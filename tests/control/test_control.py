@@ -633,6 +633,7 @@ def test_no_leaks_after_11000_publish_move_and_cancel_cycles(r, redis_server, pr
         wait_until(cleaned_up, timeout=60, interval=0)
         totals = store.totals()
     assert leftover_keys(r, prefix) == set()
+    assert r.pttl(keys.totals(prefix)) > 0  # kept no longer than the buckets were
     assert totals["scheduled"] == scheduled
     assert totals["cancelled"] == expected_cancelled
     assert totals["rescheduled"] == expected_rescheduled

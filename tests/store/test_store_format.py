@@ -34,6 +34,23 @@ def test_publishers_and_movers_record_the_format(r: redis.Redis, prefix: str) ->
     store.check_format()
 
 
+def test_a_namespace_nothing_uses_leaves_no_key(r: redis.Redis, prefix: str) -> None:
+    # The heartbeats and the totals (with the format) had no expiry: a mover started once
+    # under a prefix, or a run whose messages were all moved, left them for good.
+    store = Store(r, prefix)
+    now = redis_ms(r)
+    store.heartbeat("m", forget_after_ms=3_600_000, now_ms=now)
+    for key in (keys.movers(prefix), keys.totals(prefix)):
+        assert 3_500_000 < r.pttl(key) <= 3_600_000
+    # A later heartbeat extends them; a publish keeps totals as long as its bucket's keys.
+    store.heartbeat("m", forget_after_ms=3_600_000, now_ms=now + 1_800_000)
+    assert r.pttl(keys.movers(prefix)) > 5_000_000
+    due = now + 30 * 86_400_000
+    store.schedule(Due(due, task_id="t"), f"{prefix}q", kombu_payload("t"), Settings(compress_after_ms=0))
+    meta_ttl = r.pttl(keys.meta(prefix, due - due % 60_000))
+    assert meta_ttl > 30 * 86_400_000 and r.pttl(keys.totals(prefix)) >= meta_ttl - 60_000
+
+
 @pytest.fixture
 def other_format(r: redis.Redis, prefix: str) -> Store:
     """A store whose data was recorded in a format after this one, holding one message."""

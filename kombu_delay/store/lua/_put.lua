@@ -50,7 +50,7 @@ end
 
 -- A dead system must not grow Redis forever: the messages expire after the grace, the
 -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
--- the shared hashes never before the last meta hash. Publishers with different bucket
+-- the shared hashes (totals too, with its storage format) never before the last meta hash. Publishers with different bucket
 -- widths (or graces) may share a start: the meta hash keeps the latest end and expiry any
 -- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
 -- message outlives a narrower one's expiry. Each expiry is set only when it can change
@@ -97,6 +97,7 @@ local function set_expiries(k, now, b, known_x, known_end)
     keep_until(k.index, now, meta_expire_at)
     keep_until(k.ids, now, meta_expire_at)
     keep_until(k.counts, now, meta_expire_at)
+    keep_until(k.totals, now, meta_expire_at)
   end
 end
 

@@ -9,6 +9,9 @@ ARGV[3] now_ms        epoch ms to judge by; '' = Redis TIME (tests drive time th
 ARGV[4] format        the storage format this mover reads and writes (keys.py FORMAT)
 Returns: {now_ms, format}: the format found, or ARGV[4] when none was recorded yet (it is
          recorded then). When another one is found nothing is written: the mover stops.
+Both keys live at least forget_after past the latest heartbeat (then every mover in movers
+would be dropped as dead anyway), and totals as long as a bucket's keys too (put, in
+_put.lua): a namespace nothing uses leaves no key behind.
 Bound: O(log n + dropped) in the number of movers.
 ]]
 --- @include clock
@@ -24,4 +27,6 @@ if found and found ~= format then return {now, found} end
 redis.call('ZREMRANGEBYSCORE', movers, '-inf', '(' .. string.format('%d', now - forget_after))
 redis.call('ZADD', movers, now, mover_id)
 if not found then redis.call('HSET', totals, 'format', format) end
+keep_until(movers, now, now + forget_after)
+keep_until(totals, now, now + forget_after)
 return {now, format}
