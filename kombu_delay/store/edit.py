@@ -17,6 +17,10 @@ from kombu_delay.store.inspection import Inspecting
 from kombu_delay.store.publish import Publishing
 from kombu_delay.store.replies import Rescheduled, Stored
 
+#: How many times :meth:`Editing.cancel` looks for a task's messages, at most, while each look
+#: finds one that left its place before it could be removed.
+CANCEL_LOOKS = 3
+
 
 class Editing(Inspecting, Publishing):
     """What DelayControl calls to change what is stored."""
@@ -24,18 +28,21 @@ class Editing(Inspecting, Publishing):
     def cancel(self, task_id: str, now_ms: int | None = None) -> int:
         """Remove every message of ``task_id``; return how many were removed.
 
-        A compressed message a mover thawed between the find and its removal is looked for
-        again (:func:`spaces.may_have_thawed`).
+        A message that left its place between the find and its removal is looked for again,
+        at most :data:`CANCEL_LOOKS` times in all: one a mover thawed meanwhile is in the
+        ordinary space now, one another edit rescheduled is in its new bucket. (One a mover
+        moved is on its list, and found no more.)
         """
         done = 0
         with translated_errors():
-            again = False
-            for stored in self.find(task_id):
-                removed = self._cancel_one(task_id, stored, now_ms)
-                done += removed
-                again = again or spaces.may_have_thawed(stored, bool(removed))
-            if again:
-                done += sum(self._cancel_one(task_id, s, now_ms) for s in self.find(task_id))
+            for _ in range(CANCEL_LOOKS):
+                missed = False
+                for stored in self.find(task_id):
+                    removed = self._cancel_one(task_id, stored, now_ms)
+                    done += removed
+                    missed = missed or not removed
+                if not missed:
+                    break
         return done
 
     def _cancel_one(self, task_id: str, stored: Stored, now_ms: int | None) -> int:

@@ -21,8 +21,8 @@ the ordinary one while others look, and they are handled here, once:
 
 - a walk over both spaces takes the cold one first (:data:`ALL`): a message thawed meanwhile moves
   into the part still to come, so it is counted or listed twice at worst, never missed;
-- an edit that found a cold message and then could not claim it looks again
-  (:func:`may_have_thawed`), and :func:`thawed_copy` picks out its ordinary copy;
+- a cancel that found a message and then could not claim it looks again (edit.py), and a
+  reschedule that found a cold one picks out its ordinary copy (:func:`thawed_copy`);
 - a publisher whose clock runs behind Redis's may ask for the cold space too late: the script
   refuses (``TOO_SOON_FOR_COLD``) and the message goes to the ordinary space (:func:`placed`).
 """
@@ -142,12 +142,6 @@ def placed(space: Space, reply: R, resend: Callable[[Space], R], too_soon: Calla
     if space.compressed and too_soon(reply):
         return resend(ORDINARY)
     return reply
-
-
-def may_have_thawed(stored: Stored, claimed: bool) -> bool:
-    """True when an edit that found ``stored`` but could not claim it must look again: a cold
-    message a mover thawed meanwhile is in the ordinary space now."""
-    return stored.space.compressed and not claimed
 
 
 def thawed_copy(stored: Stored, found: Iterable[Stored]) -> Stored | None:

@@ -408,6 +408,28 @@ def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis
     assert moved.due_ms > now + 500_000 and store.counts() == {"q": 1}
 
 
+def test_a_cancel_racing_a_reschedule_still_reaches_the_message(r, redis_server, monkeypatch):
+    # A reschedule between a cancel's find and its removal left the message scheduled in its
+    # new bucket, and the cancel said "not scheduled".
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    store.schedule(Due(clock() + 60_000, task_id="a"), "q", kombu_payload("a"), Settings())
+    stale = {"a": store.find("a")}
+    with DelayControl(redis_server.delay_url) as control:
+        assert control.reschedule("a", countdown=3 * 3600) == 1  # ordinary space to cold
+    [moved] = store.find("a")
+    assert moved.cold and moved.ref != stale["a"][0].ref
+    real_find = Store.find
+
+    def find_once_stale(self: Store, task_id: str) -> list:
+        return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
+
+    monkeypatch.setattr(Store, "find", find_once_stale)
+    assert store.cancel("a") == 1
+    monkeypatch.setattr(Store, "find", real_find)
+    assert store.find("a") == [] and store.counts() == {}
+
+
 def test_a_long_rate_capped_drain_still_thaws_in_time(r):
     """A backlog under a rate cap keeps one drain() busy for seconds; a compressed message whose
     thaw horizon begins meanwhile is thawed during that drain, before its due time, not after it.
