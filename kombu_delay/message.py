@@ -8,8 +8,9 @@ one datetime-to-ms helper. A message's due time is read, in this order, from:
 2. Celery protocol 1: ``eta`` inside a JSON body (``application/json``), for a message of
    protocol 1's full shape only (:func:`protocol1_body`); other JSON bodies are app data.
 3. Plain kombu: an ``x-delay`` header in milliseconds from now, judged by the
-   Redis clock (the RabbitMQ delayed-message convention), on any message without an
-   ``eta`` header of its own, a ``task`` header or not.
+   Redis clock (the RabbitMQ delayed-message convention), on any message that is no
+   Celery protocol 2 task with an ETA: an ``eta`` header counts only beside a ``task``
+   header (with none, it is app data, and the ``x-delay`` holds the message).
 
 A stored payload (the JSON string plain kombu would push) is read and its ETA rewritten
 here too, in Python: Lua never decodes a payload (a Lua decode and re-encode corrupts JSON).
