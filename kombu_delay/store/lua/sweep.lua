@@ -4,7 +4,7 @@ KEYS[1] index   ZSET  <ns>index     ordinary buckets holding messages (member = 
 KEYS[2] cindex  ZSET  <ns>cindex    cold buckets holding messages, as index
 KEYS[3] ids     HASH  <ns>ids       task id -> refs (its expiry follows the buckets')
 KEYS[4] counts  HASH  <ns>counts    destination list key -> scheduled count
-KEYS[5] totals  HASH  <ns>totals    lifetime counters
+KEYS[5] totals  HASH  <ns>totals    lifetime counters (its expiry follows the buckets', as ids')
 KEYS[6] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] after   cursor: '' to begin with the first ordinary bucket, else the reply's cursor
@@ -109,7 +109,7 @@ end
 
 local function finish(cursor)
   if keep_shared > 0 then
-    for _, key in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4]}) do
+    for _, key in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}) do
       if redis.call('EXISTS', key) == 1 then keep_until(key, now, keep_shared) end
     end
   end
