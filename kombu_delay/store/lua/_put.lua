@@ -50,12 +50,12 @@ end
 
 -- A dead system must not grow Redis forever: the messages expire after the grace, the
 -- bucket's meta hash and task-id list a day later (so a mover can still settle the counts),
--- the shared hashes (totals too, with its storage format) never before the last meta hash. Publishers with different bucket
--- widths (or graces) may share a start: the meta hash keeps the latest end and expiry any
--- of them asked for (`end`, `x`), and a later one extends the bucket's keys, so its
--- message outlives a narrower one's expiry. Each expiry is set only when it can change
--- something: for a new key, or a later expiry. The shared keys (index, ids, counts)
--- likewise only for a later expiry, a set that was empty (its bucket may have drained,
+-- the shared keys (totals too, with its storage format) never before the last meta hash.
+-- Publishers with different bucket widths (or graces) may share a start: the meta hash
+-- keeps the latest end and expiry any of them asked for (`end`, `x`), and a later one
+-- extends the bucket's keys, so its message outlives a narrower one's expiry. Each expiry
+-- is set only when it can change something: for a new key, or a later expiry. The shared
+-- keys (index, ids, counts, totals) likewise only for a later expiry, a set that was empty (its bucket may have drained,
 -- and the index with it), or when this destination's global count was zero (they may
 -- have emptied and vanished, taking their expiry with them).
 -- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
