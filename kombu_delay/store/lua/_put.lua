@@ -55,9 +55,9 @@ end
 -- keeps the latest end and expiry any of them asked for (`end`, `x`), and a later one
 -- extends the bucket's keys, so its message outlives a narrower one's expiry. Each expiry
 -- is set only when it can change something: for a new key, or a later expiry. The shared
--- keys (index, ids, counts, totals) likewise only for a later expiry, a set that was empty (its bucket may have drained,
--- and the index with it), or when this destination's global count was zero (they may
--- have emptied and vanished, taking their expiry with them).
+-- keys (index, ids, counts, totals) likewise only for a later expiry, a set that was
+-- empty (its bucket may have drained, and the index with it), or when this destination's
+-- global count was zero (they may have emptied and vanished, taking their expiry with them).
 -- b: the bucket and this call's counts (start, start_s, meta, zset, tasks, dest, n_seq, n_added,
 -- n_here: the set's count after, n_tasks: the task-id list's length after, dest_new, late: ms
 -- added to the grace);
