@@ -77,6 +77,42 @@ def dump(r: redis.Redis) -> dict[bytes, Any]:
     return found
 
 
+def publish_over_damaged_times(store: Store, r: redis.Redis) -> list[Any]:
+    """Publishes into one bucket whose end and expiry (meta fields read as times) are
+    rewritten by hand between them, as text no script writes, some of it twice: a function
+    keeps the times it read (a memo by their text) and must read those as none each time."""
+    settings = Settings(compress_after_ms=0)
+    replies = []
+    meta = f"{store.ns}m:{NOW + 60_000 - (NOW + 60_000) % 60_000}"
+    for i, (end, x) in enumerate(
+        (("inf", "nan"), ("inf", "1.5"), ("1e20", "inf"), (None, None), ("inf", "nan"))
+    ):
+        if end is not None:
+            r.hset(meta, mapping={"end": end, "x": x})
+        task_id = f"t{i}"
+        replies.append(
+            store.schedule(
+                Due(NOW + 60_000 + i, task_id=task_id), DEST, kombu_payload(task_id), settings, now_ms=NOW
+            )
+        )
+    return replies
+
+
+def test_a_function_reads_damaged_times_as_the_script_does(
+    r7: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_function = publish_over_damaged_times(Store(r7, "app:"), r7)
+    assert calls(r7, "fcall") == 5
+    stored = dump(r7)
+    r7.flushall()
+    r7.function_flush()
+    monkeypatch.setattr(scripts, "FUNCTIONS", ())
+    as_script = publish_over_damaged_times(Store(r7, "app:"), r7)
+    assert calls(r7, "evalsha") >= 5
+    assert as_script == as_function
+    assert dump(r7) == stored
+
+
 def test_a_publish_runs_as_a_function_and_stores_what_the_script_stores(
     r7: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,7 +66,7 @@ local due = when
 if ARGV[10] == '1' then due = now + when end
 local movers = -1
 if fresh ~= '0' then movers = redis.call('ZCOUNT', ns .. 'movers', now - tonumber(fresh), '+inf') end
-if cold and due <= now + tonumber(ARGV[12] or '0') then
+if cold and due <= now + (ms_of(ARGV[12]) or 0) then  -- ms_of: read once per text (_clock.lua)
   return {-2, due, now, movers}
 end
 if due <= now then
