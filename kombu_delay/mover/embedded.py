@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import bootsteps, signals
@@ -32,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 #: How long a worker shutdown waits for the mover thread, seconds.
 STOP_TIMEOUT_S = 10.0
+#: The longest wait, seconds, between two tries of a mover that failed on what it does not
+#: wait out itself (an ACL that refuses it, data in another storage format).
+RETRY_CAP_S = 30.0
+#: A mover that ran this long, seconds, before it failed is retried soon again.
+HEALTHY_S = 60.0
 
 
 class EmbeddedMover:
@@ -68,8 +74,9 @@ class EmbeddedMover:
 
     def _run(self) -> None:
         settings = self.target.settings()
-        backoff = Backoff()
+        backoff = Backoff(cap=RETRY_CAP_S)
         while not self._stopping.is_set():
+            began = time.monotonic()
             try:
                 # The Mover itself survives Redis outages, and open_when_reachable waits for
                 # Redis at worker start; this loop keeps the worker's mover alive through
@@ -81,11 +88,21 @@ class EmbeddedMover:
                         if self._stopping.is_set():
                             return
                         self._mover = Mover(store, settings, name=self.name)
-                    backoff.reset()
                     self._mover.run()
             except Exception:
-                logger.warning("kombu-delay: embedded mover %s failed; retrying", self.name, exc_info=True)
-                self._stopping.wait(backoff.next())
+                # What reaches here is what the Mover does not wait out itself (an ACL
+                # refusal, say), so it fails again at once until someone fixes it: the waits
+                # grow, and start again short only after a mover that ran a while.
+                if time.monotonic() - began >= HEALTHY_S:
+                    backoff.reset()
+                delay = backoff.next()
+                logger.warning(
+                    "kombu-delay: embedded mover %s failed; retrying in %.1f s",
+                    self.name,
+                    delay,
+                    exc_info=True,
+                )
+                self._stopping.wait(delay)
 
 
 class EmbeddedMoverStep(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -157,6 +157,21 @@ class Mover:
         logger.info("mover %s started (prefix %r)", self.name, self.store.prefix)
         if self.watch is not None:
             self.watch.start()
+        try:
+            self._loop()
+        finally:
+            # On every way out, a fatal error's too: the checks use this store's connections,
+            # which the caller then closes, and an embedded mover starts a new one to retry.
+            if self.watch is not None:
+                self.watch.stop()
+        try:
+            self.store.forget_mover(self.name)
+        except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
+            logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
+        logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
+
+    def _loop(self) -> None:
+        """The loop of :meth:`run`, until :meth:`stop` or a fatal error (raised)."""
         backoff = Backoff()
         pubsub: redis.client.PubSub | None = None
         while not self._stop.is_set():
@@ -193,13 +208,6 @@ class Mover:
                 self._stop.wait(backoff.next())
         if pubsub is not None:
             _close_quietly(pubsub)
-        if self.watch is not None:
-            self.watch.stop()
-        try:
-            self.store.forget_mover(self.name)
-        except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
-            logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
-        logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
 
     def drain(self) -> MoveResult:
         """Move until nothing is due (or the rate cap or a stop request says wait).

@@ -7,11 +7,13 @@ starts by its PID.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,9 +25,12 @@ from kombu.transport import redis as kombu_redis
 
 from kombu_delay.cli import main
 from kombu_delay.cli.common import parse_option
-from kombu_delay.connect import open_store
+from kombu_delay.config import Settings
+from kombu_delay.connect import Target, open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
+from kombu_delay.mover.embedded import EmbeddedMover
+from kombu_delay.mover.loop import Mover
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
 from tests.support.stored import redis_ms, stored
@@ -426,3 +431,39 @@ def test_too_few_replicas_is_a_refusal_that_waiting_ends(server: RedisServer) ->
         mover.thaw()
         assert mover.stats.thawed == 1
     client.close()
+
+
+def watch_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "kombu-delay-watch" and t.is_alive())
+
+
+def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_try(server, caplog):
+    # An embedded mover retried a refusal every 0.1 s, and each try left the mover's
+    # background checks running, with a connection of their own: threads and connections
+    # grew without end in the worker.
+    url = add_user(server.client(), "celeryonly", "resetkeys", "~celery*")  # none of kombu-delay's keys
+    before = watch_threads()
+    with Target(url).open() as store:
+        mover = Mover(store, Settings())
+        with pytest.raises(RedisPermissionError):
+            mover.run()
+    assert watch_threads() == before
+    caplog.set_level(logging.WARNING, logger="kombu_delay.mover.embedded")
+    embedded = EmbeddedMover(Target(url))
+    embedded.start()
+    try:
+
+        def failures() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "failed; retrying" in r.getMessage()]
+
+        def waits() -> list[float]:
+            found = (re.search(r"retrying in ([0-9.]+) s", text) for text in failures())
+            return [float(m[1]) if m else 0.0 for m in found]
+
+        wait_until(lambda: len(failures()) >= 5, timeout=DEADLINE_S)
+        assert watch_threads() <= before + 1  # the try under way, at most
+    finally:
+        embedded.stop()
+    # Full jitter over doublings from 0.1 s: the fifth wait is at least 0.8 s.
+    assert waits()[4] >= 0.8, waits()
+    assert watch_threads() == before
