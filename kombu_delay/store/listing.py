@@ -132,6 +132,12 @@ class _Source:
     def pop(self) -> tuple[Position, bytes]:
         return self._buffer.pop(0)
 
+    @property
+    def in_hand(self) -> bool:
+        """True when taking the next member reads nothing more: the one after it is read
+        already, or none is left."""
+        return len(self._buffer) >= 2 or self.done
+
     def _fill(self) -> None:
         client = self.store.client
         raw: list[Any] = client.zrangebyscore(self.key, self._lower, "+inf", 0, CHUNK, withscores=True)
@@ -264,6 +270,17 @@ class _Merge:
         if head is not None:
             heapq.heappush(self.heap, (head, id(source), source))
 
+    def take_in_hand(self) -> Stored | None:
+        """Take the next member when that reads nothing: no bucket is to be opened before it,
+        and its set holds the member after it in hand (or none); else ``None``."""
+        if not self.heap:
+            return None
+        head, _, source = self.heap[0]
+        nxt = self.buckets.peek()
+        if (nxt is not None and nxt <= head.due_ms) or not source.in_hand:
+            return None
+        return self._take()
+
     def _take(self) -> Stored:
         self.last, _, source = heapq.heappop(self.heap)
         self.taken += 1
@@ -307,6 +324,11 @@ def page(
     out: list[Stored] = []
     while len(out) < limit:
         if merge.spent >= examine and merge.may_stop:
+            # What was read is listed: opening a bucket reads ahead in each of its sets, and a
+            # page that stopped at its first member then, with many sets in one bucket, listed
+            # one message a page and read that bucket again for each.
+            while len(out) < limit and (got := merge.take_in_hand()) is not None:
+                out.append(got)
             return out, merge.resume()
         got = merge.step()
         if got is None:
