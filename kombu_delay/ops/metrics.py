@@ -65,7 +65,12 @@ class QueueSeries:
 
     def values(self, per_queue: dict[str, int], now: float) -> tuple[dict[str, int], list[str]]:
         """Return the series to set (label -> value) and the labels to drop."""
-        busy = sorted((q for q, n in per_queue.items() if n > 0), key=lambda q: (-per_queue[q], q))
+        # A queue named as the overflow's label is counted under it: a series of its own would
+        # be overwritten by the overflow's, and its messages lost from the sum.
+        named_other = max(per_queue.get(OTHER_QUEUES, 0), 0)
+        busy = sorted(
+            (q for q, n in per_queue.items() if n > 0 and q != OTHER_QUEUES), key=lambda q: (-per_queue[q], q)
+        )
         top, rest = busy[: self.limit], busy[self.limit :]
         out = {q: per_queue[q] for q in top}
         for queue in top:
@@ -78,8 +83,8 @@ class QueueSeries:
         dropped = [q for q in self._shown if q not in out]
         for queue in dropped:
             del self._shown[queue]
-        other = sum(per_queue[q] for q in rest)
-        self._other = self._other or bool(rest)
+        other = named_other + sum(per_queue[q] for q in rest)
+        self._other = self._other or bool(rest) or named_other > 0
         if self._other:  # only once some queue went past the limit: one series, kept from then on
             out[OTHER_QUEUES] = other
         return out, dropped

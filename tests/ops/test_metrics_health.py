@@ -243,6 +243,10 @@ def test_queue_series_are_bounded_however_many_queues_come_and_go() -> None:
     values, dropped = series.values({}, now + 301)
     assert values == {OTHER_QUEUES: 0} and len(dropped) == 50
     assert QueueSeries(limit=2).values({"a": 1, "b": 2}, 0) == ({"a": 1, "b": 2}, [])  # no (other) yet
+    # A queue named "(other)" shares the overflow's series: before, the overflow overwrote it.
+    values, _ = QueueSeries(limit=1).values({"a": 5, "b": 2, OTHER_QUEUES: 1000}, 0)
+    assert values == {"a": 5, OTHER_QUEUES: 1002}
+    assert QueueSeries(limit=2).values({"a": 5, OTHER_QUEUES: 7}, 0) == ({"a": 5, OTHER_QUEUES: 7}, [])
 
 
 def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private_server, spawn):
