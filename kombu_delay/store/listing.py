@@ -327,8 +327,8 @@ def page(
             # What was read is listed: opening a bucket reads ahead in each of its sets, and a
             # page that stopped at its first member then, with many sets in one bucket, listed
             # one message a page and read that bucket again for each.
-            while len(out) < limit and (got := merge.take_in_hand()) is not None:
-                out.append(got)
+            while len(out) < limit and (in_hand := merge.take_in_hand()) is not None:
+                out.append(in_hand)
             return out, merge.resume()
         got = merge.step()
         if got is None:
