@@ -109,13 +109,21 @@ class Shared:
         self.max_buckets = max_buckets
         self.share_s = share_s
         self._lock = threading.Lock()
-        self._latest: dict[str, tuple[float, Overview]] = {}
+        self._latest: dict[str, tuple[float, Overview | Exception]] = {}
 
     def get(self, range_name: str) -> Overview:
         with self._lock:  # one census at a time: concurrent refreshes wait for it, then share it
             found = self._latest.get(range_name)
             if found is not None and time.monotonic() - found[0] < self.share_s:
+                if isinstance(found[1], Exception):
+                    raise found[1]
                 return found[1]
-            fresh = build(self.control, range_name, self.max_buckets)
+            try:
+                fresh = build(self.control, range_name, self.max_buckets)
+            except Exception as exc:
+                # A failure is shared too: behind a Redis that stalls, each request that waited
+                # for this one would otherwise wait out its own socket timeout, one at a time.
+                self._latest[range_name] = (time.monotonic(), exc)
+                raise
             self._latest[range_name] = (time.monotonic(), fresh)
             return fresh
