@@ -1,6 +1,7 @@
 """The dashboard's Flask app: overview, scheduled listing, task detail, dead letters, and actions.
 
-Every read goes through :class:`~kombu_delay.control.DelayControl`. State-changing requests
+Every read goes through :class:`~kombu_delay.control.DelayControl`. Every request must name an
+allowed host in its ``Host`` header (:mod:`kombu_delay.web.guard`). State-changing requests
 (cancel, reschedule, remove a dead letter) exist only with ``allow_actions``; they are POSTs
 that pass the CSRF check of :mod:`kombu_delay.web.guard`, destructive ones are confirmed on a
 page of their own first, and each is written to the audit log.
@@ -9,11 +10,13 @@ page of their own first, and each is written to the audit log.
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
+from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as Redirect
 
@@ -31,6 +34,11 @@ MAX_ROWS = 500
 #: Why a dead-letter offset or position is refused (HTTP 400).
 BAD_POSITION = "the offset or position is past any list"
 READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
+#: The routes that answer JSON, errors included.
+JSON_ENDPOINTS = frozenset({"overview_json"})
+#: The ``done`` of a task page: a count of messages rescheduled, as the reschedule action
+#: redirects with it (any other value is not shown: the link could say anything).
+DONE_COUNT = re.compile(r"[0-9]{1,18}")
 
 
 def create_app(
@@ -38,6 +46,7 @@ def create_app(
     *,
     allow_actions: bool = False,
     credentials: guard.Credentials | None = None,
+    allowed_hosts: Iterable[str] | None = None,
     refresh_s: float = 5.0,
     where: str = "",
     max_buckets: int = 10_000,
@@ -47,14 +56,19 @@ def create_app(
     shown in the page header. Mount it under a path prefix with the WSGI ``SCRIPT_NAME``
     (``kombu-delay web --url-prefix``). ``share_s``: how long one overview serves every browser.
     ``refresh_s``: the overview's refresh, from 0 (off) to :data:`MAX_REFRESH_S`, else
-    ``ValueError``."""
+    ``ValueError``. ``allowed_hosts``: the hosts the ``Host`` header may name, as
+    :func:`~kombu_delay.web.guard.allowed_hosts_of` makes them (``kombu-delay web --host`` and
+    ``--allowed-host``); by default the loopback names."""
     if not (math.isfinite(refresh_s) and 0 <= refresh_s <= MAX_REFRESH_S):
         raise ValueError(f"refresh_s {refresh_s} is not a number of seconds from 0 to {MAX_REFRESH_S}")
     app = Flask(__name__)
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
     shared = Shared(control, max_buckets, share_s)
+    hosts = frozenset(
+        guard.host_name(name) for name in (guard.LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
+    )
 
-    _install_guards(app, credentials, allow_actions, where, refresh_s)
+    _install_guards(app, credentials, hosts, allow_actions, where, refresh_s)
     _add_pages(app, control, shared)
     _add_detail_pages(app, control)
     _add_actions(app, control, allow_actions)
@@ -62,9 +76,15 @@ def create_app(
 
 
 def _install_guards(
-    app: Flask, credentials: guard.Credentials | None, allow_actions: bool, where: str, refresh_s: float
+    app: Flask,
+    credentials: guard.Credentials | None,
+    hosts: frozenset[str],
+    allow_actions: bool,
+    where: str,
+    refresh_s: float,
 ) -> None:
-    """Basic auth, the CSRF cookie, security headers, server timing and error pages."""
+    """The Host allow-list, basic auth, the CSRF cookie, security headers, server timing and error
+    pages."""
 
     @app.context_processor
     def helpers() -> dict[str, Any]:
@@ -81,13 +101,24 @@ def _install_guards(
     @app.before_request
     def before() -> Response | None:
         g.started = time.perf_counter()
-        if credentials is not None and not credentials.check(request.headers.get("Authorization")):
+        # First: a page that rebound its own name to this address gets nothing, not even the
+        # basic-auth prompt (for its own origin, in the browser of someone who may fill it in).
+        if not guard.host_allowed(request.host, hosts):
             return Response(
-                "authentication required\n",
-                401,
-                {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'},
+                f"this dashboard does not answer to the host {request.host!r}: if that is its name "
+                "(behind a reverse proxy, say), start it with --allowed-host NAME\n",
+                400,
                 mimetype="text/plain",
             )
+        if credentials is not None:
+            if not credentials.check(request.headers.get("Authorization")):
+                return Response(
+                    "authentication required\n",
+                    401,
+                    {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'},
+                    mimetype="text/plain",
+                )
+            g.user = credentials.user  # checked: the audit log may name it
         g.csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_token()
         return None
 
@@ -116,12 +147,24 @@ def _install_guards(
         return response
 
     @app.errorhandler(KombuDelayError)
-    def redis_error(exc: KombuDelayError) -> tuple[str, int]:
-        return render_template("error.html", title="Redis error", message=str(exc)), 503
+    def redis_error(exc: KombuDelayError) -> tuple[str | Response, int]:
+        return _error("Redis error", str(exc)), 503
 
     @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException) -> tuple[str, int]:
-        return render_template("error.html", title=exc.name, message=exc.description), exc.code or 500
+    def http_error(exc: HTTPException) -> tuple[str | Response, int]:
+        return _error(exc.name, exc.description or ""), exc.code or 500
+
+
+def _error(title: str, message: str) -> str | Response:
+    """An error's body: ``{"error": message}`` on a JSON route, else the error page."""
+    if request.endpoint in JSON_ENDPOINTS:
+        return jsonify(error=message)
+    return render_template("error.html", title=title, message=message)
+
+
+def _who() -> str:
+    """Who made this request, for the audit log: the user only when basic auth checked it."""
+    return guard.who(request, g.get("user"))
 
 
 def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
@@ -191,7 +234,11 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
         found = control.find(task_id) if task_id else []
         now = control.store.time_ms()
         shown = [(m, present.show(m.message)) for m in found]
-        return render_template("task.html", task_id=task_id, shown=shown, now=now), 200 if found else 404
+        done = request.args.get("done", "")
+        rescheduled = int(done) if DONE_COUNT.fullmatch(done) else None
+        return render_template(
+            "task.html", task_id=task_id, shown=shown, now=now, rescheduled=rescheduled
+        ), 200 if found else 404
 
     @app.get("/dead")
     def dead() -> str:
@@ -217,11 +264,11 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
     def acting(action: str, target: str) -> None:
         """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
         if not allow_actions:
-            guard.audit.warning("refused %s %r by %s: actions are off", action, target, guard.who(request))
+            guard.audit.warning("refused %s %r by %s: actions are off", action, target, _who())
             abort(403, READ_ONLY)
         problem = guard.csrf_problem(request)
         if problem is not None:
-            guard.audit.warning("refused %s %r by %s: %s", action, target, guard.who(request), problem)
+            guard.audit.warning("refused %s %r by %s: %s", action, target, _who(), problem)
             abort(403, f"Refused: {problem}.")
 
     @app.post("/task/cancel")
@@ -232,7 +279,7 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
             found = control.find(task_id)
             return render_template("confirm.html", action="cancel", task_id=task_id, found=found)
         n = control.cancel(task_id)
-        guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, guard.who(request), n)
+        guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, _who(), n)
         return render_template("done.html", title="Cancelled", task_id=task_id, count=n, action="cancel")
 
     @app.post("/task/reschedule")
@@ -255,13 +302,11 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
                 raise ValueError("give either a new time or a countdown")
             n = control.reschedule(task_id, eta=eta, countdown=countdown)
         except (ValueError, KombuDelayError) as exc:
-            guard.audit.warning("reschedule %r by %s failed: %s", task_id, guard.who(request), exc)
+            guard.audit.warning("reschedule %r by %s failed: %r", task_id, _who(), str(exc))
             return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
         new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
-        guard.audit.warning(
-            "reschedule %r to %s by %s: %d message(s) rescheduled", task_id, new, guard.who(request), n
-        )
-        return redirect(url_for("task", id=task_id, done=f"rescheduled {n}"), 303)
+        guard.audit.warning("reschedule %r to %s by %s: %d message(s) rescheduled", task_id, new, _who(), n)
+        return redirect(url_for("task", id=task_id, done=n), 303)
 
     @app.post("/dead/remove")
     def dead_remove() -> str | Response:
@@ -273,7 +318,7 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
             n = control.remove_dead_letter(digest, near)
         except ValueError:
             abort(400, BAD_POSITION)
-        guard.audit.warning("remove dead letter %s by %s: %d removed", digest, guard.who(request), n)
+        guard.audit.warning("remove dead letter %r by %s: %d removed", digest, _who(), n)
         return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
 
 

@@ -44,6 +44,16 @@ def refresh_seconds(ctx: click.Context, param: click.Parameter, value: float) ->
     "An empty or malformed value, from either, is refused.",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Answer requests for this host name too (repeatable; any port): the name a reverse proxy "
+    "passes on. By default only the --host address, or localhost, 127.0.0.1 and [::1] when that is "
+    "a loopback address or 0.0.0.0. Other Host headers are refused (400), against DNS rebinding. "
+    "'*': any host, unsafe without --auth.",
+)
+@click.option(
     "--url-prefix",
     default="",
     help="Serve under this path (behind a reverse proxy that passes /PREFIX/... on unchanged).",
@@ -64,6 +74,7 @@ def web(
     port: int,
     allow_actions: bool,
     auth: str | None,
+    allowed_hosts: tuple[str, ...],
     url_prefix: str,
     refresh: float,
     threads: int,
@@ -76,15 +87,15 @@ def web(
     \b
     Examples:
       kombu-delay -b delayredis://localhost:6379/0 web
-      kombu-delay web --host 0.0.0.0 --port 9809 --auth ops:s3cret --allow-actions
-      KOMBU_DELAY_WEB_AUTH=ops:s3cret kombu-delay web --url-prefix /kombu-delay
+      kombu-delay web --host 0.0.0.0 --allowed-host dash.example.com --auth ops:s3cret --allow-actions
+      KOMBU_DELAY_WEB_AUTH=ops:s3cret kombu-delay web --url-prefix /kd --allowed-host dash.example.com
       celery -A proj delay web --allow-actions
     """
     try:
         import waitress
 
         from kombu_delay.web.app import PathPrefix, create_app
-        from kombu_delay.web.guard import AUTH_ENV, Credentials
+        from kombu_delay.web.guard import ANY_HOST, AUTH_ENV, Credentials, allowed_hosts_of
     except ImportError as exc:
         raise click.ClickException(
             f"the dashboard needs the web extra ({exc.name} is missing): pip install 'kombu-delay[web]'"
@@ -100,6 +111,10 @@ def web(
         credentials = Credentials.parse(auth) if auth is not None else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint=source) from exc
+    try:
+        hosts = allowed_hosts_of(host, allowed_hosts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
     announce(ctx)
     try:
         control = DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl)
@@ -109,6 +124,7 @@ def web(
         control,
         allow_actions=allow_actions,
         credentials=credentials,
+        allowed_hosts=hosts,
         refresh_s=refresh,
         where=tgt.describe(),
     )
@@ -120,6 +136,10 @@ def web(
         f"{'basic auth' if credentials else 'no auth'})",
         err=True,
     )
+    if ANY_HOST in hosts and credentials is None:
+        click.echo(
+            "warning: --allowed-host '*' without --auth: any web page can use it (DNS rebinding)", err=True
+        )
     if prefix:
         app.wsgi_app = PathPrefix(app.wsgi_app, prefix)  # type: ignore[method-assign]
     try:

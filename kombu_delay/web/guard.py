@@ -1,12 +1,18 @@
-"""What keeps the dashboard safe to expose: basic auth, CSRF tokens, and the audit log of actions.
+"""What keeps the dashboard safe to expose: the Host allow-list, basic auth, CSRF tokens, and the
+audit log of actions.
 
+* Host allow-list: every request, static files included, must name in its ``Host`` header a
+  host the dashboard answers to (see :func:`allowed_hosts_of`); others are refused with 400. A
+  page of another site that rebinds its own name to the dashboard's address (DNS rebinding)
+  sends its own name, so it can neither read the pages nor pass the ``Origin`` check below.
 * Basic auth (optional): every request, static files included, needs the one user and password.
 * CSRF: a random token in a ``SameSite=Strict``, ``HttpOnly`` cookie, which every POST must also
   carry as the form field ``csrf`` (a page of another site can make the browser send the cookie,
-  but cannot read it to fill in the field); a POST whose ``Origin`` names another host is refused
-  as well.
+  but cannot read it to fill in the field); a POST whose ``Origin`` names another host, or is
+  ``null``, is refused as well.
 * Audit: every state-changing request is logged on ``kombu_delay.web.audit`` at WARNING, with
-  who (the basic-auth user, else ``-``), from where, what, and the outcome.
+  who (the basic-auth user, else ``-``), from where, what, and the outcome; what the request
+  chose is escaped (``%r``), so no value can start a line of its own.
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import logging
+import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -27,6 +36,14 @@ CSRF_COOKIE = "kombu_delay_csrf"
 CSRF_FIELD = "csrf"
 #: Environment variable read for ``--auth`` when the flag is not given.
 AUTH_ENV = "KOMBU_DELAY_WEB_AUTH"
+#: The names a dashboard bound to a loopback address (or to every address) answers to.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+#: ``--allowed-host`` value that lets any ``Host`` through (unsafe without basic auth).
+ANY_HOST = "*"
+#: A host name or IPv4 address, as a ``Host`` header or ``--allowed-host`` gives it.
+_NAME = re.compile(r"[a-z0-9_.-]+", re.ASCII)
+#: The ``Host`` header: a name or a bracketed IPv6 address, then maybe a port.
+_HOST = re.compile(r"([a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?", re.ASCII)
 
 audit = logging.getLogger("kombu_delay.web.audit")
 
@@ -60,6 +77,66 @@ class Credentials:
         return same_user and same_password
 
 
+def host_name(text: str) -> str:
+    """One ``--allowed-host`` value (or a ``--host`` address) as the allow-list holds it: lower case,
+    an IPv6 address in brackets; :data:`ANY_HOST` as it is. ``ValueError`` for anything else, a
+    port too (any port is allowed: the name is what a rebinding page cannot choose)."""
+    name = text.strip().lower()
+    if name == ANY_HOST:
+        return name
+    try:
+        address = ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        address = None
+    if address is not None:
+        return f"[{address.compressed}]" if address.version == 6 else address.compressed
+    if _NAME.fullmatch(name) and not name.startswith(".") and ".." not in name:
+        return name
+    raise ValueError(f"{text!r} is not a host name or address (give it without scheme, port or path)")
+
+
+def allowed_hosts_of(bound: str, given: Iterable[str] = ()) -> frozenset[str]:
+    """The names a dashboard listening on ``bound`` (``--host``) answers to: those ``given``
+    (``--allowed-host``, read by :func:`host_name`), and by default the loopback names when
+    ``bound`` is a loopback address or every address (``0.0.0.0``, ``::``), else ``bound``
+    itself."""
+    names = {host_name(name) for name in given}
+    try:
+        own = host_name(bound or "0.0.0.0")
+    except ValueError:  # no address anyone can listen on: serving fails before any request
+        return frozenset(names)
+    try:
+        address = ipaddress.ip_address(own.strip("[]"))
+    except ValueError:  # a name
+        address = None
+    # Every address (0.0.0.0, ::) includes loopback; no browser asks for it by that address, so
+    # the names it is reached by otherwise are those given.
+    loopback_or_any = address is not None and (address.is_loopback or address.is_unspecified)
+    if own in ("localhost", ANY_HOST) or loopback_or_any:
+        names.update(LOOPBACK_HOSTS)
+    else:
+        names.add(own)
+    return frozenset(names)
+
+
+def host_allowed(host: str, allowed: frozenset[str]) -> bool:
+    """Whether a request's ``Host`` (``name``, ``name:port``, ``[v6]:port``; any port) names a
+    host in ``allowed`` (:func:`allowed_hosts_of`)."""
+    if ANY_HOST in allowed:
+        return True
+    found = _HOST.fullmatch(host.strip().lower())
+    try:
+        return found is not None and host_name(found.group(1)) in allowed
+    except ValueError:
+        return False
+
+
+def printable(text: str) -> str:
+    """``text`` quoted and escaped as ``%r`` writes it: a newline or any other control character
+    in it cannot start a line of the log of its own."""
+    return repr(text)
+
+
 def new_token() -> str:
     """A fresh CSRF token."""
     return secrets.token_urlsafe(32)
@@ -73,17 +150,23 @@ def csrf_problem(request: Request) -> str | None:
         return "the form carries no CSRF token (reload the page and try again)"
     if not hmac.compare_digest(cookie.encode(), sent.encode()):
         return "the form's CSRF token does not match this browser's (reload the page and try again)"
+    # A browser sends Origin with every POST; a client without one (curl, a script) is no page
+    # of another site, and still needs the token from the cookie, so it may go on. "null" is
+    # what a browser sends from a sandboxed frame, a data: URL or a file: page: any site can
+    # make one, so it is refused.
     origin = request.headers.get("Origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.host:
-        return f"the request comes from another origin ({origin})"
+    if origin is not None and (origin == "null" or urlsplit(origin).netloc != request.host):
+        return f"the request comes from another origin ({origin!r})"
     return None
 
 
-def who(request: Request) -> str:
-    """``user@address`` of a request, for the audit log (``-`` when there is no basic auth)."""
-    user = request.authorization.username if request.authorization else None
+def who(request: Request, user: str | None) -> str:
+    """``user@address`` of a request, for the audit log. ``user``: the basic-auth user once its
+    password was checked, else ``None`` (written ``-``); a name in an ``Authorization`` header
+    of a dashboard without auth is no one's. The user and ``X-Forwarded-For`` (which any client
+    may send) are escaped with :func:`printable`."""
     forwarded = request.headers.get("X-Forwarded-For")
     where = request.remote_addr or "?"
-    if forwarded:
-        where += f" (forwarded for {forwarded})"
-    return f"{user or '-'}@{where}"
+    if forwarded is not None:
+        where += f" (forwarded for {printable(forwarded)})"
+    return f"{printable(user) if user is not None else '-'}@{where}"

@@ -1,6 +1,7 @@
 """The dashboard's app without a browser: Flask's test client over a real Redis, with and without
 ``global_keyprefix``; the per-queue overdue count and the dead letters it reads; its guards
-(read-only, CSRF, basic auth, path prefix); and that neither the mover nor the CLI loads it."""
+(read-only, CSRF, basic auth, the Host allow-list, the audit log, path prefix); and that neither
+the mover nor the CLI loads it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from kombu_delay.store import keys
 from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import present
 from kombu_delay.web.app import PathPrefix, create_app
-from kombu_delay.web.guard import CSRF_COOKIE, Credentials
+from kombu_delay.web.guard import CSRF_COOKIE, LOOPBACK_HOSTS, Credentials, allowed_hosts_of, host_name
 from tests.support.procs import ROOT, wait_until
 from tests.support.servers import running_tls_server
 from tests.support.stored import behind, kombu_payload
@@ -308,6 +309,144 @@ def test_basic_auth_guards_every_path(control):
     assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
     with pytest.raises(ValueError):
         Credentials.parse("no-password")
+
+
+#: What a page that rebound its own name to the dashboard's address sends (DNS rebinding).
+REBOUND = "attacker.example:26001"
+
+
+def test_a_host_not_allowed_gets_nothing_and_can_do_nothing(redis_server, control, prefix):
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    for path in ("/", f"/task?id={task_id}", "/overview.json", "/static/dashboard.css", "/nowhere"):
+        refused = client.get(path, headers={"Host": REBOUND})
+        assert refused.status_code == 400, path
+        assert refused.mimetype == "text/plain" and "--allowed-host" in refused.get_data(as_text=True)
+        assert "Set-Cookie" not in refused.headers and csrf not in refused.get_data(as_text=True)
+    # Before: the page's own token and an Origin naming the same (attacker's) host passed.
+    form = {"id": task_id, "confirm": "yes", "csrf": csrf}
+    cancel = client.post("/task/cancel", data=form, headers={"Host": REBOUND, "Origin": f"http://{REBOUND}"})
+    assert cancel.status_code == 400 and len(control.find(task_id)) == 1
+    # The loopback names, at any port, are the default.
+    for host in ("localhost", "127.0.0.1:9809", "[::1]:1", "LOCALHOST:80"):
+        assert client.get("/overview.json", headers={"Host": host}).status_code == 200, host
+    for host in ("localhost.", "127.0.0.2", "[::2]", "localhost:x", "", "a b"):
+        assert client.get("/overview.json", headers={"Host": host}).status_code == 400, host
+
+
+def test_allowed_hosts_answer_a_proxy_name_and_its_actions(redis_server, control, prefix):
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    proxied = {"Host": "dash.example.com:8443", "Origin": "https://dash.example.com:8443"}
+    client = client_of(control, allow_actions=True, allowed_hosts=["Dash.Example.com"])
+    assert client.get("/", headers={"Host": "localhost"}).status_code == 400  # not given: not allowed
+    csrf = token_at(client, proxied["Host"])
+    done = client.post("/task/cancel", data={"id": task_id, "confirm": "yes", "csrf": csrf}, headers=proxied)
+    assert done.status_code == 200 and control.find(task_id) == []
+    anyone = client_of(control, allowed_hosts=["*"])
+    assert anyone.get("/", headers={"Host": REBOUND}).status_code == 200
+
+
+def token_at(client, host: str) -> str:
+    client.get("/", headers={"Host": host})
+    cookie = client.get_cookie(CSRF_COOKIE, domain=host.rpartition(":")[0])
+    assert cookie is not None, "the first page sets the CSRF cookie"
+    return cookie.value
+
+
+@pytest.mark.parametrize(
+    ("bound", "given", "allowed"),
+    [
+        ("127.0.0.1", (), set(LOOPBACK_HOSTS)),
+        ("localhost", (), set(LOOPBACK_HOSTS)),
+        ("::1", (), set(LOOPBACK_HOSTS)),
+        ("0.0.0.0", (), set(LOOPBACK_HOSTS)),
+        ("::", ("dash.example.com",), {*LOOPBACK_HOSTS, "dash.example.com"}),
+        ("10.1.2.3", (), {"10.1.2.3"}),
+        ("fd00::0:7", ("[FD00::7]", "Dash.Example.COM"), {"[fd00::7]", "dash.example.com"}),
+        ("dash.internal", ("*",), {"dash.internal", "*"}),
+    ],
+)
+def test_the_default_allow_list_follows_the_bound_address(bound, given, allowed):
+    assert allowed_hosts_of(bound, given) == allowed
+
+
+@pytest.mark.parametrize(
+    "given", ["", "dash.example.com:443", "http://dash.example.com", "a/b", ".x", "a..b"]
+)
+def test_an_allowed_host_with_a_port_scheme_or_path_is_refused(given):
+    with pytest.raises(ValueError, match="not a host name or address"):
+        host_name(given)
+
+
+#: A user name that, written as it is, starts a log line of its own.
+FORGED = "x\n2026-01-01 00:00:00,000 WARNING kombu_delay.web.audit: cancel 'y' by admin@10.0.0.1"
+
+
+def test_the_audit_log_names_only_a_checked_user_and_escapes_what_a_request_sends(
+    redis_server, control, prefix, caplog
+):
+    [task_id, other] = publish(
+        redis_server, prefix, *[("tasks.a", (i,), {}, {"countdown": 600}) for i in range(2)]
+    )
+    forged = {"Authorization": "Basic " + base64.b64encode(f"{FORGED}:pw".encode()).decode()}
+    client = client_of(control, allow_actions=True)  # no --auth: a user name is anyone's to send
+    csrf = token(client)
+    form = {"id": task_id, "csrf": csrf, "confirm": "yes"}
+    xff = {"HTTP_X_FORWARDED_FOR": "1.2.3.4\nforged line"}
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        assert (
+            client.post("/task/cancel", data=form, headers=forged, environ_overrides=xff).status_code == 200
+        )
+    [line] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.web.audit"]
+    assert "\n" not in line and FORGED.splitlines()[1] not in line, line
+    assert f"cancel {task_id!r} by -@127.0.0.1 (forwarded for '1.2.3.4\\nforged line'):" in line
+    caplog.clear()
+    right = base64.b64encode(b"ops:pw").decode()
+    checked = client_of(control, allow_actions=True, credentials=Credentials.parse("ops:pw"))
+    headers = {"Authorization": f"Basic {right}"}
+    checked.get("/", headers=headers)
+    csrf = checked.get_cookie(CSRF_COOKIE).value  # type: ignore[union-attr]
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        form = {"id": other, "csrf": csrf, "confirm": "yes"}
+        assert checked.post("/task/cancel", data=form, headers=headers).status_code == 200
+    assert any(f"cancel {other!r} by 'ops'@127.0.0.1:" in rec.getMessage() for rec in caplog.records)
+
+
+def test_an_action_from_the_null_origin_is_refused(redis_server, control, prefix):
+    # A sandboxed frame, a data: URL or a file: page of any site sends "Origin: null".
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    client = client_of(control, allow_actions=True)
+    form = {"id": task_id, "confirm": "yes", "csrf": token(client)}
+    refused = client.post("/task/cancel", data=form, headers={"Origin": "null"})
+    assert refused.status_code == 403 and "another origin" in refused.get_data(as_text=True)
+    assert len(control.find(task_id)) == 1
+    # Without an Origin (curl, a script: no page of another site) the token is what counts.
+    assert client.post("/task/cancel", data=form).status_code == 200 and control.find(task_id) == []
+
+
+def test_the_task_page_shows_only_the_count_it_redirects_with(redis_server, control, prefix):
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    moved = client.post("/task/reschedule", data={"id": task_id, "countdown": "60", "csrf": csrf})
+    assert moved.status_code == 303
+    page = client.get(moved.headers["Location"]).get_data(as_text=True)
+    assert "Done: rescheduled 1 message(s)." in page
+    for done in ("ALL tasks were cancelled, call +1 555 0100", "-1", "1e3", "\uff11", "rescheduled 1"):
+        page = client.get("/task", query_string={"id": task_id, "done": done})
+        text = page.get_data(as_text=True)
+        assert page.status_code == 200 and 'class="notice"' not in text and "ALL tasks" not in text, done
+
+
+def test_a_json_route_answers_errors_as_json():
+    with DelayControl(f"delayredis://127.0.0.1:{free_port()}/0") as down:  # nothing listens there
+        client = client_of(down)
+        reply = client.get("/overview.json")
+        assert reply.status_code == 503 and reply.mimetype == "application/json"
+        assert reply.get_json()["error"].startswith("Redis is unavailable: ")
+        page = client.get("/")  # a page still answers with the error page
+        assert page.status_code == 503 and page.mimetype == "text/html"
 
 
 def test_path_prefix_serves_and_links_under_it(control):

@@ -1,6 +1,7 @@
 """``kombu-delay web`` at its edges: every --auth value given is parsed (an empty one refused,
-never read as "no auth"), an address it cannot serve on is one line of error, and a Redis that
-stops answering fails a request in bounded time instead of holding a request thread."""
+never read as "no auth"), an address it cannot serve on is one line of error, a Redis that
+stops answering fails a request in bounded time instead of holding a request thread, and a
+request for a host it does not answer to (DNS rebinding) is refused unless --allowed-host names it."""
 
 from __future__ import annotations
 
@@ -105,3 +106,51 @@ def test_a_silent_redis_fails_dashboard_requests_in_bounded_time(silent_server, 
     # Before: no socket timeout, so the request waited for ever (and held the only thread).
     assert status_of(base + "/scheduled") >= 500
     assert status_of(base + "/static/dashboard.css") == 200  # the thread is free again
+
+
+def get(url: str, host: str) -> tuple[int, str]:
+    """Status and body of a GET of ``url`` with this ``Host`` header."""
+    request = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=BOUND_S) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode()
+
+
+def test_only_the_allowed_hosts_are_answered(redis_server, spawn):
+    port = free_port()
+    args = [sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "web", "--port", str(port)]
+    proc = spawn([*args, "--allowed-host", "dash.example.com"], name="web")
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.popen.poll() is None, proc.output()
+        try:
+            return get(base + "/overview.json", f"127.0.0.1:{port}")[0] == 200
+        except OSError:
+            return False
+
+    wait_until(up, timeout=BOUND_S)
+    for host in (f"localhost:{port}", f"[::1]:{port}", "dash.example.com", f"dash.example.com:{port}"):
+        assert get(base + "/", host)[0] == 200, host
+    status, body = get(base + "/", f"attacker.example:{port}")
+    assert status == 400 and "--allowed-host" in body and "csrf" not in body
+    assert get(base + "/static/dashboard.css", "attacker.example")[0] == 400
+
+
+@pytest.mark.parametrize("given", ["", "dash.example.com:443", "https://dash.example.com/"])
+def test_an_allowed_host_that_is_no_name_is_refused_before_serving(redis_server, given):
+    result = web(redis_server, "--port", str(free_port()), "--allowed-host", given)
+    assert result.exit_code == 2, result.output
+    assert "--allowed-host" in result.output and "not a host name" in result.output, result.output
+    assert "kombu-delay web: http" not in result.output
+
+
+def test_any_host_without_auth_is_warned_about(redis_server):
+    # On an address nobody can serve on: it says what it would serve, then fails.
+    args = ["--host", "256.0.0.1", "--port", str(free_port()), "--allowed-host", "*"]
+    result = web(redis_server, *args, env={AUTH_ENV: None})
+    assert "warning: --allowed-host '*' without --auth" in result.output, result.output
+    result = web(redis_server, *args, "--auth", "ops:a-long-password")
+    assert "kombu-delay web: http" in result.output and "warning" not in result.output, result.output
