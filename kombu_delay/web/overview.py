@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kombu_delay.control import DelayControl, Stats
 from kombu_delay.web.present import Bar, bars
@@ -29,6 +30,10 @@ SHARED_FOR_S = 1.0
 #: The longest overview refresh, s (a day): well within the 2**31 - 1 ms a browser's timer holds
 #: (a longer delay fires at once, and the page would refresh without pause).
 MAX_REFRESH_S = 86_400
+#: The most queues the overview's table shows: with thousands of queues, each refresh would
+#: otherwise send every browser a page of thousands of rows. Past it, the busiest are shown
+#: (overdue first, then scheduled) and the rest summed in one line; ``/overview.json`` lists all.
+QUEUE_ROWS = 100
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,21 @@ class Overview:
     warnings: list[str] = field(default_factory=list)
     #: True when a bucket limit cut a count short (the figures are then lower bounds).
     truncated: bool = False
+
+    @cached_property
+    def shown_queues(self) -> list[QueueRow]:
+        """The table's rows: every queue by name, or past :data:`QUEUE_ROWS` the busiest."""
+        if len(self.queues) <= QUEUE_ROWS:
+            return self.queues
+        return sorted(self.queues, key=lambda q: (-q.overdue, -q.scheduled, q.name))[:QUEUE_ROWS]
+
+    @property
+    def hidden_queues(self) -> tuple[int, int]:
+        """How many queues the table leaves out, and how many messages they hold."""
+        shown = self.shown_queues
+        return len(self.queues) - len(shown), sum(q.scheduled for q in self.queues) - sum(
+            q.scheduled for q in shown
+        )
 
 
 def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:

@@ -24,7 +24,7 @@ from kombu_delay.message import Due
 from kombu_delay.ops.checks import stranded_problem
 from kombu_delay.store import keys
 from kombu_delay.tooling.redis_server import free_port
-from kombu_delay.web import present
+from kombu_delay.web import overview, present
 from kombu_delay.web.app import PathPrefix, create_app
 from kombu_delay.web.guard import CSRF_COOKIE, LOOPBACK_HOSTS, Credentials, allowed_hosts_of, host_name
 from tests.support.procs import ROOT, wait_until
@@ -600,3 +600,22 @@ def test_overview_puts_an_evicting_policy_and_stranded_prefixes_first(r, control
     assert "maxmemory-policy is allkeys-lru" in warnings[1]
     assert "&#39;other:&#39; (5)" in warnings[2]
     assert html.index('class="warnings"') < html.index('class="cards"')
+
+
+def test_past_its_row_limit_the_queue_table_shows_the_busiest_and_sums_the_rest(
+    r, redis_server, control, prefix, monkeypatch
+):
+    # With thousands of queues, every refresh sent every browser a row per queue.
+    monkeypatch.setattr(overview, "QUEUE_ROWS", 2)
+    calls = [
+        ("tasks.a", (i,), {}, {"countdown": 600, "queue": f"q{n}"}) for n in range(4) for i in range(n + 1)
+    ]
+    publish(redis_server, prefix, *calls)
+    html = client_of(control).get("/").get_data(as_text=True)
+    table = html.split('id="queues"')[1].split("</table>")[0]
+    assert re.findall(r">(q\d)</a>", table) == ["q3", "q2"]
+    assert "(the 2 busiest of 4)" in html
+    more = r'2 more queues \(<a href="[^"]*overview.json">all in JSON</a>\)</td><td class="num">3<'
+    assert re.search(more, table)
+    data = client_of(control).get("/overview.json").get_json()
+    assert sorted(q["name"] for q in data["queues"]) == ["q0", "q1", "q2", "q3"]
