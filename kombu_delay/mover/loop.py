@@ -29,7 +29,7 @@ from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.watch import Findings, Watch
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ class Mover:
         self._called_at = time.monotonic()
         self._last_log = time.monotonic()
         self._wrongtype_logged_at = float("-inf")
+        #: True once the ACL refused the wake-up subscription: the mover polls instead.
+        self._wake_refused = False
         self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw)
@@ -161,13 +163,14 @@ class Mover:
             self._loop()
         finally:
             # On every way out, a fatal error's too: the checks use this store's connections,
-            # which the caller then closes, and an embedded mover starts a new one to retry.
+            # which the caller then closes, and an embedded mover starts a new one to retry;
+            # and a mover that stopped must not leave a heartbeat that tells probes it runs.
             if self.watch is not None:
                 self.watch.stop()
-        try:
-            self.store.forget_mover(self.name)
-        except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
-            logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
+            try:
+                self.store.forget_mover(self.name)
+            except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
+                logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
         logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
 
     def _loop(self) -> None:
@@ -176,14 +179,14 @@ class Mover:
         pubsub: redis.client.PubSub | None = None
         while not self._stop.is_set():
             try:
-                if pubsub is None:
+                if pubsub is None and not self._wake_refused:
                     pubsub = self.store.wake_subscription()
                 result = self.drain()
                 thaw_in = self.thaw()
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
                 backoff.reset()
-                self._wait(pubsub, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
+                pubsub = self._wait(pubsub, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
                 if self._on_error is not None:
@@ -364,19 +367,47 @@ class Mover:
         until_due = (result.next_due_ms - self.settings.look_ahead_ms - result.now_ms) - result.now_us / 1000
         return max(0.0, min(cap, until_due / 1000))
 
-    def _wait(self, pubsub: redis.client.PubSub, seconds: float) -> None:
+    def _wait(self, pubsub: redis.client.PubSub | None, seconds: float) -> redis.client.PubSub | None:
         """Sleep ``seconds`` from the last move call on the local clock, or less if a
-        publish wakes us."""
+        publish wakes us. Returns the subscription to wait on next time: none once the ACL
+        refused it (see :meth:`_tell_wake_refused`)."""
         deadline = self._called_at + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
-                return
-            if pubsub.get_message(timeout=min(left, STOP_SLICE_S)) is not None:
-                while pubsub.get_message(timeout=0) is not None:
+                return pubsub
+            if pubsub is None:
+                self._stop.wait(min(left, STOP_SLICE_S))
+                continue
+            try:
+                woken = pubsub.get_message(timeout=min(left, STOP_SLICE_S)) is not None
+                while woken and pubsub.get_message(timeout=0) is not None:
                     pass  # several wake-ups, one drain
+            except redis.exceptions.NoPermissionError as exc:
+                _close_quietly(pubsub)
+                pubsub = None
+                self._tell_wake_refused(exc)
+                continue
+            if woken:
                 self.thawer.wake()  # it may announce a compressed message: look
-                return
+                return pubsub
+        return pubsub
+
+    def _tell_wake_refused(self, exc: Exception) -> None:
+        """The ACL refuses this user SUBSCRIBE or the wake channel (Redis answers the
+        subscription only once the mover waits on it). Waking is an optimisation: the mover
+        goes on, polling; it looks again only when it starts anew."""
+        self._wake_refused = True
+        channel = keys.wake_channel(self.store.prefix)
+        logger.warning(
+            "mover %s: Redis's ACL refuses it the wake-up channel %s (%s): it polls instead, so a "
+            "message published due sooner than what it waits for is moved up to delay_max_sleep "
+            "late; grant it: `ACL SETUSER <user> +subscribe &%skombu_delay:*`",
+            self.name,
+            channel,
+            exc,
+            self.store.prefix,
+        )
 
     def _beat(self) -> None:
         """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""

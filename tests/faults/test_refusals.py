@@ -31,6 +31,7 @@ from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
 from kombu_delay.mover.embedded import EmbeddedMover
 from kombu_delay.mover.loop import Mover
+from kombu_delay.store import keys
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
 from tests.support.stored import redis_ms, stored
@@ -142,6 +143,7 @@ def test_a_mover_refused_a_command_of_the_move_stops_and_takes_nothing(
     output = mover.output()
     assert "ACL" in output and command in output.lower(), output
     assert "Traceback" not in output and "retrying" not in output, output
+    assert admin.zcard(keys.movers("")) == 0  # a stopped mover leaves no heartbeat for probes
     # With the rights, every message is delivered once.
     good = spawn(mover_args(server.delay_url), name="good")
     wait_until(lambda: admin.llen(QUEUE) == 3, timeout=DEADLINE_S)
@@ -161,6 +163,26 @@ def test_a_reschedule_to_the_past_refused_lpush_keeps_the_message(server: RedisS
         control.reschedule(before.envelope.task_id, countdown=0)
     assert stored(admin) == [before] and admin.llen(QUEUE) == 0  # nothing taken, nothing lost
     assert "LPUSH" in str(refused.value)
+
+
+@pytest.mark.parametrize("rule", ["-subscribe", "resetchannels"])
+def test_a_mover_refused_the_wake_channel_polls_and_says_so(
+    server: RedisServer, spawn: Callable[..., Proc], rule: str
+) -> None:
+    # Redis refuses a subscription only once the mover waits on it: that reply ended the mover
+    # with a traceback, and its heartbeat stayed behind, so probes took it for a running one.
+    admin = server.client()
+    url = add_user(admin, "nowake", rule)
+    mover = spawn(mover_args(url), name="mover")
+    wait_until(lambda: "polls instead" in mover.output(), timeout=DEADLINE_S)
+    publish_due_soon(server.delay_url, 3)
+    wait_until(lambda: admin.llen(QUEUE) == 3, timeout=DEADLINE_S)
+    assert mover.popen.poll() is None and stored(admin) == []
+    mover.popen.send_signal(signal.SIGTERM)
+    assert wait_for_exit(mover) == 0
+    output = mover.output()
+    assert "Traceback" not in output and "+subscribe &kombu_delay:*" in output, output
+    assert admin.zcard(keys.movers("")) == 0 and admin.llen(QUEUE) == 3
 
 
 def test_a_mover_denied_scripting_stops_at_once_naming_the_acl(
