@@ -112,8 +112,9 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
 
 
 def handle_stop_signals(name: str, stopping: threading.Event, running: list[Mover]) -> None:
-    """On the first SIGTERM or SIGINT, ask the movers in ``running`` to stop after their move;
-    on a second, leave at once."""
+    """On the first SIGTERM, SIGINT or SIGHUP (a closed terminal; a mover has no settings to
+    read again), ask the movers in ``running`` to stop after their move; on a second, leave at
+    once."""
 
     def on_signal(signum: int, frame: object) -> None:
         if stopping.is_set():  # asked twice: leave now; a move in flight is one atomic script
@@ -124,6 +125,7 @@ def handle_stop_signals(name: str, stopping: threading.Event, running: list[Move
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
 
 
 def metrics_hooks(store: Store, port: int | None, addr: str) -> dict[str, Any]:

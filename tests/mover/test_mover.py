@@ -643,7 +643,10 @@ def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_l
     assert store.counts() == {"blocked": 2}
 
 
-def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover, stop):
+    # SIGHUP (a closed terminal, a supervisor's stop) ended the mover without its clean-up: its
+    # heartbeat stayed, and probes took it for a running mover for 30 s.
     store = Store(r)
     mover = start_mover()
     beats = wait_until(lambda: store.heartbeats())
@@ -651,7 +654,7 @@ def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover):
     (name, at_ms), now = next(iter(beats.items())), store.time_ms()
     assert now - 60_000 <= at_ms <= now
     assert f":{mover.pid}:" in name
-    os.kill(mover.pid, signal.SIGTERM)
+    os.kill(mover.pid, stop)
     assert mover.popen.wait(60) == 0, mover.output()
     assert store.heartbeats() == {}
     assert "stopped after moving 0 messages" in mover.output()
