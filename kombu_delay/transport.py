@@ -148,7 +148,7 @@ class DelayChannelMixin:
         if result.outcome is Scheduled.DUE_NOW:
             super()._put(queue, message, _publish_batch=batch, **kwargs)  # type: ignore[misc]
             return
-        if ask:
+        if ask and result.outcome is not Scheduled.PUSHED_NOW:  # pushed: no mover needed
             self._tell_if_no_mover(where, result.movers)
         if result.wake_refused:
             self._tell_wake_refused()
