@@ -210,16 +210,28 @@ class DelayChannelMixin:
         purged = int(super()._purge(queue))  # type: ignore[misc]
         return purged + self.delay_store.purge(self._delay_dests(queue))
 
+    def _size(self, queue: str) -> int:
+        # On redis:// a message with an ETA sits on the queue's list, and counts in its size
+        # (``queue_declare``'s message count, ``SimpleQueue.qsize()``, ``if_empty``): here
+        # its delayed messages count too, as ``_purge`` counts them.
+        return int(super()._size(queue)) + self.delay_store.pending(self._delay_dests(queue))  # type: ignore[misc]
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        # A queue holding only delayed messages exists, as its list does on redis:// (a passive
+        # declare must not answer 404 NOT_FOUND for it).
+        listed = bool(super()._has_queue(queue, **kwargs))  # type: ignore[misc]
+        return listed or self.delay_store.pending(self._delay_dests(queue)) > 0
+
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
     ) -> None:
         # A deleted queue's delayed messages go with it: left behind, they would recreate its
         # list when due, a queue nobody consumes. Only where kombu deletes the queue: it
-        # deletes nothing for a queue this channel holds no binding of, and on redis:// a
-        # message with an ETA sits on the list, so ``if_empty`` counts the delayed messages
-        # too (``exchange_delete`` deletes its queues only if they are empty).
+        # deletes nothing for a queue this channel holds no binding of; ``if_empty`` counts
+        # the delayed messages too (``_size``; ``exchange_delete`` deletes its queues only if
+        # they are empty).
         dests = self._delay_dests(queue)
-        if if_empty and (self._size(queue) or self.delay_store.pending(dests)):  # type: ignore[attr-defined]
+        if if_empty and self._size(queue):
             return
         bound = any(True for _ in self.state.queue_bindings(queue))  # type: ignore[attr-defined]
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)  # type: ignore[misc]

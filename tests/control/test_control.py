@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
+from kombu.exceptions import ChannelError
 
 import kombu_delay
 from kombu_delay import BadETA, DelayControl
@@ -561,6 +562,24 @@ def test_a_queue_is_deleted_with_its_delayed_messages_only_where_kombu_deletes_i
         assert truth(r, prefix) == held
         queue.delete()
         assert truth(r, prefix) == Counter()
+
+
+def test_a_queue_holding_only_delayed_messages_exists_and_counts_them(r, redis_server, prefix):
+    """On redis:// a message with an ETA sits on the list, so the queue exists (a passive
+    declare finds it) and its size counts the message: ``qsize()`` and ``queue_declare``'s
+    message count read the same here, each priority's delayed messages included."""
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        queue = conn.SimpleQueue("sized")
+        with pytest.raises(ChannelError):  # nothing yet, as on redis://
+            conn.default_channel.queue_declare("sized", passive=True)
+        for pri in (0, 9):
+            queue.put({"n": pri}, headers={"x-delay": 600_000}, priority=pri)
+        assert r.llen(f"{prefix}sized") == 0  # none on a list
+        assert queue.qsize() == 2
+        assert conn.default_channel.queue_declare("sized", passive=True).message_count == 2
+        queue.put({"now": 1})
+        assert queue.qsize() == 3
+        queue.close()
 
 
 @pytest.mark.process
