@@ -1,7 +1,7 @@
 """``health``: one probe for liveness, readiness and watchdogs, from heartbeats and overdue age.
 
-It prints one line and exits 0 (healthy), 1 (unhealthy) or 2 (Redis unreachable or
-bad configuration), so it fits a Kubernetes ``exec`` probe, a systemd timer or any
+It prints one line and exits 0 (healthy), 1 (unhealthy) or 2 (Redis unreachable, or an
+error: bad configuration, a refusal), so it fits a Kubernetes ``exec`` probe, a systemd timer or any
 cron-style check. What it judges is :mod:`kombu_delay.ops.health`.
 """
 
@@ -13,7 +13,7 @@ import socket
 import click
 
 from kombu_delay.cli.common import announce, global_options, target, with_socket_timeouts
-from kombu_delay.errors import KombuDelayError
+from kombu_delay.errors import KombuDelayError, RedisUnavailable
 from kombu_delay.ops.health import check
 from kombu_delay.store.keys import MAX_DUE_MS
 
@@ -98,8 +98,12 @@ def health(
         with tgt.open() as store:
             seen = check(store, socket.gethostname() if this_host else None)
     except KombuDelayError as exc:
+        # Exit 2 either way; the word says which: Redis did not answer, or it answered with a
+        # refusal or an error (an ACL, a password, a key of another type) that is no verdict on
+        # the movers either.
         announce(ctx)
-        click.echo(f"UNREACHABLE: {tgt.redact(str(exc))}")
+        verdict = "UNREACHABLE" if isinstance(exc, RedisUnavailable) else "ERROR"
+        click.echo(f"{verdict}: {tgt.redact(str(exc))}")
         ctx.exit(UNREACHABLE)
     problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000), not liveness)
     if problems or not quiet:

@@ -209,7 +209,17 @@ def test_health_names_an_acl_refusal_at_connect(server: RedisServer) -> None:
     url = add_user(server.client(), "noping", "-ping")
     result = CliRunner().invoke(main, ["-b", url, "health"])
     assert result.exit_code == 2, result.output
-    assert result.stdout.startswith("UNREACHABLE: Redis's ACL refused"), result.output
+    assert result.stdout.startswith("ERROR: Redis's ACL refused"), result.output
+
+
+def test_health_tells_an_error_from_an_unreachable_redis(server: RedisServer) -> None:
+    # Redis answered, with an error: it said UNREACHABLE, which sends an operator after the
+    # network instead of the key.
+    server.client().set(keys.movers(""), "not a sorted set")
+    result = CliRunner().invoke(main, ["-b", server.delay_url, "health"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.startswith("ERROR: ") and "WRONGTYPE" in result.stdout, result.output
+    assert len(result.stdout.splitlines()) == 1, result.output
 
 
 # -- bad URLs and options -----------------------------------------------------------------

@@ -198,7 +198,7 @@ def test_open_store_raises_an_authentication_error_not_an_outage(
 def test_health_names_the_authentication_failure(password_server: PasswordServer) -> None:
     result = CliRunner().invoke(main, ["-b", _urls(password_server)["wrong-password"], "health"])
     assert result.exit_code == 2, result.output
-    assert result.stdout.startswith("UNREACHABLE: Redis authentication failed"), result.output
+    assert result.stdout.startswith("ERROR: Redis authentication failed"), result.output
 
 
 @pytest.mark.parametrize("command", [["stats"], ["ls"], ["cancel", "some-id"]])
