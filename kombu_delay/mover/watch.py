@@ -1,8 +1,9 @@
 """A mover's background checks: Redis's eviction policy, other key prefixes' stranded messages,
 and buckets that left their index (evicted or deleted), which are put back. They run in a
 thread of their own, so a scan of a large database never delays a move: at the mover's start,
-then the policy every :data:`POLICY_CHECK_EVERY_S` and the scans every
-:data:`PREFIX_CHECK_EVERY_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
+then the policy every :data:`POLICY_CHECK_EVERY_S`, the scans every
+:data:`PREFIX_CHECK_EVERY_S`, and the prefixes a scan found stranded every
+:data:`STRANDED_RECHECK_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
 it lasts), handed to the metrics, and recorded in the namespace's alerts hash, which ``stats``
 and ``health`` read.
 """
@@ -28,6 +29,10 @@ POLICY_CHECK_EVERY_S = 60.0
 PREFIX_CHECK_EVERY_S = 300.0
 #: How often a problem that lasts is logged again, seconds.
 LOG_REPEAT_S = 600.0
+#: How often the prefixes found stranded are looked at again, seconds (two reads each, no
+#: ``SCAN``): movers of several prefixes started together find each other's messages before
+#: their heartbeats, and ``health`` must not report them for the minutes to the next scan.
+STRANDED_RECHECK_S = 15.0
 #: How long an alert recorded for ``stats`` and ``health`` stays valid without a new check, ms.
 ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
 #: The alerts-hash field of stranded prefixes.
@@ -77,7 +82,7 @@ class Watch:
             self._thread.join(timeout)
 
     def run(self) -> None:
-        next_policy = next_prefixes = 0.0
+        next_policy = next_prefixes = next_recheck = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -86,11 +91,16 @@ class Watch:
                     next_policy = now + POLICY_CHECK_EVERY_S
                 if now >= next_prefixes:
                     self.check_prefixes()
-                    next_prefixes = now + PREFIX_CHECK_EVERY_S
+                    next_prefixes = next_recheck = now + PREFIX_CHECK_EVERY_S
+                elif now >= next_recheck:
+                    if self.findings.stranded:
+                        self.recheck_stranded()
+                    next_recheck = now + STRANDED_RECHECK_S
             except Exception:  # the top of this loop: the mover's own loop reports Redis trouble
                 logger.debug("mover %s: a background check failed; retrying", self.name, exc_info=True)
                 next_policy = next_prefixes = min(next_policy, next_prefixes, now + 5.0)
-            self._stop.wait(max(0.05, min(next_policy, next_prefixes) - time.monotonic()))
+            due = [next_policy, next_prefixes, *([next_recheck] if self.findings.stranded else [])]
+            self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
     def check_policy(self) -> None:
         """Read the eviction policy; log an ERROR while it lets Redis delete messages."""
@@ -118,6 +128,15 @@ class Watch:
                 self.name,
             )
             return
+        self._record_stranded()
+
+    def recheck_stranded(self) -> None:
+        """Look again at the prefixes found stranded: one whose mover has started since, or
+        whose messages are gone, leaves the alert."""
+        self.findings.stranded = self.store.still_stranded(self.findings.stranded, FRESH_HEARTBEAT_MS)
+        self._record_stranded()
+
+    def _record_stranded(self) -> None:
         problem = stranded_problem(self.findings.stranded)
         self.store.set_alert(STRANDED, problem, ALERT_KEEP_MS)
         self._tell("stranded", problem, logging.WARNING)

@@ -63,6 +63,12 @@ class Inspecting(StoreBase):
                 other = spaces.prefix_of_index(as_text(key))
                 if other is not None and other != self.prefix:
                     prefixes.add(other)
+        return self.still_stranded(prefixes, fresh_ms)
+
+    def still_stranded(self, prefixes: Iterable[str], fresh_ms: int) -> dict[str, int]:
+        """Of the key prefixes ``prefixes``, those whose messages no mover with a heartbeat
+        younger than ``fresh_ms`` serves: prefix -> messages. Two reads a prefix, no ``SCAN``."""
+        with translated_errors():
             now = self.time_ms()
             found: dict[str, int] = {}
             for other in sorted(prefixes):

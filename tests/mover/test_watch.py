@@ -163,3 +163,28 @@ def test_a_stranded_prefix_is_found_among_a_million_keys_and_told_while_it_lasts
         watch.check_prefixes()
         assert watch.findings.stranded == {}
         assert cli(server.delay_url, "health").returncode == 0
+
+
+def test_a_prefix_whose_mover_starts_later_leaves_the_alert_at_the_next_look(prefix):
+    """Movers of two key prefixes started together: the first scans before the second has a
+    heartbeat, and finds its messages stranded. The alert stayed until the next scan, minutes
+    later, and ``health`` failed the first mover's probes meanwhile. A look at the prefixes found
+    stranded (no SCAN) now clears it once their mover beats."""
+    other_prefix = prefix + "late:"
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+        other = Store(r, other_prefix)
+        due = Due(600_000, relative=True, task_id="late-1")
+        other.schedule(due, f"{other_prefix}celery", kombu_payload("late-1"), Settings())
+        watch = Watch(Store(r, prefix), "test")
+        watch.check_prefixes()
+        assert watch.findings.stranded == {other_prefix: 1}
+        assert "stranded" in Store(r, prefix).alerts(60_000)
+        watch.recheck_stranded()  # no mover yet: still stranded
+        assert watch.findings.stranded == {other_prefix: 1}
+        other.heartbeat("late-mover")
+        watch.recheck_stranded()
+        assert watch.findings.stranded == {}
+        assert Store(r, prefix).alerts(60_000) == {}
+        probe = cli(server.delay_url, "health", prefix=prefix)
+        assert "stranded" not in probe.stdout, probe
