@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -297,9 +297,14 @@ class DelayControl:
                 return self.store.remove_dead_letter(letter.member)
         return 0
 
-    @staticmethod
-    def _too_far(task_id: str, due_ms: int) -> DelayTooLong:
-        return DelayTooLong(f"cannot reschedule {task_id!r} to {due_ms} ms: past the delay limit")
+    def _too_far(self, task_id: str, due_ms: int) -> DelayTooLong:
+        """The refusal of a reschedule to ``due_ms``, naming the limit it passes."""
+        if due_ms > keys.MAX_DUE_MS:  # also a countdown clamped on its way (_new_due_ms)
+            where, limit = "after the year 2109", "the latest supported ETA"
+        else:
+            where = datetime.fromtimestamp(due_ms / 1000, UTC).isoformat(timespec="milliseconds")
+            limit = f"delay_max_delay ({self._settings.max_delay_ms / 1000:g} s from now)"
+        return DelayTooLong(f"cannot reschedule {task_id!r} to {where}: past {limit}; it stays as it was")
 
     def _message(self, stored: Stored) -> ScheduledMessage:
         try:

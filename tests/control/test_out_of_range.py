@@ -21,6 +21,8 @@ from tests.support.cli import publish as publish_tasks
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=23, minutes=59)))
 #: The earliest, an hour ahead of UTC: in UTC it is in the year 0.
 EARLIEST = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
+#: How a reschedule past the ceiling is refused.
+PAST_CEILING = "after the year 2109: past the latest supported ETA; it stays as it was"
 
 
 def publish(redis_server, prefix: str) -> str:
@@ -39,18 +41,31 @@ def test_reschedule_past_the_ceiling_is_too_far_and_changes_nothing(r, redis_ser
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         before = ctl.store.find(task_id)
         assert len(before) == 1
-        with pytest.raises(DelayTooLong, match="past the delay limit"):
+        with pytest.raises(DelayTooLong, match=PAST_CEILING):
             ctl.reschedule(task_id, **when)
         assert ctl.store.find(task_id) == before  # same payload, same due time
         assert ctl.stats().totals.get("rescheduled", 0) == 0
     assert r.llen(f"{prefix}celery") == 0
 
 
+def test_reschedule_past_max_delay_names_the_option(r, redis_server, prefix):
+    # The refusal quoted a due time in ms, clamped on its way, and a "delay limit" that no
+    # option had set.
+    task_id = publish(redis_server, prefix)
+    with DelayControl(redis_server.url, {**options(prefix), "delay_max_delay": 3600}) as ctl:
+        with pytest.raises(
+            DelayTooLong,
+            match=r"to 2\d{3}-\d\d-\d\dT[\d:.]+\+00:00: past delay_max_delay \(3600 s from now\)",
+        ):
+            ctl.reschedule(task_id, countdown=7200)
+        assert ctl.reschedule(task_id, countdown=1800) == 1
+
+
 def test_reschedule_just_past_the_ceiling_is_refused_like_just_below_it_is_taken(r, redis_server, prefix):
     task_id = publish(redis_server, prefix)
     ceiling = datetime.fromtimestamp(keys.MAX_DUE_MS / 1000, UTC)
     with DelayControl(redis_server.url, options(prefix)) as ctl:
-        with pytest.raises(DelayTooLong, match="past the delay limit"):
+        with pytest.raises(DelayTooLong, match=PAST_CEILING):
             ctl.reschedule(task_id, eta=ceiling + timedelta(milliseconds=1))
         assert ctl.reschedule(task_id, eta=ceiling) == 1
         assert ctl.find(task_id)[0].due_ms == keys.MAX_DUE_MS
@@ -124,7 +139,7 @@ def test_cli_reschedule_out_of_range_exits_cleanly(r, redis_server, prefix):
     for args in (["--countdown", "1e12"], ["--eta", LATEST.isoformat()]):
         code, out = kd(redis_server, prefix, "reschedule", task_id, *args)
         assert code == 3, out
-        assert "past the delay limit" in out and "Traceback" not in out
+        assert "past the latest supported ETA" in out and "Traceback" not in out
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         assert len(ctl.find(task_id)) == 1
     code, out = kd(redis_server, prefix, "reschedule", task_id, "--countdown", "-1e300")
