@@ -28,8 +28,9 @@ from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, Wro
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
+from kombu_delay.mover.wake import WakeUps
 from kombu_delay.mover.watch import Findings, Watch
-from kombu_delay.store import Store, keys
+from kombu_delay.store import Store
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -131,8 +132,6 @@ class Mover:
         self._called_at = time.monotonic()
         self._last_log = time.monotonic()
         self._wrongtype_logged_at = float("-inf")
-        #: True once the ACL refused the wake-up subscription: the mover polls instead.
-        self._wake_refused = False
         self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw)
@@ -176,24 +175,22 @@ class Mover:
     def _loop(self) -> None:
         """The loop of :meth:`run`, until :meth:`stop` or a fatal error (raised)."""
         backoff = Backoff()
-        pubsub: redis.client.PubSub | None = None
+        wake = WakeUps(self.store, self.name)
         while not self._stop.is_set():
             try:
-                if pubsub is None and not self._wake_refused:
-                    pubsub = self.store.wake_subscription()
+                wake.open()
                 result = self.drain()
                 thaw_in = self.thaw()
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
                 backoff.reset()
-                pubsub = self._wait(pubsub, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
+                self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
                 if self._on_error is not None:
                     self._on_error(exc)
+                wake.close()
                 if isinstance(exc, FATAL_ERRORS):
-                    if pubsub is not None:
-                        _close_quietly(pubsub)
                     logger.error("mover %s: %s; stopping", self.name, exc)
                     raise
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
@@ -205,12 +202,8 @@ class Mover:
                     logger.warning("mover %s: %s; retrying", self.name, exc)
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
-                if pubsub is not None:
-                    _close_quietly(pubsub)
-                    pubsub = None
                 self._stop.wait(backoff.next())
-        if pubsub is not None:
-            _close_quietly(pubsub)
+        wake.close()
 
     def drain(self) -> MoveResult:
         """Move until nothing is due (or the rate cap or a stop request says wait).
@@ -367,47 +360,19 @@ class Mover:
         until_due = (result.next_due_ms - self.settings.look_ahead_ms - result.now_ms) - result.now_us / 1000
         return max(0.0, min(cap, until_due / 1000))
 
-    def _wait(self, pubsub: redis.client.PubSub | None, seconds: float) -> redis.client.PubSub | None:
+    def _wait(self, wake: WakeUps, seconds: float) -> None:
         """Sleep ``seconds`` from the last move call on the local clock, or less if a
-        publish wakes us. Returns the subscription to wait on next time: none once the ACL
-        refused it (see :meth:`_tell_wake_refused`)."""
+        publish wakes us."""
         deadline = self._called_at + seconds
         while not self._stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
-                return pubsub
-            if pubsub is None:
+                return
+            if not wake.subscribed:
                 self._stop.wait(min(left, STOP_SLICE_S))
-                continue
-            try:
-                woken = pubsub.get_message(timeout=min(left, STOP_SLICE_S)) is not None
-                while woken and pubsub.get_message(timeout=0) is not None:
-                    pass  # several wake-ups, one drain
-            except redis.exceptions.NoPermissionError as exc:
-                _close_quietly(pubsub)
-                pubsub = None
-                self._tell_wake_refused(exc)
-                continue
-            if woken:
+            elif wake.wait(min(left, STOP_SLICE_S)):
                 self.thawer.wake()  # it may announce a compressed message: look
-                return pubsub
-        return pubsub
-
-    def _tell_wake_refused(self, exc: Exception) -> None:
-        """The ACL refuses this user SUBSCRIBE or the wake channel (Redis answers the
-        subscription only once the mover waits on it). Waking is an optimisation: the mover
-        goes on, polling; it looks again only when it starts anew."""
-        self._wake_refused = True
-        channel = keys.wake_channel(self.store.prefix)
-        logger.warning(
-            "mover %s: Redis's ACL refuses it the wake-up channel %s (%s): it polls instead, so a "
-            "message published due sooner than what it waits for is moved up to delay_max_sleep "
-            "late; grant it: `ACL SETUSER <user> +subscribe &%skombu_delay:*`",
-            self.name,
-            channel,
-            exc,
-            self.store.prefix,
-        )
+                return
 
     def _beat(self) -> None:
         """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""
@@ -415,10 +380,3 @@ class Mover:
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
             self.store.heartbeat(self.name)
             self._last_beat = now
-
-
-def _close_quietly(pubsub: redis.client.PubSub) -> None:
-    try:
-        pubsub.close()
-    except Exception:
-        logger.debug("closing the wake subscription failed", exc_info=True)
