@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
+from kombu_delay.errors import WrongTypeKey
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from tests.support.stored import kombu_payload, redis_ms
@@ -326,3 +327,49 @@ def test_a_drained_bucket_whose_task_id_list_is_of_another_type_is_let_go(
     assert store.totals()["unreadable"] == 1
     assert store.totals()["moved"] == 2
     assert _delivered(r, dest) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("call", "damaged"),
+    [
+        ("cancel", "counts"),
+        ("cancel", "old meta"),
+        ("reschedule", "counts"),
+        ("reschedule", "old meta"),
+        ("reschedule", "new meta"),
+        ("reschedule", "new set"),
+        ("reschedule", "new task list"),
+    ],
+)
+def test_a_key_of_another_type_refuses_a_cancel_or_reschedule_before_it_takes_anything(
+    r: redis.Redis, prefix: str, call: str, damaged: str
+) -> None:
+    # Redis keeps a script's writes before a command that fails: with the counts hash replaced
+    # by a string, a cancel took the message and then failed, so it said "error" for a message
+    # it had cancelled; a reschedule whose new bucket's keys were damaged took the message and
+    # then failed to store it again, and lost it.
+    now, start = _bucket(r)
+    new_start = start + 10 * WIDTH
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 10_000, task_id="w1"), dest, kombu_payload("w1"), ORDINARY, now_ms=now)
+    key = {
+        "counts": keys.counts(prefix),
+        "old meta": keys.meta(prefix, start),
+        "new meta": keys.meta(prefix, new_start),
+        "new set": keys.queue_set(prefix, new_start, dest),
+        "new task list": keys.task_ids(prefix, new_start),
+    }[damaged]
+    [before] = store.find("w1")
+    kept = r.dump(key)
+    r.delete(key)
+    r.set(key, "written by hand")
+    with pytest.raises(WrongTypeKey):
+        if call == "cancel":
+            store.cancel("w1", now_ms=now)
+        else:
+            store.reschedule(before, "w1", kombu_payload("w1"), new_start + 1_000, ORDINARY, now_ms=now)
+    assert r.zscore(keys.queue_set(prefix, start, dest), before.payload) == before.score  # still there
+    r.delete(key)
+    if kept is not None:
+        r.restore(key, 0, kept)
+    assert store.find("w1") == [before]  # the damage undone, the message is where it was, once

@@ -66,6 +66,14 @@ take(k, start_s, dest, payload, task_id, ref, now)
   uncounts it, drops its ref from the id index, drops the copy of a herd staged ahead that
   it belonged to (_staged.lua) and the bucket's wake mark (wake_if_first in _put.lua),
   retires the bucket if that was its last message, returns true.
+
+wrong_types(expected)
+  expected  a list of {key, type} (type as TYPE names it: 'hash', 'zset', 'list')
+  An error reply naming the first key that holds another type (set by hand), else nil. For
+  the scripts that take a message out (cancel, reschedule) to return before their first
+  write: Redis keeps a script's writes before a command that fails, so a failure after the
+  take would report an error for a message cancelled, or lose one rescheduled.
+  Bound: one TYPE per key.
 ]]
 --- @include clock
 --- @include refs
@@ -221,4 +229,14 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   local empty, end_ms = drained_counts(meta)
   if empty then retire(k, start_s, end_ms, now) end
   return true
+end
+
+local function wrong_types(expected)
+  for _, want in ipairs(expected) do
+    local found = redis.call('TYPE', want[1])['ok']
+    if found ~= 'none' and found ~= want[2] then
+      return redis.error_reply('WRONGTYPE ' .. want[1] .. ' holds a ' .. found .. ', not a ' .. want[2]
+        .. ' (written by hand?): nothing was changed')
+    end
+  end
 end

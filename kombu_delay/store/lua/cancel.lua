@@ -25,6 +25,10 @@ delivered and cancelled.
 local now = clock(ARGV[7])
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], gc = KEYS[5]}
 local sp, start_s = split_bucket(ARGV[3])
-if not take(in_space(k, sp), start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
+local there = in_space(k, sp)
+local refused = wrong_types({{there.index, 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
+                             {KEYS[5], 'zset'}, {there.space:meta(start_s), 'hash'}})
+if refused then return refused end
+if not take(there, start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
 count_up(KEYS[4], 'cancelled', 1)
 return 1

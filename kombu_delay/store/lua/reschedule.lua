@@ -67,8 +67,22 @@ if due <= now then
   if kind ~= 'list' and kind ~= 'none' then return {-2, due, now} end
 end
 
--- The queue's x-expires, if its publish gave one, goes with the message.
+-- The keys the take and the put write, checked too (wrong_types in _buckets.lua).
 local old_space = space(ARGV[1], old_sp)
+local expected = {{old_space.index, 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
+                  {KEYS[6], 'zset'}, {old_space:meta(old_start), 'hash'}}
+if due > now then
+  local new_space = space(ARGV[1], cold and 'c' or '')
+  local start_s = string.format('%d', due - due % tonumber(ARGV[2]))
+  expected[#expected + 1] = {new_space.index, 'zset'}
+  expected[#expected + 1] = {new_space:meta(start_s), 'hash'}
+  expected[#expected + 1] = {new_space:zset(start_s, dest), 'zset'}
+  if not new_space.cold then expected[#expected + 1] = {new_space:tasks(start_s), 'list'} end
+end
+local refused = wrong_types(expected)
+if refused then return refused end
+
+-- The queue's x-expires, if its publish gave one, goes with the message.
 local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0)
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
