@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kombu.compression
+from dateutil.parser import isoparse
 
 from kombu_delay.errors import BadETA, DelayTooLong
 from kombu_delay.store.keys import MAX_DUE_MS
@@ -59,11 +60,18 @@ def to_ms(when: datetime) -> int:
 
 
 def parse_iso_ms(text: str) -> int:
-    """Parse an ISO-8601 ETA to epoch ms; a missing offset means UTC (Celery's rule)."""
+    """Parse an ISO-8601 ETA to epoch ms; a missing offset means UTC (Celery's rule).
+
+    Whatever a Celery worker reads as a time (``dateutil``'s ``isoparse``: ordinal dates,
+    ``24:00``) is one here too; ``datetime.fromisoformat``, which reads the common forms
+    faster, is tried first."""
     try:
         when = datetime.fromisoformat(text)
-    except (TypeError, ValueError) as exc:
-        raise BadETA(f"ETA {text!r} is not ISO-8601") from exc
+    except (TypeError, ValueError):
+        try:
+            when = isoparse(text)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise BadETA(f"ETA {text!r} is not ISO-8601") from exc
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return to_ms(when)

@@ -152,6 +152,10 @@ def test_an_x_delay_past_the_due_time_ceiling_is_too_long(delay):
         ("1970-01-01T00:00:00.001+00:00", 1),
         ("1970-01-01T01:00:00+01:00", 0),
         ("2030-05-06T07:08:09.123456", T_MS),
+        # Forms a Celery worker reads (dateutil's isoparse) that datetime.fromisoformat does not:
+        # they were refused as bad ETAs and delivered at once.
+        ("2030-126T07:08:09.123456Z", T_MS),  # an ordinal date: day 126 of 2030 is May 6
+        ("2030-05-05T24:00:00Z", T_MS - (7 * 3600 + 8 * 60 + 9) * 1000 - 123),
     ],
 )
 def test_parse_iso_ms(text, ms):
