@@ -200,6 +200,8 @@ class Mover:
                     # replica), maxmemory, a failing disk: Redis wrote nothing, and waiting
                     # may fix it, so this is not an unexpected error.
                     logger.warning("mover %s: %s; retrying", self.name, exc)
+                elif isinstance(exc, WrongTypeKey):  # a key written by hand: the error names it
+                    logger.error("mover %s: %s; retrying", self.name, exc)
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 self._stop.wait(backoff.next())

@@ -764,3 +764,22 @@ def test_the_plans_pass_over_a_meta_hash_of_another_type(r: redis.Redis) -> None
     mover.stager.step()
     mover.thaw()
     assert mover.stats.errors == 0
+
+
+def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(r, prefix, caplog):
+    # A mover logged a whole traceback as an "unexpected error" on every try; the error names
+    # the key, and a line says it.
+    r.set(keys.movers(prefix), "written by hand")
+    mover = Mover(Store(r, prefix), Settings(max_sleep_ms=200), watch=False)
+    runner = threading.Thread(target=mover.run)
+    with caplog.at_level("ERROR", logger="kombu_delay"):
+        runner.start()
+        try:
+            wait_until(lambda: mover.stats.errors >= 2, timeout=60)
+        finally:
+            mover.stop()
+            runner.join(60)
+    tries = [rec for rec in caplog.records if "WRONGTYPE" in rec.getMessage()]
+    assert tries and all(rec.exc_info is None and "retrying" in rec.getMessage() for rec in tries)
+    assert not any("unexpected error" in rec.getMessage() for rec in caplog.records)
+    r.delete(keys.movers(prefix))
