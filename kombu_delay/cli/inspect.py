@@ -57,6 +57,16 @@ def shown(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
+#: The widest a name is shown in a table, characters: past it, one long queue or task name
+#: would push every row's figures off the screen (``--json`` gives names whole).
+NAME_COLUMN = 60
+
+
+def clipped(text: str) -> str:
+    """``text`` (already :func:`shown`) cut to :data:`NAME_COLUMN` characters, marked ``…``."""
+    return text if len(text) <= NAME_COLUMN else text[: NAME_COLUMN - 1] + "…"
+
+
 def when(ms: int) -> str:
     """Epoch ms as a UTC time with milliseconds."""
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
@@ -115,7 +125,7 @@ def render_stats(stats: Stats) -> str:
         lines.append("movers     none seen (is `kombu-delay mover` running?)")
     if stats.by_queue:
         lines.append("queues")
-        names = {name: shown(name) for name in stats.by_queue}
+        names = {name: clipped(shown(name)) for name in stats.by_queue}
         width = max(len(q) for q in names.values())
         for name, n in sorted(stats.by_queue.items()):
             lines.append(f"  {names[name]:<{width}}  {n:,}")
@@ -235,8 +245,8 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
         table.append(
             [
                 shown(item.task_id) if item.task_id else UNREADABLE,
-                shown(item.task) if item.task else "-",
-                shown(item.queue),
+                clipped(shown(item.task)) if item.task else "-",
+                clipped(shown(item.queue)),
                 when(item.due_ms),
                 span(left),
                 str(item.size),
