@@ -87,18 +87,19 @@ class Watch:
             now = time.monotonic()
             try:
                 if now >= next_policy:
+                    next_policy = now + 5.0  # until it succeeds
                     self.check_policy()
                     next_policy = now + POLICY_CHECK_EVERY_S
                 if now >= next_prefixes:
+                    next_prefixes = now + 5.0
                     self.check_prefixes()
-                    next_prefixes = next_recheck = now + PREFIX_CHECK_EVERY_S
-                elif now >= next_recheck:
-                    if self.findings.stranded:
-                        self.recheck_stranded()
+                    next_prefixes = now + PREFIX_CHECK_EVERY_S
                     next_recheck = now + STRANDED_RECHECK_S
+                elif now >= next_recheck and self.findings.stranded:
+                    next_recheck = now + STRANDED_RECHECK_S  # a failure waits as long: no SCAN
+                    self.recheck_stranded()
             except Exception:  # the top of this loop: the mover's own loop reports Redis trouble
                 logger.debug("mover %s: a background check failed; retrying", self.name, exc_info=True)
-                next_policy = next_prefixes = min(next_policy, next_prefixes, now + 5.0)
             due = [next_policy, next_prefixes, *([next_recheck] if self.findings.stranded else [])]
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 

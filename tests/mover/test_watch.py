@@ -18,6 +18,7 @@ import redis
 from kombu_delay import DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
+from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
@@ -188,3 +189,26 @@ def test_a_prefix_whose_mover_starts_later_leaves_the_alert_at_the_next_look(pre
         assert Store(r, prefix).alerts(60_000) == {}
         probe = cli(server.delay_url, "health", prefix=prefix)
         assert "stranded" not in probe.stdout, probe
+
+
+def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatch):
+    # The look again was scheduled with the next scan, so it never ran: the alert stayed the
+    # five minutes to that scan. With scans an hour apart, only the look clears it.
+    monkeypatch.setattr(watch_module, "PREFIX_CHECK_EVERY_S", 3600.0)
+    monkeypatch.setattr(watch_module, "POLICY_CHECK_EVERY_S", 3600.0)
+    monkeypatch.setattr(watch_module, "STRANDED_RECHECK_S", 0.1)
+    with RedisServer() as server:
+        r = server.client()
+        other = Store(r, "late:")
+        due = Due(600_000, relative=True, task_id="late-1")
+        other.schedule(due, "late:celery", kombu_payload("late-1"), Settings())
+        store = Store(r)
+        watch = Watch(store, "test")
+        watch.start()
+        try:
+            kept = watch_module.ALERT_KEEP_MS  # as health reads it: the alert does not age out here
+            wait_until(lambda: "stranded" in store.alerts(kept), timeout=DEADLINE_S)
+            other.heartbeat("late-mover")
+            wait_until(lambda: store.alerts(kept) == {} and watch.findings.stranded == {}, timeout=DEADLINE_S)
+        finally:
+            watch.stop()
