@@ -53,7 +53,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import BadETA
+from kombu_delay.errors import BadETA, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.redact import mask_url
@@ -67,6 +67,8 @@ logger = logging.getLogger(__name__)
 #: trip for it. A forked child (a prefork worker publishing retries) asks again.
 _asked: set[tuple[int, str, str]] = set()
 _asked_lock = threading.Lock()
+#: Set once a queue size could not read the delayed counts, and said so (once per process).
+_size_refusal_told = threading.Event()
 
 SCHEMES = {
     "delayredis": "kombu_delay.transport:Transport",
@@ -214,13 +216,30 @@ class DelayChannelMixin:
         # On redis:// a message with an ETA sits on the queue's list, and counts in its size
         # (``queue_declare``'s message count, ``SimpleQueue.qsize()``, ``if_empty``): here
         # its delayed messages count too, as ``_purge`` counts them.
-        return int(super()._size(queue)) + self.delay_store.pending(self._delay_dests(queue))  # type: ignore[misc]
+        return int(super()._size(queue)) + self._delayed_count(queue)  # type: ignore[misc]
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         # A queue holding only delayed messages exists, as its list does on redis:// (a passive
         # declare must not answer 404 NOT_FOUND for it).
         listed = bool(super()._has_queue(queue, **kwargs))  # type: ignore[misc]
-        return listed or self.delay_store.pending(self._delay_dests(queue)) > 0
+        return listed or self._delayed_count(queue) > 0
+
+    def _delayed_count(self, queue: str) -> int:
+        """How many delayed messages ``queue`` holds; 0 where this user may not read the
+        counts (a worker's ACL user that has only kombu's keys) or they were written by hand:
+        a size must never fail a worker's queue declaration, as it never did on redis://."""
+        try:
+            return self.delay_store.pending(self._delay_dests(queue))
+        except (RedisPermissionError, WrongTypeKey) as exc:
+            if not _size_refusal_told.is_set():
+                _size_refusal_told.set()
+                logger.warning(
+                    "kombu-delay: queue sizes leave delayed messages out: %s (grant this user "
+                    "read access to %skombu_delay:counts to count them)",
+                    exc,
+                    self.global_keyprefix,  # type: ignore[attr-defined]
+                )
+            return 0
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any

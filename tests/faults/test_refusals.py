@@ -185,6 +185,24 @@ def test_a_mover_refused_the_wake_channel_polls_and_says_so(
     assert admin.zcard(keys.movers("")) == 0 and admin.llen(QUEUE) == 3
 
 
+def test_a_worker_user_with_only_kombus_keys_still_declares_and_sizes_its_queue(
+    server: RedisServer, caplog
+) -> None:
+    # A queue's size counts its delayed messages, read from kombu-delay's counts: a worker's
+    # user without those keys failed its queue declaration at start-up.
+    url = add_user(server.client(), "worker", "resetkeys", "~refusals*", "~_kombu*", "~unacked*")
+    with Connection(url) as conn:
+        queue = conn.SimpleQueue(QUEUE)
+        queue.put({"now": 1})
+        with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+            assert queue.qsize() == 1
+            assert conn.default_channel.queue_declare(QUEUE, passive=True).message_count == 1
+        assert queue.get(timeout=10).payload == {"now": 1}
+        queue.close()
+    told = [rec.getMessage() for rec in caplog.records if "leave delayed messages out" in rec.getMessage()]
+    assert len(told) <= 1 and (not told or "kombu_delay:counts" in told[0]), told
+
+
 def test_a_mover_denied_scripting_stops_at_once_naming_the_acl(
     server: RedisServer, spawn: Callable[..., Proc]
 ) -> None:
