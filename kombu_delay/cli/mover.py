@@ -1,4 +1,4 @@
-"""``mover``: run a mover in the foreground until SIGTERM or SIGINT.
+"""``mover``: run a mover in the foreground until SIGTERM, SIGINT or SIGHUP.
 
 :func:`run_mover` is shared by ``kombu-delay mover`` and ``celery -A proj delay mover``.
 """
@@ -63,7 +63,7 @@ def mover(
     metrics_port: int | None,
     metrics_addr: str,
 ) -> None:
-    """Move due messages onto their queues until SIGTERM or SIGINT.
+    """Move due messages onto their queues until SIGTERM, SIGINT or SIGHUP.
 
     Reads the same options as the publisher: from flags, from KOMBU_DELAY_*
     variables, or from -o delay_*=VALUE transport options. Run two or more for
@@ -112,9 +112,9 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
 
 
 def handle_stop_signals(name: str, stopping: threading.Event, running: list[Mover]) -> None:
-    """On the first SIGTERM, SIGINT or SIGHUP (a closed terminal; a mover has no settings to
-    read again), ask the movers in ``running`` to stop after their move; on a second, leave at
-    once."""
+    """On the first SIGTERM, SIGINT or SIGHUP (a closed terminal, unless under nohup; a mover
+    has no settings to read again), ask the movers in ``running`` to stop after their move; on
+    a second, leave at once."""
 
     def on_signal(signum: int, frame: object) -> None:
         if stopping.is_set():  # asked twice: leave now; a move in flight is one atomic script
@@ -125,7 +125,10 @@ def handle_stop_signals(name: str, stopping: threading.Event, running: list[Move
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    # Not where it is ignored already: a mover started under nohup keeps running when its
+    # terminal closes.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, on_signal)
 
 
 def metrics_hooks(store: Store, port: int | None, addr: str) -> dict[str, Any]:

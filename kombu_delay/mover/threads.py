@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 #: The signals that stop a process: the main thread's to handle, never a background thread's.
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 @contextmanager

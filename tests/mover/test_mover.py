@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -658,6 +659,22 @@ def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover, stop):
     assert mover.popen.wait(60) == 0, mover.output()
     assert store.heartbeats() == {}
     assert "stopped after moving 0 messages" in mover.output()
+
+
+def test_a_mover_under_nohup_keeps_running_after_sighup(r, redis_server, spawn):
+    # SIGHUP stops a mover, but not one whose SIGHUP was ignored when it started (nohup).
+    if shutil.which("nohup") is None:
+        pytest.skip("no nohup on this machine")
+    args = [sys.executable, "-m", "kombu_delay", "--broker", redis_server.delay_url, "mover"]
+    mover = spawn(["nohup", *args], name="mover")
+    store = Store(r)
+    wait_until(lambda: store.heartbeats())
+    os.kill(mover.pid, signal.SIGHUP)
+    seed(store, 1, ["after-hup"], delay_ms=300, name="after-hup")  # moved: it still runs
+    wait_until(lambda: r.llen("after-hup") == 1, timeout=60)
+    assert mover.popen.poll() is None, mover.output()
+    os.kill(mover.pid, signal.SIGTERM)
+    assert mover.popen.wait(60) == 0, mover.output()
 
 
 def test_sigint_exits_0(r, start_mover):
