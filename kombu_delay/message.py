@@ -65,12 +65,14 @@ def parse_iso_ms(text: str) -> int:
     Whatever a Celery worker reads as a time (``dateutil``'s ``isoparse``: ordinal dates,
     ``24:00``) is one here too; ``datetime.fromisoformat``, which reads the common forms
     faster, is tried first."""
+    if not isinstance(text, str):  # a header holds what a publisher put there
+        raise BadETA(f"ETA {text!r} is not ISO-8601")
     try:
         when = datetime.fromisoformat(text)
-    except (TypeError, ValueError):
+    except ValueError:
         try:
             when = isoparse(text)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (ValueError, OverflowError) as exc:
             raise BadETA(f"ETA {text!r} is not ISO-8601") from exc
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

@@ -123,6 +123,8 @@ BAD_CASES = {
     "p2-garbage": p2("next tuesday"),
     "p2-month-13": p2("2030-13-01T00:00:00"),
     "p2-number": p2(12345),
+    "p2-object": p2({"year": 2030, "month": 5, "day": 6, "hour": 7}),
+    "p2-list": p2(["2030-05-06T07:08:09Z"]),
     "p1-number-eta": p1(task(eta=12)),
     "x-delay-word": xd("soon"),
     "p2-no-eta-x-delay-word": p2(None, **{"x-delay": "soon"}),
