@@ -1,8 +1,8 @@
 """``health``: one probe for liveness, readiness and watchdogs, from heartbeats and overdue age.
 
 It prints one line and exits 0 (healthy), 1 (unhealthy) or 2 (Redis unreachable, or an
-error: bad configuration, a refusal), so it fits a Kubernetes ``exec`` probe, a systemd timer or any
-cron-style check. What it judges is :mod:`kombu_delay.ops.health`.
+error: bad configuration, a refusal), so it fits a Kubernetes ``exec`` probe, a systemd timer
+or any cron-style check. What it judges is :mod:`kombu_delay.ops.health`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class WakeUps:
 
     def wait(self, seconds: float) -> bool:
         """Wait at most ``seconds`` for a wake-up; true when one came (several that came
-        together are one). Without a subscription, only waits."""
+        together are one). Without a subscription, false at once: the caller sleeps."""
         if self._pubsub is None:
             return False
         try:
