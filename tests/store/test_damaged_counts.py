@@ -15,6 +15,7 @@ from kombu_delay.config import Settings
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Scheduled
 from tests.support.stored import kombu_payload, redis_ms
 
 WIDTH = 60_000
@@ -373,3 +374,21 @@ def test_a_key_of_another_type_refuses_a_cancel_or_reschedule_before_it_takes_an
     if kept is not None:
         r.restore(key, 0, kept)
     assert store.find("w1") == [before]  # the damage undone, the message is where it was, once
+
+
+def test_a_first_bucket_of_another_type_does_not_fail_a_publish_that_stored_its_message(
+    r: redis.Redis, prefix: str
+) -> None:
+    # The wake-up reads the first bucket's end after the message is stored: with that meta
+    # hash replaced by a string, the publish failed, and kombu's retry would store it twice.
+    now, head = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(head + 10_000, task_id="h1"), dest, kombu_payload("h1"), ORDINARY, now_ms=now)
+    r.delete(keys.meta(prefix, head))
+    r.set(keys.meta(prefix, head), "written by hand")
+    later = head + 2 * WIDTH
+    result = store.schedule(
+        Due(later + 10_000, task_id="l1"), dest, kombu_payload("l1"), ORDINARY, now_ms=now
+    )
+    assert result.outcome is Scheduled.STORED
+    assert r.zcard(keys.queue_set(prefix, later, dest)) == 1

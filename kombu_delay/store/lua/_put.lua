@@ -132,8 +132,12 @@ local function wake_if_first(k, start_s, meta, due, mark, now)
   local due_s = string.format('%d', due)
   redis.call('HSET', meta, 'w', due_s)
   local head = redis.call('ZRANGE', k.index, 0, 0)[1]
-  -- (An end that is no number, written by hand, is none: a publish must not fail on it.)
-  if head == start_s or (head and due < (ms_of(redis.call('HGET', k.space:meta(head), 'end')) or 0)) then
+  -- An end that is no number, or the first bucket's meta hash replaced by another type (both
+  -- written by hand), is none: the message is stored, and a publish that failed now would be
+  -- sent again by kombu's retry, and stored twice.
+  local head_end = head and head ~= start_s and redis.pcall('HGET', k.space:meta(head), 'end')
+  if type(head_end) ~= 'string' then head_end = nil end
+  if head == start_s or (head and due < (ms_of(head_end) or 0)) then
     local reply = redis.pcall('PUBLISH', k.wake, due_s)
     if type(reply) == 'table' and reply.err then
       count_up(k.totals, 'wake_refused', '1')
