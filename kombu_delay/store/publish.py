@@ -59,16 +59,15 @@ class Publishing(StoreBase):
 
         with translated_errors():
             reply = spaces.placed(space, send(space), send, _too_soon)
-        result = ScheduleResult.from_reply(reply)
-        if result.outcome is Scheduled.TOO_FAR:
+        result = ScheduleResult.from_reply(reply, due.ms)
+        if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
             limit = (
                 f"delay_max_delay is {settings.max_delay_ms / 1000:g} s"
                 if settings.max_delay_ms
                 else "the latest supported ETA is in the year 2109"
             )
-            raise DelayTooLong(
-                f"message {due.task_id!r} is due in {(result.due_ms - result.now_ms) / 1000:.0f} s; {limit}"
-            )
+            ahead_s = (result.due_ms - (result.now_ms or 0)) / 1000
+            raise DelayTooLong(f"message {due.task_id!r} is due in {ahead_s:.0f} s; {limit}")
         return result
 
     def schedule_many(
@@ -102,7 +101,8 @@ class Publishing(StoreBase):
                     ) -> Any:
                         return script(*self._schedule_call(to, due, dest, payload, settings, now_ms=now_ms))
 
-                    results.append(ScheduleResult.from_reply(spaces.placed(space, reply, send, _too_soon)))
+                    placed = spaces.placed(space, reply, send, _too_soon)
+                    results.append(ScheduleResult.from_reply(placed, due.ms))
         return results
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
@@ -196,5 +196,5 @@ class Publishing(StoreBase):
             self.client.hincrby(self._totals, counter, n)
 
 
-def _too_soon(reply: list[Any]) -> bool:
-    return int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD
+def _too_soon(reply: list[Any] | int) -> bool:
+    return not isinstance(reply, int) and int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD

@@ -33,7 +33,9 @@ class ScheduleResult:
 
     outcome: Scheduled
     due_ms: int
-    now_ms: int
+    #: Redis's clock as the script judged by, epoch ms; ``None`` after the short reply of a
+    #: message stored for the due time the caller gave (see ``schedule.lua``).
+    now_ms: int | None
     #: Movers with a fresh heartbeat, when the call asked (``movers_fresh_ms``), else ``None``.
     movers: int | None = None
     #: The message was stored, but Redis's ACL refused the ``PUBLISH`` that wakes the movers
@@ -41,7 +43,11 @@ class ScheduleResult:
     wake_refused: bool = False
 
     @classmethod
-    def from_reply(cls, reply: list[Any]) -> ScheduleResult:
+    def from_reply(cls, reply: list[Any] | int, due_ms: int) -> ScheduleResult:
+        """The result of ``reply``, for a call that gave the due time ``due_ms`` (or, with a
+        relative delay, that delay: the script then always replies with its due time)."""
+        if isinstance(reply, int):
+            return cls(Scheduled(reply), due_ms, None)
         movers = int(reply[3])
         refused = len(reply) > 4 and int(reply[4]) == 1
         return cls(

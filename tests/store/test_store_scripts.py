@@ -14,6 +14,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys, scripts, spaces
+from kombu_delay.store.replies import Scheduled
 from tests.support.procs import ROOT
 from tests.support.stored import kombu_payload, redis_ms
 
@@ -120,3 +121,30 @@ def test_a_publish_sends_only_the_arguments_it_needs(r: redis.Redis, prefix: str
     assert r.hget(meta, f"e:{prefix}q") == b"5000"
     [found] = store.find("b")
     assert due + 120_000 - 1000 <= found.score < due + 120_000 + 5000
+
+
+def test_a_stored_publish_gets_the_short_reply_and_the_rest_the_whole_one(
+    r: redis.Redis, prefix: str
+) -> None:
+    """schedule.lua answers a message stored for the due time it was given with 1 alone (a
+    table costs Redis more to send); a relative delay, a count of movers asked for, and every
+    other outcome get the whole reply, with the due time and the clock."""
+    store, settings, queue, now = Store(r, prefix), Settings(compress_after_ms=0), f"{prefix}q", redis_ms(r)
+    script = store._scripts["schedule"]
+
+    def reply(due: Due, **options: int) -> object:
+        return script(
+            *store._schedule_call(
+                spaces.ORDINARY, due, queue, kombu_payload(due.task_id), settings, **options
+            )
+        )
+
+    assert reply(Due(now + 60_000, task_id="a")) == 1
+    whole = reply(Due(60_000, relative=True, task_id="b"))
+    assert isinstance(whole, list) and whole[0] == 1 and whole[1] >= now + 60_000
+    counted = reply(Due(now + 60_000, task_id="d"), movers_fresh_ms=30_000)
+    assert isinstance(counted, list) and counted[3] == 0
+    assert isinstance(reply(Due(now - 1, task_id="e")), list)  # pushed now
+    result = store.schedule(Due(now + 60_000, task_id="f"), queue, kombu_payload("f"), settings)
+    assert (result.outcome, result.due_ms, result.now_ms) == (Scheduled.STORED, now + 60_000, None)
+    assert r.llen(queue) == 1 and store.pending([queue]) == 4
