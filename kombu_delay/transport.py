@@ -69,6 +69,8 @@ _asked: set[tuple[int, str, str]] = set()
 _asked_lock = threading.Lock()
 #: Set once a queue size could not read the delayed counts, and said so (once per process).
 _size_refusal_told = threading.Event()
+#: Set once a deleted queue's delayed messages could not be deleted with it, and said so.
+_delete_refusal_told = threading.Event()
 
 SCHEMES = {
     "delayredis": "kombu_delay.transport:Transport",
@@ -231,15 +233,20 @@ class DelayChannelMixin:
         try:
             return self.delay_store.pending(self._delay_dests(queue))
         except (RedisPermissionError, WrongTypeKey) as exc:
-            if not _size_refusal_told.is_set():
-                _size_refusal_told.set()
-                logger.warning(
-                    "kombu-delay: queue sizes leave delayed messages out: %s (grant this user "
-                    "read access to %skombu_delay:counts to count them)",
-                    exc,
-                    self.global_keyprefix,  # type: ignore[attr-defined]
-                )
+            self._refused_once(
+                _size_refusal_told,
+                "queue sizes leave delayed messages out: %s (grant this user read access to "
+                "%skombu_delay:counts to count them)",
+                exc,
+            )
             return 0
+
+    def _refused_once(self, told: threading.Event, message: str, exc: Exception) -> None:
+        """Log ``message`` (formatted with ``exc`` and the key prefix) as a WARNING, once per
+        process for each ``told``."""
+        if not told.is_set():
+            told.set()
+            logger.warning("kombu-delay: " + message, exc, self.global_keyprefix)  # type: ignore[attr-defined]
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
@@ -255,7 +262,22 @@ class DelayChannelMixin:
         bound = any(True for _ in self.state.queue_bindings(queue))  # type: ignore[attr-defined]
         super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)  # type: ignore[misc]
         if bound:
+            self._purge_deleted(dests)
+
+    def _purge_deleted(self, dests: list[str]) -> None:
+        """Delete a deleted queue's delayed messages. A user that may not (a worker's ACL user
+        with only kombu's keys, which deletes its mingle reply queue at start-up, and its
+        auto-delete queues on close) still deletes the queue, as on redis://, with one WARNING
+        a process: a delayed message of that queue, if any, would recreate its list when due."""
+        try:
             self.delay_store.purge(dests)
+        except (RedisPermissionError, WrongTypeKey) as exc:
+            self._refused_once(
+                _delete_refusal_told,
+                "a deleted queue's delayed messages, if any, were left: %s (grant this user "
+                "the keys %skombu_delay:* to delete them with it)",
+                exc,
+            )
 
     def _delay_dests(self, queue: str) -> list[str]:
         """The list keys of ``queue``, one per priority step, as the store names them."""

@@ -203,6 +203,32 @@ def test_a_worker_user_with_only_kombus_keys_still_declares_and_sizes_its_queue(
     assert len(told) <= 1 and (not told or "kombu_delay:counts" in told[0]), told
 
 
+def test_a_worker_user_with_only_kombus_keys_deletes_its_queues(server: RedisServer, caplog) -> None:
+    # A deleted queue's delayed messages go with it, through purge.lua, which this user may not
+    # run: Celery's start-up handshake (mingle) deletes its reply queue, and a channel's close
+    # its auto-delete queues, so the refusal ended the worker ("Unrecoverable error"), and left
+    # the channel's connections open. On redis:// both work.
+    admin = server.client()
+    url = add_user(admin, "worker", "resetkeys", "~refusals*", "~_kombu*", "~unacked*")
+    direct, fanout = Exchange("refusals.reply"), Exchange("refusals.control", type="fanout", auto_delete=True)
+    bindings = [f"_kombu.binding.{exchange.name}" for exchange in (direct, fanout)]
+    with Connection(url) as conn, caplog.at_level(logging.WARNING, logger="kombu_delay"):
+        channel = conn.channel()
+        replies = Queue(f"{QUEUE}.reply", direct, routing_key=f"{QUEUE}.reply", channel=channel)
+        replies.declare()
+        Queue(f"{QUEUE}.pidbox", fanout, auto_delete=True, channel=channel).declare()
+        assert admin.exists(*bindings) == 2
+        replies.delete()
+        channel.close()  # deletes the auto-delete queue
+    assert admin.exists(*bindings) == 0
+    told = [
+        rec.getMessage()
+        for rec in caplog.records
+        if "delayed messages, if any, were left" in rec.getMessage()
+    ]
+    assert len(told) == 1 and "kombu_delay:* to delete them" in told[0], told
+
+
 def test_a_mover_denied_scripting_stops_at_once_naming_the_acl(
     server: RedisServer, spawn: Callable[..., Proc]
 ) -> None:
