@@ -76,7 +76,7 @@ def health(
     quiet: bool,
 ) -> None:
     """Exit 0 when a mover is alive, due messages move and Redis keeps them safe; 1 when not;
-    2 when Redis is unreachable.
+    2 when Redis is unreachable or answers with an error (a refusal, a key of another type).
 
     Unhealthy as well: a maxmemory-policy that lets Redis delete scheduled messages, and
     messages stranded under another key prefix that no mover serves (found by the movers).
