@@ -65,6 +65,7 @@ class MoverStats:
     expired: int = 0
     held: int = 0
     wrongtype: int = 0
+    refused: int = 0  #: due messages whose destination this user's ACL refuses
     thawed: int = 0  #: compressed messages restored into the ordinary buckets
     renewed: int = 0  #: buckets whose expiry a sweep pushed out
     errors: int = 0
@@ -131,7 +132,7 @@ class Mover:
         self._last_beat = float("-inf")
         self._called_at = time.monotonic()
         self._last_log = time.monotonic()
-        self._wrongtype_logged_at = float("-inf")
+        self._stuck_logged_at = float("-inf")
         self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw)
@@ -305,6 +306,7 @@ class Mover:
         stats.expired += result.expired
         stats.held += result.held
         stats.wrongtype += result.wrongtype
+        stats.refused += result.refused
         if result.moved:
             stats.last_move_at = time.time()
         if result.moved > self.settings.batch_size:  # only a herd handed over whole moves more
@@ -327,13 +329,9 @@ class Mover:
             )
         now = time.monotonic()
         # Polled every HELD_POLL_S while they wait: said once per LOG_EVERY_S, not per poll.
-        if result.wrongtype and now - self._wrongtype_logged_at >= LOG_EVERY_S:
-            logger.warning(
-                "mover %s: %d due messages stay scheduled: their destination key is not a list",
-                self.name,
-                result.wrongtype,
-            )
-            self._wrongtype_logged_at = now
+        if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:
+            self._tell_stuck(result)
+            self._stuck_logged_at = now
         logger.debug("mover %s: %s", self.name, result)
         if self._on_result is not None:
             self._on_result(result)
@@ -349,10 +347,27 @@ class Mover:
                 )
             self._last_log, self._logged_moved = now, stats.moved
 
+    def _tell_stuck(self, result: MoveResult) -> None:
+        """Say which due messages stay scheduled, and why (every other queue's move on)."""
+        if result.wrongtype:
+            logger.warning(
+                "mover %s: %d due messages stay scheduled: their destination key is not a list",
+                self.name,
+                result.wrongtype,
+            )
+        if result.refused:
+            logger.warning(
+                "mover %s: %d due messages stay scheduled: this user's ACL refuses LPUSH onto %s "
+                "(grant it those keys, `ACL SETUSER <user> ~<key>`); the other queues' messages move",
+                self.name,
+                result.refused,
+                ", ".join(result.refused_dests),
+            )
+
     def _sleep_for(self, result: MoveResult) -> float:
         cap = self.settings.max_sleep_ms / 1000
-        if result.held or result.wrongtype or result.more:
-            # Messages that must wait (a full list, a key that is not a list) are due, so they
+        if result.held or result.wrongtype or result.refused or result.more:
+            # Messages that must wait (a full list, a key not a list, a refused one) are due: they
             # are the earliest scheduled and no publish of a later one wakes the movers: poll,
             # or every other queue's messages would be up to max_sleep late.
             return min(cap, HELD_POLL_S)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kombu_delay.store import keys, spaces
+from kombu_delay.store.base import as_text
 
 
 class Scheduled(enum.IntEnum):
@@ -55,8 +56,9 @@ class ScheduleResult:
         )
 
 
-#: Integers before the run-length coded lateness in a ``move.lua`` reply.
-MOVE_HEAD = 10
+#: Integers at the head of a ``move.lua`` reply; the refused destinations follow, then the
+#: run-length coded lateness.
+MOVE_HEAD = 11
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ class MoveResult:
     #: Members found in a bucket whose counts read zero (added by hand, or counted in a meta
     #: hash that is gone), counted again and moved by a later call.
     recounted: int = 0
+    #: Due messages left where they are because this user's ACL refuses LPUSH onto their
+    #: destination, and (some of) those destinations.
+    refused: int = 0
+    refused_dests: list[str] = field(default_factory=list)
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> MoveResult:
@@ -97,9 +103,11 @@ class MoveResult:
             expired=head[5],
             wrongtype=head[6],
             more=bool(head[7]),
-            lateness_ms=_runs(reply[MOVE_HEAD:]),
+            lateness_ms=_runs(reply[MOVE_HEAD + 1 :]),
             scan_after=head[8] if head[8] >= 0 else None,
             recounted=head[9],
+            refused=head[10],
+            refused_dests=[as_text(name) for name in reply[MOVE_HEAD]],
         )
 
 

@@ -11,26 +11,51 @@ checked_call(command, key, ...)
   the command and key, which Redis 6's ACL refusal does not, and saying that nothing was
   taken for that key. For the writes a script makes before it takes anything.
 
+pushed(dest, values)
+  LPUSH dest values, as checked_call, except that an ACL refusal of this destination returns
+  false instead of raising (nothing is pushed): Redis 6, which cannot be asked beforehand,
+  refuses the push itself, and one destination the mover's user may not write must not stop
+  the moves of every other. Returns true when pushed.
+
 room_keeper(max_len)
   Returns room, room_of for one move call: room[dest] is how many more pushes the list
-  ``dest`` takes in this call (math.huge without max_len, -1 when the key is not a list);
-  room_of(dest) returns it, asking Redis (TYPE, and LLEN under max_len) the first time,
-  after assert_may_push(dest).
+  ``dest`` takes in this call (math.huge without max_len, NOT_A_LIST when the key is not a
+  list, REFUSED when this user's ACL refuses LPUSH onto it: asked of Redis 7 and later, told
+  by a push on Redis 6); room_of(dest) returns it, asking Redis (the ACL, TYPE, and LLEN
+  under max_len) the first time.
 ]]
+local NOT_A_LIST, REFUSED = -1, -2
+
 local function assert_may_push(dest)
   if redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', dest, 'x') then
     error({err = 'NOPERM this user may not LPUSH onto ' .. dest .. '; nothing was taken for it'})
   end
 end
 
+local function raise_refusal(err, command, key)
+  local text = err .. ' (' .. command .. ' ' .. key .. '; nothing was taken for it)'
+  if redis.acl_check_cmd then error({err = text}) end  -- Redis 7+ keeps the error code
+  error(text)  -- Redis 6 raises strings only
+end
+
 local function checked_call(command, key, ...)
   local reply = redis.pcall(command, key, ...)
-  if type(reply) == 'table' and reply.err then
-    local text = reply.err .. ' (' .. command .. ' ' .. key .. '; nothing was taken for it)'
-    if redis.acl_check_cmd then error({err = text}) end  -- Redis 7+ keeps the error code
-    error(text)  -- Redis 6 raises strings only
-  end
+  if type(reply) == 'table' and reply.err then raise_refusal(reply.err, command, key) end
   return reply
+end
+
+-- An ACL refusal, as Redis 7 (NOPERM) and Redis 6 word it inside a script.
+local function acl_refusal(text)
+  return string.find(text, 'NOPERM', 1, true) or string.find(text, "The user executing the script can't", 1, true)
+end
+
+local function pushed(dest, values)
+  local reply = redis.pcall('LPUSH', dest, unpack(values))
+  if type(reply) == 'table' and reply.err then
+    if acl_refusal(reply.err) then return false end
+    raise_refusal(reply.err, 'LPUSH', dest)
+  end
+  return true
 end
 
 local function room_keeper(max_len)
@@ -38,10 +63,17 @@ local function room_keeper(max_len)
   local function room_of(dest)
     local left = room[dest]
     if left == nil then
-      assert_may_push(dest)
-      local kind = redis.call('TYPE', dest)['ok']
-      if kind ~= 'list' and kind ~= 'none' then
-        left = -1
+      local kind
+      if not (redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', dest, 'x')) then
+        -- Redis 6 cannot be asked; there a user refused the key is refused its TYPE too.
+        kind = redis.pcall('TYPE', dest)
+        if kind.err and not acl_refusal(kind.err) then raise_refusal(kind.err, 'TYPE', dest) end
+        kind = kind.ok
+      end
+      if not kind then
+        left = REFUSED
+      elseif kind ~= 'list' and kind ~= 'none' then
+        left = NOT_A_LIST
       elseif max_len > 0 then
         left = math.max(0, max_len - redis.call('LLEN', dest))
       else

@@ -23,13 +23,18 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           scan stopped short, or members were recounted), scan_after (-1, or the start to
           pass as ARGV[4] next), recounted (members found in a bucket whose counts read zero:
           added by hand, or counted in a meta hash that is gone; see recount in
-          _buckets.lua), lateness...}
+          _buckets.lua), refused (due messages left where they are because this user's ACL
+          refuses LPUSH onto their destination), {the refused destinations, at most
+          MAX_NAMED}, lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
-Raises: NOPERM when the ACL refuses LPUSH onto a destination, before anything of that
-        destination is taken: Redis 7+ is asked first (assert_may_push in _push.lua), and
-        on Redis 6 the LPUSH comes before the removal (move_head).
-Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held or
+         A destination the ACL refuses is left as a full one is (held): nothing of it is
+         taken, and the other destinations' messages move. Redis 7+ is asked first
+         (room_of in _push.lua); on Redis 6 the LPUSH comes before the removal (move_head),
+         and its refusal is told the same way.
+Raises: when Redis refuses anything else (the removal's ACL, maxmemory, a read-only
+        replica), before anything of that destination is taken.
+Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held, refused or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
        The exception is a herd staged ahead (stage.lua, _staged.lua): its run is handed over
        whole, however large, at the cost of a few commands and of copying at most 20 x ARGV[2]
@@ -77,7 +82,26 @@ local due_by, upper = reach, reach_upper
 local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
 local s = k.space
 
-local moved, held, expired, wrong, recounted = 0, 0, 0, 0, 0
+local moved, held, expired, wrong, recounted, refused = 0, 0, 0, 0, 0, 0
+-- The refused destinations named in the reply, for the mover's warning: a few are enough.
+local MAX_NAMED = 10
+local refused_names, named = {}, {}
+
+-- Counts ``waiting`` due messages of dest that stay where they are: held (a full list), not
+-- a list, or refused by the ACL (``left``: room_of's answer).
+local function left_waiting(dest, left, waiting)
+  if left == NOT_A_LIST then
+    wrong = wrong + waiting
+  elseif left == REFUSED then
+    refused = refused + waiting
+    if not named[dest] and #refused_names < MAX_NAMED then
+      named[dest] = true
+      refused_names[#refused_names + 1] = dest
+    end
+  else
+    held = held + waiting
+  end
+end
 local add_late, finish_lateness = lateness_runs()
 local budget = limit
 local room, room_of = room_keeper(max_len)
@@ -89,18 +113,16 @@ local function move_head(zset, dest, due_first, take)
   -- without scores and pushed as it came. Otherwise each member comes with its score.
   local tail = redis.call('ZRANGE', zset, take - 1, take - 1, 'WITHSCORES')
   if not tail[2] then tail = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES') end
-  local pushes
+  local pushes, scores
   if floor(tonumber(tail[2])) == due_first then
     pushes = redis.call('ZRANGE', zset, 0, take - 1)
-    add_late(math.max(0, now - due_first), #pushes)
   else
     local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', upper, 'WITHSCORES', 'LIMIT', 0, take)
-    pushes = {}
+    pushes, scores = {}, {}
     local n = 0
     for i = 1, #batch, 2 do
       n = n + 1
-      pushes[n] = batch[i]
-      add_late(math.max(0, now - floor(tonumber(batch[i + 1]))), 1)
+      pushes[n], scores[n] = batch[i], batch[i + 1]
     end
   end
   local got = #pushes
@@ -113,7 +135,16 @@ local function move_head(zset, dest, due_first, take)
     -- The batch is ranks 0 .. got - 1: removing by rank spares copying each member back out of
     -- Lua and searching the skip list for it.
     checked_call('ZREMRANGEBYRANK', zset, 1, 0)
-    checked_call('LPUSH', dest, unpack(pushes))
+    if not pushed(dest, pushes) then  -- Redis 6: the ACL refused this destination
+      room[dest] = REFUSED
+      left_waiting(dest, REFUSED, redis.call('ZCOUNT', zset, '-inf', upper))
+      return 0
+    end
+    if scores then
+      for i = 1, got do add_late(math.max(0, now - floor(tonumber(scores[i]))), 1) end
+    else
+      add_late(math.max(0, now - due_first), got)
+    end
     redis.call('ZREMRANGEBYRANK', zset, 0, got - 1)
   end
   return got
@@ -193,8 +224,7 @@ local function visit(start_s)
         if due_first <= due_by then
           local left = room_of(dest)
           if left <= 0 then
-            local waiting = redis.call('ZCOUNT', zset, '-inf', upper)
-            if left == -1 then wrong = wrong + waiting else held = held + waiting end
+            left_waiting(dest, left, redis.call('ZCOUNT', zset, '-inf', upper))
           else
             local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
                                               math.min(budget, left), marks[dest])
@@ -335,6 +365,7 @@ if first then
 end
 local more = 0
 if budget <= 0 or cleanup_left == 1 or scan_after >= 0 or recounted > 0 then more = 1 end
-local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after, recounted}
+local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after, recounted, refused,
+               refused_names}
 finish_lateness(reply)
 return reply
