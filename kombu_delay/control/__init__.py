@@ -30,6 +30,7 @@ from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
 from kombu_delay.message import carries_eta, index_id, task_name, to_ms, with_eta
 from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
+from kombu_delay.store.edit import EDIT_LOOKS
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Stored
 
@@ -135,29 +136,44 @@ class DelayControl:
             raise TypeError("give exactly one of eta= or countdown=")
         store = self.store
         due_ms = self._new_due_ms(eta, countdown)
-        done = 0
-        for stored in store.find(task_id):
-            # Checked before with_eta as well as by the script: far enough past the ceiling the
-            # ETA cannot even be formatted (datetime ends with the year 9999), and the script
-            # would refuse it anyway.
-            if due_ms > keys.MAX_DUE_MS:
-                raise self._too_far(task_id, due_ms)
-            payload = with_eta(stored.message, due_ms)
-            own_eta = carries_eta(payload)
-            outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings, own_eta=own_eta)
-            if outcome is Rescheduled.GONE and (copy := store.thawed_copy(task_id, stored)) is not None:
-                # A mover thawed it between the find and now: the same message, uncompressed.
-                outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings, own_eta=own_eta)
-            if outcome is Rescheduled.TOO_FAR:
-                raise self._too_far(task_id, due_ms)
-            if outcome is Rescheduled.NOT_A_LIST:
-                raise RedisRefused(
-                    f"cannot send {task_id!r} to {stored.dest!r} now: that key holds something other "
-                    "than a list (WRONGTYPE); the message stays scheduled at its old time"
-                )
-            if outcome is not Rescheduled.GONE:
-                done += 1
+        # Checked before with_eta as well as by the script: far enough past the ceiling the ETA
+        # cannot even be formatted (datetime ends with the year 9999), and the script would
+        # refuse it anyway.
+        if due_ms > keys.MAX_DUE_MS and store.find(task_id):
+            raise self._too_far(task_id, due_ms)
+        # A message another edit rescheduled between the find and its own reschedule is in its
+        # new bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the latest
+        # reschedule wins. What is already due at the new time is left, counted only once.
+        done, found = 0, store.find(task_id)
+        for _ in range(EDIT_LOOKS):
+            missed = False
+            for stored in found:
+                if self._reschedule_one(task_id, stored, due_ms):
+                    done += 1
+                else:
+                    missed = True
+            if not missed:
+                break
+            found = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]
         return done
+
+    def _reschedule_one(self, task_id: str, stored: Stored, due_ms: int) -> bool:
+        """Reschedule one found message; False when it left its place meanwhile."""
+        store = self.store
+        payload = with_eta(stored.message, due_ms)
+        own_eta = carries_eta(payload)
+        outcome = store.reschedule(stored, task_id, payload, due_ms, self._settings, own_eta=own_eta)
+        if outcome is Rescheduled.GONE and (copy := store.thawed_copy(task_id, stored)) is not None:
+            # A mover thawed it between the find and now: the same message, uncompressed.
+            outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings, own_eta=own_eta)
+        if outcome is Rescheduled.TOO_FAR:
+            raise self._too_far(task_id, due_ms)
+        if outcome is Rescheduled.NOT_A_LIST:
+            raise RedisRefused(
+                f"cannot send {task_id!r} to {stored.dest!r} now: that key holds something other "
+                "than a list (WRONGTYPE); the message stays scheduled at its old time"
+            )
+        return outcome is not Rescheduled.GONE
 
     def purge(self, queue: str) -> int:
         """Remove every scheduled message bound for ``queue`` (all its priority lists).

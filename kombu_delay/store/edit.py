@@ -17,9 +17,9 @@ from kombu_delay.store.inspection import Inspecting
 from kombu_delay.store.publish import Publishing
 from kombu_delay.store.replies import Rescheduled, Stored
 
-#: How many times :meth:`Editing.cancel` looks for a task's messages, at most, while each look
-#: finds one that left its place before it could be removed.
-CANCEL_LOOKS = 3
+#: How many times a cancel or a reschedule looks for a task's messages, at most, while each
+#: look finds one that left its place before it could be changed.
+EDIT_LOOKS = 3
 
 
 class Editing(Inspecting, Publishing):
@@ -29,13 +29,13 @@ class Editing(Inspecting, Publishing):
         """Remove every message of ``task_id``; return how many were removed.
 
         A message that left its place between the find and its removal is looked for again,
-        at most :data:`CANCEL_LOOKS` times in all: one a mover thawed meanwhile is in the
+        at most :data:`EDIT_LOOKS` times in all: one a mover thawed meanwhile is in the
         ordinary space now, one another edit rescheduled is in its new bucket. (One a mover
         moved is on its list, and found no more.)
         """
         done = 0
         with translated_errors():
-            for _ in range(CANCEL_LOOKS):
+            for _ in range(EDIT_LOOKS):
                 missed = False
                 for stored in self.find(task_id):
                     removed = self._cancel_one(task_id, stored, now_ms)

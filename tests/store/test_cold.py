@@ -655,3 +655,27 @@ def test_a_thaw_replaces_only_the_thawed_refs_of_each_task_id(r, prefix):
     assert [s.cold for s in store.find("u")] == [False]
     assert len(r.hget(ids, "u").split()) == 1
     assert store.cancel("t") == 3 and not r.hexists(ids, "t")
+
+
+def test_a_reschedule_racing_a_reschedule_is_the_one_that_stays(r, redis_server, monkeypatch):
+    # Another reschedule between this one's find and its own call left the message at the other
+    # time, and this one said "not scheduled" (0): the latest reschedule now wins.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    store.schedule(Due(clock() + 60_000, task_id="a"), "q", kombu_payload("a"), Settings())
+    stale = {"a": store.find("a")}
+    with DelayControl(redis_server.delay_url) as control:
+        assert control.reschedule("a", countdown=3 * 3600) == 1  # the other edit: to the cold space
+        [between] = store.find("a")
+        assert between.cold and between.ref != stale["a"][0].ref
+        real_find = type(control.store).find
+
+        def find_once_stale(self: Store, task_id: str) -> list:
+            return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
+
+        monkeypatch.setattr(type(control.store), "find", find_once_stale)
+        assert control.reschedule("a", countdown=600) == 1
+        monkeypatch.setattr(type(control.store), "find", real_find)
+    [now_at] = store.find("a")
+    assert 590_000 < now_at.due_ms - clock() < 610_000
+    assert store.counts() == {"q": 1}
