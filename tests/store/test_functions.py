@@ -128,6 +128,34 @@ def test_a_publish_runs_as_a_function_and_stores_what_the_script_stores(
     assert dump(r7) == stored
 
 
+def publish_spread(r: redis.Redis) -> list[Any]:
+    """300 publishes over 150 buckets, which two namespaces share, two destinations and both
+    spaces: more names than a function keeps (put_names in _put.lua), each asked again."""
+    settings = Settings(compress_after_ms=3_600_000)
+    replies: list[Any] = []
+    for n in range(300):
+        store = Store(r, ("app:", "other:")[n // 150])
+        ahead = 60_000 * (n % 150) + (7_200_000 if n % 3 == 0 else 60_000)
+        due = Due(NOW + ahead, task_id=f"t{n}")
+        replies.append(
+            store.schedule(due, (DEST, "other")[n % 4 // 2], kombu_payload(f"t{n}"), settings, now_ms=NOW)
+        )
+    return replies
+
+
+def test_a_function_keeps_the_names_of_many_buckets_and_stores_what_the_script_stores(
+    r7: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_function = publish_spread(r7)
+    assert calls(r7, "fcall") == 300 and calls(r7, "evalsha") == 0
+    stored = dump(r7)
+    r7.flushall()
+    monkeypatch.setattr(scripts, "FUNCTIONS", ())
+    as_script = publish_spread(r7)
+    assert as_script == as_function
+    assert dump(r7) == stored
+
+
 def test_the_library_is_one_per_version_and_loads_once(r7: redis.Redis) -> None:
     name, text = scripts.library()
     assert name.startswith("kombu_delay_") and text.startswith(f"#!lua name={name}\n")

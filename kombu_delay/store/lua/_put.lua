@@ -150,11 +150,12 @@ end
 -- destination's count unless k.counted, the lifetime counter k.counter), notes the queue's
 -- x-expires, and appends their task ids (one id, or a table of them) to the bucket's task-id
 -- list ``tasks`` (nil in the cold space: its refs leave the id index one by one, thaw and
--- take). Returns the set's count after, whether the destination's count was zero before,
--- and the task-id list's length after (0 without one).
-local function count_added(k, meta, dest, tasks, n, task_ids)
+-- take). ``q``: the meta field of dest's count, where the caller has it ('q:' .. dest).
+-- Returns the set's count after, whether the destination's count was zero before, and the
+-- task-id list's length after (0 without one).
+local function count_added(k, meta, dest, tasks, n, task_ids, q)
   local n_arg = count_arg(n)
-  local n_here = count_up(meta, 'q:' .. dest, n_arg)
+  local n_here = count_up(meta, q or 'q:' .. dest, n_arg)
   if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
   local dest_new = not k.counted and count_up(k.counts, dest, n_arg) == n
   if k.counter then count_up(k.totals, k.counter, n_arg) end
@@ -171,24 +172,55 @@ local function mark_no_eta(k, due)
   redis.call('HSET', k.space:meta(string.format('%d', due - due % k.width)), 'n', '1')
 end
 
+-- The names put writes for a message of ``dest`` due in the bucket starting at ``start`` in
+-- k's space: {start_s (the start as text), meta, zset, tasks (nil in the cold space), q (the
+-- meta field counting dest's messages), h (that of a herd of dest staged ahead)}. Kept, as
+-- ms_of keeps its times, where a script's helpers outlive a call (a function: only the
+-- publish, whose k is kept too), at most 256 of them: the publishes into a bucket name the
+-- same keys, and making the names anew was a good part of a publish's Redis CPU.
+local put_names_memo, put_names_count = false, 0
+
+local function put_names(k, start, dest)
+  local memo = put_names_memo
+  local of_k = memo and memo[k]
+  local of_start = of_k and of_k[start]
+  local names = of_start and of_start[dest]
+  if names then return names end
+  local start_s = string.format('%d', start)
+  names = {start_s = start_s, meta = k.space:meta(start_s), zset = k.space:zset(start_s, dest),
+           tasks = k.space:tasks(start_s), q = 'q:' .. dest, h = 'h:' .. dest}
+  if memo then
+    if put_names_count >= 256 then
+      memo, put_names_count = {}, 0
+      put_names_memo = memo
+    end
+    of_k = memo[k] or {}
+    memo[k] = of_k
+    of_start = of_k[start] or {}
+    of_k[start] = of_start
+    of_start[dest], put_names_count = names, put_names_count + 1
+  end
+  return names
+end
+
 -- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
 -- publish. Of the per-bucket work, only the read of the expiry is left on it: set_expiries
 -- runs only where it can change something (expiries_settled).
 local function put(k, now, due, task_id, dest, payload, estimated)
   local start = due - due % k.width
-  local start_s = string.format('%d', start)
-  local meta, zset = k.space:meta(start_s), k.space:zset(start_s, dest)
+  local names = put_names(k, start, dest)
+  local start_s, meta, zset = names.start_s, names.meta, names.zset
   local n_seq = count_up(meta, 'seq', '1')
   local seq = (n_seq - 1) % 2048
   local added = redis.call('ZADD', zset, 'NX', due + seq / 2048, payload)
   if k.format and n_seq == 1 then redis.call('HSETNX', k.totals, 'format', k.format) end
   if added == 0 then return 2 end
-  local tasks = k.space:tasks(start_s)
-  local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id)
+  local tasks = names.tasks
+  local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id, names.q)
   add_ref(k, start, start_s, task_id, due, seq)
   -- The expiry, the mark of a herd staged ahead (_staged.lua), which this message would make
   -- wrong if it is due at the herd's millisecond, the wake mark (wake_if_first) and the end.
-  local known = redis.call('HMGET', meta, 'x', 'h:' .. dest, 'w', 'end')
+  local known = redis.call('HMGET', meta, 'x', names.h, 'w', 'end')
   local known_x, known_end = ms_of(known[1]), ms_of(known[4])
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
   if not expiries_settled(k, start, known_x, known_end, n_here, 1, n_tasks, dest_new) then
