@@ -188,6 +188,43 @@ def test_a_destination_the_acl_refuses_waits_and_the_others_move(
     assert stored(admin) == [] and admin.llen(QUEUE) == 3 and admin.llen("other") == 1
 
 
+def test_a_mover_refused_type_stops_and_blames_type_not_the_queue(server: RedisServer) -> None:
+    # A refusal of TYPE, which the move asks of each destination, was taken for the queue's
+    # refusal: every queue waited, and the warning asked for a grant the user already had.
+    admin = server.client()
+    url = add_user(admin, "notype", "-type")
+    publish_due_soon(server.delay_url, 3)
+    wait_until_due(admin)
+    with open_store(url) as store, pytest.raises(RedisPermissionError, match="TYPE"):
+        store.move_due(100)
+    assert len(stored(admin)) == 3 and admin.llen(QUEUE) == 0
+
+
+def test_a_refused_push_reads_no_more_than_the_queues_head(server: RedisServer) -> None:
+    """Redis 6 cannot be asked whether a user may LPUSH: the first push onto a queue in a call
+    is of its head alone, so a refusal, told again on every poll while it lasts, reads one
+    member, not a batch (Redis 7 is asked, and reads none)."""
+    admin = server.client()
+    url = add_user(admin, "nolpush", "-lpush")
+    publish_due_soon(server.delay_url, 50)
+    wait_until_due(admin)
+    reads: list[str] = []
+    with open_store(url) as store, admin.monitor() as monitor:
+        assert store.move_due(100).refused == 50
+        store.client.echo("moved")  # the last command seen: the move's are all before it
+        for seen in monitor.listen():
+            command = seen["command"]
+            if command == "ECHO moved":
+                break
+            words = command.split()
+            if words[0].upper() in ("ZRANGE", "ZRANGEBYSCORE") and words[1].endswith(f":{QUEUE}"):
+                reads.append(command)
+    # Of the queue's sorted set, its head alone: ranks 0 to 0, or a limit of 1.
+    one = [read for read in reads if read.split()[2:4] == ["0", "0"] or read.endswith("LIMIT 0 1")]
+    assert reads and one == reads, reads
+    assert len(stored(admin)) == 50 and admin.llen(QUEUE) == 0
+
+
 def test_a_reschedule_to_the_past_refused_lpush_keeps_the_message(server: RedisServer) -> None:
     admin = server.client()
     url = add_user(admin, "nolpush", "-lpush")

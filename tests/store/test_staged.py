@@ -7,7 +7,9 @@ counts and keys as a batch move leaves them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -215,24 +217,46 @@ def test_small_runs_are_not_staged_and_a_herd_behind_them_is_found(r: redis.Redi
     )
 
 
+@contextlib.contextmanager
+def store_of_user(r: redis.Redis, prefix: str, clock: FakeClock, *rules: str) -> Iterator[Store]:
+    """A Store whose client is an ACL user with ``rules`` (after all channels and commands)."""
+    r.execute_command("ACL", "SETUSER", "limited", "on", ">pw", "&*", "+@all", *rules)
+    client = redis.Redis(port=r.connection_pool.connection_kwargs["port"], username="limited", password="pw")
+    try:
+        yield Store(client, prefix, clock=clock)
+    finally:
+        client.close()
+        r.execute_command("ACL", "DELUSER", "limited")
+
+
 def test_an_acl_without_the_handover_commands_stages_nothing_and_moves_in_batches(
     r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
 ) -> None:
     clock, _, dest, due = herd
-    r.execute_command("ACL", "SETUSER", "no-rename", "on", ">pw", "~*", "&*", "+@all", "-rename")
-    try:
-        client = redis.Redis(
-            port=r.connection_pool.connection_kwargs["port"], username="no-rename", password="pw"
-        )
-        limited = Store(client, prefix, clock=clock)
+    with store_of_user(r, prefix, clock, "~*", "-rename") as limited:
         start = due - due % ORDINARY.bucket_width_ms
         assert limited.stage(start, dest, 1000, MIN_RUN).outcome is Staged.REFUSED
         assert staged_keys(r, prefix) == []
         clock.ms = due
         assert drain(limited) == RUN
-        client.close()
-    finally:
-        r.execute_command("ACL", "DELUSER", "no-rename")
+
+
+def test_a_queue_outside_the_acl_gets_no_copy_and_the_others_herds_still_do(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int]
+) -> None:
+    # A refused queue's herd answered "the ACL refuses the handover's commands", and the mover
+    # then staged no herd of any queue for the rest of its life.
+    clock, store, dest, due = herd
+    other = f"{prefix}other"
+    schedule_herd(store, other, due, [f"o{i}" for i in range(RUN)])
+    with store_of_user(r, prefix, clock, "resetkeys", f"~{prefix}kombu_delay:*", f"~{other}") as limited:
+        start = due - due % ORDINARY.bucket_width_ms
+        assert limited.stage(start, dest, 1000, MIN_RUN).outcome is Staged.NO_RUN
+        assert stage_all(limited, start, other) is Staged.DONE
+        clock.ms = due
+        moved = limited.move_due(1000)
+        assert moved.moved == RUN and moved.refused == RUN and moved.refused_dests == [dest]
+        assert r.llen(other) == RUN and r.llen(dest) == 0
 
 
 def test_a_queue_with_an_expiry_keeps_it_and_a_purge_drops_the_copy(

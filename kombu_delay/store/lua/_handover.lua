@@ -37,7 +37,7 @@ local function hand_over(s, meta, start_s, zset, dest, t, n, spare, spare_rest)
   -- Every command after the rename is allowed (asked, or tried, here): a refusal there would
   -- leave the herd both on its list and still scheduled.
   if have > n or n - have > spare or waiting > spare or rest > spare_rest
-      or run_intact(zset, staged, t, n, have) ~= 0 or not may_hand_over(s, zset, dest) then
+      or run_intact(zset, staged, t, n, have) ~= 0 or may_hand_over(s, zset, dest) ~= true then
     drop_staged(s, meta, start_s, dest)
     return nil
   end

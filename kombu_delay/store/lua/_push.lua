@@ -49,6 +49,12 @@ local function acl_refusal(text)
   return string.find(text, 'NOPERM', 1, true) or string.find(text, "The user executing the script can't", 1, true)
 end
 
+-- Redis 6's refusal of a key (not of a command) inside a script: a key this user may not
+-- access at all, so not LPUSH onto either (Redis 6 has no read-only or write-only keys).
+local function key_refusal_6(text)
+  return string.find(text, "The user executing the script can't access", 1, true)
+end
+
 local function pushed(dest, values)
   local reply = redis.pcall('LPUSH', dest, unpack(values))
   if type(reply) == 'table' and reply.err then
@@ -65,9 +71,13 @@ local function room_keeper(max_len)
     if left == nil then
       local kind
       if not (redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', dest, 'x')) then
-        -- Redis 6 cannot be asked; there a user refused the key is refused its TYPE too.
+        -- Redis 6 cannot be asked; there a user refused the key is refused its TYPE too. Any
+        -- other refusal of TYPE (the command itself, or a write-only key on Redis 7) is one
+        -- that no fix of the queue's key mends: raised, as every other refusal.
         kind = redis.pcall('TYPE', dest)
-        if kind.err and not acl_refusal(kind.err) then raise_refusal(kind.err, 'TYPE', dest) end
+        if kind.err and not (not redis.acl_check_cmd and key_refusal_6(kind.err)) then
+          raise_refusal(kind.err, 'TYPE', dest)
+        end
         kind = kind.ok
       end
       if not kind then

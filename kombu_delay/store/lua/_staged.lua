@@ -40,10 +40,12 @@ run_intact(zset, staged, t, n, have)
 
 may_hand_over(s, zset, dest)
   True when this user's ACL allows what staging and a handover do beyond a move (RENAME,
-  UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE). Redis 7 is asked (acl_check_cmd); Redis 6
-  cannot be, so each is tried on <ns>h-probe, a key nothing creates (the ACL is checked before
-  the command runs, and such a call writes nothing): a refusal is an error other than "no such
-  key".
+  UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE); false when it refuses one of them; 'dest'
+  when it allows them but not onto dest (a queue outside its key pattern: that queue's run
+  waits, as its move does, and the other queues' herds are still handed over). Redis 7 is
+  asked (acl_check_cmd, LPUSH onto dest too); Redis 6 cannot be, so each is tried on
+  <ns>h-probe, a key nothing creates (the ACL is checked before the command runs, and such a
+  call writes nothing): a refusal is an error other than "no such key".
 ]]
 local function staged_mark(meta, dest)
   local mark = redis.call('HMGET', meta, 'h:' .. dest, 'hn:' .. dest)
@@ -78,18 +80,19 @@ end
 
 local function may_hand_over(s, zset, dest)
   local spare = s.keys .. 'h-probe'
-  local calls = {{'RENAME', spare, dest}, {'RENAME', spare, zset}, {'UNLINK', spare},
-                 {'PERSIST', spare}, {'PEXPIRE', spare, 1}, {'LINDEX', spare, 0},
-                 {'ZRANGESTORE', spare, zset, 0, 0}}
-  for _, call in ipairs(calls) do
+  -- The destination's last, so that a refusal of the commands themselves is told first.
+  local calls = {{'RENAME', spare, zset}, {'UNLINK', spare}, {'PERSIST', spare}, {'PEXPIRE', spare, 1},
+                 {'LINDEX', spare, 0}, {'ZRANGESTORE', spare, zset, 0, 0}, {'RENAME', spare, dest}}
+  for i, call in ipairs(calls) do
+    local refused
     if redis.acl_check_cmd then
-      if not redis.acl_check_cmd(unpack(call)) then return false end
+      refused = not redis.acl_check_cmd(unpack(call))
     elseif call[1] ~= 'ZRANGESTORE' then  -- ZRANGESTORE would write: RENAME's refusal stands for it
       local reply = redis.pcall(unpack(call))
-      if type(reply) == 'table' and reply.err and not string.find(reply.err, 'no such key', 1, true) then
-        return false
-      end
+      refused = type(reply) == 'table' and reply.err and not string.find(reply.err, 'no such key', 1, true)
     end
+    if refused then return i == #calls and 'dest' end
   end
+  if redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', dest, 'x') then return 'dest' end
   return true
 end

@@ -35,7 +35,9 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
 Raises: when Redis refuses anything else (the removal's ACL, maxmemory, a read-only
         replica), before anything of that destination is taken.
 Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held, refused or
-       wrong-type destination costs one ZCOUNT per bucket, its messages are not read.
+       wrong-type destination costs one ZCOUNT per bucket, its messages are not read (on
+       Redis 6, where only a push tells that the LPUSH command itself is refused, its head's
+       is: see move_head).
        The exception is a herd staged ahead (stage.lua, _staged.lua): its run is handed over
        whole, however large, at the cost of a few commands and of copying at most 20 x ARGV[2]
        messages of its copy, 20 x ARGV[2] already on the list and 100 x ARGV[2] of its set
@@ -107,12 +109,13 @@ local budget = limit
 local room, room_of = room_keeper(max_len)
 
 -- Moves the due head of one sorted set, at most `take` messages; returns how many.
-local function move_head(zset, dest, due_first, take)
+local function move_batch(zset, dest, due_first, take)
   -- When the first and the last of the next `take` members are due at the same millisecond,
   -- so is every one between: one number is the lateness of all, and the batch is read
   -- without scores and pushed as it came. Otherwise each member comes with its score.
   local tail = redis.call('ZRANGE', zset, take - 1, take - 1, 'WITHSCORES')
   if not tail[2] then tail = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES') end
+  if not tail[2] then return 0 end  -- emptied by move_head's push of its head
   local pushes, scores
   if floor(tonumber(tail[2])) == due_first then
     pushes = redis.call('ZRANGE', zset, 0, take - 1)
@@ -148,6 +151,21 @@ local function move_head(zset, dest, due_first, take)
     redis.call('ZREMRANGEBYRANK', zset, 0, got - 1)
   end
   return got
+end
+
+-- move_batch, except that Redis 6, which cannot be asked whether this user may push onto
+-- dest, first pushes the due head alone onto a destination not pushed onto yet in this call:
+-- a refusal, told again on every poll while it lasts, then costs the read of one member, not
+-- of a batch.
+local confirmed = {}
+local function move_head(zset, dest, due_first, take)
+  if redis.acl_check_cmd or confirmed[dest] or take == 1 then
+    return move_batch(zset, dest, due_first, take)
+  end
+  local got = move_batch(zset, dest, due_first, 1)
+  if got == 0 then return 0 end
+  confirmed[dest] = true
+  return got + move_batch(zset, dest, due_first, take - 1)
 end
 
 -- A staged run of dest at the head of its set, due: handed over whole when its copy is good

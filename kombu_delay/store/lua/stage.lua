@@ -12,7 +12,8 @@ Returns: {code, staged, n, t}
          code 0: the run's n members due at t are all in the staged list (staged = n);
               1: staged of n copied so far (with limit 0: staged so far, or 0), call again;
              -1: no run to stage: the set holds no run of min_run members at one
-                 millisecond, or is gone (n and t describe its first run, or are 0);
+                 millisecond, or is gone (n and t describe its first run, or are 0), or
+                 this user's ACL refuses dest (its run waits, as its move does);
              -2: this user's ACL refuses what a handover needs (see may_hand_over): nothing
                  is staged, and move.lua moves the run in batches as ever.
 Bound: one ZRANGE of at most ARGV[4] members and one LPUSH of them, plus, to find a run, at
@@ -73,7 +74,9 @@ if not t then
   found, t, n, e = first_run()
   if not found then return {-1, 0, n, t} end
   if limit == 0 then return {1, 0, n, t} end
-  if not may_hand_over(s, zset, dest) then return {-2, 0, n, t} end
+  local may = may_hand_over(s, zset, dest)
+  if may == 'dest' then return {-1, 0, n, t} end
+  if not may then return {-2, 0, n, t} end
   redis.call('HSET', meta, 'h:' .. dest, t, 'hn:' .. dest, n)
   redis.call('UNLINK', staged)
 end
