@@ -142,16 +142,19 @@ class DelayControl:
         if due_ms > keys.MAX_DUE_MS and store.find(task_id):
             raise self._too_far(task_id, due_ms)
         # A message another edit rescheduled between the find and its own reschedule is in its
-        # new bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the latest
-        # reschedule wins. What is already due at the new time is left, counted only once.
-        done, found = 0, store.find(task_id)
+        # new bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the reschedule
+        # that ends last wins. A look again reschedules every message not yet at the new time
+        # (one the other edit moved after this one had, too), but counts no more than were
+        # missed: each message once.
+        done, missed = 0, None
+        found = store.find(task_id)
         for _ in range(EDIT_LOOKS):
-            missed = False
-            for stored in found:
-                if self._reschedule_one(task_id, stored, due_ms):
-                    done += 1
-                else:
-                    missed = True
+            moved = sum(self._reschedule_one(task_id, stored, due_ms) for stored in found)
+            if missed is None:  # the first look: each message found is one
+                done, missed = moved, len(found) - moved
+            else:
+                counted = min(moved, missed)
+                done, missed = done + counted, missed - counted
             if not missed:
                 break
             found = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]

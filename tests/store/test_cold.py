@@ -679,3 +679,27 @@ def test_a_reschedule_racing_a_reschedule_is_the_one_that_stays(r, redis_server,
     [now_at] = store.find("a")
     assert 590_000 < now_at.due_ms - clock() < 610_000
     assert store.counts() == {"q": 1}
+
+
+def test_a_reschedule_raced_between_two_messages_of_a_task_counts_each_once(r, redis_server, monkeypatch):
+    # A task with two messages (a retry reusing its id), and another reschedule of both between
+    # this one's first and second: the look again rescheduled both, and counted 3.
+    store = Store(r)
+    now = store.time_ms()
+    store.schedule(Due(now + 60_000, task_id="a"), "q", kombu_payload("a"), Settings())
+    retry = kombu_payload("a").replace('"priority": 0', '"priority": 1')
+    store.schedule(Due(now + 120_000, task_id="a"), "q", retry, Settings())
+    with DelayControl(redis_server.delay_url) as control, DelayControl(redis_server.delay_url) as other:
+        real = type(control.store).reschedule
+        calls = []
+
+        def racing(self: Store, old, *args, **kwargs):
+            calls.append(old)
+            if len(calls) == 2:  # between this reschedule's two messages
+                assert other.reschedule("a", countdown=1800) == 2
+            return real(self, old, *args, **kwargs)
+
+        monkeypatch.setattr(type(control.store), "reschedule", racing)
+        assert control.reschedule("a", countdown=600) == 2
+    found = store.find("a")
+    assert sorted(round((s.due_ms - now) / 60_000) for s in found) == [10, 10]

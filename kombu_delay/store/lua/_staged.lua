@@ -40,12 +40,13 @@ run_intact(zset, staged, t, n, have)
 
 may_hand_over(s, zset, dest)
   True when this user's ACL allows what staging and a handover do beyond a move (RENAME,
-  UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE); false when it refuses one of them; 'dest'
+  UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE, LPUSH); false when it refuses one of them; 'dest'
   when it allows them but not onto dest (a queue outside its key pattern: that queue's run
   waits, as its move does, and the other queues' herds are still handed over). Redis 7 is
   asked (acl_check_cmd, LPUSH onto dest too); Redis 6 cannot be, so each is tried on
   <ns>h-probe, a key nothing creates (the ACL is checked before the command runs, and such a
-  call writes nothing): a refusal is an error other than "no such key".
+  call writes nothing): a refusal is an error other than "no such key"; LPUSH is tried on it
+  too, and the key deleted.
 ]]
 local function staged_mark(meta, dest)
   local mark = redis.call('HMGET', meta, 'h:' .. dest, 'hn:' .. dest)
@@ -93,6 +94,15 @@ local function may_hand_over(s, zset, dest)
     end
     if refused then return i == #calls and 'dest' end
   end
-  if redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', dest, 'x') then return 'dest' end
+  if redis.acl_check_cmd then
+    if not redis.acl_check_cmd('LPUSH', spare, 'x') then return false end
+    if not redis.acl_check_cmd('LPUSH', dest, 'x') then return 'dest' end
+  else
+    -- Redis 6 cannot be asked about LPUSH, which staging needs onto its own list: tried on
+    -- the probe key, and the key deleted at once (a script runs alone: nothing else sees it).
+    local pushed = redis.pcall('LPUSH', spare, 'x')
+    if type(pushed) == 'table' and pushed.err then return false end
+    redis.call('DEL', spare)
+  end
   return true
 end

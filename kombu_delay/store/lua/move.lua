@@ -184,8 +184,12 @@ end
 -- Moves what is due in dest's set, at most take: a staged run whole (returns its size and true)
 -- or a batch (returns its size), which stops short of a staged run behind it, so that the run
 -- goes whole in the next call.
+local stopped = {}  -- destinations whose move stopped short of a staged run in this call
 local function move_due_head(meta, start_s, zset, dest, due_first, left, take, t)
   if t and due_first < t then
+    -- A run due now goes whole in the next call: the queue's later buckets wait for it, or a
+    -- consumer would get their messages before the run's.
+    if t <= due_by then stopped[dest] = true end
     local before = redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', t))
     return move_head(zset, dest, due_first, math.min(take, before))
   end
@@ -227,7 +231,7 @@ local function visit(start_s)
       end_ms = n
     elseif sub(name, 1, 2) == 'e:' then
       expiry[sub(name, 3)] = n
-    elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and budget > 0 then
+    elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and budget > 0 and not stopped[sub(name, 3)] then
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
       local head = redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
