@@ -38,15 +38,15 @@ run_intact(zset, staged, t, n, have)
   member of rank have - 1 (on the left): nothing of the run was removed, nothing added.
   Returns nil otherwise.
 
-may_hand_over(s, zset, dest)
+may_hand_over(s, zset, dest, staging)
   True when this user's ACL allows what staging and a handover do beyond a move (RENAME,
   UNLINK, PERSIST, PEXPIRE, LINDEX, ZRANGESTORE, LPUSH); false when it refuses one of them; 'dest'
   when it allows them but not onto dest (a queue outside its key pattern: that queue's run
   waits, as its move does, and the other queues' herds are still handed over). Redis 7 is
   asked (acl_check_cmd, LPUSH onto dest too); Redis 6 cannot be, so each is tried on
   <ns>h-probe, a key nothing creates (the ACL is checked before the command runs, and such a
-  call writes nothing): a refusal is an error other than "no such key"; LPUSH is tried on it
-  too, and the key deleted.
+  call writes nothing): a refusal is an error other than "no such key"; with ``staging``
+  (stage.lua, before it writes anything), LPUSH is tried on it too, and the key deleted.
 ]]
 local function staged_mark(meta, dest)
   local mark = redis.call('HMGET', meta, 'h:' .. dest, 'hn:' .. dest)
@@ -79,7 +79,7 @@ local function run_intact(zset, staged, t, n, have)
   if first == redis.call('LINDEX', staged, -1) and last == redis.call('LINDEX', staged, 0) then return e end
 end
 
-local function may_hand_over(s, zset, dest)
+local function may_hand_over(s, zset, dest, staging)
   local spare = s.keys .. 'h-probe'
   -- The destination's last, so that a refusal of the commands themselves is told first.
   local calls = {{'RENAME', spare, zset}, {'UNLINK', spare}, {'PERSIST', spare}, {'PEXPIRE', spare, 1},
@@ -97,9 +97,11 @@ local function may_hand_over(s, zset, dest)
   if redis.acl_check_cmd then
     if not redis.acl_check_cmd('LPUSH', spare, 'x') then return false end
     if not redis.acl_check_cmd('LPUSH', dest, 'x') then return 'dest' end
-  else
+  elseif staging then
     -- Redis 6 cannot be asked about LPUSH, which staging needs onto its own list: tried on
     -- the probe key, and the key deleted at once (a script runs alone: nothing else sees it).
+    -- Not in a move's handover: a write there could be a move's first, which Redis refuses
+    -- under maxmemory; the staging it hands over pushed already.
     local pushed = redis.pcall('LPUSH', spare, 'x')
     if type(pushed) == 'table' and pushed.err then return false end
     redis.call('DEL', spare)

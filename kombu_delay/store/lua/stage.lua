@@ -74,7 +74,7 @@ if not t then
   found, t, n, e = first_run()
   if not found then return {-1, 0, n, t} end
   if limit == 0 then return {1, 0, n, t} end
-  local may = may_hand_over(s, zset, dest)
+  local may = may_hand_over(s, zset, dest, true)
   if may == 'dest' then return {-1, 0, n, t} end
   if not may then return {-2, 0, n, t} end
   redis.call('HSET', meta, 'h:' .. dest, t, 'hn:' .. dest, n)
