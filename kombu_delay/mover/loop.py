@@ -348,7 +348,7 @@ class Mover:
             self._last_log, self._logged_moved = now, stats.moved
 
     def _tell_stuck(self, result: MoveResult) -> None:
-        """Say which due messages stay scheduled, and why (every other queue's move on)."""
+        """Say which due messages stay scheduled, and why (the other queues' messages move on)."""
         if result.wrongtype:
             logger.warning(
                 "mover %s: %d due messages stay scheduled: their destination key is not a list",
