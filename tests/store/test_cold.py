@@ -381,6 +381,33 @@ def test_any_kombu_message_restores_not_only_celery_tasks():
     assert inflate.decompress(member[5:]) == b"{}"
 
 
+def find_stale_once(monkeypatch: pytest.MonkeyPatch, stale: dict[str, list]) -> None:
+    """Make Store.find answer each task id of ``stale`` with what it holds, once (a find made
+    before another edit or a thaw moved the message), and then find as ever."""
+    real_find = Store.find
+
+    def find(self: Store, task_id: str) -> list:
+        return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
+
+    monkeypatch.setattr(Store, "find", find)
+
+
+def rescheduled_after_a_find(
+    r: redis.Redis, redis_server: RedisServer
+) -> tuple[FakeClock, Store, dict[str, list]]:
+    """Task "a" scheduled a minute ahead, found, then rescheduled by another edit three hours
+    ahead (into the cold space); returns the clock, a store and that find, now stale."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    store.schedule(Due(clock() + 60_000, task_id="a"), "q", kombu_payload("a"), Settings())
+    stale = {"a": store.find("a")}
+    with DelayControl(redis_server.delay_url) as control:
+        assert control.reschedule("a", countdown=3 * 3600) == 1
+    [moved] = store.find("a")
+    assert moved.cold and moved.ref != stale["a"][0].ref
+    return clock, store, stale
+
+
 def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis_server, monkeypatch):
     clock = FakeClock(r)
     store = Store(r, clock=clock)
@@ -391,18 +418,11 @@ def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis
     assert all(found[0].cold for found in before.values())
     clock.advance(150)
     assert store.thaw(2000, 10).thawed == 2  # a mover thaws them after the find
-    real_find = Store.find
-    stale = dict(before)
-
-    def find_once_stale(self: Store, task_id: str) -> list:
-        return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
-
-    monkeypatch.setattr(Store, "find", find_once_stale)
+    find_stale_once(monkeypatch, dict(before))
     assert store.cancel("a") == 1
     with DelayControl(redis_server.delay_url) as control:
-        monkeypatch.setattr(type(control.store), "find", find_once_stale)
+        assert type(control.store) is Store
         assert control.reschedule("b", countdown=600) == 1
-    monkeypatch.setattr(Store, "find", real_find)
     assert store.find("a") == []
     [moved] = store.find("b")
     assert moved.due_ms > now + 500_000 and store.counts() == {"q": 1}
@@ -411,22 +431,9 @@ def test_a_cancel_or_reschedule_racing_a_thaw_still_reaches_the_message(r, redis
 def test_a_cancel_racing_a_reschedule_still_reaches_the_message(r, redis_server, monkeypatch):
     # A reschedule between a cancel's find and its removal left the message scheduled in its
     # new bucket, and the cancel said "not scheduled".
-    clock = FakeClock(r)
-    store = Store(r, clock=clock)
-    store.schedule(Due(clock() + 60_000, task_id="a"), "q", kombu_payload("a"), Settings())
-    stale = {"a": store.find("a")}
-    with DelayControl(redis_server.delay_url) as control:
-        assert control.reschedule("a", countdown=3 * 3600) == 1  # ordinary space to cold
-    [moved] = store.find("a")
-    assert moved.cold and moved.ref != stale["a"][0].ref
-    real_find = Store.find
-
-    def find_once_stale(self: Store, task_id: str) -> list:
-        return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
-
-    monkeypatch.setattr(Store, "find", find_once_stale)
+    _, store, stale = rescheduled_after_a_find(r, redis_server)
+    find_stale_once(monkeypatch, stale)
     assert store.cancel("a") == 1
-    monkeypatch.setattr(Store, "find", real_find)
     assert store.find("a") == [] and store.counts() == {}
 
 
@@ -660,22 +667,10 @@ def test_a_thaw_replaces_only_the_thawed_refs_of_each_task_id(r, prefix):
 def test_a_reschedule_racing_a_reschedule_is_the_one_that_stays(r, redis_server, monkeypatch):
     # Another reschedule between this one's find and its own call left the message at the other
     # time, and this one said "not scheduled" (0): the latest reschedule now wins.
-    clock = FakeClock(r)
-    store = Store(r, clock=clock)
-    store.schedule(Due(clock() + 60_000, task_id="a"), "q", kombu_payload("a"), Settings())
-    stale = {"a": store.find("a")}
+    clock, store, stale = rescheduled_after_a_find(r, redis_server)  # the other edit
+    find_stale_once(monkeypatch, stale)
     with DelayControl(redis_server.delay_url) as control:
-        assert control.reschedule("a", countdown=3 * 3600) == 1  # the other edit: to the cold space
-        [between] = store.find("a")
-        assert between.cold and between.ref != stale["a"][0].ref
-        real_find = type(control.store).find
-
-        def find_once_stale(self: Store, task_id: str) -> list:
-            return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
-
-        monkeypatch.setattr(type(control.store), "find", find_once_stale)
         assert control.reschedule("a", countdown=600) == 1
-        monkeypatch.setattr(type(control.store), "find", real_find)
     [now_at] = store.find("a")
     assert 590_000 < now_at.due_ms - clock() < 610_000
     assert store.counts() == {"q": 1}
