@@ -139,25 +139,22 @@ class DelayControl:
         # Checked before with_eta as well as by the script: far enough past the ceiling the ETA
         # cannot even be formatted (datetime ends with the year 9999), and the script would
         # refuse it anyway.
-        if due_ms > keys.MAX_DUE_MS and store.find(task_id):
+        found = store.find(task_id)
+        if due_ms > keys.MAX_DUE_MS and found:
             raise self._too_far(task_id, due_ms)
         # A message another edit rescheduled between the find and its own reschedule is in its
         # new bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the reschedule
         # that ends last wins. A look again reschedules every message not yet at the new time
         # (one the other edit moved after this one had, too), but counts no more than were
         # missed: each message once.
-        done, missed = 0, None
-        found = store.find(task_id)
-        for _ in range(EDIT_LOOKS):
-            moved = sum(self._reschedule_one(task_id, stored, due_ms) for stored in found)
-            if missed is None:  # the first look: each message found is one
-                done, missed = moved, len(found) - moved
-            else:
-                counted = min(moved, missed)
-                done, missed = done + counted, missed - counted
+        done = sum(self._reschedule_one(task_id, stored, due_ms) for stored in found)
+        missed = len(found) - done
+        for _ in range(EDIT_LOOKS - 1):
             if not missed:
                 break
-            found = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]
+            again = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]
+            counted = min(missed, sum(self._reschedule_one(task_id, stored, due_ms) for stored in again))
+            done, missed = done + counted, missed - counted
         return done
 
     def _reschedule_one(self, task_id: str, stored: Stored, due_ms: int) -> bool:
