@@ -214,7 +214,8 @@ def store_of(channel: Any) -> Store:
     plain ``redis://`` one, a store on its pool (same server, same keys)."""
     found: Store | None = getattr(channel, "delay_store", None)
     if found is None:
-        found = Store(redis.Redis(connection_pool=channel.pool), channel.global_keyprefix, str(channel.sep))
+        client = redis.Redis(connection_pool=channel.pool)
+        found = Store(client, channel.global_keyprefix, str(channel.sep), steps=channel.priority_steps)
     return found
 
 

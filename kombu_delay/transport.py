@@ -105,7 +105,12 @@ class DelayChannelMixin:
         applies ``global_keyprefix`` itself (kombu's client would prefix ``KEYS[1]`` only)."""
         if self._delay_store is None:
             client = redis.Redis(connection_pool=self.pool)  # type: ignore[attr-defined]
-            self._delay_store = Store(client, self.global_keyprefix, str(self.sep))  # type: ignore[attr-defined]
+            self._delay_store = Store(
+                client,
+                self.global_keyprefix,  # type: ignore[attr-defined]
+                str(self.sep),  # type: ignore[attr-defined]
+                steps=self.priority_steps,  # type: ignore[attr-defined]
+            )
         return self._delay_store
 
     @property

@@ -82,6 +82,21 @@ def option_value(text: str) -> Any:
     return text
 
 
+def _steps(text: str) -> list[int]:
+    """kombu's ``priority_steps`` from ``-o priority_steps=0,3,6,9``: ascending whole numbers,
+    the first 0, as kombu's ``Channel.priority`` needs them."""
+    try:
+        steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        steps = []
+    if not steps or steps[0] != 0 or steps != sorted(set(steps)):
+        raise click.BadParameter(
+            f"priority_steps={text!r}: expected ascending whole numbers from 0, such as 0,3,6,9",
+            param_hint="--transport-option",
+        )
+    return steps
+
+
 def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
     """Turn ``-o KEY=VALUE`` flags into transport options (see :func:`option_value`)."""
     options: dict[str, Any] = {}
@@ -90,7 +105,10 @@ def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
         if not sep:  # the text is not echoed: it may be a password typed with the wrong separator
             raise click.BadParameter("expected KEY=VALUE, found no '='", param_hint="--transport-option")
         key = key.strip()
-        options[key] = value if key in STRING_OPTIONS else option_value(value)
+        if key == "priority_steps":
+            options[key] = _steps(value)
+        else:
+            options[key] = value if key in STRING_OPTIONS else option_value(value)
     return options
 
 
@@ -195,7 +213,7 @@ def _options() -> list[click.Parameter]:
             metavar="KEY=VALUE",
             help="A broker_transport_options entry (repeatable), e.g. -o master_name=mymaster "
             "-o socket_timeout=5. Integers and decimals become numbers, true/false/none (any case) "
-            "become True/False/None; any other VALUE is a string.",
+            "become True/False/None, priority_steps=0,3,6,9 a list; any other VALUE is a string.",
         ),
         click.Option(
             ["--log-level"],

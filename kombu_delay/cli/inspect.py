@@ -282,10 +282,10 @@ def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
         for task_id in task_ids:
             n = ctl.cancel(task_id)
             if n:
-                click.echo(f"{task_id}: cancelled {n} message{'s' if n != 1 else ''}")
+                click.echo(f"{shown(task_id)}: cancelled {n} message{'s' if n != 1 else ''}")
             else:
                 missing += 1
-                click.echo(f"{task_id}: not scheduled", err=True)
+                click.echo(f"{shown(task_id)}: not scheduled", err=True)
     if missing:
         ctx.exit(NOT_FOUND)
 
@@ -324,10 +324,10 @@ def reschedule(ctx: click.Context, task_id: str, eta: str | None, countdown: flo
         n = ctl.reschedule(task_id, eta=new_eta, countdown=countdown)
         found = ctl.find(task_id)
     if not n:
-        click.echo(f"{task_id}: not scheduled", err=True)
+        click.echo(f"{shown(task_id)}: not scheduled", err=True)
         ctx.exit(NOT_FOUND)
     due = f"due {when(found[0].due_ms)} UTC" if found else "sent to its queue now"
-    click.echo(f"{task_id}: rescheduled {n} message{'s' if n != 1 else ''}, {due}")
+    click.echo(f"{shown(task_id)}: rescheduled {n} message{'s' if n != 1 else ''}, {due}")
 
 
 def _warn_look_alikes(ctl: DelayControl, queue: str, what: str) -> None:
@@ -337,10 +337,12 @@ def _warn_look_alikes(ctl: DelayControl, queue: str, what: str) -> None:
     if not found:
         return
     names = ", ".join(f"{shown(ctl.queue_of(dest))} ({n:,})" for dest, n in sorted(found.items()))
+    steps = ",".join(str(step) for step in ctl.store.steps)
     click.echo(
-        f"kombu-delay: {names} look like priority lists of {queue!r} under another separator than "
-        f"this command's ({ctl.store.sep!r}), and were {what}: if the app sets `sep` in its "
-        "broker_transport_options, pass it here (-o sep=...) or run `celery -A <app> delay`",
+        f"kombu-delay: {names} look like priority lists of {queue!r} under another separator or "
+        f"priority steps than this command's ({ctl.store.sep!r}; {steps}), and were {what}: if the "
+        "app sets `sep` or `priority_steps` in its broker_transport_options, pass them here "
+        "(-o sep=... -o priority_steps=0,3,6,9) or run `celery -A <app> delay`",
         err=True,
     )
 
@@ -367,7 +369,7 @@ def purge(ctx: click.Context, queue: str, yes: bool) -> None:
     with control(ctx) as ctl:
         n = ctl.purge(queue)
         _warn_look_alikes(ctl, queue, "not purged")
-    click.echo(f"{queue}: purged {n} scheduled message{'s' if n != 1 else ''}")
+    click.echo(f"{shown(queue)}: purged {n} scheduled message{'s' if n != 1 else ''}")
     if not n:
         ctx.exit(NOT_FOUND)
 

@@ -77,16 +77,13 @@ class DelayControl:
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._settings = Settings.from_options(self._conn.transport_options)
-        self._steps: list[int] = [0]
 
     @property
     def store(self) -> Store:
         """The :class:`~kombu_delay.store.Store` behind this control (opened on first use)."""
         with self._lock:
             if self._store is None:
-                channel = default_channel(self._conn)
-                self._steps = [int(p) for p in channel.priority_steps]
-                self._store = store_of(channel)
+                self._store = store_of(default_channel(self._conn))
             return self._store
 
     def close(self) -> None:
@@ -183,14 +180,15 @@ class DelayControl:
         """
         store = self.store
         dests = {d for d in store.counts() if self.queue_of(d) == queue}
-        dests.update(keys.destination(store.prefix, queue, p, store.sep) for p in self._steps)
+        dests.update(keys.destination(store.prefix, queue, p, store.sep) for p in store.steps)
         return store.purge(dests)
 
     def look_alikes(self, queue: str) -> dict[str, int]:
         """Return the destinations, with their scheduled counts, that look like priority lists
-        of ``queue`` under a separator other than this control's (``celery:9`` for ``celery``
-        where the separator is kombu's default): an app that sets ``sep`` in its transport
-        options, read by a control that was not given it. :meth:`purge` and
+        of ``queue`` under a separator or priority steps other than this control's
+        (``celery:9`` for ``celery`` where the separator is kombu's default): an app that sets
+        ``sep`` or ``priority_steps`` in its transport options, read by a control that was not
+        given them; or a queue of its own that only looks so (``tenant:7``). :meth:`purge` and
         :meth:`scheduled` do not take them as ``queue``'s; the CLI names them, so that no
         message is left behind unseen."""
         shape = re.compile(re.escape(queue) + r"[^0-9A-Za-z]{1,4}[0-9]{1,3}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -21,6 +21,7 @@ class StoreBase:
         prefix: str = "",
         sep: str = keys.KOMBU_PRIORITY_SEP,
         clock: Callable[[], int] | None = None,
+        steps: Iterable[int] = keys.KOMBU_PRIORITY_STEPS,
     ) -> None:
         self.client = client
         #: Where "now" comes from, epoch ms: ``None`` (production) means the Redis clock, read
@@ -35,6 +36,8 @@ class StoreBase:
         self.prefix = prefix
         #: kombu's ``sep`` transport option, between a queue name and its priority step.
         self.sep = sep
+        #: kombu's ``priority_steps`` transport option: which ``<queue><sep><n>`` are ``queue``'s.
+        self.steps = tuple(int(step) for step in steps)
         self.ns = keys.ns(prefix)
         self._scripts = Scripts(client)
         #: The ordinary space's index: the scripts that take one index take this one (a script
@@ -70,7 +73,7 @@ class StoreBase:
 
     def queue_of(self, dest: str) -> str:
         """Return the queue name of a destination list key."""
-        return keys.queue_of(dest, self.prefix, self.sep)
+        return keys.queue_of(dest, self.prefix, self.sep, self.steps)
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

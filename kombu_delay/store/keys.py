@@ -8,6 +8,8 @@ through a plain client.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 #: Namespace of every key kombu-delay creates, after ``global_keyprefix``.
 NAMESPACE = "kombu_delay:"
 
@@ -18,6 +20,9 @@ SEQ_SLOTS = 2048
 
 #: kombu's default ``sep`` transport option, between a queue name and its priority step.
 KOMBU_PRIORITY_SEP = "\x06\x16"
+#: kombu's default priority steps (its ``priority_steps`` transport option): a queue's lists
+#: are the queue itself (step 0) and ``<queue><sep><step>`` for each other step.
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 
 #: Latest due time accepted, epoch ms (in the year 2109): below 2**42, where a double still holds
 #: every score ``due + seq/2048`` exactly, so each message's id-index ref can be read back
@@ -148,11 +153,13 @@ def destination(prefix: str, queue: str, priority: int, sep: str) -> str:
     return f"{prefix}{queue}"
 
 
-def queue_of(dest: str, prefix: str, sep: str) -> str:
-    """Return the queue name of a destination key (inverse of :func:`destination`)."""
+def queue_of(dest: str, prefix: str, sep: str, steps: Iterable[int] = KOMBU_PRIORITY_STEPS) -> str:
+    """Return the queue name of a destination key (inverse of :func:`destination`): a name
+    that ends in ``sep`` and one of the priority ``steps`` is that queue's priority list, as
+    kombu names them; any other (``tenant:7`` where 7 is no step) is a queue of its own."""
     name = dest[len(prefix) :] if prefix and dest.startswith(prefix) else dest
     base, found, pri = name.rpartition(sep)
-    return base if found and pri.isdigit() else name
+    return base if found and pri in {str(step) for step in steps if step} else name
 
 
 def score(due_ms: int, seq: int) -> float:

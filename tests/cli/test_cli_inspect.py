@@ -173,11 +173,47 @@ def test_purge_and_ls_name_priority_lists_under_another_separator(r, redis_serve
     assert "were not listed" in out and "-o sep=..." in out
     code, out = kd(redis_server, prefix, "purge", "--queue", "celery", "--yes")
     assert code == 0 and "purged 1 scheduled message\n" in out and "were not purged" in out
-    code, out = kd(redis_server, prefix, "-o", "sep=:", "purge", "--queue", "celery", "--yes")
+    steps = "priority_steps=0,1,2,3,4,5,6,7,8,9"
+    code, out = kd(redis_server, prefix, "-o", "sep=:", "-o", steps, "purge", "--queue", "celery", "--yes")
     assert code == 0 and "purged 2 scheduled messages" in out and "look like" not in out
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         assert ctl.stats().by_queue == {}
         assert ctl.look_alikes("celery") == {}
+
+
+def test_purge_takes_a_queues_priority_lists_not_a_queue_named_like_one(r, redis_server, prefix):
+    # With sep ':', 'tenant:9' is tenant's priority 9 list, but 'tenant:7' (7 is no step) is a
+    # queue of its own, as kombu reads them: purging tenant must leave it whole.
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {**options(prefix), "sep": ":"}
+    app.send_task("inspect.record", (0,), countdown=600, queue="tenant")
+    app.send_task("inspect.record", (9,), countdown=600, queue="tenant", priority=9)
+    for n in range(3):
+        app.send_task("inspect.record", (n,), countdown=600, queue="tenant:7")
+    app.close()
+    with DelayControl(redis_server.url, {**options(prefix), "sep": ":"}) as ctl:
+        assert ctl.stats().by_queue == {"tenant": 2, "tenant:7": 3}
+        assert {m.queue for m in ctl.scheduled(queue="tenant").items} == {"tenant"}
+    code, out = kd(redis_server, prefix, "-o", "sep=:", "purge", "--queue", "tenant", "--yes")
+    assert code == 0 and "purged 2 scheduled messages" in out, out
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.stats().by_destination == {f"{prefix}tenant:7": 3}
+    assert kd(redis_server, prefix, "-o", "priority_steps=3,0", "stats")[0] == 2
+
+
+def test_edits_show_a_task_id_or_queue_with_control_characters_escaped(r, redis_server, prefix):
+    # ``ls --json | jq | xargs cancel`` feeds ids from the data: one must not forge a line.
+    forged, queue = "a\nFAKE: cancelled 99 messages", "q\x1b[2J"
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options(prefix)
+    for task_id in (forged, "b"):
+        app.send_task("inspect.record", (), countdown=600, task_id=task_id, queue=queue)
+    app.close()
+    for args in (["reschedule", forged, "--countdown", "900"], ["cancel", forged], ["cancel", forged]):
+        code, out = kd(redis_server, prefix, *args)
+        assert out.count("\n") == 1 and out.startswith("a\\nFAKE: cancelled 99 messages: "), out
+    code, out = kd(redis_server, prefix, "purge", "--queue", queue, "--yes")
+    assert code == 0 and out == "q\\x1b[2J: purged 1 scheduled message\n", out
 
 
 def test_redis_unavailable_exits_3():
