@@ -392,3 +392,31 @@ def test_a_first_bucket_of_another_type_does_not_fail_a_publish_that_stored_its_
     )
     assert result.outcome is Scheduled.STORED
     assert r.zcard(keys.queue_set(prefix, later, dest)) == 1
+
+
+@pytest.mark.parametrize("damaged", ["gc", "later set"])
+def test_a_key_of_another_type_stops_a_purge_with_what_it_removed_counted(
+    r: redis.Redis, prefix: str, damaged: str
+) -> None:
+    # A purge whose drained-bucket set was a string removed the messages, then failed: it said
+    # "error", and the lifetime totals counted nothing purged for messages gone.
+    now, start = _bucket(r)
+    later = start + 3 * WIDTH
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    for due, tag in ((start + 1_000, "p1"), (later + 1_000, "p2")):
+        store.schedule(Due(due, task_id=tag), dest, kombu_payload(tag), ORDINARY, now_ms=now)
+    key = keys.drained(prefix) if damaged == "gc" else keys.queue_set(prefix, later, dest)
+    kept = r.dump(key)
+    r.delete(key)
+    r.set(key, "written by hand")
+    with pytest.raises(WrongTypeKey, match=key):
+        store.purge([dest], now_ms=now)
+    left = 2 if damaged == "gc" else 1  # the shared key: nothing taken; a bucket's: what came before
+    assert store.counts() == {dest: left}
+    assert int(store.totals().get("purged", 0)) == 2 - left
+    r.delete(key)
+    if kept is not None:
+        r.restore(key, 0, kept)
+    assert store.purge([dest], now_ms=now) == left
+    totals = store.totals()
+    assert store.counts() == {} and totals["purged"] == totals["scheduled"] == 2

@@ -67,8 +67,9 @@ take(k, start_s, dest, payload, task_id, ref, now)
   it belonged to (_staged.lua) and the bucket's wake mark (wake_if_first in _put.lua),
   retires the bucket if that was its last message, returns true.
 
-wrong_types(expected)
+wrong_types(expected[, changed])
   expected  a list of {key, type} (type as TYPE names it: 'hash', 'zset', 'list')
+  changed   what the error says was changed (default: nothing)
   An error reply naming the first key that holds another type (set by hand), else nil. For
   the scripts that take a message out (cancel, reschedule) to return before their first
   write: Redis keeps a script's writes before a command that fails, so a failure after the
@@ -231,12 +232,12 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   return true
 end
 
-local function wrong_types(expected)
+local function wrong_types(expected, changed)
   for _, want in ipairs(expected) do
     local found = redis.call('TYPE', want[1])['ok']
     if found ~= 'none' and found ~= want[2] then
       return redis.error_reply('WRONGTYPE ' .. want[1] .. ' holds a ' .. found .. ', not a ' .. want[2]
-        .. ' (written by hand?): nothing was changed')
+        .. ' (written by hand?): ' .. (changed or 'nothing was changed'))
     end
   end
 end

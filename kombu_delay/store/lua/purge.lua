@@ -12,6 +12,9 @@ ARGV[4] space    "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is 
 ARGV[5] now_ms   epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[6..] dest   destination list keys to purge
 Returns: {removed, done, start}; done 0 means call again with the returned cursor.
+         A key of another type (written by hand) is an error reply naming it: the shared keys'
+         before any write; a bucket's before its first, with what the call removed until then
+         counted in totals (what a purge removed stays removed).
 Bound: removes at most ARGV[2] messages and visits at most ARGV[2] buckets.
 
 A bucket keeps one sorted set per destination, so a purge removes those sets from the head
@@ -39,10 +42,26 @@ local s = k.space
 
 local removed, lost = 0, 0
 local budget = limit
-local function finish(done, start_s)
+local function counted_up()
   if removed > 0 then count_up(totals, 'purged', removed) end
   if lost > 0 then count_up(totals, 'expired', lost) end
+end
+local function finish(done, start_s)
+  counted_up()
   return {removed, done, start_s}
+end
+
+-- A key of another type (written by hand) fails a command after the writes before it, which
+-- Redis keeps: the shared keys are checked before any write, a bucket's are read (pcall) before
+-- its first, and what this call removed until then is counted before the error (wrong_types,
+-- _buckets.lua).
+local refused = wrong_types({{index, 'zset'}, {counts, 'hash'}, {totals, 'hash'}, {KEYS[4], 'zset'},
+                             {KEYS[5], 'hash'}})
+if refused then return refused end
+local function refused_at(key, wanted)
+  counted_up()
+  return wrong_types({{key, wanted}}, 'the purge stopped there, and what it removed before is counted')
+    or redis.error_reply('ERR ' .. key .. ' could not be read as a ' .. wanted)
 end
 
 local starts = redis.call('ZRANGEBYSCORE', index, cursor, '+inf', 'LIMIT', 0, limit)
@@ -50,12 +69,15 @@ for _, start_s in ipairs(starts) do
   if budget <= 0 then return finish(0, start_s) end
   budget = budget - 1
   local meta = s:meta(start_s)
-  local counted = redis.call('HMGET', meta, unpack(fields))
+  local counted = redis.pcall('HMGET', meta, unpack(fields))
+  if counted.err then return refused_at(meta, 'hash') end
   local touched = false
   for i, dest in ipairs(dests) do
     -- What its set holds, where that is more than its count (members its counts missed: a
     -- meta hash lost, or a member added by hand): a purged message must never run.
-    local n = math.max(count_of(counted[i]) or 0, redis.call('ZCARD', s:zset(start_s, dest)))
+    local size = redis.pcall('ZCARD', s:zset(start_s, dest))
+    if type(size) ~= 'number' then return refused_at(s:zset(start_s, dest), 'zset') end
+    local n = math.max(count_of(counted[i]) or 0, size)
     if n > 0 and not s.cold and staged_mark(meta, dest) then drop_staged(s, meta, start_s, dest) end
     while n > 0 do
       if budget <= 0 then return finish(0, start_s) end
