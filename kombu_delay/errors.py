@@ -50,6 +50,10 @@ class RedisRefused(KombuDelayError, redis.ResponseError):
     kombu's ``channel_errors``, as the same refusal of plain kombu's ``LPUSH`` would be."""
 
 
+class OverMaxmemory(RedisRefused):
+    """Redis refused a write because ``maxmemory`` is reached (under ``noeviction``)."""
+
+
 class WrongTypeKey(KombuDelayError, redis.ResponseError):
     """A key holds a value of another type than the command expects (``WRONGTYPE``): one of
     kombu-delay's keys written over by hand, or a destination that is not a list. Also a
@@ -119,7 +123,7 @@ def translated_errors() -> Iterator[None]:
         # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
         # script's refusal in a plain error that keeps it in the text.
         if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:
-            raise RedisRefused(
+            raise OverMaxmemory(
                 f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
             ) from exc
         if isinstance(exc, redis.exceptions.ReadOnlyError) or any(m in text for m in _WAIT_REFUSALS):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import RedisRefused, WrongTypeKey
+from kombu_delay.errors import OverMaxmemory, RedisRefused, WrongTypeKey
 from kombu_delay.mover import thaw_plan
 from kombu_delay.store import Store
 from kombu_delay.store.replies import ThawResult
@@ -29,6 +29,9 @@ THAW_BATCH = 100
 LOG_EVERY_S = 10.0
 #: Seconds before a thaw that failed on a key of another type (written by hand) is tried again.
 DAMAGED_RETRY_S = 10.0
+#: How often a mover looks for compressed messages come due while Redis is over maxmemory,
+#: seconds: then they are thawed only once due (see :meth:`Thawer.step`), so at most this late.
+PAST_MAXMEMORY_LOOK_S = 0.25
 
 
 class ThawCounts(Protocol):
@@ -93,14 +96,31 @@ class Thawer:
         if self._run is not None:
             began, thawed = self._run
             self.rate.add(thawed, now - began)
+        past = False
         try:
             if now >= self._next_plan:
                 self._plan(now)
-            result = self.store.thaw(self.ahead_ms, min(THAW_BATCH, self.settings.batch_size))
+            limit = min(THAW_BATCH, self.settings.batch_size)
+            try:
+                result = self.store.thaw(self.ahead_ms, limit)
+            except OverMaxmemory as exc:
+                # A thaw grows memory and is refused; moves free it and go on. But where all
+                # that is due is compressed, nothing moves and nothing frees memory: what is
+                # due now is thawed past maxmemory, to reach its queue (see thaw.lua).
+                result, past = self.store.thaw(self.settings.look_ahead_ms, limit, past_maxmemory=True), True
+                if result.thawed and now - self._refused_logged_at >= LOG_EVERY_S:
+                    logger.warning(
+                        "mover %s: Redis is over maxmemory (%s): compressed messages are thawed only "
+                        "once due, past the limit, so that they reach their queues; raise maxmemory "
+                        "or free memory",
+                        self.name,
+                        exc,
+                    )
+                    self._refused_logged_at = now
         except RedisRefused as exc:
-            # maxmemory, say: a thaw grows memory, a move frees it, so moves go on meanwhile.
+            # A read-only replica, a failed background save: moves are refused too.
             if now - self._refused_logged_at >= LOG_EVERY_S:
-                logger.warning("mover %s: thaw refused (%s); moves go on, thaws are retried", self.name, exc)
+                logger.warning("mover %s: thaw refused (%s); thaws are retried", self.name, exc)
                 self._refused_logged_at = now
             self._run = None
             self._next_look = now + 1.0
@@ -120,8 +140,10 @@ class Thawer:
             self._next_look = now + DAMAGED_RETRY_S
             return DAMAGED_RETRY_S
         self._account(result)
-        self._run = (now, result.thawed) if _listed(result) else None
+        self._run = (now, result.thawed) if _listed(result) and not past else None
         wait = self._wait_after(result)
+        if past and not _listed(result):
+            wait = PAST_MAXMEMORY_LOOK_S
         self._next_look = now + wait
         return wait
 

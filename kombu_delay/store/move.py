@@ -56,13 +56,17 @@ class Moving(StoreBase):
         self._scan_after = result.scan_after
         return result
 
-    def thaw(self, ahead_ms: int, limit: int, now_ms: int | None = None) -> ThawResult:
+    def thaw(
+        self, ahead_ms: int, limit: int, now_ms: int | None = None, past_maxmemory: bool = False
+    ) -> ThawResult:
         """Restore up to ``limit`` cold messages due within ``ahead_ms`` into the ordinary
         buckets (``thaw_scan.lua``, :func:`cold.unpack` here, then ``thaw.lua``).
 
         A member that cannot be restored goes to the dead-letter list, counted as dead,
         and is logged; each message is taken from the cold space and stored in the
-        ordinary one in one atomic call, so a crash in between loses nothing.
+        ordinary one in one atomic call, so a crash in between loses nothing. Under
+        ``maxmemory`` the call is refused (:class:`~kombu_delay.errors.OverMaxmemory`) unless
+        ``past_maxmemory``: for the messages due now, which must reach their queues.
         """
         cold_index = spaces.COLD.index(self.prefix)
         with translated_errors():
@@ -83,7 +87,14 @@ class Moving(StoreBase):
                     keys.dead(self.prefix),
                 ]
                 done = self._scripts["thaw"](
-                    keys=call_keys, args=[self.ns, keys.wake_channel(self.prefix), self._now(now_ms), *items]
+                    keys=call_keys,
+                    args=[
+                        self.ns,
+                        keys.wake_channel(self.prefix),
+                        self._now(now_ms),
+                        "1" if past_maxmemory else "0",
+                        *items,
+                    ],
                 )
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done)
                 recounted += recounted_after

@@ -19,6 +19,7 @@ from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
 from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
+from kombu_delay.mover.thaw import PAST_MAXMEMORY_LOOK_S
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.store.replies import Scheduled, ThawResult
 from kombu_delay.tooling.redis_server import RedisServer
@@ -502,7 +503,9 @@ def test_a_cold_bucket_whose_meta_is_gone_leaves_its_index(r):
     assert store.earliest_due_ms() is None
 
 
-def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on(tmp_path):
+def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_due_thaws_past_it(tmp_path):
+    # Once only compressed messages are due, nothing moves, so nothing frees memory: refused
+    # whole, they used to stay stored for good, overdue, while the mover said "moves go on".
     with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
         client = server.client()
         clock = FakeClock(client)
@@ -521,13 +524,20 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on(tmp_path):
             store.thaw(2000, 10)
         assert len(cold_members(client)) == 1  # nothing taken
         mover = Mover(store, JUST_COLD, watch=False)
-        assert mover.thaw() == 1.0  # refused: retried in a second, the mover carries on
+        assert mover.thaw() == PAST_MAXMEMORY_LOOK_S  # refused ahead, and nothing compressed is due
+        assert len(cold_members(client)) == 1 and mover.stats.thawed == 0
         assert store.move_due(10).moved == 1  # a move frees memory: it is not refused
-        client.config_set("maxmemory", 0)
-        assert store.thaw(2000, 10).thawed == 1
-        clock.ms = now + 2100
+        clock.ms = now + 2099
+        mover.thawer.wake()
+        assert mover.thaw() == PAST_MAXMEMORY_LOOK_S and len(cold_members(client)) == 1  # not before due
+        clock.ms = now + 2100  # c is due, and nothing but c: no move frees memory
+        assert store.move_due(10).moved == 0
+        mover.thawer.wake()
+        mover.thaw()
+        assert not cold_members(client) and mover.stats.thawed == 1  # thawed past maxmemory
         assert store.move_due(10).moved == 1
         assert tags_in(client, "q") == ["w", "c"]
+        client.config_set("maxmemory", 0)
 
 
 def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):

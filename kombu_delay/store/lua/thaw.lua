@@ -10,7 +10,10 @@ KEYS[6] dead    LIST  <ns>dead      dead letters: what could not be restored, ke
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] wake    pub/sub channel that wakes movers
 ARGV[3] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
-ARGV[4..] one group of six per message: start (its cold bucket), due (epoch ms), ref (its
+ARGV[4] past    "1": thaw even past maxmemory (the caller lists only messages due now, which
+        must reach their queues: under maxmemory nothing else frees memory while every due
+        message is compressed); "0": refused whole under maxmemory
+ARGV[5..] one group of six per message: start (its cold bucket), due (epoch ms), ref (its
         id-index ref in the cold space, "c<start>:<offset>:<seq>", as put wrote it), dest,
         member (the cold member, exactly as listed), message (the JSON string it restores
         to; "" when it could not be restored). The caller makes due and ref from the score
@@ -29,7 +32,9 @@ neither lose nor duplicate one; its id-index ref is replaced by the new one. It 
 x-expires as its publisher set them; one that is overdue (no mover ran in time) goes into
 a bucket that is due now, and is moved by the next move call. A message that could not be
 restored leaves the cold space for the dead-letter list, counted as dead (and as expired,
-so the lifetime totals add up). Under maxmemory the call is refused as a whole.
+so the lifetime totals add up). Under maxmemory the call is refused as a whole, unless ARGV[4]
+says to go past it: then its first write is a ZREM or an HDEL, which Redis lets a script make
+over maxmemory, and the writes after it too.
 ]]
 --- @include clock
 --- @include refs
@@ -39,8 +44,11 @@ so the lifetime totals add up). Under maxmemory the call is refused as a whole.
 local ns = ARGV[1]
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
--- member that is not there writes nothing.) Moves, which free memory, go on meanwhile.
-redis.call('ZADD', KEYS[5], 'XX', 0, '')
+-- member that is not there writes nothing.) Moves, which free memory, go on meanwhile; where
+-- nothing but compressed messages is due, there are none, and the caller thaws those due now
+-- past maxmemory (ARGV[4]), so that they reach their queues and the consumers free memory.
+local FIRST = 5  -- the first message's group in ARGV
+if ARGV[4] ~= '1' then redis.call('ZADD', KEYS[5], 'XX', 0, '') end
 local now = clock(ARGV[3])
 local thawed, dead, merged, gone, recounted = 0, 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
@@ -82,7 +90,7 @@ local function has_type(key, wanted)
 end
 -- Keyed by the start as a number, as the groups are: text made per message would cost a good
 -- part of a thaw (see the groups below).
-for i = 4, #ARGV, 6 do
+for i = FIRST, #ARGV, 6 do
   local due, dest = tonumber(ARGV[i + 1]), ARGV[i + 3]
   local start = due - due % cold_meta_of(ARGV[i]).width
   local of_start = fit[start]
@@ -103,7 +111,7 @@ end
 -- that was cancelled, is gone, and nothing is written for it). The counts stay: the
 -- messages are still scheduled. The ordinary buckets' work is then done per bucket and
 -- destination (put_group), and the cold buckets' meta counts once per bucket.
-for i = 4, #ARGV, 6 do
+for i = FIRST, #ARGV, 6 do
   local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local meta = cold_meta_of(start_s)
   if meta.expires[dest] == nil then
