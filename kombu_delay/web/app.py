@@ -4,7 +4,8 @@ Every read goes through :class:`~kombu_delay.control.DelayControl`. Every reques
 allowed host in its ``Host`` header (:mod:`kombu_delay.web.guard`). State-changing requests
 (cancel, reschedule, remove a dead letter) exist only with ``allow_actions``; they are POSTs
 that pass the CSRF check of :mod:`kombu_delay.web.guard`, destructive ones are confirmed on a
-page of their own first, and each is written to the audit log.
+page of their own first, and each is written to the audit log. A task id or a name that holds
+lone surrogates is shown escaped and carried in URLs exactly (:mod:`kombu_delay.web.surrogates`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kombu_delay.cli.inspect import span, when
 from kombu_delay.control import DeadLetter, DelayControl
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
-from kombu_delay.web import guard, present
+from kombu_delay.web import guard, present, surrogates
 from kombu_delay.web.overview import DEFAULT_RANGE, MAX_REFRESH_S, RANGES, SHARED_FOR_S, Shared
 
 #: Rows per page of the scheduled listing and of the dead letters.
@@ -39,6 +40,13 @@ JSON_ENDPOINTS = frozenset({"overview_json"})
 #: The ``done`` of a task page: a count of messages rescheduled, as the reschedule action
 #: redirects with it (any other value is not shown: the link could say anything).
 DONE_COUNT = re.compile(r"[0-9]{1,18}")
+
+
+class Dashboard(Flask):
+    """Flask, with lone surrogates shown escaped and read from URLs exactly (:mod:`.surrogates`)."""
+
+    request_class = surrogates.DashboardRequest
+    jinja_options = {**Flask.jinja_options, "finalize": surrogates.visible}
 
 
 def create_app(
@@ -61,8 +69,9 @@ def create_app(
     ``--allowed-host``); by default the loopback names."""
     if not (math.isfinite(refresh_s) and 0 <= refresh_s <= MAX_REFRESH_S):
         raise ValueError(f"refresh_s {refresh_s} is not a number of seconds from 0 to {MAX_REFRESH_S}")
-    app = Flask(__name__)
+    app = Dashboard(__name__)
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
+    app.url_defaults(surrogates.encode_query)
     shared = Shared(control, max_buckets, share_s)
     hosts = frozenset(
         guard.host_name(name) for name in (guard.LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
@@ -194,11 +203,12 @@ def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
 
     @app.get("/scheduled")
     def scheduled() -> str | Redirect:
-        task_id = request.args.get("id", "").strip()
+        # Each value as given: a queue, an id or a task name may start or end with a space.
+        task_id = request.args.get("id", "")
         if task_id:
             return redirect(url_for("task", id=task_id))
-        queue = request.args.get("queue", "").strip() or None
-        name = request.args.get("task", "").strip()
+        queue = request.args.get("queue") or None
+        name = request.args.get("task", "")
         cursor = request.args.get("cursor") or None
         try:
             limit = min(MAX_ROWS, max(1, int(request.args.get("limit", PAGE_ROWS))))
@@ -271,9 +281,14 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
             guard.audit.warning("refused %s %r by %s: %s", action, target, _who(), problem)
             abort(403, f"Refused: {problem}.")
 
+    def action_id() -> str:
+        """The task id of a cancel or reschedule: in the URL's query, where the page's forms
+        carry it (a form field cannot hold a lone surrogate), else in the form (a script's)."""
+        return request.args.get("id", request.form.get("id", ""))
+
     @app.post("/task/cancel")
     def cancel() -> str | Response:
-        task_id = request.form.get("id", "")
+        task_id = action_id()
         acting("cancel", task_id)
         if request.form.get("confirm") != "yes":
             found = control.find(task_id)
@@ -284,7 +299,7 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
 
     @app.post("/task/reschedule")
     def reschedule() -> Redirect | tuple[str, int]:
-        task_id = request.form.get("id", "")
+        task_id = action_id()
         acting("reschedule", task_id)
         eta_text = request.form.get("eta", "").strip()
         countdown_text = request.form.get("countdown", "").strip()

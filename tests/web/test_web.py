@@ -619,3 +619,91 @@ def test_past_its_row_limit_the_queue_table_shows_the_busiest_and_sums_the_rest(
     assert re.search(more, table)
     data = client_of(control).get("/overview.json").get_json()
     assert sorted(q["name"] for q in data["queues"]) == ["q0", "q1", "q2", "q3"]
+
+
+#: The content type of a browser's form.
+FORM = "application/x-www-form-urlencoded"
+
+
+def listed_ids(client, url: str) -> list[str]:
+    """The task ids of a listing page's rows, as the page writes them."""
+    return re.findall(r'data-task-id="([^"]+)"', client.get(url).get_data(as_text=True))
+
+
+def test_a_task_id_with_a_lone_surrogate_is_shown_escaped_and_linked_exactly(redis_server, control, prefix):
+    # kombu-delay indexes such an id (message.id_arg): its pages, links and forms must carry it.
+    odd = "\udcff-odd"
+    publish(
+        redis_server,
+        prefix,
+        ("tasks.a", (1,), {}, {"countdown": 600, "task_id": "ok-1"}),
+        ("tasks.\ud800", (2,), {}, {"countdown": 601, "task_id": odd}),
+        ("tasks.a", (3,), {}, {"countdown": 602, "task_id": "\udcfe-body"}),
+    )
+    client = client_of(control, allow_actions=True)
+    csrf = token(client)
+    for url in ("/scheduled", "/scheduled?queue=celery", "/scheduled?limit=1"):
+        listing = client.get(url)
+        assert listing.status_code == 200, url
+    html = client.get("/scheduled").get_data(as_text=True)
+    assert re.findall(r'data-task-id="([^"]+)"', html) == ["ok-1", "\\udcff-odd", "\\udcfe-body"]
+    assert "<td>tasks.\\ud800</td>" in html
+    link = re.search(r'href="([^"]*)">\\udcff-odd</a>', html)
+    assert link is not None and link.group(1) == "/task?id=%ED%B3%BF-odd"
+    # The search box's redirect, and the task page the link leads to.
+    found = client.get("/scheduled?id=%ED%B3%BF-odd")
+    assert found.headers["Location"].endswith(link.group(1))
+    page = client.get(link.group(1)).get_data(as_text=True)
+    assert "<h1>Task <code>\\udcff-odd</code></h1>" in page and 'id="not-scheduled"' not in page
+    # Near misses name other ids: the escape as text, and the replacement character.
+    for other in ("%5Cudcff-odd", "%EF%BF%BD-odd", "%ED%B3%BF-odd%20"):
+        assert client.get(f"/task?id={other}").status_code == 404, other
+    # Its forms reschedule and cancel it, and say so with a link that leads back to it.
+    actions = re.findall(r'<form method="post" action="([^"]+)"', page)
+    assert actions == ["/task/cancel?id=%ED%B3%BF-odd", *2 * ["/task/reschedule?id=%ED%B3%BF-odd"]]
+    moved = client.post(actions[1], data={"countdown": "3600", "csrf": csrf})
+    assert moved.status_code == 303 and moved.headers["Location"].endswith("/task?id=%ED%B3%BF-odd&done=1")
+    assert "Done: rescheduled 1 message(s)." in client.get(moved.headers["Location"]).get_data(as_text=True)
+    asked = client.post(actions[0], data={"csrf": csrf}).get_data(as_text=True)
+    assert "Cancel task <code>\\udcff-odd</code>? Its 1 scheduled" in asked
+    [confirm] = re.findall(r'<form method="post" action="([^"]+)"', asked)
+    assert 'href="/task?id=%ED%B3%BF-odd">No, keep it' in asked
+    done = client.post(confirm, data={"csrf": csrf, "confirm": "yes"}).get_data(as_text=True)
+    assert "Cancelled 1 message(s) of <code>\\udcff-odd</code>." in done
+    assert control.find(odd) == [] and len(control.find("ok-1")) == 1
+    # A script may send the id in the form's body, read the same way.
+    form = f"id=%ED%B3%BE-body&confirm=yes&csrf={csrf}"
+    body = client.post("/task/cancel", data=form, content_type=FORM).get_data(as_text=True)
+    assert "Cancelled 1 message(s) of <code>\\udcfe-body</code>." in body
+    assert control.find("\udcfe-body") == [] and len(control.find("ok-1")) == 1
+    # A queue filter or task name with one: shown escaped, and carried by the pager's links.
+    cursor = "0:1:1:1.0:0:0000000000000000:celery"
+    page = client.get(f"/scheduled?queue=%ED%B3%BF&task=%ED%A0%80&cursor={cursor}")
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200 and 'name="queue" value="\\udcff"' in text
+    assert 'href="/scheduled?queue=%ED%B3%BF&amp;task=%ED%A0%80&amp;limit=50">First page' in text
+
+
+def test_filters_and_the_id_search_take_their_values_as_given(redis_server, control, prefix):
+    # A queue named " celery" (kombu allows it) is not the queue "celery"; nor is an id.
+    spaced, _, named = publish(
+        redis_server,
+        prefix,
+        ("tasks.a", (1,), {}, {"countdown": 600, "queue": " celery", "task_id": " spaced "}),
+        ("tasks.a", (2,), {}, {"countdown": 601, "queue": "celery"}),
+        ("tasks.b", (3,), {}, {"countdown": 602, "queue": "celery"}),
+    )
+    client = client_of(control)
+    overview = client.get("/").get_data(as_text=True)
+    link = re.search(r'href="([^"]*)"> celery</a>', overview)
+    assert link is not None and link.group(1) == "/scheduled?queue=+celery"
+    assert listed_ids(client, link.group(1)) == [" spaced "] == [spaced]
+    found = client.get("/scheduled?id=+spaced+")
+    assert found.headers["Location"].endswith("/task?id=+spaced+")
+    assert client.get(found.headers["Location"]).status_code == 200
+    assert client.get("/task?id=spaced").status_code == 404
+    # A part of the task name, spaces included: "s.b " is in no name.
+    assert listed_ids(client, "/scheduled?task=s.b") == [named]
+    assert listed_ids(client, "/scheduled?task=s.b+") == []
+    # Empty, a filter is no filter.
+    assert len(listed_ids(client, "/scheduled?queue=&task=&id=")) == 3
