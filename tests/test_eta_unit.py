@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from celery.utils.time import maybe_iso8601
 from kombu.transport.redis import Channel as KombuChannel
 
 from kombu_delay.errors import BadETA, DelayTooLong
@@ -162,6 +163,34 @@ def test_an_x_delay_past_the_due_time_ceiling_is_too_long(delay):
 )
 def test_parse_iso_ms(text, ms):
     assert parse_iso_ms(text) == ms
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2030-05-06T07:08:09+00:00",
+        "2030-05-06T07:08:09.123+05:30",
+        "2030-05-06T07:08:09.5Z",
+        "2030-05-06 07:08:09.123456-03:00",
+        "2030-05-06T07:08:09.1234567+00:00",
+        "2030-05-06T07:08:09+0100",
+        "20300506T070809",
+        "2030-05-06",
+        # Read by datetime.fromisoformat, refused by the worker: they were held until that time,
+        # then the worker refused them.
+        "2030-05-06T07:08:09 +01:00",
+        "2030-05-06T07:08:09+01:00:30",
+        "2030-05-06T07:08:09.123456+01:00:30.5",
+    ],
+)
+def test_an_eta_is_read_as_a_celery_worker_reads_it_or_is_bad(text):
+    try:
+        when = maybe_iso8601(text)  # what a worker reads an ETA with
+    except ValueError:
+        with pytest.raises(BadETA):
+            parse_iso_ms(text)
+    else:
+        assert parse_iso_ms(text) == to_ms(when if when.tzinfo else when.replace(tzinfo=UTC))
 
 
 def test_to_ms_rejects_naive_datetimes():
