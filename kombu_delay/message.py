@@ -72,7 +72,8 @@ def _read_iso(text: str) -> datetime:
     if _CELERY_FORM.fullmatch(text):
         with contextlib.suppress(ValueError):  # 24:00, which isoparse reads
             return datetime.fromisoformat(text)
-    return isoparse(text)
+    when: datetime = isoparse(text)
+    return when
 
 
 def parse_iso_ms(text: str) -> int:
