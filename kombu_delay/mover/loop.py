@@ -11,11 +11,8 @@ script by the Redis clock alone.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -25,6 +22,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, WrongTypeKey
+from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
@@ -98,10 +96,6 @@ def open_when_reachable(target: Target, stopping: threading.Event, name: str) ->
             yield store
             return
     yield None
-
-
-def mover_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class Mover:
@@ -262,7 +256,9 @@ class Mover:
             logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
-        except WrongTypeKey as exc:  # a key of another type, by hand: moves go on meanwhile
+        except redis.ResponseError as exc:  # a key of another type (by hand), a script's error
+            if isinstance(exc, FATAL_ERRORS):
+                raise
             self.stats.errors += 1
             logger.error(
                 "mover %s: sweep failed (%s); moves go on, retrying in %.0f s", self.name, exc, SWEEP_EVERY_S

@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+import redis
+
 from kombu_delay.config import Settings
-from kombu_delay.errors import OverMaxmemory, RedisRefused, WrongTypeKey
+from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
 from kombu_delay.mover import thaw_plan
 from kombu_delay.store import Store
 from kombu_delay.store.replies import ThawResult
@@ -125,10 +127,13 @@ class Thawer:
             self._run = None
             self._next_look = now + 1.0
             return 1.0
-        except WrongTypeKey as exc:
-            # A key of the cold space replaced by hand with one of another type (its index, say):
-            # moves must go on meanwhile; the thaw is retried, and its error logged, every
-            # DAMAGED_RETRY_S. Any other error goes to the loop's back-off.
+        except FATAL_ERRORS:
+            raise
+        except redis.ResponseError as exc:
+            # A key of the cold space replaced by hand with one of another type (its index, say),
+            # or any other error of the thaw's scripts: moves must go on meanwhile (the thaw
+            # runs between move batches); the thaw is retried, and its error logged, every
+            # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
             self.stats.errors += 1
             logger.error(
                 "mover %s: thaw failed (%s); moves go on, the thaw is retried in %.0f s",

@@ -59,9 +59,24 @@ def _path(name: str) -> str:
     return f"lua/{name}.lua"
 
 
-@cache
+def _read_all() -> dict[str, str]:
+    folder = resources.files(__package__).joinpath("lua")
+    return {
+        f.name.removesuffix(".lua"): f.read_text("utf-8") for f in folder.iterdir() if f.name.endswith(".lua")
+    }
+
+
+#: Every script's text, read once, when this module is imported: a process runs the Lua it
+#: started with, never a newer file an upgrade in place wrote under it later (with arguments
+#: its Python does not send: a mover that loaded its thaw then would fail every thaw).
+_TEXTS = _read_all()
+
+
 def _read(name: str) -> str:
-    return resources.files(__package__).joinpath(_path(name)).read_text("utf-8")
+    try:
+        return _TEXTS[name]
+    except KeyError:
+        raise FileNotFoundError(f"no script {_path(name)}") from None
 
 
 def _constants(names: list[str]) -> str:

@@ -23,7 +23,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
-from kombu_delay.store import Store, keys, replies
+from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.faults import consistency
@@ -800,3 +800,30 @@ def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(
     assert tries and all(rec.exc_info is None and "retrying" in rec.getMessage() for rec in tries)
     assert not any("unexpected error" in rec.getMessage() for rec in caplog.records)
     r.delete(keys.movers(prefix))
+
+
+def test_a_thaw_or_sweep_script_that_fails_holds_back_no_move(r, prefix, monkeypatch, caplog):
+    # A thaw script failing with anything but a key of another type (a Lua file an upgrade in
+    # place replaced under a running mover, say) escaped the drain to the loop's back-off: one
+    # move batch per back-off, so a due burst of 2,000 took minutes.
+    broken = "return redis.error_reply('ERR not the script this mover was written for')\n"
+    monkeypatch.setitem(scripts._TEXTS, "thaw_scan", broken)
+    monkeypatch.setitem(scripts._TEXTS, "sweep", broken)
+    scripts.source.cache_clear()
+    try:
+        clock = FakeClock(r)
+        store = Store(r, prefix, clock=clock)
+        due, dest = clock() + 1000, f"{prefix}celery"
+        items = [(Due(due, task_id=f"t{i}"), dest, kombu_payload(f"m{i}")) for i in range(2000)]
+        assert {res.outcome for res in store.schedule_many(items, ORDINARY)} == {Scheduled.STORED}
+        clock.advance(1000)
+        mover = Mover(store, Settings(batch_size=100), watch=False)
+        with caplog.at_level("ERROR", logger="kombu_delay"):
+            mover.drain()
+        assert r.llen(dest) == 2000 and mover.stats.moved == 2000
+        failed = {rec.getMessage().split(" failed ")[0].rsplit(" ", 1)[-1] for rec in caplog.records}
+        assert failed == {"thaw", "sweep"} and mover.stats.errors == 2, (
+            caplog.text
+        )  # once each: retried later
+    finally:
+        scripts.source.cache_clear()

@@ -148,3 +148,17 @@ def test_a_stored_publish_gets_the_short_reply_and_the_rest_the_whole_one(
     result = store.schedule(Due(now + 60_000, task_id="f"), queue, kombu_payload("f"), settings)
     assert (result.outcome, result.due_ms, result.now_ms) == (Scheduled.STORED, now + 60_000, None)
     assert r.llen(queue) == 1 and store.pending([queue]) == 4
+
+
+def test_a_process_runs_the_scripts_it_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An upgrade in place writes new Lua files under a running mover, which read each file when
+    # it first used it: a thaw first run after the upgrade ran new Lua with the old arguments.
+    folder = resources.files(scripts.__package__).joinpath("lua")
+    on_disk = {
+        f.name.removesuffix(".lua"): f.read_text("utf-8") for f in folder.iterdir() if f.name.endswith(".lua")
+    }
+    assert on_disk == scripts._TEXTS
+    monkeypatch.setattr(
+        scripts.resources, "files", lambda *_: pytest.fail("a script read from disk after import")
+    )
+    assert "ARGV[4] past" in scripts.source.__wrapped__("thaw")
