@@ -172,12 +172,17 @@ class Ledger:
 class Consumer:
     """A thread popping a list in batches, stamping each arrival with the Redis clock.
 
-    It keeps going through Redis restarts (reconnecting with a short pause).
+    It keeps going through Redis restarts (reconnecting with a short pause), the loss of its
+    script to one included. Any other error ends it, and :meth:`stop` raises it.
     """
 
     def __init__(self, client: redis.Redis, key: str, ledger: Ledger, batch: int = 1000) -> None:
         self.client, self.key, self.ledger, self.batch = client, key, ledger, batch
         self.errors = 0
+        #: Polls that found the pop script missing (in ``errors`` too).
+        self.noscript = 0
+        #: What ended the thread, raised again by :meth:`stop`.
+        self.failure: Exception | None = None
         self.done = 0  # number of the last batch recorded
         self._pop = client.register_script(POP_LUA)
         self._stop = threading.Event()
@@ -206,6 +211,12 @@ class Consumer:
         return len(items)
 
     def _run(self) -> None:
+        try:
+            self._poll_until_stopped()
+        except Exception as exc:  # kept for stop(), which raises it in the test's own thread
+            self.failure = exc
+
+    def _poll_until_stopped(self) -> None:
         while not self._stop.is_set():
             try:
                 if self.poll_once() == 0:
@@ -213,10 +224,22 @@ class Consumer:
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                 self.errors += 1
                 self._stop.wait(0.05)
+            except redis.exceptions.NoScriptError:
+                # redis-py loads the script when EVALSHA answers NOSCRIPT and calls it again:
+                # across a Redis restart the load can reach the old server and the call the new
+                # one, which has no script. The script did not run (nothing was popped), so the
+                # call is simply made again; its first NOSCRIPT makes redis-py load it anew.
+                self.errors += 1
+                self.noscript += 1
+                self._stop.wait(0.05)
 
     def stop(self) -> None:
+        """Stop the thread; raise what ended it early, if anything did."""
         self._stop.set()
         self._thread.join(30)
+        if self.failure is not None:
+            failure = self.failure
+            raise RuntimeError(f"the consumer thread died: {type(failure).__name__}: {failure}") from failure
 
 
 class Movers:
