@@ -27,8 +27,10 @@ from tests.support.sentinel import SentinelCluster
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    """The session's redis-server, on a free loopback port."""
-    with RedisServer() as server:
+    """The session's redis-server, on a free loopback port, with the AOF on as Operations asks
+    (``appendonly yes``): so only a test that wants it (on a ``RedisServer()`` of its own, which
+    keeps nothing on disk) sees the warning for a Redis a restart would empty."""
+    with RedisServer(persistence=True) as server:
         yield server
 
 

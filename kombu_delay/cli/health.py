@@ -63,7 +63,8 @@ def threshold(ctx: click.Context, param: click.Parameter, value: float) -> float
     "--liveness",
     is_flag=True,
     help="A liveness probe next to its own mover: the same as --this-host --max-overdue 0, and the "
-    "Redis checks (eviction policy, stranded key prefixes) are skipped, as a restart cannot fix them.",
+    "Redis checks (eviction policy, stranded key prefixes, persistence) are skipped, as a restart "
+    "cannot fix them.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing when healthy.")
 @click.pass_context
@@ -81,7 +82,8 @@ def health(
     Unhealthy as well: a maxmemory-policy that lets Redis delete scheduled messages, and
     messages stranded under another key prefix that no mover serves (found by the movers).
     Prints one line: "OK: ..." or "UNHEALTHY: <reason>; ...", and on stderr which broker
-    it read (not with --quiet when healthy).
+    it read (not with --quiet when healthy). A Redis that keeps nothing on disk (no AOF, no
+    save rules) adds a line "WARNING: ..." but changes no exit status: many run one knowingly.
 
     \b
     Examples:
@@ -96,7 +98,7 @@ def health(
         this_host, max_overdue = True, 0.0
     try:
         with tgt.open() as store:
-            seen = check(store, socket.gethostname() if this_host else None)
+            seen = check(store, socket.gethostname() if this_host else None, notes=not liveness)
     except KombuDelayError as exc:
         # Exit 2 either way; the word says which: Redis did not answer, or it answered with a
         # refusal or an error (an ACL, a password, a key of another type) that is no verdict on
@@ -110,6 +112,14 @@ def health(
         announce(ctx)
     if problems:
         click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
+        warn(seen.notes)
         ctx.exit(UNHEALTHY)
     if not quiet:
         click.echo(f"OK: {seen.summary()}")
+        warn(seen.notes)
+
+
+def warn(notes: tuple[str, ...]) -> None:
+    """Print what endangers scheduled messages but is no verdict, one line each after it."""
+    for note in notes:
+        click.echo(f"WARNING: {note}")

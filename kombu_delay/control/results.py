@@ -116,7 +116,8 @@ class Stats:
     #: evicted) and that no mover has settled yet; not in ``scheduled``.
     vanished: int = 0
     #: What endangers scheduled messages now (an evicting ``maxmemory-policy``, messages
-    #: stranded under another key prefix): one sentence each, saying what to do.
+    #: stranded under another key prefix, a Redis that keeps nothing on disk): one sentence
+    #: each, saying what to do.
     warnings: list[str] = field(default_factory=list)
 
     @property

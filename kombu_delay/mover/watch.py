@@ -1,7 +1,7 @@
-"""A mover's background checks: Redis's eviction policy, other key prefixes' stranded messages,
-and buckets that left their index (evicted or deleted), which are put back. They run in a
-thread of their own, so a scan of a large database never delays a move: at the mover's start,
-then the policy every :data:`POLICY_CHECK_EVERY_S`, the scans every
+"""A mover's background checks: Redis's eviction policy and persistence, other key prefixes'
+stranded messages, and buckets that left their index (evicted or deleted), which are put back.
+They run in a thread of their own, so a scan of a large database never delays a move: at the
+mover's start, then the policy and persistence every :data:`POLICY_CHECK_EVERY_S`, the scans every
 :data:`PREFIX_CHECK_EVERY_S`, and the prefixes a scan found stranded every
 :data:`STRANDED_RECHECK_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
 it lasts), handed to the metrics, and recorded in the namespace's alerts hash, which ``stats``
@@ -18,12 +18,19 @@ from dataclasses import dataclass, field
 
 from kombu_delay.errors import RedisPermissionError
 from kombu_delay.mover.threads import start_daemon
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, eviction_problem, stranded_problem
+from kombu_delay.ops.checks import (
+    FRESH_HEARTBEAT_MS,
+    eviction_problem,
+    persistence_problem,
+    snapshot_note,
+    stranded_problem,
+)
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
 
-#: How often the eviction policy is read, seconds (one ``INFO memory``).
+#: How often the eviction policy and persistence are read, seconds (``INFO memory``, ``INFO
+#: persistence``, and ``CONFIG GET save`` while the AOF is off).
 POLICY_CHECK_EVERY_S = 60.0
 #: How often the database is scanned for other key prefixes, seconds (a full ``SCAN``).
 PREFIX_CHECK_EVERY_S = 300.0
@@ -41,6 +48,7 @@ STRANDED = "stranded"
 RESOLVED = {
     "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
     "stranded": "no messages are stranded under other key prefixes any more",
+    "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
 }
 
 
@@ -52,10 +60,19 @@ class Findings:
     policy: str | None = None
     #: Other key prefixes holding messages no mover serves: prefix -> messages.
     stranded: dict[str, int] = field(default_factory=dict)
+    #: Whether Redis's AOF is on, and its RDB save rules (read only while the AOF is off),
+    #: when they could be read.
+    aof_enabled: bool | None = None
+    save_rules: str | None = None
 
     @property
     def evicting(self) -> bool:
         return eviction_problem(self.policy) is not None
+
+    @property
+    def volatile(self) -> bool:
+        """Redis keeps nothing on disk: a restart loses every scheduled message."""
+        return persistence_problem(self.aof_enabled, self.save_rules) is not None
 
 
 class Watch:
@@ -72,6 +89,7 @@ class Watch:
         self._thread: threading.Thread | None = None
         self._logged: dict[str, tuple[str, float]] = {}
         self._scan_allowed = True
+        self._config_allowed = True
 
     def start(self) -> None:
         self._thread = start_daemon(self.run, "kombu-delay-watch")
@@ -89,6 +107,7 @@ class Watch:
                 if now >= next_policy:
                     next_policy = now + 5.0  # until it succeeds
                     self.check_policy()
+                    self.check_persistence()
                     next_policy = now + POLICY_CHECK_EVERY_S
                 if now >= next_prefixes:
                     next_prefixes = now + 5.0
@@ -112,6 +131,27 @@ class Watch:
             )
             self._logged["unknown"] = ("", time.monotonic())
         self._tell("policy", eviction_problem(self.findings.policy), logging.ERROR)
+        self._report()
+
+    def check_persistence(self) -> None:
+        """Read what Redis keeps on disk; log a WARNING while it keeps nothing (a restart loses
+        every scheduled message), and once, at INFO, that it keeps only RDB snapshots."""
+        aof, rules = self.store.persistence(read_rules=self._config_allowed)
+        self.findings.aof_enabled, self.findings.save_rules = aof, rules
+        if aof is False and rules is None:  # CONFIG GET refused or renamed: not asked again
+            self._config_allowed = False
+        if (aof is None or (aof is False and rules is None)) and "persistence unknown" not in self._logged:
+            logger.info(
+                "mover %s: cannot read what Redis keeps on disk (INFO persistence or CONFIG GET "
+                "save refused); persistence not checked",
+                self.name,
+            )
+            self._logged["persistence unknown"] = ("", time.monotonic())
+        note = snapshot_note(aof, rules)
+        if note is not None and "snapshots" not in self._logged:
+            logger.info("mover %s: %s", self.name, note)
+            self._logged["snapshots"] = (note, time.monotonic())
+        self._tell("persistence", persistence_problem(aof, rules), logging.WARNING)
         self._report()
 
     def check_prefixes(self) -> None:

@@ -1,7 +1,8 @@
 """What makes a deployment unsafe that no single move shows, said the same way everywhere.
 
-The mover logs these, ``stats`` shows them, ``health`` fails on them and the metrics expose
-them; each place reads the facts from Redis and words them here, so they never disagree.
+The mover logs these, ``stats`` shows them, ``health`` fails on them (on a Redis that keeps
+nothing on disk it only prints a warning) and the metrics expose them; each place reads the
+facts from Redis and words them here, so they never disagree.
 """
 
 from __future__ import annotations
@@ -24,6 +25,30 @@ def eviction_problem(policy: str | None) -> str | None:
     return (
         f"Redis's maxmemory-policy is {policy}: under memory pressure Redis deletes scheduled "
         f"messages without a trace; set maxmemory-policy {SAFE_POLICY} (CONFIG SET and redis.conf)"
+    )
+
+
+def persistence_problem(aof_enabled: bool | None, save_rules: str | None) -> str | None:
+    """Return why a Redis that keeps nothing on disk endangers scheduled messages, or ``None``
+    when it keeps them (the AOF on, or RDB save rules) or when that is unknown (``None``: INFO or
+    ``CONFIG GET save`` refused or renamed)."""
+    if aof_enabled is None or aof_enabled or save_rules is None or save_rules.strip():
+        return None
+    return (
+        "Redis keeps nothing on disk (appendonly no, no save rules): a Redis restart loses every "
+        "scheduled message without a trace; set appendonly yes (CONFIG SET and redis.conf)"
+    )
+
+
+def snapshot_note(aof_enabled: bool | None, save_rules: str | None) -> str | None:
+    """Return what a Redis that persists by RDB snapshots only loses on a crash, or ``None``
+    with the AOF on, with nothing on disk at all (:func:`persistence_problem`) or unknown."""
+    rules = (save_rules or "").strip()
+    if aof_enabled is None or aof_enabled or not rules:
+        return None
+    return (
+        f"Redis persists by RDB snapshots only (save {rules}): a crash loses the messages "
+        "scheduled since the last snapshot; appendonly yes keeps them"
     )
 
 

@@ -2,8 +2,10 @@
 
 It answers two questions with the Redis clock only: is some mover alive (a heartbeat
 recorded recently enough), and are due messages being moved (the oldest overdue message
-is young enough)? Plus what endangers scheduled messages whatever the movers do. The
-``health`` command (:mod:`kombu_delay.cli.health`) prints the verdict and exits with it.
+is young enough)? Plus what endangers scheduled messages whatever the movers do, and what
+does but is often chosen knowingly (a Redis that keeps nothing on disk, in tests or a cache):
+that is printed as a warning, never a verdict. The ``health`` command
+(:mod:`kombu_delay.cli.health`) prints the verdict and exits with it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kombu_delay.mover.watch import ALERT_KEEP_MS
-from kombu_delay.ops.checks import eviction_problem
+from kombu_delay.ops.checks import eviction_problem, persistence_problem
 from kombu_delay.store import Store
 
 
@@ -27,6 +29,9 @@ class Health:
     #: What endangers scheduled messages whatever the movers do (an evicting
     #: ``maxmemory-policy``, messages stranded under another key prefix).
     warnings: tuple[str, ...] = ()
+    #: What endangers scheduled messages but is no reason to call this unhealthy, as many run
+    #: it knowingly: a Redis that keeps nothing on disk. Printed as warnings.
+    notes: tuple[str, ...] = ()
 
     def problems(
         self, max_heartbeat_age_ms: int, max_overdue_ms: int, redis_checks: bool = True
@@ -56,13 +61,15 @@ class Health:
         )
 
 
-def check(store: Store, host: str | None = None) -> Health:
+def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     """Read heartbeats and the earliest due time; judge ages by the Redis clock.
 
     With ``host``, only movers on that host count (mover ids are
-    ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover.
+    ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover. Without
+    ``notes``, what would only be printed (:func:`cautions`) is not read.
     """
-    warnings = dangers(store)
+    warnings = threats(store)
+    told = cautions(store) if notes else ()
     beats = store.heartbeats()
     if host is not None:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
@@ -74,12 +81,26 @@ def check(store: Store, host: str | None = None) -> Health:
         heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
         overdue_ms=0 if earliest is None else max(0, now - earliest),
         warnings=warnings,
+        notes=told,
     )
 
 
 def dangers(store: Store) -> tuple[str, ...]:
-    """What endangers the scheduled messages of ``store`` now, whatever the movers do: Redis's
-    eviction policy, read here, and what movers recorded in the alerts hash (stranded key
-    prefixes). One sentence each, saying what to do."""
+    """What endangers the scheduled messages of ``store`` now, whatever the movers do, as
+    ``stats`` shows it: :func:`threats`, then :func:`cautions`. One sentence each, saying what
+    to do."""
+    return (*threats(store), *cautions(store))
+
+
+def threats(store: Store) -> tuple[str, ...]:
+    """What ``health`` fails on: Redis's eviction policy, read here, and what movers recorded in
+    the alerts hash (stranded key prefixes)."""
     found = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
     return tuple(text for text in found if text)
+
+
+def cautions(store: Store) -> tuple[str, ...]:
+    """What endangers scheduled messages but ``health`` only prints: a Redis that keeps nothing
+    on disk (read here; not judged when ``INFO`` or ``CONFIG GET save`` is refused)."""
+    problem = persistence_problem(*store.persistence())
+    return () if problem is None else (problem,)

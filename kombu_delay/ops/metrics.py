@@ -20,6 +20,8 @@ Series (counters carry the ``_total`` suffix on the wire):
 * ``kombu_delay_thawed_total``: counter, compressed messages restored ahead of their due time.
 * ``kombu_delay_eviction_policy_unsafe``: gauge, 1 while Redis's ``maxmemory-policy`` lets it
   delete scheduled messages (anything but ``noeviction``).
+* ``kombu_delay_redis_persistence_off``: gauge, 1 while Redis keeps nothing on disk (no AOF, no
+  RDB save rules), so a Redis restart loses every scheduled message.
 * ``kombu_delay_stranded_messages``, ``kombu_delay_stranded_prefixes``: gauges, messages (and
   key prefixes) in this database under another ``global_keyprefix`` that no mover serves.
 """
@@ -166,6 +168,11 @@ class MoverMetrics:
             "kombu_delay_eviction_policy_unsafe",
             "1 while Redis's maxmemory-policy lets it delete scheduled messages (set noeviction).",
         )
+        self.volatile = gauge(
+            "kombu_delay_redis_persistence_off",
+            "1 while Redis keeps nothing on disk, so a restart loses every scheduled message "
+            "(set appendonly yes).",
+        )
         self.stranded = gauge(
             "kombu_delay_stranded_messages",
             "Messages in this database under another key prefix that no mover serves.",
@@ -233,6 +240,7 @@ class MoverMetrics:
 
     def on_findings(self, findings: Findings) -> None:
         self.unsafe.set(1 if findings.evicting else 0)
+        self.volatile.set(1 if findings.volatile else 0)
         self.stranded.set(sum(findings.stranded.values()))
         self.stranded_prefixes.set(len(findings.stranded))
 

@@ -49,6 +49,32 @@ class Inspecting(StoreBase):
         policy = info.get("maxmemory_policy")
         return None if policy is None else as_text(policy)
 
+    def persistence(self, read_rules: bool = True) -> tuple[bool | None, str | None]:
+        """Return whether the AOF is on and the RDB save rules (``""``: none), each ``None`` when
+        it cannot be read: what Redis keeps on disk, so what a Redis restart keeps.
+
+        ``INFO persistence`` says whether the AOF is on. Only when it is off are the save rules
+        read, with ``CONFIG GET save``, which managed Redis renames and ACL users are often
+        refused (``CONFIG`` is ``@dangerous``): then they are ``None``, as they are without
+        ``read_rules``.
+        """
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("persistence")
+            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
+                return None, None
+            aof = info.get("aof_enabled")
+            if aof is None:
+                return None, None
+            if int(aof) or not read_rules:
+                return bool(int(aof)), None
+            try:
+                rules: dict[Any, Any] = self.client.config_get("save")
+            except redis.ResponseError:  # refused (NOPERM) or renamed away (unknown command)
+                return False, None
+        found = next((value for name, value in rules.items() if as_text(name) == "save"), None)
+        return False, None if found is None else as_text(found)
+
     def stranded(self, fresh_ms: int, page: int = 10_000) -> dict[str, int]:
         """Return the other key prefixes in this database whose kombu-delay data holds scheduled
         messages (either space) and no mover heartbeat younger than ``fresh_ms``: prefix ->

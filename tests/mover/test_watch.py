@@ -1,11 +1,12 @@
 """What endangers scheduled messages beyond any one move, told while it lasts: an evicting
-``maxmemory-policy`` (and what it deletes), and messages stranded under another key prefix in
-a database with a million other keys. Each is found by a real mover process and shown by its
-log, ``stats``, ``health`` and its metrics.
+``maxmemory-policy`` (and what it deletes), a Redis that keeps nothing on disk, and messages
+stranded under another key prefix in a database with a million other keys. Each is found by a
+real mover process and shown by its log, ``stats``, ``health`` and its metrics.
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +21,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
+from kombu_delay.ops.checks import persistence_problem, snapshot_note
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.metrics import try_scrape
@@ -69,7 +71,7 @@ def test_an_evicting_policy_is_an_error_in_the_log_stats_health_and_metrics(evic
 
     evicting.client().config_set("maxmemory-policy", "noeviction")
     assert cli(url, "health").returncode == 0
-    assert "WARNING" not in cli(url, "stats").stdout
+    assert "maxmemory-policy" not in cli(url, "stats").stdout
 
 
 def test_what_an_eviction_takes_is_counted_lost_and_stats_stops_counting_it(evicting):
@@ -212,3 +214,130 @@ def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatc
             wait_until(lambda: store.alerts(kept) == {} and watch.findings.stranded == {}, timeout=DEADLINE_S)
         finally:
             watch.stop()
+
+
+#: How the warning for a Redis that keeps nothing on disk starts, everywhere.
+NOTHING_KEPT = "Redis keeps nothing on disk"
+
+
+def said(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """What the watch logged: (level, message)."""
+    return [(rec.levelno, rec.getMessage()) for rec in caplog.records if rec.name == watch_module.__name__]
+
+
+def test_persistence_is_worded_only_when_nothing_is_kept_or_only_snapshots():
+    assert persistence_problem(False, "") == persistence_problem(False, "  ")
+    assert "set appendonly yes" in str(persistence_problem(False, ""))
+    # The AOF on, save rules, or what could not be read: no warning.
+    for aof, rules in [(True, None), (True, ""), (False, "3600 1"), (None, None), (False, None)]:
+        assert persistence_problem(aof, rules) is None, (aof, rules)
+    assert "save 3600 1 300 100" in str(snapshot_note(False, "3600 1 300 100"))
+    for aof, rules in [(True, "3600 1"), (False, ""), (None, None), (False, None)]:
+        assert snapshot_note(aof, rules) is None, (aof, rules)
+
+
+def test_a_redis_that_keeps_nothing_on_disk_is_a_warning_that_fails_no_probe(spawn):
+    """Started with ``--save '' --appendonly no``, a Redis restart loses every scheduled message,
+    and nothing said so. The mover now logs a WARNING naming ``appendonly yes``; ``stats`` and
+    the metrics show it; ``health`` prints it after its verdict but exits as it would without:
+    many run such a Redis knowingly (tests, a cache). Once the AOF is on, all is quiet."""
+    with RedisServer() as server:  # the suite's default: --save '' --appendonly no
+        url = server.delay_url
+        warning = f"WARNING: {persistence_problem(False, '')}"
+        alone = cli(url, "health").stdout.splitlines()  # no mover: unhealthy for that only
+        assert alone[0].startswith("UNHEALTHY: no mover heartbeat") and NOTHING_KEPT not in alone[0]
+        assert alone[1:] == [warning]
+
+        port = free_port()
+        proc = mover(spawn, url, "--metrics-port", str(port))
+        wait_until(lambda: NOTHING_KEPT in proc.output(), timeout=DEADLINE_S)
+        line = next(x for x in proc.output().splitlines() if NOTHING_KEPT in x)
+        assert " WARNING " in line and "set appendonly yes" in line
+        samples = wait_until(lambda: try_scrape(port), timeout=DEADLINE_S)
+        assert samples[("kombu_delay_redis_persistence_off", ())] == 1  # type: ignore[index]
+        wait_until(lambda: cli(url, "health").returncode == 0, timeout=DEADLINE_S, interval=0.5)
+        probe = cli(url, "health")
+        assert probe.returncode == 0 and probe.stdout.splitlines()[0].startswith("OK: movers 1"), probe
+        assert probe.stdout.splitlines()[1:] == [warning]
+        liveness = cli(url, "health", "--liveness")  # a restart cannot fix it: not even read
+        assert liveness.returncode == 0 and liveness.stdout.splitlines()[0].startswith("OK: ")
+        assert "WARNING" not in liveness.stdout, liveness
+        quiet = cli(url, "health", "--quiet")
+        assert (quiet.returncode, quiet.stdout) == (0, ""), quiet
+        stats = cli(url, "stats")
+        assert stats.returncode == 0 and f"WARNING    {NOTHING_KEPT}" in stats.stdout, stats
+        with DelayControl(url) as ctl:
+            assert [w for w in ctl.stats().warnings if NOTHING_KEPT in w] == [warning[len("WARNING: ") :]]
+
+        server.client().config_set("appendonly", "yes")
+        probe = cli(url, "health")
+        assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
+        assert "WARNING" not in cli(url, "stats").stdout
+
+
+def test_the_aof_or_save_rules_keep_it_quiet_and_a_change_is_told(redis_server, r, caplog):
+    """With ``appendonly yes`` (the session's server) nothing is said. With RDB save rules only,
+    a crash loses just what changed since the last snapshot: no warning, one INFO line. A
+    Redis that starts keeping something on disk is told at INFO, as a fixed problem is."""
+    caplog.set_level(logging.INFO, logger="kombu_delay.mover.watch")
+    store = Store(r)
+    assert store.persistence() == (True, None)  # the rules are not read: the AOF keeps all
+    watch = Watch(store, "aof")
+    watch.check_persistence()
+    assert not watch.findings.volatile and said(caplog) == []
+    probe = cli(redis_server.delay_url, "health", "--max-heartbeat-age", "0")
+    assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
+    assert "WARNING" not in cli(redis_server.delay_url, "stats").stdout
+
+    with RedisServer() as server:
+        client = server.client()
+        watch = Watch(Store(client), "rdb")
+        watch.check_persistence()
+        assert watch.findings.volatile
+        assert said(caplog) == [(logging.WARNING, f"mover rdb: {persistence_problem(False, '')}")]
+        caplog.clear()
+        client.config_set("save", "3600 1")
+        for _ in range(2):  # the note once, however often it is checked
+            watch.check_persistence()
+        assert not watch.findings.volatile
+        assert said(caplog) == [
+            (logging.INFO, f"mover rdb: {snapshot_note(False, '3600 1')}"),
+            (logging.INFO, f"mover rdb: {watch_module.RESOLVED['persistence']}"),
+        ]
+        probe = cli(server.delay_url, "health", "--max-heartbeat-age", "0")
+        assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
+        assert "WARNING" not in cli(server.delay_url, "stats").stdout
+
+
+def test_persistence_that_cannot_be_read_is_not_checked_and_said_once(caplog):
+    """``CONFIG`` refused by the ACL (it is ``@dangerous``) or renamed away (managed Redis), or
+    ``INFO`` refused: nothing to judge by, so no warning. The mover says once, at INFO, that it
+    did not check, and asks a refused ``CONFIG GET`` no more (one ``ACL LOG`` entry)."""
+    caplog.set_level(logging.INFO, logger="kombu_delay.mover.watch")
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "&*", "+@all", "-config")
+        admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info")
+        user = server.client(username="noconfig", password="pw")
+        assert Store(user).persistence() == (False, None)
+        assert Store(server.client(username="noinfo", password="pw")).persistence() == (None, None)
+        admin.acl_log_reset()
+        watch = Watch(Store(user), "acl")
+        for _ in range(3):
+            watch.check_persistence()
+        assert not watch.findings.volatile
+        assert said(caplog) == [
+            (
+                logging.INFO,
+                "mover acl: cannot read what Redis keeps on disk (INFO persistence or CONFIG GET "
+                "save refused); persistence not checked",
+            )
+        ]
+        assert [entry["count"] for entry in admin.acl_log()] == [1]
+        url = f"delayredis://noconfig:pw@127.0.0.1:{server.port}/0"
+        probe = cli(url, "health", "--max-heartbeat-age", "0")
+        assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
+    with RedisServer(extra_args=["--rename-command", "CONFIG", ""]) as renamed:
+        assert Store(renamed.client()).persistence() == (False, None)
+        probe = cli(renamed.delay_url, "health", "--max-heartbeat-age", "0")
+        assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
