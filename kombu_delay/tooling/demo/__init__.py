@@ -159,7 +159,7 @@ def run(view: View, workdir: Path) -> bool:
     from kombu_delay.tooling.demo import app as demo_app
 
     children: list[Child] = []
-    server = RedisServer(directory=str(workdir))
+    server = RedisServer(directory=str(workdir), persistence=True)  # as a deployment runs it
     producer: Celery | None = None
     try:
         server.start()
