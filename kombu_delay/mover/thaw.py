@@ -110,7 +110,7 @@ class Thawer:
                 # that is due is compressed, nothing moves and nothing frees memory: what is
                 # due now is thawed past maxmemory, to reach its queue (see thaw.lua).
                 result, past = self.store.thaw(self.settings.look_ahead_ms, limit, past_maxmemory=True), True
-                if result.thawed and now - self._refused_logged_at >= LOG_EVERY_S:
+                if now - self._refused_logged_at >= LOG_EVERY_S:
                     logger.warning(
                         "mover %s: Redis is over maxmemory (%s): compressed messages are thawed only "
                         "once due, past the limit, so that they reach their queues; raise maxmemory "

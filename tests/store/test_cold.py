@@ -503,7 +503,9 @@ def test_a_cold_bucket_whose_meta_is_gone_leaves_its_index(r):
     assert store.earliest_due_ms() is None
 
 
-def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_due_thaws_past_it(tmp_path):
+def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_due_thaws_past_it(
+    tmp_path, caplog
+):
     # Once only compressed messages are due, nothing moves, so nothing frees memory: refused
     # whole, they used to stay stored for good, overdue, while the mover said "moves go on".
     with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
@@ -524,7 +526,9 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
             store.thaw(2000, 10)
         assert len(cold_members(client)) == 1  # nothing taken
         mover = Mover(store, JUST_COLD, watch=False)
-        assert mover.thaw() == PAST_MAXMEMORY_LOOK_S  # refused ahead, and nothing compressed is due
+        with caplog.at_level("WARNING", logger="kombu_delay"):
+            assert mover.thaw() == PAST_MAXMEMORY_LOOK_S  # refused ahead, and nothing compressed is due
+        assert "over maxmemory" in caplog.text and "thawed only once due" in caplog.text
         assert len(cold_members(client)) == 1 and mover.stats.thawed == 0
         assert store.move_due(10).moved == 1  # a move frees memory: it is not refused
         clock.ms = now + 2099
