@@ -32,8 +32,11 @@ LOG_EVERY_S = 10.0
 #: Seconds before a thaw that failed on a key of another type (written by hand) is tried again.
 DAMAGED_RETRY_S = 10.0
 #: How often a mover looks for compressed messages come due while Redis is over maxmemory,
-#: seconds: then they are thawed only once due (see :meth:`Thawer.step`), so at most this late.
+#: seconds: then they are thawed only once due (see :meth:`Thawer._thaw_batch`).
 PAST_MAXMEMORY_LOOK_S = 0.25
+#: Seconds a mover refused a thaw ahead for maxmemory thaws only what is due, before it asks
+#: again whether Redis has room.
+PAST_MAXMEMORY_FOR_S = 1.0
 
 
 class ThawCounts(Protocol):
@@ -77,6 +80,7 @@ class Thawer:
         self._next_start_ms: int | None = None
         self._run: tuple[float, int] | None = None  # (began, thawed) of a step that left more
         self._refused_logged_at = float("-inf")
+        self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
 
     def wake(self) -> None:
         """Look at the next step: a publish may have stored a compressed message due soon."""
@@ -98,27 +102,10 @@ class Thawer:
         if self._run is not None:
             began, thawed = self._run
             self.rate.add(thawed, now - began)
-        past = False
         try:
             if now >= self._next_plan:
                 self._plan(now)
-            limit = min(THAW_BATCH, self.settings.batch_size)
-            try:
-                result = self.store.thaw(self.ahead_ms, limit)
-            except OverMaxmemory as exc:
-                # A thaw grows memory and is refused; moves free it and go on. But where all
-                # that is due is compressed, nothing moves and nothing frees memory: what is
-                # due now is thawed past maxmemory, to reach its queue (see thaw.lua).
-                result, past = self.store.thaw(self.settings.look_ahead_ms, limit, past_maxmemory=True), True
-                if now - self._refused_logged_at >= LOG_EVERY_S:
-                    logger.warning(
-                        "mover %s: Redis is over maxmemory (%s): compressed messages are thawed only "
-                        "once due, past the limit, so that they reach their queues; raise maxmemory "
-                        "or free memory",
-                        self.name,
-                        exc,
-                    )
-                    self._refused_logged_at = now
+            result, past = self._thaw_batch(now)
         except RedisRefused as exc:
             # A read-only replica, a failed background save: moves are refused too.
             if now - self._refused_logged_at >= LOG_EVERY_S:
@@ -151,6 +138,33 @@ class Thawer:
             wait = PAST_MAXMEMORY_LOOK_S
         self._next_look = now + wait
         return wait
+
+    def _thaw_batch(self, now: float) -> tuple[ThawResult, bool]:
+        """Thaw one batch ahead; or, while Redis is over maxmemory, what is due now, past it
+        (then ``True``).
+
+        A thaw grows memory and is refused over maxmemory; moves free it and go on. But where
+        all that is due is compressed, nothing moves and nothing frees memory: what is due is
+        thawed past maxmemory, to reach its queue (see thaw.lua), and for the next
+        :data:`PAST_MAXMEMORY_FOR_S` the steps do only that, without asking again first.
+        """
+        limit = min(THAW_BATCH, self.settings.batch_size)
+        if now >= self._past_until:
+            try:
+                return self.store.thaw(self.ahead_ms, limit), False
+            except OverMaxmemory as exc:
+                self._past_until = now + PAST_MAXMEMORY_FOR_S
+                if now - self._refused_logged_at >= LOG_EVERY_S:
+                    logger.warning(
+                        "mover %s: Redis is over maxmemory (%s): compressed messages are thawed only "
+                        "once due, past the limit, so that they reach their queues; raise maxmemory "
+                        "or free memory",
+                        self.name,
+                        exc,
+                    )
+                    self._refused_logged_at = now
+        # Due by the move's look-ahead, to the end of this millisecond (a score's fraction).
+        return self.store.thaw(self.settings.look_ahead_ms + 1, limit, past_maxmemory=True), True
 
     def _plan(self, now: float) -> None:
         """Read the cold buckets' counts and set how far the next steps reach."""

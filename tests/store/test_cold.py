@@ -531,7 +531,7 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
         assert "over maxmemory" in caplog.text and "thawed only once due" in caplog.text
         assert len(cold_members(client)) == 1 and mover.stats.thawed == 0
         assert store.move_due(10).moved == 1  # a move frees memory: it is not refused
-        clock.ms = now + 2099
+        clock.ms = now + 2098  # (a thaw past maxmemory reaches 1 ms ahead, to take all of its ms)
         mover.thawer.wake()
         assert mover.thaw() == PAST_MAXMEMORY_LOOK_S and len(cold_members(client)) == 1  # not before due
         clock.ms = now + 2100  # c is due, and nothing but c: no move frees memory
@@ -541,6 +541,34 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
         assert not cold_members(client) and mover.stats.thawed == 1  # thawed past maxmemory
         assert store.move_due(10).moved == 1
         assert tags_in(client, "q") == ["w", "c"]
+        client.config_set("maxmemory", 0)
+
+
+def test_past_maxmemory_a_cold_bucket_whose_counts_are_gone_is_recounted_and_thawed(tmp_path):
+    # The scan that lists what to thaw recounts a bucket whose meta hash is gone; its first
+    # write was one Redis refuses over maxmemory, so every compressed message stayed stored.
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        client = server.client()
+        clock = FakeClock(client)
+        store = Store(client, clock=clock)
+        due = clock() + 2100
+        for tag in ("a", "b"):
+            store.schedule(Due(due, task_id=tag), "q", kombu_payload(tag), JUST_COLD)
+        [(start, _, _, _), _] = cold_members(client)
+        client.delete(keys.meta("", start, keys.COLD))
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 100_000)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for i in range(10_000):
+                client.set(f"filler:{i}", b"x" * 4096)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
+        clock.ms = due
+        mover = Mover(store, JUST_COLD, watch=False)
+        waits = []
+        for _ in range(3):  # the scan that recounts the bucket lists its members on the next
+            mover.thawer.wake()
+            waits.append(mover.thaw())
+        assert not cold_members(client) and mover.stats.thawed == 2, (waits, mover.stats)
+        assert store.move_due(10).moved == 2 and sorted(tags_in(client, "q")) == ["a", "b"]
         client.config_set("maxmemory", 0)
 
 

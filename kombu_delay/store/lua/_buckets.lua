@@ -67,6 +67,12 @@ take(k, start_s, dest, payload, task_id, ref, now)
   it belonged to (_staged.lua) and the bucket's wake mark (wake_if_first in _put.lua),
   retires the bucket if that was its last message, returns true.
 
+past_maxmemory(hash)
+  A write that changes nothing (HDEL of the field '' of ``hash``, a hash or no key; an error
+  is ignored), made first by a script whose writes are bookkeeping that must not wait for
+  memory (thaw_scan, sweep, a thaw of what is due): Redis refuses a script a command that may
+  grow memory over maxmemory only as its first write, so every write after this one goes on.
+
 wrong_types(expected[, changed])
   expected  a list of {key, type} (type as TYPE names it: 'hash', 'zset', 'list')
   changed   what the error says was changed (default: nothing)
@@ -230,6 +236,10 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   local empty, end_ms = drained_counts(meta)
   if empty then retire(k, start_s, end_ms, now) end
   return true
+end
+
+local function past_maxmemory(hash)
+  redis.pcall('HDEL', hash, '')
 end
 
 local function wrong_types(expected, changed)

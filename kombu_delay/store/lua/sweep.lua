@@ -43,6 +43,9 @@ is given. A bucket no renewal has written (no g) takes x - end, or 7 days withou
 --- @include spaces
 --- @include buckets
 local ns = ARGV[1]
+-- Its writes are expiries pushed out and counts settled: they must go on under maxmemory, or
+-- what a mover holds back could expire (past_maxmemory in _buckets.lua).
+past_maxmemory(KEYS[5])
 local limit = tonumber(ARGV[3])
 local now = clock(ARGV[4])
 local DAY = 86400000

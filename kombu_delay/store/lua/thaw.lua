@@ -33,8 +33,8 @@ x-expires as its publisher set them; one that is overdue (no mover ran in time) 
 a bucket that is due now, and is moved by the next move call. A message that could not be
 restored leaves the cold space for the dead-letter list, counted as dead (and as expired,
 so the lifetime totals add up). Under maxmemory the call is refused as a whole, unless ARGV[4]
-says to go past it: then its first write is a ZREM or an HDEL, which Redis lets a script make
-over maxmemory, and the writes after it too.
+says to go past it: then its first write is one that changes nothing (past_maxmemory in
+_buckets.lua), and Redis lets every write after it go on over maxmemory.
 ]]
 --- @include clock
 --- @include refs
@@ -48,7 +48,7 @@ local ns = ARGV[1]
 -- nothing but compressed messages is due, there are none, and the caller thaws those due now
 -- past maxmemory (ARGV[4]), so that they reach their queues and the consumers free memory.
 local FIRST = 5  -- the first message's group in ARGV
-if ARGV[4] ~= '1' then redis.call('ZADD', KEYS[5], 'XX', 0, '') end
+if ARGV[4] == '1' then past_maxmemory(KEYS[4]) else redis.call('ZADD', KEYS[5], 'XX', 0, '') end
 local now = clock(ARGV[3])
 local thawed, dead, merged, gone, recounted = 0, 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')

@@ -24,6 +24,9 @@ ZREM), and a mover that dies between the two calls leaves it where it was.
 --- @include spaces
 --- @include buckets
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
+-- What this scan writes (the counts it settles, a bucket it retires) is small, and a thaw
+-- must not stop on it under maxmemory: what is due is thawed past it (thaw.lua).
+past_maxmemory(totals)
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
 local now = clock(ARGV[4])
