@@ -339,10 +339,11 @@ def _warn_look_alikes(ctl: DelayControl, queue: str, what: str) -> None:
     names = ", ".join(f"{shown(ctl.queue_of(dest))} ({n:,})" for dest, n in sorted(found.items()))
     steps = ",".join(str(step) for step in ctl.store.steps)
     click.echo(
-        f"kombu-delay: {names} look like priority lists of {queue!r} under another separator or "
-        f"priority steps than this command's ({ctl.store.sep!r}; {steps}), and were {what}: if the "
-        "app sets `sep` or `priority_steps` in its broker_transport_options, pass them here "
-        "(-o sep=... -o priority_steps=0,3,6,9) or run `celery -A <app> delay`",
+        f"kombu-delay: {names} look like priority lists of {queue!r}, but are not its lists under "
+        f"this command's separator {ctl.store.sep!r} and priority steps {steps}, and were {what}. "
+        "If they are queues of their own, nothing is wrong. If the app sets another `sep` or "
+        "`priority_steps` in its broker_transport_options, pass the app's own here (-o sep=... "
+        "-o priority_steps=...) or run `celery -A <app> delay`",
         err=True,
     )
 

@@ -117,6 +117,7 @@ class Editing(Inspecting, Publishing):
         wanted = sorted(set(dests))
         if not wanted:
             return 0
+        limit = max(2, limit)  # a call's first bucket costs one: with 1 it would remove none, ever
         total = 0
         with translated_errors():
             for space in spaces.ALL:

@@ -156,10 +156,17 @@ def destination(prefix: str, queue: str, priority: int, sep: str) -> str:
 def queue_of(dest: str, prefix: str, sep: str, steps: Iterable[int] = KOMBU_PRIORITY_STEPS) -> str:
     """Return the queue name of a destination key (inverse of :func:`destination`): a name
     that ends in ``sep`` and one of the priority ``steps`` is that queue's priority list, as
-    kombu names them; any other (``tenant:7`` where 7 is no step) is a queue of its own."""
+    kombu names them; so is one that ends in kombu's own separator and any step (no queue
+    name holds that separator: a tool not told an app's ``priority_steps`` still finds its
+    lists); any other (``tenant:7`` under ``sep=':'``, where 7 is no step) is a queue of its own."""
     name = dest[len(prefix) :] if prefix and dest.startswith(prefix) else dest
     base, found, pri = name.rpartition(sep)
-    return base if found and pri in {str(step) for step in steps if step} else name
+    if not found:
+        return name
+    if pri in {str(step) for step in steps if step}:
+        return base
+    any_step = sep == KOMBU_PRIORITY_SEP and pri.isascii() and pri.isdigit() and pri == str(int(pri))
+    return base if any_step and int(pri) else name
 
 
 def score(due_ms: int, seq: int) -> float:

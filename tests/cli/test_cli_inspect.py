@@ -201,6 +201,25 @@ def test_purge_takes_a_queues_priority_lists_not_a_queue_named_like_one(r, redis
     assert kd(redis_server, prefix, "-o", "priority_steps=3,0", "stats")[0] == 2
 
 
+def test_an_apps_own_priority_steps_under_kombus_separator_need_not_be_told(r, redis_server, prefix):
+    # Celery's docs set priority_steps 0..9 for Redis; under kombu's own separator, which no
+    # queue name holds, a tool not told them still takes every step list for the queue's.
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {**options(prefix), "priority_steps": list(range(10))}
+    for priority in range(10):
+        app.send_task("inspect.record", (priority,), countdown=600, priority=priority)
+    for n in range(3):
+        app.send_task("inspect.record", (n,), countdown=600 + n * 60, queue="other")
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.stats().by_queue == {"celery": 10, "other": 3} and ctl.look_alikes("celery") == {}
+        assert len(ctl.scheduled(queue="celery").items) == 10
+    code, out = kd(redis_server, prefix, "purge", "--queue", "celery", "--yes")
+    assert code == 0 and out == "celery: purged 10 scheduled messages\n", out
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.store.purge([f"{prefix}other"], limit=1) == 3  # a limit of 1 looped for good
+
+
 def test_edits_show_a_task_id_or_queue_with_control_characters_escaped(r, redis_server, prefix):
     # ``ls --json | jq | xargs cancel`` feeds ids from the data: one must not forge a line.
     forged, queue = "a\nFAKE: cancelled 99 messages", "q\x1b[2J"
