@@ -64,7 +64,7 @@ def to_ms(when: datetime) -> int:
 #: ``datetime.isoformat()``'s form, which Celery writes an ETA in (and its millisecond form):
 #: ``fromisoformat`` and ``isoparse`` read it alike.
 _CELERY_FORM = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{3}|\.[0-9]{6})?(?:Z|[+-][0-9]{2}:[0-9]{2})?"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{3}|\.[0-9]{6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?"
 )
 
 
