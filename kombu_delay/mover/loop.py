@@ -129,7 +129,7 @@ class Mover:
         self._stuck_logged_at = float("-inf")
         self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
-        self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw)
+        self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw, on_error=on_error)
         #: The copy of each herd, ahead of its due time, that a move hands over whole.
         self.stager = Stager(store, settings, self.name)
         self._sweep_cursor: str | None = None
@@ -260,6 +260,8 @@ class Mover:
             if isinstance(exc, FATAL_ERRORS):
                 raise
             self.stats.errors += 1
+            if self._on_error is not None:
+                self._on_error(exc)
             logger.error(
                 "mover %s: sweep failed (%s); moves go on, retrying in %.0f s", self.name, exc, SWEEP_EVERY_S
             )

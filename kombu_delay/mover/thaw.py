@@ -59,8 +59,11 @@ class Thawer:
         stats: ThawCounts,
         on_thaw: Callable[[ThawResult], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told each error the thaw retries later itself (the metrics count it).
+        self.on_error = on_error
         #: The clock that times looks and plans, seconds (a test passes one it drives).
         self.monotonic = monotonic
         self.settings = settings
@@ -122,6 +125,8 @@ class Thawer:
             # runs between move batches); the thaw is retried, and its error logged, every
             # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
             self.stats.errors += 1
+            if self.on_error is not None:
+                self.on_error(exc)
             logger.error(
                 "mover %s: thaw failed (%s); moves go on, the thaw is retried in %.0f s",
                 self.name,
