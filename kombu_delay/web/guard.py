@@ -148,7 +148,8 @@ def csrf_problem(request: Request) -> str | None:
     sent = request.form.get(CSRF_FIELD, "")
     if not cookie or not sent:
         return "the form carries no CSRF token (reload the page and try again)"
-    if not hmac.compare_digest(cookie.encode(), sent.encode()):
+    # (Read as the form's other fields are, a token may hold a lone surrogate: no token does.)
+    if not hmac.compare_digest(cookie.encode(errors="surrogatepass"), sent.encode(errors="surrogatepass")):
         return "the form's CSRF token does not match this browser's (reload the page and try again)"
     # A browser sends Origin with every POST; a client without one (curl, a script) is no page
     # of another site, and still needs the token from the cookie, so it may go on. "null" is

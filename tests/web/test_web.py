@@ -209,6 +209,12 @@ def test_actions_need_the_csrf_token_and_a_confirmation(redis_server, control, p
     for form in ({}, {"csrf": "forged"}):
         refused = client.post("/task/cancel", data={"id": task_id, "confirm": "yes", **form})
         assert refused.status_code == 403 and "CSRF" in refused.get_data(as_text=True)
+    # A token holding an encoded lone surrogate (as the id may) answered 500, not 403.
+    for sent in ("%ED%B3%BF", f"{csrf}%ED%B3%BF"):
+        body = f"id={task_id}&confirm=yes&csrf={sent}"
+        for path in ("/task/cancel", "/task/reschedule", "/dead/remove"):
+            refused = client.post(path, data=body, content_type="application/x-www-form-urlencoded")
+            assert refused.status_code == 403 and "CSRF" in refused.get_data(as_text=True), path
     other = client.post(
         "/task/cancel",
         data={"id": task_id, "confirm": "yes", "csrf": csrf},
