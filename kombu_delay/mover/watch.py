@@ -137,16 +137,19 @@ class Watch:
         """Read what Redis keeps on disk; log a WARNING while it keeps nothing (a restart loses
         every scheduled message), and once, at INFO, that it keeps only RDB snapshots."""
         aof, rules = self.store.persistence(read_rules=self._config_allowed)
-        self.findings.aof_enabled, self.findings.save_rules = aof, rules
         if aof is False and rules is None:  # CONFIG GET refused or renamed: not asked again
             self._config_allowed = False
-        if (aof is None or (aof is False and rules is None)) and "persistence unknown" not in self._logged:
-            logger.info(
-                "mover %s: cannot read what Redis keeps on disk (INFO persistence or CONFIG GET "
-                "save refused); persistence not checked",
-                self.name,
-            )
-            self._logged["persistence unknown"] = ("", time.monotonic())
+        if aof is None or (aof is False and rules is None):
+            # Unknown: what was last found stands (a refusal is no sign it was fixed).
+            if "persistence unknown" not in self._logged:
+                logger.info(
+                    "mover %s: cannot read what Redis keeps on disk (INFO persistence or CONFIG "
+                    "GET save refused); persistence not checked",
+                    self.name,
+                )
+                self._logged["persistence unknown"] = ("", time.monotonic())
+            return
+        self.findings.aof_enabled, self.findings.save_rules = aof, rules
         note = snapshot_note(aof, rules)
         if note is not None and "snapshots" not in self._logged:
             logger.info("mover %s: %s", self.name, note)

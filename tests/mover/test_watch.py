@@ -337,6 +337,16 @@ def test_persistence_that_cannot_be_read_is_not_checked_and_said_once(caplog):
         url = f"delayredis://noconfig:pw@127.0.0.1:{server.port}/0"
         probe = cli(url, "health", "--max-heartbeat-age", "0")
         assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
+        # Known to keep nothing, then CONFIG refused: that is no news that it keeps anything now.
+        admin.execute_command("ACL", "SETUSER", "later", "on", ">pw", "~*", "&*", "+@all")
+        later = Watch(Store(server.client(username="later", password="pw")), "later")
+        later.check_persistence()
+        assert later.findings.volatile
+        admin.execute_command("ACL", "SETUSER", "later", "-config")
+        caplog.clear()
+        later.check_persistence()
+        assert later.findings.volatile, "a refusal was taken for persistence turned on"
+        assert "keeps scheduled messages on disk now" not in caplog.text
     with RedisServer(extra_args=["--rename-command", "CONFIG", ""]) as renamed:
         assert Store(renamed.client()).persistence() == (False, None)
         probe = cli(renamed.delay_url, "health", "--max-heartbeat-age", "0")
