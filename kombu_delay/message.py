@@ -184,11 +184,23 @@ def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> s
     return str(props.get("delivery_tag", ""))
 
 
+def as_read(task_id: str) -> str:
+    """``task_id`` as a worker reads it from the message: JSON joins two surrogates that make a
+    pair (``"\\ud83d\\ude00"``) into the one character they encode; a lone one stays."""
+    try:
+        task_id.encode()
+    except UnicodeEncodeError:
+        return task_id.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
+    return task_id
+
+
 def id_arg(task_id: str) -> str | bytes:
-    """``task_id`` as Redis is sent it (the id index's key): the text itself, or, where it holds
-    lone surrogates (``os.fsdecode`` of bytes that are not UTF-8, or a JSON ``\\udcff`` escape),
-    which Redis cannot be sent as text, its UTF-8 bytes with those surrogates encoded as they
-    are ("surrogatepass"). No text encodes to such bytes, so no two ids share a key."""
+    """``task_id`` as Redis is sent it (the id index's key): the text itself (:func:`as_read`),
+    or, where it holds lone surrogates (``os.fsdecode`` of bytes that are not UTF-8, or a JSON
+    ``\\udcff`` escape), which Redis cannot be sent as text, its UTF-8 bytes with those
+    surrogates encoded as they are ("surrogatepass"). No text encodes to such bytes, so no two
+    ids share a key."""
+    task_id = as_read(task_id)
     try:
         task_id.encode()
     except UnicodeEncodeError:

@@ -21,6 +21,7 @@ import base64
 import zlib
 
 from kombu_delay.errors import CorruptMember
+from kombu_delay.message import as_read
 
 #: First byte of a cold member made with :data:`DICTIONARY`.
 VERSION = 1
@@ -66,7 +67,7 @@ def pack(message: str | bytes, task_id: str) -> bytes | None:
     member it removes without decoding it; the id then joins the dictionary, so the copies
     of it inside the message cost almost nothing.
     """
-    tid = task_id.encode("utf-8", "surrogatepass")  # as message.id_arg sends it
+    tid = as_read(task_id).encode("utf-8", "surrogatepass")  # as message.id_arg sends it
     if len(tid) > MAX_TASK_ID_BYTES:
         return None
     raw = message.encode("utf-8") if isinstance(message, str) else message

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
-from kombu_delay.message import id_arg, index_id
+from kombu_delay.message import as_read, id_arg, index_id
 from kombu_delay.store import keys, listing, spaces
 from kombu_delay.store.base import StoreBase, as_text, whole
 from kombu_delay.store.listing import Cursor
@@ -217,7 +217,7 @@ class Inspecting(StoreBase):
                 message = stored.message
             except CorruptMember:
                 continue
-            if index_id(message) == task_id:
+            if index_id(message) == as_read(task_id):
                 found.setdefault(stored)
         return list(found)
 

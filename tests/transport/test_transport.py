@@ -756,3 +756,22 @@ def test_a_task_id_that_is_not_utf8_is_held_found_and_cancelled(
         assert [m.task for m in ctl.find(task_id)] == ["t.x"]
         assert ctl.cancel(task_id) == 1
         assert ctl.find(task_id) == []
+
+
+@pytest.mark.parametrize("compress_after", [None, 0], ids=["default", "uncompressed"])
+def test_a_task_id_with_a_surrogate_pair_is_found_as_the_worker_reads_it(
+    r, make_app, redis_server, prefix, compress_after
+):
+    # Two surrogates that make a pair reach the worker as the one character JSON joins them
+    # into; the message was listed under that id, and found under neither spelling.
+    pair, joined = "\ud83d\ude00pair", "\U0001f600pair"
+    extra = {} if compress_after is None else {"delay_compress_after": compress_after}
+    app = make_app(prefix, **extra)
+    app.send_task("t.x", task_id=pair, countdown=600)
+    app.send_task("t.y", task_id=pair + "\udcff", countdown=600)  # and a lone one after it
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert [m.task_id for m in ctl.scheduled().items] == [joined, joined + "\udcff"]
+        assert [m.task for m in ctl.find(pair)] == [m.task for m in ctl.find(joined)] == ["t.x"]
+        assert [m.task for m in ctl.find(joined + "\udcff")] == ["t.y"]
+        assert ctl.reschedule(pair, countdown=900) == 1 and ctl.cancel(joined) == 1
+        assert ctl.cancel(pair + "\udcff") == 1 and ctl.stats().scheduled == 0
