@@ -72,7 +72,7 @@ class Moving(StoreBase):
         with translated_errors():
             reply = self._scripts["thaw_scan"](
                 keys=[cold_index, self._counts, self._totals],
-                args=[self.ns, ahead_ms, limit, self._now(now_ms)],
+                args=[self.ns, ahead_ms, limit, self._now(now_ms), "1" if past_maxmemory else "0"],
             )
             scanned_ms, next_ms, more, expired, recounted = (int(x) for x in reply[:5])
             items = self._restored(reply[5:])

@@ -7,6 +7,7 @@ ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] ahead   ms: the cold messages due no later than now + ahead are listed
 ARGV[3] limit   most messages listed (and most cold buckets visited)
 ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[5] past    "1": write past maxmemory (the scan for a thaw past it, see thaw.lua)
 Returns: {now_ms, next_ms, more, expired, recounted, start, score, dest, member, start, score, ...}
          recounted: members found in a bucket whose counts read zero (added by hand, or
          counted in a meta hash that is gone), counted again (recount in _buckets.lua)
@@ -24,9 +25,10 @@ ZREM), and a mover that dies between the two calls leaves it where it was.
 --- @include spaces
 --- @include buckets
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
--- What this scan writes (the counts it settles, a bucket it retires) is small, and a thaw
--- must not stop on it under maxmemory: what is due is thawed past it (thaw.lua).
-past_maxmemory(totals)
+-- What this scan writes (the counts it settles, a bucket it retires) is small, and a thaw of
+-- what is due, past maxmemory (thaw.lua), must not stop on it. Only then: on Redis 6 a script's
+-- write, even one that changes nothing, sends replicas and the AOF an empty MULTI/EXEC.
+if ARGV[5] == '1' then past_maxmemory(totals) end
 local ns = ARGV[1]
 local limit = tonumber(ARGV[3])
 local now = clock(ARGV[4])
