@@ -420,3 +420,17 @@ def test_a_key_of_another_type_stops_a_purge_with_what_it_removed_counted(
     assert store.purge([dest], now_ms=now) == left
     totals = store.totals()
     assert store.counts() == {} and totals["purged"] == totals["scheduled"] == 2
+
+
+@pytest.mark.parametrize("written", ["0", "-1"])
+def test_a_queue_expiry_written_by_hand_as_none_deletes_no_list(r, prefix, written) -> None:
+    # The move renewed the list's expiry with PEXPIRE of whatever e:<dest> held: 0 or less
+    # deleted the list, with what the move had pushed and what was waiting on it already.
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    r.lpush(dest, kombu_payload("waiting"))
+    store.schedule(Due(start + 10_000, task_id="a1"), dest, kombu_payload("a1"), ORDINARY, now_ms=now)
+    r.hset(keys.meta(prefix, start), f"e:{dest}", written)
+    assert store.move_due(100, now_ms=start + 20_000).moved == 1
+    assert _delivered(r, dest) == ["waiting", "a1"]
+    assert r.pttl(dest) == -1  # no expiry set: none was declared

@@ -271,9 +271,11 @@ local function visit(start_s)
   end
   -- A queue declared with x-expires: the push renews its list's expiry, as kombu's would.
   -- Best effort, as kombu's own renewal (a refusal, say an ACL without PEXPIRE, must not
-  -- stop the mover: the next publish or read of the queue renews it).
+  -- stop the mover: the next publish or read of the queue renews it). Only a positive one: a
+  -- publish writes no other, and PEXPIRE of 0 or less (written by hand) deletes the list.
   for _, dest in ipairs(pushed) do
-    if expiry[dest] then redis.pcall('PEXPIRE', dest, expiry[dest]) end
+    local ttl = expiry[dest]
+    if ttl and ttl > 0 then redis.pcall('PEXPIRE', dest, ttl) end
   end
   -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
   -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).
