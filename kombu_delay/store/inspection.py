@@ -168,14 +168,18 @@ class Inspecting(StoreBase):
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
         index = space.index(self.prefix)
-        first: list[Any] = self.client.zrange(index, 0, 0)
+        # The first member that names a bucket: one written by hand is passed over (a mover
+        # retires it), in the first few; past them, the index's head is read as its bucket.
+        members: list[Any] = self.client.zrange(index, 0, 15)
+        first = [start for start in map(keys.start_of, members) if start is not None]
         if not first:
             return None
-        start = int(first[0])
+        start = first[0]
         best = self._earliest_in(start, space) or start
         later: list[Any] = self.client.zrangebyscore(index, f"({start}", best, 0, 16)
         for raw in later:
-            due = self._earliest_in(int(raw), space)
+            at = keys.start_of(raw)
+            due = None if at is None else self._earliest_in(at, space)
             if due is not None and due < best:
                 best = due
         return best
@@ -195,7 +199,7 @@ class Inspecting(StoreBase):
 
     def _head(self, start: int, dest: str, space: spaces.Space) -> list[int]:
         head: list[Any] = self.client.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
-        return [int(head[0][1])] if head else []
+        return [keys.due_of(head[0][1])] if head else []
 
     def find(self, task_id: str) -> list[Stored]:
         """Return the messages stored under ``task_id``, via the id index (one script call).

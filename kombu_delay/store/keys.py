@@ -90,6 +90,20 @@ def split_bucket(text: str) -> tuple[str, int]:
     return space, int(start)
 
 
+def start_of(member: bytes | str) -> int | None:
+    """The bucket start an index member names (``"<start>"``), or ``None`` for a member no
+    publish writes (written by hand): readers pass it over, and the scripts retire it."""
+    text = member.decode("ascii", "replace") if isinstance(member, bytes) else member
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def due_of(score: float) -> int:
+    """The due time (epoch ms) a member's score stands for, kept within ``0 .. MAX_DUE_MS``:
+    a score no publish writes (below 0, past the span, ``±inf``, by hand) is shown at the
+    nearest end, in the order of the scores, and not raised on."""
+    return int(min(max(score, 0.0), float(MAX_DUE_MS)))
+
+
 def cold_index(prefix: str) -> str:
     """ZSET of the cold buckets' starts, as :func:`index` for the ordinary ones."""
     return index(prefix, COLD)

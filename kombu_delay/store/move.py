@@ -165,10 +165,12 @@ class Moving(StoreBase):
             pipe = self.client.pipeline(transaction=False)
             pipe.time()
             pipe.zrange(space.index(self.prefix), 0, limit - 1)
-            (sec, usec), starts = pipe.execute()
+            (sec, usec), members = pipe.execute()
+            # A member that names no bucket (by hand) is passed over; the thaw's scan retires it.
+            starts = [start for start in map(keys.start_of, members) if start is not None]
             pipe = self.client.pipeline(transaction=False)
             for start in starts:
-                pipe.hgetall(space.meta(self.prefix, int(start)))
+                pipe.hgetall(space.meta(self.prefix, start))
             # A meta hash replaced by a key of another type (by hand) is passed over, as the
             # move and the sweep pass it over: its error must not fail the whole plan.
             metas = pipe.execute(raise_on_error=False) if starts else []
@@ -185,7 +187,7 @@ class Moving(StoreBase):
             fields = {as_text(k): whole(v) for k, v in meta.items()}
             dests = tuple((name[2:], n) for name, n in fields.items() if name.startswith("q:") and n > 0)
             count = sum(n for _, n in dests)
-            found.append(BucketCounts(int(start), fields.get("end") or int(start), count, dests))
+            found.append(BucketCounts(start, fields.get("end") or start, count, dests))
         return now, found
 
     def stage(self, start_ms: int, dest: str, limit: int, min_run: int) -> StageResult:

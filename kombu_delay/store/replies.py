@@ -160,7 +160,9 @@ class Stored:
 
     @property
     def due_ms(self) -> int:
-        return int(self.score)
+        """The due time its score stands for (:func:`keys.due_of`: one written by hand past
+        the span of due times, ``±inf`` even, is read at its nearest end)."""
+        return keys.due_of(self.score)
 
     @property
     def bucket(self) -> str:

@@ -12,6 +12,7 @@ from celery import Celery
 
 from kombu_delay import DelayControl
 from kombu_delay.message import index_id, task_name
+from kombu_delay.store import keys
 from kombu_delay.store.replies import Stored
 from kombu_delay.web.app import create_app
 from tests.support.cli import kd
@@ -87,3 +88,36 @@ def test_a_damaged_member_is_listed_unreadable_and_find_and_cancel_go_on(
         assert "<em>unreadable</em>" in listing.get_data(as_text=True)
         assert client.get(f"/task?id={ids[1]}").status_code == 404
         assert client.get(f"/task?id={ids[0]}").status_code == 200
+
+
+#: Written by hand into kombu-delay's keys: a score no publish gives, an index member that
+#: names no bucket.
+ODD = {
+    "score-+inf": ("score", float("inf")),
+    "score--inf": ("score", float("-inf")),
+    "score-1e300": ("score", 1e300),
+    "index-abc": ("index", "abc"),
+    "index-1.5": ("index", "1.5"),
+    "cold-index-abc": ("cold index", "abc"),
+}
+
+
+@pytest.mark.parametrize("odd", ODD.values(), ids=ODD.keys())
+def test_stats_ls_and_health_read_past_scores_and_index_members_written_by_hand(r, redis_server, prefix, odd):
+    # Each ended the command in a traceback (OverflowError, ValueError), health too: a liveness
+    # probe would have restarted a mover that works.
+    options = {"global_keyprefix": prefix, "delay_compress_after": 0}
+    ids = publish(redis_server, options)
+    with DelayControl(redis_server.url, options) as ctl:
+        [stored] = ctl.store.find(ids[0])
+        where, value = odd
+        if where == "score":
+            r.zadd(stored.space.queue_set(prefix, stored.start_ms, stored.dest), {"by hand": value})
+        else:
+            index = (keys.cold_index if where == "cold index" else keys.index)(prefix)
+            r.zadd(index, {value: 0})
+        assert [m.task_id for m in ctl.scheduled().items if m.task_id] == ids
+    for command in (["stats"], ["ls"], ["health", "--max-heartbeat-age", "0"]):
+        code, out = kd(redis_server, prefix, *command)
+        assert "Traceback" not in out and "Error" not in out, out
+        assert code in (0, 1), (command, out)

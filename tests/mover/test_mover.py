@@ -827,3 +827,24 @@ def test_a_thaw_or_sweep_script_that_fails_holds_back_no_move(r, prefix, monkeyp
         assert mover.stats.errors == len(told) == 2  # once each: retried later
     finally:
         scripts.source.cache_clear()
+
+
+@pytest.mark.parametrize("member", ["abc", "1.5"])
+def test_a_cold_index_member_that_names_no_bucket_holds_back_no_thaw(r: redis.Redis, member: str) -> None:
+    """A member of the cold index written by hand made the thaw's plan raise on every pass, so
+    no compressed message was ever thawed, nor delivered."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 600_000
+    store.schedule(Due(due, task_id="c"), "q", kombu_payload("c"), Settings(), now_ms=clock())
+    cold_index = keys.cold_index("")
+    assert r.zcard(cold_index) == 1  # stored compressed
+    r.zadd(cold_index, {member: 0})
+    mover = Mover(store, Settings(), watch=False)
+    clock.ms = due - 1_000
+    mover.thaw()
+    assert mover.stats.errors == 0
+    assert r.zscore(cold_index, member) is None  # the thaw's scan let it go
+    clock.ms = due
+    assert mover.drain().moved == 1
+    assert tags_in(r, "q") == ["c"]
