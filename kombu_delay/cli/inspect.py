@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 
 import click
 
 from kombu_delay.cli.common import announce, global_options, target, with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
-from kombu_delay.errors import KombuDelayError
+from kombu_delay.errors import KombuDelayError, WrongTypeKey
 from kombu_delay.store.listing import Cursor
 
 NOT_FOUND = 1
@@ -43,7 +43,15 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
     announce(ctx)
     try:
         with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
-            yield ctl
+            try:
+                yield ctl
+            except WrongTypeKey as exc:  # from a script, it names no key: name the shared ones
+                named: tuple[str, ...] = ()
+                with suppress(KombuDelayError):
+                    named = ctl.store.misshapen()
+                if not named:
+                    raise
+                raise WrongTypeKey("; ".join((str(exc), *named))) from exc
     except KombuDelayError as exc:
         raise InspectError(tgt.redact(str(exc))) from exc
 

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, replace
 
 import redis
@@ -39,10 +39,9 @@ LOG_EVERY_S = 10.0
 HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
-#: A mover's ``socket_timeout`` and ``socket_connect_timeout`` when the transport options
-#: set none (redis-py's default is to wait forever), seconds. Every command a mover sends
-#: is answered within milliseconds, so a silent server is given up on, reconnected to, and
-#: a stop request is heard.
+#: A mover's ``socket_timeout`` and ``socket_connect_timeout`` when the transport options set
+#: none (redis-py waits forever), seconds: every command a mover sends is answered within
+#: milliseconds, so a silent server is given up on, reconnected to, and a stop is heard.
 SOCKET_TIMEOUT_S = 10.0
 #: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
 #: what it holds, and settles buckets found gone), seconds.
@@ -190,13 +189,11 @@ class Mover:
                     raise
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
-                elif isinstance(exc, RedisRefused):
-                    # A read-only replica (a failover under way, or a URL that names a
-                    # replica), maxmemory, a failing disk: Redis wrote nothing, and waiting
-                    # may fix it, so this is not an unexpected error.
+                elif isinstance(exc, RedisRefused):  # a read-only replica, maxmemory, a failing
+                    # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.
                     logger.warning("mover %s: %s; retrying", self.name, exc)
-                elif isinstance(exc, WrongTypeKey):  # a key written by hand: the error names it
-                    logger.error("mover %s: %s; retrying", self.name, exc)
+                elif isinstance(exc, WrongTypeKey):  # a key written by hand: named where it can be
+                    logger.error("mover %s: %s%s; retrying", self.name, exc, self._misshapen())
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 self._stop.wait(backoff.next())
@@ -344,6 +341,12 @@ class Mover:
                     stats.lag_ms,
                 )
             self._last_log, self._logged_moved = now, stats.moved
+
+    def _misshapen(self) -> str:
+        """``; <sentence>`` for each shared key of another type (a script's error names none)."""
+        with suppress(Exception):  # else the error at hand is the one to tell
+            return "".join(f"; {text}" for text in self.store.misshapen())
+        return ""
 
     def _tell_stuck(self, result: MoveResult) -> None:
         """Say which due messages stay scheduled, and why (the other queues' messages move on)."""

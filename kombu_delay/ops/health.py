@@ -68,8 +68,12 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover. Without
     ``notes``, what would only be printed (:func:`cautions`) is not read.
     """
-    warnings = threats(store)
+    misshapen = store.misshapen()
     told = cautions(store) if notes else ()
+    if misshapen:
+        # What else the probe would read may be that key, and the verdict is given already.
+        return Health(movers=0, heartbeat_age_ms=None, overdue_ms=0, warnings=misshapen, notes=told)
+    warnings = _risks(store)
     beats = store.heartbeats()
     if host is not None:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
@@ -93,8 +97,14 @@ def dangers(store: Store) -> tuple[str, ...]:
 
 
 def threats(store: Store) -> tuple[str, ...]:
-    """What ``health`` fails on: Redis's eviction policy, read here, and what movers recorded in
-    the alerts hash (stranded key prefixes)."""
+    """What ``health`` fails on: a shared key of another type (:meth:`Store.misshapen`), Redis's
+    eviction policy, read here, and what movers recorded in the alerts hash (stranded key
+    prefixes; not read past a misshapen key, which may be the one it names)."""
+    return store.misshapen() or _risks(store)
+
+
+def _risks(store: Store) -> tuple[str, ...]:
+    """:func:`threats` but a misshapen key: the eviction policy and the alerts hash."""
     found = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
     return tuple(text for text in found if text)
 

@@ -783,10 +783,11 @@ def test_the_plans_pass_over_a_meta_hash_of_another_type(r: redis.Redis) -> None
     assert mover.stats.errors == 0
 
 
-def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(r, prefix, caplog):
-    # A mover logged a whole traceback as an "unexpected error" on every try; the error names
-    # the key, and a line says it.
-    r.set(keys.movers(prefix), "written by hand")
+@pytest.mark.parametrize("key", [keys.movers, keys.totals], ids=lambda key: key.__name__)
+def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(r, prefix, caplog, key):
+    # A mover logged a whole traceback as an "unexpected error" on every try; then a line
+    # whose error, from a script, named no key. The line names the key, and what to do.
+    r.set(key(prefix), "written by hand")
     mover = Mover(Store(r, prefix), Settings(max_sleep_ms=200), watch=False)
     runner = threading.Thread(target=mover.run)
     with caplog.at_level("ERROR", logger="kombu_delay"):
@@ -798,8 +799,10 @@ def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(
             runner.join(60)
     tries = [rec for rec in caplog.records if "WRONGTYPE" in rec.getMessage()]
     assert tries and all(rec.exc_info is None and "retrying" in rec.getMessage() for rec in tries)
+    named = f"{key(prefix)!r} holds a string, not a "
+    assert all(named in rec.getMessage() and "RENAME" in rec.getMessage() for rec in tries)
     assert not any("unexpected error" in rec.getMessage() for rec in caplog.records)
-    r.delete(keys.movers(prefix))
+    r.delete(key(prefix))
 
 
 def test_a_thaw_or_sweep_script_that_fails_holds_back_no_move(r, prefix, monkeypatch, caplog):

@@ -17,7 +17,7 @@ from kombu_delay.mover.loop import Mover
 from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
-from tests.support.cli import health
+from tests.support.cli import health, kd
 from tests.support.metrics import scrape, try_scrape, value
 from tests.support.procs import wait_until
 from tests.support.stored import FakeClock
@@ -283,3 +283,28 @@ def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private
     queues = wait_until(bounded, timeout=90, interval=0.2)
     assert isinstance(queues, dict)
     assert len(queues) == MAX_QUEUE_SERIES + 1 and queues[OTHER_QUEUES] == 1500 - MAX_QUEUE_SERIES
+
+
+@pytest.mark.parametrize("key", [keys.movers, keys.totals, keys.index], ids=lambda key: key.__name__)
+def test_health_names_a_shared_key_of_another_type(redis_server, r, prefix, key):
+    # Every script that writes it fails, so nothing moves: health said "no mover heartbeat",
+    # or ERROR with Redis's WRONGTYPE text, and named no key.
+    r.set(key(prefix), "written by hand")
+    try:
+        done = health(redis_server, prefix)
+    finally:
+        r.delete(key(prefix))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{key(prefix)!r} holds a string, not a " in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("command", [["stats"], ["ls"], ["cancel", "x"]], ids=lambda c: c[0])
+def test_inspection_commands_name_a_shared_key_of_another_type(redis_server, r, prefix, command):
+    # Redis's WRONGTYPE from a script names no key: the commands ended on it alone.
+    r.set(keys.totals(prefix), "written by hand")
+    try:
+        code, out = kd(redis_server, prefix, *command)
+    finally:
+        r.delete(keys.totals(prefix))
+    assert code == 3, out
+    assert f"{keys.totals(prefix)!r} holds a string, not a hash" in out, out
