@@ -217,6 +217,7 @@ local function retire(k, start_s, end_ms, now)
     return 0
   end
   local at = end_ms or tonumber(start_s)
+  if not at then return 0 end  -- a member that names no bucket (by hand): nothing to clean up
   redis.call('ZADD', k.gc, at, start_s)
   keep_until(k.gc, now, math.max(now, at) + 86400000)
   return 0
