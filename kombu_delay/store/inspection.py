@@ -151,7 +151,7 @@ class Inspecting(StoreBase):
         """Return mover id -> last heartbeat (epoch ms, Redis clock)."""
         with translated_errors():
             raw: list[Any] = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
-        return {as_text(member): int(score) for member, score in raw}
+        return {as_text(member): keys.due_of(score) for member, score in raw}  # (±inf: by hand)
 
     def earliest_due_ms(self) -> int | None:
         """Return the due time of the earliest scheduled message, or ``None``.
@@ -168,13 +168,9 @@ class Inspecting(StoreBase):
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
         index = space.index(self.prefix)
-        # The first member that names a bucket: one written by hand is passed over (a mover
-        # retires it), in the first few; past them, the index's head is read as its bucket.
-        members: list[Any] = self.client.zrange(index, 0, 15)
-        first = [start for start in map(keys.start_of, members) if start is not None]
-        if not first:
+        start = self._first_start(index)
+        if start is None:
             return None
-        start = first[0]
         best = self._earliest_in(start, space) or start
         later: list[Any] = self.client.zrangebyscore(index, f"({start}", best, 0, 16)
         for raw in later:
@@ -183,6 +179,19 @@ class Inspecting(StoreBase):
             if due is not None and due < best:
                 best = due
         return best
+
+    def _first_start(self, index: str) -> int | None:
+        """The first member of ``index`` that names a bucket: one written by hand is passed
+        over (a mover retires it)."""
+        offset = 0
+        while True:
+            members: list[Any] = self.client.zrange(index, offset, offset + 15)
+            for start in map(keys.start_of, members):
+                if start is not None:
+                    return start
+            if len(members) < 16:
+                return None
+            offset += 16
 
     def _earliest_in(self, start: int, space: spaces.Space) -> int | None:
         heads = [head for dest in self.dests(start, space) for head in self._head(start, dest, space)]

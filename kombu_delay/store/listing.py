@@ -76,16 +76,15 @@ class Cursor:
     @classmethod
     def parse(cls, text: str) -> Cursor:
         """Parse :meth:`__str__` output; raise ``ValueError`` for anything else, such as a
-        score that is not finite or a time past the due-time ceiling."""
+        score that is NaN or a due time its score does not stand for (:func:`keys.due_of`: a
+        score written by hand, ``±inf`` even, stands for the nearest end of the span)."""
         lo, due, rank, score, start, last, dest = text.split(":", 6)
         numbers = (lo, due, start)
         if not all(n.isdigit() for n in numbers) or rank not in ("0", "1") or len(last) != 16:
             raise ValueError(text)
         int(last, 16)
         at = Position(int(due), int(rank), float(score), int(start), dest, last)
-        if not math.isfinite(at.score) or at.due_ms > keys.MAX_DUE_MS:
-            raise ValueError(text)
-        if int(at.score) != at.due_ms or int(lo) > at.start_ms:
+        if math.isnan(at.score) or keys.due_of(at.score) != at.due_ms or int(lo) > at.start_ms:
             raise ValueError(text)
         return cls(int(lo), at)
 
@@ -181,18 +180,23 @@ class _Buckets:
 
     @staticmethod
     def _starts(store: Store, space: Space, lo: int) -> Iterator[tuple[int, Space]]:
-        lower = str(lo)
+        lower, tail = str(lo), set[bytes]()  # tail: the members read at the last score read
         while True:
             raw: list[Any] = store.client.zrangebyscore(
-                space.index(store.prefix), lower, "+inf", 0, STARTS, withscores=True
+                space.index(store.prefix), lower, "+inf", 0, STARTS + len(tail), withscores=True
             )
             for member, _ in raw:
                 start = keys.start_of(member)
-                if start is not None:  # (one written by hand names no bucket: passed over)
+                if start is not None and member not in tail:  # (one by hand names no bucket)
                     yield start, space
-            if len(raw) < STARTS:
+            if len(raw) < STARTS + len(tail):
                 return
-            lower = f"({keys.score_text(raw[-1][1])}"
+            # Read on from that score, inclusive: a member written by hand may share a start's
+            # score, and the start must not be passed over with it. (The members at that score
+            # come first, in byte order: those read before are all read again.)
+            last = raw[-1][1]
+            tail = {member for member, score in raw if score == last}
+            lower = keys.score_text(last)
 
     def _advance(self, i: int, stream: Iterator[tuple[int, Space]]) -> None:
         nxt = next(stream, None)

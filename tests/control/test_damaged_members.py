@@ -11,8 +11,9 @@ import pytest
 from celery import Celery
 
 from kombu_delay import DelayControl
-from kombu_delay.message import index_id, task_name
-from kombu_delay.store import keys
+from kombu_delay.config import Settings
+from kombu_delay.message import Due, index_id, task_name
+from kombu_delay.store import Store, keys, listing
 from kombu_delay.store.replies import Stored
 from kombu_delay.web.app import create_app
 from tests.support.cli import kd
@@ -121,3 +122,44 @@ def test_stats_ls_and_health_read_past_scores_and_index_members_written_by_hand(
         code, out = kd(redis_server, prefix, *command)
         assert "Traceback" not in out and "Error" not in out, out
         assert code in (0, 1), (command, out)
+
+
+@pytest.mark.parametrize(
+    "score", [float("inf"), float("-inf"), 1e300, -5.0], ids=["+inf", "-inf", "1e300", "-5"]
+)
+def test_ls_pages_one_by_one_past_a_score_written_by_hand(r, redis_server, prefix, score):
+    # The cursor of a page that ended on such a member was refused as no cursor ls printed
+    # (or, first in order, it hid every message after it).
+    options = {"global_keyprefix": prefix, "delay_compress_after": 0}
+    ids = publish(redis_server, options)
+    with DelayControl(redis_server.url, options) as ctl:
+        [stored] = ctl.store.find(ids[0])
+        r.zadd(stored.space.queue_set(prefix, stored.start_ms, stored.dest), {"by hand": score})
+        listed, cursor = [], None
+        for _ in range(10):
+            page = ctl.scheduled(limit=1, cursor=cursor)
+            listed += [m.task_id for m in page.items]
+            cursor = page.cursor
+            if cursor is None:
+                break
+            code, out = kd(redis_server, prefix, "ls", "--limit", "1", "--cursor", str(cursor))
+            assert code == 0, out
+    assert sorted(listed) == sorted([*ids, ""])
+
+
+def test_a_start_shared_by_an_index_member_written_by_hand_is_listed(r, redis_server, prefix):
+    # The listing read the index in pages and went on after the last score it read: a member
+    # written by hand with a start's score, read last, made it pass over that start's bucket.
+    store, now = Store(r, prefix), int(r.time()[0]) * 1000
+    first = (now // 60_000 + 10) * 60_000
+    starts = [first + i * 60_000 for i in range(2 * listing.STARTS + 5)]
+    for i, start in enumerate(starts):
+        store.schedule(Due(start + 1, task_id=f"t{i}"), f"{prefix}q", f"p{i}", Settings(compress_after_ms=0))
+    # Byte order puts "0abc" first among the members at starts[STARTS - 1]'s score.
+    r.zadd(keys.index(prefix), {"0abc": starts[listing.STARTS - 1]})
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as ctl:
+        items = ctl.scheduled(limit=1000).items
+        assert len(items) == len(starts)
+        # And the earliest due time is read past any number of such members first.
+        r.zadd(keys.index(prefix), {f"x{i}": i for i in range(40)})
+        assert ctl.store.earliest_due_ms() == starts[0] + 1
