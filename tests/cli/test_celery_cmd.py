@@ -139,6 +139,7 @@ def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
 def test_everything_runs_as_an_acl_user_without_dangerous_commands(r, redis_server, spawn):
     """The README's ACL pointer: +@all -@dangerous is enough for publisher, mover, health, worker."""
 
+    r.acl_log_reset()  # what other tests' users were refused on this shared server is theirs
     r.execute_command("ACL", "SETUSER", "eco", "reset", "on", ">s3cret", "~*", "&*", "+@all", "-@dangerous")
     try:
         url = f"delayredis://eco:s3cret@127.0.0.1:{redis_server.port}/0"
