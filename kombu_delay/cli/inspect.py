@@ -46,9 +46,9 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
             try:
                 yield ctl
             except WrongTypeKey as exc:  # from a script, it names no key: name the shared ones
-                named: tuple[str, ...] = ()
+                named: list[str] = []
                 with suppress(KombuDelayError):
-                    named = ctl.store.misshapen()
+                    named = list(ctl.store.misshapen().values())
                 if not named:
                     raise
                 raise WrongTypeKey("; ".join((str(exc), *named))) from exc

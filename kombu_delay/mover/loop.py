@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 
 import redis
@@ -22,7 +22,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, WrongTypeKey
-from kombu_delay.mover import mover_id
+from kombu_delay.mover import misshapen_told, mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
@@ -193,7 +193,7 @@ class Mover:
                     # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.
                     logger.warning("mover %s: %s; retrying", self.name, exc)
                 elif isinstance(exc, WrongTypeKey):  # a key written by hand: named where it can be
-                    logger.error("mover %s: %s%s; retrying", self.name, exc, self._misshapen())
+                    logger.error("mover %s: %s%s; retrying", self.name, exc, misshapen_told(self.store))
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 self._stop.wait(backoff.next())
@@ -260,7 +260,11 @@ class Mover:
             if self._on_error is not None:
                 self._on_error(exc)
             logger.error(
-                "mover %s: sweep failed (%s); moves go on, retrying in %.0f s", self.name, exc, SWEEP_EVERY_S
+                "mover %s: sweep failed (%s%s); moves go on, retrying in %.0f s",
+                self.name,
+                exc,
+                misshapen_told(self.store),
+                SWEEP_EVERY_S,
             )
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
@@ -341,12 +345,6 @@ class Mover:
                     stats.lag_ms,
                 )
             self._last_log, self._logged_moved = now, stats.moved
-
-    def _misshapen(self) -> str:
-        """``; <sentence>`` for each shared key of another type (a script's error names none)."""
-        with suppress(Exception):  # else the error at hand is the one to tell
-            return "".join(f"; {text}" for text in self.store.misshapen())
-        return ""
 
     def _tell_stuck(self, result: MoveResult) -> None:
         """Say which due messages stay scheduled, and why (the other queues' messages move on)."""

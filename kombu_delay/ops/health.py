@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kombu_delay.errors import WrongTypeKey
 from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import eviction_problem, persistence_problem
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys, spaces
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,17 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
 
     With ``host``, only movers on that host count (mover ids are
     ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover. Without
-    ``notes``, what would only be printed (:func:`cautions`) is not read.
+    ``notes``, what would only be printed (:func:`cautions`) is not read. A shared key of
+    another type (:meth:`Store.misshapen`; Redis's own error, from a script, names none) is a
+    warning, or, where it is one this reads (the heartbeats, an index), a
+    :class:`WrongTypeKey` that names it.
     """
     misshapen = store.misshapen()
+    if misshapen.keys() & {keys.movers(store.prefix), *(space.index(store.prefix) for space in spaces.ALL)}:
+        # What the probe reads: an error from Redis, as its WRONGTYPE would be, naming the key.
+        raise WrongTypeKey("WRONGTYPE " + "; ".join(misshapen.values()))
+    warnings = (*misshapen.values(), *threats(store))
     told = cautions(store) if notes else ()
-    if misshapen:
-        # What else the probe would read may be that key, and the verdict is given already.
-        return Health(movers=0, heartbeat_age_ms=None, overdue_ms=0, warnings=misshapen, notes=told)
-    warnings = _risks(store)
     beats = store.heartbeats()
     if host is not None:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
@@ -97,14 +101,8 @@ def dangers(store: Store) -> tuple[str, ...]:
 
 
 def threats(store: Store) -> tuple[str, ...]:
-    """What ``health`` fails on: a shared key of another type (:meth:`Store.misshapen`), Redis's
-    eviction policy, read here, and what movers recorded in the alerts hash (stranded key
-    prefixes; not read past a misshapen key, which may be the one it names)."""
-    return store.misshapen() or _risks(store)
-
-
-def _risks(store: Store) -> tuple[str, ...]:
-    """:func:`threats` but a misshapen key: the eviction policy and the alerts hash."""
+    """What ``health`` fails on: Redis's eviction policy, read here, and what movers recorded in
+    the alerts hash (stranded key prefixes)."""
     found = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
     return tuple(text for text in found if text)
 

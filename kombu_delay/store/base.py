@@ -75,11 +75,10 @@ class StoreBase:
         """Return the queue name of a destination list key."""
         return keys.queue_of(dest, self.prefix, self.sep, self.steps)
 
-    def misshapen(self) -> tuple[str, ...]:
-        """One sentence per key this namespace shares (its indexes, id index, counts, totals,
-        clean-up set and heartbeats) that holds a value of another type, written by hand: every
-        script that writes it fails on it, so nothing of the namespace moves until it goes.
-        One pipelined ``TYPE`` each."""
+    def misshapen(self) -> dict[str, str]:
+        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set
+        and heartbeats) that holds a value of another type, written by hand, with a sentence
+        that names it: every script that writes it fails on it. One pipelined ``TYPE`` each."""
         expected = {
             spaces.ORDINARY.index(self.prefix): "zset",
             spaces.COLD.index(self.prefix): "zset",
@@ -94,12 +93,12 @@ class StoreBase:
             for key in expected:
                 pipe.type(key)
             found = [as_text(kind) for kind in pipe.execute()]
-        return tuple(
-            f"{key!r} holds a {kind}, not a {want} (written by hand?): the scripts that write it "
-            "fail, so nothing moves; rename it out of the way (RENAME) and kombu-delay makes it anew"
+        return {
+            key: f"{key!r} holds a {kind}, not a {want} (written by hand?): the scripts that write it "
+            "fail on it; rename it out of the way (RENAME) and kombu-delay makes it anew"
             for (key, want), kind in zip(expected.items(), found, strict=True)
             if kind not in ("none", want)
-        )
+        }
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

@@ -13,6 +13,7 @@ from kombu_delay.config import Settings
 from kombu_delay.connect import open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.message import Due
+from kombu_delay.mover import mover_id
 from kombu_delay.mover.loop import Mover
 from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries, serve_metrics
 from kombu_delay.store import Store, keys
@@ -285,17 +286,30 @@ def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private
     assert len(queues) == MAX_QUEUE_SERIES + 1 and queues[OTHER_QUEUES] == 1500 - MAX_QUEUE_SERIES
 
 
-@pytest.mark.parametrize("key", [keys.movers, keys.totals, keys.index], ids=lambda key: key.__name__)
-def test_health_names_a_shared_key_of_another_type(redis_server, r, prefix, key):
-    # Every script that writes it fails, so nothing moves: health said "no mover heartbeat",
-    # or ERROR with Redis's WRONGTYPE text, and named no key.
+@pytest.mark.parametrize(
+    ("key", "code", "said"),
+    [
+        (keys.movers, 2, "ERROR: WRONGTYPE "),
+        (keys.index, 2, "ERROR: WRONGTYPE "),
+        (keys.ids, 1, "UNHEALTHY: "),
+    ],
+    ids=["movers", "index", "ids"],
+)
+def test_health_names_a_shared_key_of_another_type(redis_server, r, prefix, key, code, said):
+    # Every script that writes it fails on it: health printed Redis's WRONGTYPE text, which
+    # names no key. A key it reads is an error, as before; another, a reason to be unhealthy,
+    # which a liveness probe (its mover beats) does not take for a dead mover.
+    Store(r, prefix).heartbeat(mover_id())  # of this host: --liveness counts only those
     r.set(key(prefix), "written by hand")
     try:
         done = health(redis_server, prefix)
+        alive = health(redis_server, prefix, "--liveness")
     finally:
-        r.delete(key(prefix))
-    assert done.returncode == 1, done.stdout + done.stderr
+        r.delete(key(prefix), keys.movers(prefix))
+    assert done.returncode == code, done.stdout + done.stderr
+    assert done.stdout.startswith(said), done.stdout
     assert f"{key(prefix)!r} holds a string, not a " in done.stdout, done.stdout
+    assert alive.returncode == (0 if code == 1 else 2), alive.stdout + alive.stderr
 
 
 @pytest.mark.parametrize("command", [["stats"], ["ls"], ["cancel", "x"]], ids=lambda c: c[0])
