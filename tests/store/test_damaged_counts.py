@@ -436,7 +436,7 @@ def test_a_queue_expiry_written_by_hand_as_none_deletes_no_list(r, prefix, writt
     assert r.pttl(dest) == -1  # no expiry set: none was declared
 
 
-@pytest.mark.parametrize("member", ["abc", "0abc"])
+@pytest.mark.parametrize("member", ["abc", "0abc", "inf", "nan", "1e400", "1.5"])
 def test_an_index_member_that_names_no_bucket_is_let_go_without_an_error(r, prefix, member):
     # The move took it out of the index, then failed on it (ZADD to the clean-up set of a
     # start that is no number): one error, logged as unexpected, per such member.
@@ -447,3 +447,5 @@ def test_an_index_member_that_names_no_bucket_is_let_go_without_an_error(r, pref
     assert store.move_due(100, now_ms=start + 20_000).moved == 1
     assert r.zscore(keys.index(prefix), member) is None
     assert r.zscore(keys.drained(prefix), member) is None
+    r.zadd(keys.index(prefix), {member: 0})
+    store.sweep("", 100, now_ms=start + 20_000)  # (it reads the index too)
