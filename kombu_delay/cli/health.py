@@ -77,7 +77,8 @@ def health(
     quiet: bool,
 ) -> None:
     """Exit 0 when a mover is alive, due messages move and Redis keeps them safe; 1 when not;
-    2 when Redis is unreachable or answers with an error (a refusal, a key of another type).
+    2 when Redis is unreachable or answers with an error (a refusal, a key it reads of another
+    type; another shared key of another type is a reason to be unhealthy).
 
     Unhealthy as well: a maxmemory-policy that lets Redis delete scheduled messages, and
     messages stranded under another key prefix that no mover serves (found by the movers).

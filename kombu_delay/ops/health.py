@@ -17,6 +17,10 @@ from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import eviction_problem, persistence_problem
 from kombu_delay.store import Store, keys, spaces
 
+#: How far ahead of Redis's clock a heartbeat may be and still count, ms: a mover writes its own
+#: by that clock, so only one written by hand, or a clock set back, is ahead of it.
+FUTURE_BEAT_MS = 60_000
+
 
 @dataclass(frozen=True)
 class Health:
@@ -73,7 +77,12 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     :class:`WrongTypeKey` that names it.
     """
     misshapen = store.misshapen()
-    if misshapen.keys() & {keys.movers(store.prefix), *(space.index(store.prefix) for space in spaces.ALL)}:
+    read = {
+        keys.movers(store.prefix),
+        keys.alerts(store.prefix),
+        *(space.index(store.prefix) for space in spaces.ALL),
+    }
+    if misshapen.keys() & read:
         # What the probe reads: an error from Redis, as its WRONGTYPE would be, naming the key.
         raise WrongTypeKey("WRONGTYPE " + "; ".join(misshapen.values()))
     warnings = (*misshapen.values(), *threats(store))
@@ -83,6 +92,8 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
         beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
     earliest = store.earliest_due_ms()
     now = store.time_ms()
+    # A heartbeat is written by Redis's clock: one ahead of it (``inf``, by hand) is no sign of life.
+    beats = {name: ms for name, ms in beats.items() if ms <= now + FUTURE_BEAT_MS}
     freshest = max(beats.values()) if beats else None
     return Health(
         movers=len(beats),
@@ -97,7 +108,7 @@ def dangers(store: Store) -> tuple[str, ...]:
     """What endangers the scheduled messages of ``store`` now, whatever the movers do, as
     ``stats`` shows it: :func:`threats`, then :func:`cautions`. One sentence each, saying what
     to do."""
-    return (*threats(store), *cautions(store))
+    return (*store.misshapen().values(), *threats(store), *cautions(store))
 
 
 def threats(store: Store) -> tuple[str, ...]:

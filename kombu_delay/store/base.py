@@ -76,14 +76,15 @@ class StoreBase:
         return keys.queue_of(dest, self.prefix, self.sep, self.steps)
 
     def misshapen(self) -> dict[str, str]:
-        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set
-        and heartbeats) that holds a value of another type, written by hand, with a sentence
+        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set,
+        heartbeats and alerts) that holds a value of another type, written by hand, with a sentence
         that names it: every script that writes it fails on it. One pipelined ``TYPE`` each."""
         expected = {
             spaces.ORDINARY.index(self.prefix): "zset",
             spaces.COLD.index(self.prefix): "zset",
             self._gc: "zset",
             keys.movers(self.prefix): "zset",
+            keys.alerts(self.prefix): "hash",
             self._ids: "hash",
             self._counts: "hash",
             self._totals: "hash",

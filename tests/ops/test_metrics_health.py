@@ -291,9 +291,10 @@ def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private
     [
         (keys.movers, 2, "ERROR: WRONGTYPE "),
         (keys.index, 2, "ERROR: WRONGTYPE "),
+        (keys.alerts, 2, "ERROR: WRONGTYPE "),
         (keys.ids, 1, "UNHEALTHY: "),
     ],
-    ids=["movers", "index", "ids"],
+    ids=["movers", "index", "alerts", "ids"],
 )
 def test_health_names_a_shared_key_of_another_type(redis_server, r, prefix, key, code, said):
     # Every script that writes it fails on it: health printed Redis's WRONGTYPE text, which
@@ -322,3 +323,24 @@ def test_inspection_commands_name_a_shared_key_of_another_type(redis_server, r, 
         r.delete(keys.totals(prefix))
     assert code == 3, out
     assert f"{keys.totals(prefix)!r} holds a string, not a hash" in out, out
+
+
+def test_stats_warns_of_a_shared_key_of_another_type_it_does_not_read(redis_server, r, prefix):
+    r.set(keys.ids(prefix), "written by hand")
+    try:
+        code, out = kd(redis_server, prefix, "stats")
+    finally:
+        r.delete(keys.ids(prefix))
+    assert code == 0, out
+    assert f"{keys.ids(prefix)!r} holds a string, not a hash" in out, out
+
+
+def test_a_heartbeat_ahead_of_redis_is_no_sign_of_life(redis_server, r, prefix):
+    # Scored inf by hand, it was read as a heartbeat 0 s old for ever: OK, with no mover.
+    r.zadd(keys.movers(prefix), {mover_id(): "inf"})
+    try:
+        done = health(redis_server, prefix, "--liveness")
+    finally:
+        r.delete(keys.movers(prefix))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no mover heartbeat" in done.stdout, done.stdout
