@@ -106,8 +106,8 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
 
 def dangers(store: Store) -> tuple[str, ...]:
     """What endangers the scheduled messages of ``store`` now, whatever the movers do, as
-    ``stats`` shows it: :func:`threats`, then :func:`cautions`. One sentence each, saying what
-    to do."""
+    ``stats`` shows it: the shared keys of another type (:meth:`Store.misshapen`), then
+    :func:`threats` and :func:`cautions`. One sentence each, saying what to do."""
     return (*store.misshapen().values(), *threats(store), *cautions(store))
 
 
