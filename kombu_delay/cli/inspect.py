@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import click
@@ -46,12 +46,10 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
             try:
                 yield ctl
             except WrongTypeKey as exc:  # from a script, it names no key: name the shared ones
-                named: list[str] = []
-                with suppress(KombuDelayError):
-                    named = list(ctl.store.misshapen().values())
+                named = ctl.store.misshapen_told()
                 if not named:
                     raise
-                raise WrongTypeKey("; ".join((str(exc), *named))) from exc
+                raise WrongTypeKey(f"{exc}{named}") from exc
     except KombuDelayError as exc:
         raise InspectError(tgt.redact(str(exc))) from exc
 

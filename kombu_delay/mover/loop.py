@@ -22,7 +22,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, WrongTypeKey
-from kombu_delay.mover import misshapen_told, mover_id
+from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
@@ -193,7 +193,7 @@ class Mover:
                     # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.
                     logger.warning("mover %s: %s; retrying", self.name, exc)
                 elif isinstance(exc, WrongTypeKey):  # a key written by hand: named where it can be
-                    logger.error("mover %s: %s%s; retrying", self.name, exc, misshapen_told(self.store))
+                    logger.error("mover %s: %s%s; retrying", self.name, exc, self.store.misshapen_told())
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 self._stop.wait(backoff.next())
@@ -263,7 +263,7 @@ class Mover:
                 "mover %s: sweep failed (%s%s); moves go on, retrying in %.0f s",
                 self.name,
                 exc,
-                misshapen_told(self.store),
+                self.store.misshapen_told(),
                 SWEEP_EVERY_S,
             )
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S

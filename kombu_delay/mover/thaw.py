@@ -18,7 +18,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
-from kombu_delay.mover import misshapen_told, thaw_plan
+from kombu_delay.mover import thaw_plan
 from kombu_delay.store import Store
 from kombu_delay.store.replies import ThawResult
 
@@ -131,7 +131,7 @@ class Thawer:
                 "mover %s: thaw failed (%s%s); moves go on, the thaw is retried in %.0f s",
                 self.name,
                 exc,
-                misshapen_told(self.store),
+                self.store.misshapen_told(),
                 DAMAGED_RETRY_S,
             )
             self._run = None

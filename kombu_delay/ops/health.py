@@ -87,13 +87,14 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
         raise WrongTypeKey("WRONGTYPE " + "; ".join(misshapen.values()))
     warnings = (*misshapen.values(), *threats(store))
     told = cautions(store) if notes else ()
-    beats = store.heartbeats()
-    if host is not None:
-        beats = {name: ms for name, ms in beats.items() if host in name.split(":")[:2]}
     earliest = store.earliest_due_ms()
     now = store.time_ms()
     # A heartbeat is written by Redis's clock: one ahead of it (``inf``, by hand) is no sign of life.
-    beats = {name: ms for name, ms in beats.items() if ms <= now + FUTURE_BEAT_MS}
+    beats = {
+        name: ms
+        for name, ms in store.heartbeats().items()
+        if ms <= now + FUTURE_BEAT_MS and (host is None or host in name.split(":")[:2])
+    }
     freshest = max(beats.values()) if beats else None
     return Health(
         movers=len(beats),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 
 import redis
 
@@ -100,6 +101,14 @@ class StoreBase:
             for (key, want), kind in zip(expected.items(), found, strict=True)
             if kind not in ("none", want)
         }
+
+    def misshapen_told(self) -> str:
+        """``; <sentence>`` for each :meth:`misshapen` key, to follow an error that names none
+        (Redis's ``WRONGTYPE`` from a script); ``""`` where there is none, or where they cannot
+        be read (the error at hand is then the one to tell)."""
+        with suppress(Exception):
+            return "".join(f"; {text}" for text in self.misshapen().values())
+        return ""
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

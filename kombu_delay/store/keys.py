@@ -84,10 +84,10 @@ def split_bucket(text: str) -> tuple[str, int]:
     """Split a bucket as the scripts name it (``<start>``, or ``c<start>`` in the cold space)
     into its space (``""`` or :data:`COLD`) and start; raise ``ValueError`` for anything else."""
     space = COLD if text.startswith(COLD) else ""
-    start = text[len(space) :]
-    if not start.isdigit():
+    start = start_of(text[len(space) :])
+    if start is None:
         raise ValueError(text)
-    return space, int(start)
+    return space, start
 
 
 def start_of(member: bytes | str) -> int | None:
