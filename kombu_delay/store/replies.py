@@ -171,9 +171,11 @@ class Stored:
 
     @property
     def ref(self) -> str:
-        """The id-index ref ``start:offset:seq`` of this message (``c`` first when cold)."""
-        due = int(self.score)
-        seq = round((self.score - due) * keys.SEQ_SLOTS)
+        """The id-index ref ``start:offset:seq`` of this message (``c`` first when cold). A
+        score no publish writes (``±inf``, by hand) reads as :func:`keys.due_of` reads it:
+        its ref then names none in the id index, which a caller's script leaves as it is."""
+        due = keys.due_of(self.score)
+        seq = round((self.score - due) * keys.SEQ_SLOTS) if 0 <= self.score - due < 1 else 0
         return f"{self.bucket}:{due - self.start_ms}:{seq}"
 
     @property

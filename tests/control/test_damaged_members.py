@@ -163,3 +163,24 @@ def test_a_start_shared_by_an_index_member_written_by_hand_is_listed(r, redis_se
         # And the earliest due time is read past any number of such members first.
         r.zadd(keys.index(prefix), {f"x{i}": i for i in range(40)})
         assert ctl.store.earliest_due_ms() == starts[0] + 1
+
+
+@pytest.mark.parametrize("score", [float("inf"), float("-inf")], ids=["+inf", "-inf"])
+def test_find_and_cancel_read_past_a_ref_and_score_written_by_hand(r, redis_server, prefix, score):
+    # A ref naming a start too large for a float, at whose score (inf) a member written by hand
+    # sat: find returned it, and every command that takes its ref (cancel, reschedule) ended in
+    # an OverflowError.
+    options = {"global_keyprefix": prefix, "delay_compress_after": 0}
+    [task_id] = publish(redis_server, options)[:1]
+    with DelayControl(redis_server.url, options) as ctl:
+        [stored] = ctl.store.find(task_id)
+        start = "9" * 400 if score > 0 else "0"
+        r.hset(keys.ids(prefix), task_id, r.hget(keys.ids(prefix), task_id).decode() + f" {start}:0:0")
+        r.hset(keys.meta(prefix, start), f"q:{stored.dest}", 1)
+        r.zadd(stored.space.queue_set(prefix, start, stored.dest), {stored.payload: score})
+        assert len(ctl.store.find(task_id)) == (2 if score > 0 else 1)
+    code, out = kd(redis_server, prefix, "cancel", task_id)
+    assert "Traceback" not in out and "Error" not in out, out
+    assert code == 0, out
+    with DelayControl(redis_server.url, options) as ctl:
+        assert ctl.store.find(task_id) == []

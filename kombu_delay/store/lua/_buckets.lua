@@ -216,8 +216,9 @@ local function retire(k, start_s, end_ms, now)
     redis.call('DEL', k.space:meta(start_s))
     return 0
   end
-  -- A member that names no bucket (by hand: 'abc', 'inf', '1.5'): nothing to clean up.
-  if not string.find(start_s, '^%d+$') then return 0 end
+  -- A member that names no bucket (by hand: 'abc', 'inf', '1.5', or digits past any due
+  -- time, which no expiry takes): nothing to clean up.
+  if not string.find(start_s, '^%d+$') or #start_s > 15 then return 0 end
   local at = end_ms or tonumber(start_s)
   redis.call('ZADD', k.gc, at, start_s)
   keep_until(k.gc, now, math.max(now, at) + 86400000)
