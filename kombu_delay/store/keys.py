@@ -91,10 +91,14 @@ def split_bucket(text: str) -> tuple[str, int]:
 
 
 def start_of(member: bytes | str) -> int | None:
-    """The bucket start an index member names (``"<start>"``), or ``None`` for a member no
-    publish writes (written by hand): readers pass it over, and the scripts retire it."""
+    """The bucket start an index member names (``"<start>"``, written as the scripts write a
+    number: no leading zero), or ``None`` for a member no publish writes (written by hand,
+    ``0<start>`` too, which the scripts read as another bucket): readers pass it over, and the
+    scripts retire it."""
     text = member.decode("ascii", "replace") if isinstance(member, bytes) else member
-    return int(text) if text.isascii() and text.isdigit() else None
+    if not (text.isascii() and text.isdigit()) or (text[0] == "0" and text != "0"):
+        return None
+    return int(text)
 
 
 def due_of(score: float) -> int:

@@ -165,6 +165,21 @@ def test_a_start_shared_by_an_index_member_written_by_hand_is_listed(r, redis_se
         assert ctl.store.earliest_due_ms() == starts[0] + 1
 
 
+def test_an_index_member_written_with_a_leading_zero_lists_no_bucket_twice(r, redis_server, prefix):
+    # "0<start>" read as the bucket <start> in Python, and as another (empty) one in Lua: ls
+    # listed that bucket's messages twice.
+    store, now = Store(r, prefix), int(r.time()[0]) * 1000
+    start = (now // 60_000 + 10) * 60_000
+    store.schedule(Due(start + 1, task_id="t"), f"{prefix}q", "p", Settings(compress_after_ms=0))
+    r.zadd(keys.index(prefix), {f"0{start}": start})
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as ctl:
+        assert [m.task_id for m in ctl.scheduled(limit=1000).items] == [""]
+        assert ctl.store.earliest_due_ms() == start + 1
+    code, out = kd(redis_server, prefix, "ls")
+    assert code == 0 and out.count("(unreadable)") == 1, out
+    assert keys.start_of(f"0{start}") is None and keys.start_of("0") == 0
+
+
 @pytest.mark.parametrize("score", [float("inf"), float("-inf")], ids=["+inf", "-inf"])
 def test_find_and_cancel_read_past_a_ref_and_score_written_by_hand(r, redis_server, prefix, score):
     # A ref naming a start too large for a float, at whose score (inf) a member written by hand
