@@ -15,9 +15,9 @@ the errors of :mod:`kombu_delay.errors` (:func:`~kombu_delay.errors.translated_e
 
 from __future__ import annotations
 
+from kombu_delay.store.base import MAX_PAYLOAD_BYTES
 from kombu_delay.store.edit import Editing
 from kombu_delay.store.move import Moving
-from kombu_delay.store.publish import MAX_PAYLOAD_BYTES
 
 __all__ = ["MAX_PAYLOAD_BYTES", "Store"]
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from contextlib import suppress
+from typing import Any
 
 import redis
 
@@ -11,6 +13,14 @@ from kombu_delay.errors import StorageFormatError, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.clock import RedisClock
 from kombu_delay.store.scripts import Scripts
+
+#: Redis's default limit for one string argument (``proto-max-bulk-len``), bytes.
+MAX_PAYLOAD_BYTES = 512 * 2**20
+#: The lowest ``proto-max-bulk-len`` Redis accepts, bytes: a string no longer than this is
+#: taken by any server, so no limit is read for it.
+MIN_BULK_BYTES = 2**20
+#: Seconds a limit read from the server is kept (``CONFIG SET`` may change it).
+BULK_LIMIT_TTL_S = 60.0
 
 
 class StoreBase:
@@ -50,6 +60,8 @@ class StoreBase:
         self._totals = keys.totals(prefix)
         #: True once this store saw the data in its own storage format (see :meth:`check_format`).
         self._format_checked = False
+        #: The server's ``proto-max-bulk-len`` as last read, and when (monotonic seconds).
+        self._bulk_limit: tuple[int, float] | None = None
 
     def _now(self, now_ms: int | None = None) -> str:
         """The ``now_ms`` argument of a script: ``now_ms`` when given, else this store's
@@ -109,6 +121,24 @@ class StoreBase:
         with suppress(Exception):
             return "".join(f"; {text}" for text in self.misshapen().values())
         return ""
+
+    def over_bulk_limit(self, size: int) -> int | None:
+        """Redis's limit for one string argument (``proto-max-bulk-len``), bytes, when ``size``
+        bytes are over it, else ``None``. Redis drops the connection on a longer argument, which
+        a client takes for an outage and sends again. Read from the server (``CONFIG GET``) only
+        for a size over the lowest limit Redis accepts, at most once a minute; where the server
+        does not say (``CONFIG`` renamed, or refused by the ACL), its default, 512 MB."""
+        if size <= MIN_BULK_BYTES:
+            return None
+        now = time.monotonic()
+        if self._bulk_limit is None or now - self._bulk_limit[1] > BULK_LIMIT_TTL_S:
+            limit = MAX_PAYLOAD_BYTES
+            with translated_errors(), suppress(redis.ResponseError, ValueError):
+                found: list[Any] = list(self.client.config_get("proto-max-bulk-len").values())
+                limit = int(found[0]) if found else limit
+            self._bulk_limit = (limit, now)
+        limit = self._bulk_limit[0]
+        return limit if size > limit else None
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

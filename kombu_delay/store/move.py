@@ -119,8 +119,9 @@ class Moving(StoreBase):
     def _restored(self, listed: list[Any]) -> list[Any]:
         """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
         member each): start, due time, id-index ref, dest, member and message each, the message
-        ``b""`` (logged) when it cannot be restored: a member that does not decompress, or
-        whose score is no due time (:func:`_due_ms`)."""
+        ``b""`` (logged) when it cannot be restored: a member that does not decompress, whose
+        score is no due time (:func:`_due_ms`), or that restores to a message longer than the
+        server takes in one argument (its ``proto-max-bulk-len`` lowered since its publish)."""
         items: list[Any] = []
         for i in range(0, len(listed), 4):
             start, score, dest, member = listed[i : i + 4]
@@ -133,6 +134,12 @@ class Moving(StoreBase):
             try:
                 due_ms, ref = _due_ms(stored), stored.ref
                 message = stored.message
+                limit = self.over_bulk_limit(len(message))
+                if limit is not None:
+                    raise CorruptMember(
+                        f"it restores to {len(message):,} bytes, over Redis's limit for one string "
+                        f"({limit:,} bytes, proto-max-bulk-len), so no thaw can send it"
+                    )
             except CorruptMember as exc:
                 logger.error(
                     "cold message in bucket %s for %s cannot be restored (%s); it goes to the "

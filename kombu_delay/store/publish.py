@@ -9,11 +9,8 @@ from kombu_delay.config import Settings
 from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import spaces
-from kombu_delay.store.base import StoreBase
+from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase
 from kombu_delay.store.replies import Scheduled, ScheduleResult
-
-#: Redis's default limit for one string argument (``proto-max-bulk-len``), bytes.
-MAX_PAYLOAD_BYTES = 512 * 2**20
 
 
 class Publishing(StoreBase):
@@ -125,12 +122,16 @@ class Publishing(StoreBase):
     ) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space``."""
         # Redis drops the connection on a longer argument; kombu would take that for an
-        # outage and send the same message again and again.
-        if len(payload) > MAX_PAYLOAD_BYTES // 4 and len(payload.encode()) > MAX_PAYLOAD_BYTES:
-            raise PayloadTooLarge(
-                f"a {len(payload.encode()):,}-byte message is over Redis's limit for one string "
-                f"({MAX_PAYLOAD_BYTES:,} bytes, proto-max-bulk-len); nothing was stored"
-            )
+        # outage and send the same message again and again. A compressed one is measured as
+        # what its thaw sends back.
+        if len(payload) > MIN_BULK_BYTES // 4:
+            size = len(payload.encode())
+            limit = self.over_bulk_limit(size)
+            if limit is not None:
+                raise PayloadTooLarge(
+                    f"a {size:,}-byte message is over Redis's limit for one string "
+                    f"({limit:,} bytes, proto-max-bulk-len); nothing was stored"
+                )
         # Only kombu's list is a key: schedule.lua names the others from the namespace.
         call_keys = [dest]
         call_args: list[Any] = [

@@ -16,7 +16,7 @@ from celery import Celery
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import ConfigError, CorruptMember, RedisRefused
+from kombu_delay.errors import ConfigError, CorruptMember, PayloadTooLarge, RedisRefused
 from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.thaw import PAST_MAXMEMORY_LOOK_S
@@ -310,6 +310,61 @@ def test_a_publisher_clock_behind_redis_stores_the_message_uncompressed(r, monke
     result = store.schedule(Due(due, task_id="t"), "q", kombu_payload("t"), settings)
     assert result.outcome is Scheduled.STORED
     assert not cold_members(r) and [s.envelope.task_id for s in stored(r)] == ["t"]
+
+
+def test_a_message_over_the_servers_string_limit_is_refused_at_publish_in_either_space():
+    # With proto-max-bulk-len lowered, a compressed message passed (its member is small) and
+    # then no thaw could send it back: Redis dropped the mover's connection on every try.
+    with RedisServer(extra_args=["--proto-max-bulk-len", "1mb"]) as server:
+        r = server.client()
+        store = Store(r)
+        due = Due(store.time_ms() + 3_600_000, task_id="big")
+        big = kombu_payload("big", body="x" * (2 * 2**20))
+        for settings in (Settings(compress_after_ms=0), Settings()):
+            with pytest.raises(PayloadTooLarge, match=r"\(1,048,576 bytes, proto-max-bulk-len\)"):
+                store.schedule(due, "q", big, settings)
+        assert r.ping() and store.counts() == {} and not cold_members(r)
+        fits = kombu_payload("fits", body="y" * (900 * 1024))
+        assert store.schedule(due, "q", fits, Settings(compress_after_ms=0)).outcome is Scheduled.STORED
+        r.close()
+
+
+def test_a_publisher_refused_config_takes_redis_default_string_limit():
+    with RedisServer() as server:
+        r = server.client()
+        r.acl_setuser(
+            "noconfig", enabled=True, passwords=["+pw"], categories=["+@all", "-@dangerous"], keys=["*"]
+        )
+        client = server.client(username="noconfig", password="pw")
+        store = Store(client)
+        due = Due(store.time_ms() + 3_600_000, task_id="big")
+        big = kombu_payload("big", body="x" * (2 * 2**20))
+        assert store.schedule(due, "q", big, Settings()).outcome is Scheduled.STORED
+        assert "config" in [entry["object"] for entry in r.acl_log()]
+        client.close()
+        r.close()
+
+
+def test_a_compressed_message_over_a_limit_lowered_since_its_publish_is_dead_lettered_alone(caplog):
+    with RedisServer() as server:
+        r = server.client()
+        clock = FakeClock(r)
+        store = Store(r, clock=clock)
+        now = clock()
+        for tag, body in (("a", "e30="), ("big", "x" * (2 * 2**20)), ("b", "e30=")):
+            store.schedule(Due(now + 2100, task_id=tag), "q", kombu_payload(tag, body=body), JUST_COLD)
+        [big] = [m for _, _, m, _ in cold_members(r) if cold.unpack(m)[0] == "big"]
+        r.config_set("proto-max-bulk-len", 2**20)
+        clock.advance(150)  # within the thaw horizon
+        result = Store(r, clock=clock).thaw(2000, 10)
+        assert (result.thawed, result.dead) == (2, 1)
+        assert r.lrange(keys.dead(""), 0, -1) == [big]  # kept as it was stored
+        assert "over Redis's limit for one string (1,048,576 bytes, proto-max-bulk-len)" in caplog.text
+        clock.advance(2000)
+        assert store.move_due(10).moved == 2
+        assert sorted(tags_in(r, "q")) == ["a", "b"]
+        assert store.totals()["dead"] == 1 and store.counts() == {}
+        r.close()
 
 
 def test_zero_compress_after_stores_nothing_compressed(r):
