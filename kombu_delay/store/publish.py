@@ -103,9 +103,15 @@ class Publishing(StoreBase):
         return results
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
-        """The space a message goes to, judged by this store's clock (see :func:`spaces.for_due`)."""
+        """The space a message goes to, judged by this store's clock, else by its estimate of
+        Redis's (see :func:`spaces.for_due`): this machine's wall clock, where it is wrong,
+        would store a message compressed that the script then refuses as due too soon, and
+        the publish would take two calls."""
         if now_ms is None and self.clock is not None:
             now_ms = int(self.clock())
+        if now_ms is None and settings.compress_after_ms:
+            estimate = self.redis_clock.estimate_ms()
+            now_ms = None if estimate is None else int(estimate)
         return spaces.for_due(due, settings, now_ms)
 
     def _schedule_call(

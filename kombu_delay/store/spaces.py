@@ -122,8 +122,9 @@ def for_due(due: Due, settings: Settings, now_ms: float | None) -> Space:
     ``compress_after_ms`` and than the thaw horizon (the script refuses a cold member within it),
     whose task id a cold member can carry.
 
-    ``now_ms``: the publisher's clock (``None``: this machine's). It is good enough here: the
-    script checks against Redis's clock, and :func:`placed` handles a refusal.
+    ``now_ms``: the publisher's estimate of Redis's clock (``None``: this machine's wall clock,
+    where there is no estimate). It is good enough here: the script checks against Redis's
+    clock, and :func:`placed` handles a refusal.
     """
     carried = due.task_id.encode("utf-8", "surrogatepass")  # as cold.pack carries it
     if not settings.compress_after_ms or len(carried) > cold.MAX_TASK_ID_BYTES:

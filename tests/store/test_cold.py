@@ -20,7 +20,7 @@ from kombu_delay.errors import ConfigError, CorruptMember, PayloadTooLarge, Redi
 from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.thaw import PAST_MAXMEMORY_LOOK_S
-from kombu_delay.store import Store, cold, keys
+from kombu_delay.store import Store, cold, keys, spaces
 from kombu_delay.store.replies import Scheduled, ThawResult
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.e2e_app import QUEUE
@@ -365,6 +365,18 @@ def test_a_compressed_message_over_a_limit_lowered_since_its_publish_is_dead_let
         assert sorted(tags_in(r, "q")) == ["a", "b"]
         assert store.totals()["dead"] == 1 and store.counts() == {}
         r.close()
+
+
+@pytest.mark.parametrize("skew_s", [-3600, 3600])
+def test_the_space_is_chosen_by_the_estimate_of_redis_clock_not_this_machines(r, monkeypatch, skew_s):
+    # With this machine's wall clock an hour behind, a message 5 s ahead was packed for the cold
+    # space, refused by the script as due too soon, and sent again: two calls per publish.
+    store = Store(r)
+    settings = Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000)
+    now = store.time_ms()
+    monkeypatch.setattr("kombu_delay.store.spaces.time.time", lambda: now / 1000 + skew_s)
+    assert store._space_for(Due(now + 5_000, task_id="near"), settings, None) is spaces.ORDINARY
+    assert store._space_for(Due(now + 120_000, task_id="far"), settings, None) is spaces.COLD
 
 
 def test_zero_compress_after_stores_nothing_compressed(r):
