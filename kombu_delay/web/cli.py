@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from kombu_delay.cli.common import announce, target, with_socket_timeouts
 from kombu_delay.cli.inspect import InspectError
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.web.overview import MAX_REFRESH_S
+
+if TYPE_CHECKING:
+    from kombu_delay.web.guard import Credentials
 
 DEFAULT_PORT = 9809
 
@@ -95,7 +99,7 @@ def web(
         import waitress
 
         from kombu_delay.web.app import PathPrefix, create_app
-        from kombu_delay.web.guard import ANY_HOST, AUTH_ENV, Credentials, allowed_hosts_of
+        from kombu_delay.web.guard import ANY_HOST
     except ImportError as exc:
         raise click.ClickException(
             f"the dashboard needs the web extra ({exc.name} is missing): pip install 'kombu-delay[web]'"
@@ -103,18 +107,7 @@ def web(
     from kombu_delay.control import DelayControl
 
     tgt = with_socket_timeouts(target(ctx))
-    # Any value given is parsed, the empty one too (an unset shell variable): it is refused,
-    # never read as "no auth", and never hides the environment variable.
-    source = "--auth" if auth is not None else AUTH_ENV
-    auth = auth if auth is not None else os.environ.get(AUTH_ENV)
-    try:
-        credentials = Credentials.parse(auth) if auth is not None else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=source) from exc
-    try:
-        hosts = allowed_hosts_of(host, allowed_hosts)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
+    credentials, hosts, reachable = _access(host, auth, allowed_hosts, allow_actions)
     announce(ctx)
     try:
         control = DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl)
@@ -136,6 +129,8 @@ def web(
         f"{'basic auth' if credentials else 'no auth'})",
         err=True,
     )
+    if reachable:
+        click.echo(f"warning: {host} without --auth: anyone who can reach it reads the schedule", err=True)
     if ANY_HOST in hosts and credentials is None:
         click.echo(
             "warning: --allowed-host '*' without --auth: any web page can use it (DNS rebinding)", err=True
@@ -148,3 +143,34 @@ def web(
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
     finally:
         control.close()
+
+
+def _access(
+    host: str, auth: str | None, allowed_hosts: tuple[str, ...], allow_actions: bool
+) -> tuple[Credentials | None, frozenset[str], bool]:
+    """The basic-auth credentials (``--auth``, else the environment), the hosts answered to, and
+    whether others can reach the dashboard with no password; a usage error for a value that is
+    none, and for actions others could reach with no password."""
+    from kombu_delay.web.guard import AUTH_ENV, Credentials, allowed_hosts_of, loopback_only
+
+    # Any value given is parsed, the empty one too (an unset shell variable): it is refused,
+    # never read as "no auth", and never hides the environment variable.
+    source = "--auth" if auth is not None else AUTH_ENV
+    auth = auth if auth is not None else os.environ.get(AUTH_ENV)
+    try:
+        credentials = Credentials.parse(auth) if auth is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=source) from exc
+    try:
+        hosts = allowed_hosts_of(host, allowed_hosts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
+    reachable = not loopback_only(host) and credentials is None
+    if reachable and allow_actions:
+        raise click.UsageError(
+            f"--allow-actions on {host}, which others can reach, needs --auth (or {AUTH_ENV}): the "
+            "Host and CSRF checks stop web pages, not other clients, so anyone who reaches the port "
+            "could cancel and reschedule tasks. Give --auth, or listen on 127.0.0.1 behind a proxy "
+            "that asks for a password"
+        )
+    return credentials, hosts, reachable

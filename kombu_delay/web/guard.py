@@ -1,5 +1,7 @@
 """What keeps the dashboard safe to expose: the Host allow-list, basic auth, CSRF tokens, and the
-audit log of actions.
+audit log of actions. The Host allow-list and CSRF stop web pages, not other clients: beyond a
+loopback address, basic auth (or a proxy in front that asks for it) is what keeps others out,
+and ``web`` refuses actions there without it (:func:`loopback_only`).
 
 * Host allow-list: every request, static files included, must name in its ``Host`` header a
   host the dashboard answers to (see :func:`allowed_hosts_of`); others are refused with 400. A
@@ -117,6 +119,21 @@ def allowed_hosts_of(bound: str, given: Iterable[str] = ()) -> frozenset[str]:
     else:
         names.add(own)
     return frozenset(names)
+
+
+def loopback_only(bound: str) -> bool:
+    """Whether a dashboard listening on ``bound`` (``--host``) can be reached from this machine
+    only: a loopback address, or ``localhost``. Any other name is taken for one others reach."""
+    try:
+        own = host_name(bound or "0.0.0.0")
+    except ValueError:
+        return False
+    if own == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(own.strip("[]")).is_loopback
+    except ValueError:  # a name
+        return False
 
 
 def host_allowed(host: str, allowed: frozenset[str]) -> bool:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kombu_delay.cli import main
 from kombu_delay.tooling.redis_server import RedisServer, free_port
-from kombu_delay.web.guard import AUTH_ENV
+from kombu_delay.web.guard import AUTH_ENV, loopback_only
 from tests.support.procs import wait_until
 
 pytest.importorskip("flask")
@@ -154,3 +154,36 @@ def test_any_host_without_auth_is_warned_about(redis_server):
     assert "warning: --allowed-host '*' without --auth" in result.output, result.output
     result = web(redis_server, *args, "--auth", "ops:a-long-password")
     assert "kombu-delay web: http" in result.output and "warning" not in result.output, result.output
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "dash.internal"])
+def test_actions_others_can_reach_need_auth_and_reading_is_warned_about(redis_server, host):
+    # The Host and CSRF checks stop web pages, not other clients: with actions on every address
+    # and no --auth, a client naming Host: localhost could cancel tasks, and nothing said so.
+    result = web(
+        redis_server, "--host", host, "--port", str(free_port()), "--allow-actions", env={AUTH_ENV: None}
+    )
+    assert result.exit_code == 2, result.output
+    assert "--allow-actions on" in result.output and "needs --auth" in result.output, result.output
+    assert "kombu-delay web: http" not in result.output
+    # Read-only there is served, with a warning; actions with --auth too, without one. (On an
+    # address nobody can serve on: it says what it would serve, then fails.)
+    result = web(redis_server, "--host", "256.0.0.1", "--port", str(free_port()), env={AUTH_ENV: None})
+    assert "kombu-delay web: http" in result.output, result.output
+    assert "warning: 256.0.0.1 without --auth" in result.output, result.output
+    args = [
+        "--host",
+        "256.0.0.1",
+        "--port",
+        str(free_port()),
+        "--allow-actions",
+        "--auth",
+        "ops:a-long-password",
+    ]
+    result = web(redis_server, *args)
+    assert "kombu-delay web: http" in result.output and "warning" not in result.output, result.output
+
+
+def test_only_a_loopback_address_is_taken_for_one_others_cannot_reach():
+    assert all(map(loopback_only, ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"]))
+    assert not any(map(loopback_only, ["0.0.0.0", "::", "", "192.0.2.1", "dash.internal", "[::1]:80"]))
