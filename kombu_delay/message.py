@@ -30,7 +30,7 @@ import kombu.compression
 from dateutil.parser import isoparse
 
 from kombu_delay.errors import BadETA, DelayTooLong
-from kombu_delay.store.keys import MAX_DUE_MS
+from kombu_delay.store.keys import MAX_DUE_MS, MAX_DUE_TEXT
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _x_delay_ms(raw: Any) -> int:
     except (TypeError, ValueError, OverflowError) as exc:
         raise BadETA(f"x-delay {raw!r} is not a number of milliseconds") from exc
     if delay >= MAX_DUE_MS:
-        raise DelayTooLong(f"x-delay {raw!r} ms is past the year-2109 ceiling of a due time")
+        raise DelayTooLong(f"x-delay {raw!r} ms is past the latest supported due time, {MAX_DUE_TEXT}")
     return delay
 
 

@@ -31,7 +31,7 @@ kombu-delay creates), plus:
 * ``delay_grace`` (s, default 604800 = 7 days): how long a bucket outlives its end
   before Redis expires it. Only a mover outage longer than this loses messages.
 * ``delay_max_delay`` (s, default 0 = off): refuse ETAs further out, with
-  :class:`~kombu_delay.errors.DelayTooLong`. ETAs past the year 2109 are always refused.
+  :class:`~kombu_delay.errors.DelayTooLong`. ETAs after 2109-05-15 07:35:11.103 UTC are always refused.
 * ``delay_batch_size`` (default 500), ``delay_max_sleep`` (s, default 1),
   ``delay_max_rate`` (msgs/s, default 0 = no cap), ``delay_max_queue_length``
   (default 0 = off), ``delay_heartbeat_interval`` (s, default 2), ``delay_look_ahead``

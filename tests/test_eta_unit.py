@@ -143,7 +143,7 @@ def test_unusable_delays_raise_bad_eta(name):
 
 @pytest.mark.parametrize("delay", [keys.MAX_DUE_MS, 10**30, "1e30"])
 def test_an_x_delay_past_the_due_time_ceiling_is_too_long(delay):
-    with pytest.raises(DelayTooLong, match="year-2109"):
+    with pytest.raises(DelayTooLong, match=r"2109-05-15 07:35:11\.103 UTC"):
         message_due(xd(delay))
 
 

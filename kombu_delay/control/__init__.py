@@ -314,7 +314,7 @@ class DelayControl:
     def _too_far(self, task_id: str, due_ms: int) -> DelayTooLong:
         """The refusal of a reschedule to ``due_ms``, naming the limit it passes."""
         if due_ms > keys.MAX_DUE_MS:  # also a countdown clamped on its way (_new_due_ms)
-            where, limit = "after the year 2109", "the latest supported ETA"
+            where, limit = f"after {keys.MAX_DUE_TEXT}", "the latest supported ETA"
         else:
             where = datetime.fromtimestamp(due_ms / 1000, UTC).isoformat(timespec="milliseconds")
             limit = f"delay_max_delay ({self._settings.max_delay_ms / 1000:g} s from now)"

@@ -28,6 +28,8 @@ KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
 #: every score ``due + seq/2048`` exactly, so each message's id-index ref can be read back
 #: from its score.
 MAX_DUE_MS = 2**42 - 1
+#: :data:`MAX_DUE_MS` as errors and docs name it.
+MAX_DUE_TEXT = "2109-05-15 07:35:11.103 UTC"
 
 #: The storage format this version writes and reads: the layout of every key named here. A
 #: change that code of this format would misread takes the next number. Publishers (with their

@@ -8,7 +8,7 @@ from typing import Any
 from kombu_delay.config import Settings
 from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
 from kombu_delay.message import Due, id_arg
-from kombu_delay.store import spaces
+from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase
 from kombu_delay.store.replies import Scheduled, ScheduleResult
 
@@ -61,7 +61,7 @@ class Publishing(StoreBase):
             limit = (
                 f"delay_max_delay is {settings.max_delay_ms / 1000:g} s"
                 if settings.max_delay_ms
-                else "the latest supported ETA is in the year 2109"
+                else f"the latest supported ETA is {keys.MAX_DUE_TEXT}"
             )
             ahead_s = (result.due_ms - (result.now_ms or 0)) / 1000
             raise DelayTooLong(f"message {due.task_id!r} is due in {ahead_s:.0f} s; {limit}")

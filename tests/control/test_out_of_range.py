@@ -22,7 +22,7 @@ LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=23,
 #: The earliest, an hour ahead of UTC: in UTC it is in the year 0.
 EARLIEST = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
 #: How a reschedule past the ceiling is refused.
-PAST_CEILING = "after the year 2109: past the latest supported ETA; it stays as it was"
+PAST_CEILING = "after 2109-05-15 07:35:11.103 UTC: past the latest supported ETA; it stays as it was"
 
 
 def publish(redis_server, prefix: str) -> str:
