@@ -128,7 +128,7 @@ def render_stats(stats: Stats) -> str:
         beat = stats.last_heartbeat_ms or 0
         lines.append(f"movers     {len(stats.movers)}, last heartbeat {span(now - beat)} ago")
     else:
-        lines.append("movers     none seen (is `kombu-delay mover` running?)")
+        lines.append("movers     none running (no heartbeat kept; is `kombu-delay mover` running?)")
     if stats.by_queue:
         lines.append("queues")
         names = {name: clipped(shown(name)) for name in stats.by_queue}

@@ -103,7 +103,9 @@ def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:
     )
     warnings = list(stats.warnings)
     if not movers or movers[0].heartbeat_age_ms > MOVER_FRESH_MS:
-        seen = f"the last one {movers[0].heartbeat_age_ms / 1000:.0f} s ago" if movers else "none ever seen"
+        # A mover that stops takes its heartbeat away, and a dead one's is forgotten in time: no
+        # heartbeat says nothing of whether one ever ran.
+        seen = f"the last one {movers[0].heartbeat_age_ms / 1000:.0f} s ago" if movers else "none is kept"
         warnings.insert(
             0,
             f"No mover is running (no heartbeat in the last {MOVER_FRESH_MS // 1000} s; {seen}): "
