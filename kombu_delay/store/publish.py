@@ -114,6 +114,20 @@ class Publishing(StoreBase):
             now_ms = None if estimate is None else int(estimate)
         return spaces.for_due(due, settings, now_ms)
 
+    def _must_fit(self, payload: str, unchanged: str) -> None:
+        """Raise :class:`PayloadTooLarge` (ending with ``unchanged``) for a message over Redis's
+        limit for one argument: Redis drops the connection on it, which kombu takes for an
+        outage and sends the same message again and again. A compressed message is measured
+        as what its thaw sends back."""
+        if len(payload) > MIN_BULK_BYTES // 4:  # a character is at most 4 bytes
+            size = len(payload.encode("utf-8", "surrogatepass"))
+            limit = self.over_bulk_limit(size)
+            if limit is not None:
+                raise PayloadTooLarge(
+                    f"a {size:,}-byte message is over Redis's limit for one string "
+                    f"({limit:,} bytes, proto-max-bulk-len); {unchanged}"
+                )
+
     def _schedule_call(
         self,
         space: spaces.Space,
@@ -127,17 +141,7 @@ class Publishing(StoreBase):
         leave_due: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space``."""
-        # Redis drops the connection on a longer argument; kombu would take that for an
-        # outage and send the same message again and again. A compressed one is measured as
-        # what its thaw sends back.
-        if len(payload) > MIN_BULK_BYTES // 4:
-            size = len(payload.encode())
-            limit = self.over_bulk_limit(size)
-            if limit is not None:
-                raise PayloadTooLarge(
-                    f"a {size:,}-byte message is over Redis's limit for one string "
-                    f"({limit:,} bytes, proto-max-bulk-len); nothing was stored"
-                )
+        self._must_fit(payload, "nothing was stored")
         # Only kombu's list is a key: schedule.lua names the others from the namespace.
         call_keys = [dest]
         call_args: list[Any] = [

@@ -807,3 +807,17 @@ def test_a_reschedule_raced_between_two_messages_of_a_task_counts_each_once(r, r
         assert control.reschedule("a", countdown=600) == 2
     found = store.find("a")
     assert sorted(round((s.due_ms - now) / 60_000) for s in found) == [10, 10]
+
+
+def test_a_reschedule_to_a_message_over_the_servers_string_limit_changes_nothing():
+    with RedisServer(extra_args=["--proto-max-bulk-len", "1mb"]) as server:
+        r = server.client()
+        ctl_store = Store(r)
+        due = Due(ctl_store.time_ms() + 3_600_000, task_id="t")
+        ctl_store.schedule(due, "q", kombu_payload("t"), Settings())
+        [old] = ctl_store.find("t")
+        bigger = kombu_payload("t", body="x" * (2 * 2**20))
+        with pytest.raises(PayloadTooLarge, match="'t' stays as it was"):
+            ctl_store.reschedule(old, "t", bigger, due.ms + 60_000, Settings())
+        assert r.ping() and ctl_store.find("t") == [old]
+        r.close()
