@@ -60,8 +60,12 @@ class StoreBase:
         self._totals = keys.totals(prefix)
         #: True once this store saw the data in its own storage format (see :meth:`check_format`).
         self._format_checked = False
-        #: The server's ``proto-max-bulk-len`` as last read, and when (monotonic seconds).
+        #: The server's ``proto-max-bulk-len`` as last read (0: it did not say, asked no more),
+        #: and when (monotonic seconds).
         self._bulk_limit: tuple[int, float] | None = None
+        #: Where the server does not say: the longest string found to fit, the shortest found
+        #: over (0: none), and when.
+        self._bulk_probed: tuple[int, int, float] = (0, 0, 0.0)
 
     def _now(self, now_ms: int | None = None) -> str:
         """The ``now_ms`` argument of a script: ``now_ms`` when given, else this store's
@@ -122,23 +126,53 @@ class StoreBase:
             return "".join(f"; {text}" for text in self.misshapen().values())
         return ""
 
-    def over_bulk_limit(self, size: int) -> int | None:
-        """Redis's limit for one string argument (``proto-max-bulk-len``), bytes, when ``size``
+    def over_bulk_limit(self, size: int) -> str | None:
+        """Redis's limit for one string argument (``proto-max-bulk-len``), as text, when ``size``
         bytes are over it, else ``None``. Redis drops the connection on a longer argument, which
-        a client takes for an outage and sends again. Read from the server (``CONFIG GET``) only
-        for a size over the lowest limit Redis accepts, at most once a minute; where the server
-        does not say (``CONFIG`` renamed, or refused by the ACL), its default, 512 MB."""
+        a client takes for an outage and sends again. Asked only for a size over the lowest limit
+        Redis accepts: read (``CONFIG GET``) at most once a minute; where the server does not
+        say (``CONFIG`` renamed, or refused by the ACL: asked once), a ``PING`` of that many
+        bytes tells, and what it told is kept for a minute."""
         if size <= MIN_BULK_BYTES:
             return None
         now = time.monotonic()
-        if self._bulk_limit is None or now - self._bulk_limit[1] > BULK_LIMIT_TTL_S:
-            limit = MAX_PAYLOAD_BYTES
-            with translated_errors(), suppress(redis.ResponseError, ValueError):
-                found: list[Any] = list(self.client.config_get("proto-max-bulk-len").values())
-                limit = int(found[0]) if found else limit
-            self._bulk_limit = (limit, now)
+        if self._bulk_limit is None or (self._bulk_limit[0] and now - self._bulk_limit[1] > BULK_LIMIT_TTL_S):
+            self._bulk_limit = (self._read_bulk_limit(), now)
         limit = self._bulk_limit[0]
-        return limit if size > limit else None
+        if limit:
+            return f"{limit:,} bytes" if size > limit else None
+        return None if self._bulk_fits(size, now) else f"under {size:,} bytes"
+
+    def _read_bulk_limit(self) -> int:
+        """The server's ``proto-max-bulk-len``; 0 where it does not say."""
+        with translated_errors(), suppress(redis.ResponseError, ValueError):
+            found: list[Any] = list(self.client.config_get("proto-max-bulk-len").values())
+            return int(found[0]) if found else 0
+        return 0
+
+    def _bulk_fits(self, size: int, now: float) -> bool:
+        """Whether Redis takes a string of ``size`` bytes, told by a ``PING`` of that many (with
+        a plain ``PING`` after a refusal, to tell an outage from a string too long)."""
+        fits_up_to, over_from, at = self._bulk_probed
+        if now - at > BULK_LIMIT_TTL_S:
+            fits_up_to, over_from = 0, 0
+        if size <= fits_up_to or (over_from and size >= over_from):
+            return size <= fits_up_to
+        try:
+            self.client.execute_command("PING", bytes(size))  # type: ignore[no-untyped-call]
+            fits = True
+        except (redis.ConnectionError, redis.ResponseError) as exc:
+            if isinstance(exc, redis.ResponseError) and "bulk length" not in str(exc):
+                return True  # PING refused (the ACL): no answer here, as before this check
+            with translated_errors():
+                self.client.ping()  # raises where Redis is away: an outage, not the size
+            fits = False
+        if fits:
+            fits_up_to = max(fits_up_to, size)
+        else:
+            over_from = min(over_from or size, size)
+        self._bulk_probed = (fits_up_to, over_from, now)
+        return fits
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

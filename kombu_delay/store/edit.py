@@ -107,9 +107,9 @@ class Editing(Inspecting, Publishing):
             call_keys = [self._index, self._ids, self._counts, self._totals, old.dest, self._gc]
             return self._scripts["reschedule"](keys=call_keys, args=args)
 
-        self._must_fit(payload, f"{task_id!r} stays as it was")
-        space = self._space_for(due, settings, now_ms)
         with translated_errors():
+            self._must_fit(payload, f"{task_id!r} stays as it was")
+            space = self._space_for(due, settings, now_ms)
             reply = spaces.placed(space, send(space), send, _too_soon)
         return Rescheduled(int(reply[0]))
 

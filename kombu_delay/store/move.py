@@ -138,7 +138,7 @@ class Moving(StoreBase):
                 if limit is not None:
                     raise CorruptMember(
                         f"it restores to {len(message):,} bytes, over Redis's limit for one string "
-                        f"({limit:,} bytes, proto-max-bulk-len), so no thaw can send it"
+                        f"({limit}, proto-max-bulk-len), so no thaw can send it"
                     )
             except CorruptMember as exc:
                 logger.error(

@@ -46,7 +46,6 @@ class Publishing(StoreBase):
 
         ``now_ms``: the time to judge by, epoch ms (default: the store's clock, else Redis's).
         """
-        space = self._space_for(due, settings, now_ms)
 
         def send(to: spaces.Space) -> Any:
             call = self._schedule_call(
@@ -55,6 +54,7 @@ class Publishing(StoreBase):
             return self._scripts["schedule"](*call)
 
         with translated_errors():
+            space = self._space_for(due, settings, now_ms)
             reply = spaces.placed(space, send(space), send, _too_soon)
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
@@ -81,8 +81,10 @@ class Publishing(StoreBase):
         """
         script = self._scripts["schedule"]
         results: list[ScheduleResult] = []
-        batch = [(self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items]
         with translated_errors():
+            batch = [
+                (self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items
+            ]
             for begin in range(0, len(batch), chunk):
                 pipe = self.client.pipeline(transaction=False)
                 part = batch[begin : begin + chunk]
@@ -109,7 +111,7 @@ class Publishing(StoreBase):
         the publish would take two calls."""
         if now_ms is None and self.clock is not None:
             now_ms = int(self.clock())
-        if now_ms is None and settings.compress_after_ms:
+        if now_ms is None and settings.compress_after_ms and not due.relative:  # (a delay needs none)
             estimate = self.redis_clock.estimate_ms()
             now_ms = None if estimate is None else int(estimate)
         return spaces.for_due(due, settings, now_ms)
@@ -125,7 +127,7 @@ class Publishing(StoreBase):
             if limit is not None:
                 raise PayloadTooLarge(
                     f"a {size:,}-byte message is over Redis's limit for one string "
-                    f"({limit:,} bytes, proto-max-bulk-len); {unchanged}"
+                    f"({limit}, proto-max-bulk-len); {unchanged}"
                 )
 
     def _schedule_call(

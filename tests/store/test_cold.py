@@ -329,25 +329,40 @@ def test_a_message_over_the_servers_string_limit_is_refused_at_publish_in_either
         r.close()
 
 
-def test_a_publisher_refused_config_takes_redis_default_string_limit():
-    with RedisServer() as server:
+def _no_config_user(server: RedisServer, r: redis.Redis) -> redis.Redis:
+    """A client whose ACL refuses CONFIG, as the one Security gives does."""
+    r.acl_setuser(
+        "noconfig", enabled=True, passwords=["+pw"], categories=["+@all", "-@dangerous"], keys=["*"]
+    )
+    return server.client(username="noconfig", password="pw")
+
+
+def test_where_config_is_refused_a_ping_of_the_size_tells_the_limit():
+    # With no CONFIG, 512 MB was assumed: a message over a lowered limit was sent, and Redis
+    # dropped the connection (or, compressed, stored it, and every thaw then failed).
+    with RedisServer(extra_args=["--proto-max-bulk-len", "3mb"]) as server:
         r = server.client()
-        r.acl_setuser(
-            "noconfig", enabled=True, passwords=["+pw"], categories=["+@all", "-@dangerous"], keys=["*"]
-        )
-        client = server.client(username="noconfig", password="pw")
+        client = _no_config_user(server, r)
         store = Store(client)
-        due = Due(store.time_ms() + 3_600_000, task_id="big")
-        big = kombu_payload("big", body="x" * (2 * 2**20))
-        assert store.schedule(due, "q", big, Settings()).outcome is Scheduled.STORED
-        assert "config" in [entry["object"] for entry in r.acl_log()]
+        due = store.time_ms() + 3_600_000
+        fits = kombu_payload("fits", body="x" * (2 * 2**20))
+        over = kombu_payload("over", body="x" * (4 * 2**20))
+        for settings in (Settings(compress_after_ms=0), Settings()):
+            assert store.schedule(Due(due, task_id="fits"), "q", fits, settings).outcome is Scheduled.STORED
+            with pytest.raises(PayloadTooLarge, match=r"\(under 4,19\d,\d{3} bytes, proto-max-bulk-len\)"):
+                store.schedule(Due(due, task_id="over"), "q", over, settings)
+        [asked] = [entry for entry in r.acl_log() if entry["object"] == "config"]
+        assert int(asked["count"]) == 1  # asked once, not on every publish
+        assert client.ping() and len(store.find("fits")) == 2 and store.find("over") == []
         client.close()
         r.close()
 
 
-def test_a_compressed_message_over_a_limit_lowered_since_its_publish_is_dead_lettered_alone(caplog):
+@pytest.mark.parametrize("config", [True, False], ids=["config", "no-config"])
+def test_a_compressed_message_over_a_limit_lowered_since_its_publish_is_dead_lettered_alone(caplog, config):
     with RedisServer() as server:
         r = server.client()
+        mover = r if config else _no_config_user(server, r)
         clock = FakeClock(r)
         store = Store(r, clock=clock)
         now = clock()
@@ -356,10 +371,11 @@ def test_a_compressed_message_over_a_limit_lowered_since_its_publish_is_dead_let
         [big] = [m for _, _, m, _ in cold_members(r) if cold.unpack(m)[0] == "big"]
         r.config_set("proto-max-bulk-len", 2**20)
         clock.advance(150)  # within the thaw horizon
-        result = Store(r, clock=clock).thaw(2000, 10)
+        result = Store(mover, clock=clock).thaw(2000, 10)
         assert (result.thawed, result.dead) == (2, 1)
         assert r.lrange(keys.dead(""), 0, -1) == [big]  # kept as it was stored
-        assert "over Redis's limit for one string (1,048,576 bytes, proto-max-bulk-len)" in caplog.text
+        limit = "1,048,576 bytes" if config else "under 2,097,"
+        assert f"over Redis's limit for one string ({limit}" in caplog.text
         clock.advance(2000)
         assert store.move_due(10).moved == 2
         assert sorted(tags_in(r, "q")) == ["a", "b"]
@@ -377,6 +393,18 @@ def test_the_space_is_chosen_by_the_estimate_of_redis_clock_not_this_machines(r,
     monkeypatch.setattr("kombu_delay.store.spaces.time.time", lambda: now / 1000 + skew_s)
     assert store._space_for(Due(now + 5_000, task_id="near"), settings, None) is spaces.ORDINARY
     assert store._space_for(Due(now + 120_000, task_id="far"), settings, None) is spaces.COLD
+
+
+def test_a_delay_from_now_chooses_its_space_without_reading_redis_clock(r):
+    # An x-delay counts from Redis's clock inside the script: the choice of space needs no
+    # estimate of it, and a publisher read Redis's clock (a TIME round trip) for one anyway.
+    store = Store(r)
+    readings = []
+    read = store.redis_clock._read
+    store.redis_clock._read = lambda: readings.append(read())  # type: ignore[method-assign]
+    for ms in (5_000, 3_600_000):
+        store.schedule(Due(ms, relative=True, task_id=f"d{ms}"), "q", kombu_payload("d"), Settings())
+    assert readings == [] and len(cold_members(r)) == 1
 
 
 def test_zero_compress_after_stores_nothing_compressed(r):
