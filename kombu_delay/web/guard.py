@@ -128,12 +128,14 @@ def loopback_only(bound: str) -> bool:
         own = host_name(bound or "0.0.0.0")
     except ValueError:
         return False
-    if own == "localhost":
+    if own.rstrip(".") == "localhost":
         return True
     try:
-        return ipaddress.ip_address(own.strip("[]")).is_loopback
+        address = ipaddress.ip_address(own.strip("[]"))
     except ValueError:  # a name
         return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def host_allowed(host: str, allowed: frozenset[str]) -> bool:

@@ -185,5 +185,6 @@ def test_actions_others_can_reach_need_auth_and_reading_is_warned_about(redis_se
 
 
 def test_only_a_loopback_address_is_taken_for_one_others_cannot_reach():
-    assert all(map(loopback_only, ["127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"]))
+    assert all(map(loopback_only, ["127.0.0.1", "127.0.0.2", "localhost", "localhost.", "::1", "[::1]"]))
+    assert loopback_only("::ffff:127.0.0.1") and not loopback_only("::ffff:192.0.2.1")
     assert not any(map(loopback_only, ["0.0.0.0", "::", "", "192.0.2.1", "dash.internal", "[::1]:80"]))
