@@ -229,10 +229,10 @@ class MoverMetrics:
     def on_thaw(self, result: ThawResult) -> None:
         if result.thawed:
             self.thawed.inc(result.thawed)
-        if result.dead:
+        if result.dead:  # lost to delivery too, as the totals count them (thaw.lua)
             self.dead.inc(result.dead)
-        if result.expired:
-            self.expired.inc(result.expired)
+        if result.expired or result.dead:
+            self.expired.inc(result.expired + result.dead)
 
     def on_sweep(self, result: SweepResult) -> None:
         if result.lost:
