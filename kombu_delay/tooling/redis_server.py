@@ -6,12 +6,16 @@ The binary is ``redis-server`` from ``PATH``, else the real one bundled by the
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -28,6 +32,27 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def dying_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which Linux sends the child SIGTERM when the process that started
+    it dies, SIGKILL included (``prctl(PR_SET_PDEATHSIG)``), so that nothing it started outlives
+    it; ``None`` elsewhere. For a process with no other threads when it starts children (a
+    ``preexec_fn`` is not safe beside threads): the demo's."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_signal() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the signal was set
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_signal
 
 
 def bundled_binary() -> str | None:
@@ -68,8 +93,11 @@ class RedisServer:
         extra_args: list[str] | None = None,
         directory: str | None = None,
         binary: str | None = None,
+        dies_with_parent: bool = False,
     ) -> None:
         self.binary = binary or find_binary()
+        #: Stopped by Linux when the process that started it dies (:func:`dying_with_parent`).
+        self.dies_with_parent = dies_with_parent
         #: A port we chose may be taken before the server binds it: then start() takes another.
         self._own_port = port is None
         self.port = port or free_port()
@@ -113,7 +141,10 @@ class RedisServer:
         # Startup errors (a bad directive, say "tls-port" on a build without TLS) go to
         # stdout, not to the log file: keep them for the error message.
         with open(self.dir / "redis-server.out", "wb") as out:
-            self.process = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT)
+            preexec = dying_with_parent() if self.dies_with_parent else None
+            self.process = subprocess.Popen(
+                self.args(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec
+            )
         deadline = time.monotonic() + timeout
         client = self.client()
         try:

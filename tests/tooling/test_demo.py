@@ -67,3 +67,49 @@ def test_demo_in_a_terminal_redraws_a_live_table():
     assert "\x1b[" in out  # redrawn in place
     assert f"ran {TASKS}/{TASKS}" in out
     assert f"fired {TASKS}/{TASKS}, exactly once {TASKS}/{TASKS}, 0 early" in out
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command's name (state, ppid, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    stats = {int(entry): _stat(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+    return [child for child, stat in stats.items() if stat and int(stat[1]) == pid and stat[0] != "Z"]
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_demo_killed_outright_leaves_none_of_its_processes_running():
+    # SIGKILL gives the demo no chance to stop its children: its Redis, mover and worker ran on.
+    from tests.support.procs import wait_until
+
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = subprocess.Popen(DEMO, cwd=ROOT, **quiet)  # type: ignore[call-overload]
+    children: list[int] = []
+
+    def three_children() -> list[int] | None:
+        found = _children(proc.pid)
+        return found if len(found) >= 3 else None
+
+    try:
+        children = wait_until(three_children, timeout=120)  # type: ignore[assignment]
+        proc.kill()
+        proc.wait()
+        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in filter(_alive, children):  # only on failure: ours to stop, by PID
+            os.kill(pid, 9)

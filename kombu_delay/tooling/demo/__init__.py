@@ -27,7 +27,7 @@ import click
 
 from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
 from kombu_delay.store import Store
-from kombu_delay.tooling.redis_server import RedisServer, stop_process
+from kombu_delay.tooling.redis_server import RedisServer, dying_with_parent, stop_process
 
 #: Countdowns of the demo's tasks, seconds.
 COUNTDOWNS = (1.0, 2.0, 3.0, 4.0, 5.5, 7.0, 8.5, 10.0)
@@ -46,7 +46,8 @@ class DemoFailed(Exception):
 
 
 class Child:
-    """A process of the demo, in its own session (Ctrl-C reaches only the demo), stopped by PID."""
+    """A process of the demo, in its own session (Ctrl-C reaches only the demo), stopped by PID,
+    and by Linux if the demo dies without stopping it."""
 
     def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.name, self.log = name, log
@@ -58,6 +59,7 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 env=without_celery_servers({**os.environ, **(env or {})}),
                 start_new_session=True,
+                preexec_fn=dying_with_parent(),  # stopped too if the demo is killed (SIGKILL)
             )
 
     def check(self) -> None:
@@ -159,7 +161,8 @@ def run(view: View, workdir: Path) -> bool:
     from kombu_delay.tooling.demo import app as demo_app
 
     children: list[Child] = []
-    server = RedisServer(directory=str(workdir), persistence=True)  # as a deployment runs it
+    # Persistent, as a deployment runs it; stopped by Linux too if the demo is killed (SIGKILL).
+    server = RedisServer(directory=str(workdir), persistence=True, dies_with_parent=True)
     producer: Celery | None = None
     try:
         server.start()
