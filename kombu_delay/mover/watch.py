@@ -90,6 +90,8 @@ class Watch:
         self._logged: dict[str, tuple[str, float]] = {}
         self._scan_allowed = True
         self._config_allowed = True
+        #: Redis's run id at the last look (None: not read yet, or INFO refused).
+        self._run_id: str | None = None
 
     def start(self) -> None:
         self._thread = start_daemon(self.run, "kombu-delay-watch")
@@ -108,6 +110,7 @@ class Watch:
                     next_policy = now + 5.0  # until it succeeds
                     self.check_policy()
                     self.check_persistence()
+                    self.check_restart()
                     next_policy = now + POLICY_CHECK_EVERY_S
                 if now >= next_prefixes:
                     next_prefixes = now + 5.0
@@ -156,6 +159,27 @@ class Watch:
             self._logged["snapshots"] = (note, time.monotonic())
         self._tell("persistence", persistence_problem(aof, rules), logging.WARNING)
         self._report()
+
+    def check_restart(self) -> None:
+        """Log a WARNING when Redis's run id changed since the last look: another Redis process
+        answers (a restart, or a failover), holding what its persistence kept; where it keeps
+        nothing on disk, nothing scheduled before it, and nothing counted that loss."""
+        run_id = self.store.run_id()
+        if run_id is None:
+            return
+        if self._run_id is not None and run_id != self._run_id:
+            kept = "what it keeps on disk"
+            if persistence_problem(self.findings.aof_enabled, self.findings.save_rules):
+                kept = "nothing from before (it keeps nothing on disk): what was scheduled is lost, uncounted"
+            logger.warning(
+                "mover %s: Redis is another process than at the last look (run id %s, was %s: a "
+                "restart or a failover); it holds %s",
+                self.name,
+                run_id,
+                self._run_id,
+                kept,
+            )
+        self._run_id = run_id
 
     def check_prefixes(self) -> None:
         """Scan for other key prefixes whose messages no mover serves; log and record them.

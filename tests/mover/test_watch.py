@@ -351,3 +351,26 @@ def test_persistence_that_cannot_be_read_is_not_checked_and_said_once(caplog):
         assert Store(renamed.client()).persistence() == (False, None)
         probe = cli(renamed.delay_url, "health", "--max-heartbeat-age", "0")
         assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
+
+
+@pytest.mark.parametrize("persistence", [False, True], ids=["nothing-on-disk", "aof"])
+def test_a_redis_that_restarted_is_told_with_what_it_kept(persistence, caplog):
+    # A Redis restarted empty took every scheduled message with it, and the mover logged only
+    # its retries: nothing said, after the fact, that Redis had restarted or what it had kept.
+    with RedisServer(persistence=persistence) as server:
+        store = Store(server.client())
+        store.schedule(Due(600_000, relative=True, task_id="t"), "q", kombu_payload("t"), Settings())
+        watch = Watch(store, "test")
+        with caplog.at_level(logging.INFO, logger="kombu_delay.mover.watch"):
+            watch.check_persistence()
+            watch.check_restart()
+            assert "another process" not in caplog.text
+            server.restart(kill=True)
+            store.client.connection_pool.disconnect()
+            watch.check_persistence()
+            watch.check_restart()
+        told = [r.getMessage() for r in caplog.records if "another process" in r.getMessage()]
+        assert len(told) == 1 and "a restart or a failover" in told[0], caplog.text
+        assert ("what was scheduled is lost, uncounted" in told[0]) is not persistence
+        assert (store.counts() == {}) is not persistence
+        store.client.close()
