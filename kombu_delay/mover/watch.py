@@ -90,8 +90,9 @@ class Watch:
         self._logged: dict[str, tuple[str, float]] = {}
         self._scan_allowed = True
         self._config_allowed = True
-        #: Redis's run id at the last look (None: not read yet, or INFO refused).
-        self._run_id: str | None = None
+        #: Redis's run id at the last look, and when (monotonic s; None: not read yet, or INFO
+        #: refused).
+        self._run_id: tuple[str, float] | None = None
 
     def start(self) -> None:
         self._thread = start_daemon(self.run, "kombu-delay-watch")
@@ -161,25 +162,34 @@ class Watch:
         self._report()
 
     def check_restart(self) -> None:
-        """Log a WARNING when Redis's run id changed since the last look: another Redis process
-        answers (a restart, or a failover), holding what its persistence kept; where it keeps
-        nothing on disk, nothing scheduled before it, and nothing counted that loss."""
-        run_id = self.store.run_id()
-        if run_id is None:
+        """Log a WARNING when Redis's run id changed since the last look: a Redis that restarted
+        since (up no longer than that) holds what it keeps on disk, and where it keeps nothing,
+        nothing scheduled before, lost and counted nowhere; another server (a failover) holds
+        what was replicated to it."""
+        found = self.store.run_id()
+        now = time.monotonic()
+        if found is None:
             return
-        if self._run_id is not None and run_id != self._run_id:
-            kept = "what it keeps on disk"
-            if persistence_problem(self.findings.aof_enabled, self.findings.save_rules):
-                kept = "nothing from before (it keeps nothing on disk): what was scheduled is lost, uncounted"
+        run_id, uptime_s = found
+        if self._run_id is not None and run_id != self._run_id[0]:
+            if uptime_s <= now - self._run_id[1] + 5:
+                what = "Redis restarted"
+                kept = "what it keeps on disk"
+                if persistence_problem(self.findings.aof_enabled, self.findings.save_rules):
+                    kept = "nothing from before (it keeps nothing on disk): what was scheduled is lost"
+            else:
+                what = "another Redis server answers (a failover, or a new address)"
+                kept = "what was replicated to it"
             logger.warning(
-                "mover %s: Redis is another process than at the last look (run id %s, was %s: a "
-                "restart or a failover); it holds %s",
+                "mover %s: %s: run id %s, was %s, up %d s; it holds %s",
                 self.name,
+                what,
                 run_id,
-                self._run_id,
+                self._run_id[0],
+                uptime_s,
                 kept,
             )
-        self._run_id = run_id
+        self._run_id = (run_id, now)
 
     def check_prefixes(self) -> None:
         """Scan for other key prefixes whose messages no mover serves; log and record them.

@@ -8,6 +8,7 @@ from contextlib import suppress
 from typing import Any
 
 import redis
+from redis.exceptions import NoPermissionError
 
 from kombu_delay.errors import StorageFormatError, translated_errors
 from kombu_delay.store import keys, spaces
@@ -60,9 +61,9 @@ class StoreBase:
         self._totals = keys.totals(prefix)
         #: True once this store saw the data in its own storage format (see :meth:`check_format`).
         self._format_checked = False
-        #: The server's ``proto-max-bulk-len`` as last read (0: it did not say, asked no more),
-        #: and when (monotonic seconds).
-        self._bulk_limit: tuple[int, float] | None = None
+        #: The server's ``proto-max-bulk-len`` as last read (0: it does not say, asked no more;
+        #: None: it could not say then), and when (monotonic seconds).
+        self._bulk_limit: tuple[int | None, float] | None = None
         #: Where the server does not say: the longest string found to fit, the shortest found
         #: over (0: none), and when.
         self._bulk_probed: tuple[int, int, float] = (0, 0, 0.0)
@@ -131,48 +132,80 @@ class StoreBase:
         bytes are over it, else ``None``. Redis drops the connection on a longer argument, which
         a client takes for an outage and sends again. Asked only for a size over the lowest limit
         Redis accepts: read (``CONFIG GET``) at most once a minute; where the server does not
-        say (``CONFIG`` renamed, or refused by the ACL: asked once), a ``PING`` of that many
-        bytes tells, and what it told is kept for a minute."""
+        say (``CONFIG`` renamed, or refused by the ACL: asked once), a request that declares an
+        argument of that many bytes, without sending them, tells (:meth:`_bulk_fits`), and what
+        it told is kept for a minute."""
         if size <= MIN_BULK_BYTES:
             return None
         now = time.monotonic()
-        if self._bulk_limit is None or (self._bulk_limit[0] and now - self._bulk_limit[1] > BULK_LIMIT_TTL_S):
+        if self._bulk_limit is None or (
+            self._bulk_limit[0] != 0 and now - self._bulk_limit[1] > BULK_LIMIT_TTL_S
+        ):
             self._bulk_limit = (self._read_bulk_limit(), now)
         limit = self._bulk_limit[0]
         if limit:
             return f"{limit:,} bytes" if size > limit else None
-        return None if self._bulk_fits(size, now) else f"under {size:,} bytes"
+        return None if self._bulk_fits(size, now) else f"{size:,} bytes refused"
 
-    def _read_bulk_limit(self) -> int:
-        """The server's ``proto-max-bulk-len``; 0 where it does not say."""
-        with translated_errors(), suppress(redis.ResponseError, ValueError):
-            found: list[Any] = list(self.client.config_get("proto-max-bulk-len").values())
-            return int(found[0]) if found else 0
+    def _read_bulk_limit(self) -> int | None:
+        """The server's ``proto-max-bulk-len``; 0 where it does not say (``CONFIG`` refused by
+        the ACL, renamed away), ``None`` where it could not say now (``BUSY``, say)."""
+        with translated_errors():
+            try:
+                found: list[Any] = list(self.client.config_get("proto-max-bulk-len").values())
+            except redis.ResponseError as exc:
+                refused = isinstance(exc, NoPermissionError) or "unknown command" in str(exc).lower()
+                return 0 if refused else None
+        with suppress(ValueError, IndexError):
+            return int(found[0])
         return 0
 
     def _bulk_fits(self, size: int, now: float) -> bool:
-        """Whether Redis takes a string of ``size`` bytes, told by a ``PING`` of that many (with
-        a plain ``PING`` after a refusal, to tell an outage from a string too long)."""
+        """Whether Redis takes a string of ``size`` bytes, asked without sending one: a request
+        that declares an argument of that length, which Redis refuses at once when it is over
+        its limit ("invalid bulk length") and otherwise waits for. Only that refusal says no: no
+        answer (Redis waiting for the bytes, a slow or broken connection) says yes, as Redis's
+        default would, so nothing is refused or dead-lettered for a fault of the connection."""
         fits_up_to, over_from, at = self._bulk_probed
         if now - at > BULK_LIMIT_TTL_S:
             fits_up_to, over_from = 0, 0
         if size <= fits_up_to or (over_from and size >= over_from):
             return size <= fits_up_to
-        try:
-            self.client.execute_command("PING", bytes(size))  # type: ignore[no-untyped-call]
-            fits = True
-        except (redis.ConnectionError, redis.ResponseError) as exc:
-            if isinstance(exc, redis.ResponseError) and "bulk length" not in str(exc):
-                return True  # PING refused (the ACL): no answer here, as before this check
-            with translated_errors():
-                self.client.ping()  # raises where Redis is away: an outage, not the size
-            fits = False
+        fits = not self._refuses_length(size)
         if fits:
             fits_up_to = max(fits_up_to, size)
         else:
             over_from = min(over_from or size, size)
         self._bulk_probed = (fits_up_to, over_from, now)
         return fits
+
+    def _refuses_length(self, size: int) -> bool:
+        """Whether Redis refuses a request that declares an argument of ``size`` bytes, on a
+        connection of its own, closed after (it waits for bytes it never gets). Waited for ten
+        round trips of a ``PING`` on it, from 50 ms to 2 s."""
+        pool = self.client.connection_pool
+        conn: Any  # (redis-py leaves its connections' methods untyped)
+        try:
+            conn = pool.get_connection()
+        except TypeError:  # redis-py before 5.3 names the command
+            conn = pool.get_connection("PING")
+        try:
+            began = time.monotonic()
+            conn.send_command("PING")
+            conn.read_response()
+            wait = min(2.0, max(0.05, 10 * (time.monotonic() - began)))
+            conn.send_packed_command([b"*2\r\n$4\r\nPING\r\n$%d\r\n" % size])
+            if not conn.can_read(timeout=wait):
+                return False
+            conn.read_response()
+        except redis.ResponseError as exc:
+            return "invalid bulk length" in str(exc)
+        except redis.ConnectionError:
+            return False
+        finally:
+            conn.disconnect()
+            pool.release(conn)
+        return False
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

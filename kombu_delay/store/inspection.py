@@ -49,16 +49,17 @@ class Inspecting(StoreBase):
         policy = info.get("maxmemory_policy")
         return None if policy is None else as_text(policy)
 
-    def run_id(self) -> str | None:
-        """Return the server's run id (``INFO server``), new at each start of a Redis process, or
-        ``None`` when it cannot be read (``INFO`` refused by an ACL)."""
+    def run_id(self) -> tuple[str, int] | None:
+        """Return the server's run id, new at each start of a Redis process, and how long it has
+        been up, s (``INFO server``), or ``None`` when they cannot be read (``INFO`` refused by an
+        ACL)."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("server")
             except redis.ResponseError:
                 return None
-        found = info.get("run_id")
-        return None if found is None else as_text(found)
+        found, uptime = info.get("run_id"), info.get("uptime_in_seconds")
+        return None if found is None or uptime is None else (as_text(found), int(uptime))
 
     def persistence(self, read_rules: bool = True) -> tuple[bool | None, str | None]:
         """Return whether the AOF is on and the RDB save rules (``""``: none), each ``None`` when

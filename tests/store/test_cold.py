@@ -337,9 +337,10 @@ def _no_config_user(server: RedisServer, r: redis.Redis) -> redis.Redis:
     return server.client(username="noconfig", password="pw")
 
 
-def test_where_config_is_refused_a_ping_of_the_size_tells_the_limit():
+def test_where_config_is_refused_a_declared_length_tells_the_limit():
     # With no CONFIG, 512 MB was assumed: a message over a lowered limit was sent, and Redis
-    # dropped the connection (or, compressed, stored it, and every thaw then failed).
+    # dropped the connection (or, compressed, stored it, and every thaw then failed). Redis
+    # refuses a request that declares a length over its limit, before any byte of it comes.
     with RedisServer(extra_args=["--proto-max-bulk-len", "3mb"]) as server:
         r = server.client()
         client = _no_config_user(server, r)
@@ -349,11 +350,27 @@ def test_where_config_is_refused_a_ping_of_the_size_tells_the_limit():
         over = kombu_payload("over", body="x" * (4 * 2**20))
         for settings in (Settings(compress_after_ms=0), Settings()):
             assert store.schedule(Due(due, task_id="fits"), "q", fits, settings).outcome is Scheduled.STORED
-            with pytest.raises(PayloadTooLarge, match=r"\(under 4,19\d,\d{3} bytes, proto-max-bulk-len\)"):
+            with pytest.raises(PayloadTooLarge, match=r"\(4,19\d,\d{3} bytes refused, proto-max-bulk-len\)"):
                 store.schedule(Due(due, task_id="over"), "q", over, settings)
         [asked] = [entry for entry in r.acl_log() if entry["object"] == "config"]
         assert int(asked["count"]) == 1  # asked once, not on every publish
         assert client.ping() and len(store.find("fits")) == 2 and store.find("over") == []
+        client.close()
+        r.close()
+
+
+def test_where_config_is_refused_only_redis_refusing_the_length_refuses_a_message():
+    # The first way of asking sent a PING of the message's size, which Redis echoes: an
+    # output-buffer limit below it closed the connection, and that was taken for "too long".
+    with RedisServer(extra_args=["--client-output-buffer-limit", "normal", "1mb", "0", "0"]) as server:
+        r = server.client()
+        client = _no_config_user(server, r)
+        store = Store(client)
+        due = store.time_ms() + 3_600_000
+        big = kombu_payload("big", body="x" * (2 * 2**20))
+        for settings in (Settings(compress_after_ms=0), Settings()):
+            assert store.schedule(Due(due, task_id="big"), "q", big, settings).outcome is Scheduled.STORED
+        assert store.counts() == {"q": 2} and client.ping()  # (reading it back would pass the limit)
         client.close()
         r.close()
 
@@ -374,7 +391,7 @@ def test_a_compressed_message_over_a_limit_lowered_since_its_publish_is_dead_let
         result = Store(mover, clock=clock).thaw(2000, 10)
         assert (result.thawed, result.dead) == (2, 1)
         assert r.lrange(keys.dead(""), 0, -1) == [big]  # kept as it was stored
-        limit = "1,048,576 bytes" if config else "under 2,097,"
+        limit = "1,048,576 bytes" if config else "2,097,"
         assert f"over Redis's limit for one string ({limit}" in caplog.text
         clock.advance(2000)
         assert store.move_due(10).moved == 2
