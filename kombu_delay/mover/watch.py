@@ -162,10 +162,12 @@ class Watch:
         self._report()
 
     def check_restart(self) -> None:
-        """Log a WARNING when Redis's run id changed since the last look: a Redis that restarted
-        since (up no longer than that) holds what it keeps on disk, and where it keeps nothing,
-        nothing scheduled before, lost and counted nowhere; another server (a failover) holds
-        what was replicated to it."""
+        """Log a WARNING when Redis's run id changed since the last look: a Redis up no longer
+        than that restarted (or is a replica started since, promoted), and holds what it keeps
+        on disk, where it keeps nothing, nothing scheduled before, lost and counted nowhere; one
+        up longer is another server (a failover), holding what was replicated to it. (Redis
+        counts its uptime by its wall clock, this by a monotonic one: a clock stepped between
+        them can mistake one for the other.)"""
         found = self.store.run_id()
         now = time.monotonic()
         if found is None:
@@ -173,10 +175,12 @@ class Watch:
         run_id, uptime_s = found
         if self._run_id is not None and run_id != self._run_id[0]:
             if uptime_s <= now - self._run_id[1] + 5:
-                what = "Redis restarted"
-                kept = "what it keeps on disk"
+                what = "Redis restarted (or a failover promoted a server started since)"
+                kept = "what it keeps on disk, or what was replicated to it"
                 if persistence_problem(self.findings.aof_enabled, self.findings.save_rules):
-                    kept = "nothing from before (it keeps nothing on disk): what was scheduled is lost"
+                    kept = (
+                        "nothing from before if it restarted (it keeps nothing on disk): all scheduled lost"
+                    )
             else:
                 what = "another Redis server answers (a failover, or a new address)"
                 kept = "what was replicated to it"

@@ -164,25 +164,31 @@ class StoreBase:
         """Whether Redis takes a string of ``size`` bytes, asked without sending one: a request
         that declares an argument of that length, which Redis refuses at once when it is over
         its limit ("invalid bulk length") and otherwise waits for. Only that refusal says no: no
-        answer (Redis waiting for the bytes, a slow or broken connection) says yes, as Redis's
-        default would, so nothing is refused or dead-lettered for a fault of the connection."""
+        answer says yes, as Redis's default would, so nothing is refused or dead-lettered for a
+        fault of the connection; a yes is kept only where Redis answered a ``PING`` at once
+        after the wait (a server stalled meanwhile had not read the request: asked again, up
+        to three times)."""
         fits_up_to, over_from, at = self._bulk_probed
         if now - at > BULK_LIMIT_TTL_S:
             fits_up_to, over_from = 0, 0
         if size <= fits_up_to or (over_from and size >= over_from):
             return size <= fits_up_to
-        fits = not self._refuses_length(size)
-        if fits:
-            fits_up_to = max(fits_up_to, size)
-        else:
+        for _ in range(3):
+            refused = self._refuses_length(size)
+            if refused is not None:
+                break
+        if refused:
             over_from = min(over_from or size, size)
+        elif refused is False:
+            fits_up_to = max(fits_up_to, size)
         self._bulk_probed = (fits_up_to, over_from, now)
-        return fits
+        return not refused
 
-    def _refuses_length(self, size: int) -> bool:
-        """Whether Redis refuses a request that declares an argument of ``size`` bytes, on a
-        connection of its own, closed after (it waits for bytes it never gets). Waited for ten
-        round trips of a ``PING`` on it, from 50 ms to 2 s."""
+    def _refuses_length(self, size: int) -> bool | None:
+        """Whether Redis refuses a request that declares an argument of ``size`` bytes, sent on
+        a connection of its own, closed after (it waits for bytes it never gets); ``None`` where
+        the answer is unsure. Waited for ten round trips of a ``PING`` on it, from 50 ms to 2 s;
+        no answer is a no only if Redis then answers a ``PING`` within half that."""
         pool = self.client.connection_pool
         conn: Any  # (redis-py leaves its connections' methods untyped)
         try:
@@ -195,17 +201,19 @@ class StoreBase:
             conn.read_response()
             wait = min(2.0, max(0.05, 10 * (time.monotonic() - began)))
             conn.send_packed_command([b"*2\r\n$4\r\nPING\r\n$%d\r\n" % size])
-            if not conn.can_read(timeout=wait):
-                return False
-            conn.read_response()
+            if conn.can_read(timeout=wait):
+                conn.read_response()
+                return None
         except redis.ResponseError as exc:
-            return "invalid bulk length" in str(exc)
+            return True if "invalid bulk length" in str(exc) else None
         except redis.ConnectionError:
-            return False
+            return None
         finally:
             conn.disconnect()
             pool.release(conn)
-        return False
+        began = time.monotonic()
+        self.client.ping()
+        return False if time.monotonic() - began < wait / 2 else None
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""
