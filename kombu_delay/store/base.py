@@ -162,12 +162,11 @@ class StoreBase:
 
     def _bulk_fits(self, size: int, now: float) -> bool:
         """Whether Redis takes a string of ``size`` bytes, asked without sending one: a request
-        that declares an argument of that length, which Redis refuses at once when it is over
-        its limit ("invalid bulk length") and otherwise waits for. Only that refusal says no: no
-        answer says yes, as Redis's default would, so nothing is refused or dead-lettered for a
-        fault of the connection; a yes is kept only where Redis answered a ``PING`` at once
-        after the wait (a server stalled meanwhile had not read the request: asked again, up
-        to three times)."""
+        that declares an argument of that length, which Redis refuses as soon as it reads it
+        when it is over its limit ("invalid bulk length"), and otherwise waits for. Only that
+        refusal says no; where no answer is sure (a broken connection, three times), yes, as
+        Redis's default would, not kept: nothing is refused or dead-lettered for a fault of the
+        connection."""
         fits_up_to, over_from, at = self._bulk_probed
         if now - at > BULK_LIMIT_TTL_S:
             fits_up_to, over_from = 0, 0
@@ -187,8 +186,9 @@ class StoreBase:
     def _refuses_length(self, size: int) -> bool | None:
         """Whether Redis refuses a request that declares an argument of ``size`` bytes, sent on
         a connection of its own, closed after (it waits for bytes it never gets); ``None`` where
-        the answer is unsure. Waited for ten round trips of a ``PING`` on it, from 50 ms to 2 s;
-        no answer is a no only if Redis then answers a ``PING`` within half that."""
+        the answer is unsure. Two ``PING``s on another connection, sent after it, are answered
+        only once Redis has read it (its event loop reads every ready connection before it
+        waits again), and so after any refusal; a little more is waited for that to arrive."""
         pool = self.client.connection_pool
         conn: Any  # (redis-py leaves its connections' methods untyped)
         try:
@@ -201,9 +201,11 @@ class StoreBase:
             conn.read_response()
             wait = min(2.0, max(0.05, 10 * (time.monotonic() - began)))
             conn.send_packed_command([b"*2\r\n$4\r\nPING\r\n$%d\r\n" % size])
-            if conn.can_read(timeout=wait):
-                conn.read_response()
-                return None
+            self.client.ping()
+            self.client.ping()
+            if not conn.can_read(timeout=wait):
+                return False
+            conn.read_response()
         except redis.ResponseError as exc:
             return True if "invalid bulk length" in str(exc) else None
         except redis.ConnectionError:
@@ -211,9 +213,7 @@ class StoreBase:
         finally:
             conn.disconnect()
             pool.release(conn)
-        began = time.monotonic()
-        self.client.ping()
-        return False if time.monotonic() - began < wait / 2 else None
+        return None
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""
