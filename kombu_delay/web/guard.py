@@ -107,10 +107,7 @@ def allowed_hosts_of(bound: str, given: Iterable[str] = ()) -> frozenset[str]:
         own = host_name(bound or "0.0.0.0")
     except ValueError:  # no address anyone can listen on: serving fails before any request
         return frozenset(names)
-    try:
-        address = ipaddress.ip_address(own.strip("[]"))
-    except ValueError:  # a name
-        address = None
+    address = _address_of(own)
     # Every address (0.0.0.0, ::) includes loopback; no browser asks for it by that address, so
     # the names it is reached by otherwise are those given.
     loopback_or_any = address is not None and (address.is_loopback or address.is_unspecified)
@@ -130,12 +127,17 @@ def loopback_only(bound: str) -> bool:
         return False
     if own.rstrip(".") == "localhost":
         return True
-    try:
-        address = ipaddress.ip_address(own.strip("[]"))
-    except ValueError:  # a name
-        return False
+    address = _address_of(own)
     mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
-    return address.is_loopback or bool(mapped and mapped.is_loopback)
+    return address is not None and (address.is_loopback or bool(mapped and mapped.is_loopback))
+
+
+def _address_of(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host name (as :func:`host_name` gives it) is, or ``None`` for a name."""
+    try:
+        return ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return None
 
 
 def host_allowed(host: str, allowed: frozenset[str]) -> bool:
