@@ -54,6 +54,7 @@ class Publishing(StoreBase):
             return self._scripts["schedule"](*call)
 
         with translated_errors():
+            self._must_fit(payload, "nothing was stored")
             space = self._space_for(due, settings, now_ms)
             reply = spaces.placed(space, send(space), send, _too_soon)
         result = ScheduleResult.from_reply(reply, due.ms)
@@ -89,6 +90,7 @@ class Publishing(StoreBase):
                 pipe = self.client.pipeline(transaction=False)
                 part = batch[begin : begin + chunk]
                 for space, due, dest, payload in part:
+                    self._must_fit(payload, "nothing was stored")
                     call_keys, call_args = self._schedule_call(
                         space, due, dest, payload, settings, now_ms=now_ms
                     )
@@ -142,8 +144,8 @@ class Publishing(StoreBase):
         now_ms: int | None = None,
         leave_due: bool = False,
     ) -> tuple[list[str], list[Any]]:
-        """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space``."""
-        self._must_fit(payload, "nothing was stored")
+        """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space`` (its size is
+        the caller's to check first: :meth:`_must_fit`)."""
         # Only kombu's list is a key: schedule.lua names the others from the namespace.
         call_keys = [dest]
         call_args: list[Any] = [
