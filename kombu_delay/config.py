@@ -108,7 +108,10 @@ class Settings:
     def from_options(
         cls, options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
     ) -> Settings:
-        """Build settings from transport options, overridden by ``KOMBU_DELAY_*`` variables."""
+        """Build settings from transport options, overridden by ``KOMBU_DELAY_*`` variables.
+
+        Each source is checked whole before the next applies: a bad option is refused even
+        where a variable overrides it, as a bad variable is under a flag."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         known = {_option(f.name): f.name for f in fields(cls)}
@@ -117,11 +120,13 @@ class Settings:
                 if key not in known:
                     raise ConfigError(f"unknown transport option {key!r}; known: {sorted(known)}")
                 values[known[key]] = raw
+        settings = cls().with_values(**values)
+        overrides = {}
         for option, name in known.items():
             var = "KOMBU_DELAY_" + option[len("delay_") :].upper()
             if env.get(var, "") != "":
-                values[name] = env[var]
-        return cls().with_values(**values)
+                overrides[name] = env[var]
+        return settings.with_values(**overrides)
 
     def with_values(self, **values: Any) -> Settings:
         """Return a copy with user-facing values (seconds for ``*_ms`` fields) applied.

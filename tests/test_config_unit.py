@@ -132,3 +132,17 @@ def test_with_values_never_turns_a_positive_limit_into_zero(values):
 )
 def test_with_values_takes_cli_names_in_user_units(values, field, expected):
     assert getattr(Settings().with_values(**values), field) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "message"),
+    [
+        ({"delay_batch_size": 0}, {"KOMBU_DELAY_BATCH_SIZE": "10"}, "^delay_batch_size must be positive"),
+        ({"delay_grace": "abc"}, {"KOMBU_DELAY_GRACE": "7200"}, "^delay_grace must be a number"),
+    ],
+)
+def test_a_bad_option_is_refused_even_where_a_variable_overrides_it(options, env, message):
+    """As the docs say of every source: a variable had replaced the option before any check."""
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_options(options, env=env)
+    assert Settings.from_options({}, env=env)  # the variable alone is good
