@@ -74,8 +74,10 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     ``notes``, what would only be printed (:func:`cautions`) is not read. A shared key of
     another type (:meth:`Store.misshapen`; Redis's own error, from a script, names none) is a
     warning, or, where it is one this reads (the heartbeats, an index), a
-    :class:`WrongTypeKey` that names it.
+    :class:`WrongTypeKey` that names it. Data in a storage format this version does not read
+    is a :class:`StorageFormatError`, as for a mover, which stops on it.
     """
+    store.check_format()
     misshapen = store.misshapen()
     read = {
         keys.movers(store.prefix),

@@ -114,10 +114,12 @@ class Editing(Inspecting, Publishing):
         return Rescheduled(int(reply[0]))
 
     def purge(self, dests: Iterable[str], limit: int = 1000, now_ms: int | None = None) -> int:
-        """Remove every message bound for one of ``dests``; return how many (loops ``purge.lua``)."""
+        """Remove every message bound for one of ``dests``; return how many (loops ``purge.lua``).
+        Raises :class:`StorageFormatError` for data in another storage format, removing none."""
         wanted = sorted(set(dests))
         if not wanted:
             return 0
+        self._check_format_once()
         limit = max(2, limit)  # a call's first bucket costs one: with 1 it would remove none, ever
         total = 0
         with translated_errors():

@@ -12,6 +12,7 @@ from kombu_delay import StorageFormatError
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover.loop import Mover
+from kombu_delay.ops import health
 from kombu_delay.store import Store, keys
 from tests.support.stored import kombu_payload, redis_ms
 
@@ -86,9 +87,12 @@ def test_a_mover_refuses_another_format_before_it_writes(
         lambda s: s.page(None, 10),
         lambda s: s.census(0, 1000, 3),
         lambda s: s.totals(),
+        health.check,  # printed "no mover heartbeat", as if a mover could run on this data
+        lambda s: s.purge([f"{s.prefix}q"]),  # "purged 0"
     ],
-    ids=["find", "page", "census", "totals"],
+    ids=["find", "page", "census", "totals", "health", "purge"],
 )
 def test_inspection_refuses_another_format(other_format: Store, entry: Callable[[Store], object]) -> None:
     with pytest.raises(StorageFormatError):
         entry(other_format)
+    assert other_format.counts() == {f"{other_format.prefix}q": 1}
