@@ -181,18 +181,25 @@ def _redactor(conn: Connection) -> Redactor:
     return Redactor(found + url_secrets(";".join(urls), conn.transport_options))
 
 
-def default_channel(conn: Connection) -> Any:
+def default_channel(conn: Connection, at_once: bool = False) -> Any:
     """Return ``conn.default_channel``, with every failure as a kombu-delay error:
     refused credentials :class:`RedisAuthError`, an ACL refusal :class:`RedisPermissionError`,
     another refusal (a database number the server lacks) :class:`RedisRefused`, a transport
     option redis-py cannot use :class:`ConfigError`, and anything else :class:`RedisUnavailable`.
     A connection of another transport than Redis (a kombu :class:`~kombu.Connection` to
     ``memory://`` handed to :class:`~kombu_delay.DelayControl`) raises :class:`ConfigError`.
-    No exception raised here quotes a password."""
+    No exception raised here quotes a password.
+
+    ``at_once``: try each of the broker's URLs once, without kombu's own retries, which spend
+    about 6 s (its ``connect_timeout``) on a closed port or a wrong password before they
+    tell; for connections of kombu-delay's own, whose callers retry (a mover, with its
+    back-off) or report (the CLI)."""
     with _redactor(conn).scrubbing(), translated_errors():
         try:
             if not issubclass(conn.transport.Channel, kombu_redis.Channel):
                 raise ConfigError(f"a kombu connection of transport {conn.transport_cls!r}: {_NEEDS_REDIS}")
+            if at_once:  # kombu moves on to the next URL after each failure, with no pause
+                conn.ensure_connection(max_retries=max(len(conn.alt or ()), 1) - 1)
             return conn.default_channel
         except OperationalError as exc:  # kombu re-raises redis-py's connection errors as its own
             cause = exc.__cause__ or exc.__context__
@@ -226,6 +233,6 @@ def open_store(
     """Yield the :class:`Store` of the kombu-delay data behind ``url``."""
     conn = connection(url, transport_options, ssl)
     try:
-        yield store_of(default_channel(conn))
+        yield store_of(default_channel(conn, at_once=True))
     finally:
         conn.release()

@@ -83,7 +83,7 @@ class DelayControl:
         """The :class:`~kombu_delay.store.Store` behind this control (opened on first use)."""
         with self._lock:
             if self._store is None:
-                self._store = store_of(default_channel(self._conn))
+                self._store = store_of(default_channel(self._conn, at_once=self._owned))
             return self._store
 
     def close(self) -> None:

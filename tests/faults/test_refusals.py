@@ -7,6 +7,7 @@ starts by its PID.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -28,7 +29,7 @@ from kombu_delay.cli.common import parse_option
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, open_store
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused
+from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused, RedisUnavailable
 from kombu_delay.mover.embedded import EmbeddedMover
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import keys
@@ -617,3 +618,58 @@ def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_
     # Full jitter over doublings from 0.1 s: the fifth wait is at least 0.8 s.
     assert waits()[4] >= 0.8, waits()
     assert watch_threads() == before
+
+
+# -- connecting -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def counting_listener() -> Iterator[tuple[int, list[int]]]:
+    """A port that accepts connections and closes each at once (a server going away), and the
+    list its accepts are counted in."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)  # a closed socket does not end an accept() waiting on it
+    accepted: list[int] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted.append(1)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], accepted
+    finally:
+        done.set()
+        thread.join(DEADLINE_S)
+        listener.close()
+
+
+@pytest.mark.parametrize("entry", ["open_store", "DelayControl"])
+def test_kombu_delays_own_connections_tell_a_failure_after_one_attempt(entry: str) -> None:
+    # kombu's own retries spent about 6 s, three attempts, before a mover, `health` or `stats`
+    # heard of a closed port or a wrong password; the mover's log said "retrying in 0.1 s".
+    with counting_listener() as (port, accepted):
+        url = f"delayredis://127.0.0.1:{port}/0"
+        with pytest.raises(RedisUnavailable):
+            if entry == "open_store":
+                with open_store(url):
+                    pass
+            else:
+                with DelayControl(url) as control:
+                    control.stats()
+        assert accepted == [1]
+
+
+def test_one_attempt_still_tries_each_of_the_brokers_urls(redis_server: RedisServer) -> None:
+    with counting_listener() as (port, accepted):
+        url = f"delayredis://127.0.0.1:{port}/0;{redis_server.delay_url}"
+        with open_store(url) as store:
+            assert store.client.ping()  # the second URL's server
+        assert accepted == [1]
