@@ -11,8 +11,11 @@ restoring is done by the mover in Python; a move never decodes anything.
 
 The member format: one version byte, the length of the task id (one byte), the
 task id, then raw deflate data made with :data:`DICTIONARY` followed by the task
-id. A dictionary, once released, never changes (a test pins its
-digest): a new one needs a new version byte, and the old one stays readable.
+id, then (version 2) the CRC-32 of the task id and the message, 4 bytes, big-endian:
+deflate has no check of its own, and a byte changed in Redis could inflate to another
+message. A dictionary, once released, never changes (a test pins its digest): a new one
+needs a new version byte, and the old one stays readable, as version 1, without the
+CRC, does.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import zlib
 from kombu_delay.errors import CorruptMember
 from kombu_delay.message import as_read
 
-#: First byte of a cold member made with :data:`DICTIONARY`.
-VERSION = 1
+#: First byte of a cold member made with :data:`DICTIONARY`, followed by its CRC-32.
+VERSION = 2
+#: The version before :data:`VERSION`: the same, without the CRC-32; still read.
+UNCHECKED_VERSION = 1
 #: Longest message a cold member may hold once restored, bytes (Redis's string limit).
 MAX_MESSAGE_BYTES = 512 * 2**20
 
@@ -73,7 +78,8 @@ def pack(message: str | bytes, task_id: str) -> bytes | None:
     raw = message.encode("utf-8") if isinstance(message, str) else message
     # Level 1: a publish pays for it, and higher levels shrink a Celery message by only 5 %.
     deflate = zlib.compressobj(1, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, DICTIONARY + tid)
-    return bytes([VERSION, len(tid)]) + tid + deflate.compress(raw) + deflate.flush()
+    check = zlib.crc32(raw, zlib.crc32(tid)).to_bytes(4, "big")
+    return bytes([VERSION, len(tid)]) + tid + deflate.compress(raw) + deflate.flush() + check
 
 
 def unpack(member: bytes) -> tuple[str, bytes]:
@@ -83,17 +89,21 @@ def unpack(member: bytes) -> tuple[str, bytes]:
     Raises :class:`CorruptMember` for anything :func:`pack` did not make (an unknown version
     byte, truncated or altered data): the caller keeps such a member, it never guesses.
     """
-    if len(member) < 2 or member[0] != VERSION:
+    checked = bool(member) and member[0] == VERSION
+    if len(member) < 2 or not (checked or member[0] == UNCHECKED_VERSION):
         version = member[0] if member else None
         raise CorruptMember(f"not a kombu-delay cold member (version byte {version!r})")
     end = 2 + member[1]
     tid = member[2:end]
+    data, check = (member[end:-4], member[-4:]) if checked else (member[end:], b"")
     inflate = zlib.decompressobj(-15, DICTIONARY + tid)
     try:
         task_id = tid.decode("utf-8", "surrogatepass")
-        message = inflate.decompress(member[end:], MAX_MESSAGE_BYTES)
+        message = inflate.decompress(data, MAX_MESSAGE_BYTES)
     except (zlib.error, UnicodeDecodeError) as exc:
         raise CorruptMember(f"cold member does not inflate: {exc}") from exc
     if len(tid) != member[1] or not inflate.eof or inflate.unused_data or inflate.unconsumed_tail:
         raise CorruptMember("cold member is truncated, or has data past its end")
+    if checked and zlib.crc32(message, zlib.crc32(tid)).to_bytes(4, "big") != check:
+        raise CorruptMember("cold member fails its CRC-32: changed since it was stored")
     return task_id, message
