@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -241,12 +242,16 @@ def _x_delay_ms(raw: Any) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise BadETA(f"x-delay {raw!r} is not a number of milliseconds")
     try:
-        delay = int(float(raw))
-    except (TypeError, ValueError, OverflowError) as exc:
+        delay = float(raw)
+    except OverflowError:  # an int past a float's range: as far as infinity, or as short
+        delay = math.inf if raw > 0 else -math.inf
+    except (TypeError, ValueError) as exc:
         raise BadETA(f"x-delay {raw!r} is not a number of milliseconds") from exc
-    if delay >= MAX_DUE_MS:
+    if math.isnan(delay):
+        raise BadETA(f"x-delay {raw!r} is not a number of milliseconds")
+    if delay >= MAX_DUE_MS:  # infinity too: never "at once"
         raise DelayTooLong(f"x-delay {raw!r} ms is past the latest supported due time, {MAX_DUE_TEXT}")
-    return delay
+    return 0 if delay <= 0 else int(delay)
 
 
 # -- a stored payload (the JSON string plain kombu would push) ------------------------------------

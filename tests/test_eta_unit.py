@@ -104,6 +104,8 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "x-delay-float": (xd(1500.9), Due(1500, relative=True, task_id="tag-1")),
     "x-delay-zero": (xd(0), None),
     "x-delay-negative": (xd(-3), None),
+    "x-delay-minus-infinity": (xd(float("-inf")), None),
+    "x-delay-minus-huge-int": (xd(-(10**400)), None),
     "plain-message": ({"headers": {}, "properties": {}}, None),
     "no-headers": ({"properties": {}}, None),
     # kombu sends headers and properties as it is given them: not objects, they hold no delay.
@@ -131,7 +133,8 @@ BAD_CASES = {
     "p2-no-eta-x-delay-word": p2(None, **{"x-delay": "soon"}),
     "x-delay-bool": xd(True),
     "x-delay-list": xd([1]),
-    "x-delay-inf": xd(float("inf")),
+    "x-delay-nan": xd(float("nan")),
+    "x-delay-nan-text": xd("nan"),
 }
 
 
@@ -141,7 +144,9 @@ def test_unusable_delays_raise_bad_eta(name):
         message_due(BAD_CASES[name])
 
 
-@pytest.mark.parametrize("delay", [keys.MAX_DUE_MS, 10**30, "1e30"])
+# Past a float's range too: 10**400 and infinity were "not a number" and delivered at once,
+# while 10**30 was refused.
+@pytest.mark.parametrize("delay", [keys.MAX_DUE_MS, 10**30, "1e30", 10**400, "1e400", float("inf"), "Infinity"])
 def test_an_x_delay_past_the_due_time_ceiling_is_too_long(delay):
     with pytest.raises(DelayTooLong, match=r"2109-05-15 07:35:11\.103 UTC"):
         message_due(xd(delay))
