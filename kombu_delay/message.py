@@ -222,6 +222,8 @@ def message_due(message: dict[str, Any]) -> Due | None:
     headers = _part(message, "headers")
     if "task" in headers:  # Celery protocol 2
         eta = headers.get("eta")
+        if isinstance(eta, datetime):  # a raw kombu publish: kombu's JSON carries it, and the
+            eta = eta.isoformat()  # worker reads it back, as a time
         # The worker, too, reads an empty ETA as none; an x-delay may still delay the message.
         if eta is not None and eta != "":
             return Due(parse_iso_ms(eta), task_id=message_id(message))
