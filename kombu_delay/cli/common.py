@@ -84,14 +84,15 @@ def option_value(text: str) -> Any:
 
 def _steps(text: str) -> list[int]:
     """kombu's ``priority_steps`` from ``-o priority_steps=0,3,6,9``: ascending whole numbers,
-    the first 0, as kombu's ``Channel.priority`` needs them."""
+    none negative, as a publisher takes them (kombu's ``Channel.priority`` reads a first
+    step above 0 as well: 3,6,9 sends priority 0 to the list of 9)."""
     try:
         steps = [int(part) for part in text.split(",")]
     except ValueError:
         steps = []
-    if not steps or steps[0] != 0 or steps != sorted(set(steps)):
+    if not steps or steps[0] < 0 or steps != sorted(set(steps)):
         raise click.BadParameter(
-            f"priority_steps={text!r}: expected ascending whole numbers from 0, such as 0,3,6,9",
+            f"priority_steps={text!r}: expected ascending whole numbers, none negative, such as 0,3,6,9",
             param_hint="--transport-option",
         )
     return steps

@@ -199,6 +199,8 @@ def test_purge_takes_a_queues_priority_lists_not_a_queue_named_like_one(r, redis
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         assert ctl.stats().by_destination == {f"{prefix}tenant:7": 3}
     assert kd(redis_server, prefix, "-o", "priority_steps=3,0", "stats")[0] == 2
+    assert kd(redis_server, prefix, "-o", "priority_steps=-1,0", "stats")[0] == 2
+    assert kd(redis_server, prefix, "-o", "priority_steps=3,6,9", "stats")[0] == 0  # a publisher takes it
 
 
 def test_an_apps_own_priority_steps_under_kombus_separator_need_not_be_told(r, redis_server, prefix):
