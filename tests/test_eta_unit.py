@@ -151,7 +151,9 @@ def test_unusable_delays_raise_bad_eta(name):
 
 # Past a float's range too: 10**400 and infinity were "not a number" and delivered at once,
 # while 10**30 was refused.
-@pytest.mark.parametrize("delay", [keys.MAX_DUE_MS, 10**30, "1e30", 10**400, "1e400", float("inf"), "Infinity"])
+@pytest.mark.parametrize(
+    "delay", [keys.MAX_DUE_MS, 10**30, "1e30", 10**400, "1e400", float("inf"), "Infinity"]
+)
 def test_an_x_delay_past_the_due_time_ceiling_is_too_long(delay):
     with pytest.raises(DelayTooLong, match=r"2109-05-15 07:35:11\.103 UTC"):
         message_due(xd(delay))

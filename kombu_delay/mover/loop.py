@@ -350,9 +350,11 @@ class Mover:
         """Say which due messages stay scheduled, and why (the other queues' messages move on)."""
         if result.wrongtype:
             logger.warning(
-                "mover %s: %d due messages stay scheduled: their destination key is not a list",
+                "mover %s: %d due messages stay scheduled: their destination key is not a list: %s "
+                "(rename it out of the way, and they move)",
                 self.name,
                 result.wrongtype,
+                ", ".join(result.wrongtype_dests),
             )
         if result.refused:
             logger.warning(

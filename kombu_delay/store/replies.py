@@ -89,6 +89,8 @@ class MoveResult:
     #: destination, and (some of) those destinations.
     refused: int = 0
     refused_dests: list[str] = field(default_factory=list)
+    #: Some of the destinations of the ``wrongtype`` messages: keys that are no list.
+    wrongtype_dests: list[str] = field(default_factory=list)
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> MoveResult:
@@ -103,11 +105,12 @@ class MoveResult:
             expired=head[5],
             wrongtype=head[6],
             more=bool(head[7]),
-            lateness_ms=_runs(reply[MOVE_HEAD + 1 :]),
+            lateness_ms=_runs(reply[MOVE_HEAD + 2 :]),
             scan_after=head[8] if head[8] >= 0 else None,
             recounted=head[9],
             refused=head[10],
             refused_dests=[as_text(name) for name in reply[MOVE_HEAD]],
+            wrongtype_dests=[as_text(name) for name in reply[MOVE_HEAD + 1]],
         )
 
 

@@ -603,7 +603,7 @@ def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover)
     tags = seed(store, 4, ["blocked", "fine"], delay_ms=300)
     mover = start_mover()
     wait_until(lambda: r.llen("fine") == 2)
-    wait_until(lambda: "destination key is not a list" in mover.output())
+    wait_until(lambda: "destination key is not a list: blocked (rename" in mover.output())
     assert sorted(s.envelope.task_id for s in stored(r)) == [tags[0], tags[2]]
     assert Store(r).counts() == {"blocked": 2}
     r.delete("blocked")  # fixed by the operator: the mover delivers on its next look

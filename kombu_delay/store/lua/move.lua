@@ -25,7 +25,7 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           added by hand, or counted in a meta hash that is gone; see recount in
           _buckets.lua), refused (due messages left where they are because this user's ACL
           refuses LPUSH onto their destination), {the refused destinations, at most
-          MAX_NAMED}, lateness...}
+          MAX_NAMED}, {the destinations that are no list, likewise}, lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
          A destination the ACL refuses is left as a full one is (held): nothing of it is
@@ -85,21 +85,27 @@ local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary spa
 local s = k.space
 
 local moved, held, expired, wrong, recounted, refused = 0, 0, 0, 0, 0, 0
--- The refused destinations named in the reply, for the mover's warning: a few are enough.
+-- The destinations refused, or no list, named in the reply for the mover's warnings: a few
+-- are enough.
 local MAX_NAMED = 10
-local refused_names, named = {}, {}
+local refused_names, wrong_names, named = {}, {}, {}
+
+local function name_once(names, dest)
+  if not named[dest] and #names < MAX_NAMED then
+    named[dest] = true
+    names[#names + 1] = dest
+  end
+end
 
 -- Counts ``waiting`` due messages of dest that stay where they are: held (a full list), not
 -- a list, or refused by the ACL (``left``: room_of's answer).
 local function left_waiting(dest, left, waiting)
   if left == NOT_A_LIST then
     wrong = wrong + waiting
+    name_once(wrong_names, dest)
   elseif left == REFUSED then
     refused = refused + waiting
-    if not named[dest] and #refused_names < MAX_NAMED then
-      named[dest] = true
-      refused_names[#refused_names + 1] = dest
-    end
+    name_once(refused_names, dest)
   else
     held = held + waiting
   end
@@ -390,6 +396,6 @@ end
 local more = 0
 if budget <= 0 or cleanup_left == 1 or scan_after >= 0 or recounted > 0 then more = 1 end
 local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after, recounted, refused,
-               refused_names}
+               refused_names, wrong_names}
 finish_lateness(reply)
 return reply
