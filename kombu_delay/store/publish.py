@@ -12,6 +12,9 @@ from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase
 from kombu_delay.store.replies import Scheduled, ScheduleResult
 
+#: How long a totals hash made by a counter alone (:meth:`Publishing.count`) lives, ms: a day.
+COUNTER_ALONE_MS = 86_400_000
+
 
 class Publishing(StoreBase):
     """What a publisher calls (the transport's ``_put``)."""
@@ -206,9 +209,15 @@ class Publishing(StoreBase):
             pipe.execute()
 
     def count(self, counter: str, n: int = 1) -> None:
-        """Add ``n`` to a lifetime counter (for example a fallback taken at publish)."""
+        """Add ``n`` to a lifetime counter (for example a fallback taken at publish). Where
+        that makes the totals hash, in a namespace nothing else uses, it lives a day, as after
+        a mover's last heartbeat; the scripts extend it as they use it."""
         with translated_errors():
-            self.client.hincrby(self._totals, counter, n)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hincrby(self._totals, counter, n)
+            pipe.pttl(self._totals)
+            if pipe.execute()[1] == -1:
+                self.client.pexpire(self._totals, COUNTER_ALONE_MS)
 
 
 def _too_soon(reply: list[Any] | int) -> bool:

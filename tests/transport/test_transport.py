@@ -364,6 +364,9 @@ def test_garbage_eta_is_delivered_now_warned_and_counted(r, redis_server, prefix
     assert stored(r, prefix) == []
     assert r.hget(keys.totals(prefix), "bad_eta") == b"1"
     assert any("2025-13-45" in rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING)
+    # The counter made the totals hash, in a namespace nothing else used: it must go in time,
+    # as every kombu-delay key does (it was kept for ever).
+    assert 0 < r.pttl(keys.totals(prefix)) <= 86_400_000
 
 
 # -- the max-delay guard ------------------------------------------------------------------
