@@ -11,7 +11,8 @@ Capabilities
   list key plain kombu would have used. Workers never see it before it is due.
 * A message with no ETA, an ETA already past, or one that cannot be parsed goes onto the
   list exactly as plain kombu sends it. An unparsable ETA is logged at WARNING and counted.
-* Fanout stays immediate: pub/sub has no list to hold a message for.
+* Fanout stays immediate: pub/sub has no list to hold a message for. One that asked for a
+  delay is logged (once per exchange) and counted.
 * Purging a queue (``celery purge``, ``Queue.purge()``) also removes its delayed messages,
   and counts them in the number purged.
 
@@ -71,6 +72,8 @@ _asked_lock = threading.Lock()
 _size_refusal_told = threading.Event()
 #: Set once a deleted queue's delayed messages could not be deleted with it, and said so.
 _delete_refusal_told = threading.Event()
+#: The fanout exchanges this process has said deliver a delayed message at once.
+_fanouts_told: set[str] = set()
 
 SCHEMES = {
     "delayredis": "kombu_delay.transport:Transport",
@@ -80,7 +83,8 @@ SCHEMES = {
 
 
 class DelayChannelMixin:
-    """The one change to kombu's channel: ``_put`` of a message due in the future."""
+    """What changes in kombu's channel: ``_put`` of a message due in the future, and the
+    queue operations that must see the messages held for a queue (size, purge, delete)."""
 
     _delay_store: Store | None = None
     _delay_settings: Settings | None = None
@@ -121,6 +125,25 @@ class DelayChannelMixin:
             uri = self.connection.client.as_uri(include_password=True)  # type: ignore[attr-defined]
             self._delay_broker = mask_url(uri)
         return self._delay_broker
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
+        """kombu's fanout (Redis pub/sub: no list to hold a message for), at once; a message
+        that asked for a delay is logged, once per exchange and process, and counted
+        (``totals.fanout_at_once``), not delivered early in silence."""
+        try:
+            due = message_due(message)
+        except BadETA:
+            due = None  # delivered at once either way, and no delay was readable
+        if due is not None and exchange not in _fanouts_told:
+            _fanouts_told.add(exchange)
+            logger.warning(
+                "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so its "
+                "x-delay or ETA is not kept (publish to a direct or topic exchange to delay it)",
+                exchange,
+            )
+        if due is not None:
+            self.delay_store.count("fanout_at_once")
+        super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         try:

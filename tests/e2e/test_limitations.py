@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from tests.support.procs import ROOT, wait_until
 HOUR_MS = 3_600_000
 
 
-def test_fanout_is_delivered_at_once_even_with_a_delay(r, redis_server):
+def test_fanout_is_delivered_at_once_even_with_a_delay_and_says_so(r, redis_server, caplog):
     exchange = Exchange("limits_fanout", type="fanout")
     queue = Queue("limits_fanout_q", exchange)
     got: list[dict[str, int]] = []
@@ -37,13 +38,19 @@ def test_fanout_is_delivered_at_once_even_with_a_delay(r, redis_server):
 
         with consumer_conn.Consumer(queue, callbacks=[lambda body, msg: (got.append(body), msg.ack())]):
             wait_until(subscribed, timeout=60)
-            with producer_conn.Producer(serializer="json") as producer:
+            with producer_conn.Producer(serializer="json") as producer, caplog.at_level(logging.WARNING):
                 producer.publish(
                     {"n": 1}, exchange=exchange, declare=[exchange], headers={"x-delay": HOUR_MS}
                 )
-            wait_until(poll, timeout=120)  # far less than the hour the header asks for
-    assert got == [{"n": 1}]
+                producer.publish({"n": 2}, exchange=exchange, headers={"x-delay": HOUR_MS})
+                producer.publish({"n": 3}, exchange=exchange)  # no delay asked: not counted
+            wait_until(lambda: poll() and len(got) == 3, timeout=120)  # far less than the hour asked
+    assert got == [{"n": 1}, {"n": 2}, {"n": 3}]
     assert Store(r).counts() == {}  # nothing was held
+    # Not in silence: said once for the exchange, and each such message counted.
+    told = [m for m in caplog.messages if "fanout exchange 'limits_fanout' delivers at once" in m]
+    assert len(told) == 1, caplog.messages
+    assert Store(r).totals()["fanout_at_once"] == 2
 
 
 def test_inspect_scheduled_does_not_see_delayed_tasks_held_in_redis(r, redis_server, spawn):
