@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import json
+import logging
 import os
 import subprocess
 import sys
