@@ -246,7 +246,7 @@ def _x_delay_ms(raw: Any) -> int:
     try:
         delay = float(raw)
     except OverflowError:  # an int past a float's range: as far as infinity, or as short
-        delay = math.inf if raw > 0 else -math.inf
+        delay = math.inf if int(raw) > 0 else -math.inf
     except (TypeError, ValueError) as exc:
         raise BadETA(f"x-delay {raw!r} is not a number of milliseconds") from exc
     if math.isnan(delay):
