@@ -1,8 +1,8 @@
 """What every CLI command shares: the global options, where the broker came from, logging, redaction.
 
 ``--broker/-b``, ``--prefix``, ``--transport-option/-o`` and ``--log-level`` are accepted
-before the sub-command and after it (the sub-command's value wins), on ``kombu-delay`` and
-``celery -A proj delay`` alike. Every message the CLI prints or logs goes through a
+before the sub-command and after it (the sub-command's value wins) on ``kombu-delay``; under
+``celery -A proj delay``, only ``--log-level`` before it. Every message the CLI prints or logs goes through a
 :class:`~kombu_delay.redact.Redactor` of the broker's passwords.
 """
 
