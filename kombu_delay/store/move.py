@@ -15,6 +15,9 @@ from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Sto
 
 logger = logging.getLogger(__name__)
 
+#: Restored bytes one thaw call stores, about (at least one message): as move.lua's MOVE_BYTES.
+THAW_BYTES = 16 * 2**20
+
 
 class Moving(StoreBase):
     """What a mover calls, each call one bounded script."""
@@ -75,7 +78,8 @@ class Moving(StoreBase):
                 args=[self.ns, ahead_ms, limit, self._now(now_ms), "1" if past_maxmemory else "0"],
             )
             scanned_ms, next_ms, more, expired, recounted = (int(x) for x in reply[:5])
-            items = self._restored(reply[5:])
+            items, cut = self._restored(reply[5:])
+            more = more or cut
             thawed = dead = gone = 0
             if items:
                 call_keys = [
@@ -116,14 +120,20 @@ class Moving(StoreBase):
             more=bool(more),
         )
 
-    def _restored(self, listed: list[Any]) -> list[Any]:
+    def _restored(self, listed: list[Any]) -> tuple[list[Any], bool]:
         """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
         member each): start, due time, id-index ref, dest, member and message each, the message
         ``b""`` (logged) when it cannot be restored: a member that does not decompress, whose
         score is no due time (:func:`_due_ms`), or that restores to a message longer than the
-        server takes in one argument (its ``proto-max-bulk-len`` lowered since its publish)."""
+        server takes in one argument (its ``proto-max-bulk-len`` lowered since its publish).
+        Restored messages of :data:`THAW_BYTES` at most (at least one) go in one call: true
+        beside them when the rest, listed, wait for the next (``thaw.lua`` holds Redis while it
+        stores them, and a highly compressed message restores to many times its member)."""
         items: list[Any] = []
+        size = 0
         for i in range(0, len(listed), 4):
+            if items and size >= THAW_BYTES:
+                return items, True
             start, score, dest, member = listed[i : i + 4]
             stored = Stored(int(start), float(score), as_text(dest), bytes(member), cold=True)
             # Kept where nothing can be made of the score: the bucket's start stands for its due
@@ -151,7 +161,8 @@ class Moving(StoreBase):
                 )
                 message = b""
             items += [start, due_ms, ref, dest, member, message]
-        return items
+            size += len(member) + len(message)
+        return items, False
 
     def cold_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:
         """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, earliest

@@ -34,7 +34,9 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
          and its refusal is told the same way.
 Raises: when Redis refuses anything else (the removal's ACL, maxmemory, a read-only
         replica), before anything of that destination is taken.
-Bound: moves at most ARGV[2] messages and visits at most ARGV[2] buckets; a held, refused or
+Bound: moves at most ARGV[2] messages, and about MOVE_BYTES of them (a batch is cut to what
+       fits at its head message's size, at least one message: ten 10 MB messages must not
+       hold Redis for seconds in one call), and visits at most ARGV[2] buckets; a held, refused or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read (on
        Redis 6, where only a push tells that the LPUSH command itself is refused, its head's
        is: see move_head).
@@ -112,6 +114,9 @@ local function left_waiting(dest, left, waiting)
 end
 local add_late, finish_lateness = lateness_runs()
 local budget = limit
+-- Bytes a call moves, about: each batch is sized by its head message (read for its score).
+local MOVE_BYTES = 16 * 1024 * 1024
+local bytes_left = MOVE_BYTES
 local room, room_of = room_keeper(max_len)
 
 -- Moves the due head of one sorted set, at most `take` messages; returns how many.
@@ -254,10 +259,14 @@ local function visit(start_s)
           if left <= 0 then
             left_waiting(dest, left, redis.call('ZCOUNT', zset, '-inf', upper))
           else
+            local size = #head[1] + 64  -- with what each message costs beside its bytes
+            local fits, want = math.max(1, floor(bytes_left / size)), math.min(budget, left)
             local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
-                                              math.min(budget, left), marks[dest])
-            -- One herd per call: the next call goes on at once (more).
-            budget = handed and 0 or budget - got
+                                              math.min(want, fits), marks[dest])
+            -- One herd per call, and about MOVE_BYTES: the next call goes on at once (more).
+            bytes_left = bytes_left - got * size
+            local cut = bytes_left <= 0 or (got == fits and fits < want)
+            budget = (handed or cut) and 0 or budget - got
             if got > 0 then
               pushed[#pushed + 1] = dest
               room[dest] = left - got

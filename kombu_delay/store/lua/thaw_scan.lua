@@ -16,7 +16,9 @@ Returns: {now_ms, next_ms, more, expired, recounted, start, score, dest, member,
          the list. expired: counted messages whose cold set was gone (expired after its
          grace, or deleted by hand), whose counts this call settled, as move.lua does.
 Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, one ZRANGEBYSCORE
-       of at most the messages still wanted and one of a single member.
+       of at most the messages still wanted and two of a single member; members of about
+       SCAN_BYTES in all (a batch is cut to what fits at its first member's size, at least
+       one member), so that large messages do not hold Redis for seconds in one call.
 
 Listing takes nothing: a member two movers both list is thawed by the first (thaw.lua's
 ZREM), and a mover that dies between the two calls leaves it where it was.
@@ -39,6 +41,8 @@ local cs = k.space
 
 local listed, expired, recounted = {}, 0, 0
 local wanted = limit
+local SCAN_BYTES = 16 * 1024 * 1024
+local bytes_left = SCAN_BYTES
 local next_ms, more = -1, 0
 local function later(due)
   if next_ms < 0 or due < next_ms then next_ms = due end
@@ -73,7 +77,11 @@ for _, start_s in ipairs(starts) do
         settle_gone(meta, name, counts, dest, n)
       elseif wanted > 0 then
         left = left + n
-        local batch = redis.pcall('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, wanted)
+        -- As many as fit in the bytes left at the size of the first: the rest in the next call.
+        local first = redis.pcall('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'LIMIT', 0, 1)
+        local size = (type(first) == 'table' and first[1] and #first[1] or 0) + 64
+        local take = math.min(wanted, math.max(1, math.floor(bytes_left / size)))
+        local batch = redis.pcall('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, take)
         if batch.err then  -- of another type, by hand: read as gone, as move.lua reads one
           left = left - n
           expired = expired + n
@@ -87,6 +95,10 @@ for _, start_s in ipairs(starts) do
           listed[#listed + 1] = batch[j]
         end
         wanted = wanted - #batch / 2
+        bytes_left = bytes_left - size * #batch / 2
+        if bytes_left <= 0 or (take < wanted + #batch / 2 and #batch / 2 == take) then  -- cut by bytes
+          wanted, more = 0, 1
+        end
         local rest = redis.pcall('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
         if rest.err then rest = {} end
         local score = tonumber(rest[2])
