@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import threading
 import zlib
 from collections import Counter
