@@ -63,8 +63,9 @@ def shown(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
-#: The widest a name is shown in a table, characters: past it, one long queue or task name
-#: would push every row's figures off the screen (``--json`` gives names whole).
+#: The widest a name or task id is shown in a table, characters: past it, one long queue or
+#: task name, or task id, would push every row's figures off the screen (``--json`` gives
+#: them whole).
 NAME_COLUMN = 60
 
 
@@ -250,7 +251,7 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
         left = item.due_ms - now
         table.append(
             [
-                shown(item.task_id) if item.task_id else UNREADABLE,
+                clipped(shown(item.task_id)) if item.task_id else UNREADABLE,
                 clipped(shown(item.task)) if item.task else "-",
                 clipped(shown(item.queue)),
                 when(item.due_ms),

@@ -122,23 +122,27 @@ def test_ls_text_escapes_control_characters_and_json_keeps_them(r, redis_server)
 
 
 def test_a_long_name_is_clipped_in_tables_and_whole_in_json(r, redis_server, prefix):
-    # A 500-character queue name pushed every row's figures 500 columns to the right.
-    queue, task = "q" * 500, "tasks." + "t" * 300
+    # A 500-character queue name pushed every row's figures 500 columns to the right; so did a
+    # task id of 10,000 characters.
+    queue, task, task_id = "q" * 500, "tasks." + "t" * 300, "i" * 10_000
     app = Celery("pub", broker=redis_server.delay_url)
     app.conf.broker_transport_options = {"global_keyprefix": prefix}
-    app.send_task(task, countdown=900, queue=queue)
+    app.send_task(task, countdown=900, queue=queue, task_id=task_id)
     app.send_task("short", countdown=900, queue="mail")
     app.close()
     for command in ("ls", "stats"):
         code, out = kd(redis_server, prefix, command)
         assert code == 0, out
         assert "q" * 59 + "…" in out and "q" * 60 not in out, out
-        assert max(len(line) for line in out.splitlines()) < 200, out
+        assert max(len(line) for line in out.splitlines()) < 300, out  # three clipped columns
+    code, out = kd(redis_server, prefix, "ls")
+    assert "i" * 59 + "…" in out and "i" * 60 not in out, out
     code, out = kd(redis_server, prefix, "ls", "--json")
     assert {(item["task"], item["queue"]) for item in json.loads(out)["items"]} == {
         (task, queue),
         ("short", "mail"),
     }
+    assert task_id in {item["task_id"] for item in json.loads(out)["items"]}
 
 
 def test_a_metrics_port_out_of_range_is_a_usage_error(redis_server):
