@@ -1,5 +1,6 @@
 """A mover's background checks: Redis's eviction policy and persistence, other key prefixes'
-stranded messages, and buckets that left their index (evicted or deleted), which are put back.
+stranded messages, buckets that left their index (evicted or deleted), which are put back,
+and id-index refs that name no bucket, which are dropped (every :data:`FORGET_EVERY_S`).
 They run in a thread of their own, so a scan of a large database never delays a move: at the
 mover's start, then the policy and persistence every :data:`POLICY_CHECK_EVERY_S`, the scans every
 :data:`PREFIX_CHECK_EVERY_S`, and the prefixes a scan found stranded every
@@ -34,6 +35,12 @@ logger = logging.getLogger(__name__)
 POLICY_CHECK_EVERY_S = 60.0
 #: How often the database is scanned for other key prefixes, seconds (a full ``SCAN``).
 PREFIX_CHECK_EVERY_S = 300.0
+#: How often the id index is walked for refs that name no bucket, seconds, in pages of
+#: :data:`FORGET_PAGE` task ids: a ref of a message lost with its bucket, or of a compressed one
+#: (compressed buckets keep no task-id list to drop refs with), would otherwise stay while
+#: anything is published. About a second of Redis's time per million task ids.
+FORGET_EVERY_S = 3600.0
+FORGET_PAGE = 1000
 #: How often a problem that lasts is logged again, seconds.
 LOG_REPEAT_S = 600.0
 #: How often the prefixes found stranded are looked at again, seconds (two reads each, no
@@ -103,7 +110,7 @@ class Watch:
             self._thread.join(timeout)
 
     def run(self) -> None:
-        next_policy = next_prefixes = next_recheck = 0.0
+        next_policy = next_prefixes = next_recheck = next_forget = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -121,9 +128,17 @@ class Watch:
                 elif now >= next_recheck and self.findings.stranded:
                     next_recheck = now + STRANDED_RECHECK_S  # a failure waits as long: no SCAN
                     self.recheck_stranded()
+                if now >= next_forget:
+                    next_forget = now + FORGET_EVERY_S  # a failure too: the next walk mends it
+                    self.forget_stale_refs()
             except Exception:  # the top of this loop: the mover's own loop reports Redis trouble
                 logger.debug("mover %s: a background check failed; retrying", self.name, exc_info=True)
-            due = [next_policy, next_prefixes, *([next_recheck] if self.findings.stranded else [])]
+            due = [
+                next_policy,
+                next_prefixes,
+                next_forget,
+                *([next_recheck] if self.findings.stranded else []),
+            ]
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
     def check_policy(self) -> None:
@@ -237,6 +252,23 @@ class Watch:
                 buckets,
                 messages,
             )
+
+    def forget_stale_refs(self) -> int:
+        """Walk the whole id index, a page at a time, dropping the refs that name no bucket;
+        return how many (logged when any)."""
+        cursor, dropped = 0, 0
+        while True:
+            cursor, n = self.store.forget_stale_refs(cursor, FORGET_PAGE)
+            dropped += n
+            if cursor == 0 or self._stop.is_set():
+                break
+        if dropped:
+            logger.info(
+                "mover %s: dropped %d id-index refs that named no bucket (messages lost with it)",
+                self.name,
+                dropped,
+            )
+        return dropped
 
     def _tell(self, what: str, problem: str | None, level: int) -> None:
         """Log ``problem`` when it is new, or once per LOG_REPEAT_S while it lasts."""

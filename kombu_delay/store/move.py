@@ -259,6 +259,14 @@ class Moving(StoreBase):
             )
         return SweepResult.from_reply(reply)
 
+    def forget_stale_refs(self, cursor: int, count: int) -> tuple[int, int]:
+        """Walk a page of about ``count`` task ids of the id index from ``cursor`` (``0``: the
+        first), dropping the refs that name no bucket (``forget.lua``); return the cursor of
+        the next page (``0``: the walk is done) and how many refs were dropped."""
+        with translated_errors():
+            reply = self._scripts["forget"](keys=[self._ids], args=[self.ns, cursor, count])
+        return int(reply[0]), int(reply[1])
+
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None) -> int:
         """Record a mover heartbeat; return the Redis clock in epoch ms.
 

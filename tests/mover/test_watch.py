@@ -392,3 +392,32 @@ def test_another_redis_server_is_told_as_a_failover_not_as_a_loss(caplog):
             watch.check_restart()
         assert "another Redis server answers (a failover" in caplog.text, caplog.text
         assert "lost" not in caplog.text and "what was replicated to it" in caplog.text
+
+
+def test_refs_that_name_no_bucket_are_dropped_by_the_walk_of_the_id_index(
+    r: redis.Redis, prefix: str
+) -> None:
+    # A compressed bucket keeps no task-id list: when it was lost (expired after its grace,
+    # evicted), its refs stayed in the id index for as long as anything was published, and
+    # find and cancel left them there.
+    store = Store(r, prefix)
+    far, near = 30 * 86_400_000, 600_000
+    now = store.time_ms()
+    cold = Settings()  # due a month ahead: stored compressed
+    for i in range(5):
+        store.schedule(Due(now + far, task_id=f"lost{i}"), f"{prefix}q", kombu_payload(f"lost{i}"), cold)
+    store.schedule(Due(now + near, task_id="kept"), f"{prefix}q", kombu_payload("kept"), cold)
+    store.schedule(Due(now + far, task_id="kept"), f"{prefix}q", kombu_payload("kept-retry"), cold)
+    ids = keys.ids(prefix)
+    assert r.hlen(ids) == 6 and len(r.hget(ids, "kept").split()) == 2
+    lost_start = (now + far) - (now + far) % 60_000
+    lost_keys = [k for k in r.keys(f"{keys.ns(prefix)}c*{lost_start}*")]
+    assert lost_keys and r.delete(*lost_keys)  # the month-ahead bucket is gone, its meta hash too
+    r.hset(ids, "junk", "no-ref-at-all")
+
+    dropped = Watch(store, "m").forget_stale_refs()
+
+    assert dropped == 5 + 1 + 1  # the lost messages' refs, the retry's, and the junk
+    assert sorted(r.hkeys(ids)) == [b"kept"]
+    (found,) = store.find("kept")
+    assert found.message.startswith(b"{") and store.cancel("kept") == 1
