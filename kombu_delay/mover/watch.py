@@ -56,6 +56,7 @@ RESOLVED = {
     "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
     "stranded": "no messages are stranded under other key prefixes any more",
     "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
+    "forget": "the id index is walked again",
 }
 
 
@@ -258,10 +259,15 @@ class Watch:
         return how many (logged when any)."""
         cursor, dropped = 0, 0
         while True:
-            cursor, n = self.store.forget_stale_refs(cursor, FORGET_PAGE)
+            try:
+                cursor, n = self.store.forget_stale_refs(cursor, FORGET_PAGE)
+            except RedisPermissionError as exc:  # an ACL line from before it (HSCAN)
+                self._tell("forget", f"the id index cannot be walked ({exc}): grant HSCAN", logging.WARNING)
+                return dropped
             dropped += n
             if cursor == 0 or self._stop.is_set():
                 break
+        self._tell("forget", None, logging.WARNING)
         if dropped:
             logger.info(
                 "mover %s: dropped %d id-index refs that named no bucket (messages lost with it)",

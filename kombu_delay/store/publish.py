@@ -216,8 +216,10 @@ class Publishing(StoreBase):
             pipe = self.client.pipeline(transaction=False)
             pipe.hincrby(self._totals, counter, n)
             pipe.pttl(self._totals)
-            if pipe.execute()[1] == -1:
-                self.client.pexpire(self._totals, COUNTER_ALONE_MS)
+            pipe.time()
+            _, ttl, (sec, usec) = pipe.execute()
+            if ttl == -1:  # PEXPIREAT, by Redis's clock: the command the scripts use (ACL)
+                self.client.pexpireat(self._totals, int(sec) * 1000 + int(usec) // 1000 + COUNTER_ALONE_MS)
 
 
 def _too_soon(reply: list[Any] | int) -> bool:

@@ -421,3 +421,18 @@ def test_refs_that_name_no_bucket_are_dropped_by_the_walk_of_the_id_index(
     assert sorted(r.hkeys(ids)) == [b"kept"]
     (found,) = store.find("kept")
     assert found.message.startswith(b"{") and store.cancel("kept") == 1
+
+
+def test_a_walk_of_the_id_index_the_acl_refuses_is_said(r: redis.Redis, caplog) -> None:
+    # An ACL line from before the walk lacks HSCAN: the walk must say so, not fail in silence.
+    caplog.set_level(logging.INFO, logger="kombu_delay.mover.watch")
+    port = r.connection_pool.connection_kwargs["port"]
+    r.execute_command("ACL", "SETUSER", "nohscan", "on", ">pw", "~*", "&*", "+@all", "-hscan")
+    try:
+        user = redis.Redis(port=port, username="nohscan", password="pw")
+        watch = Watch(Store(user, "nohscan:"), "acl")
+        assert watch.forget_stale_refs() == 0
+        assert [level for level, text in said(caplog) if "grant HSCAN" in text] == [logging.WARNING]
+        user.close()
+    finally:
+        r.execute_command("ACL", "DELUSER", "nohscan")
