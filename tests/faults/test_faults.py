@@ -746,8 +746,8 @@ ACL_RULES = (
     "on >s3cret resetkeys resetchannels "
     "~app1:kombu_delay:* ~app1:_kombu.binding* ~app1:celery* &app1:kombu_delay:* "
     "-@all +ping +multi +exec +evalsha +script|load +time +info +sadd +smembers +lpush +subscribe "
-    "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hkeys +hscan +hincrby +pttl "
-    "+pexpireat +rpush +lrange +ltrim +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore "
+    "+publish +type +llen +exists +del +hget +hmget +hset +hsetnx +hdel +hgetall +hkeys +hscan +hincrby "
+    "+pttl +pexpireat +rpush +lrange +ltrim +zadd +zrem +zscore +zcard +zcount +zrange +zrangebyscore "
     "+zremrangebyscore +zremrangebyrank"
 )
 
