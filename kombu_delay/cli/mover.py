@@ -117,12 +117,21 @@ def handle_stop_signals(name: str, stopping: threading.Event, running: list[Move
     has no settings to read again), ask the movers in ``running`` to stop after their move; on
     a second, leave at once."""
 
-    def on_signal(signum: int, frame: object) -> None:
-        if stopping.is_set():  # asked twice: leave now; a move in flight is one atomic script
-            raise SystemExit(f"mover {name}: stopped by a second {signal.Signals(signum).name}")
+    asked: list[int] = []
+
+    def stop_all() -> None:
         stopping.set()
         for worker in running:
             worker.stop()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if asked:  # asked twice: leave now; a move in flight is one atomic script
+            raise SystemExit(f"mover {name}: stopped by a second {signal.Signals(signum).name}")
+        asked.append(signum)
+        # Not here: Event.set takes the lock of its Event, which the main thread, interrupted
+        # by this handler inside that Event's wait, may hold: the mover hung for good, deaf to
+        # every later signal. A thread sets them once this handler has returned.
+        threading.Thread(target=stop_all, name="kombu-delay-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

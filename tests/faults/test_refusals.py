@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -486,6 +487,30 @@ def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Call
         assert "second SIGTERM" in mover.output()
     finally:
         os.kill(pid_of(server), signal.SIGCONT)
+
+
+STOP_WHILE_WAITING = """
+import os, signal, threading
+from kombu_delay.cli.mover import handle_stop_signals
+stopping = threading.Event()
+handle_stop_signals("t", stopping, [])
+with stopping._cond:  # held by the main thread, as inside stopping.wait(), when the signal comes
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(1000))  # the handler runs here, in this thread
+print("stopped" if stopping.wait(60) else "not stopped")
+"""
+
+
+def test_a_sigterm_that_comes_inside_a_wait_stops_the_mover() -> None:
+    # The handler set the Event itself: a signal that came while the main thread held the
+    # Event's lock, inside its wait, deadlocked the mover, deaf to every later signal.
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", STOP_WHILE_WAITING], capture_output=True, text=True, timeout=DEADLINE_S
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the signal handler deadlocked on the Event's lock")
+    assert done.stdout.strip() == "stopped", done.stderr
 
 
 # -- a read-only replica ------------------------------------------------------------------
