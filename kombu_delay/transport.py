@@ -54,7 +54,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import BadETA, RedisPermissionError, WrongTypeKey
+from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.redact import mask_url
@@ -131,18 +131,23 @@ class DelayChannelMixin:
         that asked for a delay is logged, once per exchange and process, and counted
         (``totals.fanout_at_once``), not delivered early in silence."""
         try:
-            due = message_due(message)
+            asked = message_due(message) is not None
         except BadETA:
-            due = None  # delivered at once either way, and no delay was readable
-        if due is not None and exchange not in _fanouts_told:
+            asked = False  # delivered at once either way, and no delay was readable
+        except DelayTooLong:  # no delay is kept here, so none is too long: at once, as kombu's
+            asked = True
+        if asked and exchange not in _fanouts_told:
             _fanouts_told.add(exchange)
             logger.warning(
                 "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so its "
                 "x-delay or ETA is not kept (publish to a direct or topic exchange to delay it)",
                 exchange,
             )
-        if due is not None:
-            self.delay_store.count("fanout_at_once")
+        if asked:
+            try:
+                self.delay_store.count("fanout_at_once")
+            except KombuDelayError:  # a counter must not fail the publish it counts
+                logger.debug("kombu-delay: could not count a fanout delivered at once", exc_info=True)
         super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:

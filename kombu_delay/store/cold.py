@@ -13,9 +13,9 @@ The member format: one version byte, the length of the task id (one byte), the
 task id, then raw deflate data made with :data:`DICTIONARY` followed by the task
 id, then (version 2) the CRC-32 of the task id and the message, 4 bytes, big-endian:
 deflate has no check of its own, and a byte changed in Redis could inflate to another
-message. A dictionary, once released, never changes (a test pins its digest): a new one
-needs a new version byte, and the old one stays readable, as version 1, without the
-CRC, does.
+message. Publishers still write version 1 (see :data:`WRITTEN`). A dictionary, once
+released, never changes (a test pins its digest): a new one needs a new version byte, and
+the old one stays readable, as version 1, without the CRC, does.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ from kombu_delay.message import as_read
 VERSION = 2
 #: The version before :data:`VERSION`: the same, without the CRC-32; still read.
 UNCHECKED_VERSION = 1
+#: The version :func:`pack` writes. Still version 1: a mover of 1.0.0 dead-letters a version 2
+#: member (an unknown version byte), and publishers are upgraded before movers. Version 2 is
+#: read from this release on, and written once no older mover can be running.
+WRITTEN = UNCHECKED_VERSION
 #: Longest message a cold member may hold once restored, bytes (Redis's string limit).
 MAX_MESSAGE_BYTES = 512 * 2**20
 
@@ -64,9 +68,10 @@ DICTIONARY = _dictionary()
 MAX_TASK_ID_BYTES = 255
 
 
-def pack(message: str | bytes, task_id: str) -> bytes | None:
+def pack(message: str | bytes, task_id: str, version: int = WRITTEN) -> bytes | None:
     """Return the cold member of ``message`` (the JSON string plain kombu would push) under
-    ``task_id`` (its id-index key), or ``None`` when the id is too long to carry.
+    ``task_id`` (its id-index key), in format ``version``, or ``None`` when the id is too long
+    to carry.
 
     The member starts with the task id in the clear, so Lua can name the id-index entry of a
     member it removes without decoding it; the id then joins the dictionary, so the copies
@@ -78,8 +83,8 @@ def pack(message: str | bytes, task_id: str) -> bytes | None:
     raw = message.encode("utf-8") if isinstance(message, str) else message
     # Level 1: a publish pays for it, and higher levels shrink a Celery message by only 5 %.
     deflate = zlib.compressobj(1, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, DICTIONARY + tid)
-    check = zlib.crc32(raw, zlib.crc32(tid)).to_bytes(4, "big")
-    return bytes([VERSION, len(tid)]) + tid + deflate.compress(raw) + deflate.flush() + check
+    check = zlib.crc32(raw, zlib.crc32(tid)).to_bytes(4, "big") if version == VERSION else b""
+    return bytes([version, len(tid)]) + tid + deflate.compress(raw) + deflate.flush() + check
 
 
 def unpack(member: bytes) -> tuple[str, bytes]:
