@@ -48,6 +48,11 @@ __all__ = [
 _MAX_POSITION = 2**63 - 1
 
 
+#: Connections a :class:`DelayControl` made from a URL may open at once (the transport option
+#: ``max_connections``, when not given): one per thread sharing it.
+SHARED_CONNECTIONS = 64
+
+
 class DelayControl:
     """Inspect and control kombu-delay's scheduled messages.
 
@@ -69,7 +74,10 @@ class DelayControl:
         self, broker: str | Connection, transport_options: dict[str, Any] | None = None, ssl: Any = None
     ) -> None:
         if isinstance(broker, str):
-            self._conn = connection(broker, transport_options, ssl)
+            # Shared by threads (the dashboard's, up to 64), each call holding one connection:
+            # kombu's pool has 10 and refuses the 11th, which read as Redis being away.
+            options = {"max_connections": SHARED_CONNECTIONS, **(transport_options or {})}
+            self._conn = connection(broker, options, ssl)
             self._owned = True
         else:
             self._conn = broker

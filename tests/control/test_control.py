@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -848,3 +849,16 @@ def test_listing_is_earliest_first_across_spaces_widths_and_queues(r, redis_serv
         assert set(listed) == set(truth)
         order = [dict((p[0], p[1]) for p in plan)[t] for t in listed]
         assert order == sorted(order)
+
+
+def test_a_control_made_from_a_url_serves_many_threads_at_once(r, redis_server, prefix):
+    # kombu's pool holds 10 connections and refuses the 11th: with 32 threads (the dashboard
+    # runs up to 64) most cancels failed with "Redis is unavailable: Too many connections".
+    store = Store(r, prefix)
+    due = store.time_ms() + 600_000
+    ids = [f"many-{i}" for i in range(320)]
+    store.schedule_many([(Due(due, task_id=i), f"{prefix}q", kombu_payload(i)) for i in ids], ORDINARY)
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as control:
+        with ThreadPoolExecutor(32) as pool:
+            cancelled = list(pool.map(control.cancel, ids))
+    assert cancelled == [1] * 320 and store.counts() == {}
