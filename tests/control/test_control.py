@@ -858,7 +858,9 @@ def test_a_control_made_from_a_url_serves_many_threads_at_once(r, redis_server, 
     due = store.time_ms() + 600_000
     ids = [f"many-{i}" for i in range(320)]
     store.schedule_many([(Due(due, task_id=i), f"{prefix}q", kombu_payload(i)) for i in ids], ORDINARY)
-    with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as control:
-        with ThreadPoolExecutor(32) as pool:
-            cancelled = list(pool.map(control.cancel, ids))
+    with (
+        DelayControl(redis_server.url, {"global_keyprefix": prefix}) as control,
+        ThreadPoolExecutor(32) as pool,
+    ):
+        cancelled = list(pool.map(control.cancel, ids))
     assert cancelled == [1] * 320 and store.counts() == {}
