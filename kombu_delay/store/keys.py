@@ -31,6 +31,10 @@ MAX_DUE_MS = 2**42 - 1
 #: :data:`MAX_DUE_MS` as errors and docs name it.
 MAX_DUE_TEXT = "2109-05-15 07:35:11.103 UTC"
 
+#: Bytes of messages one move, thaw scan or thaw call carries, about (at least one message):
+#: large messages must not hold Redis for seconds in one call.
+CALL_BYTES = 16 * 2**20
+
 #: The storage format this version writes and reads: the layout of every key named here. A
 #: change that code of this format would misread takes the next number. Publishers (with their
 #: first message) and movers (with each heartbeat) write it as the field :data:`FORMAT_FIELD` of

@@ -15,9 +15,6 @@ from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Sto
 
 logger = logging.getLogger(__name__)
 
-#: Restored bytes one thaw call stores, about (at least one message): as move.lua's MOVE_BYTES.
-THAW_BYTES = 16 * 2**20
-
 
 class Moving(StoreBase):
     """What a mover calls, each call one bounded script."""
@@ -126,13 +123,14 @@ class Moving(StoreBase):
         ``b""`` (logged) when it cannot be restored: a member that does not decompress, whose
         score is no due time (:func:`_due_ms`), or that restores to a message longer than the
         server takes in one argument (its ``proto-max-bulk-len`` lowered since its publish).
-        Restored messages of :data:`THAW_BYTES` at most (at least one) go in one call: true
-        beside them when the rest, listed, wait for the next (``thaw.lua`` holds Redis while it
-        stores them, and a highly compressed message restores to many times its member)."""
+        About :data:`~kombu_delay.store.keys.CALL_BYTES` of restored messages (at least one) go
+        in one call: true beside them when the rest, listed, wait for the next (``thaw.lua``
+        holds Redis while it stores them, and a highly compressed message restores to many
+        times its member)."""
         items: list[Any] = []
         size = 0
         for i in range(0, len(listed), 4):
-            if items and size >= THAW_BYTES:
+            if items and size >= keys.CALL_BYTES:
                 return items, True
             start, score, dest, member = listed[i : i + 4]
             stored = Stored(int(start), float(score), as_text(dest), bytes(member), cold=True)

@@ -34,7 +34,7 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
          and its refusal is told the same way.
 Raises: when Redis refuses anything else (the removal's ACL, maxmemory, a read-only
         replica), before anything of that destination is taken.
-Bound: moves at most ARGV[2] messages, and about MOVE_BYTES of them (a batch is cut to what
+Bound: moves at most ARGV[2] messages, and about CALL_BYTES of them (a batch is cut to what
        fits at its head message's size, at least one message: ten 10 MB messages must not
        hold Redis for seconds in one call), and visits at most ARGV[2] buckets; a held, refused or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read (on
@@ -67,6 +67,7 @@ of its refs, in this script's leftover budget, so a burst is never slowed by it.
 --- @include spaces
 --- @include buckets
 --- @include handover
+--- @const CALL_BYTES
 local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
@@ -115,8 +116,7 @@ end
 local add_late, finish_lateness = lateness_runs()
 local budget = limit
 -- Bytes a call moves, about: each batch is sized by its head message (read for its score).
-local MOVE_BYTES = 16 * 1024 * 1024
-local bytes_left = MOVE_BYTES
+local bytes_left = CALL_BYTES
 local room, room_of = room_keeper(max_len)
 
 -- Moves the due head of one sorted set, at most `take` messages; returns how many.
@@ -263,7 +263,7 @@ local function visit(start_s)
             local fits, want = math.max(1, floor(bytes_left / size)), math.min(budget, left)
             local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
                                               math.min(want, fits), marks[dest])
-            -- One herd per call, and about MOVE_BYTES: the next call goes on at once (more).
+            -- One herd per call, and about CALL_BYTES: the next call goes on at once (more).
             bytes_left = bytes_left - got * size
             local cut = bytes_left <= 0 or (got == fits and fits < want)
             budget = (handed or cut) and 0 or budget - got

@@ -17,7 +17,7 @@ Returns: {now_ms, next_ms, more, expired, recounted, start, score, dest, member,
          grace, or deleted by hand), whose counts this call settled, as move.lua does.
 Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, one ZRANGEBYSCORE
        of at most the messages still wanted and two of a single member; members of about
-       SCAN_BYTES in all (a batch is cut to what fits at its first member's size, at least
+       CALL_BYTES in all (a batch is cut to what fits at its first member's size, at least
        one member), so that large messages do not hold Redis for seconds in one call.
 
 Listing takes nothing: a member two movers both list is thawed by the first (thaw.lua's
@@ -26,6 +26,7 @@ ZREM), and a mover that dies between the two calls leaves it where it was.
 --- @include clock
 --- @include spaces
 --- @include buckets
+--- @const CALL_BYTES
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 -- What this scan writes (the counts it settles, a bucket it retires) is small, and a thaw of
 -- what is due, past maxmemory (thaw.lua), must not stop on it. Only then: on Redis 6 a script's
@@ -41,8 +42,7 @@ local cs = k.space
 
 local listed, expired, recounted = {}, 0, 0
 local wanted = limit
-local SCAN_BYTES = 16 * 1024 * 1024
-local bytes_left = SCAN_BYTES
+local bytes_left = CALL_BYTES
 local next_ms, more = -1, 0
 local function later(due)
   if next_ms < 0 or due < next_ms then next_ms = due end
