@@ -209,17 +209,12 @@ class Publishing(StoreBase):
             pipe.execute()
 
     def count(self, counter: str, n: int = 1) -> None:
-        """Add ``n`` to a lifetime counter (for example a fallback taken at publish). Where
-        that makes the totals hash, in a namespace nothing else uses, it lives a day, as after
-        a mover's last heartbeat; the scripts extend it as they use it."""
+        """Add ``n`` to a lifetime counter (for example a fallback taken at publish), in one
+        call of ``count.lua``. Where that makes the totals hash, in a namespace nothing else
+        uses, it lives a day, as after a mover's last heartbeat; a later expiry stays, and the
+        other scripts extend it as they use it."""
         with translated_errors():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hincrby(self._totals, counter, n)
-            pipe.pttl(self._totals)
-            pipe.time()
-            _, ttl, (sec, usec) = pipe.execute()
-            if ttl == -1:  # PEXPIREAT, by Redis's clock: the command the scripts use (ACL)
-                self.client.pexpireat(self._totals, int(sec) * 1000 + int(usec) // 1000 + COUNTER_ALONE_MS)
+            self._scripts["count"](keys=[self._totals], args=[counter, n, COUNTER_ALONE_MS])
 
 
 def _too_soon(reply: list[Any] | int) -> bool:
