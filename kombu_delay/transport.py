@@ -136,14 +136,14 @@ class DelayChannelMixin:
             asked = False  # delivered at once either way, and no delay was readable
         except DelayTooLong:  # no delay is kept here, so none is too long: at once, as kombu's
             asked = True
-        if asked and exchange not in _fanouts_told:
-            _fanouts_told.add(exchange)
-            logger.warning(
-                "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so its "
-                "x-delay or ETA is not kept (publish to a direct or topic exchange to delay it)",
-                exchange,
-            )
         if asked:
+            if exchange not in _fanouts_told:
+                _fanouts_told.add(exchange)
+                logger.warning(
+                    "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so "
+                    "its x-delay or ETA is not kept (publish to a direct or topic exchange to delay it)",
+                    exchange,
+                )
             try:
                 self.delay_store.count("fanout_at_once")
             except KombuDelayError:  # a counter must not fail the publish it counts
