@@ -231,7 +231,6 @@ class Thawer:
 
 
 def _listed(result: ThawResult) -> bool:
-    """Whether a step found anything to thaw: then the next may find more. (``more`` alone
-    does not say so when the limit ran out inside the last bucket the scan visited, and a
-    step whose members another mover restored first thaws none itself.)"""
+    """Whether a step found anything to thaw: then the next may find more (a step whose
+    members another mover restored first thaws none itself, and may say no ``more``)."""
     return result.more or result.thawed + result.dead + result.gone > 0

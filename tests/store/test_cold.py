@@ -923,3 +923,42 @@ def test_a_thaw_call_stores_about_16_mb_however_large_its_messages(r, shape):
     while store.move_due(500).more:
         pass
     assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # each once, as published
+
+
+def test_a_small_cold_message_ahead_of_large_ones_does_not_list_them_all_in_one_scan(r):
+    # A scan was sized by its first member alone: one small member ahead of 2 MB ones listed
+    # them all in one call. They are read in chunks, which stop once 16 MiB are read.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 60_000
+    payloads = ["small"] + [f"{i:02d}" + os.urandom(2_000_000).hex() for i in range(10)]
+    for i, payload in enumerate(payloads):
+        assert store.schedule(Due(due + i, task_id=f"t{i}"), "q", payload, FAST).outcome is Scheduled.STORED
+    members = sorted(len(member) for _, _, member, _ in cold_members(r))
+    reply = store._scripts["thaw_scan"](
+        keys=[spaces.COLD.index(""), keys.counts(""), keys.totals("")],
+        args=[store.ns, 2000, 100, due - 1000, "0"],
+    )
+    listed = [len(member) for member in reply[5:][3::4]]
+    assert int(reply[2]) == 1 and len(listed) < len(payloads), listed  # more: the rest wait
+    assert keys.CALL_BYTES <= sum(listed) + 64 * len(listed) <= keys.CALL_BYTES + members[-1] + 64
+    while store.thaw(FAST.thaw_ahead_ms, 100, now_ms=due - 1000).more:
+        pass
+    assert not cold_members(r) and store.counts() == {"q": len(payloads)}
+    clock.ms = due + 100
+    while store.move_due(500).more:
+        pass
+    assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # each once, as published
+
+
+def test_a_thaw_cut_by_its_limit_says_more(r):
+    # The scan said no more when its limit ran out inside the last bucket it visited.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 60_000
+    for i in range(150):
+        assert store.schedule(Due(due, task_id=f"t{i}"), "q", f"p{i}", FAST).outcome is Scheduled.STORED
+    first = store.thaw(FAST.thaw_ahead_ms, 100, now_ms=due - 1000)
+    assert (first.thawed, first.more) == (100, True), first
+    last = store.thaw(FAST.thaw_ahead_ms, 100, now_ms=due - 1000)
+    assert (last.thawed, last.more) == (50, False), last

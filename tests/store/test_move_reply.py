@@ -108,3 +108,28 @@ def test_a_call_moves_about_16_mb_however_large_its_messages(r: redis.Redis, pre
     pushed = [item[:2] for item in reversed(r.lrange(f"{prefix}q", 0, -1))]
     assert pushed[:7] == [f"{i:02d}".encode() for i in range(7)]  # in due order, each once
     assert len(pushed) == 57 and store.counts() == {}
+
+
+def test_a_small_message_ahead_of_large_ones_does_not_take_them_all_into_one_call(
+    r: redis.Redis, prefix: str
+) -> None:
+    # A batch was sized by its head alone: one small message ahead of 3 MB ones let a call
+    # carry 305 MB. The batch is read in chunks, and stops once 16 MiB are read.
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = clock() + 1000
+    small = [(Due(due, task_id="s"), f"{prefix}q", "small")]
+    big = [(Due(due + 1 + i, task_id=f"b{i}"), f"{prefix}q", f"{i:02d}" + "x" * 3_000_000) for i in range(12)]
+    assert {x.outcome for x in store.schedule_many(small + big, Settings())} == {Scheduled.STORED}
+    clock.ms = due + 100
+    calls = []
+    while True:
+        result = store.move_due(500)
+        calls.append(result.moved)
+        if not result.more and result.moved == 0:
+            break
+    # The small one and six of 3 MB (chunks of 1, 1, 2, 2 and 1: the last goes past 16 MiB),
+    # then five (as many as fit at the head's size), then the last.
+    assert calls == [7, 5, 1, 0], calls
+    pushed = [item[:2] for item in reversed(r.lrange(f"{prefix}q", 0, -1))]
+    assert pushed == [b"sm"] + [f"{i:02d}".encode() for i in range(12)] and store.counts() == {}

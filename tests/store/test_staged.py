@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from kombu_delay.errors import RedisRefused
+from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Staged
 from tests.support.procs import wait_until
@@ -366,3 +367,56 @@ def test_a_rate_capped_move_takes_a_staged_herd_in_batches(
     while step := store.move_due(500, whole=False).moved:
         moved += step
     assert moved == RUN and len(set(r.lrange(dest, 0, -1))) == RUN
+
+
+def big_herd(r: redis.Redis, prefix: str, n: int) -> tuple[FakeClock, Store, str, int, int]:
+    """``n`` messages of 2 MB due at one millisecond: (clock, store, dest, due, start)."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    due = (clock() // width + 1) * width + width // 2
+    dest = f"{prefix}q"
+    store.schedule_many(
+        [(Due(due, task_id=f"b{i}"), dest, f"{i:02d}" + "x" * 2_000_000) for i in range(n)], ORDINARY
+    )
+    return clock, store, dest, due, due - due % width
+
+
+def test_a_stage_call_copies_about_16_mb_however_large_the_herd(r: redis.Redis, prefix: str) -> None:
+    # 2,000 members a call whatever their size: 10,000 messages of 100 KB gave 2 s a call.
+    _, store, dest, _, start = big_herd(r, prefix, 20)
+    copied = []
+    while (result := store.stage(start, dest, 2000, 5)).outcome is Staged.MORE:
+        copied.append(result.staged)
+    copied.append(result.staged)
+    # 16 MiB a call, in chunks of 1, 1, 2 and 4 members, then one more that goes past it.
+    assert result.outcome is Staged.DONE and copied == [9, 18, 20], copied
+
+
+def test_a_copy_whose_missing_part_is_over_16_mb_is_dropped_for_batches(r: redis.Redis, prefix: str) -> None:
+    # The hand-over copied the rest of an unfinished copy one by one, however large: 10,000
+    # messages of 100 KB held Redis for 5.2 s in one hand-over.
+    clock, store, dest, due, start = big_herd(r, prefix, 20)
+    assert store.stage(start, dest, 2000, 5).staged == 9  # 11 of 2 MB still missing at the due time
+    clock.ms = due
+    assert store.move_due(5).moved == 5  # a batch, not the herd whole
+    assert staged_keys(r, prefix) == []
+    assert drain(store) == 15
+    assert [item[:2] for item in reversed(r.lrange(dest, 0, -1))] == [f"{i:02d}".encode() for i in range(20)]
+
+
+@pytest.mark.parametrize(("waiting_size", "first_call"), [(100, RUN), (2_000_000, 500)])
+def test_a_hand_over_behind_more_than_16_mb_on_its_list_moves_in_batches(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int], waiting_size: int, first_call: int
+) -> None:
+    # What waits on the list goes to the right of the herd, copied one by one: 10 items of 2 MB
+    # are more than a call carries, and the herd then moves in batches.
+    clock, store, dest, due = herd
+    stage_herd(store, dest, due)
+    r.lpush(dest, *[f"w{i}".encode() + b"x" * waiting_size for i in range(10)])
+    waiting = r.lrange(dest, 0, -1)
+    clock.ms = due
+    assert store.move_due(500).moved == first_call
+    assert drain(store) == RUN - first_call
+    listed = r.lrange(dest, 0, -1)
+    assert listed[-10:] == waiting and len(set(listed[:-10])) == RUN  # what waited is taken first

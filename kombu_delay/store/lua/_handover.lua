@@ -7,8 +7,9 @@ hand_over(s, meta, start_s, zset, dest, t, n, spare, spare_rest)
   having dropped the copy and written nothing else, when it cannot: the run changed, the ACL
   refuses a command it needs, or what it would do per message is too much for one call (the
   part of the copy still missing or what waits on ``dest`` already beyond ``spare``, the
-  members of ``zset`` after the run beyond ``spare_rest``, each copied one by one). The
-  caller then moves the run in batches, as without a copy. The caller has checked ``dest``: a
+  members of ``zset`` after the run beyond ``spare_rest``, each copied one by one; or the
+  first two more than about CALL_BYTES, read by read_ranks in _chunks.lua before anything is
+  written). The caller then moves the run in batches, as without a copy. The caller has checked ``dest``: a
   list or no key, no max length, and LPUSH allowed.
 
 What waits on ``dest`` already goes to the right of the herd, where consumers take first, as
@@ -20,6 +21,7 @@ tried with (Redis 6) in this call, and none of them may grow memory: a herd is n
 its list and still scheduled.
 ]]
 --- @include staged
+--- @include chunks
 local function push_sliced(command, key, values)
   for first = 1, #values, 1000 do
     redis.call(command, key, unpack(values, first, math.min(#values, first + 999)))
@@ -41,13 +43,22 @@ local function hand_over(s, meta, start_s, zset, dest, t, n, spare, spare_rest)
     drop_staged(s, meta, start_s, dest)
     return nil
   end
+  -- What is copied one by one, read first, within CALL_BYTES: the end of the copy (the last
+  -- stage call may not have come before the due time) and what waits on dest.
+  local missing, used = {}, 0
+  if have < n then missing, used = read_ranks('ZRANGE', zset, have, n - have, CALL_BYTES) end
+  local ahead_of = {}
+  if waiting > 0 and #missing == n - have then
+    ahead_of = read_ranks('LRANGE', dest, 0, waiting, CALL_BYTES - used)
+  end
+  if #missing < n - have or #ahead_of < waiting then
+    drop_staged(s, meta, start_s, dest)
+    return nil
+  end
   -- The first write, if nothing came before it in this call, must not be one that may grow
   -- memory: under maxmemory Redis would refuse the call, and movers must keep moving then.
   redis.call('ZREMRANGEBYRANK', zset, 1, 0)
-  if have < n then
-    -- The end of the copy: the last stage call may not have come before the due time.
-    push_sliced('LPUSH', staged, redis.call('ZRANGE', zset, have, n - 1))
-  end
+  if have < n then push_sliced('LPUSH', staged, missing) end
   local kept
   if rest > 0 then
     kept = s.keys .. 'h-rest'  -- made and renamed in this call: no other key has this name
@@ -57,7 +68,7 @@ local function hand_over(s, meta, start_s, zset, dest, t, n, spare, spare_rest)
       return nil
     end
   end
-  if waiting > 0 then push_sliced('RPUSH', staged, redis.call('LRANGE', dest, 0, -1)) end
+  if waiting > 0 then push_sliced('RPUSH', staged, ahead_of) end
   local ttl = redis.call('PTTL', dest)
   if failed(redis.pcall('RENAME', staged, dest)) then
     if kept then redis.call('UNLINK', kept) end

@@ -34,16 +34,18 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
          and its refusal is told the same way.
 Raises: when Redis refuses anything else (the removal's ACL, maxmemory, a read-only
         replica), before anything of that destination is taken.
-Bound: moves at most ARGV[2] messages, and about CALL_BYTES of them (a batch is cut to what
-       fits at its head message's size, at least one message: ten 10 MB messages must not
-       hold Redis for seconds in one call), and visits at most ARGV[2] buckets; a held, refused or
+Bound: moves at most ARGV[2] messages, and about CALL_BYTES of them (a batch is read in
+       chunks that stop once CALL_BYTES are read, at least one message, see read_ranks in
+       _chunks.lua: ten 10 MB messages must not hold Redis for seconds in one call, nor a
+       small one ahead of them take them all), and visits at most ARGV[2] buckets; a held, refused or
        wrong-type destination costs one ZCOUNT per bucket, its messages are not read (on
        Redis 6, where only a push tells that the LPUSH command itself is refused, its head's
        is: see move_head).
        The exception is a herd staged ahead (stage.lua, _staged.lua): its run is handed over
        whole, however large, at the cost of a few commands and of copying at most 20 x ARGV[2]
-       messages of its copy, 20 x ARGV[2] already on the list and 100 x ARGV[2] of its set
-       after it (see hand_over in _handover.lua), and ends the call. ARGV[7] '0' forbids it
+       messages of its copy and 20 x ARGV[2] already on the list, about CALL_BYTES of them in
+       all, and 100 x ARGV[2] of its set after it (see hand_over in _handover.lua), and ends
+       the call. ARGV[7] '0' forbids it
        (a rate-capped mover: the herd then moves in batches).
        A bucket whose due messages are all held costs no move budget, so when more such
        buckets than ARGV[2] lie ahead, the scan stops after ARGV[2] of them and the next call
@@ -67,7 +69,7 @@ of its refs, in this script's leftover budget, so a burst is never slowed by it.
 --- @include spaces
 --- @include buckets
 --- @include handover
---- @const CALL_BYTES
+--- @include chunks
 local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
@@ -115,30 +117,25 @@ local function left_waiting(dest, left, waiting)
 end
 local add_late, finish_lateness = lateness_runs()
 local budget = limit
--- Bytes a call moves, about: each batch is sized by its head message (read for its score).
+-- Bytes a call moves, about: each batch is read in chunks that stop once they are read
+-- (read_ranks), and is never more messages than fit at its head message's size.
 local bytes_left = CALL_BYTES
 local room, room_of = room_keeper(max_len)
 
--- Moves the due head of one sorted set, at most `take` messages; returns how many.
+-- Moves the due head of one sorted set, at most `take` messages and about bytes_left of them
+-- (read_ranks); returns how many.
 local function move_batch(zset, dest, due_first, take)
-  -- When the first and the last of the next `take` members are due at the same millisecond,
-  -- so is every one between: one number is the lateness of all, and the batch is read
-  -- without scores and pushed as it came. Otherwise each member comes with its score.
-  local tail = redis.call('ZRANGE', zset, take - 1, take - 1, 'WITHSCORES')
-  if not tail[2] then tail = redis.call('ZRANGE', zset, -1, -1, 'WITHSCORES') end
-  if not tail[2] then return 0 end  -- emptied by move_head's push of its head
-  local pushes, scores
-  if floor(tonumber(tail[2])) == due_first then
-    pushes = redis.call('ZRANGE', zset, 0, take - 1)
+  -- When the next `take` members are all due at the same millisecond, one number is the
+  -- lateness of all, and the batch is read without scores and pushed as it came. Otherwise
+  -- each member comes with its score.
+  local pushes, scores, used
+  local same = redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', due_first + 1))
+  if same >= take then
+    pushes, used = read_ranks('ZRANGE', zset, 0, take, bytes_left)
   else
-    local batch = redis.call('ZRANGEBYSCORE', zset, '-inf', upper, 'WITHSCORES', 'LIMIT', 0, take)
-    pushes, scores = {}, {}
-    local n = 0
-    for i = 1, #batch, 2 do
-      n = n + 1
-      pushes[n], scores[n] = batch[i], batch[i + 1]
-    end
+    pushes, used, scores = read_ranks('ZRANGE', zset, 0, take, bytes_left, due_by + 1)
   end
+  bytes_left = bytes_left - used
   local got = #pushes
   if got > 0 then
     -- Push, then remove: Redis does not undo a script's earlier writes when it refuses a later
@@ -263,8 +260,8 @@ local function visit(start_s)
             local fits, want = math.max(1, floor(bytes_left / size)), math.min(budget, left)
             local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
                                               math.min(want, fits), marks[dest])
-            -- One herd per call, and about CALL_BYTES: the next call goes on at once (more).
-            bytes_left = bytes_left - got * size
+            -- One herd per call, and about CALL_BYTES (move_batch counts what it reads): the
+            -- next call goes on at once (more).
             local cut = bytes_left <= 0 or (got == fits and fits < want)
             budget = (handed or cut) and 0 or budget - got
             if got > 0 then

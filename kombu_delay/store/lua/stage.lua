@@ -16,7 +16,8 @@ Returns: {code, staged, n, t}
                  this user's ACL refuses dest (its run waits, as its move does);
              -2: this user's ACL refuses what a handover needs (see may_hand_over): nothing
                  is staged, and move.lua moves the run in batches as ever.
-Bound: one ZRANGE of at most ARGV[4] members and one LPUSH of them, plus, to find a run, at
+Bound: at most ARGV[4] members copied, and about CALL_BYTES of them (read_ranks in
+       _chunks.lua reads them, in chunks that stop once that much is read), plus, to find a run, at
        most 256 reads of one member and one ZCOUNT each, and a constant number of others.
 
 See _staged.lua for what a run, its mark and its staged list are. The run staged is the set's
@@ -29,6 +30,7 @@ last stopped, in one atomic call. The list expires with the sorted set it copies
 ]]
 --- @include spaces
 --- @include staged
+--- @include chunks
 local ns, start_s, dest = ARGV[1], ARGV[2], ARGV[3]
 local limit, min_run = tonumber(ARGV[4]), math.max(1, tonumber(ARGV[5]))
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call: a
@@ -82,7 +84,7 @@ if not t then
 end
 
 if have < n and limit > 0 then
-  local batch = redis.call('ZRANGE', zset, e + have, e + math.min(n, have + limit) - 1)
+  local batch = read_ranks('ZRANGE', zset, e + have, math.min(n - have, limit), CALL_BYTES)
   for first = 1, #batch, 1000 do
     redis.call('LPUSH', staged, unpack(batch, first, math.min(#batch, first + 999)))
   end

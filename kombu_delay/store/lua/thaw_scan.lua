@@ -15,9 +15,9 @@ Returns: {now_ms, next_ms, more, expired, recounted, start, score, dest, member,
          the mover need not look again before next_ms - ahead. more: 1 when the limit cut
          the list. expired: counted messages whose cold set was gone (expired after its
          grace, or deleted by hand), whose counts this call settled, as move.lua does.
-Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, one ZRANGEBYSCORE
-       of at most the messages still wanted and two of a single member; members of about
-       CALL_BYTES in all (a batch is cut to what fits at its first member's size, at least
+Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, reads of at most the
+       messages still wanted (read_ranks in _chunks.lua) and one of a single member; members
+       of about CALL_BYTES in all (read in chunks that stop once that much is read, at least
        one member), so that large messages do not hold Redis for seconds in one call.
 
 Listing takes nothing: a member two movers both list is thawed by the first (thaw.lua's
@@ -26,7 +26,7 @@ ZREM), and a mover that dies between the two calls leaves it where it was.
 --- @include clock
 --- @include spaces
 --- @include buckets
---- @const CALL_BYTES
+--- @include chunks
 local cindex, counts, totals = KEYS[1], KEYS[2], KEYS[3]
 -- What this scan writes (the counts it settles, a bucket it retires) is small, and a thaw of
 -- what is due, past maxmemory (thaw.lua), must not stop on it. Only then: on Redis 6 a script's
@@ -77,28 +77,24 @@ for _, start_s in ipairs(starts) do
         settle_gone(meta, name, counts, dest, n)
       elseif wanted > 0 then
         left = left + n
-        -- As many as fit in the bytes left at the size of the first: the rest in the next call.
-        local first = redis.pcall('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'LIMIT', 0, 1)
-        local size = (type(first) == 'table' and first[1] and #first[1] or 0) + 64
-        local take = math.min(wanted, math.max(1, math.floor(bytes_left / size)))
-        local batch = redis.pcall('ZRANGEBYSCORE', zset, '-inf', horizon_s, 'WITHSCORES', 'LIMIT', 0, take)
-        if batch.err then  -- of another type, by hand: read as gone, as move.lua reads one
-          left = left - n
+        -- Those due by the horizon, within the bytes left (read_ranks): the rest in the next call.
+        local members, used, scores = {}, 0, {}
+        if type(redis.pcall('ZCARD', zset)) == 'table' then  -- of another type, by hand: read as
+          left = left - n                                     -- gone, as move.lua reads one
           expired = expired + n
           settle_gone(meta, name, counts, dest, n)
-          batch = {}
+        else
+          members, used, scores = read_ranks('ZRANGE', zset, 0, wanted, bytes_left, horizon + 1)
         end
-        for j = 1, #batch, 2 do
+        for j = 1, #members do
           listed[#listed + 1] = start_s
-          listed[#listed + 1] = batch[j + 1]
+          listed[#listed + 1] = scores[j]
           listed[#listed + 1] = dest
-          listed[#listed + 1] = batch[j]
+          listed[#listed + 1] = members[j]
         end
-        wanted = wanted - #batch / 2
-        bytes_left = bytes_left - size * #batch / 2
-        if bytes_left <= 0 or (take < wanted + #batch / 2 and #batch / 2 == take) then  -- cut by bytes
-          wanted, more = 0, 1
-        end
+        wanted = wanted - #members
+        bytes_left = bytes_left - used
+        if bytes_left <= 0 or wanted <= 0 then wanted, more = 0, 1 end  -- cut by bytes or the limit
         local rest = redis.pcall('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
         if rest.err then rest = {} end
         local score = tonumber(rest[2])
