@@ -897,6 +897,14 @@ def test_a_reschedule_to_a_message_over_the_servers_string_limit_changes_nothing
         r.close()
 
 
+def assert_moved_once(r: redis.Redis, store: Store, clock: FakeClock, at: int, payloads: list[str]) -> None:
+    """Move everything due at ``at`` onto the list "q": each payload once, as published."""
+    clock.ms = at
+    while store.move_due(500).more:
+        pass
+    assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)
+
+
 @pytest.mark.parametrize("shape", ["compressible", "random"])
 def test_a_thaw_call_stores_about_16_mb_however_large_its_messages(r, shape):
     # 100 messages listed and stored in one call whatever their size: 100 of 10 MB held Redis
@@ -919,10 +927,7 @@ def test_a_thaw_call_stores_about_16_mb_however_large_its_messages(r, shape):
     # messages whose members are 4 KB, five then two; or members of 2 MB, three, three, one.
     assert [n for n, _ in calls if n] == ([5, 2] if shape == "compressible" else [3, 3, 1]), calls
     assert not cold_members(r) and store.counts() == {"q": 7}
-    clock.ms = due + 10
-    while store.move_due(500).more:
-        pass
-    assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # each once, as published
+    assert_moved_once(r, store, clock, due + 10, payloads)
 
 
 def test_a_small_cold_message_ahead_of_large_ones_does_not_list_them_all_in_one_scan(r):
@@ -945,10 +950,7 @@ def test_a_small_cold_message_ahead_of_large_ones_does_not_list_them_all_in_one_
     while store.thaw(FAST.thaw_ahead_ms, 100, now_ms=due - 1000).more:
         pass
     assert not cold_members(r) and store.counts() == {"q": len(payloads)}
-    clock.ms = due + 100
-    while store.move_due(500).more:
-        pass
-    assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # each once, as published
+    assert_moved_once(r, store, clock, due + 100, payloads)
 
 
 def test_a_thaw_cut_by_its_limit_says_more(r):

@@ -3,6 +3,7 @@ per moved message in Python."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from kombu_delay.config import Settings
@@ -86,50 +87,48 @@ def test_a_score_written_by_hand_as_minus_infinity_is_moved_with_a_finite_latene
     assert result.moved == 2 and sorted(result.lateness_ms) == [5, 2**53]
 
 
-def test_a_call_moves_about_16_mb_however_large_its_messages(r: redis.Redis, prefix: str) -> None:
-    # A batch of 500 messages of 10 MB held Redis for 8 s in one call, its memory peaking at 4
-    # times the data; the mover's socket timed out on it, and said Redis was away.
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    due = clock() + 1000
-    big = [(Due(due + i, task_id=f"big{i}"), f"{prefix}q", f"{i:02d}" + "x" * 4_000_000) for i in range(7)]
-    small = [(Due(due + 10, task_id=f"s{i}"), f"{prefix}q", f"small-{i}") for i in range(50)]
-    assert {x.outcome for x in store.schedule_many(big + small, Settings())} == {Scheduled.STORED}
-    clock.ms = due + 100
-    calls = []
-    while True:
-        result = store.move_due(500)
-        calls.append(result.moved)
-        if not result.more and result.moved == 0:
-            break
-    # 16 MiB a call, judged by the head of each batch: four of 4 MB (the second batch's head is
-    # big too: it takes a small one with it), then the rest.
-    assert calls == [4, 4, 49, 0], calls
-    pushed = [item[:2] for item in reversed(r.lrange(f"{prefix}q", 0, -1))]
-    assert pushed[:7] == [f"{i:02d}".encode() for i in range(7)]  # in due order, each once
-    assert len(pushed) == 57 and store.counts() == {}
+def large_and_small(prefix: str, due: int, shape: str) -> list[tuple[Due, str, str]]:
+    """Messages in due order (then publish order): seven of 4 MB then fifty small ones, or
+    one small one then twelve of 3 MB."""
+    q = f"{prefix}q"
+    if shape == "large first":
+        big = [(Due(due + i, task_id=f"big{i}"), q, f"{i:02d}" + "x" * 4_000_000) for i in range(7)]
+        return big + [(Due(due + 10, task_id=f"s{i}"), q, f"small-{i}") for i in range(50)]
+    big = [(Due(due + 1 + i, task_id=f"b{i}"), q, f"{i:02d}" + "x" * 3_000_000) for i in range(12)]
+    return [(Due(due, task_id="s"), q, "small"), *big]
 
 
-def test_a_small_message_ahead_of_large_ones_does_not_take_them_all_into_one_call(
-    r: redis.Redis, prefix: str
+@pytest.mark.parametrize(
+    ("shape", "calls"),
+    [
+        # Four of 4 MB, then four again (the second batch's head is big too: it takes a small
+        # one with it), then the rest.
+        ("large first", [4, 4, 49, 0]),
+        # A batch was sized by its head alone: one small message ahead of 3 MB ones let a call
+        # carry 305 MB. The small one and six of 3 MB (chunks of 1, 1, 2, 2 and 1: the last
+        # goes past 16 MiB), then five (as many as fit at the head's size), then the last.
+        ("small first", [7, 5, 1, 0]),
+    ],
+)
+def test_a_call_moves_about_16_mb_however_large_its_messages(
+    r: redis.Redis, prefix: str, shape: str, calls: list[int]
 ) -> None:
-    # A batch was sized by its head alone: one small message ahead of 3 MB ones let a call
-    # carry 305 MB. The batch is read in chunks, and stops once 16 MiB are read.
+    # A batch of 500 messages of 10 MB held Redis for 8 s in one call, its memory peaking at 4
+    # times the data; the mover's socket timed out on it, and said Redis was away. A batch is
+    # read in chunks that stop once 16 MiB are read.
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     due = clock() + 1000
-    small = [(Due(due, task_id="s"), f"{prefix}q", "small")]
-    big = [(Due(due + 1 + i, task_id=f"b{i}"), f"{prefix}q", f"{i:02d}" + "x" * 3_000_000) for i in range(12)]
-    assert {x.outcome for x in store.schedule_many(small + big, Settings())} == {Scheduled.STORED}
+    messages = large_and_small(prefix, due, shape)
+    assert {x.outcome for x in store.schedule_many(messages, Settings())} == {Scheduled.STORED}
     clock.ms = due + 100
-    calls = []
+    made = []
     while True:
         result = store.move_due(500)
-        calls.append(result.moved)
+        made.append(result.moved)
         if not result.more and result.moved == 0:
             break
-    # The small one and six of 3 MB (chunks of 1, 1, 2, 2 and 1: the last goes past 16 MiB),
-    # then five (as many as fit at the head's size), then the last.
-    assert calls == [7, 5, 1, 0], calls
+    assert made == calls
     pushed = [item[:2] for item in reversed(r.lrange(f"{prefix}q", 0, -1))]
-    assert pushed == [b"sm"] + [f"{i:02d}".encode() for i in range(12)] and store.counts() == {}
+    assert pushed == [payload[:2].encode() for _, _, payload in messages]  # in due order, each once
+    assert store.counts() == {}
