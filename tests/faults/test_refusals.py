@@ -31,12 +31,13 @@ from kombu_delay.config import Settings
 from kombu_delay.connect import Target, open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused, RedisUnavailable
+from kombu_delay.message import Due
 from kombu_delay.mover.embedded import EmbeddedMover
 from kombu_delay.mover.loop import Mover
-from kombu_delay.store import keys
+from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
-from tests.support.stored import redis_ms, stored
+from tests.support.stored import FakeClock, redis_ms, stored
 
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 120.0
@@ -225,6 +226,24 @@ def test_a_refused_push_reads_no_more_than_the_queues_head(server: RedisServer) 
     one = [read for read in reads if read.split()[2:4] == ["0", "0"] or read.endswith("LIMIT 0 1")]
     assert reads and one == reads, reads
     assert len(stored(admin)) == 50 and admin.llen(QUEUE) == 0
+
+
+def test_a_refused_head_of_16_mb_does_not_hide_the_other_refusals(server: RedisServer) -> None:
+    """On Redis 6 the refused push of a queue's head of 17 MB spent the call's 16 MB: the call
+    said more, and counted one refusal of 16 (Redis 7 is asked first, and reads none)."""
+    admin = server.client()
+    url = add_user(admin, "nolpush", "-lpush")
+    clock = FakeClock(admin)
+    due = clock() + 1000
+    big = [(Due(due, task_id="big"), "blocked", "b" * (17 * 2**20))]
+    small = [(Due(due + 1 + i, task_id=f"s{i}"), QUEUE, f"small-{i}") for i in range(15)]
+    Store(admin).schedule_many(big + small, Settings())
+    clock.ms = due + 100
+    with open_store(url) as store:
+        store.clock = clock
+        results = [store.move_due(500) for _ in range(2)]
+    assert [(x.moved, x.refused, x.more) for x in results] == [(0, 16, False)] * 2
+    assert len(stored(admin)) == 16 and admin.llen(QUEUE) == 0
 
 
 def test_a_reschedule_to_the_past_refused_lpush_keeps_the_message(server: RedisServer) -> None:

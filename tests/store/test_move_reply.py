@@ -88,14 +88,17 @@ def test_a_score_written_by_hand_as_minus_infinity_is_moved_with_a_finite_latene
 
 
 def large_and_small(prefix: str, due: int, shape: str) -> list[tuple[Due, str, str]]:
-    """Messages in due order (then publish order): seven of 4 MB then fifty small ones, or
-    one small one then twelve of 3 MB."""
+    """Messages in due order (then publish order): seven of 4 MB then fifty small ones; one
+    small one then twelve of 3 MB; or 129 small ones then 128 of 512 KB."""
     q = f"{prefix}q"
     if shape == "large first":
         big = [(Due(due + i, task_id=f"big{i}"), q, f"{i:02d}" + "x" * 4_000_000) for i in range(7)]
         return big + [(Due(due + 10, task_id=f"s{i}"), q, f"small-{i}") for i in range(50)]
-    big = [(Due(due + 1 + i, task_id=f"b{i}"), q, f"{i:02d}" + "x" * 3_000_000) for i in range(12)]
-    return [(Due(due, task_id="s"), q, "small"), *big]
+    if shape == "small first":
+        big = [(Due(due + 1 + i, task_id=f"b{i}"), q, f"{i:02d}" + "x" * 3_000_000) for i in range(12)]
+        return [(Due(due, task_id="s"), q, "small"), *big]
+    small = [(Due(due, task_id=f"s{i}"), q, f"small-{i}") for i in range(129)]
+    return small + [(Due(due, task_id=f"b{i}"), q, f"{i:02d}" + "x" * 2**19) for i in range(128)]
 
 
 @pytest.mark.parametrize(
@@ -108,6 +111,10 @@ def large_and_small(prefix: str, due: int, shape: str) -> list[tuple[Due, str, s
         # carry 305 MB. The small one and six of 3 MB (chunks of 1, 1, 2, 2 and 1: the last
         # goes past 16 MiB), then five (as many as fit at the head's size), then the last.
         ("small first", [7, 5, 1, 0]),
+        # 129 small ones, then 128 of 512 KB, all due at one millisecond: chunks of 1 to 16
+        # members, none kept past 16 MiB: the small ones and 32 large ones (the last goes
+        # past), then 31 a call. Chunks of up to 128 members took all 257 (64 MiB) in one.
+        ("many small first", [161, 31, 31, 31, 3, 0]),
     ],
 )
 def test_a_call_moves_about_16_mb_however_large_its_messages(

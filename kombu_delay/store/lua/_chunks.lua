@@ -8,19 +8,22 @@ read_ranks(command, key, first, count, bytes, below)
   64, what it costs beside its bytes) and the scores (nil without ``below``).
   A call that read ``count`` items at once could read a whole batch of large ones (a small
   first message ahead of 3 MB ones took 305 MB into one move), so the items are read in
-  chunks: one item, then each chunk as many as were read before it (at most 128), and no
-  more than the bytes left hold at the size of the largest item read so far. The read stops
-  once ``bytes`` are read (at least one item is). It goes past ``bytes`` by at most one chunk
-  of items larger than every one before them.
-  Bound: about log2(count) + count / 128 reads, of about ``bytes`` in all.
+  chunks: one item, then each chunk as many as were read before it, at most CHUNK, and no
+  more than the bytes left hold at the size of the largest item read so far. No item is kept
+  once ``bytes`` are reached (the first always is), so what a caller pushes or copies goes
+  past ``bytes`` by at most one item; what is read goes past it by at most one chunk, CHUNK
+  items larger than every one before them (the price of reading in chunks: a read of one
+  item at a time would cost each message a command).
+  Bound: about log2(CHUNK) + count / CHUNK reads, of about ``bytes`` in all.
 ]]
 --- @const CALL_BYTES
+local CHUNK = 16
 local function read_ranks(command, key, first, count, bytes, below)
   local items, scores = {}, below and {} or nil
   local n, used, largest = 0, 0, 0
   local step = below and 2 or 1
   while n < count and (n == 0 or used < bytes) do
-    local chunk = math.min(count - n, math.max(1, n), 128)
+    local chunk = math.min(count - n, math.max(1, n), CHUNK)
     if largest > 0 then chunk = math.min(chunk, math.max(1, math.floor((bytes - used) / largest))) end
     local from = first + n
     local got
@@ -30,7 +33,9 @@ local function read_ranks(command, key, first, count, bytes, below)
       got = redis.call(command, key, from, from + chunk - 1)
     end
     for i = 1, #got, step do
-      if below and tonumber(got[i + 1]) >= below then return items, used, scores end
+      if (below and tonumber(got[i + 1]) >= below) or (n > 0 and used >= bytes) then
+        return items, used, scores
+      end
       n = n + 1
       items[n] = got[i]
       if below then scores[n] = got[i + 1] end

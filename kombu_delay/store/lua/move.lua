@@ -135,7 +135,6 @@ local function move_batch(zset, dest, due_first, take)
   else
     pushes, used, scores = read_ranks('ZRANGE', zset, 0, take, bytes_left, due_by + 1)
   end
-  bytes_left = bytes_left - used
   local got = #pushes
   if got > 0 then
     -- Push, then remove: Redis does not undo a script's earlier writes when it refuses a later
@@ -151,6 +150,7 @@ local function move_batch(zset, dest, due_first, take)
       left_waiting(dest, REFUSED, redis.call('ZCOUNT', zset, '-inf', upper))
       return 0
     end
+    bytes_left = bytes_left - used
     if scores then
       for i = 1, got do add_late(math.max(0, now - floor(tonumber(scores[i]))), 1) end
     else
