@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -138,6 +138,21 @@ class Target:
         """Yield a :class:`Store` for this target, closing the connection afterwards."""
         with open_store(self.url, self.transport_options, ssl=self.ssl) as store:
             yield store
+
+
+#: The ``socket_timeout`` and ``socket_connect_timeout`` of a mover's and the CLI's connections
+#: when the transport options set none (redis-py waits forever), seconds: every command they
+#: send is answered within milliseconds, so a silent server is given up on, reconnected to,
+#: and a stop is heard.
+SOCKET_TIMEOUT_S = 10.0
+
+
+def with_socket_timeouts(tgt: Target) -> Target:
+    """``tgt`` with :data:`SOCKET_TIMEOUT_S` socket timeouts unless its transport options set
+    their own: a Redis that accepts connections but never answers (stopped, or behind a
+    black-holed network) fails a command instead of hanging it."""
+    defaults = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
+    return replace(tgt, transport_options={**defaults, **tgt.transport_options})
 
 
 def app_target(app: Any) -> Target:

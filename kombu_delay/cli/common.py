@@ -16,13 +16,11 @@ import os
 import sys
 import traceback
 from collections.abc import Mapping, MutableMapping
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import click
 
 from kombu_delay.connect import Target
-from kombu_delay.mover.loop import SOCKET_TIMEOUT_S
 from kombu_delay.redact import RedactingFilter, Redactor
 
 BROKER_ENV = "KOMBU_DELAY_BROKER"
@@ -127,14 +125,6 @@ def setup_logging(level: str) -> None:
     for handler in root.handlers:  # also handlers someone else set up: they print our errors too
         if LOG_FILTER not in handler.filters:
             handler.addFilter(LOG_FILTER)
-
-
-def with_socket_timeouts(tgt: Target) -> Target:
-    """``tgt`` with the mover's socket timeouts (:data:`~kombu_delay.mover.loop.SOCKET_TIMEOUT_S`)
-    unless its transport options set their own: a Redis that accepts connections but never
-    answers (stopped, or behind a black-holed network) fails a command instead of hanging it."""
-    defaults = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
-    return replace(tgt, transport_options={**defaults, **tgt.transport_options})
 
 
 def without_celery_servers(env: Mapping[str, str]) -> dict[str, str]:

@@ -12,7 +12,8 @@ import socket
 
 import click
 
-from kombu_delay.cli.common import announce, global_options, target, with_socket_timeouts
+from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.errors import KombuDelayError, RedisUnavailable
 from kombu_delay.ops.health import check
 from kombu_delay.store.keys import MAX_DUE_MS

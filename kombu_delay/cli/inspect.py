@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 
 import click
 
-from kombu_delay.cli.common import announce, global_options, target, with_socket_timeouts
+from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError, WrongTypeKey
 from kombu_delay.store.listing import Cursor

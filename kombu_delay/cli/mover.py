@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -17,6 +19,7 @@ from kombu_delay.connect import Target
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.loop import Mover, open_when_reachable
+from kombu_delay.mover.threads import STOP_SIGNALS
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
@@ -90,7 +93,8 @@ def mover(
 
 
 def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
-    """Run a mover in the foreground with signal handling; shared by both CLIs."""
+    """Run a mover in the foreground with signal handling; shared by both CLIs. It leaves the
+    stop signals ignored when it returns: the process is on its way out."""
     logger.info("kombu-delay: %s", tgt.describe())
     try:
         settings = tgt.settings()
@@ -110,6 +114,11 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
                 running[0].run()
     except KombuDelayError as exc:  # a bad URL or option, credentials or ACL: waiting cannot fix it
         raise click.ClickException(tgt.redact(str(exc))) from exc
+    finally:
+        # Stopped: a signal now must not kill the process by its default action, which Python
+        # restores as it shuts down (exit 130 or 143 after a clean stop).
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def handle_stop_signals(name: str, stopping: threading.Event, running: list[Mover]) -> None:
@@ -119,19 +128,27 @@ def handle_stop_signals(name: str, stopping: threading.Event, running: list[Move
 
     asked: list[int] = []
 
-    def stop_all() -> None:
+    def stop_all(signum: int) -> None:
+        logger.info(
+            "mover %s: stopping on %s (a second signal stops it at once)", name, signal.Signals(signum).name
+        )
         stopping.set()
         for worker in running:
             worker.stop()
 
     def on_signal(signum: int, frame: object) -> None:
-        if asked:  # asked twice: leave now; a move in flight is one atomic script
-            raise SystemExit(f"mover {name}: stopped by a second {signal.Signals(signum).name}")
+        if asked:
+            # Asked twice: leave now, without the clean-up a SystemExit would run (a Redis that
+            # does not answer would hold it for a socket timeout); a move in flight is one
+            # atomic script, and the heartbeat ages out.
+            sys.stderr.write(f"mover {name}: stopped by a second {signal.Signals(signum).name}\n")
+            sys.stderr.flush()
+            os._exit(1)
         asked.append(signum)
         # Not here: Event.set takes the lock of its Event, which the main thread, interrupted
         # by this handler inside that Event's wait, may hold: the mover hung for good, deaf to
         # every later signal. A thread sets them once this handler has returned.
-        threading.Thread(target=stop_all, name="kombu-delay-stop", daemon=True).start()
+        threading.Thread(target=stop_all, args=(signum,), name="kombu-delay-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -15,12 +15,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.connect import Target
+from kombu_delay.connect import Target, with_socket_timeouts
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, WrongTypeKey
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter
@@ -39,10 +39,6 @@ LOG_EVERY_S = 10.0
 HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
-#: A mover's ``socket_timeout`` and ``socket_connect_timeout`` when the transport options set
-#: none (redis-py waits forever), seconds: every command a mover sends is answered within
-#: milliseconds, so a silent server is given up on, reconnected to, and a stop is heard.
-SOCKET_TIMEOUT_S = 10.0
 #: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
 #: what it holds, and settles buckets found gone), seconds.
 SWEEP_EVERY_S = 60.0
@@ -69,20 +65,19 @@ class MoverStats:
     calls: int = 0
     last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
     lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
+    away: bool = False  #: the last look found Redis unreachable, or silent
 
 
 @contextmanager
 def open_when_reachable(target: Target, stopping: threading.Event, name: str) -> Iterator[Store | None]:
-    """Open ``target``'s store, waiting with backoff while Redis cannot be reached.
-
-    A sidecar, or a worker with an embedded mover, may start before its Redis does;
-    it waits instead of dying. Other refusals (a wrong password, an ACL) are raised.
-    Yields ``None`` if ``stopping`` is set before Redis answers. The connection gets
-    :data:`SOCKET_TIMEOUT_S` socket timeouts unless the transport options set their own.
+    """Open ``target``'s store, waiting with backoff while Redis cannot be reached: a
+    sidecar, or a worker with an embedded mover, may start before its Redis does. Other
+    refusals (a wrong password, an ACL) are raised. Yields ``None`` if ``stopping`` is set
+    before Redis answers. Its connection has socket timeouts (see
+    :func:`~kombu_delay.connect.with_socket_timeouts`).
     """
     backoff = Backoff()
-    options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
-    target = replace(target, transport_options={**options, **target.transport_options})
+    target = with_socket_timeouts(target)
     while not stopping.is_set():
         with ExitStack() as stack:
             try:
@@ -156,13 +151,15 @@ class Mover:
             self._loop()
         finally:
             # On every way out, a fatal error's too: the checks use this store's connections,
-            # which the caller then closes, and an embedded mover starts a new one to retry;
-            # and a mover that stopped must not leave a heartbeat that tells probes it runs.
+            # which the caller then closes (an embedded mover starts a new one to retry); and a
+            # stopped mover must leave no heartbeat, unless Redis is away: a silent one would
+            # hold the stop for another socket timeout, and the heartbeat ages out.
             if self.watch is not None:
                 self.watch.stop()
             try:
-                self.store.forget_mover(self.name)
-            except Exception:  # the server may be gone at shutdown; the heartbeat then ages out
+                if not self.stats.away:
+                    self.store.forget_mover(self.name)
+            except Exception:  # the server may be gone at shutdown
                 logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
         logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
 
@@ -178,6 +175,7 @@ class Mover:
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
                 backoff.reset()
+                self.stats.away = False
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
@@ -187,7 +185,8 @@ class Mover:
                 if isinstance(exc, FATAL_ERRORS):
                     logger.error("mover %s: %s; stopping", self.name, exc)
                     raise
-                if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                self.stats.away = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+                if self.stats.away:
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
                 elif isinstance(exc, RedisRefused):  # a read-only replica, maxmemory, a failing
                     # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.

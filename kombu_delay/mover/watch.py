@@ -12,6 +12,7 @@ and ``health`` read.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -105,7 +106,10 @@ class Watch:
     def start(self) -> None:
         self._thread = start_daemon(self.run, "kombu-delay-watch")
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the checks, waiting ``timeout`` s at most for the one in hand: each long walk
+        looks at the stop between its calls, so only a call that Redis does not answer takes
+        longer, and waiting would only add to the socket timeout the mover waited already."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -217,7 +221,10 @@ class Watch:
         if not self._scan_allowed:
             return
         try:
-            self.findings.stranded = self.store.stranded(FRESH_HEARTBEAT_MS)
+            stranded = self.store.stranded(FRESH_HEARTBEAT_MS, stopping=self._stop.is_set)
+            if self._stop.is_set():  # (a scan cut short: what it found says nothing)
+                return
+            self.findings.stranded = stranded
             self.check_index()
         except RedisPermissionError:
             self._scan_allowed = False
@@ -244,7 +251,7 @@ class Watch:
         """Put back into their index the buckets whose meta hash counts messages but that are
         in no index (an index evicted, or deleted by hand, strands every bucket it named:
         movers reach buckets only through it); log an ERROR when there were any."""
-        buckets, messages = self.store.reindex()
+        buckets, messages = self.store.reindex(stopping=self._stop.is_set)
         if buckets:
             logger.error(
                 "mover %s: %d buckets holding %d messages had left the bucket index (evicted or "
@@ -261,8 +268,10 @@ class Watch:
         while True:
             try:
                 cursor, n = self.store.forget_stale_refs(cursor, FORGET_PAGE)
-            except RedisPermissionError as exc:  # an ACL line from before it (HSCAN)
-                self._tell("forget", f"the id index cannot be walked ({exc}): grant HSCAN", logging.WARNING)
+            except RedisPermissionError as exc:  # an ACL line from before it (HSCAN), say
+                named = re.search(r"'([a-z|]+)' command", str(exc))  # Redis 7 names the command
+                hint = "" if named and named[1] != "hscan" else ": grant HSCAN"
+                self._tell("forget", f"the id index cannot be walked ({exc}){hint}", logging.WARNING)
                 return dropped
             dropped += n
             if cursor == 0 or self._stop.is_set():

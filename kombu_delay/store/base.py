@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from typing import Any
 
@@ -214,6 +214,19 @@ class StoreBase:
             conn.disconnect()
             pool.release(conn)
         return None
+
+    def scan_keys(
+        self, match: str, page: int, stopping: Callable[[], bool] | None = None, type_: str | None = None
+    ) -> Iterator[bytes | str]:
+        """The keys ``SCAN`` finds for ``match`` (and of ``type_``), ``page`` keys per call;
+        ends early once ``stopping()`` is true, checked between calls: a full ``SCAN`` of
+        millions of keys takes seconds, and must not hold a mover's stop for them."""
+        cursor = 0
+        while True:
+            cursor, found = self.client.scan(cursor, match=match, count=page, _type=type_)
+            yield from found
+            if cursor == 0 or (stopping is not None and stopping()):
+                return
 
     def time_ms(self) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""

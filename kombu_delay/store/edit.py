@@ -4,7 +4,7 @@ message is never both delivered and cancelled (or rescheduled)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -136,26 +136,28 @@ class Editing(Inspecting, Publishing):
                     cursor = as_text(reply[2])
         return total
 
-    def reindex(self, page: int = 10_000, now_ms: int | None = None) -> tuple[int, int]:
+    def reindex(
+        self, page: int = 10_000, now_ms: int | None = None, stopping: Callable[[], bool] | None = None
+    ) -> tuple[int, int]:
         """Put back into their space's index every bucket whose meta hash counts messages but
         that is in no index (the index evicted, or deleted by hand), so movers reach it again;
         return (buckets, messages) put back (``reindex.lua``). One full ``SCAN`` of the meta
         hashes of both spaces, ``page`` keys per call: a background check's work (see
-        :meth:`stranded`), never a probe's."""
+        :meth:`stranded`), never a probe's; it ends early once ``stopping()`` is true."""
         buckets = messages = 0
         with translated_errors():
-            for batch in _batched(self._meta_buckets(page), 1000):
+            for batch in _batched(self._meta_buckets(page, stopping), 1000):
                 reply = self._scripts["reindex"](keys=[], args=[self.ns, self._now(now_ms), *batch])
                 buckets, messages = buckets + int(reply[0]), messages + int(reply[1])
         return buckets, messages
 
-    def _meta_buckets(self, page: int) -> Iterator[str]:
+    def _meta_buckets(self, page: int, stopping: Callable[[], bool] | None) -> Iterator[str]:
         """The buckets of either space that have a meta hash, as reindex.lua names them
         (``"<start>"``, ``"c<start>"``)."""
         tags = "|".join(re.escape(space.tag) for space in spaces.ALL)
         name = re.compile(rf"({tags})m:([0-9]+)")
         # (Of hashes only: a key of another type, written by hand, is nobody's meta hash.)
-        for key in self.client.scan_iter(match=f"{_glob_escaped(self.ns)}*m:*", count=page, _type="hash"):
+        for key in self.scan_keys(f"{_glob_escaped(self.ns)}*m:*", page, stopping, type_="hash"):
             text = as_text(key)
             found = name.fullmatch(text[len(self.ns) :]) if text.startswith(self.ns) else None
             if found:

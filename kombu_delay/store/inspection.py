@@ -3,7 +3,7 @@ census and health facts that ``stats`` and ``health`` show. Nothing here writes 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -87,17 +87,20 @@ class Inspecting(StoreBase):
         found = next((value for name, value in rules.items() if as_text(name) == "save"), None)
         return False, None if found is None else as_text(found)
 
-    def stranded(self, fresh_ms: int, page: int = 10_000) -> dict[str, int]:
+    def stranded(
+        self, fresh_ms: int, page: int = 10_000, stopping: Callable[[], bool] | None = None
+    ) -> dict[str, int]:
         """Return the other key prefixes in this database whose kombu-delay data holds scheduled
         messages (either space) and no mover heartbeat younger than ``fresh_ms``: prefix ->
         messages. A publisher whose ``global_keyprefix`` no mover shares strands them.
 
         A full ``SCAN`` for the index keys, ``page`` keys per call (about a second for a million
-        keys), so it belongs in a background check, never in a probe.
+        keys), so it belongs in a background check, never in a probe; it ends early, with what
+        it found so far, once ``stopping()`` is true (see :meth:`scan_keys`).
         """
         prefixes: set[str] = set()
         with translated_errors():
-            for key in self.client.scan_iter(match=f"*{keys.NAMESPACE}*index", count=page):
+            for key in self.scan_keys(f"*{keys.NAMESPACE}*index", page, stopping):
                 other = spaces.prefix_of_index(as_text(key))
                 if other is not None and other != self.prefix:
                     prefixes.add(other)

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kombu_delay.cli.common import announce, target, with_socket_timeouts
+from kombu_delay.cli.common import announce, target
 from kombu_delay.cli.inspect import InspectError
+from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.web.overview import MAX_REFRESH_S
 

@@ -15,10 +15,8 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from kombu_delay.cli.common import with_socket_timeouts
 from kombu_delay.cli.inspect import shown
-from kombu_delay.connect import Target
-from kombu_delay.mover.loop import SOCKET_TIMEOUT_S
+from kombu_delay.connect import SOCKET_TIMEOUT_S, Target, with_socket_timeouts
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.cli import kd
 from tests.support.procs import ROOT

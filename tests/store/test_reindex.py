@@ -90,3 +90,22 @@ def test_a_bucket_scheduled_into_after_it_drained_is_not_cleaned_up_when_the_ind
     assert store.move_due(10, now_ms=start + 2 * WIDTH).moved == 1
     assert r.llen(f"{prefix}celery") == 2 and store.counts() == {}
     assert store.totals()["reindexed"] == 1
+
+
+def test_the_background_walks_end_at_a_stop_between_their_scan_calls(r: redis.Redis) -> None:
+    # A mover's stop waited for the whole SCAN of a big database (10 s for 8 million keys),
+    # then closed the connection under the walk still running.
+    r.mset({f"filler:{i}": 1 for i in range(1000)})
+    store = Store(r)
+    asked: list[int] = []
+
+    def stopping() -> bool:
+        asked.append(1)
+        return True
+
+    assert store.stranded(60_000, page=10, stopping=stopping) == {}
+    assert store.reindex(page=10, stopping=stopping) == (0, 0)
+    assert asked == [1, 1]  # one SCAN call each, then the stop was seen
+    asked.clear()
+    assert store.reindex(page=10, stopping=lambda: bool(asked.append(1))) == (0, 0)
+    assert len(asked) > 50  # not asked to stop: the whole keyspace, page by page
