@@ -55,13 +55,13 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
         raise InspectError(tgt.redact(str(exc))) from exc
 
 
-def shown(text: str) -> str:
+def shown(text: str, keep: str = "") -> str:
     """``text`` for a terminal: every character that is not printable (a newline, an escape
-    sequence's ESC) as its Python escape, so a task or queue name cannot forge rows or steer
-    the terminal."""
+    sequence's ESC, an RTL override) as its Python escape, so a task or queue name cannot
+    forge rows, pass for another or steer the terminal; but those in ``keep``."""
     if text.isprintable():
         return text
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return "".join(char if char.isprintable() or char in keep else repr(char)[1:-1] for char in text)
 
 
 #: The widest a name or task id is shown in a table, characters: past it, one long queue or

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as Redirect
 
-from kombu_delay.cli.inspect import span, when
+from kombu_delay.cli.inspect import clipped, shown, span, when
 from kombu_delay.control import DeadLetter, DelayControl
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
@@ -77,6 +78,10 @@ def create_app(
         guard.host_name(name) for name in (guard.LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
     )
 
+    # Names and ids as text, every character that is not printable escaped (an RTL override
+    # or a NUL must not make one id look like another): whole (``shown``), or cut as ``ls``
+    # cuts them in a listing's rows (``name``: one name of a megabyte made every row that long).
+    app.jinja_env.filters.update(shown=shown, name=lambda text: clipped(shown(text)))
     _install_guards(app, credentials, hosts, allow_actions, where, refresh_s)
     _add_pages(app, control, shared)
     _add_detail_pages(app, control)
@@ -293,7 +298,8 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
         if request.form.get("confirm") != "yes":
             found = control.find(task_id)
             return render_template("confirm.html", action="cancel", task_id=task_id, found=found)
-        n = control.cancel(task_id)
+        with _logged_if_failed("cancel", task_id):
+            n = control.cancel(task_id)
         guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, _who(), n)
         return render_template("done.html", title="Cancelled", task_id=task_id, count=n, action="cancel")
 
@@ -315,8 +321,9 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
                     raise ValueError("the countdown must be a finite number of seconds")
             else:
                 raise ValueError("give either a new time or a countdown")
-            n = control.reschedule(task_id, eta=eta, countdown=countdown)
-        except (ValueError, KombuDelayError) as exc:
+            with _logged_if_failed("reschedule", task_id):
+                n = control.reschedule(task_id, eta=eta, countdown=countdown)
+        except ValueError as exc:  # a bad time, or one Redis refuses (too far, say)
             guard.audit.warning("reschedule %r by %s failed: %r", task_id, _who(), str(exc))
             return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
         new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
@@ -330,11 +337,25 @@ def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None
         if request.form.get("confirm") != "yes":
             return render_template("confirm.html", action="remove", digest=digest, near=near)
         try:
-            n = control.remove_dead_letter(digest, near)
+            with _logged_if_failed("remove dead letter", digest):
+                n = control.remove_dead_letter(digest, near)
         except ValueError:
+            guard.audit.warning("remove dead letter %r by %s failed: %s", digest, _who(), BAD_POSITION)
             abort(400, BAD_POSITION)
         guard.audit.warning("remove dead letter %r by %s: %d removed", digest, _who(), n)
         return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
+
+
+@contextmanager
+def _logged_if_failed(action: str, target: str) -> Iterator[None]:
+    """Write the audit line of an action Redis failed (answered by the Redis error page, 503);
+    a bad request (a ``ValueError``) is the caller's to tell and log."""
+    try:
+        yield
+    except KombuDelayError as exc:
+        if not isinstance(exc, ValueError):
+            guard.audit.warning("%s %r by %s failed: %r", action, target, _who(), str(exc))
+        raise
 
 
 def _dead_letters(control: DelayControl, offset: int, limit: int) -> tuple[int, list[DeadLetter]]:

@@ -99,9 +99,9 @@ def host_name(text: str) -> str:
 
 def allowed_hosts_of(bound: str, given: Iterable[str] = ()) -> frozenset[str]:
     """The names a dashboard listening on ``bound`` (``--host``) answers to: those ``given``
-    (``--allowed-host``, read by :func:`host_name`), and by default the loopback names when
-    ``bound`` is a loopback address or every address (``0.0.0.0``, ``::``), else ``bound``
-    itself."""
+    (``--allowed-host``, read by :func:`host_name`), ``bound`` itself unless it is every
+    address (``0.0.0.0``, ``::``), and the loopback names when it is a loopback address or
+    every address."""
     names = {host_name(name) for name in given}
     try:
         own = host_name(bound or "0.0.0.0")
@@ -113,8 +113,8 @@ def allowed_hosts_of(bound: str, given: Iterable[str] = ()) -> frozenset[str]:
     loopback_or_any = address is not None and (address.is_loopback or address.is_unspecified)
     if own in ("localhost", ANY_HOST) or loopback_or_any:
         names.update(LOOPBACK_HOSTS)
-    else:
-        names.add(own)
+    if own != ANY_HOST and not (address is not None and address.is_unspecified):
+        names.add(own)  # (127.0.0.2, say: the address the URL it prints names)
     return frozenset(names)
 
 

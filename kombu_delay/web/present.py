@@ -15,6 +15,7 @@ import pprint
 from dataclasses import dataclass
 from typing import Any
 
+from kombu_delay.cli.inspect import shown
 from kombu_delay.control import Slot
 from kombu_delay.message import load_stored, protocol1_body
 
@@ -58,33 +59,38 @@ def _raw_body(envelope: dict[str, Any]) -> bytes | None:
     return body.encode("utf-8", "replace")
 
 
-def _pretty_repr(text: str) -> str:
-    """A Python repr (Celery's argsrepr) laid out over lines when it parses as a literal."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+def _pretty_repr(text: str, limit: int) -> str:
+    """A Python repr (Celery's argsrepr) laid out over lines when it parses as a literal and is
+    no longer than ``limit`` (parsing a megabyte of it took seconds, and a page shows
+    ``DETAIL_CHARS`` of it at most); else as it is."""
+    if len(text) > limit:
         return text
-    return pprint.pformat(value, width=80, sort_dicts=False)
+    try:
+        return pprint.pformat(ast.literal_eval(text), width=80, sort_dicts=False)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        # (ValueError too from pformat: an int of more than 4,300 digits has no repr)
+        return text
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=repr)
 
 
-def arguments(envelope: dict[str, Any]) -> tuple[str, str, str]:
-    """(args, kwargs, source) of a decoded kombu envelope; empty texts when it is no Celery task."""
+def arguments(envelope: dict[str, Any], laid_out: int = DETAIL_CHARS) -> tuple[str, str, str]:
+    """(args, kwargs, source) of a decoded kombu envelope; empty texts when it is no Celery task.
+    An ``argsrepr`` or ``kwargsrepr`` up to ``laid_out`` characters long is laid out over lines."""
     headers = envelope.get("headers") or {}
     if "task" in headers:
         if isinstance(headers.get("argsrepr"), str) or isinstance(headers.get("kwargsrepr"), str):
             return (
-                _pretty_repr(str(headers.get("argsrepr") or "()")),
-                _pretty_repr(str(headers.get("kwargsrepr") or "{}")),
+                _pretty_repr(str(headers.get("argsrepr") or "()"), laid_out),
+                _pretty_repr(str(headers.get("kwargsrepr") or "{}"), laid_out),
                 "argsrepr",
             )
         raw = _raw_body(envelope)
         try:
             decoded = json.loads(raw) if raw is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep for Python
             decoded = None
         if isinstance(decoded, list) and len(decoded) >= 2:
             return _json(decoded[0]), _json(decoded[1]), "body"
@@ -95,23 +101,28 @@ def arguments(envelope: dict[str, Any]) -> tuple[str, str, str]:
     return "", "", ""
 
 
+def _part(text: str) -> str:
+    """One part of the task page: clipped to ``DETAIL_CHARS``, every character that is not
+    printable but a line's end escaped (an RTL override must not make one id pass for another)."""
+    return shown(clip(text, DETAIL_CHARS), keep="\n")
+
+
 def show(message: bytes) -> Shown:
-    """What the task page shows of a stored message (each part clipped to ``DETAIL_CHARS``)."""
+    """What the task page shows of a stored message (each part as :func:`_part` makes it)."""
     envelope = load_stored(message)
     if envelope is None:
-        text = message.decode("utf-8", "replace")
-        return Shown("", "", "", "", clip(text, DETAIL_CHARS), "")
+        return Shown("", "", "", "", _part(message.decode("utf-8", "replace")), "")
     args, kwargs, source = arguments(envelope)
     body = ""
     if not source:
         raw = _raw_body(envelope)
         body = raw.decode("utf-8", "replace") if raw is not None else _json(envelope.get("body"))
     return Shown(
-        args=clip(args, DETAIL_CHARS),
-        kwargs=clip(kwargs, DETAIL_CHARS),
-        headers=clip(_json(envelope.get("headers") or {}), DETAIL_CHARS),
-        properties=clip(_json(envelope.get("properties") or {}), DETAIL_CHARS),
-        body=clip(body, DETAIL_CHARS),
+        args=_part(args),
+        kwargs=_part(kwargs),
+        headers=_part(_json(envelope.get("headers") or {})),
+        properties=_part(_json(envelope.get("properties") or {})),
+        body=_part(body),
         source=source,
     )
 
@@ -121,11 +132,11 @@ def preview(message: bytes) -> str:
     envelope = load_stored(message)
     if envelope is None:
         return ""
-    args, kwargs, source = arguments(envelope)
+    args, kwargs, source = arguments(envelope, laid_out=0)  # one line: nothing to lay out
     if not source:
         return ""
     flat = f"{' '.join(args.split())}  {' '.join(kwargs.split())}"
-    return clip(flat, PREVIEW_CHARS)
+    return clip(shown(flat), PREVIEW_CHARS)
 
 
 def dead_preview(member: bytes, limit: int = 400) -> str:

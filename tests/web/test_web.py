@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import shutil
 import ssl
 import subprocess
 import sys
 import urllib.request
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery import Celery
+from kombu import Connection
 
 from kombu_delay import DelayControl
 from kombu_delay.config import Settings
@@ -370,6 +373,7 @@ def token_at(client, host: str) -> str:
         ("0.0.0.0", (), set(LOOPBACK_HOSTS)),
         ("::", ("dash.example.com",), {*LOOPBACK_HOSTS, "dash.example.com"}),
         ("10.1.2.3", (), {"10.1.2.3"}),
+        ("127.0.0.2", (), {*LOOPBACK_HOSTS, "127.0.0.2"}),  # the URL it prints names it
         ("fd00::0:7", ("[FD00::7]", "Dash.Example.COM"), {"[fd00::7]", "dash.example.com"}),
         ("dash.internal", ("*",), {"dash.internal", "*"}),
     ],
@@ -475,6 +479,80 @@ def test_previews_are_clipped_and_plain_messages_show_their_body():
     plain = present.show(b'{"body": "hello <there>", "headers": {}, "properties": {}}')
     assert plain.source == "" and plain.body == "hello <there>"
     assert present.dead_preview(b"ab\x00\xff") == "ab\\x00\\xff"
+
+
+def test_no_crafted_message_breaks_its_rows_or_its_page(redis_server, control, prefix):
+    # A body nested too deep for Python, and an argsrepr whose int has no repr (over 4,300
+    # digits), gave a 500 on every listing that held them and on their task page.
+    deep = b"[" * 5000 + b"]" * 5000
+    with Connection(redis_server.delay_url, transport_options={"global_keyprefix": prefix}) as conn:
+        eta = (datetime.now(UTC) + timedelta(minutes=30)).isoformat()
+        conn.Producer().publish(
+            b"[" + deep + b",{},{}]",
+            routing_key="celery",
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"task": "t.deep", "id": "deep", "eta": eta},
+        )
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    app.send_task("t.hex", (1,), countdown=600, task_id="hex", argsrepr="(0x" + "f" * 4000 + ",)")
+    app.close()
+    client = client_of(control)
+    for url in ("/scheduled", "/task?id=deep", "/task?id=hex"):
+        assert client.get(url).status_code == 200, url
+    assert "0xffff" in client.get("/task?id=hex").get_data(as_text=True)  # shown as it came
+
+
+def test_a_long_argsrepr_is_not_parsed_for_a_row(monkeypatch):
+    # A row parsed and laid out a whole argsrepr before cutting it to 120 characters: one of
+    # 1.4 MB cost seconds of CPU, each row of each listing.
+    parsed: list[int] = []
+    literal_eval = present.ast.literal_eval
+    monkeypatch.setattr(
+        present.ast, "literal_eval", lambda text: parsed.append(len(text)) or literal_eval(text)
+    )
+    argsrepr = "[" + "{'a': [1, 2, {'b': 3}]}, " * 500 + "]"  # 12,502 characters
+    message = {"body": "W10=", "headers": {"task": "t", "id": "i", "argsrepr": argsrepr}, "properties": {}}
+    raw = json.dumps(message).encode()
+    assert present.preview(raw).startswith("[{'a': [1, 2, {'b': 3}]}, ")
+    assert parsed == []
+    assert present.show(raw).args.startswith("[{'a': [1, 2, {'b': 3}]},\n")  # laid out on its page
+    huge = dict(message, headers={**message["headers"], "argsrepr": argsrepr * 20})
+    assert present.show(json.dumps(huge).encode()).args.startswith("[{'a'")
+    assert max(parsed) == len(argsrepr)  # (and "{}", the kwargsrepr): past DETAIL_CHARS as it came
+
+
+def test_names_and_ids_are_cut_in_rows_and_their_controls_escaped(redis_server, control, prefix):
+    # A name of a megabyte was printed whole in every row (22 MB pages); an RTL override or a
+    # NUL in an id reached the page as it was, so one id could pass for another.
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    app.send_task("t." + "n" * 100_000, countdown=600, task_id="x\u202eabc\x00")
+    app.close()
+    client = client_of(control)
+    html = client.get("/scheduled").get_data(as_text=True)
+    text = re.sub(r"<[^>]*>", "", html)  # what the page shows, without its tags and attributes
+    assert "n" * 100 not in html and "x\\u202eabc\\x00" in text and "\u202e" not in text
+    page = client.get("/task", query_string={"id": "x\u202eabc\x00"}).get_data(as_text=True)
+    text = re.sub(r"<[^>]*>", "", page)
+    assert "n" * 100_000 in text and "\u202e" not in text  # whole on its own page, escaped
+
+
+def test_an_action_redis_fails_is_a_503_and_in_the_audit_log(caplog):
+    with DelayControl(f"delayredis://127.0.0.1:{free_port()}/0") as down:  # nothing listens there
+        client = client_of(down, allow_actions=True)
+        csrf = token(client)
+        caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+        sent = [
+            ("/task/cancel?id=a", {"confirm": "yes"}),
+            ("/task/reschedule?id=b", {"countdown": "5"}),
+            ("/dead/remove", {"digest": "c" * 64, "confirm": "yes"}),
+        ]
+        replies = [client.post(url, data={**form, "csrf": csrf}).status_code for url, form in sent]
+    assert replies == [503, 503, 503]
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert [line.split()[0] for line in failed] == ["cancel", "reschedule", "remove"], failed
 
 
 @pytest.mark.parametrize("refresh_s", [float("inf"), float("nan"), 1e306, 86_401, -1])
