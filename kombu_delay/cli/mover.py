@@ -19,7 +19,6 @@ from kombu_delay.connect import Target
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.loop import Mover, open_when_reachable
-from kombu_delay.mover.threads import STOP_SIGNALS
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
@@ -93,8 +92,7 @@ def mover(
 
 
 def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
-    """Run a mover in the foreground with signal handling; shared by both CLIs. It leaves the
-    stop signals ignored when it returns: the process is on its way out."""
+    """Run a mover in the foreground with signal handling; shared by both CLIs."""
     logger.info("kombu-delay: %s", tgt.describe())
     try:
         settings = tgt.settings()
@@ -114,11 +112,6 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
                 running[0].run()
     except KombuDelayError as exc:  # a bad URL or option, credentials or ACL: waiting cannot fix it
         raise click.ClickException(tgt.redact(str(exc))) from exc
-    finally:
-        # Stopped: a signal now must not kill the process by its default action, which Python
-        # restores as it shuts down (exit 130 or 143 after a clean stop).
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
 
 
 def handle_stop_signals(name: str, stopping: threading.Event, running: list[Mover]) -> None:

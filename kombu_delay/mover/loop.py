@@ -26,6 +26,7 @@ from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
+from kombu_delay.mover.threads import start_daemon
 from kombu_delay.mover.wake import WakeUps
 from kombu_delay.mover.watch import Findings, Watch
 from kombu_delay.store import Store
@@ -39,6 +40,8 @@ LOG_EVERY_S = 10.0
 HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
+#: Longest a stopping mover waits for Redis to take its heartbeat away, seconds.
+FORGET_WAIT_S = 2.0
 #: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
 #: what it holds, and settles buckets found gone), seconds.
 SWEEP_EVERY_S = 60.0
@@ -65,7 +68,6 @@ class MoverStats:
     calls: int = 0
     last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
     lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
-    away: bool = False  #: the last look found Redis unreachable, or silent
 
 
 @contextmanager
@@ -152,16 +154,17 @@ class Mover:
         finally:
             # On every way out, a fatal error's too: the checks use this store's connections,
             # which the caller then closes (an embedded mover starts a new one to retry); and a
-            # stopped mover must leave no heartbeat, unless Redis is away: a silent one would
-            # hold the stop for another socket timeout, and the heartbeat ages out.
+            # stopped mover leaves no heartbeat (a silent Redis gets FORGET_WAIT_S; it ages out).
             if self.watch is not None:
                 self.watch.stop()
-            try:
-                if not self.stats.away:
-                    self.store.forget_mover(self.name)
-            except Exception:  # the server may be gone at shutdown
-                logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
+            start_daemon(self._forget, "kombu-delay-forget").join(FORGET_WAIT_S)
         logger.info("mover %s stopped after moving %d messages", self.name, self.stats.moved)
+
+    def _forget(self) -> None:
+        try:
+            self.store.forget_mover(self.name)
+        except Exception:  # the server may be gone at shutdown
+            logger.debug("mover %s: could not remove its heartbeat", self.name, exc_info=True)
 
     def _loop(self) -> None:
         """The loop of :meth:`run`, until :meth:`stop` or a fatal error (raised)."""
@@ -175,7 +178,6 @@ class Mover:
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
                 backoff.reset()
-                self.stats.away = False
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.stats.errors += 1
@@ -185,8 +187,7 @@ class Mover:
                 if isinstance(exc, FATAL_ERRORS):
                     logger.error("mover %s: %s; stopping", self.name, exc)
                     raise
-                self.stats.away = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
-                if self.stats.away:
+                if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
                 elif isinstance(exc, RedisRefused):  # a read-only replica, maxmemory, a failing
                     # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.

@@ -474,6 +474,23 @@ def test_a_mover_stops_on_sigterm_while_redis_does_not_answer(
         os.kill(pid_of(server), signal.SIGCONT)
 
 
+def test_a_mover_stopped_after_an_outage_takes_its_heartbeat_away(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    """A stop that came while the mover backed off after Redis was away left its heartbeat,
+    even though Redis answered again: health said a mover ran for 30 s after it had gone."""
+    url = server.delay_url
+    mover = spawn([*mover_args(url)[:-1], "-o", "socket_timeout=0.5", "mover"], name="mover")
+    client = server.client()
+    wait_until(lambda: client.zcard(keys.movers("")) == 1, timeout=DEADLINE_S)
+    client.execute_command("CLIENT", "PAUSE", 4000, "ALL")  # the mover's calls time out
+    wait_until(lambda: "Redis unavailable" in mover.output(), timeout=DEADLINE_S)
+    assert client.ping()  # answered once the pause is over: the mover is backing off now
+    mover.popen.send_signal(signal.SIGTERM)
+    assert wait_for_exit(mover) == 0, mover.output()
+    assert client.zcard(keys.movers("")) == 0, mover.output()
+
+
 def test_a_second_sigterm_stops_a_mover_at_once(server: RedisServer, spawn: Callable[..., Proc]) -> None:
     # A long socket timeout: here only the second signal can end the wait. The second signal's
     # SystemExit ran the mover's clean-up, which waited on the silent server once more (for

@@ -6,6 +6,7 @@ the mover nor the CLI loads it."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import re
@@ -523,7 +524,7 @@ def test_a_long_argsrepr_is_not_parsed_for_a_row(monkeypatch):
     assert max(parsed) == len(argsrepr)  # (and "{}", the kwargsrepr): past DETAIL_CHARS as it came
 
 
-def test_names_and_ids_are_cut_in_rows_and_their_controls_escaped(redis_server, control, prefix):
+def test_names_and_ids_are_cut_in_rows_and_their_controls_escaped(r, redis_server, control, prefix):
     # A name of a megabyte was printed whole in every row (22 MB pages); an RTL override or a
     # NUL in an id reached the page as it was, so one id could pass for another.
     app = Celery("pub", broker=redis_server.delay_url)
@@ -537,6 +538,15 @@ def test_names_and_ids_are_cut_in_rows_and_their_controls_escaped(redis_server, 
     page = client.get("/task", query_string={"id": "x\u202eabc\x00"}).get_data(as_text=True)
     text = re.sub(r"<[^>]*>", "", page)
     assert "n" * 100_000 in text and "\u202e" not in text  # whole on its own page, escaped
+    assert "\u202e" not in html  # nor in the row's attributes
+    # A dead letter's task id (a compressed member, version 1: its id's length, then the id).
+    tid = "dead\u202eevil\x00".encode()
+    member = b"\x01" + bytes([len(tid)]) + tid + b"garbage"
+    r.lpush(keys.dead(prefix), member)
+    digest = hashlib.sha256(member).hexdigest()
+    for url in ("/dead", f"/dead/letter?near=0&digest={digest}"):
+        shown = client.get(url).get_data(as_text=True)
+        assert "dead\\u202eevil\\x00" in shown and "\u202e" not in shown and "\x00" not in shown, url
 
 
 def test_an_action_redis_fails_is_a_503_and_in_the_audit_log(caplog):
