@@ -70,7 +70,8 @@ for _, start_s in ipairs(starts) do
     if string.sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
       local dest = string.sub(name, 3)
       local zset = cs:zset(start_s, dest)
-      if redis.call('EXISTS', zset) == 0 then
+      local card = redis.pcall('ZCARD', zset)  -- 0: no key; an error: a key of another type
+      if card == 0 then
         -- Gone while counted: settle the count, as move.lua does. Their refs stay in the
         -- id index (a cold bucket keeps no task-id list) and name nothing.
         expired = expired + n
@@ -79,8 +80,8 @@ for _, start_s in ipairs(starts) do
         left = left + n
         -- Those due by the horizon, within the bytes left (read_ranks): the rest in the next call.
         local members, used, scores = {}, 0, {}
-        if type(redis.pcall('ZCARD', zset)) == 'table' then  -- of another type, by hand: read as
-          left = left - n                                     -- gone, as move.lua reads one
+        if type(card) == 'table' then  -- of another type, by hand: read as gone, as move.lua
+          left = left - n              -- reads one
           expired = expired + n
           settle_gone(meta, name, counts, dest, n)
         else
