@@ -156,7 +156,11 @@ class DelayChannelMixin:
         except BadETA as exc:
             tag = (message.get("properties") or {}).get("delivery_tag")
             logger.warning("kombu-delay: %s; delivering message %s now", exc, tag)
-            self.delay_store.count("bad_eta")
+            try:
+                self.delay_store.count("bad_eta")
+            except KombuDelayError:  # a counter must not fail the publish it counts (a user
+                # with kombu's keys only, say): the message goes out all the same
+                logger.debug("kombu-delay: could not count a message with a bad ETA", exc_info=True)
             due = None
         # Due already, by Redis's clock as estimated here (never this machine's wall clock):
         # pushed as plain kombu pushes it. A due time near the estimate goes through the

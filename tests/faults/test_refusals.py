@@ -8,6 +8,7 @@ starts by its PID.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -237,7 +238,7 @@ def test_a_refused_head_of_16_mb_does_not_hide_the_other_refusals(server: RedisS
     due = clock() + 1000
     big = [(Due(due, task_id="big"), "blocked", "b" * (17 * 2**20))]
     small = [(Due(due + 1 + i, task_id=f"s{i}"), QUEUE, f"small-{i}") for i in range(15)]
-    Store(admin).schedule_many(big + small, Settings())
+    Store(admin, clock=clock).schedule_many(big + small, Settings())  # stored however slow this is
     clock.ms = due + 100
     with open_store(url) as store:
         store.clock = clock
@@ -296,6 +297,19 @@ def test_a_worker_user_with_only_kombus_keys_still_declares_and_sizes_its_queue(
         queue.close()
     told = [rec.getMessage() for rec in caplog.records if "leave delayed messages out" in rec.getMessage()]
     assert len(told) <= 1 and (not told or "kombu_delay:counts" in told[0]), told
+
+
+def test_a_user_with_only_kombus_keys_delivers_a_message_with_a_bad_eta(server: RedisServer) -> None:
+    # Its count (totals.bad_eta) was refused, and the refusal failed the publish: the message
+    # was lost, and kombu's retry logged "delivering message ... now" each time. On redis://
+    # it is delivered, and the worker tells the bad ETA.
+    admin = server.client()
+    url = add_user(admin, "publisher", "resetkeys", "~refusals*", "~_kombu*", "~unacked*")
+    with Connection(url) as conn:
+        headers = {"task": "t", "id": "bad", "eta": "not-a-date"}  # Celery protocol 2
+        conn.Producer().publish({"n": 1}, routing_key=QUEUE, headers=headers, retry=False)
+    assert admin.llen(QUEUE) == 1
+    assert json.loads(admin.lpop(QUEUE) or b"")["headers"]["eta"] == "not-a-date"
 
 
 def test_a_worker_user_with_only_kombus_keys_deletes_its_queues(server: RedisServer, caplog) -> None:
