@@ -39,9 +39,14 @@ PREFIX_CHECK_EVERY_S = 300.0
 #: How often the id index is walked for refs that name no bucket, seconds, in pages of
 #: :data:`FORGET_PAGE` task ids: a ref of a message lost with its bucket, or of a compressed one
 #: (compressed buckets keep no task-id list to drop refs with), would otherwise stay while
-#: anything is published. About a second of Redis's time per million task ids.
+#: anything is published. About 4 s of Redis's time per million task ids, so one mover walks
+#: in that time, however many run (the key ``<ns>walk``, see ``forget.lua``).
 FORGET_EVERY_S = 3600.0
-FORGET_PAGE = 1000
+#: Task ids a page of the walk reads: about 2 ms of Redis's time, which a due move may wait.
+FORGET_PAGE = 250
+#: After each page the walk waits this many times as long as the page took: it takes at most
+#: a sixth of Redis's time, however large the index (ten million task ids: some 4 minutes).
+FORGET_PAUSE = 5.0
 #: How often a problem that lasts is logged again, seconds.
 LOG_REPEAT_S = 600.0
 #: How often the prefixes found stranded are looked at again, seconds (two reads each, no
@@ -264,17 +269,22 @@ class Watch:
     def forget_stale_refs(self) -> int:
         """Walk the whole id index, a page at a time, dropping the refs that name no bucket;
         return how many (logged when any)."""
-        cursor, dropped = 0, 0
+        cursor, dropped, every_ms = 0, 0, int(FORGET_EVERY_S * 1000)
         while True:
+            began = time.monotonic()
             try:
-                cursor, n = self.store.forget_stale_refs(cursor, FORGET_PAGE)
+                page = self.store.forget_stale_refs(cursor, FORGET_PAGE, self.name, every_ms)
             except RedisPermissionError as exc:  # an ACL line from before it (HSCAN), say
                 named = re.search(r"'([a-z|]+)' command", str(exc))  # Redis 7 names the command
                 hint = "" if named and named[1] != "hscan" else ": grant HSCAN"
                 self._tell("forget", f"the id index cannot be walked ({exc}){hint}", logging.WARNING)
                 return dropped
+            if page is None:  # another mover's walk began within FORGET_EVERY_S
+                logger.debug("mover %s: the id index was walked lately; not walked again", self.name)
+                break
+            cursor, n = page
             dropped += n
-            if cursor == 0 or self._stop.is_set():
+            if cursor == 0 or self._stop.wait(FORGET_PAUSE * (time.monotonic() - began)):
                 break
         self._tell("forget", None, logging.WARNING)
         if dropped:

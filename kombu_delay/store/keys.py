@@ -161,6 +161,12 @@ def alerts(prefix: str) -> str:
     return f"{ns(prefix)}alerts"
 
 
+def walk(prefix: str) -> str:
+    """HASH of the walk of the id index in hand (``at``, ``by``, ``done``): it expires when the
+    next walk is due, so that one mover walks in that time, however many run."""
+    return f"{ns(prefix)}walk"
+
+
 def wake_channel(prefix: str) -> str:
     """Pub/sub channel a publish uses to wake movers for an earlier due time."""
     return f"{ns(prefix)}wake"

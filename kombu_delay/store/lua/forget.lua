@@ -1,24 +1,39 @@
 --[[ forget: drop the id-index refs that name no bucket, a page of the index at a time.
 
 KEYS[1] ids     HASH  <ns>ids       task id -> refs (see put in _put.lua)
+KEYS[2] walk    HASH  <ns>walk      the walk in hand: at (epoch ms its first page was read),
+                by (the mover walking), done (epoch ms its last page was read); it expires
+                ARGV[4] after ``at``, when the next walk is due
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] cursor  HSCAN cursor of the id index: '0' to begin
 ARGV[3] count   HSCAN's COUNT: about how many task ids this page reads
-Returns: {cursor, dropped}: the cursor to pass next ('0': the walk is done) and the refs
-         dropped.
+ARGV[4] every   ms between walks: a first page asked for while <ns>walk is there reads
+                nothing, so however many movers run, one walk is begun in that time
+ARGV[5] mover   the mover walking (kept in <ns>walk, for an operator to read)
+ARGV[6] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+Returns: {cursor, dropped, skipped}: the cursor to pass next ('0': the walk is done), the
+         refs dropped, and 1 when this was a first page and another walk had begun less than
+         ARGV[4] ago (nothing read), else 0.
 Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and one HDEL or HSET
        per task id with a ref dropped.
-
-A ref names its bucket's meta hash, through which find.lua reads the bucket's messages, and
-that hash outlives the bucket's sorted sets and task-id list by a day: a ref whose meta hash
-is gone finds nothing, and never will. Such refs are left by buckets lost (expired after
-their grace with no mover running, evicted, deleted by hand) and by compressed buckets, which
-keep no task-id list to drop them with; without this walk, each would stay while the index is
-in use, which is as long as anything is published. A ref no script writes (by hand) goes too.
 ]]
 --- @include spaces
-local ids, ns = KEYS[1], ARGV[1]
+--- @include clock
+--- @include buckets
+local ids, walk, ns = KEYS[1], KEYS[2], ARGV[1]
+-- 'none' or 'hash', unless written by hand: then every mover walks, as if none had begun.
+local walk_type = redis.call('TYPE', walk)['ok']
+if ARGV[2] == '0' and walk_type == 'hash' then return {'0', 0, 1} end
+-- Read before any write: a refusal (an ACL without HSCAN) leaves the next walk to a mover
+-- that may.
 local page = redis.call('HSCAN', ids, ARGV[2], 'COUNT', ARGV[3])
+-- Bookkeeping that frees memory: not refused under maxmemory (past_maxmemory in _buckets.lua).
+past_maxmemory(ids)
+if ARGV[2] == '0' and walk_type == 'none' then
+  local now = clock(ARGV[6])
+  redis.call('HSET', walk, 'at', now, 'by', ARGV[5])
+  redis.call('PEXPIREAT', walk, now + tonumber(ARGV[4]))
+end
 local fields = page[2]
 local spaces_of = {[''] = space(ns, ''), c = space(ns, 'c')}
 local alive, dropped = {}, 0
@@ -47,4 +62,9 @@ for i = 1, #fields, 2 do
     end
   end
 end
-return {page[1], dropped}
+-- Kept only while it lasts: a walk longer than ARGV[4] finds its key gone, and leaves none.
+if page[1] == '0' and redis.call('TYPE', walk)['ok'] == 'hash' then
+  local now = clock(ARGV[6])
+  redis.call('HSET', walk, 'done', now)
+end
+return {page[1], dropped, 0}

@@ -24,6 +24,7 @@ from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.message import Due
 from kombu_delay.ops import health
+from kombu_delay.store import keys
 from kombu_delay.tooling.bench.ctx import Ctx, sleep_until, wait_for
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill, now_ms, rss_mb
 
@@ -98,6 +99,7 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     memory = ctx.probe.info("memory")
     inspection = _inspection(ctx, settings)
     mover = ctx.movers.start()
+    walk_s = _walked(ctx)
     idle_cpu_ms_per_s = _idle_mover_cpu(ctx)
     # A round times a few milliseconds of Redis CPU, so one round is at the mercy of a cache
     # miss or a timer tick: the figures are the median of several rounds on the same fill.
@@ -112,6 +114,7 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
         moved_all=all(one["moved_all"] for one in rounds),
         rounds=rounds,
         mover_rss_mb=rss_mb(mover.pid),
+        walk_s=walk_s,
         mover_idle_redis_cpu_ms_per_s=idle_cpu_ms_per_s,
         used_memory_mb=int(memory["used_memory"]) / 2**20,
         used_memory_per_msg=int(memory["used_memory"]) / size,
@@ -133,6 +136,17 @@ def _flush(ctx: Ctx) -> None:
 
     if not wait_for(freed, timeout=600, interval=0.2):
         raise RuntimeError("the flush did not finish")
+
+
+def _walked(ctx: Ctx) -> float:
+    """Wait for the walk of the id index that the mover just started begins with (see
+    ``forget.lua``: one an hour, whichever mover, paced to a sixth of Redis's time; some 4
+    minutes at ten million), so that the rounds time moves, not the walk; return its seconds."""
+    started = time.monotonic()
+    walk = keys.walk(ctx.store.prefix)
+    if not wait_for(lambda: ctx.probe.client.hexists(walk, "done"), timeout=3600, interval=0.5):
+        raise RuntimeError("the mover's walk of the id index did not end")
+    return time.monotonic() - started
 
 
 def _idle_mover_cpu(ctx: Ctx) -> float:

@@ -61,6 +61,7 @@ def _scale_rows() -> list[Row]:
         ratio("same, Redis wall µs: move ratio", ("move_server_ratio",), None),
         large("scheduled, large", "scheduled", "{:,.0f}"),
         large("fill time, large, s", "fill_s", "{:,.0f}"),
+        large("the mover's walk of the id index, large, s", "walk_s", "{:,.0f}"),
         large("Redis used_memory, large, MB", "used_memory_mb", "{:,.0f}"),
         large("Redis RSS, large, MB", "redis_rss_mb", "{:,.0f}"),
         large("used_memory per msg, large", "used_memory_per_msg", "{:.0f}"),
