@@ -150,14 +150,8 @@ def _install_guards(
                 secure=request.is_secure,
                 path=request.script_root or "/",
             )
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault(
-            "Content-Security-Policy",
-            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
-        )
-        response.headers.setdefault("Cache-Control", "no-store")
+        for name, value in SECURITY_HEADERS:
+            response.headers.setdefault(name, value)
         return response
 
     @app.errorhandler(KombuDelayError)
@@ -373,6 +367,19 @@ def _int(text: str | None, default: int) -> int:
         return default
 
 
+#: Headers every answer carries, the app's pages and :class:`PathPrefix`'s 404 alike.
+SECURITY_HEADERS = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "same-origin"),
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    ),
+    ("Cache-Control", "no-store"),
+)
+
+
 class PathPrefix:
     """WSGI middleware that serves an app under ``prefix`` (a reverse proxy that passes the path on
     unchanged): ``/prefix/x`` is the app's ``/x``, and links it makes start with ``/prefix``."""
@@ -384,7 +391,8 @@ class PathPrefix:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO", "")
         if self.prefix and not (path == self.prefix or path.startswith(self.prefix + "/")):
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            headers = [("Content-Type", "text/plain; charset=utf-8"), *SECURITY_HEADERS]
+            start_response("404 Not Found", headers)
             return [f"not found: the dashboard is under {self.prefix}/\n".encode()]
         environ["SCRIPT_NAME"] = environ.get("SCRIPT_NAME", "") + self.prefix
         environ["PATH_INFO"] = path[len(self.prefix) :] or "/"

@@ -470,7 +470,10 @@ def test_path_prefix_serves_and_links_under_it(control):
     html = page.get_data(as_text=True)
     assert 'href="/ops/delay/static/dashboard.css"' in html and 'href="/ops/delay/scheduled"' in html
     assert client.get("/ops/delay/static/dashboard.js").status_code == 200
-    assert client.get("/elsewhere").status_code == 404
+    elsewhere = client.get("/elsewhere")  # outside the prefix: as guarded as the pages
+    assert elsewhere.status_code == 404 and elsewhere.headers["X-Frame-Options"] == "DENY"
+    guarded = ("Content-Security-Policy", "Cache-Control")
+    assert all(elsewhere.headers[name] == page.headers[name] for name in guarded)
 
 
 def test_previews_are_clipped_and_plain_messages_show_their_body():
