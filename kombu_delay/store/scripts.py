@@ -212,11 +212,36 @@ def _first_clause(error: Exception) -> str:
     return str(error).split(",", 1)[0]
 
 
+#: Tries of a script call that Redis answers NOSCRIPT. redis-py's :class:`Script` loads the
+#: script again after one, once; a ``SCRIPT FLUSH`` between that load and its ``EVALSHA`` (an
+#: operator's, in a loop) raised it, and the publish or the move failed. A NOSCRIPT call ran
+#: nothing, so it is safe to make again.
+NOSCRIPT_TRIES = 3
+
+
+class Reloading:
+    """A redis-py :class:`Script`, called again where Redis lost it meanwhile (see
+    :data:`NOSCRIPT_TRIES`). In a pipeline the call is queued, and the pipeline loads it."""
+
+    def __init__(self, script: Script) -> None:
+        self._script = script
+
+    def __call__(
+        self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None, client: Any = None
+    ) -> Any:
+        for _ in range(NOSCRIPT_TRIES - 1):
+            try:
+                return self._script(keys, args, client)
+            except redis.exceptions.NoScriptError:
+                logger.debug("a script was flushed from Redis as it was called; calling it again")
+        return self._script(keys, args, client)
+
+
 class Function:
     """A script of :data:`FUNCTIONS`, called as redis-py's :class:`Script` is: by ``FCALL`` when
     the library is there, else (and in a pipeline) as the script, by ``EVALSHA``."""
 
-    def __init__(self, library: Library, name: str, script: Script) -> None:
+    def __init__(self, library: Library, name: str, script: Reloading) -> None:
         self._library = library
         self._function = function_name(library.name, name)
         self._script = script
@@ -240,13 +265,13 @@ class Scripts:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._loaded: dict[str, Script | Function] = {}
+        self._loaded: dict[str, Reloading | Function] = {}
         self._library: Library | None = None
 
-    def __getitem__(self, name: str) -> Script | Function:
+    def __getitem__(self, name: str) -> Reloading | Function:
         script = self._loaded.get(name)
         if script is None:
-            script = self._client.register_script(source(name))
+            script = Reloading(self._client.register_script(source(name)))
             if name in FUNCTIONS:
                 if self._library is None:
                     self._library = Library(self._client)

@@ -162,3 +162,26 @@ def test_a_process_runs_the_scripts_it_imported(monkeypatch: pytest.MonkeyPatch)
         scripts.resources, "files", lambda *_: pytest.fail("a script read from disk after import")
     )
     assert "ARGV[4] past" in scripts.source.__wrapped__("thaw")
+
+
+def test_a_script_flushed_between_its_reload_and_its_call_is_called_again(
+    r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py loads a script again after NOSCRIPT, once: a SCRIPT FLUSH between that load and
+    # its EVALSHA (an operator's, in a loop) failed the call, a publish or a move, with redis-py's
+    # own NoScriptError. The call ran nothing then, so it is made again.
+    store = Store(r, prefix)
+    load, flushes = r.script_load, [2]
+
+    def load_then_flush(text: str) -> str:
+        sha = load(text)
+        if flushes[0]:
+            flushes[0] -= 1
+            r.script_flush()
+        return sha
+
+    r.script_flush()
+    monkeypatch.setattr(r, "script_load", load_then_flush)
+    store.count("tried", 2)  # count.lua: a script, not a function
+
+    assert flushes == [0] and r.hget(keys.totals(prefix), "tried") == b"2"
