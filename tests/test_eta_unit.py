@@ -236,6 +236,18 @@ def test_destination_matches_kombu_q_for_pri(priority, prefix, queue):
         assert keys.queue_of(expected, prefix, channel.sep) == queue
 
 
+@pytest.mark.parametrize("priority", range(10))
+def test_queue_of_reads_kombus_names_under_an_empty_separator(priority):
+    # kombu publishes with sep="" (celery, celery3, ...); the tools failed on it with
+    # "ValueError: empty separator", and a mover with metrics logged it every second.
+    channel = object.__new__(KombuChannel)
+    channel.sep = ""
+    stepped = channel.priority(priority)
+    dest = channel._q_for_pri("celery", priority)
+    assert keys.destination("", "celery", stepped, "") == dest
+    assert keys.queue_of(dest, "", "") == "celery"
+
+
 @pytest.mark.parametrize("due", [0, 1, 1_796_040_000_123, 2**41 - 1])
 @pytest.mark.parametrize("seq", [0, 1, 1023, 2047])
 def test_score_floor_is_the_due_ms_and_survives_redis_text(due, seq):

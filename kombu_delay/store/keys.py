@@ -190,6 +190,11 @@ def queue_of(dest: str, prefix: str, sep: str, steps: Iterable[int] = KOMBU_PRIO
     name holds that separator: a tool not told an app's ``priority_steps`` still finds its
     lists); any other (``tenant:7`` under ``sep=':'``, where 7 is no step) is a queue of its own."""
     name = dest[len(prefix) :] if prefix and dest.startswith(prefix) else dest
+    if not sep:  # kombu names them <queue><step> then: a name that ends in a step is one
+        for step in sorted({str(step) for step in steps if step}, key=len, reverse=True):
+            if len(name) > len(step) and name.endswith(step):
+                return name[: -len(step)]
+        return name
     base, found, pri = name.rpartition(sep)
     if not found:
         return name
