@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import DelayTooLong, PayloadTooLarge, translated_errors
+from kombu_delay.errors import DelayTooLong, KombuDelayError, PayloadTooLarge, translated_errors
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase
@@ -81,10 +81,13 @@ class Publishing(StoreBase):
         """Run :meth:`schedule` for many ``(due, dest, payload)`` items, pipelined.
 
         For bulk loads (tests, benchmarks). Each item is still one atomic script
-        call; a ``TOO_FAR`` outcome is returned, not raised, and writes nothing.
+        call; a ``TOO_FAR`` outcome is returned, not raised, and writes nothing. A call Redis
+        refuses (maxmemory, say) raises its error once the chunk is done, saying how many of
+        the items were stored: the others in the chunk, before and after it, were.
         """
         script = self._scripts["schedule"]
         results: list[ScheduleResult] = []
+        refused: list[Exception] = []
         with translated_errors():
             batch = [
                 (self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items
@@ -98,7 +101,12 @@ class Publishing(StoreBase):
                         space, due, dest, payload, settings, now_ms=now_ms
                     )
                     script(keys=call_keys, args=call_args, client=pipe)
-                for (space, due, dest, payload), reply in zip(part, pipe.execute(), strict=True):
+                for (space, due, dest, payload), reply in zip(
+                    part, pipe.execute(raise_on_error=False), strict=True
+                ):
+                    if isinstance(reply, Exception):
+                        refused.append(reply)
+                        continue
 
                     def send(
                         to: spaces.Space, due: Due = due, dest: str = dest, payload: str = payload
@@ -107,6 +115,8 @@ class Publishing(StoreBase):
 
                     placed = spaces.placed(space, reply, send, _too_soon)
                     results.append(ScheduleResult.from_reply(placed, due.ms))
+                if refused:
+                    _raise_partly_stored(refused, len(results), len(batch))
         return results
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
@@ -215,6 +225,17 @@ class Publishing(StoreBase):
         other scripts extend it as they use it."""
         with translated_errors():
             self._scripts["count"](keys=[self._totals], args=[counter, n, COUNTER_ALONE_MS])
+
+
+def _raise_partly_stored(refused: list[Exception], stored: int, items: int) -> None:
+    """Raise the first of ``refused`` (as :func:`translated_errors` names it), saying that
+    ``stored`` of a bulk call's ``items`` were stored: each is a call of its own."""
+    try:
+        with translated_errors():
+            raise refused[0]
+    except KombuDelayError as exc:
+        told = f"{exc} ({len(refused)} refused so; {stored} of the {items} messages given were stored)"
+        raise type(exc)(told) from refused[0]
 
 
 def _too_soon(reply: list[Any] | int) -> bool:

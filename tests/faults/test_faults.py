@@ -28,7 +28,7 @@ from kombu.exceptions import OperationalError
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import BadETA, DelayTooLong, RedisRefused, RedisUnavailable
+from kombu_delay.errors import BadETA, DelayTooLong, OverMaxmemory, RedisRefused, RedisUnavailable
 from kombu_delay.message import Due, to_ms
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
@@ -937,3 +937,19 @@ def test_soak_steady_publish_and_move_keeps_memory_and_index_flat(tmp_path: Path
         assert mean(last, "index") <= mean(first, "index") * 1.5 + 5, samples
         assert mean(last, "drained") <= mean(first, "drained") * 1.5 + 5, samples
         assert consistency(client)["stored"] == 0
+
+
+def test_a_bulk_schedule_refused_part_way_says_how_many_it_stored() -> None:
+    # The pipeline raised on the first refusal, as "nothing was written", though the calls
+    # before it (and after it) had stored their messages.
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        client = server.client()
+        store = Store(client)
+        due = store.time_ms() + 600_000
+        items = [(Due(due + i, task_id=f"b{i}"), "faults", "x" * 50_000 + str(i)) for i in range(100)]
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 2_000_000)
+        with pytest.raises(OverMaxmemory) as raised:
+            store.schedule_many(items, Settings(compress_after_ms=0), chunk=100)
+        stored = sum(store.counts().values())
+        assert 0 < stored < 100
+        assert f"; {stored} of the 100 messages given were stored)" in str(raised.value), raised.value
