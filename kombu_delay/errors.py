@@ -74,6 +74,12 @@ class CorruptMember(KombuDelayError, ValueError):
     mover keeps it on the dead-letter list, counted, and never pushes it."""
 
 
+class EditConflict(KombuDelayError, RuntimeError):
+    """A cancel or reschedule found a task's messages moved by other edits each time it looked
+    (other threads or processes rescheduling the same task id over and over): some are still
+    scheduled, not as asked. Nothing was lost; try again."""
+
+
 class StorageFormatError(KombuDelayError, RuntimeError):
     """The data under this key prefix is in a storage format this version cannot read (the
     ``format`` field of the totals hash, see :data:`kombu_delay.store.keys.FORMAT`). Nothing

@@ -17,7 +17,8 @@ from typing import Any
 from kombu.connection import Connection
 
 from kombu_delay.config import Settings
-from kombu_delay.connect import connection, default_channel, store_of
+from kombu_delay.connect import SOCKET_TIMEOUT_S, connection, default_channel, store_of
+from kombu_delay.control.gate import Gate, gated, pool_size
 from kombu_delay.control.results import (
     DeadLetter,
     Page,
@@ -26,7 +27,7 @@ from kombu_delay.control.results import (
     Stats,
     histogram_slots,
 )
-from kombu_delay.errors import CorruptMember, DelayTooLong, RedisRefused
+from kombu_delay.errors import CorruptMember, DelayTooLong, EditConflict, RedisRefused
 from kombu_delay.message import carries_eta, index_id, task_name, to_ms, with_eta
 from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
@@ -76,12 +77,20 @@ class DelayControl:
         if isinstance(broker, str):
             # Shared by threads (the dashboard's, up to 64), each call holding one connection:
             # kombu's pool has 10 and refuses the 11th, which read as Redis being away.
-            options = {"max_connections": SHARED_CONNECTIONS, **(transport_options or {})}
+            # And a Redis that accepts connections but never answers (stopped, behind a
+            # black-holed network) fails a call instead of hanging it, and the app's request.
+            options = {
+                "max_connections": SHARED_CONNECTIONS,
+                "socket_timeout": SOCKET_TIMEOUT_S,
+                "socket_connect_timeout": SOCKET_TIMEOUT_S,
+                **(transport_options or {}),
+            }
             self._conn = connection(broker, options, ssl)
             self._owned = True
         else:
             self._conn = broker
             self._owned = False
+        self._gate = Gate(pool_size(self._conn.transport_options))  # a call holds one at a time
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._settings = Settings.from_options(self._conn.transport_options)
@@ -107,23 +116,29 @@ class DelayControl:
     ) -> None:
         self.close()
 
+    @gated
     def queue_of(self, dest: str) -> str:
         """Return the queue name of a destination list key."""
         return self.store.queue_of(dest)
 
+    @gated
     def cancel(self, task_id: str) -> int:
         """Unschedule every pending message of ``task_id``; return how many were removed.
 
         A retry reuses its task id, so one id can have several pending messages: all of
         them are cancelled. 0 means nothing was scheduled under that id (never published
-        with an ETA, already moved to its queue, or already cancelled).
+        with an ETA, already moved to its queue, or already cancelled). Raises
+        :class:`~kombu_delay.EditConflict` where other edits kept moving its messages (other
+        threads rescheduling the same id over and over) and some are still scheduled.
         """
         return self.store.cancel(task_id)
 
+    @gated
     def find(self, task_id: str) -> list[ScheduledMessage]:
         """Return the pending messages of ``task_id`` (through the id index, O(log n))."""
         return [self._message(s) for s in self.store.find(task_id)]
 
+    @gated
     def reschedule(self, task_id: str, eta: datetime | None = None, countdown: float | None = None) -> int:
         """Move every pending message of ``task_id`` to a new due time; return how many.
 
@@ -135,7 +150,9 @@ class DelayControl:
         ``delay_max_delay`` or the year-2109 ceiling (the message then stays as it was),
         ``ValueError`` for a ``countdown`` that is not finite, and
         :class:`~kombu_delay.RedisRefused` when a time already past would send it to a key
-        that is not a list (the message then stays as it was).
+        that is not a list (the message then stays as it was). Raises
+        :class:`~kombu_delay.EditConflict` where other edits kept moving its messages (other
+        threads rescheduling the same id over and over) and some are still at another time.
         """
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
@@ -156,10 +173,16 @@ class DelayControl:
         missed = len(found) - done
         for _ in range(EDIT_LOOKS - 1):
             if not missed:
-                break
+                return done
             again = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]
             counted = min(missed, sum(self._reschedule_one(task_id, stored, due_ms) for stored in again))
             done, missed = done + counted, missed - counted
+        left = [stored for stored in store.find(task_id) if stored.due_ms != due_ms] if missed else []
+        if left:
+            raise EditConflict(
+                f"cannot reschedule {task_id!r}: other edits moved its messages each of {EDIT_LOOKS} "
+                f"times it looked; {done} rescheduled, {len(left)} still at another time (try again)"
+            )
         return done
 
     def _reschedule_one(self, task_id: str, stored: Stored, due_ms: int) -> bool:
@@ -180,6 +203,7 @@ class DelayControl:
             )
         return outcome is not Rescheduled.GONE
 
+    @gated
     def purge(self, queue: str) -> int:
         """Remove every scheduled message bound for ``queue`` (all its priority lists).
 
@@ -191,6 +215,7 @@ class DelayControl:
         dests.update(keys.destination(store.prefix, queue, p, store.sep) for p in store.steps)
         return store.purge(dests)
 
+    @gated
     def look_alikes(self, queue: str) -> dict[str, int]:
         """Return the destinations, with their scheduled counts, that look like priority lists
         of ``queue`` under a separator or priority steps other than this control's
@@ -209,6 +234,7 @@ class DelayControl:
             and self.queue_of(dest) != queue
         }
 
+    @gated
     def scheduled(self, queue: str | None = None, limit: int = 100, cursor: str | None = None) -> Page:
         """Return one page of scheduled messages, earliest bucket first.
 
@@ -230,6 +256,7 @@ class DelayControl:
         items = [self._message(s) for s in found]
         return Page(items, str(nxt) if nxt is not None else None)
 
+    @gated
     def stats(self, hours: float = 12, slot_minutes: float = 60, max_buckets: int = 10_000) -> Stats:
         """Return counts per queue, the earliest due time, overdue messages (mover lag),
         a due-time histogram for the next ``hours`` and the movers' last heartbeats.
@@ -286,6 +313,7 @@ class DelayControl:
         # fails before the year 1, and on some platforms before 1970) and read by any worker.
         return max(due_ms, 0)
 
+    @gated
     def overdue(self, max_buckets: int = 1000) -> tuple[dict[str, tuple[int, int]], bool]:
         """Return, per queue, (messages due but not moved yet, due time of the oldest in epoch
         ms), and whether ``max_buckets`` cut the count short. Reads only buckets already
@@ -299,6 +327,7 @@ class DelayControl:
             by_queue[name] = (had + n, min(first, oldest))
         return by_queue, truncated
 
+    @gated
     def dead_letters(self, offset: int = 0, limit: int = 50) -> tuple[int, list[DeadLetter]]:
         """Return how many dead letters there are, and up to ``limit`` from ``offset`` (newest
         first): members a mover could not restore, kept as stored, never delivered. Raises
@@ -310,14 +339,25 @@ class DelayControl:
         total, members = self.store.dead_letters(offset, limit)
         return total, [DeadLetter(m, offset + i) for i, m in enumerate(members)]
 
+    @gated
     def remove_dead_letter(self, digest: str, near: int = 0, window: int = 100) -> int:
-        """Remove the dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for in
-        ``window`` entries around position ``near``; return 1, or 0 when it is not there."""
-        _, found = self.dead_letters(max(0, near - window // 2), window)
-        for letter in found:
-            if letter.digest == digest:
-                return self.store.remove_dead_letter(letter.member)
-        return 0
+        """Remove the dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for
+        first in ``window`` entries around position ``near`` (where a page showed it), then in
+        the whole list, ``window`` at a time (dead letters added since push it further on,
+        removed ones bring it nearer); return 1, or 0 when it is not there."""
+
+        def look(offset: int) -> tuple[int, DeadLetter | None]:
+            total, found = self.dead_letters(offset, window)
+            return total, next((letter for letter in found if letter.digest == digest), None)
+
+        first = max(0, near - window // 2)
+        total, letter = look(first)
+        offset = 0
+        while letter is None and offset < total:
+            if offset != first:
+                total, letter = look(offset)
+            offset += window
+        return 0 if letter is None else self.store.remove_dead_letter(letter.member)
 
     def _too_far(self, task_id: str, due_ms: int) -> DelayTooLong:
         """The refusal of a reschedule to ``due_ms``, naming the limit it passes."""

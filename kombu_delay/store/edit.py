@@ -9,7 +9,7 @@ from itertools import islice
 from typing import Any
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import translated_errors
+from kombu_delay.errors import EditConflict, translated_errors
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import as_text
@@ -18,8 +18,9 @@ from kombu_delay.store.publish import Publishing
 from kombu_delay.store.replies import Rescheduled, Stored
 
 #: How many times a cancel or a reschedule looks for a task's messages, at most, while each
-#: look finds one that left its place before it could be changed.
-EDIT_LOOKS = 3
+#: look finds one that left its place before it could be changed. Past that, while some are
+#: still there, it raises :class:`EditConflict`: "none scheduled" would not be true.
+EDIT_LOOKS = 10
 
 
 class Editing(Inspecting, Publishing):
@@ -31,7 +32,8 @@ class Editing(Inspecting, Publishing):
         A message that left its place between the find and its removal is looked for again,
         at most :data:`EDIT_LOOKS` times in all: one a mover thawed meanwhile is in the
         ordinary space now, one another edit rescheduled is in its new bucket. (One a mover
-        moved is on its list, and found no more.)
+        moved is on its list, and found no more.) Raises :class:`EditConflict` when other
+        edits moved one each time and it is still scheduled.
         """
         done = 0
         with translated_errors():
@@ -42,7 +44,13 @@ class Editing(Inspecting, Publishing):
                     done += removed
                     missed = missed or not removed
                 if not missed:
-                    break
+                    return done
+            left = len(self.find(task_id))
+        if left:
+            raise EditConflict(
+                f"cannot cancel {task_id!r}: other edits moved its messages each of {EDIT_LOOKS} times "
+                f"it looked; {done} cancelled, {left} still scheduled (try again)"
+            )
         return done
 
     def _cancel_one(self, task_id: str, stored: Stored, now_ms: int | None) -> int:

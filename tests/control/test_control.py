@@ -864,3 +864,43 @@ def test_a_control_made_from_a_url_serves_many_threads_at_once(r, redis_server, 
     ):
         cancelled = list(pool.map(control.cancel, ids))
     assert cancelled == [1] * 320 and store.counts() == {}
+
+
+def test_edits_that_keep_losing_their_message_say_so_instead_of_none_scheduled(
+    r, redis_server, prefix, monkeypatch
+):
+    # Each claim lost to another edit (threads rescheduling the same id over and over) made
+    # cancel and reschedule give up after three looks and answer 0, "nothing scheduled",
+    # while the message was still scheduled: an app then dropped its reminder, and it ran.
+    store = Store(r, prefix)
+    due = store.time_ms() + 600_000
+    store.schedule(Due(due, task_id="busy"), f"{prefix}q", kombu_payload("busy"), ORDINARY)
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as control:
+        monkeypatch.setattr(Store, "_cancel_one", lambda *args: 0)  # as if moved meanwhile, each time
+        with pytest.raises(kombu_delay.EditConflict, match="1 still scheduled"):
+            control.cancel("busy")
+        monkeypatch.setattr(DelayControl, "_reschedule_one", lambda *args: False)
+        with pytest.raises(kombu_delay.EditConflict, match="1 still at another time"):
+            control.reschedule("busy", countdown=60)
+        monkeypatch.undo()
+        assert [m.due_ms for m in control.find("busy")] == [due]  # nothing lost
+        assert control.cancel("busy") == 1 and control.cancel("busy") == 0
+
+
+def test_a_control_given_a_kombu_connection_serves_more_threads_than_its_pool_holds(r, redis_server, prefix):
+    # DelayControl(app.connection_for_write()), shared as the docs say it may be: its pool holds
+    # 10 connections and refused the 11th, so calls failed with "Redis is unavailable: Too many
+    # connections". They wait for a connection now.
+    store = Store(r, prefix)
+    due = store.time_ms() + 600_000
+    ids = [f"conn-{i}" for i in range(320)]
+    store.schedule_many([(Due(due, task_id=i), f"{prefix}q", kombu_payload(i)) for i in ids], ORDINARY)
+    with (
+        Connection(redis_server.delay_url, transport_options={"global_keyprefix": prefix}) as conn,
+        ThreadPoolExecutor(32) as pool,
+    ):
+        control = DelayControl(conn)
+        found = list(pool.map(control.find, ids))
+        cancelled = list(pool.map(control.cancel, ids))
+    assert [len(f) for f in found] == [1] * 320
+    assert cancelled == [1] * 320 and store.counts() == {}

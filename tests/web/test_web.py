@@ -103,6 +103,18 @@ def test_dead_letters_list_newest_first_and_remove_by_digest(r, control, prefix)
     assert r.lrange(dead, 0, -1) == [b"\x01\x03xyz<script>", b"\x01\x03abc\xff\xfe broken"]
 
 
+def test_a_dead_letter_pushed_far_from_where_it_was_seen_is_still_removed(r, control, prefix):
+    # Only the 100 letters around where a page showed it were looked at: 150 letters added
+    # since pushed it past them, and the dashboard said "gone already" of a letter still there.
+    dead = keys.dead(prefix)
+    r.lpush(dead, *(f"old-{i}".encode() for i in range(20)))
+    _, letters = control.dead_letters(10, 1)
+    r.lpush(dead, *(f"new-{i}".encode() for i in range(150)))
+    assert control.remove_dead_letter(letters[0].digest, near=10) == 1
+    assert r.llen(dead) == 169 and letters[0].member not in r.lrange(dead, 0, -1)
+    assert control.remove_dead_letter(letters[0].digest, near=10) == 0  # the whole list looked at
+
+
 def test_overview_lists_queues_chart_warnings_and_totals(r, redis_server, control, prefix):
     publish(
         redis_server,

@@ -1,0 +1,61 @@
+"""How many calls of one :class:`~kombu_delay.DelayControl` run at once: no more than its
+connection pool holds, which refuses one more ("Too many connections") rather than wait."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+#: kombu's pool size where the transport options give no ``max_connections``.
+KOMBU_POOL = 10
+
+Call = TypeVar("Call", bound=Callable[..., Any])
+
+
+def pool_size(transport_options: dict[str, Any]) -> int:
+    """The connections kombu's pool holds under these transport options. One that is no number
+    is kombu's default here: the connection refuses it, naming it, when it is made."""
+    try:
+        return max(1, int(transport_options.get("max_connections") or KOMBU_POOL))
+    except (TypeError, ValueError):
+        return KOMBU_POOL
+
+
+class Gate:
+    """At most ``size`` calls at once; the others wait for one to end. A call made inside
+    another, by the same thread, goes on: it uses the connection its caller waited for."""
+
+    def __init__(self, size: int) -> None:
+        self._slots = threading.BoundedSemaphore(size)
+        self._inside = threading.local()
+
+    @contextmanager
+    def passed(self) -> Iterator[None]:
+        depth = getattr(self._inside, "depth", 0)
+        if depth:
+            self._inside.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._inside.depth = depth
+            return
+        with self._slots:
+            self._inside.depth = 1
+            try:
+                yield
+            finally:
+                self._inside.depth = 0
+
+
+def gated(method: Call) -> Call:
+    """Run ``method`` of an object with a ``_gate`` (:class:`Gate`) through it."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._gate.passed():
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
