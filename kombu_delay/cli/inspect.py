@@ -18,6 +18,7 @@ from kombu_delay.cli.common import announce, global_options, target
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError, WrongTypeKey
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.store.listing import Cursor
 
 NOT_FOUND = 1
@@ -128,7 +129,10 @@ def render_stats(stats: Stats) -> str:
         )
     if stats.movers:
         beat = stats.last_heartbeat_ms or 0
-        lines.append(f"movers     {len(stats.movers)}, last heartbeat {span(now - beat)} ago")
+        alive = sum(1 for ms in stats.movers.values() if now - ms <= FRESH_HEARTBEAT_MS)
+        silent = len(stats.movers) - alive
+        told = f" ({silent} more silent for over {FRESH_HEARTBEAT_MS // 1000} s)" if silent else ""
+        lines.append(f"movers     {alive}{told}, last heartbeat {span(now - beat)} ago")
     else:
         lines.append("movers     none running (no heartbeat kept; is `kombu-delay mover` running?)")
     if stats.by_queue:
@@ -283,7 +287,8 @@ def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
     Examples:
       kombu-delay cancel 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01
       kombu-delay cancel ID1 ID2 ID3
-      kombu-delay ls --queue emails --json | jq -r '.items[].task_id' | xargs kombu-delay cancel --
+      kombu-delay ls --queue emails --json | jq -j '.items[].task_id + "\\u0000"' |
+        xargs -0 kombu-delay cancel --
     """
     missing = 0
     with control(ctx) as ctl:

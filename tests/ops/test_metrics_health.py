@@ -371,3 +371,17 @@ def test_dead_lettered_messages_count_as_expired_in_the_metrics_as_in_the_totals
     }
     assert samples[("kombu_delay_dead_letters_total", ())] == 1
     assert samples[("kombu_delay_expired_total", ())] == store.totals()["expired"] == 1
+
+
+def test_a_mover_killed_an_hour_ago_is_not_counted_as_running(r, redis_server, prefix):
+    # Its heartbeat is kept for a day: health and stats counted it among the movers ("movers
+    # 2") for that long, and an operator checking that two run for redundancy was misled.
+    store = Store(r, prefix)
+    now = store.time_ms()
+    store.heartbeat("host:1:alive", now_ms=now)
+    store.heartbeat("host:2:killed", now_ms=now - 3_600_000)
+
+    code, out = kd(redis_server, prefix, "health")
+    assert code == 0 and "movers 1 (1 more silent for over 30 s)," in out, out
+    code, out = kd(redis_server, prefix, "stats")
+    assert code == 0 and "movers     1 (1 more silent for over 30 s), last heartbeat" in out, out
