@@ -42,6 +42,9 @@ PREFIX_CHECK_EVERY_S = 300.0
 #: anything is published. About 4 s of Redis's time per million task ids, so one mover walks
 #: in that time, however many run (the key ``<ns>walk``, see ``forget.lua``).
 FORGET_EVERY_S = 3600.0
+#: What the walk runs that another script may not (Redis 7.0 names no command in a script's
+#: ACL refusal; the hint names them all).
+WALK_COMMANDS = ("HSCAN", "TYPE", "HSET", "HDEL", "PEXPIREAT")
 #: Task ids a page of the walk reads: about 2 ms of Redis's time, which a due move may wait.
 FORGET_PAGE = 250
 #: After each page the walk waits this many times as long as the page took: it takes at most
@@ -100,7 +103,10 @@ class Watch:
         self.findings = Findings()
         self._on_findings = on_findings
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        #: Seconds from the last walk's first page to the next look at the id index: an hour,
+        #: or what is left of another mover's claim on it.
+        self.next_walk_s = FORGET_EVERY_S
         self._logged: dict[str, tuple[str, float]] = {}
         self._scan_allowed = True
         self._config_allowed = True
@@ -109,18 +115,35 @@ class Watch:
         self._run_id: tuple[str, float] | None = None
 
     def start(self) -> None:
-        self._thread = start_daemon(self.run, "kombu-delay-watch")
+        # The walk of the id index on a thread of its own: paced, it takes minutes at ten
+        # million task ids, and the other checks must not wait for it.
+        self._threads = [
+            start_daemon(self.run, "kombu-delay-watch"),
+            start_daemon(self.walks, "kombu-delay-walk"),
+        ]
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the checks, waiting ``timeout`` s at most for the one in hand: each long walk
+        """Stop the checks, waiting ``timeout`` s at most for the ones in hand: each long walk
         looks at the stop between its calls, so only a call that Redis does not answer takes
         longer, and waiting would only add to the socket timeout the mover waited already."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def walks(self) -> None:
+        """Walk the id index now and whenever :attr:`next_walk_s` says, until stopped."""
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.forget_stale_refs()
+            except Exception:  # Redis away, say: the mover's own loop reports it
+                logger.debug("mover %s: the walk of the id index failed; retrying", self.name, exc_info=True)
+                self.next_walk_s = FORGET_EVERY_S  # a failure too: the next walk mends it
+            self._stop.wait(max(0.0, began + self.next_walk_s - time.monotonic()))
 
     def run(self) -> None:
-        next_policy = next_prefixes = next_recheck = next_forget = 0.0
+        next_policy = next_prefixes = next_recheck = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -138,17 +161,9 @@ class Watch:
                 elif now >= next_recheck and self.findings.stranded:
                     next_recheck = now + STRANDED_RECHECK_S  # a failure waits as long: no SCAN
                     self.recheck_stranded()
-                if now >= next_forget:
-                    next_forget = now + FORGET_EVERY_S  # a failure too: the next walk mends it
-                    self.forget_stale_refs()
             except Exception:  # the top of this loop: the mover's own loop reports Redis trouble
                 logger.debug("mover %s: a background check failed; retrying", self.name, exc_info=True)
-            due = [
-                next_policy,
-                next_prefixes,
-                next_forget,
-                *([next_recheck] if self.findings.stranded else []),
-            ]
+            due = [next_policy, next_prefixes, *([next_recheck] if self.findings.stranded else [])]
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
     def check_policy(self) -> None:
@@ -268,19 +283,23 @@ class Watch:
 
     def forget_stale_refs(self) -> int:
         """Walk the whole id index, a page at a time, dropping the refs that name no bucket;
-        return how many (logged when any)."""
+        return how many (logged when any). Sets :attr:`next_walk_s`."""
         cursor, dropped, every_ms = 0, 0, int(FORGET_EVERY_S * 1000)
+        self.next_walk_s = FORGET_EVERY_S
         while True:
             began = time.monotonic()
             try:
                 page = self.store.forget_stale_refs(cursor, FORGET_PAGE, self.name, every_ms)
             except RedisPermissionError as exc:  # an ACL line from before it (HSCAN), say
                 named = re.search(r"'([a-z|]+)' command", str(exc))  # Redis 7 names the command
-                hint = "" if named and named[1] != "hscan" else ": grant HSCAN"
+                hint = (
+                    "" if named and named[1] not in WALK_COMMANDS else f": grant {', '.join(WALK_COMMANDS)}"
+                )
                 self._tell("forget", f"the id index cannot be walked ({exc}){hint}", logging.WARNING)
                 return dropped
-            if page is None:  # another mover's walk began within FORGET_EVERY_S
+            if isinstance(page, float):  # another mover's walk began within FORGET_EVERY_S
                 logger.debug("mover %s: the id index was walked lately; not walked again", self.name)
+                self.next_walk_s = page + 1.0  # just after its claim ends, not an hour after
                 break
             cursor, n = page
             dropped += n

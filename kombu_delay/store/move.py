@@ -259,20 +259,21 @@ class Moving(StoreBase):
 
     def forget_stale_refs(
         self, cursor: int, count: int, mover: str, every_ms: int, now_ms: int | None = None
-    ) -> tuple[int, int] | None:
+    ) -> tuple[int, int] | float:
         """Walk a page of about ``count`` task ids of the id index from ``cursor`` (``0``: the
         first), dropping the refs that name no bucket (``forget.lua``); return the cursor of
         the next page (``0``: the walk is done) and how many refs were dropped.
 
-        A walk is begun at most once in ``every_ms``, whichever mover asks: ``None`` when
-        ``cursor`` is ``0`` and another walk began less than that ago (nothing read)."""
+        A walk is begun at most once in ``every_ms``, whichever mover asks: where ``cursor``
+        is ``0`` and another walk began less than that ago, nothing is read, and the seconds
+        until that walk's claim ends are returned."""
         with translated_errors():
             reply = self._scripts["forget"](
                 keys=[self._ids, keys.walk(self.prefix)],
                 args=[self.ns, cursor, count, every_ms, mover, self._now(now_ms)],
             )
         if int(reply[2]):
-            return None
+            return int(reply[2]) / 1000
         return int(reply[0]), int(reply[1])
 
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None) -> int:

@@ -49,7 +49,9 @@ def test_a_movers_background_checks_leave_the_stop_signals_to_the_main_thread(r)
     watch = Watch(Store(r), "test-watch")
     watch.start()
     try:
-        assert watch._thread is not None and watch._thread.native_id is not None
-        assert blocked_signals(watch._thread.native_id) >= STOP_SIGNALS
+        assert len(watch._threads) == 2  # its checks, and its walk of the id index
+        for thread in watch._threads:
+            assert thread.native_id is not None
+            assert blocked_signals(thread.native_id) >= STOP_SIGNALS
     finally:
         watch.stop()

@@ -437,13 +437,23 @@ def test_one_mover_walks_the_id_index_in_an_hour_however_many_run(r: redis.Redis
 
     assert r.hget(walk, "by") == b"first" and r.hexists(walk, "done")
     assert 0 < r.pttl(walk) <= every_ms  # gone when the next walk is due
-    assert store.forget_stale_refs(0, 250, "second", every_ms) is None  # nothing read
+    left = store.forget_stale_refs(0, 250, "second", every_ms)  # nothing read
+    assert isinstance(left, float) and 0 < left <= every_ms / 1000
+    # The second mover looks again just after the claim ends: from its own clock an hour on,
+    # it found the claim still there each time, and the index was walked every two hours.
+    r.pexpire(walk, 5000)
+    second = Watch(store, "second")
+    assert second.forget_stale_refs() == 0 and 1 < second.next_walk_s <= 6
     r.delete(walk)  # as its expiry would, an hour on
-    cursor, dropped = store.forget_stale_refs(0, 250, "second", every_ms)  # type: ignore[misc]
+    page = store.forget_stale_refs(0, 250, "second", every_ms)
+    assert isinstance(page, tuple)
+    cursor, dropped = page
     assert dropped == 0 and r.hget(walk, "by") == b"second"
     assert cursor != 0 and not r.hexists(walk, "done")  # 600 ids: more than one page
     while cursor:
-        cursor, _ = store.forget_stale_refs(cursor, 250, "second", every_ms)  # type: ignore[misc]
+        page = store.forget_stale_refs(cursor, 250, "second", every_ms)
+        assert isinstance(page, tuple)
+        cursor = page[0]
     assert r.hexists(walk, "done") and r.hlen(keys.ids(prefix)) == 600
     r.delete(walk)
     r.set(walk, "by hand")  # a key of another type: every mover walks, as before it was shared

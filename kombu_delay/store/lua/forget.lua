@@ -12,8 +12,8 @@ ARGV[4] every   ms between walks: a first page asked for while <ns>walk is there
 ARGV[5] mover   the mover walking (kept in <ns>walk, for an operator to read)
 ARGV[6] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 Returns: {cursor, dropped, skipped}: the cursor to pass next ('0': the walk is done), the
-         refs dropped, and 1 when this was a first page and another walk had begun less than
-         ARGV[4] ago (nothing read), else 0.
+         refs dropped, and, when this was a first page and another walk had begun less than
+         ARGV[4] ago (nothing read), the ms its claim lasts yet (at least 1), else 0.
 Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and one HDEL or HSET
        per task id with a ref dropped.
 ]]
@@ -23,7 +23,10 @@ Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and o
 local ids, walk, ns = KEYS[1], KEYS[2], ARGV[1]
 -- 'none' or 'hash', unless written by hand: then every mover walks, as if none had begun.
 local walk_type = redis.call('TYPE', walk)['ok']
-if ARGV[2] == '0' and walk_type == 'hash' then return {'0', 0, 1} end
+if ARGV[2] == '0' and walk_type == 'hash' then
+  local left = redis.call('PTTL', walk)  -- -1: none (by hand): as long as a walk's
+  return {'0', 0, left > 0 and left or tonumber(ARGV[4])}
+end
 -- Read before any write: a refusal (an ACL without HSCAN) leaves the next walk to a mover
 -- that may.
 local page = redis.call('HSCAN', ids, ARGV[2], 'COUNT', ARGV[3])
