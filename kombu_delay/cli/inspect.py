@@ -244,7 +244,7 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
             ) from exc
     with control(ctx) as ctl:
         page = ctl.scheduled(queue=queue, limit=limit, cursor=cursor)
-        now = ctl.store.time_ms()
+        now = ctl.time_ms()
         if queue is not None and not cursor:
             _warn_look_alikes(ctl, queue, "not listed")
     rows = [_row(item, now) for item in page.items]

@@ -18,7 +18,7 @@ from kombu.connection import Connection
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import SOCKET_TIMEOUT_S, connection, default_channel, store_of
-from kombu_delay.control.gate import Gate, gated, pool_size
+from kombu_delay.control.gate import gate_of, gated
 from kombu_delay.control.results import (
     DeadLetter,
     Page,
@@ -90,7 +90,7 @@ class DelayControl:
         else:
             self._conn = broker
             self._owned = False
-        self._gate = Gate(pool_size(self._conn.transport_options))  # a call holds one at a time
+        self._gate = gate_of(self._conn)  # each call holds one connection at a time
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._settings = Settings.from_options(self._conn.transport_options)
@@ -115,6 +115,11 @@ class DelayControl:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    @gated
+    def time_ms(self) -> int:
+        """Return the Redis clock, epoch ms."""
+        return self.store.time_ms()
 
     @gated
     def queue_of(self, dest: str) -> str:

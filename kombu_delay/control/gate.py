@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -22,6 +23,20 @@ def pool_size(transport_options: dict[str, Any]) -> int:
         return max(1, int(transport_options.get("max_connections") or KOMBU_POOL))
     except (TypeError, ValueError):
         return KOMBU_POOL
+
+
+#: The gate of each connection: the controls made on one kombu Connection share its pool.
+_GATES: weakref.WeakKeyDictionary[Any, Gate] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def gate_of(conn: Any) -> Gate:
+    """The :class:`Gate` of kombu Connection ``conn``, shared by every control made on it."""
+    with _GATES_LOCK:
+        gate = _GATES.get(conn)
+        if gate is None:
+            gate = _GATES[conn] = Gate(pool_size(conn.transport_options))
+        return gate
 
 
 class Gate:

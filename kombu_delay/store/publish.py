@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import redis
+
 from kombu_delay.config import Settings
 from kombu_delay.errors import DelayTooLong, KombuDelayError, PayloadTooLarge, translated_errors
 from kombu_delay.message import Due, id_arg
@@ -116,7 +118,8 @@ class Publishing(StoreBase):
                     placed = spaces.placed(space, reply, send, _too_soon)
                     results.append(ScheduleResult.from_reply(placed, due.ms))
                 if refused:
-                    _raise_partly_stored(refused, len(results), len(batch))
+                    written = sum(r.outcome in (Scheduled.STORED, Scheduled.PUSHED_NOW) for r in results)
+                    _raise_partly_stored(refused, written, len(batch))
         return results
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
@@ -227,15 +230,19 @@ class Publishing(StoreBase):
             self._scripts["count"](keys=[self._totals], args=[counter, n, COUNTER_ALONE_MS])
 
 
-def _raise_partly_stored(refused: list[Exception], stored: int, items: int) -> None:
-    """Raise the first of ``refused`` (as :func:`translated_errors` names it), saying that
-    ``stored`` of a bulk call's ``items`` were stored: each is a call of its own."""
+def _raise_partly_stored(refused: list[Exception], written: int, items: int) -> None:
+    """Raise the first of ``refused`` (as :func:`translated_errors` names it, or as it came),
+    saying that ``written`` of a bulk call's ``items`` were stored or pushed: each is a call
+    of its own, and the one refused wrote nothing."""
+    told = f"{len(refused)} of the {items} messages given were refused, {written} stored or pushed"
     try:
         with translated_errors():
             raise refused[0]
     except KombuDelayError as exc:
-        told = f"{exc} ({len(refused)} refused so; {stored} of the {items} messages given were stored)"
-        raise type(exc)(told) from refused[0]
+        text = str(exc).removesuffix("; nothing was written")
+        raise type(exc)(f"{text}; {told}") from refused[0]
+    except redis.RedisError as exc:
+        raise type(exc)(f"{exc}; {told}") from refused[0]
 
 
 def _too_soon(reply: list[Any] | int) -> bool:

@@ -216,7 +216,7 @@ def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
         except ValueError:
             abort(400, "the cursor or limit is not one this page made")
         page = control.scheduled(queue=queue, limit=limit, cursor=cursor)
-        now = control.store.time_ms()
+        now = control.time_ms()
         # The task-name filter (a part of the name) applies to the page read: a filtered page may
         # come back short, never longer to read.
         items = [m for m in page.items if name in (m.task or "")]
@@ -241,7 +241,7 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
     def task() -> tuple[str, int]:
         task_id = request.args.get("id", "")
         found = control.find(task_id) if task_id else []
-        now = control.store.time_ms()
+        now = control.time_ms()
         shown = [(m, present.show(m.message)) for m in found]
         done = request.args.get("done", "")
         rescheduled = int(done) if DONE_COUNT.fullmatch(done) else None

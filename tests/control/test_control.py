@@ -895,12 +895,13 @@ def test_a_control_given_a_kombu_connection_serves_more_threads_than_its_pool_ho
     due = store.time_ms() + 600_000
     ids = [f"conn-{i}" for i in range(320)]
     store.schedule_many([(Due(due, task_id=i), f"{prefix}q", kombu_payload(i)) for i in ids], ORDINARY)
+    options = {"global_keyprefix": prefix, "max_connections": 4}
     with (
-        Connection(redis_server.delay_url, transport_options={"global_keyprefix": prefix}) as conn,
+        Connection(redis_server.delay_url, transport_options=options) as conn,
         ThreadPoolExecutor(32) as pool,
     ):
-        control = DelayControl(conn)
-        found = list(pool.map(control.find, ids))
-        cancelled = list(pool.map(control.cancel, ids))
+        control, other = DelayControl(conn), DelayControl(conn)  # one pool: both wait their turn
+        found = list(pool.map(lambda i: (control.find(i), other.time_ms())[0], ids))
+        cancelled = list(pool.map(lambda i: other.cancel(i) if int(i[5:]) % 2 else control.cancel(i), ids))
     assert [len(f) for f in found] == [1] * 320
     assert cancelled == [1] * 320 and store.counts() == {}
