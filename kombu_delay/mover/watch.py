@@ -42,9 +42,12 @@ PREFIX_CHECK_EVERY_S = 300.0
 #: anything is published. About 4 s of Redis's time per million task ids, so one mover walks
 #: in that time, however many run (the key ``<ns>walk``, see ``forget.lua``).
 FORGET_EVERY_S = 3600.0
-#: What the walk runs that another script may not (Redis 7.0 names no command in a script's
-#: ACL refusal; the hint names them all).
-WALK_COMMANDS = ("HSCAN", "TYPE", "HSET", "HDEL", "PEXPIREAT")
+#: The commands the walk runs (Redis 7.0 names none in a script's ACL refusal: the hint then
+#: names them all).
+WALK_COMMANDS = ("HSCAN", "TYPE", "PTTL", "EXISTS", "TIME", "HSET", "HDEL", "PEXPIREAT")
+#: Seconds before a walk that failed (Redis away, a connection refused by a full pool) is
+#: tried again: not an hour, the refs it drops would wait that long.
+FORGET_RETRY_S = 60.0
 #: Task ids a page of the walk reads: about 2 ms of Redis's time, which a due move may wait.
 FORGET_PAGE = 250
 #: After each page the walk waits this many times as long as the page took: it takes at most
@@ -139,7 +142,7 @@ class Watch:
                 self.forget_stale_refs()
             except Exception:  # Redis away, say: the mover's own loop reports it
                 logger.debug("mover %s: the walk of the id index failed; retrying", self.name, exc_info=True)
-                self.next_walk_s = FORGET_EVERY_S  # a failure too: the next walk mends it
+                self.next_walk_s = FORGET_RETRY_S
             self._stop.wait(max(0.0, began + self.next_walk_s - time.monotonic()))
 
     def run(self) -> None:
@@ -292,9 +295,8 @@ class Watch:
                 page = self.store.forget_stale_refs(cursor, FORGET_PAGE, self.name, every_ms)
             except RedisPermissionError as exc:  # an ACL line from before it (HSCAN), say
                 named = re.search(r"'([a-z|]+)' command", str(exc))  # Redis 7 names the command
-                hint = (
-                    "" if named and named[1] not in WALK_COMMANDS else f": grant {', '.join(WALK_COMMANDS)}"
-                )
+                needed = ", ".join(WALK_COMMANDS)
+                hint = "" if named and named[1].upper() not in WALK_COMMANDS else f": grant {needed}"
                 self._tell("forget", f"the id index cannot be walked ({exc}){hint}", logging.WARNING)
                 return dropped
             if isinstance(page, float):  # another mover's walk began within FORGET_EVERY_S

@@ -84,8 +84,9 @@ class Publishing(StoreBase):
 
         For bulk loads (tests, benchmarks). Each item is still one atomic script
         call; a ``TOO_FAR`` outcome is returned, not raised, and writes nothing. A call Redis
-        refuses (maxmemory, say) raises its error once the chunk is done, saying how many of
-        the items were stored: the others in the chunk, before and after it, were.
+        refuses (maxmemory, say) raises its error once its chunk is done, saying how many of
+        the items were refused, stored (the others of its chunk and those before it may be)
+        and not sent (the chunks after it).
         """
         script = self._scripts["schedule"]
         results: list[ScheduleResult] = []
@@ -94,11 +95,12 @@ class Publishing(StoreBase):
             batch = [
                 (self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items
             ]
+            for _, _, _, payload in batch:  # before anything is written
+                self._must_fit(payload, "nothing was stored")
             for begin in range(0, len(batch), chunk):
                 pipe = self.client.pipeline(transaction=False)
                 part = batch[begin : begin + chunk]
                 for space, due, dest, payload in part:
-                    self._must_fit(payload, "nothing was stored")
                     call_keys, call_args = self._schedule_call(
                         space, due, dest, payload, settings, now_ms=now_ms
                     )
@@ -119,7 +121,7 @@ class Publishing(StoreBase):
                     results.append(ScheduleResult.from_reply(placed, due.ms))
                 if refused:
                     written = sum(r.outcome in (Scheduled.STORED, Scheduled.PUSHED_NOW) for r in results)
-                    _raise_partly_stored(refused, written, len(batch))
+                    _raise_partly_stored(refused, written, len(batch) - begin - len(part), len(batch))
         return results
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
@@ -230,11 +232,14 @@ class Publishing(StoreBase):
             self._scripts["count"](keys=[self._totals], args=[counter, n, COUNTER_ALONE_MS])
 
 
-def _raise_partly_stored(refused: list[Exception], written: int, items: int) -> None:
+def _raise_partly_stored(refused: list[Exception], written: int, unsent: int, items: int) -> None:
     """Raise the first of ``refused`` (as :func:`translated_errors` names it, or as it came),
-    saying that ``written`` of a bulk call's ``items`` were stored or pushed: each is a call
-    of its own, and the one refused wrote nothing."""
-    told = f"{len(refused)} of the {items} messages given were refused, {written} stored or pushed"
+    saying that of a bulk call's ``items``, ``written`` were stored or pushed and ``unsent``
+    not sent: each is a call of its own, and one refused wrote nothing."""
+    told = (
+        f"{len(refused)} of the {items} messages given were refused, {written} stored or pushed, "
+        f"{unsent} not sent"
+    )
     try:
         with translated_errors():
             raise refused[0]

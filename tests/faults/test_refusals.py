@@ -648,7 +648,8 @@ def test_too_few_replicas_is_a_refusal_that_waiting_ends(server: RedisServer) ->
 
 
 def watch_threads() -> int:
-    return sum(1 for t in threading.enumerate() if t.name == "kombu-delay-watch" and t.is_alive())
+    names = ("kombu-delay-watch", "kombu-delay-walk")
+    return sum(1 for t in threading.enumerate() if t.name in names and t.is_alive())
 
 
 def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_try(server, caplog):

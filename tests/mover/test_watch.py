@@ -455,6 +455,10 @@ def test_one_mover_walks_the_id_index_in_an_hour_however_many_run(r: redis.Redis
         assert isinstance(page, tuple)
         cursor = page[0]
     assert r.hexists(walk, "done") and r.hlen(keys.ids(prefix)) == 600
+    r.persist(walk)  # a claim with no expiry (its PEXPIREAT refused by an ACL) stopped every walk
+    third = Watch(store, "third")
+    assert third.forget_stale_refs() == 0 and third.next_walk_s == watch_module.FORGET_EVERY_S
+    assert r.hget(walk, "by") == b"third" and 0 < r.pttl(walk) <= every_ms  # taken over
     r.delete(walk)
     r.set(walk, "by hand")  # a key of another type: every mover walks, as before it was shared
     assert store.forget_stale_refs(0, 1000, "third", every_ms) == (0, 0)

@@ -13,7 +13,8 @@ ARGV[5] mover   the mover walking (kept in <ns>walk, for an operator to read)
 ARGV[6] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 Returns: {cursor, dropped, skipped}: the cursor to pass next ('0': the walk is done), the
          refs dropped, and, when this was a first page and another walk had begun less than
-         ARGV[4] ago (nothing read), the ms its claim lasts yet (at least 1), else 0.
+         ARGV[4] ago (nothing read), the ms its claim lasts yet (at least 1), else 0. A claim
+         that has no expiry is taken over.
 Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and one HDEL or HSET
        per task id with a ref dropped.
 ]]
@@ -23,16 +24,20 @@ Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and o
 local ids, walk, ns = KEYS[1], KEYS[2], ARGV[1]
 -- 'none' or 'hash', unless written by hand: then every mover walks, as if none had begun.
 local walk_type = redis.call('TYPE', walk)['ok']
+-- A claim with no expiry (its PEXPIREAT refused by an ACL, or written by hand) would stop
+-- every walk for good: it is taken over, as if there were none.
+local claim = walk_type == 'none'
 if ARGV[2] == '0' and walk_type == 'hash' then
-  local left = redis.call('PTTL', walk)  -- -1: none (by hand): as long as a walk's
-  return {'0', 0, left > 0 and left or tonumber(ARGV[4])}
+  local left = redis.call('PTTL', walk)
+  if left >= 0 then return {'0', 0, math.max(left, 1)} end  -- 0: under a ms left
+  claim = true
 end
 -- Read before any write: a refusal (an ACL without HSCAN) leaves the next walk to a mover
 -- that may.
 local page = redis.call('HSCAN', ids, ARGV[2], 'COUNT', ARGV[3])
 -- Bookkeeping that frees memory: not refused under maxmemory (past_maxmemory in _buckets.lua).
 past_maxmemory(ids)
-if ARGV[2] == '0' and walk_type == 'none' then
+if ARGV[2] == '0' and claim then
   local now = clock(ARGV[6])
   redis.call('HSET', walk, 'at', now, 'by', ARGV[5])
   redis.call('PEXPIREAT', walk, now + tonumber(ARGV[4]))
