@@ -247,21 +247,29 @@ class DelayChannelMixin:
     def _purge(self, queue: str) -> int:
         # ``celery purge`` and ``Queue.purge()`` mean "these tasks must not run": a delayed
         # message left behind would reappear on the purged queue when due. So the queue's
-        # delayed messages go too, and are counted in the number purged.
-        purged = int(super()._purge(queue))  # type: ignore[misc]
-        return purged + self.delay_store.purge(self._delay_dests(queue))
+        # delayed messages go too, and are counted in the number purged: first, so that one a
+        # mover moves meanwhile is on the list when the list is purged (the other way round,
+        # it escaped both).
+        delayed = self.delay_store.purge(self._delay_dests(queue))
+        return int(super()._purge(queue)) + delayed  # type: ignore[misc]
 
     def _size(self, queue: str) -> int:
         # On redis:// a message with an ETA sits on the queue's list, and counts in its size
         # (``queue_declare``'s message count, ``SimpleQueue.qsize()``, ``if_empty``): here
-        # its delayed messages count too, as ``_purge`` counts them.
-        return int(super()._size(queue)) + self._delayed_count(queue)  # type: ignore[misc]
+        # its delayed messages count too, as ``_purge`` counts them. They are read first: one
+        # a mover moves meanwhile is then on the list when the list is read, counted twice at
+        # worst, never missed (a queue of one message read as empty).
+        delayed = self._delayed_count(queue)
+        return int(super()._size(queue)) + delayed  # type: ignore[misc]
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         # A queue holding only delayed messages exists, as its list does on redis:// (a passive
-        # declare must not answer 404 NOT_FOUND for it).
-        listed = bool(super()._has_queue(queue, **kwargs))  # type: ignore[misc]
-        return listed or self._delayed_count(queue) > 0
+        # declare must not answer 404 NOT_FOUND for it). The lists are read again after the
+        # counts: a message a mover moved in between is on one. By their full names: kombu's
+        # own look does not put the global_keyprefix before them.
+        if super()._has_queue(queue, **kwargs) or self._delayed_count(queue) > 0:  # type: ignore[misc]
+            return True
+        return bool(self.delay_store.client.exists(*self._delay_dests(queue)))
 
     def _delayed_count(self, queue: str) -> int:
         """How many delayed messages ``queue`` holds; 0 where this user may not read the
@@ -293,13 +301,14 @@ class DelayChannelMixin:
         # deletes nothing for a queue this channel holds no binding of; ``if_empty`` counts
         # the delayed messages too (``_size``; ``exchange_delete`` deletes its queues only if
         # they are empty).
+        # The delayed messages go first, so that one a mover moves meanwhile is on the list
+        # when kombu deletes it (the other way round, it recreated the deleted queue's list).
         dests = self._delay_dests(queue)
         if if_empty and self._size(queue):
             return
-        bound = any(True for _ in self.state.queue_bindings(queue))  # type: ignore[attr-defined]
-        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)  # type: ignore[misc]
-        if bound:
+        if any(True for _ in self.state.queue_bindings(queue)):  # type: ignore[attr-defined]
             self._purge_deleted(dests)
+        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)  # type: ignore[misc]
 
     def _purge_deleted(self, dests: list[str]) -> None:
         """Delete a deleted queue's delayed messages. A user that may not (a worker's ACL user

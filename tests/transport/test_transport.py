@@ -778,3 +778,47 @@ def test_a_task_id_with_a_surrogate_pair_is_found_as_the_worker_reads_it(
         assert [m.task for m in ctl.find(joined + "\udcff")] == ["t.y"]
         assert ctl.reschedule(pair, countdown=900) == 1 and ctl.cancel(joined) == 1
         assert ctl.cancel(pair + "\udcff") == 1 and ctl.stats().scheduled == 0
+
+
+def _moved_meanwhile(monkeypatch, r: redis.Redis, prefix: str, name: str) -> None:
+    """Make kombu's own ``name`` (what the transport calls through ``super()``) move every due
+    message right after it has read or written the lists: as a mover would between the
+    transport's two steps."""
+    real = getattr(kombu_redis.Channel, name)
+    clock = FakeClock(r)
+    clock.advance(3_600_000)  # all due
+
+    def then_moved(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        Store(r, prefix, clock=clock).move_due(500)
+        return result
+
+    monkeypatch.setattr(kombu_redis.Channel, name, then_moved)
+
+
+@pytest.mark.parametrize("step", ["_purge", "queue_delete", "_size", "_has_queue"])
+def test_a_message_moved_between_the_lists_and_the_delayed_ones_is_not_missed(
+    r, redis_server, prefix, monkeypatch, step
+):
+    # Each step read or wrote the lists, then the delayed messages: one a mover moved in
+    # between escaped a purge (and ran), recreated a deleted queue's list, or was counted in
+    # neither (a queue of one message was empty, and a passive declare answered 404).
+    name = f"{prefix}raced"
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        channel = conn.channel()
+        queue = Queue(name, Exchange(name), routing_key=name, channel=channel)
+        queue.declare()
+        # Half a minute ahead: stored uncompressed, which a move takes as it is.
+        Producer(channel).publish({"n": 1}, exchange=name, routing_key=name, headers={"x-delay": 30_000})
+        assert r.llen(prefix + name) == 0
+        _moved_meanwhile(monkeypatch, r, prefix, step)
+        if step == "_purge":
+            assert queue.purge() == 1 and r.llen(prefix + name) == 0
+        elif step == "queue_delete":
+            queue.delete()
+            assert not r.exists(prefix + name)
+        elif step == "_size":
+            assert channel.queue_declare(name, passive=True).message_count >= 1
+        else:
+            assert channel.queue_declare(name, passive=True).queue == name
+        channel.close()
