@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
-from kombu import Connection, Exchange, Queue
+from kombu import Connection, Exchange, Producer, Queue
+from kombu.exceptions import ChannelError
 from kombu.transport import redis as kombu_redis
 
 from kombu_delay.cli import main
@@ -737,3 +738,37 @@ def test_one_attempt_still_tries_each_of_the_brokers_urls(redis_server: RedisSer
         with open_store(url) as store:
             assert store.client.ping()  # the second URL's server
         assert accepted == [1]
+
+
+def test_a_user_of_prefixed_keys_only_declares_passively(server: RedisServer) -> None:
+    # kombu's own look at a queue runs EXISTS on its list's name without the global_keyprefix:
+    # a user granted the prefixed keys only (as Security's ACL line has it) was refused it.
+    admin = server.client()
+    url = add_user(admin, "prefixed", "resetkeys", "~app9:*")
+    options = {"global_keyprefix": "app9:"}
+    with Connection(url, transport_options=options) as conn:
+        channel = conn.channel()
+        Queue("held", Exchange("held"), routing_key="held", channel=channel).declare()
+        producer = Producer(channel)
+        producer.publish({"n": 1}, exchange="held", routing_key="held")
+        producer.publish({"n": 2}, exchange="held", routing_key="held", headers={"x-delay": 600_000})
+        assert channel.queue_declare("held", passive=True).message_count == 2
+        with pytest.raises(ChannelError, match="NOT_FOUND"):
+            channel.queue_declare("nothing", passive=True)
+        channel.close()
+
+
+def test_a_purge_refused_the_delayed_messages_still_purges_the_list(server: RedisServer) -> None:
+    # A user with only kombu's keys (a worker's, `celery purge` run with its credentials) is
+    # refused the delayed messages: it is told so, and what it may purge is purged first.
+    admin = server.client()
+    url = add_user(admin, "listsonly", "resetkeys", "~refusals*", "~_kombu*", "~unacked*")
+    with Connection(url) as conn:
+        channel = conn.channel()
+        queue = Queue(QUEUE, Exchange(QUEUE), routing_key=QUEUE, channel=channel)
+        queue.declare()
+        Producer(channel).publish({"n": 1}, exchange=QUEUE, routing_key=QUEUE)
+        with pytest.raises(RedisPermissionError):
+            queue.purge()
+        channel.close()
+    assert admin.llen(QUEUE) == 0

@@ -822,3 +822,31 @@ def test_a_message_moved_between_the_lists_and_the_delayed_ones_is_not_missed(
         else:
             assert channel.queue_declare(name, passive=True).queue == name
         channel.close()
+
+
+def test_a_delete_if_empty_keeps_no_queue_whose_delayed_messages_it_dropped(r, redis_server, prefix):
+    # Emptiness was judged twice, by the transport and again by kombu: a publish in between
+    # (one delayed message, one due now) had the first drop the delayed message and the second
+    # keep the queue, without it.
+    name = "judged"
+    with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
+        channel = conn.channel()
+        queue = Queue(name, Exchange(name), routing_key=name, channel=channel)
+        queue.declare()
+        real, looks = channel._size, []
+
+        def published_after_the_first_look(queue_name: str) -> int:
+            size = real(queue_name)
+            looks.append(size)
+            if len(looks) == 1:
+                producer = Producer(channel)
+                producer.publish({"n": 1}, exchange=name, routing_key=name, headers={"x-delay": 30_000})
+                producer.publish({"n": 2}, exchange=name, routing_key=name)
+            return size
+
+        channel._size = published_after_the_first_look
+        queue.delete(if_empty=True)
+        channel.close()
+    kept = bool(r.exists(prefix + name))
+    delayed = sum(Store(r, prefix).counts().values())
+    assert looks[0] == 0 and (kept, delayed) in ((False, 0), (True, 1)), (kept, delayed)
