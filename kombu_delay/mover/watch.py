@@ -51,7 +51,8 @@ FORGET_RETRY_S = 60.0
 #: Task ids a page of the walk reads: about 2 ms of Redis's time, which a due move may wait.
 FORGET_PAGE = 250
 #: After each page the walk waits this many times as long as the page took: it takes at most
-#: a sixth of Redis's time, however large the index (ten million task ids: some 4 minutes).
+#: a sixth of Redis's time, however large the index (ten million task ids: minutes; 588 s
+#: on a busy machine).
 FORGET_PAUSE = 5.0
 #: How often a problem that lasts is logged again, seconds.
 LOG_REPEAT_S = 600.0

@@ -17,6 +17,13 @@ Returns: {cursor, dropped, skipped}: the cursor to pass next ('0': the walk is d
          that has no expiry is taken over.
 Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and one HDEL or HSET
        per task id with a ref dropped.
+
+A ref names its bucket's meta hash, through which find.lua reads the bucket's messages, and
+that hash outlives the bucket's sorted sets and task-id list by a day: a ref whose meta hash
+is gone finds nothing, and never will. Such refs are left by buckets lost (expired after
+their grace with no mover running, evicted, deleted by hand) and by compressed buckets, which
+keep no task-id list to drop them with; without this walk, each would stay while the index is
+in use, which is as long as anything is published. A ref no script writes (by hand) goes too.
 ]]
 --- @include spaces
 --- @include clock
