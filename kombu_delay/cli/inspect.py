@@ -18,7 +18,7 @@ from kombu_delay.cli.common import announce, global_options, target
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError, WrongTypeKey
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
+from kombu_delay.ops.checks import movers_heard, movers_told
 from kombu_delay.store.listing import Cursor
 
 NOT_FOUND = 1
@@ -129,10 +129,8 @@ def render_stats(stats: Stats) -> str:
         )
     if stats.movers:
         beat = stats.last_heartbeat_ms or 0
-        alive = sum(1 for ms in stats.movers.values() if now - ms <= FRESH_HEARTBEAT_MS)
-        silent = len(stats.movers) - alive
-        told = f" ({silent} more silent for over {FRESH_HEARTBEAT_MS // 1000} s)" if silent else ""
-        lines.append(f"movers     {alive}{told}, last heartbeat {span(now - beat)} ago")
+        told = movers_told(*movers_heard(stats.movers.values(), now))
+        lines.append(f"movers     {told}, last heartbeat {span(now - beat)} ago")
     else:
         lines.append("movers     none running (no heartbeat kept; is `kombu-delay mover` running?)")
     if stats.by_queue:

@@ -7,11 +7,26 @@ facts from Redis and words them here, so they never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 #: A mover heartbeat younger than this means a mover serves its namespace, ms. ``health``
 #: uses 30 s by default too, and a mover beats every 2 s.
 FRESH_HEARTBEAT_MS = 30_000
+
+
+def movers_heard(beats: Iterable[int], now_ms: int) -> tuple[int, int]:
+    """Of the movers whose last heartbeats (epoch ms) are ``beats``: how many were heard from
+    within :data:`FRESH_HEARTBEAT_MS`, and how many not (a heartbeat is kept a day)."""
+    ages = [now_ms - beat for beat in beats]
+    alive = sum(1 for age in ages if age <= FRESH_HEARTBEAT_MS)
+    return alive, len(ages) - alive
+
+
+def movers_told(alive: int, silent: int) -> str:
+    """The movers as ``stats`` and ``health`` say them: ``1 (1 more silent for over 30 s)``."""
+    over = f" ({silent} more silent for over {FRESH_HEARTBEAT_MS // 1000} s)" if silent else ""
+    return f"{alive}{over}"
+
 
 #: The only ``maxmemory-policy`` under which Redis never deletes a scheduled message.
 SAFE_POLICY = "noeviction"

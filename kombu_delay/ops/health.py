@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.mover.watch import ALERT_KEEP_MS
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, eviction_problem, persistence_problem
+from kombu_delay.ops.checks import eviction_problem, movers_heard, movers_told, persistence_problem
 from kombu_delay.store import Store, keys, spaces
 
 #: How far ahead of Redis's clock a heartbeat may be and still count, ms: a mover writes its own
@@ -26,8 +26,8 @@ FUTURE_BEAT_MS = 60_000
 class Health:
     """What the probe saw, ages in ms by the Redis clock."""
 
-    #: Movers with a heartbeat in the last :data:`FRESH_HEARTBEAT_MS` (a mover writes one
-    #: every ``delay_heartbeat_interval``, 2 s by default).
+    #: Movers with a heartbeat in the last :data:`~kombu_delay.ops.checks.FRESH_HEARTBEAT_MS`
+    #: (a mover writes one every ``delay_heartbeat_interval``, 2 s by default).
     movers: int
     #: Age of the freshest mover heartbeat; ``None`` when no mover has one.
     heartbeat_age_ms: int | None
@@ -66,10 +66,8 @@ class Health:
 
     def summary(self) -> str:
         beat = "none" if self.heartbeat_age_ms is None else f"{self.heartbeat_age_ms / 1000:.1f} s ago"
-        over = FRESH_HEARTBEAT_MS // 1000
-        silent = f" ({self.silent} more silent for over {over} s)" if self.silent else ""
         return (
-            f"movers {self.movers}{silent}, freshest heartbeat {beat}, "
+            f"movers {movers_told(self.movers, self.silent)}, freshest heartbeat {beat}, "
             f"oldest overdue {self.overdue_ms / 1000:.1f} s"
         )
 
@@ -106,10 +104,10 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
         if ms <= now + FUTURE_BEAT_MS and (host is None or host in name.split(":")[:2])
     }
     freshest = max(beats.values()) if beats else None
-    alive = sum(1 for ms in beats.values() if now - ms <= FRESH_HEARTBEAT_MS)
+    alive, silent = movers_heard(beats.values(), now)
     return Health(
         movers=alive,
-        silent=len(beats) - alive,
+        silent=silent,
         heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
         overdue_ms=0 if earliest is None else max(0, now - earliest),
         warnings=warnings,
