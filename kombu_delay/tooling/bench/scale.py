@@ -140,8 +140,8 @@ def _flush(ctx: Ctx) -> None:
 
 def _walked(ctx: Ctx) -> float:
     """Wait for the walk of the id index that the mover just started begins with (see
-    ``forget.lua``: one an hour, whichever mover, paced to a sixth of Redis's time; some 4
-    minutes at ten million), so that the rounds time moves, not the walk; return its seconds."""
+    ``forget.lua``: one an hour, whichever mover, paced to a sixth of Redis's time; minutes
+    at ten million), so that the rounds time moves, not the walk; return its seconds."""
     started = time.monotonic()
     walk = keys.walk(ctx.store.prefix)
     if not wait_for(lambda: ctx.probe.client.hexists(walk, "done"), timeout=3600, interval=0.5):
