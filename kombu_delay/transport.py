@@ -55,7 +55,7 @@ from kombu.utils.json import dumps
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
-from kombu_delay.message import message_due
+from kombu_delay.message import message_due, message_id
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.redact import mask_url
 from kombu_delay.store import Store, keys
@@ -154,8 +154,7 @@ class DelayChannelMixin:
         try:
             due = message_due(_spent_delay_removed(message))
         except BadETA as exc:
-            tag = (message.get("properties") or {}).get("delivery_tag")
-            logger.warning("kombu-delay: %s; delivering message %s now", exc, tag)
+            logger.warning("kombu-delay: %s; delivering message %r now", exc, message_id(message))
             try:
                 self.delay_store.count("bad_eta")
             except KombuDelayError:  # a counter must not fail the publish it counts (a user
