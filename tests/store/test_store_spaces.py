@@ -121,3 +121,43 @@ def test_a_cold_message_is_thawed_then_moved_by_the_time_given(r: redis.Redis, p
     assert result.moved == 1 and result.lateness_ms == [0]
     assert r.llen(f"{prefix}q") == 1
     assert store.heartbeat("m", now_ms=due) == due
+
+
+def _reads_of_members(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("zrange", "zrangebyscore"))
+
+
+@pytest.mark.parametrize("space", spaces.ALL, ids=lambda s: s.name)
+def test_the_earliest_due_time_is_read_without_reading_the_messages(
+    r: redis.Redis, prefix: str, space: spaces.Space
+) -> None:
+    """Health, stats and the dashboard ask for the earliest due time every few seconds; a
+    message of 4 MB at the head of a set was read whole for its score, in Lua or over the
+    wire. Now the sets' ranges are read only in the indexes: as many with one destination in
+    the bucket as with seven."""
+    store = Store(r, prefix)
+    now = redis_ms(r)
+    first = now + 90_000 + 7  # the bucket's (a minute's) start, end and this lie apart
+    dests = [f"{prefix}q"] + [f"{prefix}q\x06{i}" for i in range(1, 7)]
+
+    def schedule(task_id: str, due: int, dest: str, pad: int = 0) -> None:
+        payload = kombu_payload(task_id).replace('"body": "', '"body": "' + "x" * pad, 1)
+        result = store.schedule(Due(due, task_id=task_id), dest, payload, PLACING[space], now_ms=now)
+        assert result.outcome is Scheduled.STORED
+
+    def reads(expected: dict[str, tuple[int, int]]) -> int:
+        r.config_resetstat()
+        assert store.earliest_due_ms() == first
+        assert store.overdue(first + 5_000) == (expected, False)
+        assert store.overdue(first - 1) == ({}, False)
+        return _reads_of_members(r)
+
+    schedule("big", first, dests[0], 4 * 2**20)
+    for i in range(3):
+        schedule(f"same{i}", first, dests[0])  # scores first + seq/2048
+    alone = reads({dests[0]: (4, first)})
+    for i, dest in enumerate(dests[1:]):
+        schedule(f"later{i}", first + 1 + i * 997, dest)
+    expected = {dest: (1, first + 1 + i * 997) for i, dest in enumerate(dests[1:])}
+    assert reads({dests[0]: (4, first), **expected}) == alone

@@ -8,10 +8,12 @@ ARGV[4] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1]
 Returns: {truncated (1 if max_buckets cut the count), dest, overdue, oldest_due_ms, dest, ...}
          one triple per destination with at least one due member; members are never read.
 Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, one or two),
-       each one HGETALL of its meta hash, then per destination one ZCOUNT and one ZRANGE of
-       the first member's score.
+       each one HGETALL of its meta hash, then per destination one ZCOUNT and, where one is
+       due, the due time of its first member by about log2(now - start) ZCOUNT calls
+       (head_due in _head.lua: the member itself, a message, is never read).
 ]]
 --- @include spaces
+--- @include head
 local index = KEYS[1]
 local ns = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -31,8 +33,7 @@ for i = 1, math.min(#starts, max_buckets) do
       local zset = s:zset(starts[i], dest)
       local due = redis.call('ZCOUNT', zset, '-inf', upper)
       if due > 0 then
-        local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
-        local first = math.floor(tonumber(head[2]))
+        local first = head_due(zset, tonumber(starts[i]) or now, now)
         if not count[dest] then
           count[dest], oldest[dest] = 0, first
           order[#order + 1] = dest
