@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kombu_delay.errors import ConfigError
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 
 DAY_MS = 86_400_000
 #: The shortest ``delay_grace`` accepted, ms. The grace is how long scheduled messages survive
@@ -25,6 +26,10 @@ MIN_GRACE_MS = 3_600_000
 #: memory, and in kombu's unacked set, restored after ``visibility_timeout``), so the window
 #: stays a small fraction of the default hour.
 MAX_LOOK_AHEAD_MS = 60_000
+#: The longest ``delay_heartbeat_interval`` accepted, ms: ``health``, ``stats`` and publishers
+#: count a mover as running while its heartbeat is younger than ``FRESH_HEARTBEAT_MS`` (30 s),
+#: so a mover beats at least three times in that span, and one late beat is no outage.
+MAX_HEARTBEAT_INTERVAL_MS = FRESH_HEARTBEAT_MS // 3
 #: The longest duration accepted, ms: the span of every due time there can be (to the year-2109
 #: ceiling, ``store.keys.MAX_DUE_MS``, spelled again as the store imports this module), which no
 #: option needs more than. It keeps every expiry a publish sets (a due time, plus the bucket width
@@ -97,6 +102,12 @@ class Settings:
             raise ConfigError(
                 f"delay_look_ahead must be at most {MAX_LOOK_AHEAD_MS // 1000} s, got "
                 f"{_shown(self, 'look_ahead_ms')}: workers hold what it hands them early"
+            )
+        if self.heartbeat_interval_ms > MAX_HEARTBEAT_INTERVAL_MS:
+            raise ConfigError(
+                f"delay_heartbeat_interval must be at most {MAX_HEARTBEAT_INTERVAL_MS // 1000} s, got "
+                f"{_shown(self, 'heartbeat_interval_ms')}: health, stats and publishers take a mover "
+                f"silent for {FRESH_HEARTBEAT_MS // 1000} s for a stopped one"
             )
         if self.batch_size > 5000:
             raise ConfigError(f"delay_batch_size must be at most 5000, got {self.batch_size}")

@@ -105,13 +105,23 @@ def test_env_durations_out_of_range_are_config_errors(var, value):
 
 @pytest.mark.parametrize(
     "field",
-    ["grace_ms", "bucket_width_ms", "max_delay_ms", "max_sleep_ms", "heartbeat_interval_ms", "thaw_ahead_ms"],
+    ["grace_ms", "bucket_width_ms", "max_delay_ms", "max_sleep_ms", "thaw_ahead_ms"],
 )
 def test_settings_refuse_a_duration_past_the_span_of_due_times(field):
     assert MAX_DURATION_MS == MAX_DUE_MS  # spelled again in config, which the store imports
     Settings(**{field: MAX_DURATION_MS})
     with pytest.raises(ConfigError, match=f"^delay_{field[:-3]} must be at most 4398046511 s"):
         Settings(**{field: MAX_DURATION_MS + 1})
+
+
+def test_a_heartbeat_interval_is_refused_where_readers_would_take_the_mover_for_stopped():
+    # 60 s: a healthy mover was "silent for over 30 s" to health (which failed its liveness
+    # probe, restarting it), stats and publishers.
+    assert Settings().with_values(heartbeat_interval=10).heartbeat_interval_ms == 10_000
+    with pytest.raises(ConfigError, match=r"^delay_heartbeat_interval must be at most 10 s, got 10\.001 s"):
+        Settings().with_values(heartbeat_interval=10.001)
+    with pytest.raises(ConfigError, match=r"^delay_heartbeat_interval must be at most 10 s"):
+        Settings.from_options({}, env={"KOMBU_DELAY_HEARTBEAT_INTERVAL": "60"})
 
 
 @pytest.mark.parametrize("values", [{"max_rate": 0.5}, {"max_queue_length": "0.5"}, {"max_delay": 0.0001}])
