@@ -26,6 +26,7 @@ from kombu_delay.ops.checks import (
     persistence_problem,
     snapshot_note,
     stranded_problem,
+    unread_policy,
 )
 from kombu_delay.store import Store
 
@@ -174,9 +175,7 @@ class Watch:
         """Read the eviction policy; log an ERROR while it lets Redis delete messages."""
         self.findings.policy = self.store.eviction_policy()
         if self.findings.policy is None and "unknown" not in self._logged:
-            logger.info(
-                "mover %s: cannot read Redis's maxmemory-policy (INFO refused); not checked", self.name
-            )
+            logger.warning("mover %s: %s", self.name, unread_policy(None))
             self._logged["unknown"] = ("", time.monotonic())
         self._tell("policy", eviction_problem(self.findings.policy), logging.ERROR)
         self._report()

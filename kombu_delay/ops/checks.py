@@ -43,6 +43,17 @@ def eviction_problem(policy: str | None) -> str | None:
     )
 
 
+def unread_policy(policy: str | None) -> str | None:
+    """Return what it means that Redis's ``maxmemory-policy`` could not be read (``None``:
+    ``INFO`` refused by the ACL, as ``-@dangerous`` does, or renamed), or ``None`` when it was."""
+    if policy is not None:
+        return None
+    return (
+        "cannot read Redis's maxmemory-policy (INFO refused by this user's ACL, or renamed): an "
+        "evicting policy, which deletes scheduled messages, goes unnoticed; grant the user +info"
+    )
+
+
 def persistence_problem(aof_enabled: bool | None, save_rules: str | None) -> str | None:
     """Return why a Redis that keeps nothing on disk endangers scheduled messages, or ``None``
     when it keeps them (the AOF on, or RDB save rules) or when that is unknown (``None``: INFO or

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.mover.watch import ALERT_KEEP_MS
-from kombu_delay.ops.checks import eviction_problem, movers_heard, movers_told, persistence_problem
+from kombu_delay.ops.checks import (
+    eviction_problem,
+    movers_heard,
+    movers_told,
+    persistence_problem,
+    unread_policy,
+)
 from kombu_delay.store import Store, keys, spaces
 
 #: How far ahead of Redis's clock a heartbeat may be and still count, ms: a mover writes its own
@@ -93,8 +99,9 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     if misshapen.keys() & read:
         # What the probe reads: an error from Redis, as its WRONGTYPE would be, naming the key.
         raise WrongTypeKey("WRONGTYPE " + "; ".join(misshapen.values()))
-    warnings = (*misshapen.values(), *threats(store))
-    told = cautions(store) if notes else ()
+    policy = store.eviction_policy()
+    warnings = (*misshapen.values(), *threats(store, policy))
+    told = cautions(store, policy) if notes else ()
     earliest = store.earliest_due_ms()
     now = store.time_ms()
     # A heartbeat is written by Redis's clock: one ahead of it (``inf``, by hand) is no sign of life.
@@ -119,18 +126,20 @@ def dangers(store: Store) -> tuple[str, ...]:
     """What endangers the scheduled messages of ``store`` now, whatever the movers do, as
     ``stats`` shows it: the shared keys of another type (:meth:`Store.misshapen`), then
     :func:`threats` and :func:`cautions`. One sentence each, saying what to do."""
-    return (*store.misshapen().values(), *threats(store), *cautions(store))
+    policy = store.eviction_policy()
+    return (*store.misshapen().values(), *threats(store, policy), *cautions(store, policy))
 
 
-def threats(store: Store) -> tuple[str, ...]:
-    """What ``health`` fails on: Redis's eviction policy, read here, and what movers recorded in
-    the alerts hash (stranded key prefixes)."""
-    found = (eviction_problem(store.eviction_policy()), *store.alerts(ALERT_KEEP_MS).values())
+def threats(store: Store, policy: str | None) -> tuple[str, ...]:
+    """What ``health`` fails on: Redis's eviction policy ``policy`` (``None``: unread), and what
+    movers recorded in the alerts hash (stranded key prefixes)."""
+    found = (eviction_problem(policy), *store.alerts(ALERT_KEEP_MS).values())
     return tuple(text for text in found if text)
 
 
-def cautions(store: Store) -> tuple[str, ...]:
+def cautions(store: Store, policy: str | None) -> tuple[str, ...]:
     """What endangers scheduled messages but ``health`` only prints: a Redis that keeps nothing
-    on disk (read here; not judged when ``INFO`` or ``CONFIG GET save`` is refused)."""
-    problem = persistence_problem(*store.persistence())
-    return () if problem is None else (problem,)
+    on disk (read here; not judged when ``INFO`` or ``CONFIG GET save`` is refused), and an
+    eviction policy that could not be read (``policy`` ``None``), so is not judged either."""
+    found = (unread_policy(policy), persistence_problem(*store.persistence()))
+    return tuple(text for text in found if text)

@@ -21,7 +21,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
-from kombu_delay.ops.checks import persistence_problem, snapshot_note
+from kombu_delay.ops.checks import persistence_problem, snapshot_note, unread_policy
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.metrics import try_scrape
@@ -72,6 +72,25 @@ def test_an_evicting_policy_is_an_error_in_the_log_stats_health_and_metrics(evic
     evicting.client().config_set("maxmemory-policy", "noeviction")
     assert cli(url, "health").returncode == 0
     assert "maxmemory-policy" not in cli(url, "stats").stdout
+
+
+def test_a_policy_that_cannot_be_read_is_said_by_the_mover_health_and_stats(evicting, caplog):
+    # A user of `+@all -@dangerous` (INFO is @dangerous) read no policy: health said OK under
+    # volatile-ttl, stats said nothing, and the mover told it at INFO only.
+    admin = evicting.client()
+    admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-@dangerous")
+    user = evicting.client(username="noinfo", password="pw")
+    caplog.set_level(logging.INFO, logger="kombu_delay.mover.watch")
+    watch = Watch(Store(user), "acl")
+    watch.check_policy()
+    watch.check_policy()
+    assert said(caplog) == [(logging.WARNING, f"mover acl: {unread_policy(None)}")]
+    assert "INFO refused by this user's ACL" in unread_policy(None)
+    url = f"delayredis://noinfo:pw@127.0.0.1:{evicting.port}/0"
+    probe = cli(url, "health", "--max-heartbeat-age", "0")
+    assert probe.returncode == 0 and f"WARNING: {unread_policy(None)}" in probe.stdout, probe
+    assert f"WARNING    {unread_policy(None)}" in cli(url, "stats").stdout
+    assert unread_policy(None) not in cli(evicting.delay_url, "stats").stdout
 
 
 def test_what_an_eviction_takes_is_counted_lost_and_stats_stops_counting_it(evicting):
