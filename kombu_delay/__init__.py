@@ -30,7 +30,9 @@ from kombu_delay.errors import (
 )
 from kombu_delay.transport import register
 
-__version__ = "1.0.0"
+#: A development version between releases (PEP 440): what runs can always be told from the
+#: release before it, as an upgrade's order needs (docs/upgrading.md).
+__version__ = "1.1.0.dev0"
 
 register()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import click
 
+from kombu_delay import __version__
 from kombu_delay.cli.common import RedactingGroup, global_options, setup_logging
 from kombu_delay.cli.health import health
 from kombu_delay.cli.inspect import COMMANDS as INSPECT_COMMANDS
@@ -33,6 +34,7 @@ EXTRAS = {"web": "kombu_delay.web.cli:web"}
     lazy={**TOOLING, **EXTRAS},
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
+@click.version_option(__version__, "--version", prog_name="kombu-delay", message="%(prog)s %(version)s")
 def main() -> None:
     """kombu-delay: delayed delivery for Celery on Redis.
 

@@ -10,6 +10,7 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner, Result
 
+import kombu_delay
 from kombu_delay import DelayControl
 from kombu_delay.cli import main
 from kombu_delay.cli.common import parse_option
@@ -57,6 +58,16 @@ def invoke(redis_server, *args: str) -> Result:
 def test_option_values_are_typed(text, expected):
     value = parse_option((f"key={text}",))["key"]
     assert value == expected and type(value) is type(expected)
+
+
+def test_version_is_told_and_is_no_release_between_releases():
+    # Main called itself 1.0.0 while it held what 1.0.0 did not, and an upgrade's order
+    # (docs/upgrading.md) depends on telling the two apart.
+    result = CliRunner().invoke(main, ["--version"])
+    assert (result.exit_code, result.output) == (0, f"kombu-delay {kombu_delay.__version__}\n")
+    unreleased, last = (ROOT / "CHANGELOG.md").read_text().split("## [Unreleased]")[1].split("\n## [", 1)
+    if unreleased.strip():  # changes since the last release: a development version past it
+        assert ".dev" in kombu_delay.__version__ and not last.startswith(f"{kombu_delay.__version__}]")
 
 
 def test_numeric_options_work_for_stats_and_health(r, redis_server):
