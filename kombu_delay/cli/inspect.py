@@ -285,8 +285,8 @@ def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
     Examples:
       kombu-delay cancel 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01
       kombu-delay cancel ID1 ID2 ID3
-      kombu-delay ls --queue emails --json | jq -j '.items[].task_id + "\\u0000"' |
-        xargs -0 kombu-delay cancel --
+      kombu-delay ls --queue emails --limit 10000 --json |
+        jq -j '.items[].task_id + "\\u0000"' | xargs -0 -r kombu-delay cancel --
     """
     missing = 0
     with control(ctx) as ctl:
