@@ -169,7 +169,8 @@ def test_a_stranded_prefix_is_found_among_a_million_keys_and_told_while_it_lasts
         assert client.exists(keys.cold_index("app2:") if space == "cold" else keys.index("app2:"))
         port = free_port()
         proc = mover(spawn, server.delay_url, "--metrics-port", str(port))
-        wait_until(lambda: "stranded under key prefix 'app2:'" in proc.output(), timeout=DEADLINE_S)
+        # A SCAN of a million keys: seconds here, over a minute on a machine at a load of 14.
+        wait_until(lambda: "stranded under key prefix 'app2:'" in proc.output(), timeout=3 * DEADLINE_S)
         assert "kombu-delay --prefix 'app2:' mover" in proc.output()
         samples = wait_until(lambda: try_scrape(port), timeout=DEADLINE_S)
         assert samples[("kombu_delay_stranded_messages", ())] == 1  # type: ignore[index]
