@@ -326,6 +326,15 @@ class Mover:
                 self.name,
                 result.recounted,
             )
+        if result.vanished:
+            logger.error(
+                "mover %s: %d buckets vanished whole (their meta hash, which counts their messages, "
+                "and their sorted sets are gone: deleted by hand, evicted, or expired after no mover "
+                "ran for delay_grace plus a day): what they held is lost, and cannot be counted; "
+                "stats may go on counting it (see Limitations)",
+                self.name,
+                result.vanished,
+            )
         now = time.monotonic()
         # Polled every HELD_POLL_S while they wait: said once per LOG_EVERY_S, not per poll.
         if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:

@@ -58,7 +58,7 @@ class ScheduleResult:
 
 #: Integers at the head of a ``move.lua`` reply; the refused destinations follow, then the
 #: run-length coded lateness.
-MOVE_HEAD = 11
+MOVE_HEAD = 12
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,10 @@ class MoveResult:
     #: destination, and (some of) those destinations.
     refused: int = 0
     refused_dests: list[str] = field(default_factory=list)
+    #: Buckets let go that had lost their meta hash and every sorted set (deleted by hand,
+    #: evicted, or expired after no mover ran for their grace plus a day): what they held is
+    #: lost, with nothing left to count it by.
+    vanished: int = 0
     #: Some of the destinations of the ``wrongtype`` messages: keys that are no list.
     wrongtype_dests: list[str] = field(default_factory=list)
 
@@ -109,6 +113,7 @@ class MoveResult:
             scan_after=head[8] if head[8] >= 0 else None,
             recounted=head[9],
             refused=head[10],
+            vanished=head[11],
             refused_dests=[as_text(name) for name in reply[MOVE_HEAD]],
             wrongtype_dests=[as_text(name) for name in reply[MOVE_HEAD + 1]],
         )

@@ -7,6 +7,7 @@ Time is driven through a fake clock (see ``FakeClock``): hours pass in a step.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import redis
@@ -138,6 +139,34 @@ def test_a_bucket_whose_meta_hash_vanished_is_rebuilt_and_delivered(r, prefix):
     assert store.move_due(100).moved == 12
     assert sorted(tags_in(r, f"{prefix}x")) == sorted(f"t{i}" for i in range(6))
     assert store.counts() == {}
+
+
+def test_a_bucket_deleted_whole_is_told_and_counted_when_the_move_lets_it_go(r, prefix, caplog):
+    """Its meta hash and its sorted sets deleted by hand (or evicted): nothing is left to say
+    what it held. The mover let it go in silence; now it says so, as an ERROR, and counts it."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = clock() + 30 * 60_000
+    items = [
+        (Due(due + i, task_id=f"t{i}"), f"{prefix}{q}", kombu_payload(f"t{i}"))
+        for i in range(3)
+        for q in "xy"
+    ]
+    store.schedule_many(items, SHORT)
+    later = [(Due(due + 3 * 60_000, task_id="kept"), f"{prefix}x", kombu_payload("kept"))]
+    store.schedule_many(later, SHORT)
+    start = keys.bucket_start(due, SHORT.bucket_width_ms)
+    r.delete(keys.meta(prefix, start), *(keys.queue_set(prefix, start, f"{prefix}{q}") for q in "xy"))
+    clock.advance(31 * 60_000)
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.loop"):
+        result = Mover(store, SHORT, name="m", watch=False).drain()
+    assert (result.moved, result.vanished, result.expired) == (0, 1, 0)
+    assert "mover m: 1 buckets vanished whole" in caplog.text
+    assert store.totals().get("vanished_buckets") == 1
+    clock.advance(3 * 60_000)
+    result = store.move_due(100)
+    assert (result.moved, result.vanished) == (1, 0)  # the next bucket moves, and none vanished
+    assert r.llen(f"{prefix}x") == 1
 
 
 def test_a_sweep_under_maxmemory_still_pushes_the_expiry_out(tmp_path):

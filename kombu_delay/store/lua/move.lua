@@ -24,8 +24,11 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           pass as ARGV[4] next), recounted (members found in a bucket whose counts read zero:
           added by hand, or counted in a meta hash that is gone; see recount in
           _buckets.lua), refused (due messages left where they are because this user's ACL
-          refuses LPUSH onto their destination), {the refused destinations, at most
-          MAX_NAMED}, {the destinations that are no list, likewise}, lateness...}
+          refuses LPUSH onto their destination), vanished (buckets let go that had lost their
+          meta hash and every sorted set: deleted by hand, evicted, or expired after no mover
+          ran for their grace plus a day; what they held is lost, and nothing is left to count
+          it by; counted in the totals field vanished_buckets), {the refused destinations,
+          at most MAX_NAMED}, {the destinations that are no list, likewise}, lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
          A destination the ACL refuses is left as a full one is (held): nothing of it is
@@ -89,7 +92,7 @@ local due_by, upper = reach, reach_upper
 local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary space only
 local s = k.space
 
-local moved, held, expired, wrong, recounted, refused = 0, 0, 0, 0, 0, 0
+local moved, held, expired, wrong, recounted, refused, vanished = 0, 0, 0, 0, 0, 0, 0
 -- The destinations refused, or no list, named in the reply for the mover's warnings: a few
 -- are enough.
 local MAX_NAMED = 10
@@ -295,7 +298,13 @@ local function visit(start_s)
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
     -- its sorted sets hold members its counts missed (then counted again, moved next call).
-    recounted = recounted + retire(k, start_s, end_ms, now)
+    local found = retire(k, start_s, end_ms, now)
+    recounted = recounted + found
+    -- No meta hash and nothing found: the bucket vanished whole (a drained one keeps its
+    -- meta hash a day). A member of the index that names no bucket (by hand) is no bucket.
+    if #fields == 0 and found == 0 and string.find(start_s, '^%d+$') and #start_s <= 15 then
+      vanished = vanished + 1
+    end
   end
 end
 
@@ -362,6 +371,7 @@ end
 
 if moved > 0 then count_up(totals, 'moved', moved) end
 if expired > 0 then count_up(totals, 'expired', expired) end
+if vanished > 0 then count_up(totals, 'vanished_buckets', vanished) end
 
 -- The earliest due time still scheduled. With one bucket width the first bucket holds it;
 -- publishers with different widths may leave a narrower bucket that starts after a wider
@@ -402,6 +412,6 @@ end
 local more = 0
 if budget <= 0 or cleanup_left == 1 or scan_after >= 0 or recounted > 0 then more = 1 end
 local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after, recounted, refused,
-               refused_names, wrong_names}
+               vanished, refused_names, wrong_names}
 finish_lateness(reply)
 return reply
