@@ -247,7 +247,12 @@ class Watch:
             stranded = self.store.stranded(FRESH_HEARTBEAT_MS, stopping=self._stop.is_set)
             if self._stop.is_set():  # (a scan cut short: what it found says nothing)
                 return
-            self.findings.stranded = stranded
+            # What other movers of this prefix found, and this scan did not (it began before
+            # those messages were stored, say), while it is stranded still.
+            others = self.store.still_stranded(
+                self.store.recorded_stranded() - stranded.keys(), FRESH_HEARTBEAT_MS
+            )
+            self.findings.stranded = {**others, **stranded}
             self.check_index()
         except RedisPermissionError:
             self._scan_allowed = False
@@ -259,13 +264,17 @@ class Watch:
         self._record_stranded()
 
     def recheck_stranded(self) -> None:
-        """Look again at the prefixes found stranded: one whose mover has started since, or
-        whose messages are gone, leaves the alert."""
-        self.findings.stranded = self.store.still_stranded(self.findings.stranded, FRESH_HEARTBEAT_MS)
+        """Look again at the prefixes found stranded, by this mover or another of its prefix: one
+        whose mover has started since, or whose messages are gone, leaves the alert."""
+        looked_at = self.findings.stranded.keys() | self.store.recorded_stranded()
+        self.findings.stranded = self.store.still_stranded(looked_at, FRESH_HEARTBEAT_MS)
         self._record_stranded()
 
     def _record_stranded(self) -> None:
+        # One record for every mover of the prefix: each writes what it found and what the others
+        # recorded, looked at again, so that no mover's check takes back another's finding.
         problem = stranded_problem(self.findings.stranded)
+        self.store.record_stranded(self.findings.stranded, ALERT_KEEP_MS)
         self.store.set_alert(STRANDED, problem, ALERT_KEEP_MS)
         self._tell("stranded", problem, logging.WARNING)
         self._report()

@@ -103,6 +103,7 @@ class StoreBase:
             self._gc: "zset",
             keys.movers(self.prefix): "zset",
             keys.alerts(self.prefix): "hash",
+            keys.stranded(self.prefix): "hash",
             self._ids: "hash",
             self._counts: "hash",
             self._totals: "hash",

@@ -120,6 +120,25 @@ class Inspecting(StoreBase):
                     found[other] = waiting
         return found
 
+    def recorded_stranded(self) -> set[str]:
+        """Return the other key prefixes the movers of this one last found stranded
+        (:func:`keys.stranded`; kept ``keep_ms`` of :meth:`record_stranded`)."""
+        with translated_errors():
+            return {as_text(name) for name in self.client.hkeys(keys.stranded(self.prefix))}
+
+    def record_stranded(self, found: dict[str, int], keep_ms: int) -> None:
+        """Record ``found`` (prefix -> messages) as what is stranded now, for ``keep_ms``."""
+        key = keys.stranded(self.prefix)
+        with translated_errors():
+            now = self.time_ms()
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(key)
+            if found:
+                fields: dict[Any, Any] = dict(found)  # (redis-py's Mapping is invariant in its keys)
+                pipe.hset(key, mapping=fields)
+                pipe.pexpireat(key, now + keep_ms)
+            pipe.execute()
+
     def set_alert(self, name: str, text: str | None, keep_ms: int) -> None:
         """Record (or, with ``text`` ``None``, clear) an alert for ``stats`` and ``health``; the
         record vanishes ``keep_ms`` after the last write, so a mover that stopped checking

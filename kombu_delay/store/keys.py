@@ -161,6 +161,13 @@ def alerts(prefix: str) -> str:
     return f"{ns(prefix)}alerts"
 
 
+def stranded(prefix: str) -> str:
+    """HASH of the other key prefixes whose messages no mover serves, as this namespace's movers
+    last found them: prefix -> messages. Each mover's check writes it whole: what it found, and
+    what another recorded that is stranded still, so that no mover's check hides another's."""
+    return f"{ns(prefix)}stranded"
+
+
 def walk(prefix: str) -> str:
     """HASH of the walk of the id index in hand (``at``, ``by``, ``done``): it expires when the
     next walk is due, so that one mover walks in that time, however many run."""

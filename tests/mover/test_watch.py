@@ -213,6 +213,42 @@ def test_a_prefix_whose_mover_starts_later_leaves_the_alert_at_the_next_look(pre
         assert "stranded" not in probe.stdout, probe
 
 
+def test_one_movers_look_again_does_not_take_back_what_another_found(prefix):
+    """Every mover of a prefix wrote the one alert with what it had found itself: an older
+    mover's look again, every 15 s, took back a prefix stranded since its scan, which a newer
+    mover had found, so health said OK a quarter of the time, and always once that mover
+    stopped. Each now writes what it found and what the others recorded, looked at again."""
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+
+        def strand(other_prefix: str) -> Store:
+            other = Store(r, other_prefix)
+            due = Due(600_000, relative=True, task_id=f"{other_prefix}1")
+            other.schedule(due, f"{other_prefix}celery", kombu_payload("x"), Settings())
+            return other
+
+        def told() -> str:
+            return Store(r, prefix).alerts(60_000).get("stranded", "")
+
+        strand("early:")
+        older, newer = Watch(Store(r, prefix), "older"), Watch(Store(r, prefix), "newer")
+        older.check_prefixes()
+        late = strand("late:")
+        newer.check_prefixes()
+        assert newer.findings.stranded == {"early:": 1, "late:": 1}
+        older.recheck_stranded()
+        assert older.findings.stranded == {"early:": 1, "late:": 1}
+        assert "'late:'" in told() and "'early:'" in told()
+        older.check_prefixes()  # a scan keeps both too
+        assert "'late:'" in told() and "'early:'" in told()
+        late.heartbeat("late-mover")  # served now: the next look by either mover takes it back
+        older.recheck_stranded()
+        assert older.findings.stranded == {"early:": 1}
+        assert "'late:'" not in told() and "'early:'" in told()
+        newer.recheck_stranded()
+        assert "'late:'" not in told() and "'early:'" in told()
+
+
 def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatch):
     # The look again was scheduled with the next scan, so it never ran: the alert stayed the
     # five minutes to that scan. With scans an hour apart, only the look clears it.
