@@ -286,8 +286,9 @@ class Watch:
         buckets, messages = self.store.reindex(stopping=self._stop.is_set)
         if buckets:
             logger.error(
-                "mover %s: %d buckets holding %d messages had left the bucket index (evicted or "
-                "deleted): put back, and moved from now on",
+                "mover %s: %d buckets holding %d messages had left the bucket index, or stood in it "
+                "at another time than their own (evicted, deleted or changed by hand): put back, and "
+                "moved from now on",
                 self.name,
                 buckets,
                 messages,

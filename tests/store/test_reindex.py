@@ -74,6 +74,31 @@ def test_a_mover_puts_back_a_lost_index_and_says_so(r: redis.Redis, prefix: str,
     assert "1 buckets holding 1 messages had left the bucket index" in caplog.text
 
 
+@pytest.mark.parametrize("cold", [False, True], ids=["ordinary", "cold"])
+def test_a_bucket_whose_score_in_its_index_was_changed_is_put_right(
+    r: redis.Redis, prefix: str, cold: bool
+) -> None:
+    """A bucket at another score in its index (ZADD by hand, its member right) was reached by
+    nothing until the clock read that score: messages due in 5 s waited for 2100, with no word
+    from the mover, and reindex, which looked only for buckets missing from the index, passed
+    it over."""
+    now = redis_ms(r)
+    start = (now // WIDTH + 10) * WIDTH
+    store = Store(r, prefix)
+    for i in range(3):
+        _schedule(store, f"m{i}", start + 1_000 + i, COLD if cold else ORDINARY, now)
+    index = keys.cold_index(prefix) if cold else keys.index(prefix)
+    [member] = r.zrange(index, 0, -1)
+    r.zadd(index, {member: 4102444800000})
+    assert store.reindex() == (1, 3)
+    assert r.zscore(index, member) == start
+    assert store.reindex() == (0, 0)
+    if cold:
+        assert store.thaw(40_000, 100, now_ms=start - 30_000).thawed == 3
+    assert store.move_due(100, now_ms=start + WIDTH).moved == 3
+    assert r.llen(f"{prefix}celery") == 3
+
+
 def test_a_bucket_scheduled_into_after_it_drained_is_not_cleaned_up_when_the_index_is_lost(r, prefix):
     """A bucket that drained (into <ns>gc) and was scheduled into again is in the index and in
     gc. With the index lost, the gc clean-up once its end passed took it for a drained one and

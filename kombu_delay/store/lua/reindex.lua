@@ -1,12 +1,13 @@
---[[ reindex: put back into their index the buckets that count messages but left it.
+--[[ reindex: put back into their index the buckets that count messages but left it, and put
+right the ones whose score in it is not their start.
 
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[3..] buckets, as found by a SCAN of the meta hashes: "<start>" (ordinary) or "c<start>"
         (cold)
 Returns: {buckets put back, the messages they count}.
-Bound: per bucket one ZSCORE, and for one not in its index an HGETALL, and an HGET and a
-       ZADD where it counts messages.
+Bound: per bucket one ZSCORE, and for one not in its index (or at another score) an HGETALL,
+       and an HGET and a ZADD where it counts messages (or is at another score).
 
 Movers, sweeps and thaws reach a bucket only through its space's index (<ns>index,
 <ns>cindex). An index evicted (under an allkeys-* maxmemory-policy) or deleted by hand would
@@ -14,6 +15,9 @@ strand every bucket it named, and a publish into such a bucket does not index it
 indexes a set it makes, not one it adds to). A bucket whose meta hash still counts messages
 and is in no index is put back here; one whose counts are all zero has drained (or left its
 messages to the sweep's accounting) and is left alone, as is a meta hash gone with its sets.
+A bucket in its index at a score other than its start (changed by hand) is reached by nothing
+until the clock reads that score (never, for one set in 2100, or a move would find it only
+then): it is put back at its start, whether or not it counts messages, and counted the same.
 ]]
 --- @include clock
 --- @include spaces
@@ -25,10 +29,12 @@ for i = 3, #ARGV do
   local tag, start_s = split_bucket(ARGV[i])
   if start_s then
     local s = space(ns, tag)
-    if redis.call('ZSCORE', s.index, start_s) == false then
+    local score = redis.call('ZSCORE', s.index, start_s)
+    local misplaced = score ~= false and tonumber(score) ~= tonumber(start_s)
+    if score == false or misplaced then
       local meta = s:meta(start_s)
       local empty, _, n = drained_counts(meta)
-      if not empty then
+      if not empty or misplaced then
         -- The index outlives the bucket's meta hash, as a publish keeps it (set_expiries).
         local x = count_of(redis.call('HGET', meta, 'x') or '')
         redis.call('ZADD', s.index, tonumber(start_s), start_s)
