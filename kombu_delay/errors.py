@@ -136,4 +136,8 @@ def translated_errors() -> Iterator[None]:
             raise RedisRefused(f"Redis refused the write: {text}") from exc
         if is_wrong_type(exc):
             raise WrongTypeKey(text) from exc
+        if "invalid bulk length" in text:  # and Redis closed the connection
+            raise RedisRefused(
+                f"Redis refused an argument over its limit for one string (proto-max-bulk-len): {text}"
+            ) from exc
         raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import redis
@@ -147,6 +147,25 @@ class StoreBase:
         if limit:
             return f"{limit:,} bytes" if size > limit else None
         return None if self._bulk_fits(size, now) else f"{size:,} bytes refused"
+
+    @contextmanager
+    def sending(self, size: int) -> Iterator[None]:
+        """Around a call that sends an argument of ``size`` bytes: where its connection breaks,
+        what is known of Redis's limit for one string is forgotten if ``size`` is over the
+        lowest limit, so the next :meth:`over_bulk_limit` asks again. Redis drops the
+        connection on an argument over its limit, and one lowered since it was read (``CONFIG
+        SET``) made every such call an outage for the minute it was kept: a publish raised
+        :class:`~kombu_delay.errors.RedisUnavailable`, which kombu retries, and a thaw held every
+        queue's moves back."""
+        try:
+            yield
+        except (redis.ConnectionError, redis.ResponseError) as exc:
+            # Redis answers "Protocol error: invalid bulk length" and closes, or the send breaks
+            # first, as the bytes arrive.
+            broken = isinstance(exc, redis.ConnectionError) or "invalid bulk length" in str(exc)
+            if broken and size > MIN_BULK_BYTES:
+                self._bulk_limit, self._bulk_probed = None, (0, 0, 0.0)
+            raise
 
     def _read_bulk_limit(self) -> int | None:
         """The server's ``proto-max-bulk-len``; 0 where it does not say (``CONFIG`` refused by

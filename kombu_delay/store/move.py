@@ -87,16 +87,18 @@ class Moving(StoreBase):
                     cold_index,
                     keys.dead(self.prefix),
                 ]
-                done = self._scripts["thaw"](
-                    keys=call_keys,
-                    args=[
-                        self.ns,
-                        keys.wake_channel(self.prefix),
-                        self._now(now_ms),
-                        "1" if past_maxmemory else "0",
-                        *items,
-                    ],
-                )
+                largest = max(len(item) for item in items[5::6])  # the messages restored
+                with self.sending(largest):
+                    done = self._scripts["thaw"](
+                        keys=call_keys,
+                        args=[
+                            self.ns,
+                            keys.wake_channel(self.prefix),
+                            self._now(now_ms),
+                            "1" if past_maxmemory else "0",
+                            *items,
+                        ],
+                    )
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done)
                 recounted += recounted_after
                 if blocked:

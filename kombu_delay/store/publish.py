@@ -61,7 +61,12 @@ class Publishing(StoreBase):
         with translated_errors():
             self._must_fit(payload, "nothing was stored")
             space = self._space_for(due, settings, now_ms)
-            reply = spaces.placed(space, send(space), send, _too_soon)
+            try:
+                with self.sending(_size(payload)):
+                    reply = spaces.placed(space, send(space), send, _too_soon)
+            except (redis.ConnectionError, redis.ResponseError):
+                self._must_fit(payload, "nothing was stored")  # its limit lowered since it was read?
+                raise
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
             limit = (
@@ -141,8 +146,8 @@ class Publishing(StoreBase):
         limit for one argument: Redis drops the connection on it, which kombu takes for an
         outage and sends the same message again and again. A compressed message is measured
         as what its thaw sends back."""
-        if len(payload) > MIN_BULK_BYTES // 4:  # a character is at most 4 bytes
-            size = len(payload.encode("utf-8", "surrogatepass"))
+        size = _size(payload)
+        if size > MIN_BULK_BYTES:
             limit = self.over_bulk_limit(size)
             if limit is not None:
                 raise PayloadTooLarge(
@@ -252,3 +257,11 @@ def _raise_partly_stored(refused: list[Exception], written: int, unsent: int, it
 
 def _too_soon(reply: list[Any] | int) -> bool:
     return not isinstance(reply, int) and int(reply[0]) == Scheduled.TOO_SOON_FOR_COLD
+
+
+def _size(payload: str) -> int:
+    """Bytes ``payload`` is sent as, counted only where that can pass the lowest limit Redis
+    accepts for one string (a character is at most 4 bytes); else its length in characters."""
+    if len(payload) > MIN_BULK_BYTES // 4:
+        return len(payload.encode("utf-8", "surrogatepass"))
+    return len(payload)

@@ -17,7 +17,7 @@ from celery import Celery
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import ConfigError, CorruptMember, PayloadTooLarge, RedisRefused
+from kombu_delay.errors import ConfigError, CorruptMember, PayloadTooLarge, RedisRefused, RedisUnavailable
 from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.thaw import PAST_MAXMEMORY_LOOK_S
@@ -355,6 +355,37 @@ def test_a_message_over_the_servers_string_limit_is_refused_at_publish_in_either
         assert r.ping() and store.counts() == {} and not cold_members(r)
         fits = kombu_payload("fits", body="y" * (900 * 1024))
         assert store.schedule(due, "q", fits, Settings(compress_after_ms=0)).outcome is Scheduled.STORED
+        r.close()
+
+
+def test_a_limit_lowered_after_it_was_read_is_read_again_where_a_send_breaks():
+    # The limit read was kept a minute: lowered meanwhile (CONFIG SET), a publish of 2 MB broke
+    # its connection, raised RedisUnavailable (which kombu retries) for that minute, and a
+    # thaw failed as an outage for it, holding every queue's moves back.
+    with RedisServer() as server:
+        r = server.client()
+        clock = FakeClock(r)
+        store = Store(r, clock=clock)
+        now = clock()
+        due = Due(now + 3_600_000, task_id="first")
+        first = kombu_payload("first", body="x" * (2 * 2**20))
+        assert store.schedule(due, "q", first, Settings(compress_after_ms=0)).outcome is Scheduled.STORED
+        for tag, body in (("a", "e30="), ("big", "x" * (2 * 2**20))):
+            store.schedule(Due(now + 2100, task_id=tag), "q", kombu_payload(tag, body=body), JUST_COLD)
+        r.config_set("proto-max-bulk-len", 2**20)
+        with pytest.raises(PayloadTooLarge, match=r"\(1,048,576 bytes, proto-max-bulk-len\)"):
+            store.schedule(Due(now + 3_600_000, task_id="second"), "q", first, Settings(compress_after_ms=0))
+        assert store.find("second") == [] and r.ping()
+
+        r.config_set("proto-max-bulk-len", 512 * 2**20)
+        mover = Store(server.client(), clock=clock)
+        assert mover.over_bulk_limit(2 * 2**20 + 1) is None  # read before the limit is lowered
+        r.config_set("proto-max-bulk-len", 2**20)
+        clock.advance(150)  # within the thaw horizon
+        with pytest.raises((RedisUnavailable, RedisRefused)):  # a broken pipe, or Redis's error first
+            mover.thaw(2000, 10)  # the send breaks: the limit read is forgotten
+        result = mover.thaw(2000, 10)
+        assert (result.thawed, result.dead) == (1, 1)
         r.close()
 
 
