@@ -17,8 +17,8 @@ import click
 from kombu_delay.cli.common import global_options, target
 from kombu_delay.connect import Target
 from kombu_delay.errors import KombuDelayError
-from kombu_delay.mover import mover_id
-from kombu_delay.mover.loop import Mover, open_when_reachable
+from kombu_delay.mover import mover_id, open_when_reachable
+from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)

@@ -1,12 +1,50 @@
-"""The mover: moves due messages onto their lists, thaws compressed ones, sweeps (:mod:`.loop`)."""
+"""The mover: moves due messages onto their lists, thaws compressed ones, sweeps (:mod:`.loop`).
+
+Here: a mover's name, and how it opens its store once Redis answers.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from kombu_delay.connect import Target, with_socket_timeouts
+from kombu_delay.errors import RedisUnavailable
+from kombu_delay.mover.pacing import Backoff
+from kombu_delay.store import Store
+
+logger = logging.getLogger(__name__)
 
 
 def mover_id() -> str:
     """A fresh name for a mover: its host, its process and a random part."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def open_when_reachable(target: Target, stopping: threading.Event, name: str) -> Iterator[Store | None]:
+    """Open ``target``'s store, waiting with backoff while Redis cannot be reached: a
+    sidecar, or a worker with an embedded mover, may start before its Redis does. Other
+    refusals (a wrong password, an ACL) are raised. Yields ``None`` if ``stopping`` is set
+    before Redis answers. Its connection has socket timeouts (see
+    :func:`~kombu_delay.connect.with_socket_timeouts`).
+    """
+    backoff = Backoff()
+    target = with_socket_timeouts(target)
+    while not stopping.is_set():
+        with ExitStack() as stack:
+            try:
+                store = stack.enter_context(target.open())
+            except RedisUnavailable as exc:
+                delay = backoff.next()
+                logger.warning("mover %s: %s; retrying in %.1f s", name, exc, delay)
+                stopping.wait(delay)
+                continue
+            yield store
+            return
+    yield None

@@ -25,8 +25,8 @@ from celery import bootsteps, signals
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, app_target
-from kombu_delay.mover import mover_id
-from kombu_delay.mover.loop import Mover, open_when_reachable
+from kombu_delay.mover import mover_id, open_when_reachable
+from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.pacing import Backoff
 from kombu_delay.mover.threads import start_daemon
 

@@ -13,15 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.connect import Target, with_socket_timeouts
-from kombu_delay.errors import FATAL_ERRORS, RedisRefused, RedisUnavailable, WrongTypeKey
+from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter
 from kombu_delay.mover.stage import Stager
@@ -68,30 +66,6 @@ class MoverStats:
     calls: int = 0
     last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
     lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
-
-
-@contextmanager
-def open_when_reachable(target: Target, stopping: threading.Event, name: str) -> Iterator[Store | None]:
-    """Open ``target``'s store, waiting with backoff while Redis cannot be reached: a
-    sidecar, or a worker with an embedded mover, may start before its Redis does. Other
-    refusals (a wrong password, an ACL) are raised. Yields ``None`` if ``stopping`` is set
-    before Redis answers. Its connection has socket timeouts (see
-    :func:`~kombu_delay.connect.with_socket_timeouts`).
-    """
-    backoff = Backoff()
-    target = with_socket_timeouts(target)
-    while not stopping.is_set():
-        with ExitStack() as stack:
-            try:
-                store = stack.enter_context(target.open())
-            except RedisUnavailable as exc:
-                delay = backoff.next()
-                logger.warning("mover %s: %s; retrying in %.1f s", name, exc, delay)
-                stopping.wait(delay)
-                continue
-            yield store
-            return
-    yield None
 
 
 class Mover:

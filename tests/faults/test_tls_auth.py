@@ -24,7 +24,8 @@ from kombu.exceptions import OperationalError
 from kombu_delay.cli import main
 from kombu_delay.connect import app_target, open_store
 from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
-from kombu_delay.mover.loop import Mover, open_when_reachable
+from kombu_delay.mover import open_when_reachable
+from kombu_delay.mover.loop import Mover
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
 from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server
