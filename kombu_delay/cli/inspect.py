@@ -128,9 +128,10 @@ def render_stats(stats: Stats) -> str:
             "a mover settles them as expired"
         )
     if stats.movers:
-        beat = stats.last_heartbeat_ms or 0
+        beat = stats.last_heartbeat_ms  # (None: only one ahead of Redis's clock, written by hand)
         told = movers_told(*movers_heard(stats.movers.values(), now))
-        lines.append(f"movers     {told}, last heartbeat {span(now - beat)} ago")
+        last = "none heard" if beat is None else f"{span(now - beat)} ago"
+        lines.append(f"movers     {told}, last heartbeat {last}")
     else:
         lines.append("movers     none running (no heartbeat kept; is `kombu-delay mover` running?)")
     if stats.by_queue:

@@ -12,13 +12,17 @@ from collections.abc import Iterable, Mapping
 #: A mover heartbeat younger than this means a mover serves its namespace, ms. ``health``
 #: uses 30 s by default too, and a mover beats every 2 s.
 FRESH_HEARTBEAT_MS = 30_000
+#: How far ahead of Redis's clock a heartbeat may be and still count, ms: a mover writes its own
+#: by that clock, so only one written by hand, or a clock set back, is ahead of it.
+FUTURE_BEAT_MS = 60_000
 
 
 def movers_heard(beats: Iterable[int], now_ms: int) -> tuple[int, int]:
     """Of the movers whose last heartbeats (epoch ms) are ``beats``: how many were heard from
-    within :data:`FRESH_HEARTBEAT_MS`, and how many not (a heartbeat is kept a day)."""
+    within :data:`FRESH_HEARTBEAT_MS`, and how many not (a heartbeat is kept a day; one further
+    ahead of ``now_ms`` than :data:`FUTURE_BEAT_MS` is no sign of life either)."""
     ages = [now_ms - beat for beat in beats]
-    alive = sum(1 for age in ages if age <= FRESH_HEARTBEAT_MS)
+    alive = sum(1 for age in ages if -FUTURE_BEAT_MS <= age <= FRESH_HEARTBEAT_MS)
     return alive, len(ages) - alive
 
 

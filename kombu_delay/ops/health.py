@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import (
+    FUTURE_BEAT_MS,
     eviction_problem,
     movers_heard,
     movers_told,
@@ -22,10 +23,6 @@ from kombu_delay.ops.checks import (
     unread_policy,
 )
 from kombu_delay.store import Store, keys, spaces
-
-#: How far ahead of Redis's clock a heartbeat may be and still count, ms: a mover writes its own
-#: by that clock, so only one written by hand, or a clock set back, is ahead of it.
-FUTURE_BEAT_MS = 60_000
 
 
 @dataclass(frozen=True)

@@ -346,6 +346,18 @@ def test_a_heartbeat_ahead_of_redis_is_no_sign_of_life(redis_server, r, prefix):
     assert "no mover heartbeat" in done.stdout, done.stdout
 
 
+def test_stats_counts_no_mover_for_a_heartbeat_ahead_of_redis(redis_server, r, prefix):
+    # health passed it over, stats counted it: "movers 1, last heartbeat -26689d22h ago".
+    r.zadd(keys.movers(prefix), {"ghost": 4102444800000})
+    try:
+        code, out = kd(redis_server, prefix, "stats")
+        with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as ctl:
+            assert ctl.stats().last_heartbeat_ms is None
+    finally:
+        r.delete(keys.movers(prefix))
+    assert code == 0 and "movers     0 (1 more silent for over 30 s), last heartbeat none heard" in out, out
+
+
 def test_dead_lettered_messages_count_as_expired_in_the_metrics_as_in_the_totals(r):
     # The totals count a dead letter as expired too (lost to delivery), and the docs say the
     # metric does; it counted it in dead_letters_total alone, so it and `stats` disagreed.
