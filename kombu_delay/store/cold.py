@@ -87,6 +87,17 @@ def pack(message: str | bytes, task_id: str, version: int = WRITTEN) -> bytes | 
     return bytes([version, len(tid)]) + tid + deflate.compress(raw) + deflate.flush() + check
 
 
+def task_id_of(member: bytes) -> str | None:
+    """The task id a cold member carries in the clear, read without restoring it; ``None``
+    where there is none to read (an unknown version byte, or cut short)."""
+    if len(member) < 2 or member[0] not in (VERSION, UNCHECKED_VERSION) or len(member) < 2 + member[1]:
+        return None
+    try:
+        return member[2 : 2 + member[1]].decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+
+
 def unpack(member: bytes) -> tuple[str, bytes]:
     """Return ``(task_id, message)`` of a cold member, the message byte for byte as it was
     published.

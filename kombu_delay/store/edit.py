@@ -39,13 +39,13 @@ class Editing(Inspecting, Publishing):
         with translated_errors():
             for _ in range(EDIT_LOOKS):
                 missed = False
-                for stored in self.find(task_id):
+                for stored in self.find(task_id, unreadable=True):
                     removed = self._cancel_one(task_id, stored, now_ms)
                     done += removed
                     missed = missed or not removed
                 if not missed:
                     return done
-            left = len(self.find(task_id))
+            left = len(self.find(task_id, unreadable=True))
         if left:
             raise EditConflict(
                 f"cannot cancel {task_id!r}: other edits moved its messages each of {EDIT_LOOKS} times "

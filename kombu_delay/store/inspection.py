@@ -10,7 +10,7 @@ import redis
 
 from kombu_delay.errors import CorruptMember, translated_errors
 from kombu_delay.message import as_read, id_arg, index_id
-from kombu_delay.store import keys, listing, spaces
+from kombu_delay.store import cold, keys, listing, spaces
 from kombu_delay.store.base import StoreBase, as_text, whole
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Census, Stored
@@ -249,13 +249,14 @@ class Inspecting(StoreBase):
         due = self._scripts["head"](keys=[zset], args=[start, last])
         return None if due is None else keys.due_of(float(due))
 
-    def find(self, task_id: str) -> list[Stored]:
+    def find(self, task_id: str, unreadable: bool = False) -> list[Stored]:
         """Return the messages stored under ``task_id``, via the id index (one script call).
 
         A ref names a bucket and an exact score; the message found there is kept only if it
         carries ``task_id`` (a ref of a moved message lingers until its bucket's clean-up).
         A compressed message that cannot be restored is left out (a mover's thaw moves it to
-        the dead-letter list).
+        the dead-letter list), unless ``unreadable``, where the id it carries in the clear is
+        ``task_id`` (for a cancel: it is scheduled still).
         """
         self._check_format_once()
         with translated_errors():
@@ -268,6 +269,11 @@ class Inspecting(StoreBase):
             try:
                 message = stored.message
             except CorruptMember:
+                # With ``unreadable`` (a cancel), a compressed message that cannot be restored
+                # but carries the id in the clear: still scheduled, and the mover's thaw would
+                # only dead-letter it.
+                if unreadable and stored.cold and cold.task_id_of(stored.payload) == as_read(task_id):
+                    found.setdefault(stored)
                 continue
             if index_id(message) == as_read(task_id):
                 found.setdefault(stored)

@@ -95,6 +95,24 @@ def test_a_damaged_member_is_refused_never_guessed(r, damage):
         cold.unpack(damage(member))
 
 
+def test_a_damaged_compressed_message_is_cancelled_by_the_id_it_carries_in_the_clear(r):
+    # cancel said "not scheduled" of it while stats counted it: find leaves out what cannot be
+    # restored, and the thaw would only dead-letter it. Its id is in the clear: a cancel takes it.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    for tag in ("damaged", "other"):
+        store.schedule(Due(clock() + 600_000, task_id=tag), "q", kombu_payload(tag), FAST)
+    [(start, dest, member, score)] = [m for m in cold_members(r) if cold.task_id_of(m[2]) == "damaged"]
+    key = keys.queue_set("", start, dest, keys.COLD)
+    r.zrem(key, member)
+    r.zadd(key, {member[:-12] + bytes(b ^ 0xFF for b in member[-12:]): score})
+    assert cold.task_id_of(member[:-12]) == "damaged" and cold.task_id_of(b"\x07\x01x") is None
+    assert store.find("damaged") == []  # nothing to show
+    assert store.cancel("damaged") == 1
+    assert store.counts() == {"q": 1} and [cold.task_id_of(m[2]) for m in cold_members(r)] == ["other"]
+    assert store.cancel("damaged") == 0
+
+
 def test_any_bit_changed_in_a_member_is_refused_or_changes_nothing(r):
     # Raw deflate has no check: of 20,000 single-bit changes, 14,000 inflated to another
     # message (changed fields, or no JSON: a stock worker exits on one), delivered as it.
