@@ -337,7 +337,7 @@ class Mover:
                 "(rename it out of the way, and they move)",
                 self.name,
                 result.wrongtype,
-                ", ".join(result.wrongtype_dests),
+                ", ".join(map(repr, result.wrongtype_dests)),  # (a key name may hold a newline)
             )
         if result.refused:
             logger.warning(
@@ -345,7 +345,7 @@ class Mover:
                 "(grant it those keys, `ACL SETUSER <user> ~<key>`); the other queues' messages move",
                 self.name,
                 result.refused,
-                ", ".join(result.refused_dests),
+                ", ".join(map(repr, result.refused_dests)),
             )
 
     def _sleep_for(self, result: MoveResult) -> float:

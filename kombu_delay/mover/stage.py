@@ -115,7 +115,7 @@ class Stager:
         if result.outcome is Staged.MORE and result.staged > self._copied:
             if not self._copied:
                 logger.info(
-                    "mover %s: copying a herd of %d messages for %s, due in %.1f s, to hand it over whole",
+                    "mover %s: copying a herd of %d messages for %r, due in %.1f s, to hand it over whole",
                     self.name,
                     result.run,
                     dest,

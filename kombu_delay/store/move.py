@@ -152,7 +152,7 @@ class Moving(StoreBase):
                     )
             except CorruptMember as exc:
                 logger.error(
-                    "cold message in bucket %s for %s cannot be restored (%s); it goes to the "
+                    "cold message in bucket %s for %r cannot be restored (%s); it goes to the "
                     "dead-letter list %s",
                     as_text(start),
                     stored.dest,

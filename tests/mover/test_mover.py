@@ -5,6 +5,7 @@ signals."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -597,13 +598,27 @@ def test_redis_outage_mover_resumes_by_itself(persistent_server, spawn):
         client.close()
 
 
+def test_a_stuck_destination_is_named_escaped_in_the_log(r, caplog):
+    # A queue named with a newline wrote a line of its own choosing into the mover's log.
+    forged = "q\n2026-12-05 01:40:00,000 INFO kombu_delay: FORGED all good\x1b[2K"
+    result = MoveResult(
+        0, None, 0, 0, 0, 0, 1, False, refused=1, refused_dests=[forged], wrongtype_dests=[forged]
+    )
+    with caplog.at_level(logging.WARNING, logger="kombu_delay.mover.loop"):
+        Mover(Store(r), Settings(), name="m", watch=False)._tell_stuck(result)
+    assert len(caplog.records) == 2
+    for record in caplog.records:
+        text = record.getMessage()
+        assert "\n" not in text and "\x1b" not in text and repr(forged) in text
+
+
 def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover):
     store = Store(r)
     r.set("blocked", "not a list")
     tags = seed(store, 4, ["blocked", "fine"], delay_ms=300)
     mover = start_mover()
     wait_until(lambda: r.llen("fine") == 2)
-    wait_until(lambda: "destination key is not a list: blocked (rename" in mover.output())
+    wait_until(lambda: "destination key is not a list: 'blocked' (rename" in mover.output())
     assert sorted(s.envelope.task_id for s in stored(r)) == [tags[0], tags[2]]
     assert Store(r).counts() == {"blocked": 2}
     r.delete("blocked")  # fixed by the operator: the mover delivers on its next look
