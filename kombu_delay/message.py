@@ -56,7 +56,10 @@ _MS = timedelta(milliseconds=1)
 def to_ms(when: datetime) -> int:
     """Return ``when`` as epoch milliseconds, rounded down to the millisecond, exactly (in
     floating point, ``timestamp() * 1000`` puts many a whole millisecond of the years before
-    the 2109 ceiling one millisecond early). Naive datetimes are rejected."""
+    the 2109 ceiling one millisecond early). Naive datetimes are rejected, and anything but a
+    datetime is a ``TypeError``."""
+    if not isinstance(when, datetime):
+        raise TypeError(f"an ETA given to kombu-delay is an aware datetime, not {type(when).__name__}")
     if when.tzinfo is None or when.tzinfo.utcoffset(when) is None:
         raise BadETA(f"naive datetime {when.isoformat()!r}: give a timezone (UTC is usual)")
     return (when - _EPOCH) // _MS
@@ -200,7 +203,10 @@ def id_arg(task_id: str) -> str | bytes:
     or, where it holds lone surrogates (``os.fsdecode`` of bytes that are not UTF-8, or a JSON
     ``\\udcff`` escape), which Redis cannot be sent as text, its UTF-8 bytes with those
     surrogates encoded as they are ("surrogatepass"). No text encodes to such bytes, so no two
-    ids share a key."""
+    ids share a key. Anything but a str is a ``TypeError`` (``None`` or bytes failed deep in the
+    store, on an attribute)."""
+    if not isinstance(task_id, str):
+        raise TypeError(f"a task id is a str, not {type(task_id).__name__}")
     task_id = as_read(task_id)
     try:
         task_id.encode()

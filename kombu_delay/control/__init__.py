@@ -306,6 +306,8 @@ class DelayControl:
         if eta is not None:
             due_ms = to_ms(eta)
         else:
+            if isinstance(countdown, bool | str | bytes):  # float() took True and "5"
+                raise TypeError(f"countdown is a number of seconds, not {type(countdown).__name__}")
             seconds = float(countdown or 0)
             if not math.isfinite(seconds):
                 raise ValueError(f"countdown {seconds} is not a finite number of seconds")

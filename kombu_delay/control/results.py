@@ -140,6 +140,10 @@ def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
     finite or spans more than ``MAX_SPAN_MS``."""
     if not (math.isfinite(hours) and math.isfinite(slot_minutes)):
         raise ValueError(f"histogram of {hours} hours in {slot_minutes}-minute slots: both must be finite")
+    if hours <= 0 or slot_minutes <= 0:  # (a histogram of none drew one 60-minute slot)
+        raise ValueError(
+            f"histogram of {hours:g} hours in {slot_minutes:g}-minute slots: both must be over 0"
+        )
     # Checked as floats, before rounding: round() of an infinite product raises OverflowError,
     # and a slot start past the year 9999 cannot be shown as a time.
     if abs(hours) * HOUR_MS > MAX_SPAN_MS or abs(slot_minutes) * 60_000 > MAX_SPAN_MS:

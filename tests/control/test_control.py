@@ -235,6 +235,26 @@ def test_reschedule_rejects_naive_datetimes_and_needs_one_time(r, redis_server):
             ctl.reschedule("x", eta=datetime.now(UTC), countdown=1)
 
 
+def test_arguments_of_the_wrong_type_are_type_errors_that_say_so(r, redis_server):
+    # cancel(None), cancel(b"x") and reschedule(eta="2030-...") failed on an attribute deep in
+    # the store; reschedule(countdown=True) and countdown="5" were taken; stats(hours=0) drew
+    # one 60-minute slot.
+    with DelayControl(redis_server.url) as ctl:
+        for task_id in (None, 123, b"x"):
+            for call in (ctl.cancel, ctl.find, lambda t: ctl.reschedule(t, countdown=5)):
+                with pytest.raises(TypeError, match=f"a task id is a str, not {type(task_id).__name__}"):
+                    call(task_id)
+        with pytest.raises(TypeError, match="an aware datetime, not str"):
+            ctl.reschedule("x", eta="2030-01-01T00:00:00+00:00")  # type: ignore[arg-type]
+        for countdown in (True, "5", b"5"):
+            with pytest.raises(TypeError, match="countdown is a number of seconds"):
+                ctl.reschedule("x", countdown=countdown)  # type: ignore[arg-type]
+        for hours, slot in ((0, 60), (-1, 60), (1, 0)):
+            with pytest.raises(ValueError, match="both must be over 0"):
+                ctl.stats(hours=hours, slot_minutes=slot)
+        assert ctl.reschedule("x", countdown=5) == 0 and ctl.cancel("x") == 0  # (still fine)
+
+
 def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_server, prefix):
     app = publisher(redis_server, prefix)
     sent = app.send_task("inspect.record", ("x",), countdown=300)
