@@ -80,8 +80,9 @@ def create_app(
 
     # Names and ids as text, every character that is not printable escaped (an RTL override
     # or a NUL must not make one id look like another): whole (``shown``), or cut as ``ls``
-    # cuts them in a listing's rows (``name``: one name of a megabyte made every row that long).
-    app.jinja_env.filters.update(shown=shown, name=lambda text: clipped(shown(text)))
+    # cuts them in a listing's rows (``name``: one name of a megabyte made every row that long),
+    # or as the task page cuts each part of a message (``detail``).
+    app.jinja_env.filters.update(shown=shown, name=lambda text: clipped(shown(text)), detail=present.part)
     _install_guards(app, credentials, hosts, allow_actions, where, refresh_s)
     _add_pages(app, control, shared)
     _add_detail_pages(app, control)

@@ -101,7 +101,7 @@ def arguments(envelope: dict[str, Any], laid_out: int = DETAIL_CHARS) -> tuple[s
     return "", "", ""
 
 
-def _part(text: str) -> str:
+def part(text: str) -> str:
     """One part of the task page: clipped to ``DETAIL_CHARS``, every character that is not
     printable but a line's end escaped (an RTL override must not make one id pass for another)."""
     return shown(clip(text, DETAIL_CHARS), keep="\n")
@@ -111,18 +111,18 @@ def show(message: bytes) -> Shown:
     """What the task page shows of a stored message (each part as :func:`_part` makes it)."""
     envelope = load_stored(message)
     if envelope is None:
-        return Shown("", "", "", "", _part(message.decode("utf-8", "replace")), "")
+        return Shown("", "", "", "", part(message.decode("utf-8", "replace")), "")
     args, kwargs, source = arguments(envelope)
     body = ""
     if not source:
         raw = _raw_body(envelope)
         body = raw.decode("utf-8", "replace") if raw is not None else _json(envelope.get("body"))
     return Shown(
-        args=_part(args),
-        kwargs=_part(kwargs),
-        headers=_part(_json(envelope.get("headers") or {})),
-        properties=_part(_json(envelope.get("properties") or {})),
-        body=_part(body),
+        args=part(args),
+        kwargs=part(kwargs),
+        headers=part(_json(envelope.get("headers") or {})),
+        properties=part(_json(envelope.get("properties") or {})),
+        body=part(body),
         source=source,
     )
 

@@ -520,6 +520,18 @@ def test_no_crafted_message_breaks_its_rows_or_its_page(redis_server, control, p
     assert "0xffff" in client.get("/task?id=hex").get_data(as_text=True)  # shown as it came
 
 
+def test_a_task_page_cuts_its_heading_as_every_part(r, redis_server, control, prefix):
+    # Each part of a message was cut to DETAIL_CHARS, but a task name of 200,000 characters was
+    # printed whole in the page's heading: a page of 223 KB.
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    app.send_task("t." + "n" * 200_000, countdown=600, task_id="huge-name", queue="q" * 100_000)
+    app.close()
+    page = client_of(control).get("/task?id=huge-name").get_data(as_text=True)
+    assert "n" * present.DETAIL_CHARS not in page and "n" * (present.DETAIL_CHARS - 10) in page
+    assert len(page) < 4 * present.DETAIL_CHARS + 50_000, len(page)
+
+
 def test_a_long_argsrepr_is_not_parsed_for_a_row(monkeypatch):
     # A row parsed and laid out a whole argsrepr before cutting it to 120 characters: one of
     # 1.4 MB cost seconds of CPU, each row of each listing.
