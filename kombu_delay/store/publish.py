@@ -8,7 +8,14 @@ from typing import Any
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import DelayTooLong, KombuDelayError, PayloadTooLarge, translated_errors
+from kombu_delay.errors import (
+    DelayTooLong,
+    KombuDelayError,
+    PayloadTooLarge,
+    WrongTypeKey,
+    is_wrong_type,
+    translated_errors,
+)
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase
@@ -64,8 +71,10 @@ class Publishing(StoreBase):
             try:
                 with self.sending(_size(payload)):
                     reply = spaces.placed(space, send(space), send, _too_soon)
-            except (redis.ConnectionError, redis.ResponseError):
+            except (redis.ConnectionError, redis.ResponseError) as exc:
                 self._must_fit(payload, "nothing was stored")  # its limit lowered since it was read?
+                if isinstance(exc, redis.ResponseError) and is_wrong_type(exc):  # (names no key)
+                    raise WrongTypeKey(f"{exc}{self.misshapen_told()}") from exc
                 raise
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock

@@ -449,3 +449,15 @@ def test_an_index_member_that_names_no_bucket_is_let_go_without_an_error(r, pref
     assert r.zscore(keys.drained(prefix), member) is None
     r.zadd(keys.index(prefix), {member: 0})
     store.sweep("", 100, now_ms=start + 20_000)  # (it reads the index too)
+
+
+def test_a_publish_refused_on_a_shared_key_of_another_type_names_it(r: redis.Redis, prefix: str) -> None:
+    # Redis's WRONGTYPE from a script names no key: "... on @user_function:571". The CLI and
+    # health named it; a publish, every one of which then failed, did not.
+    now, start = _bucket(r)
+    store = Store(r, prefix)
+    r.set(keys.counts(prefix), "by hand")
+    with pytest.raises(WrongTypeKey, match=f"'{keys.counts(prefix)}' holds a string"):
+        store.schedule(
+            Due(start + 1_000, task_id="a"), f"{prefix}celery", kombu_payload("a"), ORDINARY, now_ms=now
+        )
