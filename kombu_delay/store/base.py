@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoPermissionError
 
-from kombu_delay.errors import StorageFormatError, translated_errors
+from kombu_delay.errors import StorageFormatError, WrongTypeKey, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.clock import RedisClock
 from kombu_delay.store.scripts import Scripts
@@ -79,8 +79,11 @@ class StoreBase:
         """Raise :class:`StorageFormatError` when the data under this prefix is in a storage
         format this version cannot read (one HGET). Data with no format recorded yet is taken
         for this version's: the first publish or heartbeat records it."""
-        with translated_errors():
-            found = self.client.hget(self._totals, keys.FORMAT_FIELD)
+        try:
+            with translated_errors():
+                found = self.client.hget(self._totals, keys.FORMAT_FIELD)
+        except WrongTypeKey as exc:  # Redis's WRONGTYPE names no key
+            raise WrongTypeKey(f"{exc}{self.misshapen_told()}") from exc
         format_must_be(None if found is None else as_text(found), self.prefix)
         self._format_checked = True
 

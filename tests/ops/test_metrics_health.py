@@ -293,8 +293,9 @@ def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private
         (keys.index, 2, "ERROR: WRONGTYPE "),
         (keys.alerts, 2, "ERROR: WRONGTYPE "),
         (keys.ids, 1, "UNHEALTHY: "),
+        (keys.totals, 2, "ERROR: WRONGTYPE "),  # read first, for the storage format
     ],
-    ids=["movers", "index", "alerts", "ids"],
+    ids=["movers", "index", "alerts", "ids", "totals"],
 )
 def test_health_names_a_shared_key_of_another_type(redis_server, r, prefix, key, code, said):
     # Every script that writes it fails on it: health printed Redis's WRONGTYPE text, which
