@@ -577,8 +577,8 @@ def find_stale_once(monkeypatch: pytest.MonkeyPatch, stale: dict[str, list]) -> 
     before another edit or a thaw moved the message), and then find as ever."""
     real_find = Store.find
 
-    def find(self: Store, task_id: str) -> list:
-        return stale.pop(task_id) if task_id in stale else real_find(self, task_id)
+    def find(self: Store, task_id: str, unreadable: bool = False) -> list:
+        return stale.pop(task_id) if task_id in stale else real_find(self, task_id, unreadable)
 
     monkeypatch.setattr(Store, "find", find)
 

@@ -461,3 +461,23 @@ def test_a_publish_refused_on_a_shared_key_of_another_type_names_it(r: redis.Red
         store.schedule(
             Due(start + 1_000, task_id="a"), f"{prefix}celery", kombu_payload("a"), ORDINARY, now_ms=now
         )
+
+
+@pytest.mark.parametrize("shared", [keys.counts, keys.totals, keys.ids])
+def test_a_move_is_refused_whole_on_a_shared_key_of_another_type(r: redis.Redis, prefix: str, shared) -> None:
+    # With counts a string, a move pushed its messages, then failed counting them: delivered,
+    # and missing from the totals for good. It now refuses before it takes anything.
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 1_000, task_id="a"), dest, kombu_payload("a"), ORDINARY, now_ms=now)
+    kept = r.dump(shared(prefix))
+    r.delete(shared(prefix))
+    r.set(shared(prefix), "by hand")
+    with pytest.raises(WrongTypeKey, match=f"{shared(prefix)} holds a string"):
+        store.move_due(100, now_ms=start + 2_000)
+    assert _delivered(r, dest) == []
+    r.delete(shared(prefix))
+    if kept is not None:
+        r.restore(shared(prefix), 0, kept)
+    assert store.move_due(100, now_ms=start + 2_000).moved == 1
+    assert _delivered(r, dest) == ["a"] and store.totals().get("moved") == 1

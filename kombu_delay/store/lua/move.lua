@@ -79,6 +79,12 @@ local ns = ARGV[1]
 local limit = tonumber(ARGV[2])
 local max_len = tonumber(ARGV[3])
 
+-- A shared key of another type (written by hand) would fail the call after its pushes, when it
+-- counts them: delivered, and missing from the counts and the totals. Refused first instead,
+-- naming the key (a TYPE each, per call, not per message).
+local refused_keys = wrong_types({{counts, 'hash'}, {totals, 'hash'}, {ids, 'hash'}, {gc, 'zset'}})
+if refused_keys then return refused_keys end
+
 local now, now_us = clock(ARGV[5])
 local ahead = tonumber(ARGV[6] or '') or 0
 local whole = ARGV[7] ~= '0'
