@@ -247,12 +247,6 @@ class Watch:
             stranded = self.store.stranded(FRESH_HEARTBEAT_MS, stopping=self._stop.is_set)
             if self._stop.is_set():  # (a scan cut short: what it found says nothing)
                 return
-            # What other movers of this prefix found, and this scan did not (it began before
-            # those messages were stored, say), while it is stranded still.
-            others = self.store.still_stranded(
-                self.store.recorded_stranded() - stranded.keys(), FRESH_HEARTBEAT_MS
-            )
-            self.findings.stranded = {**others, **stranded}
             self.check_index()
         except RedisPermissionError:
             self._scan_allowed = False
@@ -261,20 +255,21 @@ class Watch:
                 self.name,
             )
             return
-        self._record_stranded()
+        self._record_stranded(stranded)
 
     def recheck_stranded(self) -> None:
         """Look again at the prefixes found stranded, by this mover or another of its prefix: one
         whose mover has started since, or whose messages are gone, leaves the alert."""
-        looked_at = self.findings.stranded.keys() | self.store.recorded_stranded()
-        self.findings.stranded = self.store.still_stranded(looked_at, FRESH_HEARTBEAT_MS)
-        self._record_stranded()
+        self._record_stranded({})
 
-    def _record_stranded(self) -> None:
-        # One record for every mover of the prefix: each writes what it found and what the others
-        # recorded, looked at again, so that no mover's check takes back another's finding.
+    def _record_stranded(self, found: dict[str, int]) -> None:
+        # One record for every mover of the prefix (<ns>stranded): each adds what it found, and
+        # takes out only what it looked at again and found served or gone, so that no mover's
+        # check takes back what another found meanwhile (a scan takes minutes at scale).
+        looked_at = (self.findings.stranded.keys() | self.store.recorded_stranded()) - found.keys()
+        found = {**self.store.still_stranded(looked_at, FRESH_HEARTBEAT_MS), **found}
+        self.findings.stranded = self.store.record_stranded(found, looked_at - found.keys(), ALERT_KEEP_MS)
         problem = stranded_problem(self.findings.stranded)
-        self.store.record_stranded(self.findings.stranded, ALERT_KEEP_MS)
         self.store.set_alert(STRANDED, problem, ALERT_KEEP_MS)
         self._tell("stranded", problem, logging.WARNING)
         self._report()

@@ -126,18 +126,23 @@ class Inspecting(StoreBase):
         with translated_errors():
             return {as_text(name) for name in self.client.hkeys(keys.stranded(self.prefix))}
 
-    def record_stranded(self, found: dict[str, int], keep_ms: int) -> None:
-        """Record ``found`` (prefix -> messages) as what is stranded now, for ``keep_ms``."""
-        key = keys.stranded(self.prefix)
+    def record_stranded(self, found: dict[str, int], cleared: Iterable[str], keep_ms: int) -> dict[str, int]:
+        """Add ``found`` (prefix -> messages) to the record of what is stranded, kept ``keep_ms``
+        from now, take ``cleared`` out of it, and return the whole record after, in one
+        transaction: what other movers recorded meanwhile stays."""
+        key, gone = keys.stranded(self.prefix), list(cleared)
         with translated_errors():
             now = self.time_ms()
             pipe = self.client.pipeline(transaction=True)
-            pipe.delete(key)
+            if gone:
+                pipe.hdel(key, *gone)
             if found:
                 fields: dict[Any, Any] = dict(found)  # (redis-py's Mapping is invariant in its keys)
                 pipe.hset(key, mapping=fields)
                 pipe.pexpireat(key, now + keep_ms)
-            pipe.execute()
+            pipe.hgetall(key)
+            record: dict[Any, Any] = pipe.execute()[-1]
+        return {as_text(name): whole(n) for name, n in record.items()}
 
     def set_alert(self, name: str, text: str | None, keep_ms: int) -> None:
         """Record (or, with ``text`` ``None``, clear) an alert for ``stats`` and ``health``; the

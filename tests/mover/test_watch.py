@@ -249,6 +249,29 @@ def test_one_movers_look_again_does_not_take_back_what_another_found(prefix):
         assert "'late:'" not in told() and "'early:'" in told()
 
 
+def test_a_scan_does_not_take_back_what_another_mover_found_during_it(prefix, monkeypatch):
+    """A scan read the record, put the lost buckets back in their index (minutes, at scale),
+    then wrote the record whole: what another mover found meanwhile was gone, and health said
+    OK. A mover now takes out only what it looked at again and found served or gone."""
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+        older, newer = Watch(Store(r, prefix), "older"), Watch(Store(r, prefix), "newer")
+        real_check_index = Watch.check_index
+
+        def check_index(watch: Watch) -> None:
+            real_check_index(watch)
+            if watch is older:  # the newer mover finds a prefix stranded since the older one's scan
+                other = Store(r, "during:")
+                due = Due(600_000, relative=True, task_id="d1")
+                other.schedule(due, "during:celery", kombu_payload("d1"), Settings())
+                newer.check_prefixes()
+
+        monkeypatch.setattr(Watch, "check_index", check_index)
+        older.check_prefixes()
+        assert "'during:'" in Store(r, prefix).alerts(60_000).get("stranded", "")
+        assert older.findings.stranded == newer.findings.stranded == {"during:": 1}
+
+
 def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatch):
     # The look again was scheduled with the next scan, so it never ran: the alert stayed the
     # five minutes to that scan. With scans an hour apart, only the look clears it.
