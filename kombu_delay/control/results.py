@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kombu_delay.ops.checks import FUTURE_BEAT_MS
 from kombu_delay.store import keys
 
 HOUR_MS = 3_600_000
@@ -125,7 +124,9 @@ class Stats:
     def last_heartbeat_ms(self) -> int | None:
         """The most recent mover heartbeat, epoch ms, or ``None`` if no mover is known (one
         ahead of Redis's clock by more than ``FUTURE_BEAT_MS``, written by hand, is none)."""
-        return max((ms for ms in self.movers.values() if ms <= self.now_ms + FUTURE_BEAT_MS), default=None)
+        return max(
+            (ms for ms in self.movers.values() if ms <= self.now_ms + keys.FUTURE_BEAT_MS), default=None
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the snapshot as JSON-ready data."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import (
-    FUTURE_BEAT_MS,
     eviction_problem,
     movers_heard,
     movers_told,
@@ -105,7 +104,7 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     beats = {
         name: ms
         for name, ms in store.heartbeats().items()
-        if ms <= now + FUTURE_BEAT_MS and (host is None or host in name.split(":")[:2])
+        if ms <= now + keys.FUTURE_BEAT_MS and (host is None or host in name.split(":")[:2])
     }
     freshest = max(beats.values()) if beats else None
     alive, silent = movers_heard(beats.values(), now)

@@ -354,8 +354,17 @@ def test_stats_counts_no_mover_for_a_heartbeat_ahead_of_redis(redis_server, r, p
         code, out = kd(redis_server, prefix, "stats")
         with DelayControl(redis_server.url, {"global_keyprefix": prefix}) as ctl:
             assert ctl.stats().last_heartbeat_ms is None
+        # Nor does a publisher that asks whether a mover serves it, nor the stranded check.
+        store = Store(r, prefix)
+        due = Due(store.time_ms() + 600_000, task_id="t")
+        assert (
+            store.schedule(due, f"{prefix}q", kombu_payload("t"), Settings(), movers_fresh_ms=30_000).movers
+            == 0
+        )
+        assert Store(r, "elsewhere:").still_stranded([prefix], 30_000) == {prefix: 1}
     finally:
         r.delete(keys.movers(prefix))
+        Store(r, prefix).purge([f"{prefix}q"])
     assert code == 0 and "movers     0 (1 more silent for over 30 s), last heartbeat none heard" in out, out
 
 

@@ -56,7 +56,7 @@ is Redis work saved in every publish.
 --- @include clock
 --- @include publish
 --- @include put
---- @const MAX_DUE_MS
+--- @const MAX_DUE_MS FUTURE_BEAT_MS
 local dest_key, ns, task_id, payload = KEYS[1], ARGV[1], ARGV[5], ARGV[6]
 local when = tonumber(ARGV[4])
 -- The optional arguments are compared as text: tonumber costs more, and only a non-default
@@ -68,7 +68,9 @@ local now = clock(ARGV[7])
 local due = when
 if ARGV[10] == '1' then due = now + when end
 local movers = -1
-if fresh ~= '0' then movers = redis.call('ZCOUNT', ns .. 'movers', now - tonumber(fresh), '+inf') end
+if fresh ~= '0' then  -- (one far ahead of Redis's clock, by hand, is none)
+  movers = redis.call('ZCOUNT', ns .. 'movers', now - tonumber(fresh), now + FUTURE_BEAT_MS)
+end
 if cold and due <= now + (ms_of(ARGV[12]) or 0) then  -- ms_of: read once per text (_clock.lua)
   return {-2, due, now, movers}
 end
