@@ -302,10 +302,10 @@ class Mover:
             )
         if result.vanished:
             logger.error(
-                "mover %s: %d buckets vanished whole (their meta hash, which counts their messages, "
-                "and their sorted sets are gone: deleted by hand, evicted, or expired after no mover "
-                "ran for delay_grace plus a day): what they held is lost, and cannot be counted; "
-                "stats may go on counting it (see Limitations)",
+                "mover %s: %d buckets vanished whole: their meta hash, which counts their messages, is "
+                "gone, and no sorted set of theirs was found for the queues the per-queue counts name "
+                "(deleted by hand, evicted, or expired after no mover ran for delay_grace plus a day); "
+                "what they held is lost, and cannot be counted (see Limitations)",
                 self.name,
                 result.vanished,
             )

@@ -25,9 +25,10 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           added by hand, or counted in a meta hash that is gone; see recount in
           _buckets.lua), refused (due messages left where they are because this user's ACL
           refuses LPUSH onto their destination), vanished (buckets let go that had lost their
-          meta hash and every sorted set: deleted by hand, evicted, or expired after no mover
-          ran for their grace plus a day; what they held is lost, and nothing is left to count
-          it by; counted in the totals field vanished_buckets), {the refused destinations,
+          meta hash, with no sorted set found for any destination <ns>counts names: deleted by
+          hand, evicted, or expired after no mover ran for their grace plus a day; what they
+          held is lost, and nothing is left to count it by, nor, with <ns>counts lost too, to
+          find a set by; counted in the totals field vanished_buckets), {the refused destinations,
           at most MAX_NAMED}, {the destinations that are no list, likewise}, lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
@@ -306,8 +307,8 @@ local function visit(start_s)
     -- its sorted sets hold members its counts missed (then counted again, moved next call).
     local found = retire(k, start_s, end_ms, now)
     recounted = recounted + found
-    -- No meta hash and nothing found: the bucket vanished whole (a drained one keeps its
-    -- meta hash a day). A member of the index that names no bucket (by hand) is no bucket.
+    -- No meta hash and nothing found (recount looks in the sets of every destination
+    -- <ns>counts names): the bucket vanished whole (a drained one keeps its meta hash a day). A member of the index that names no bucket (by hand) is no bucket.
     if #fields == 0 and found == 0 and string.find(start_s, '^%d+$') and #start_s <= 15 then
       vanished = vanished + 1
     end
