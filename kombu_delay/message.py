@@ -56,13 +56,16 @@ _MS = timedelta(milliseconds=1)
 def to_ms(when: datetime) -> int:
     """Return ``when`` as epoch milliseconds, rounded down to the millisecond, exactly (in
     floating point, ``timestamp() * 1000`` puts many a whole millisecond of the years before
-    the 2109 ceiling one millisecond early). Naive datetimes are rejected, and anything but a
-    datetime is a ``TypeError``."""
-    if not isinstance(when, datetime):
-        raise TypeError(f"an ETA given to kombu-delay is an aware datetime, not {type(when).__name__}")
-    if when.tzinfo is None or when.tzinfo.utcoffset(when) is None:
-        raise BadETA(f"naive datetime {when.isoformat()!r}: give a timezone (UTC is usual)")
-    return (when - _EPOCH) // _MS
+    the 2109 ceiling one millisecond early). Naive datetimes are rejected, and what is no
+    datetime (nor behaves as one) is a ``TypeError``."""
+    try:
+        if when.tzinfo is None or when.tzinfo.utcoffset(when) is None:
+            raise BadETA(f"naive datetime {when.isoformat()!r}: give a timezone (UTC is usual)")
+        return (when - _EPOCH) // _MS
+    except (AttributeError, TypeError) as exc:  # a str (it failed on an attribute), say
+        raise TypeError(
+            f"an ETA given to kombu-delay is an aware datetime, not {type(when).__name__}"
+        ) from exc
 
 
 #: ``datetime.isoformat()``'s form, which Celery writes an ETA in (and its millisecond form):

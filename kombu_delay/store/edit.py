@@ -118,7 +118,8 @@ class Editing(Inspecting, Publishing):
         with translated_errors():
             self._must_fit(payload, f"{task_id!r} stays as it was")
             space = self._space_for(due, settings, now_ms)
-            reply = spaces.placed(space, send(space), send, _too_soon)
+            unchanged = f"{task_id!r} stays as it was"
+            reply = self._sent(payload, unchanged, lambda: spaces.placed(space, send(space), send, _too_soon))
         return Rescheduled(int(reply[0]))
 
     def purge(self, dests: Iterable[str], limit: int = 1000, now_ms: int | None = None) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -13,7 +13,6 @@ from kombu_delay.errors import (
     KombuDelayError,
     PayloadTooLarge,
     WrongTypeKey,
-    is_wrong_type,
     translated_errors,
 )
 from kombu_delay.message import Due, id_arg
@@ -68,14 +67,9 @@ class Publishing(StoreBase):
         with translated_errors():
             self._must_fit(payload, "nothing was stored")
             space = self._space_for(due, settings, now_ms)
-            try:
-                with self.sending(_size(payload)):
-                    reply = spaces.placed(space, send(space), send, _too_soon)
-            except (redis.ConnectionError, redis.ResponseError) as exc:
-                self._must_fit(payload, "nothing was stored")  # its limit lowered since it was read?
-                if isinstance(exc, redis.ResponseError) and is_wrong_type(exc):  # (names no key)
-                    raise WrongTypeKey(f"{exc}{self.misshapen_told()}") from exc
-                raise
+            reply = self._sent(
+                payload, "nothing was stored", lambda: spaces.placed(space, send(space), send, _too_soon)
+            )
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
             limit = (
@@ -149,6 +143,20 @@ class Publishing(StoreBase):
             estimate = self.redis_clock.estimate_ms()
             now_ms = None if estimate is None else int(estimate)
         return spaces.for_due(due, settings, now_ms)
+
+    def _sent(self, payload: str, unchanged: str, call: Callable[[], Any]) -> Any:
+        """``call()``, which sends ``payload``. Where Redis cuts the send off, its limit for one
+        string is read again (:meth:`sending`): one lowered since it was read raises
+        :class:`PayloadTooLarge` (ending with ``unchanged``) here and now. Redis's raw
+        ``WRONGTYPE`` from a script, which names no key, is told with the keys of another type."""
+        try:
+            with self.sending(_size(payload)):
+                return call()
+        except (redis.ConnectionError, redis.ResponseError) as exc:
+            self._must_fit(payload, unchanged)
+            if isinstance(exc, redis.ResponseError) and "Operation against a key" in str(exc):
+                raise WrongTypeKey(f"{exc}{self.misshapen_told()}") from exc
+            raise
 
     def _must_fit(self, payload: str, unchanged: str) -> None:
         """Raise :class:`PayloadTooLarge` (ending with ``unchanged``) for a message over Redis's

@@ -390,10 +390,18 @@ def test_a_limit_lowered_after_it_was_read_is_read_again_where_a_send_breaks():
         assert store.schedule(due, "q", first, Settings(compress_after_ms=0)).outcome is Scheduled.STORED
         for tag, body in (("a", "e30="), ("big", "x" * (2 * 2**20))):
             store.schedule(Due(now + 2100, task_id=tag), "q", kombu_payload(tag, body=body), JUST_COLD)
+        editor = Store(server.client(), clock=clock)
+        assert editor.over_bulk_limit(2 * 2**20 + 1) is None  # read before the limit is lowered
         r.config_set("proto-max-bulk-len", 2**20)
         with pytest.raises(PayloadTooLarge, match=r"\(1,048,576 bytes, proto-max-bulk-len\)"):
             store.schedule(Due(now + 3_600_000, task_id="second"), "q", first, Settings(compress_after_ms=0))
         assert store.find("second") == [] and r.ping()
+        [a] = editor.find("a")
+        with pytest.raises(PayloadTooLarge, match="'a' stays as it was"):
+            editor.reschedule(
+                a, "a", kombu_payload("a", body="x" * (2 * 2**20)), now + 9000, Settings(compress_after_ms=0)
+            )
+        assert editor.find("a") == [a]
 
         r.config_set("proto-max-bulk-len", 512 * 2**20)
         mover = Store(server.client(), clock=clock)
