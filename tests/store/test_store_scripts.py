@@ -90,7 +90,7 @@ def test_an_unknown_include_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None
 def test_a_constant_comes_from_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--- @const`` lines stand for the integers of keys.py: one definition, no argument."""
     assert "local FORMAT = 1\n" in scripts.source("schedule")
-    assert "local MAX_DUE_MS = 4398046511103\n" in scripts.source("schedule")
+    assert "local MAX_DUE_MS, FUTURE_BEAT_MS = 4398046511103, 60000\n" in scripts.source("schedule")
     assert (keys.FORMAT, keys.MAX_DUE_MS) == (1, 4398046511103)
     real = scripts._read
     fake = {"x": "--- @const NAMESPACE\n"}

@@ -76,10 +76,11 @@ past_maxmemory(hash)
 wrong_types(expected[, changed])
   expected  a list of {key, type} (type as TYPE names it: 'hash', 'zset', 'list')
   changed   what the error says was changed (default: nothing)
-  An error reply naming the first key that holds another type (set by hand), else nil. For
-  the scripts that take a message out (cancel, reschedule) to return before their first
-  write: Redis keeps a script's writes before a command that fails, so a failure after the
-  take would report an error for a message cancelled, or lose one rescheduled.
+  An error reply naming the first key that holds another type (set by hand), or the ACL's
+  refusal of TYPE (naming TYPE), else nil. For the scripts that take a message out (cancel,
+  reschedule, purge, move) to return before their first write: Redis keeps a script's writes
+  before a command that fails, so a failure after the take would report an error for a
+  message cancelled, lose one rescheduled, or leave one moved uncounted.
   Bound: one TYPE per key.
 ]]
 --- @include clock
@@ -247,7 +248,12 @@ end
 
 local function wrong_types(expected, changed)
   for _, want in ipairs(expected) do
-    local found = redis.call('TYPE', want[1])['ok']
+    local reply = redis.pcall('TYPE', want[1])
+    if reply.err then  -- an ACL that refuses TYPE: named, as a refusal, not a key's fault
+      local told = changed or 'nothing was changed'
+      return redis.error_reply(reply.err .. ' (TYPE ' .. want[1] .. '; ' .. told .. ')')
+    end
+    local found = reply['ok']
     if found ~= 'none' and found ~= want[2] then
       return redis.error_reply('WRONGTYPE ' .. want[1] .. ' holds a ' .. found .. ', not a ' .. want[2]
         .. ' (written by hand?): ' .. (changed or 'nothing was changed'))
