@@ -308,7 +308,8 @@ local function visit(start_s)
     local found = retire(k, start_s, end_ms, now)
     recounted = recounted + found
     -- No meta hash and nothing found (recount looks in the sets of every destination
-    -- <ns>counts names): the bucket vanished whole (a drained one keeps its meta hash a day). A member of the index that names no bucket (by hand) is no bucket.
+    -- <ns>counts names): the bucket vanished whole (a drained one keeps its meta hash a
+    -- day). A member of the index that names no bucket (by hand) is no bucket.
     if #fields == 0 and found == 0 and string.find(start_s, '^%d+$') and #start_s <= 15 then
       vanished = vanished + 1
     end
