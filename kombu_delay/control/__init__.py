@@ -8,9 +8,11 @@ index or per-bucket counters, so none of them scans the scheduled messages.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import threading
 from datetime import UTC, datetime
+from decimal import Decimal
 from types import TracebackType
 from typing import Any
 
@@ -306,9 +308,9 @@ class DelayControl:
         if eta is not None:
             due_ms = to_ms(eta)
         else:
-            if isinstance(countdown, bool | str | bytes):  # float() took True and "5"
+            if isinstance(countdown, bool) or not isinstance(countdown, numbers.Real | Decimal):
                 raise TypeError(f"countdown is a number of seconds, not {type(countdown).__name__}")
-            seconds = float(countdown or 0)
+            seconds = float(countdown)  # (float() took True, "5", b"5" and `or 0` took [])
             if not math.isfinite(seconds):
                 raise ValueError(f"countdown {seconds} is not a finite number of seconds")
             # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kombu_delay.errors import RedisPermissionError
+from kombu_delay.errors import RedisPermissionError, WrongTypeKey
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.ops.checks import (
     FRESH_HEARTBEAT_MS,
@@ -63,14 +63,13 @@ LOG_REPEAT_S = 600.0
 STRANDED_RECHECK_S = 15.0
 #: How long an alert recorded for ``stats`` and ``health`` stays valid without a new check, ms.
 ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
-#: The alerts-hash field of stranded prefixes.
-STRANDED = "stranded"
 #: What is logged when a problem is gone.
 RESOLVED = {
     "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
     "stranded": "no messages are stranded under other key prefixes any more",
     "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
     "forget": "the id index is walked again",
+    "record": "the record of stranded prefixes is kept again",
 }
 
 
@@ -248,14 +247,13 @@ class Watch:
             if self._stop.is_set():  # (a scan cut short: what it found says nothing)
                 return
             self.check_index()
+            self._record_stranded(stranded)
         except RedisPermissionError:
             self._scan_allowed = False
             logger.info(
                 "mover %s: this user may not SCAN; other key prefixes and lost buckets are not checked",
                 self.name,
             )
-            return
-        self._record_stranded(stranded)
 
     def recheck_stranded(self) -> None:
         """Look again at the prefixes found stranded, by this mover or another of its prefix: one
@@ -263,15 +261,19 @@ class Watch:
         self._record_stranded({})
 
     def _record_stranded(self, found: dict[str, int]) -> None:
-        # One record for every mover of the prefix (<ns>stranded): each adds what it found, and
-        # takes out only what it looked at again and found served or gone, so that no mover's
-        # check takes back what another found meanwhile (a scan takes minutes at scale).
-        looked_at = (self.findings.stranded.keys() | self.store.recorded_stranded()) - found.keys()
-        found = {**self.store.still_stranded(looked_at, FRESH_HEARTBEAT_MS), **found}
-        self.findings.stranded = self.store.record_stranded(found, looked_at - found.keys(), ALERT_KEEP_MS)
-        problem = stranded_problem(self.findings.stranded)
-        self.store.set_alert(STRANDED, problem, ALERT_KEEP_MS)
-        self._tell("stranded", problem, logging.WARNING)
+        # One record for every mover of the prefix (<ns>stranded): each looks again at what it
+        # found and at what is recorded (a scan's finding is minutes old, a reindex later), and
+        # writes what is stranded still, with the alert, watching the record meanwhile.
+        try:
+            self.findings.stranded = self.store.renew_stranded(
+                found, FRESH_HEARTBEAT_MS, ALERT_KEEP_MS, stranded_problem
+            )
+        except WrongTypeKey as exc:  # the record (or alerts) written by hand as another type
+            told = f"the stranded check cannot keep its record: {exc}{self.store.misshapen_told()}"
+            self._tell("record", told, logging.ERROR)
+            return
+        self._tell("record", None, logging.ERROR)
+        self._tell("stranded", stranded_problem(self.findings.stranded), logging.WARNING)
         self._report()
 
     def check_index(self) -> None:

@@ -120,29 +120,41 @@ class Inspecting(StoreBase):
                     found[other] = waiting
         return found
 
-    def recorded_stranded(self) -> set[str]:
-        """Return the other key prefixes the movers of this one last found stranded
-        (:func:`keys.stranded`; kept ``keep_ms`` of :meth:`record_stranded`)."""
-        with translated_errors():
-            return {as_text(name) for name in self.client.hkeys(keys.stranded(self.prefix))}
-
-    def record_stranded(self, found: dict[str, int], cleared: Iterable[str], keep_ms: int) -> dict[str, int]:
-        """Add ``found`` (prefix -> messages) to the record of what is stranded, kept ``keep_ms``
-        from now, take ``cleared`` out of it, and return the whole record after, in one
-        transaction: what other movers recorded meanwhile stays."""
-        key, gone = keys.stranded(self.prefix), list(cleared)
-        with translated_errors():
-            now = self.time_ms()
-            pipe = self.client.pipeline(transaction=True)
-            if gone:
-                pipe.hdel(key, *gone)
-            if found:
-                fields: dict[Any, Any] = dict(found)  # (redis-py's Mapping is invariant in its keys)
-                pipe.hset(key, mapping=fields)
-                pipe.pexpireat(key, now + keep_ms)
-            pipe.hgetall(key)
-            record: dict[Any, Any] = pipe.execute()[-1]
-        return {as_text(name): whole(n) for name, n in record.items()}
+    def renew_stranded(
+        self, found: Iterable[str], fresh_ms: int, keep_ms: int, told: Callable[[dict[str, int]], str | None]
+    ) -> dict[str, int]:
+        """Look again at the other key prefixes recorded as stranded (:func:`keys.stranded`,
+        shared by this prefix's movers) and at ``found``, record those still stranded (kept
+        ``keep_ms``) with the alert ``told`` words for them (see :meth:`set_alert`), and return
+        them: prefix -> messages. The record is watched from its read to its write, so a finding
+        another mover records meanwhile is looked at again, never written over (at most
+        three tries; then what is recorded is returned as it stands)."""
+        key, alerts = keys.stranded(self.prefix), keys.alerts(self.prefix)
+        with translated_errors(), self.client.pipeline(transaction=True) as pipe:
+            for _ in range(3):
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    recorded = {as_text(name) for name in pipe.hkeys(key)}
+                    stranded = self.still_stranded(recorded | set(found), fresh_ms)
+                    now, text = self.time_ms(), told(stranded)
+                    pipe.multi()
+                    pipe.delete(key)
+                    if stranded:
+                        fields: dict[Any, Any] = dict(
+                            stranded
+                        )  # (redis-py's Mapping is invariant in its keys)
+                        pipe.hset(key, mapping=fields)
+                        pipe.pexpireat(key, now + keep_ms)
+                        pipe.hset(alerts, keys.STRANDED_ALERT, f"{now} {text}")
+                        pipe.pexpireat(alerts, now + keep_ms)
+                    else:
+                        pipe.hdel(alerts, keys.STRANDED_ALERT)
+                    pipe.execute()
+                    return stranded
+                except redis.WatchError:
+                    continue
+            raw = self.client.hgetall(key)
+        return {as_text(name): whole(n) for name, n in raw.items()}
 
     def set_alert(self, name: str, text: str | None, keep_ms: int) -> None:
         """Record (or, with ``text`` ``None``, clear) an alert for ``stats`` and ``health``; the

@@ -164,10 +164,15 @@ def alerts(prefix: str) -> str:
     return f"{ns(prefix)}alerts"
 
 
+#: The field of :func:`alerts` that tells of stranded prefixes.
+STRANDED_ALERT = "stranded"
+
+
 def stranded(prefix: str) -> str:
     """HASH of the other key prefixes whose messages no mover serves, as this namespace's movers
-    last found them: prefix -> messages. Each mover's check writes it whole: what it found, and
-    what another recorded that is stranded still, so that no mover's check hides another's."""
+    last found them: prefix -> messages. A mover's check looks again at what is recorded and
+    at what it found, and writes what is stranded still, the record watched from its read to
+    its write: no mover's check writes over another's finding."""
     return f"{ns(prefix)}stranded"
 
 

@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -246,13 +247,14 @@ def test_arguments_of_the_wrong_type_are_type_errors_that_say_so(r, redis_server
                     call(task_id)
         with pytest.raises(TypeError, match="an aware datetime, not str"):
             ctl.reschedule("x", eta="2030-01-01T00:00:00+00:00")  # type: ignore[arg-type]
-        for countdown in (True, "5", b"5"):
+        for countdown in (True, "5", b"5", bytearray(b"5"), [], (), {}):  # [] was "now"
             with pytest.raises(TypeError, match="countdown is a number of seconds"):
                 ctl.reschedule("x", countdown=countdown)  # type: ignore[arg-type]
         for hours, slot in ((0, 60), (-1, 60), (1, 0)):
             with pytest.raises(ValueError, match="both must be over 0"):
                 ctl.stats(hours=hours, slot_minutes=slot)
         assert ctl.reschedule("x", countdown=5) == 0 and ctl.cancel("x") == 0  # (still fine)
+        assert ctl.reschedule("x", countdown=Decimal("2.5")) == ctl.reschedule("x", countdown=2.5) == 0
 
 
 def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_server, prefix):

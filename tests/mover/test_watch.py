@@ -272,6 +272,50 @@ def test_a_scan_does_not_take_back_what_another_mover_found_during_it(prefix, mo
         assert older.findings.stranded == newer.findings.stranded == {"during:": 1}
 
 
+def test_a_stranded_record_is_written_only_as_it_was_read(prefix, monkeypatch, caplog):
+    """Three ways the record went wrong: a scan's finding written minutes later unchecked (its
+    mover had started meanwhile); a finding another mover recorded between a mover's look and
+    its write, taken out; and a record of another type (by hand), which failed every check,
+    retried every 5 s, in silence."""
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+        late = Store(r, "late:")
+        late.schedule(
+            Due(600_000, relative=True, task_id="l1"), "late:celery", kombu_payload("x"), Settings()
+        )
+        older, newer = Watch(Store(r, prefix), "older"), Watch(Store(r, prefix), "newer")
+        real_check_index = Watch.check_index
+        monkeypatch.setattr(
+            Watch, "check_index", lambda w: (late.heartbeat("late-mover"), real_check_index(w))
+        )
+        older.check_prefixes()  # found by the scan, served by the time it is written
+        assert older.findings.stranded == {} and "stranded" not in Store(r, prefix).alerts(60_000)
+        monkeypatch.setattr(Watch, "check_index", real_check_index)
+
+        r.zrem(keys.movers("late:"), "late-mover")
+        real_still = Store.still_stranded
+        raced: list[int] = []
+
+        def still_stranded(store: Store, prefixes, fresh_ms):
+            found = real_still(store, prefixes, fresh_ms)
+            if store is older.store and not raced:  # the newer mover records it meanwhile
+                raced.append(1)
+                newer.check_prefixes()
+            return found
+
+        monkeypatch.setattr(Store, "still_stranded", still_stranded)
+        older.recheck_stranded()
+        assert raced and older.findings.stranded == newer.findings.stranded == {"late:": 1}
+        assert "'late:'" in Store(r, prefix).alerts(60_000)["stranded"]
+        monkeypatch.setattr(Store, "still_stranded", real_still)
+
+        r.delete(keys.stranded(prefix))
+        r.set(keys.stranded(prefix), "by hand")
+        with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.watch"):
+            older.check_prefixes()  # returns: the next scan waits its five minutes
+        assert f"'{keys.stranded(prefix)}' holds a string" in caplog.text, caplog.text
+
+
 def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatch):
     # The look again was scheduled with the next scan, so it never ran: the alert stayed the
     # five minutes to that scan. With scans an hour apart, only the look clears it.

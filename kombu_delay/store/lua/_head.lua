@@ -18,6 +18,15 @@ local function due_before(zset, ms)
   return redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', ms))
 end
 
+-- The least ms in [lo, hi] by which a member is due: none is due before lo, one by hi.
+local function search(zset, lo, hi)
+  while lo < hi do
+    local mid = lo + math.floor((hi - lo) / 2)
+    if due_before(zset, mid + 1) > 0 then hi = mid else lo = mid + 1 end
+  end
+  return lo
+end
+
 local function head_due(zset, lo, hi)
   -- Outside [lo, hi] (a message thawed late goes into a bucket that began after its due time):
   -- looked for before lo, or after hi, the same way.
@@ -25,15 +34,13 @@ local function head_due(zset, lo, hi)
     lo, hi = 0, lo - 1
   elseif due_before(zset, hi + 1) == 0 then
     lo, hi = hi + 1, MAX_DUE_MS
+  else
+    return search(zset, lo, hi)
   end
   if lo > hi or due_before(zset, lo) > 0 or due_before(zset, hi + 1) == 0 then
     local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
     if #head == 0 then return nil end
     return math.min(math.max(math.floor(tonumber(head[2])), 0), MAX_DUE_MS)
   end
-  while lo < hi do  -- none is due before lo, one is due by hi
-    local mid = lo + math.floor((hi - lo) / 2)
-    if due_before(zset, mid + 1) > 0 then hi = mid else lo = mid + 1 end
-  end
-  return lo
+  return search(zset, lo, hi)
 end
