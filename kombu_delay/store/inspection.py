@@ -4,6 +4,7 @@ census and health facts that ``stats`` and ``health`` show. Nothing here writes 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from typing import Any
 
 import redis
@@ -133,8 +134,10 @@ class Inspecting(StoreBase):
         with translated_errors(), self.client.pipeline(transaction=True) as pipe:
             for _ in range(3):
                 try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    recorded = {as_text(name) for name in pipe.hkeys(key)}
+                    with suppress(redis.exceptions.NoPermissionError):  # an ACL without WATCH: unwatched
+                        pipe.watch(key)  # type: ignore[no-untyped-call]
+                    reader = pipe if pipe.watching else self.client
+                    recorded = {as_text(name) for name in reader.hkeys(key)}
                     stranded = self.still_stranded(recorded | set(found), fresh_ms)
                     now, text = self.time_ms(), told(stranded)
                     pipe.multi()
