@@ -143,13 +143,14 @@ def handle_stop_signals(name: str, stopping: threading.Event, running: list[Move
         # every later signal. A thread sets them once this handler has returned.
         threading.Thread(target=stop_all, args=(signum,), name="kombu-delay-stop", daemon=True).start()
 
+    # SIGINT even where it was ignored when the mover started (a shell script's background
+    # job, a supervisor's or a test runner's): a stop asked with it is a stop.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     # Not where it is ignored already: a mover started under nohup keeps running when its
-    # terminal closes, and one a shell script started in the background (SIGINT ignored, as
-    # Python leaves it) when a Ctrl-C meant for the script's terminal comes.
-    for asked_by in (signal.SIGINT, signal.SIGHUP):
-        if signal.getsignal(asked_by) is not signal.SIG_IGN:
-            signal.signal(asked_by, on_signal)
+    # terminal closes.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, on_signal)
 
 
 def metrics_hooks(store: Store, port: int | None, addr: str) -> dict[str, Any]:

@@ -676,31 +676,25 @@ def test_sigterm_exits_0_heartbeat_written_then_removed(r, start_mover, stop):
     assert "stopped after moving 0 messages" in mover.output()
 
 
-@pytest.mark.parametrize(
-    ("ignored", "wrapper"),
-    [(signal.SIGHUP, ["nohup"]), (signal.SIGINT, ["sh", "-c", 'trap "" INT; exec "$0" "$@"'])],
-    ids=["SIGHUP under nohup", "SIGINT ignored by its shell"],
-)
-def test_a_mover_keeps_running_on_a_signal_ignored_when_it_started(r, redis_server, spawn, ignored, wrapper):
-    # SIGHUP stops a mover, but not one whose SIGHUP was ignored when it started (nohup); nor
-    # does SIGINT stop one started with SIGINT ignored (a shell script's background job: a
-    # Ctrl-C at the terminal is not for it), as it stops no Python program.
-    if shutil.which(wrapper[0]) is None:
-        pytest.skip(f"no {wrapper[0]} on this machine")
+def test_a_mover_under_nohup_keeps_running_after_sighup(r, redis_server, spawn):
+    # SIGHUP stops a mover, but not one whose SIGHUP was ignored when it started (nohup).
+    if shutil.which("nohup") is None:
+        pytest.skip("no nohup on this machine")
     args = [sys.executable, "-m", "kombu_delay", "--broker", redis_server.delay_url, "mover"]
-    mover = spawn([*wrapper, *args], name="mover")
+    mover = spawn(["nohup", *args], name="mover")
     store = Store(r)
     wait_until(lambda: store.heartbeats())
-    os.kill(mover.pid, ignored)
-    seed(store, 1, ["after-signal"], delay_ms=300, name="after-signal")  # moved: it still runs
-    wait_until(lambda: r.llen("after-signal") == 1, timeout=60)
+    os.kill(mover.pid, signal.SIGHUP)
+    seed(store, 1, ["after-hup"], delay_ms=300, name="after-hup")  # moved: it still runs
+    wait_until(lambda: r.llen("after-hup") == 1, timeout=60)
     assert mover.popen.poll() is None, mover.output()
     os.kill(mover.pid, signal.SIGTERM)
     assert mover.popen.wait(60) == 0, mover.output()
-    assert f"stopping on {ignored.name}" not in mover.output()
 
 
 def test_sigint_exits_0(r, start_mover):
+    # Also where SIGINT was ignored when the mover started: CI runs this suite as a background
+    # job, which ignores it.
     mover = start_mover()
     wait_until(lambda: Store(r).heartbeats())
     os.kill(mover.pid, signal.SIGINT)
