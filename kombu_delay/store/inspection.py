@@ -143,9 +143,8 @@ class Inspecting(StoreBase):
                     pipe.multi()
                     pipe.delete(key)
                     if stranded:
-                        fields: dict[Any, Any] = dict(
-                            stranded
-                        )  # (redis-py's Mapping is invariant in its keys)
+                        # (a dict of Any: redis-py's Mapping is invariant in its keys)
+                        fields: dict[Any, Any] = dict(stranded)
                         pipe.hset(key, mapping=fields)
                         pipe.pexpireat(key, now + keep_ms)
                         pipe.hset(alerts, keys.STRANDED_ALERT, f"{now} {text}")

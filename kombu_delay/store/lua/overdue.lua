@@ -10,7 +10,8 @@ Returns: {truncated (1 if max_buckets cut the count), dest, overdue, oldest_due_
 Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, one or two),
        each one HGETALL of its meta hash, then per destination one ZCOUNT and, where one is
        due, the due time of its first member by about log2(now - start) ZCOUNT calls
-       (head_due in _head.lua: the member itself, a message, is never read).
+       (head_due in _head.lua: the member itself, a message, is not read into Lua, but
+       where its score was written by hand outside the span of due times).
 ]]
 --- @include spaces
 --- @include head
