@@ -126,7 +126,8 @@ class Inspecting(StoreBase):
     ) -> dict[str, int]:
         """Look again at the other key prefixes recorded as stranded (:func:`keys.stranded`,
         shared by this prefix's movers) and at ``found``, record those still stranded (kept
-        ``keep_ms``) with the alert ``told`` words for them (see :meth:`set_alert`), and return
+        ``keep_ms``) with the alert ``told`` words for them (field :data:`keys.STRANDED_ALERT`
+        of :func:`keys.alerts`, ``<epoch ms> <text>``, read by :meth:`alerts`), and return
         them: prefix -> messages. The record is watched from its read to its write, so a finding
         another mover records meanwhile is looked at again, never written over (at most
         three tries; then what is recorded is returned as it stands)."""
@@ -157,21 +158,6 @@ class Inspecting(StoreBase):
                     continue
             raw = self.client.hgetall(key)
         return {as_text(name): whole(n) for name, n in raw.items()}
-
-    def set_alert(self, name: str, text: str | None, keep_ms: int) -> None:
-        """Record (or, with ``text`` ``None``, clear) an alert for ``stats`` and ``health``; the
-        record vanishes ``keep_ms`` after the last write, so a mover that stopped checking
-        leaves no stale alert behind."""
-        key = keys.alerts(self.prefix)
-        with translated_errors():
-            if text is None:
-                self.client.hdel(key, name)
-                return
-            now = self.time_ms()
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hset(key, name, f"{now} {text}")
-            pipe.pexpireat(key, now + keep_ms)
-            pipe.execute()
 
     def alerts(self, max_age_ms: int) -> dict[str, str]:
         """Return the alerts recorded within ``max_age_ms``: name -> text."""

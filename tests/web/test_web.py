@@ -26,7 +26,7 @@ from kombu_delay.config import Settings
 from kombu_delay.connect import app_target
 from kombu_delay.message import Due
 from kombu_delay.ops.checks import stranded_problem
-from kombu_delay.store import keys
+from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import overview, present
 from kombu_delay.web.app import PathPrefix, create_app
@@ -710,7 +710,12 @@ def test_the_dashboard_reads_a_tls_broker_as_the_cli_does(tmp_path, monkeypatch)
 
 def test_overview_puts_an_evicting_policy_and_stranded_prefixes_first(r, control):
     # As a mover records it: another key prefix holds messages no mover serves.
-    control.store.set_alert("stranded", stranded_problem({"other:": 5}), 60_000)
+    other = Store(r, "other:")
+    for i in range(5):
+        other.schedule(
+            Due(600_000, relative=True, task_id=f"o{i}"), "other:q", kombu_payload(f"o{i}"), Settings()
+        )
+    control.store.renew_stranded(["other:"], 30_000, 60_000, stranded_problem)
     r.config_set("maxmemory-policy", "allkeys-lru")
     try:
         html = client_of(control).get("/").get_data(as_text=True)
