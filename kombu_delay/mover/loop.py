@@ -101,7 +101,7 @@ class Mover:
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw, on_error=on_error)
         #: The copy of each herd, ahead of its due time, that a move hands over whole.
-        self.stager = Stager(store, settings, self.name)
+        self.stager = Stager(store, settings, self.name, thaw_rate=self.thawer.rate)
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0

@@ -8,8 +8,11 @@ ordinary buckets for a run of at least :data:`MIN_RUN` messages due at one milli
 drains, into a list that ``move.lua`` renames onto the destination when the run is due:
 the whole herd arrives at once, on time (``_staged.lua`` says what keeps the copy right).
 
-A run is staged no earlier than it must be: its lead grows with its size at a rate assumed
-low (:data:`RATE`), as a thaw's does, since the copy holds the herd twice in Redis's memory
+A run is staged no earlier than it must be: its lead grows with its size, as a thaw's does,
+at a rate assumed low (:data:`RATE`), or at the mover's own, measured, where that is lower:
+its copies' rate once it has made one, and before that its thaws' (a copy is the cheaper of
+the two per message: on a machine too busy to copy at :data:`RATE`, a herd just thawed is
+then copied at once). Not earlier, since the copy holds the herd twice in Redis's memory
 until it is due. Nor while the run changes from one plan to the next: a herd still being
 published would drop its copy with each publish due at its millisecond. Under ``maxmemory`` a
 run is staged only when its copy fits in what is free; with ``delay_max_rate`` or
@@ -37,7 +40,8 @@ MIN_RUN = 10_000
 #: Members one staging step copies: one script call of some 10 ms.
 STAGE_BATCH = 2_000
 #: Staging rate a plan assumes, messages/s (one mover copies more than 100,000 a second on a
-#: busy 2-core machine): low, so a herd's copy is ready early rather than late.
+#: 2-core machine, some 35,000 with seven busy processes beside it): low, so a herd's copy is
+#: ready early rather than late. A mover that measures a lower rate plans with that.
 RATE = 20_000.0
 #: Ordinary buckets a plan reads, earliest first (one ``HGETALL`` each, once a second).
 PLAN_BUCKETS = 64
@@ -55,6 +59,7 @@ class Stager:
         name: str,
         monotonic: Callable[[], float] = time.monotonic,
         min_run: int = MIN_RUN,
+        thaw_rate: thaw_plan.Rate | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -78,19 +83,30 @@ class Stager:
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}
         self._next_plan = float("-inf")
         self._refused_logged_at = float("-inf")
+        #: This mover's copy rate, measured over its back-to-back copy steps.
+        self.rate = thaw_plan.Rate(RATE)
+        #: Its thaw's, which stands for it until a copy has been measured.
+        self.thaw_rate = thaw_rate
+        self._step: tuple[float, int] | None = None  # (began, copied) of a step that left more
 
     def step(self) -> float:
         """Copy one batch of the first run that needs it; return the seconds until the next step."""
         if not self.enabled:
             return thaw_plan.PLAN_EVERY_S * 60
         now = self.monotonic()
+        if self._step is not None:
+            began, copied = self._step
+            self.rate.add(copied, now - began)
+            self._step = None
         try:
             if not self._work and now >= self._next_plan:
                 self._plan()
                 self._next_plan = now + thaw_plan.PLAN_EVERY_S
             if not self._work:
                 return max(0.0, self._next_plan - now)
-            self._copy(*self._work[0])
+            copied = self._copy(*self._work[0])
+            if copied:
+                self._step = (now, copied)
         except RedisRefused as exc:
             # maxmemory, say: a copy grows memory; moves go on, and the plan is made again.
             if now - self._refused_logged_at >= thaw_plan.PLAN_EVERY_S * 10:
@@ -101,7 +117,8 @@ class Stager:
             self._next_plan = now + thaw_plan.PLAN_EVERY_S
         return 0.0 if self._work else max(0.0, self._next_plan - now)
 
-    def _copy(self, start_ms: int, dest: str) -> None:
+    def _copy(self, start_ms: int, dest: str) -> int:
+        """Copy one batch of the run; return how many it copied when the run has more to copy."""
         run = (start_ms, dest)
         if not self._copied:
             # Before a copy begins: its run must be what the last plan found, or it may be a
@@ -110,7 +127,7 @@ class Stager:
             seen, self._seen[run] = self._seen.get(run), (looked.due_ms, looked.run)
             if looked.outcome is Staged.MORE and not looked.staged and seen != (looked.due_ms, looked.run):
                 self._work.pop(0)  # looked at again in the next plan
-                return
+                return 0
         result = self.store.stage(start_ms, dest, STAGE_BATCH, self.min_run)
         if result.outcome is Staged.MORE and result.staged > self._copied:
             if not self._copied:
@@ -121,8 +138,8 @@ class Stager:
                     dest,
                     (result.due_ms - self.store.time_ms()) / 1000,
                 )
-            self._copied = result.staged
-            return
+            copied, self._copied = result.staged - self._copied, result.staged
+            return copied
         # Done, or no run, or refused; or the copy began again (a publish at the run's
         # millisecond dropped it): then the plans wait until the run has settled.
         self._work.pop(0)
@@ -136,6 +153,16 @@ class Stager:
             )
         elif result.outcome is not Staged.MORE:
             self._settled[run] = self._count_of.get(run, -1)
+        return 0
+
+    def assumed_rate(self) -> float:
+        """The copy rate a plan assumes, messages/s: :data:`RATE`, or the lower rate this mover
+        measured, of its copies, or before it has measured one, of its thaws."""
+        if self.rate.measured:
+            return min(RATE, self.rate.per_s)
+        if self.thaw_rate is not None and self.thaw_rate.measured:
+            return min(RATE, self.thaw_rate.per_s)
+        return RATE
 
     def _plan(self) -> None:
         """Read the first ordinary buckets' counts and list the runs to copy now."""
@@ -144,12 +171,13 @@ class Stager:
         self._settled = {run: n for run, n in self._settled.items() if counts.get(run) == n}
         self._seen = {run: seen for run, seen in self._seen.items() if run in counts}
         self._count_of = counts
+        rate = self.assumed_rate()
         due = [
             run
             for run, n in counts.items()
             if n >= self.min_run
             and run not in self._settled
-            and run[0] - self.look_ahead_ms - now_ms <= thaw_plan.lead_ms(n, RATE)
+            and run[0] - self.look_ahead_ms - now_ms <= thaw_plan.lead_ms(n, rate)
         ]
         free = self.store.memory_free(MEMORY_SHARE) if due else None
         for start_ms, dest in due:

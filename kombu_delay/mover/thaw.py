@@ -70,7 +70,7 @@ class Thawer:
         self.name = name
         self.stats = stats
         self.on_thaw = on_thaw
-        self.rate = thaw_plan.ThawRate()
+        self.rate = thaw_plan.Rate()
         #: How far the thaw reaches, epoch ms (Redis clock). It never moves back, so a herd
         #: whose thaw has begun is thawed to its end even if the plan, measuring a faster
         #: rate meanwhile, would now begin it later.

@@ -82,13 +82,13 @@ def plan(now_ms: int, buckets: list[BucketCounts], min_lead_ms: int, rate: float
     return ThawPlan(horizon, next_start)
 
 
-class ThawRate:
-    """A mover's own thaw rate: messages restored per second of wall time, over runs of
-    back-to-back thaw steps (the moves and sweeps between them included, as they will be
-    during a herd's thaw), a window of :data:`RATE_WINDOW_S` at a time."""
+class Rate:
+    """A mover's own rate of a step it repeats (a thaw's, a herd's copy): messages per second
+    of wall time, over runs of back-to-back steps (the moves and sweeps between them included,
+    as they will be when it matters), a window of :data:`RATE_WINDOW_S` at a time."""
 
     def __init__(self, per_s: float = DEFAULT_RATE) -> None:
-        #: The current estimate, messages/s.
+        #: The current estimate, messages/s: ``per_s`` until a window has been measured.
         self.per_s = per_s
         self.measured = False
         self._count = 0

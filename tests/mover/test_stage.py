@@ -11,7 +11,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
-from kombu_delay.mover import stage
+from kombu_delay.mover import stage, thaw_plan
 from kombu_delay.mover.stage import Stager
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
@@ -185,3 +185,27 @@ def test_a_publisher_the_acl_refuses_unlink_drops_the_herd_copy_it_makes_wrong()
         while store.move_due(1000).more:
             pass
         assert Counter(tags_in(admin, "q")) == Counter([*(f"h{i}" for i in range(3000)), "late"])
+
+
+def test_a_mover_that_thaws_or_copies_slowly_copies_a_herd_earlier(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    soon = (clock() // width + 1) * width + 10
+    schedule(store, f"{prefix}q", soon, 3000)
+    clock.ms = soon - 5000  # 3,000 need 2.3 s of lead at RATE, 8 s at 1,000 a second
+    run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
+    assert staged(r, prefix) == {}
+
+    slow_thaw = thaw_plan.Rate()
+    slow_thaw.add(1000, 1.0)  # this mover's thaws: 1,000 a second
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN, thaw_rate=slow_thaw)
+    assert stager.assumed_rate() == 1000
+    run_steps(stager)
+    assert staged(r, prefix) == {"q": 3000}
+    # Its own copies measured: 2,000 a step, a step every 2 s of the ticking clock.
+    assert stager.rate.measured and stager.assumed_rate() == stager.rate.per_s == 1000
+
+    fast_thaw = thaw_plan.Rate()
+    fast_thaw.add(100_000, 1.0)
+    assert Stager(store, ORDINARY, "t", thaw_rate=fast_thaw).assumed_rate() == stage.RATE  # never above it

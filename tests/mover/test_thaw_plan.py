@@ -64,7 +64,7 @@ def test_the_lead_grows_with_the_herd_and_never_falls_below_the_margin() -> None
 
 
 def test_the_rate_is_measured_over_windows_and_damped() -> None:
-    rate = thaw_plan.ThawRate()
+    rate = thaw_plan.Rate()
     assert rate.per_s == thaw_plan.DEFAULT_RATE and not rate.measured
     rate.add(1000, 0.1)  # shorter than a window: not yet a measurement
     assert rate.per_s == thaw_plan.DEFAULT_RATE
@@ -100,7 +100,7 @@ def cold_count(r: redis.Redis, prefix: str = "") -> int:
 def thawer_of(store: Store, clock: FakeClock, rate: float) -> Thawer:
     """A mover's thaw whose own clock follows the store's, at a known rate."""
     thawer = Thawer(store, FAST, "t", MoverStats(), monotonic=lambda: clock.ms / 1000)
-    thawer.rate = thaw_plan.ThawRate(rate)
+    thawer.rate = thaw_plan.Rate(rate)
     return thawer
 
 
