@@ -43,6 +43,8 @@ COMMANDS = {
     "cancel": ["cancel", "some-id"],
     "reschedule": ["reschedule", "some-id", "--countdown", "5"],
     "purge": ["purge", "--queue", "celery", "--yes"],
+    "find": ["find", "some-id"],
+    "dead": ["dead"],
 }
 
 

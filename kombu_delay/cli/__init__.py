@@ -1,7 +1,8 @@
 """The ``kombu-delay`` command line: a thin noun-verb layer over the mover and the store.
 
-One module per command family: :mod:`~kombu_delay.cli.mover`, :mod:`~kombu_delay.cli.health`
-and :mod:`~kombu_delay.cli.inspect` (stats, ls, cancel, reschedule, purge), plus the tooling
+One module per command family: :mod:`~kombu_delay.cli.mover`, :mod:`~kombu_delay.cli.health`,
+:mod:`~kombu_delay.cli.inspect` (stats, ls, cancel, reschedule, purge) and
+:mod:`~kombu_delay.cli.lookup` (find, dead), plus the tooling
 (bench, demo), imported only when its command runs. Subcommands find their broker through
 :class:`~kombu_delay.connect.Target`, stored as the click context object, so the same commands
 serve ``kombu-delay ...`` and ``celery -A proj delay ...`` (:mod:`~kombu_delay.cli.celery_cmd`).
@@ -15,6 +16,7 @@ from kombu_delay import __version__
 from kombu_delay.cli.common import RedactingGroup, global_options, setup_logging
 from kombu_delay.cli.health import health
 from kombu_delay.cli.inspect import COMMANDS as INSPECT_COMMANDS
+from kombu_delay.cli.lookup import COMMANDS as LOOKUP_COMMANDS
 from kombu_delay.cli.mover import mover
 
 __all__ = ["main"]
@@ -51,5 +53,5 @@ def main() -> None:
         setup_logging("info")
 
 
-for _command in (mover, health, *INSPECT_COMMANDS):
+for _command in (mover, health, *INSPECT_COMMANDS, *LOOKUP_COMMANDS):
     main.add_command(_command)

@@ -23,6 +23,7 @@ from kombu_delay.cli.common import (
 )
 from kombu_delay.cli.health import health
 from kombu_delay.cli.inspect import COMMANDS as INSPECT_COMMANDS
+from kombu_delay.cli.lookup import COMMANDS as LOOKUP_COMMANDS
 from kombu_delay.cli.mover import run_mover
 from kombu_delay.connect import PLAIN_SCHEMES, app_target, check_url
 from kombu_delay.errors import KombuDelayError
@@ -105,5 +106,5 @@ def mover(ctx: click.Context, metrics_port: int | None, metrics_addr: str) -> No
     run_mover(target(ctx), metrics_port=metrics_port, metrics_addr=metrics_addr)
 
 
-for _command in (health, *INSPECT_COMMANDS):
+for _command in (health, *INSPECT_COMMANDS, *LOOKUP_COMMANDS):
     delay.add_command(_command)

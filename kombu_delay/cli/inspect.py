@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -197,7 +197,32 @@ def stats(ctx: click.Context, hours: float, slot: float, as_json: bool) -> None:
     click.echo(json.dumps(snapshot.to_dict(), indent=2) if as_json else render_stats(snapshot))
 
 
-def _row(item: ScheduledMessage, now: int) -> dict[str, object]:
+def table(heads: list[str], rows: list[list[str]]) -> list[str]:
+    """``rows`` under ``heads``, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in [heads, *rows]) for i in range(len(heads))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [heads, *rows]
+    ]
+
+
+def message_table(items: Sequence[ScheduledMessage], now: int) -> list[str]:
+    """Scheduled messages as the lines of a table, for a terminal."""
+    rows = [
+        [
+            clipped(shown(item.task_id)) if item.task_id else UNREADABLE,
+            clipped(shown(item.task)) if item.task else "-",
+            clipped(shown(item.queue)),
+            when(item.due_ms),
+            span(item.due_ms - now),
+            str(item.size),
+        ]
+        for item in items
+    ]
+    return table(["TASK ID", "TASK", "QUEUE", "ETA (UTC)", "LEFT", "SIZE"], rows)
+
+
+def message_json(item: ScheduledMessage, now: int) -> dict[str, object]:
+    """A scheduled message as ``--json`` prints it."""
     return {
         "task_id": item.task_id,
         "task": item.task,
@@ -246,26 +271,12 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
         now = ctl.time_ms()
         if queue is not None and not cursor:
             _warn_look_alikes(ctl, queue, "not listed")
-    rows = [_row(item, now) for item in page.items]
+    rows = [message_json(item, now) for item in page.items]
     if as_json:
         click.echo(json.dumps({"items": rows, "cursor": page.cursor}, indent=2))
         return
-    table = [["TASK ID", "TASK", "QUEUE", "ETA (UTC)", "LEFT", "SIZE"]]
-    for item in page.items:
-        left = item.due_ms - now
-        table.append(
-            [
-                clipped(shown(item.task_id)) if item.task_id else UNREADABLE,
-                clipped(shown(item.task)) if item.task else "-",
-                clipped(shown(item.queue)),
-                when(item.due_ms),
-                span(left),
-                str(item.size),
-            ]
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in message_table(page.items, now):
+        click.echo(line)
     if page.cursor:
         click.echo(f"next page: --cursor {page.cursor}")
     else:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kombu_delay.store import keys
+from kombu_delay.store import cold, keys
 
 HOUR_MS = 3_600_000
 #: Most rows a due-time histogram may have.
@@ -69,9 +69,7 @@ class DeadLetter:
     @property
     def task_id(self) -> str:
         """The task id the member carries in the clear, when it is readable, else ``""``."""
-        if len(self.member) < 2:
-            return ""
-        return self.member[2 : 2 + self.member[1]].decode("utf-8", "replace")
+        return cold.task_id_of(self.member) or ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""``kombu-delay find|dead``: one task's pending messages, and the dead letters.
+
+Exit codes as :mod:`~kombu_delay.cli.inspect`: 0 found or done, 1 not found, 2 usage error,
+3 Redis unavailable or another kombu-delay error.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import click
+
+from kombu_delay.cli.common import global_options
+from kombu_delay.cli.inspect import NOT_FOUND, clipped, control, message_json, message_table, shown, table
+from kombu_delay.control import DeadLetter
+
+#: Bytes of a dead letter shown in its row of the text listing.
+PREVIEW_BYTES = 60
+
+
+@global_options
+@click.command()
+@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {task_id: [messages]}.")
+@click.pass_context
+def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
+    """Show the pending messages of each TASK_ID: queue, ETA (UTC), time left, size.
+
+    Exits 0 when every id has a pending message, 1 when some have none (never
+    scheduled, already moved to its queue, or cancelled).
+
+    \b
+    Examples:
+      kombu-delay find 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01
+      kombu-delay find ID1 ID2 --json
+    """
+    with control(ctx) as ctl:
+        found = {task_id: ctl.find(task_id) for task_id in task_ids}
+        now = ctl.time_ms()
+    if as_json:
+        click.echo(json.dumps({i: [message_json(m, now) for m in ms] for i, ms in found.items()}, indent=2))
+    else:
+        listed = [message for messages in found.values() for message in messages]
+        if listed:
+            for line in message_table(listed, now):
+                click.echo(line)
+    missing = [task_id for task_id, messages in found.items() if not messages]
+    for task_id in missing:
+        click.echo(f"{shown(task_id)}: not scheduled", err=True)
+    if missing:
+        ctx.exit(NOT_FOUND)
+
+
+def _letter_json(letter: DeadLetter) -> dict[str, object]:
+    return {
+        "index": letter.index,
+        "digest": letter.digest,
+        "task_id": letter.task_id,
+        "size": len(letter.member),
+        "member_base64": base64.b64encode(letter.member).decode("ascii"),
+    }
+
+
+def _preview(member: bytes) -> str:
+    text = "".join(chr(b) if 32 <= b < 127 else "." for b in member[:PREVIEW_BYTES])
+    return text + ("..." if len(member) > PREVIEW_BYTES else "")
+
+
+@global_options
+@click.command()
+@click.option(
+    "--offset", type=click.IntRange(0), default=0, show_default=True, help="Skip this many (newest first)."
+)
+@click.option(
+    "--limit", "-n", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Dead letters shown."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {total, items}, each member in base64.")
+@click.option(
+    "--remove",
+    "digests",
+    multiple=True,
+    metavar="DIGEST",
+    help="Remove the dead letter of this digest (repeatable).",
+)
+@click.pass_context
+def dead(ctx: click.Context, offset: int, limit: int, as_json: bool, digests: tuple[str, ...]) -> None:
+    """List the dead letters, newest first, or remove some by their digest.
+
+    A dead letter is a compressed message a mover could not restore (damaged in
+    Redis): it was never delivered, and is kept byte for byte. Each row shows its
+    position, the sha256 digest that names it, the task id it carries in the
+    clear, its size and the start of its bytes; --json gives the member whole.
+    With --remove nothing is listed: each digest's letter is removed, and the
+    command exits 1 when one was not there.
+
+    \b
+    Examples:
+      kombu-delay dead
+      kombu-delay dead --json > dead-letters.json
+      kombu-delay dead --remove 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+    """
+    if digests:
+        _remove(ctx, digests)
+        return
+    with control(ctx) as ctl:
+        total, letters = ctl.dead_letters(offset, limit)
+    if as_json:
+        click.echo(json.dumps({"total": total, "items": [_letter_json(x) for x in letters]}, indent=2))
+        return
+    click.echo(f"{total} dead letter{'s' if total != 1 else ''}")
+    rows = [
+        [str(x.index), x.digest, clipped(shown(x.task_id)) or "-", str(len(x.member)), _preview(x.member)]
+        for x in letters
+    ]
+    if rows:
+        for line in table(["POS", "DIGEST", "TASK ID", "SIZE", "BYTES"], rows):
+            click.echo(line)
+    if offset + len(letters) < total:
+        click.echo(f"more: --offset {offset + len(letters)}")
+
+
+def _remove(ctx: click.Context, digests: tuple[str, ...]) -> None:
+    missing = 0
+    with control(ctx) as ctl:
+        for digest in digests:
+            if ctl.remove_dead_letter(digest.lower()):
+                click.echo(f"{shown(digest)}: removed")
+            else:
+                missing += 1
+                click.echo(f"{shown(digest)}: no such dead letter", err=True)
+    if missing:
+        ctx.exit(NOT_FOUND)
+
+
+#: The commands, for ``add_command`` on ``kombu-delay`` and ``celery ... delay``.
+COMMANDS = (find, dead)

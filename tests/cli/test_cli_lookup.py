@@ -1,0 +1,76 @@
+"""``kombu-delay find|dead`` on a real Redis."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kombu_delay.cli import main
+from kombu_delay.cli.lookup import COMMANDS
+from kombu_delay.store import keys
+from tests.support.cli import kd, publish
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
+def test_every_command_documents_examples(command):
+    result = CliRunner().invoke(main, [command.name, "--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output and f"kombu-delay {command.name}" in result.output
+
+
+def test_find_shows_each_ids_pending_messages_and_exits_1_for_one_not_scheduled(r, redis_server, prefix):
+    ids = publish(redis_server, prefix, 3, queue="emails")
+    code, out = kd(redis_server, prefix, "find", ids[2], ids[0])
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].split() == ["TASK", "ID", "TASK", "QUEUE", "ETA", "(UTC)", "LEFT", "SIZE"]
+    rows = [line.split()[:3] for line in lines[1:]]
+    assert rows == [[i, "inspect.record", "emails"] for i in (ids[2], ids[0])]
+
+    code, out = kd(redis_server, prefix, "find", ids[1], "never-scheduled", "--json")
+    assert code == 1
+    assert "never-scheduled: not scheduled" in out
+    found = json.loads(out[: out.rindex("}") + 1])
+    assert list(found) == [ids[1], "never-scheduled"] and found["never-scheduled"] == []
+    (message,) = found[ids[1]]
+    assert message["task_id"] == ids[1] and message["queue"] == "emails" and 0 < message["left_ms"] <= 601_000
+
+    assert kd(redis_server, prefix, "cancel", ids[1])[0] == 0
+    code, out = kd(redis_server, prefix, "find", ids[1])
+    assert code == 1 and out.strip() == f"{ids[1]}: not scheduled"
+
+
+def test_dead_lists_newest_first_pages_and_removes_by_digest(r, redis_server, prefix):
+    dead = keys.dead(prefix)
+    letters = [b"\x01\x03abc\xff\xfe broken" + b"x" * 100, b"\x07junk", b"\x01\x06tid-2\nforged line"]
+    r.lpush(dead, *letters)  # the last pushed is the newest
+    code, out = kd(redis_server, prefix, "dead", "--limit", "2")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "3 dead letters"
+    assert lines[1].split() == ["POS", "DIGEST", "TASK", "ID", "SIZE", "BYTES"]
+    newest, junk = hashlib.sha256(letters[2]).hexdigest(), hashlib.sha256(letters[1]).hexdigest()
+    assert lines[2].split()[:4] == ["0", newest, "tid-2\\n", str(len(letters[2]))]  # no line forged
+    assert lines[3].split()[:4] == ["1", junk, "-", "5"]
+    assert lines[4] == "more: --offset 2" and len(lines) == 5
+
+    code, out = kd(redis_server, prefix, "dead", "--offset", "2", "--json")
+    assert code == 0, out
+    listed = json.loads(out)
+    assert listed["total"] == 3 and [x["index"] for x in listed["items"]] == [2]
+    assert base64.b64decode(listed["items"][0]["member_base64"]) == letters[0]
+    assert listed["items"][0]["task_id"] == "abc"
+
+    code, out = kd(redis_server, prefix, "dead", "--remove", junk.upper(), "--remove", "0" * 64)
+    assert code == 1
+    assert f"{junk.upper()}: removed" in out and f"{'0' * 64}: no such dead letter" in out
+    assert r.lrange(dead, 0, -1) == [letters[2], letters[0]]
+
+
+def test_dead_says_when_there_are_none(r, redis_server, prefix):
+    assert kd(redis_server, prefix, "dead") == (0, "0 dead letters\n")
+    assert json.loads(kd(redis_server, prefix, "dead", "--json")[1]) == {"total": 0, "items": []}
