@@ -27,12 +27,6 @@ logger = logging.getLogger(__name__)
 #: Most compressed messages one thaw step restores: a step is one short script call
 #: (a few ms), so a message due meanwhile waits at most that long for its move.
 THAW_BATCH = 100
-#: The same while the plan thaws further ahead than ``delay_thaw_ahead``, for a cold bucket
-#: too large to thaw in that time (a herd): a step of some 10 ms, as a move's batch is. On a
-#: machine loaded past its cores each step waits for a turn on a core, so steps five times
-#: larger thaw several times faster there (1,800 a second were too few for 300,000 due at once
-#: under a load of 15 on 2 cores).
-HERD_THAW_BATCH = 500
 #: How often, at most, a refused thaw is logged, seconds.
 LOG_EVERY_S = 10.0
 #: Seconds before a thaw that failed on a key of another type (written by hand) is tried again.
@@ -160,8 +154,7 @@ class Thawer:
         thawed past maxmemory, to reach its queue (see thaw.lua), and for the next
         :data:`PAST_MAXMEMORY_FOR_S` the steps do only that, without asking again first.
         """
-        herd = self.ahead_ms > self.settings.thaw_ahead_ms + self.settings.look_ahead_ms
-        limit = min(HERD_THAW_BATCH if herd else THAW_BATCH, self.settings.batch_size)
+        limit = min(THAW_BATCH, self.settings.batch_size)
         if now >= self._past_until:
             try:
                 return self.store.thaw(self.ahead_ms, limit), False

@@ -15,7 +15,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import thaw_plan
 from kombu_delay.mover.loop import MoverStats
-from kombu_delay.mover.thaw import HERD_THAW_BATCH, THAW_BATCH, Thawer
+from kombu_delay.mover.thaw import Thawer
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.store.replies import BucketCounts
 from tests.support.stored import FakeClock, kombu_payload
@@ -162,28 +162,6 @@ def test_a_herd_too_large_for_the_minimum_lead_is_thawed_in_time(r: redis.Redis)
     assert cold_count(r) == 0 and not r.exists(keys.cold_index(""))
 
 
-def test_a_planned_herd_is_thawed_in_larger_steps_and_a_lone_message_as_ever(r: redis.Redis) -> None:
-    clock = FakeClock(r)
-    store = Store(r, clock=clock)
-    due = clock() + 200_000
-    due += 30_000 - due % 60_000
-    start = due - due % 60_000
-    herd(store, due, 3000)
-    small_due = start + 180_000 + 30_000
-    herd(store, small_due, 1, tag="s")
-    limits: list[int] = []
-    thaw_call = store.thaw
-    store.thaw = lambda ahead, limit, **kw: limits.append(limit) or thaw_call(ahead, limit, **kw)  # type: ignore[method-assign]
-    thawer = thawer_of(store, clock, 1000.0)
-    clock.ms = start - 8_000  # the herd's planned begin
-    assert run_thaw(thawer) == 3000
-    assert limits[:6] == [HERD_THAW_BATCH] * 6  # 3,000 in six steps, not thirty
-    limits.clear()
-    clock.ms = small_due - FAST.thaw_ahead_ms
-    assert run_thaw(thawer) == 1
-    assert set(limits) == {THAW_BATCH}
-
-
 def test_a_herd_growing_after_the_plan_is_planned_again(r: redis.Redis) -> None:
     clock = FakeClock(r)
     store = Store(r, clock=clock)
@@ -225,8 +203,7 @@ def test_two_movers_share_a_herd_and_restore_each_message_once(
     one.on_thaw = lambda result: first.append(result.gone)
     one.step()
     monkeypatch.setattr(cold, "unpack", unpack)
-    # A planned herd: a batch is HERD_THAW_BATCH.
-    assert two.stats.thawed == HERD_THAW_BATCH and one.stats.thawed == 0 and first == [HERD_THAW_BATCH]
+    assert two.stats.thawed == 100 and one.stats.thawed == 0 and first == [100]
 
     while min(one.step(), two.step()) == 0.0:  # in turns, until neither finds more
         pass
