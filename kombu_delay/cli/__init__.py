@@ -1,8 +1,8 @@
 """The ``kombu-delay`` command line: a thin noun-verb layer over the mover and the store.
 
 One module per command family: :mod:`~kombu_delay.cli.mover`, :mod:`~kombu_delay.cli.health`,
-:mod:`~kombu_delay.cli.inspect` (stats, ls, cancel, reschedule, purge) and
-:mod:`~kombu_delay.cli.lookup` (find, dead), plus the tooling
+:mod:`~kombu_delay.cli.inspect` (stats, ls, reschedule, purge) and
+:mod:`~kombu_delay.cli.lookup` (find, cancel, dead), plus the tooling
 (bench, demo), imported only when its command runs. Subcommands find their broker through
 :class:`~kombu_delay.connect.Target`, stored as the click context object, so the same commands
 serve ``kombu-delay ...`` and ``celery -A proj delay ...`` (:mod:`~kombu_delay.cli.celery_cmd`).

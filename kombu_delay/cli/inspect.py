@@ -1,4 +1,4 @@
-"""``kombu-delay stats|ls|cancel|reschedule|purge``: the CLI over :class:`~kombu_delay.control.DelayControl`.
+"""``kombu-delay stats|ls|reschedule|purge``: the CLI over :class:`~kombu_delay.control.DelayControl`.
 
 Exit codes: 0 found or done, 1 not found (nothing scheduled under that id or for
 that queue), 2 usage error, 3 Redis unavailable or another kombu-delay error.
@@ -285,36 +285,6 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
 
 @global_options
 @click.command()
-@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
-@click.pass_context
-def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
-    """Unschedule every pending message of each TASK_ID (retries share their task's id).
-
-    Exits 0 when every id had something to cancel, 1 when some did not (never
-    scheduled, already moved to its queue, or already cancelled).
-
-    \b
-    Examples:
-      kombu-delay cancel 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01
-      kombu-delay cancel ID1 ID2 ID3
-      kombu-delay ls --queue emails --limit 10000 --json |
-        jq -j '.items[].task_id + "\\u0000"' | xargs -0 -r kombu-delay cancel --
-    """
-    missing = 0
-    with control(ctx) as ctl:
-        for task_id in task_ids:
-            n = ctl.cancel(task_id)
-            if n:
-                click.echo(f"{shown(task_id)}: cancelled {n} message{'s' if n != 1 else ''}")
-            else:
-                missing += 1
-                click.echo(f"{shown(task_id)}: not scheduled", err=True)
-    if missing:
-        ctx.exit(NOT_FOUND)
-
-
-@global_options
-@click.command()
 @click.argument("task_id")
 @click.option("--eta", default=None, help="New due time, ISO-8601 with an offset, e.g. 2030-01-01T09:00Z.")
 @click.option("--countdown", type=float, default=None, help="New due time, seconds from now.")
@@ -399,4 +369,4 @@ def purge(ctx: click.Context, queue: str, yes: bool) -> None:
 
 
 #: The commands, for ``add_command`` on ``kombu-delay`` and ``celery ... delay``.
-COMMANDS = (stats, ls, cancel, reschedule, purge)
+COMMANDS = (stats, ls, reschedule, purge)

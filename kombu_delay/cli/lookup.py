@@ -1,4 +1,4 @@
-"""``kombu-delay find|dead``: one task's pending messages, and the dead letters.
+"""``kombu-delay find|cancel|dead``: by task id, and the dead letters by digest.
 
 Exit codes as :mod:`~kombu_delay.cli.inspect`: 0 found or done, 1 not found, 2 usage error,
 3 Redis unavailable or another kombu-delay error.
@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable, Iterable
 
 import click
 
 from kombu_delay.cli.common import global_options
-from kombu_delay.cli.inspect import NOT_FOUND, clipped, control, message_json, message_table, shown, table
-from kombu_delay.control import DeadLetter
+from kombu_delay.cli.inspect import (
+    NOT_FOUND,
+    clipped,
+    control,
+    message_json,
+    message_table,
+    shown,
+    table,
+)
+from kombu_delay.control import DeadLetter, DelayControl
 
 #: Bytes of a dead letter shown in its row of the text listing.
 PREVIEW_BYTES = 60
@@ -48,6 +57,44 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
     missing = [task_id for task_id, messages in found.items() if not messages]
     for task_id in missing:
         click.echo(f"{shown(task_id)}: not scheduled", err=True)
+    if missing:
+        ctx.exit(NOT_FOUND)
+
+
+@global_options
+@click.command()
+@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@click.pass_context
+def cancel(ctx: click.Context, task_ids: tuple[str, ...]) -> None:
+    """Unschedule every pending message of each TASK_ID (retries share their task's id).
+
+    Exits 0 when every id had something to cancel, 1 when some did not (never
+    scheduled, already moved to its queue, or already cancelled).
+
+    \b
+    Examples:
+      kombu-delay cancel 1b0e7c34-5bd2-4c3e-9f7e-2a8f3d9a6c01
+      kombu-delay cancel ID1 ID2 ID3
+      kombu-delay ls --queue emails --limit 10000 --json |
+        jq -j '.items[].task_id + "\\u0000"' | xargs -0 -r kombu-delay cancel --
+    """
+    each(ctx, task_ids, lambda ctl, i: ctl.cancel(i), "cancelled {n} message{s}", "not scheduled")
+
+
+def each(
+    ctx: click.Context, names: Iterable[str], act: Callable[[DelayControl, str], int], done: str, absent: str
+) -> None:
+    """``act`` on each of ``names``: say ``done`` (``{n}`` its count, ``{s}`` a plural's s) of each it
+    acted on, ``absent`` on stderr of each it did not, and exit 1 when one was absent."""
+    missing = 0
+    with control(ctx) as ctl:
+        for name in names:
+            n = act(ctl, name)
+            if n:
+                click.echo(f"{shown(name)}: {done.format(n=n, s='s' if n != 1 else '')}")
+            else:
+                missing += 1
+                click.echo(f"{shown(name)}: {absent}", err=True)
     if missing:
         ctx.exit(NOT_FOUND)
 
@@ -121,17 +168,8 @@ def dead(ctx: click.Context, offset: int, limit: int, as_json: bool, digests: tu
 
 
 def _remove(ctx: click.Context, digests: tuple[str, ...]) -> None:
-    missing = 0
-    with control(ctx) as ctl:
-        for digest in digests:
-            if ctl.remove_dead_letter(digest.lower()):
-                click.echo(f"{shown(digest)}: removed")
-            else:
-                missing += 1
-                click.echo(f"{shown(digest)}: no such dead letter", err=True)
-    if missing:
-        ctx.exit(NOT_FOUND)
+    each(ctx, digests, lambda ctl, d: ctl.remove_dead_letter(d.lower()), "removed", "no such dead letter")
 
 
 #: The commands, for ``add_command`` on ``kombu-delay`` and ``celery ... delay``.
-COMMANDS = (find, dead)
+COMMANDS = (find, cancel, dead)
