@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import click
 
@@ -37,7 +39,9 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
     """Show the pending messages of each TASK_ID: queue, ETA (UTC), time left, size.
 
     Exits 0 when every id has a pending message, 1 when some have none (never
-    scheduled, already moved to its queue, or cancelled).
+    scheduled, already moved to its queue, or cancelled). A compressed message
+    damaged in Redis is shown with no task name, and said so on stderr: a mover
+    will dead-letter it, and cancel removes it.
 
     \b
     Examples:
@@ -45,7 +49,7 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
       kombu-delay find ID1 ID2 --json
     """
     with control(ctx) as ctl:
-        found = {task_id: ctl.find(task_id) for task_id in task_ids}
+        found = {i: [replace(m, task_id=i) for m in ctl.find(i, unreadable=True)] for i in task_ids}
         now = ctl.time_ms()
     if as_json:
         click.echo(json.dumps({i: [message_json(m, now) for m in ms] for i, ms in found.items()}, indent=2))
@@ -54,6 +58,14 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
         if listed:
             for line in message_table(listed, now):
                 click.echo(line)
+    for task_id, messages in found.items():
+        damaged = sum(not m.message for m in messages)
+        if damaged:
+            click.echo(
+                f"{shown(task_id)}: {damaged} message{'s' if damaged != 1 else ''} damaged in Redis, "
+                "unreadable: a mover will dead-letter it; cancel removes it",
+                err=True,
+            )
     missing = [task_id for task_id, messages in found.items() if not messages]
     for task_id in missing:
         click.echo(f"{shown(task_id)}: not scheduled", err=True)
@@ -109,11 +121,6 @@ def _letter_json(letter: DeadLetter) -> dict[str, object]:
     }
 
 
-def _preview(member: bytes) -> str:
-    text = "".join(chr(b) if 32 <= b < 127 else "." for b in member[:PREVIEW_BYTES])
-    return text + ("..." if len(member) > PREVIEW_BYTES else "")
-
-
 @global_options
 @click.command()
 @click.option(
@@ -148,16 +155,27 @@ def dead(ctx: click.Context, offset: int, limit: int, as_json: bool, digests: tu
       kombu-delay dead --remove 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
     """
     if digests:
-        _remove(ctx, digests)
+        if as_json or offset:
+            raise click.UsageError("--remove lists nothing: give it without --json and --offset")
+        _remove(ctx, tuple(_digest(d) for d in digests))
         return
     with control(ctx) as ctl:
-        total, letters = ctl.dead_letters(offset, limit)
+        try:
+            total, letters = ctl.dead_letters(offset, limit)
+        except ValueError as exc:  # a page past any list position
+            raise click.BadParameter(str(exc), param_hint="--offset") from exc
     if as_json:
         click.echo(json.dumps({"total": total, "items": [_letter_json(x) for x in letters]}, indent=2))
         return
     click.echo(f"{total} dead letter{'s' if total != 1 else ''}")
     rows = [
-        [str(x.index), x.digest, clipped(shown(x.task_id)) or "-", str(len(x.member)), _preview(x.member)]
+        [
+            str(x.index),
+            x.digest,
+            clipped(shown(x.task_id)) or "-",
+            str(len(x.member)),
+            x.preview(PREVIEW_BYTES),
+        ]
         for x in letters
     ]
     if rows:
@@ -167,8 +185,18 @@ def dead(ctx: click.Context, offset: int, limit: int, as_json: bool, digests: tu
         click.echo(f"more: --offset {offset + len(letters)}")
 
 
+def _digest(text: str) -> str:
+    """A digest as given (spaces around it, any case), or a usage error."""
+    digest = text.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise click.BadParameter(
+            f"{shown(text)!s} is not a digest: 64 hex digits, as dead lists them", param_hint="--remove"
+        )
+    return digest
+
+
 def _remove(ctx: click.Context, digests: tuple[str, ...]) -> None:
-    each(ctx, digests, lambda ctl, d: ctl.remove_dead_letter(d.lower()), "removed", "no such dead letter")
+    each(ctx, digests, lambda ctl, d: ctl.remove_dead_letter(d), "removed", "no such dead letter")
 
 
 #: The commands, for ``add_command`` on ``kombu-delay`` and ``celery ... delay``.

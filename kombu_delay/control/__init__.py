@@ -141,9 +141,10 @@ class DelayControl:
         return self.store.cancel(task_id)
 
     @gated
-    def find(self, task_id: str) -> list[ScheduledMessage]:
-        """Return the pending messages of ``task_id`` (through the id index, O(log n))."""
-        return [self._message(s) for s in self.store.find(task_id)]
+    def find(self, task_id: str, unreadable: bool = False) -> list[ScheduledMessage]:
+        """Return the pending messages of ``task_id`` (through the id index, O(log n)); with
+        ``unreadable``, a compressed one damaged in Redis too (no task, ``task_id`` empty)."""
+        return [self._message(s) for s in self.store.find(task_id, unreadable=unreadable)]
 
     @gated
     def reschedule(self, task_id: str, eta: datetime | None = None, countdown: float | None = None) -> int:

@@ -71,6 +71,12 @@ class DeadLetter:
         """The task id the member carries in the clear, when it is readable, else ``""``."""
         return cold.task_id_of(self.member) or ""
 
+    def preview(self, limit: int = 400) -> str:
+        """The member's first ``limit`` bytes as text: printable ASCII as is, any other byte as
+        ``\\xNN``, and ``…`` where it goes on."""
+        text = "".join(chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in self.member[:limit])
+        return text + ("\u2026" if len(self.member) > limit else "")
+
 
 @dataclass(frozen=True)
 class Slot:

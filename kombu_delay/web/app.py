@@ -254,7 +254,7 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
     def dead() -> str:
         offset = max(0, _int(request.args.get("offset"), 0))
         total, letters = _dead_letters(control, offset, PAGE_ROWS)
-        rows = [(letter, present.dead_preview(letter.member, 160)) for letter in letters]
+        rows = [(letter, letter.preview(160)) for letter in letters]
         return render_template("dead.html", total=total, rows=rows, offset=offset, page_rows=PAGE_ROWS)
 
     @app.get("/dead/letter")
@@ -262,7 +262,7 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
         digest, near = request.args.get("digest", ""), max(0, _int(request.args.get("near"), 0))
         _, letters = _dead_letters(control, max(0, near - 50), 100)
         letter = next((d for d in letters if d.digest == digest), None)
-        text = present.dead_preview(letter.member, 20_000) if letter else ""
+        text = letter.preview(20_000) if letter else ""
         return render_template("dead_letter.html", letter=letter, text=text, near=near), (
             200 if letter else 404
         )

@@ -139,12 +139,6 @@ def preview(message: bytes) -> str:
     return clip(shown(flat), PREVIEW_CHARS)
 
 
-def dead_preview(member: bytes, limit: int = 400) -> str:
-    """A dead letter's bytes as text: printable ASCII as is, anything else as ``\\xNN``."""
-    text = "".join(chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in member[:limit])
-    return text + ("\u2026" if len(member) > limit else "")
-
-
 @dataclass(frozen=True)
 class Bar:
     """One bar of the due-time chart, in the chart's own units (SVG user space)."""

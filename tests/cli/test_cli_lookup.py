@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from kombu_delay.cli import main
 from kombu_delay.cli.lookup import COMMANDS
-from kombu_delay.store import keys
+from kombu_delay.store import cold, keys
 from tests.support.cli import kd, publish
 
 
@@ -67,10 +67,52 @@ def test_dead_lists_newest_first_pages_and_removes_by_digest(r, redis_server, pr
 
     code, out = kd(redis_server, prefix, "dead", "--remove", junk.upper(), "--remove", "0" * 64)
     assert code == 1
-    assert f"{junk.upper()}: removed" in out and f"{'0' * 64}: no such dead letter" in out
+    assert f"{junk}: removed" in out and f"{'0' * 64}: no such dead letter" in out
     assert r.lrange(dead, 0, -1) == [letters[2], letters[0]]
 
 
 def test_dead_says_when_there_are_none(r, redis_server, prefix):
     assert kd(redis_server, prefix, "dead") == (0, "0 dead letters\n")
     assert json.loads(kd(redis_server, prefix, "dead", "--json")[1]) == {"total": 0, "items": []}
+
+
+def test_find_shows_a_damaged_compressed_message_and_says_so(r, redis_server, prefix):
+    # find said "not scheduled" (exit 1) of it, though ls listed it and cancel removed it.
+    damaged, other = publish(redis_server, prefix, 2)  # 600 s ahead: compressed
+    [key] = r.keys(keys.ns(prefix) + "cz:*")
+    [(member, score)] = [
+        (m, sc) for m, sc in r.zrange(key, 0, -1, withscores=True) if cold.task_id_of(m) == damaged
+    ]
+    r.zrem(key, member)
+    r.zadd(key, {member[:-12] + bytes(b ^ 0xFF for b in member[-12:]): score})
+    code, out = kd(redis_server, prefix, "find", damaged, other)
+    assert code == 0, out
+    rows = [line.split()[:3] for line in out.splitlines()[1:] if not line.startswith(damaged + ":")]
+    assert rows == [[damaged, "-", "celery"], [other, "inspect.record", "celery"]]
+    assert f"{damaged}: 1 message damaged in Redis" in out
+    code, out = kd(redis_server, prefix, "find", damaged, "--json")
+    [found] = json.loads(out[out.index("{") : out.rindex("}") + 1])[damaged]
+    assert found["task_id"] == damaged and found["task"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--offset", str(2**63 - 1)], "reach past any list position"),
+        (["--remove", "0" * 63], "is not a digest"),
+        (["--remove", "x\ny" + "0" * 61], "is not a digest"),
+        (["--remove", "0" * 64, "--json"], "--remove lists nothing"),
+        (["--remove", "0" * 64, "--offset", "3"], "--remove lists nothing"),
+    ],
+    ids=["offset-past-any-position", "short-digest", "not-hex", "remove-json", "remove-offset"],
+)
+def test_dead_refuses_what_it_cannot_do_as_a_usage_error(r, redis_server, args, message):
+    code, out = kd(redis_server, "", "dead", *args)
+    assert code == 2 and message in out and "Traceback" not in out, out
+
+
+def test_dead_removes_a_digest_pasted_with_spaces_around_it(r, redis_server):
+    r.lpush(keys.dead(""), b"\x07junk")
+    digest = hashlib.sha256(b"\x07junk").hexdigest()
+    assert kd(redis_server, "", "dead", "--remove", f" {digest}\n") == (0, f"{digest}: removed\n")
+    assert not r.exists(keys.dead(""))

@@ -38,9 +38,9 @@ def run_steps(stager: Stager, steps: int = 20) -> None:
         stager.step()
 
 
-def ticking() -> Callable[[], float]:
-    """A clock for a stager that moves 2 s each time it is read."""
-    ticks = iter(range(0, 100_000, 2))
+def ticking(step: int = 2) -> Callable[[], float]:
+    """A clock for a stager that moves ``step`` s (2 by default) each time it is read."""
+    ticks = iter(range(0, 100_000, step))
     return lambda: float(next(ticks))
 
 
@@ -199,12 +199,23 @@ def test_a_mover_that_thaws_or_copies_slowly_copies_a_herd_earlier(r: redis.Redi
 
     slow_thaw = thaw_plan.Rate()
     slow_thaw.add(1000, 1.0)  # this mover's thaws: 1,000 a second
-    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN, thaw_rate=slow_thaw)
+    # Its copies: 2,000 a step, a step every second of this clock: 2,000 a second.
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(1), min_run=MIN_RUN, thaw_rate=slow_thaw)
     assert stager.assumed_rate() == 1000
     run_steps(stager)
     assert staged(r, prefix) == {"q": 3000}
-    # Its own copies measured: 2,000 a step, a step every 2 s of the ticking clock.
-    assert stager.rate.measured and stager.assumed_rate() == stager.rate.per_s == 1000
+    assert stager.rate.measured and stager.assumed_rate() == stager.rate.per_s == 2000
+
+    # The next herd is planned at its copies' rate, not its thaws': 3,000 at 2,000 a second
+    # need 5 s of lead (at 1,000 a second, 8 s).
+    later = soon + 2 * width
+    schedule(store, f"{prefix}q2", later, 3000, name="l")
+    clock.ms = later - 6000
+    run_steps(stager)
+    assert "q2" not in staged(r, prefix)
+    clock.ms = later - 5000
+    run_steps(stager)
+    assert staged(r, prefix)["q2"] == 3000
 
     fast_thaw = thaw_plan.Rate()
     fast_thaw.add(100_000, 1.0)

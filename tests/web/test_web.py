@@ -21,7 +21,7 @@ import pytest
 from celery import Celery
 from kombu import Connection
 
-from kombu_delay import DelayControl
+from kombu_delay import DeadLetter, DelayControl
 from kombu_delay.config import Settings
 from kombu_delay.connect import app_target
 from kombu_delay.message import Due
@@ -494,7 +494,7 @@ def test_previews_are_clipped_and_plain_messages_show_their_body():
     assert len(present.preview(json.dumps(message).encode())) == present.PREVIEW_CHARS
     plain = present.show(b'{"body": "hello <there>", "headers": {}, "properties": {}}')
     assert plain.source == "" and plain.body == "hello <there>"
-    assert present.dead_preview(b"ab\x00\xff") == "ab\\x00\\xff"
+    assert DeadLetter(b"ab\x00\xff", 0).preview() == "ab\\x00\\xff"
 
 
 def test_no_crafted_message_breaks_its_rows_or_its_page(redis_server, control, prefix):
