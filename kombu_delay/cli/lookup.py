@@ -190,7 +190,7 @@ def _digest(text: str) -> str:
     digest = text.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise click.BadParameter(
-            f"{shown(text)!s} is not a digest: 64 hex digits, as dead lists them", param_hint="--remove"
+            f"{shown(text)} is not a digest: 64 hex digits, as dead lists them", param_hint="--remove"
         )
     return digest
 
