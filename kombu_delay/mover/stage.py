@@ -40,7 +40,7 @@ MIN_RUN = 10_000
 #: Members one staging step copies: one script call of some 10 ms.
 STAGE_BATCH = 2_000
 #: Staging rate a plan assumes, messages/s (one mover copies more than 100,000 a second on a
-#: 2-core machine, some 35,000 with seven busy processes beside it): low, so a herd's copy is
+#: 2-core machine, some 35,000 with six busy processes beside it): low, so a herd's copy is
 #: ready early rather than late. A mover that measures a lower rate plans with that.
 RATE = 20_000.0
 #: Ordinary buckets a plan reads, earliest first (one ``HGETALL`` each, once a second).
