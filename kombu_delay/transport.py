@@ -57,6 +57,7 @@ from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
+from kombu_delay.poller import DeliveringTransportMixin
 from kombu_delay.redact import mask_url
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
@@ -338,7 +339,7 @@ class Channel(DelayChannelMixin, kombu_redis.Channel):  # type: ignore[misc]
     """kombu's Redis channel with delayed delivery."""
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(DeliveringTransportMixin, kombu_redis.Transport):  # type: ignore[misc]
     """``delayredis://``: kombu's Redis transport with delayed delivery."""
 
     Channel = Channel
@@ -375,7 +376,7 @@ class SentinelChannel(DelayChannelMixin, kombu_redis.SentinelChannel):  # type: 
             client.alt = saved
 
 
-class SentinelTransport(kombu_redis.SentinelTransport):  # type: ignore[misc]
+class SentinelTransport(DeliveringTransportMixin, kombu_redis.SentinelTransport):  # type: ignore[misc]
     """``delaysentinel://``: kombu's Sentinel transport with delayed delivery."""
 
     Channel = SentinelChannel
