@@ -12,14 +12,18 @@ from kombu_delay.errors import (
     DelayTooLong,
     KombuDelayError,
     PayloadTooLarge,
+    RedisPermissionError,
     WrongTypeKey,
     translated_errors,
 )
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
-from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase
+from kombu_delay.store.base import MIN_BULK_BYTES, StoreBase, as_text
 from kombu_delay.store.replies import Scheduled, ScheduleResult
 
+#: Destinations a publisher keeps as allowed by its ACL (:meth:`Publishing._may_publish`);
+#: past this many, it forgets them and asks again.
+MAX_ALLOWED_KEPT = 10_000
 #: How long a totals hash made by a counter alone (:meth:`Publishing.count`) lives, ms: a day.
 COUNTER_ALONE_MS = 86_400_000
 
@@ -66,6 +70,7 @@ class Publishing(StoreBase):
 
         with translated_errors():
             self._must_fit(payload, "nothing was stored")
+            self._may_publish([dest])
             space = self._space_for(due, settings, now_ms)
             reply = self._sent(
                 payload, "nothing was stored", lambda: spaces.placed(space, send(space), send, _too_soon)
@@ -105,6 +110,7 @@ class Publishing(StoreBase):
             ]
             for _, _, _, payload in batch:  # before anything is written
                 self._must_fit(payload, "nothing was stored")
+            self._may_publish({dest for _, _, dest, _ in batch})
             for begin in range(0, len(batch), chunk):
                 pipe = self.client.pipeline(transaction=False)
                 part = batch[begin : begin + chunk]
@@ -131,6 +137,27 @@ class Publishing(StoreBase):
                     written = sum(r.outcome in (Scheduled.STORED, Scheduled.PUSHED_NOW) for r in results)
                     _raise_partly_stored(refused, written, len(batch) - begin - len(part), len(batch))
         return results
+
+    def _may_publish(self, dests: Iterable[str]) -> None:
+        """Raise :class:`RedisPermissionError`, writing nothing, where this user's ACL refuses
+        a command a delayed publish to one of ``dests`` may run: Redis keeps what a script
+        wrote before a refusal, so a publish refused halfway would leave its message stored
+        but unindexed or uncounted, and kombu's retry would store it again. Asked once per
+        destination and client (``publish_allowed.lua``: Redis 7; Redis 6 cannot be asked)."""
+        for dest in dests:
+            if dest in self._publish_allowed:
+                continue
+            reply = self._scripts["publish_allowed"](keys=[], args=[self.ns, dest])
+            if len(reply) == 2:
+                command, key = (as_text(part) for part in reply)
+                raise RedisPermissionError(
+                    f"Redis's ACL refused this user: {command} on {key!r}, which a delayed publish "
+                    "may need (see the publisher's ACL line in the docs' Security page); nothing "
+                    "was stored"
+                )
+            if len(self._publish_allowed) >= MAX_ALLOWED_KEPT:
+                self._publish_allowed.clear()
+            self._publish_allowed.add(dest)
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
         """The space a message goes to, judged by this store's clock, else by its estimate of

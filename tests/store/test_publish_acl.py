@@ -1,0 +1,69 @@
+"""A publisher whose ACL refuses a command its publish runs after storing the message: Redis
+keeps a script's earlier writes, so the message was left stored but unindexed, without its
+expiry or uncounted, while the call raised, and kombu's retry stored it again; with PEXPIREAT
+refused, later publishes returned normally and were never delivered. A publisher now asks the
+ACL first (Redis 7), and refuses, writing nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from kombu_delay.config import Settings
+from kombu_delay.errors import RedisPermissionError
+from kombu_delay.message import Due
+from kombu_delay.store import Store, keys
+from kombu_delay.store.replies import Scheduled
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.servers import binary_from
+from tests.support.stored import kombu_payload, redis_ms
+
+ORDINARY = Settings(compress_after_ms=0)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer(binary=binary_from(7)) as started:
+        yield started
+
+
+@pytest.fixture
+def admin(server: RedisServer) -> Iterator[redis.Redis]:
+    client = server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("refused", ["pexpireat", "zrange", "hsetnx", "rpush", "hmget", "hgetall"])
+def test_a_publish_the_acl_would_refuse_halfway_writes_nothing_and_names_the_command(
+    server, admin, prefix, refused
+):
+    admin.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all", f"-{refused}")
+    store = Store(server.client(username="pub", password="pw"), prefix)
+    due = Due(redis_ms(admin) + 600_000, task_id="a")
+    for _ in range(2):  # a retry (kombu's) is refused again, and writes nothing either
+        with pytest.raises(RedisPermissionError, match=f"{refused.upper()} on .*nothing was stored"):
+            store.schedule(due, f"{prefix}q", kombu_payload("a"), ORDINARY)
+    assert admin.keys(keys.ns(prefix) + "*") == []
+
+    admin.execute_command("ACL", "SETUSER", "pub", f"+{refused}")  # fixed: the next publish stores it
+    assert store.schedule(due, f"{prefix}q", kombu_payload("a"), ORDINARY).outcome is Scheduled.STORED
+    assert Store(admin, prefix).counts() == {f"{prefix}q": 1}
+
+
+def asks(admin: redis.Redis) -> int:
+    """The script calls so far: the ask's (EVALSHA); a publish on Redis 7 is a function (FCALL)."""
+    stats = admin.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+
+def test_a_publisher_asks_once_per_destination(server, admin, prefix):
+    store = Store(admin, prefix)
+    before = asks(admin)
+    for dest in ("q", "q", "q", "other", "q"):
+        due = Due(redis_ms(admin) + 600_000, task_id=dest)
+        store.schedule(due, f"{prefix}{dest}", kombu_payload(dest), ORDINARY)
+    assert asks(admin) - before == 2
