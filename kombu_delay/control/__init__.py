@@ -142,8 +142,7 @@ class DelayControl:
 
     @gated
     def find(self, task_id: str, unreadable: bool = False) -> list[ScheduledMessage]:
-        """Return the pending messages of ``task_id`` (through the id index, O(log n)); with
-        ``unreadable``, a compressed one damaged in Redis too (no task, ``task_id`` empty)."""
+        """``task_id``'s pending messages (id index, O(log n)); ``unreadable``: damaged ones too."""
         return [self._message(s) for s in self.store.find(task_id, unreadable=unreadable)]
 
     @gated
