@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -68,7 +69,7 @@ class Publishing(StoreBase):
             )
             return self._scripts["schedule"](*call)
 
-        with translated_errors():
+        with self._asked_again_if_refused([dest]), translated_errors():
             self._must_fit(payload, "nothing was stored")
             self._may_publish([dest])
             space = self._space_for(due, settings, now_ms)
@@ -104,7 +105,7 @@ class Publishing(StoreBase):
         script = self._scripts["schedule"]
         results: list[ScheduleResult] = []
         refused: list[Exception] = []
-        with translated_errors():
+        with self._asked_again_if_refused(self._publish_allowed.copy()), translated_errors():
             batch = [
                 (self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items
             ]
@@ -158,6 +159,17 @@ class Publishing(StoreBase):
             if len(self._publish_allowed) >= MAX_ALLOWED_KEPT:
                 self._publish_allowed.clear()
             self._publish_allowed.add(dest)
+
+    @contextmanager
+    def _asked_again_if_refused(self, dests: Iterable[str]) -> Iterator[None]:
+        """Forget that ``dests`` were allowed when the ACL refuses something in the block: it was
+        narrowed since :meth:`_may_publish` asked, and the retry must be asked again (and
+        refused before writing) rather than refused halfway once more."""
+        try:
+            yield
+        except RedisPermissionError:
+            self._publish_allowed.difference_update(dests)
+            raise
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
         """The space a message goes to, judged by this store's clock, else by its estimate of

@@ -67,3 +67,43 @@ def test_a_publisher_asks_once_per_destination(server, admin, prefix):
         due = Due(redis_ms(admin) + 600_000, task_id=dest)
         store.schedule(due, f"{prefix}{dest}", kombu_payload(dest), ORDINARY)
     assert asks(admin) - before == 2
+
+
+def test_an_acl_narrowed_after_the_ask_is_asked_again_once_it_refuses(server, admin, prefix):
+    admin.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all")
+    store = Store(server.client(username="pub", password="pw"), prefix)
+    base = redis_ms(admin) + 600_000
+    assert (
+        store.schedule(Due(base, task_id="a"), f"{prefix}q", kombu_payload("a"), ORDINARY).outcome
+        is Scheduled.STORED
+    )
+    admin.execute_command("ACL", "SETUSER", "pub", "-pexpireat")
+    # Asked before: the next publish, into a bucket of its own, is refused halfway, as Redis does.
+    with pytest.raises(RedisPermissionError):
+        store.schedule(Due(base + 3_600_000, task_id="b"), f"{prefix}q", kombu_payload("b"), ORDINARY)
+    counted = Store(admin, prefix).counts()
+    # Its retry is asked again, and refused before it writes.
+    with pytest.raises(RedisPermissionError, match=r"PEXPIREAT on .*nothing was stored"):
+        store.schedule(Due(base + 3_600_000, task_id="b"), f"{prefix}q", kombu_payload("b"), ORDINARY)
+    assert Store(admin, prefix).counts() == counted
+
+
+def test_a_user_kept_from_another_queues_keys_still_publishes_into_their_bucket(server, admin, prefix):
+    # Extending a bucket's expiry touched every queue's set in it: a user whose key patterns
+    # name its own queues was refused there, after its message was stored.
+    ns = keys.ns(prefix)
+    allowed = [f"~{ns}{name}" for name in ("ids", "counts", "totals", "index", "cindex", "movers")]
+    allowed += [f"~{ns}{kind}:*" for kind in ("m", "t", "cm")]
+    allowed += [f"~{ns}{kind}:*:{prefix}qA" for kind in ("z", "h", "cz", "ch")] + [f"~{prefix}qA"]
+    admin.execute_command("ACL", "SETUSER", "pubA", "reset", "on", ">pw", *allowed, "&*", "+@all")
+    due = redis_ms(admin) + 600_000
+    Store(admin, prefix).schedule(
+        Due(due, task_id="b"),
+        f"{prefix}qB",
+        kombu_payload("b"),
+        Settings(compress_after_ms=0, grace_ms=86_400_000),
+    )
+    store = Store(server.client(username="pubA", password="pw"), prefix)
+    result = store.schedule(Due(due + 1, task_id="a"), f"{prefix}qA", kombu_payload("a"), ORDINARY)
+    assert result.outcome is Scheduled.STORED
+    assert Store(admin, prefix).counts() == {f"{prefix}qA": 1, f"{prefix}qB": 1}
