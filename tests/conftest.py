@@ -23,6 +23,7 @@ import kombu_delay  # noqa: F401  (registers the delay* schemes)
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc
 from tests.support.sentinel import SentinelCluster
+from tests.support.servers import binary_from
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +33,25 @@ def redis_server() -> Iterator[RedisServer]:
     keeps nothing on disk) sees the warning for a Redis a restart would empty."""
     with RedisServer(persistence=True) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def server7() -> Iterator[RedisServer]:
+    """A redis-server 7 or later, for what Redis 6 lacks (functions, ``redis.acl_check_cmd``);
+    else the test skips."""
+    with RedisServer(binary=binary_from(7)) as server:
+        yield server
+
+
+@pytest.fixture
+def r7(server7: RedisServer) -> Iterator[redis.Redis]:
+    """A client on :func:`server7`, flushed (functions too) and its statistics reset."""
+    client = server7.client()
+    client.flushall()
+    client.function_flush()
+    client.config_resetstat()
+    yield client
+    client.close()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ stores, the library comes back after the server lost it, and where functions are
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,27 +14,11 @@ from kombu_delay.errors import DelayTooLong, RedisRefused
 from kombu_delay.message import Due
 from kombu_delay.store import Store, scripts
 from kombu_delay.tooling.redis_server import RedisServer
-from tests.support.servers import binary_before, binary_from
+from tests.support.servers import binary_before
 from tests.support.stored import calls, kombu_payload
 
 NOW = 1_800_000_000_000
 DEST = "celery"
-
-
-@pytest.fixture(scope="module")
-def server7() -> Iterator[RedisServer]:
-    with RedisServer(binary=binary_from(7)) as server:
-        yield server
-
-
-@pytest.fixture
-def r7(server7: RedisServer) -> Iterator[redis.Redis]:
-    client = server7.client()
-    client.flushall()
-    client.function_flush()
-    client.config_resetstat()
-    yield client
-    client.close()
 
 
 def pairs(flat: list[Any]) -> dict[bytes, Any]:
@@ -118,7 +101,7 @@ def test_a_publish_runs_as_a_function_and_stores_what_the_script_stores(
 ) -> None:
     as_function = publish_all(Store(r7, "app:"))
     # The last one writes nothing; the one EVALSHA is the publisher's ACL ask (publish_allowed.lua).
-    assert calls(r7, "fcall") == 7 and calls(r7, "evalsha") == 1
+    assert calls(r7, "fcall") == 7 and calls(r7, "evalsha", succeeded=True) == 1
     stored = dump(r7)
     assert stored[DEST.encode()][1] == [kombu_payload("b").encode()]
     r7.flushall()
@@ -149,7 +132,7 @@ def test_a_function_keeps_the_names_of_many_buckets_and_stores_what_the_script_s
 ) -> None:
     as_function = publish_spread(r7)
     # A Store each: each asks the ACL once (publish_allowed.lua), by EVALSHA.
-    assert calls(r7, "fcall") == 300 and calls(r7, "evalsha") == 300
+    assert calls(r7, "fcall") == 300 and calls(r7, "evalsha", succeeded=True) == 300
     stored = dump(r7)
     r7.flushall()
     monkeypatch.setattr(scripts, "FUNCTIONS", ())

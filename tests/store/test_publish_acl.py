@@ -6,104 +6,79 @@ ACL first (Redis 7), and refuses, writing nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import RedisPermissionError
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
-from kombu_delay.tooling.redis_server import RedisServer
-from tests.support.servers import binary_from
-from tests.support.stored import kombu_payload, redis_ms
+from tests.support.stored import calls, kombu_payload, redis_ms
 
 ORDINARY = Settings(compress_after_ms=0)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer(binary=binary_from(7)) as started:
-        yield started
-
-
-@pytest.fixture
-def admin(server: RedisServer) -> Iterator[redis.Redis]:
-    client = server.client()
-    client.flushall()
-    yield client
-    client.close()
-
-
 @pytest.mark.parametrize("refused", ["pexpireat", "zrange", "hsetnx", "rpush", "hmget", "hgetall"])
 def test_a_publish_the_acl_would_refuse_halfway_writes_nothing_and_names_the_command(
-    server, admin, prefix, refused
+    server7, r7, prefix, refused
 ):
-    admin.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all", f"-{refused}")
-    store = Store(server.client(username="pub", password="pw"), prefix)
-    due = Due(redis_ms(admin) + 600_000, task_id="a")
+    r7.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all", f"-{refused}")
+    store = Store(server7.client(username="pub", password="pw"), prefix)
+    due = Due(redis_ms(r7) + 600_000, task_id="a")
     for _ in range(2):  # a retry (kombu's) is refused again, and writes nothing either
         with pytest.raises(RedisPermissionError, match=f"{refused.upper()} on .*nothing was stored"):
             store.schedule(due, f"{prefix}q", kombu_payload("a"), ORDINARY)
-    assert admin.keys(keys.ns(prefix) + "*") == []
+    assert r7.keys(keys.ns(prefix) + "*") == []
 
-    admin.execute_command("ACL", "SETUSER", "pub", f"+{refused}")  # fixed: the next publish stores it
+    r7.execute_command("ACL", "SETUSER", "pub", f"+{refused}")  # fixed: the next publish stores it
     assert store.schedule(due, f"{prefix}q", kombu_payload("a"), ORDINARY).outcome is Scheduled.STORED
-    assert Store(admin, prefix).counts() == {f"{prefix}q": 1}
+    assert Store(r7, prefix).counts() == {f"{prefix}q": 1}
 
 
-def asks(admin: redis.Redis) -> int:
-    """The script calls so far: the ask's (EVALSHA); a publish on Redis 7 is a function (FCALL)."""
-    stats = admin.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
-
-
-def test_a_publisher_asks_once_per_destination(server, admin, prefix):
-    store = Store(admin, prefix)
-    before = asks(admin)
+def test_a_publisher_asks_once_per_destination(server7, r7, prefix):
+    store = Store(r7, prefix)
+    before = calls(r7, "evalsha", succeeded=True)  # the ask's; a publish on Redis 7 is an FCALL
     for dest in ("q", "q", "q", "other", "q"):
-        due = Due(redis_ms(admin) + 600_000, task_id=dest)
+        due = Due(redis_ms(r7) + 600_000, task_id=dest)
         store.schedule(due, f"{prefix}{dest}", kombu_payload(dest), ORDINARY)
-    assert asks(admin) - before == 2
+    assert calls(r7, "evalsha", succeeded=True) - before == 2
 
 
-def test_an_acl_narrowed_after_the_ask_is_asked_again_once_it_refuses(server, admin, prefix):
-    admin.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all")
-    store = Store(server.client(username="pub", password="pw"), prefix)
-    base = redis_ms(admin) + 600_000
+def test_an_acl_narrowed_after_the_ask_is_asked_again_once_it_refuses(server7, r7, prefix):
+    r7.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all")
+    store = Store(server7.client(username="pub", password="pw"), prefix)
+    base = redis_ms(r7) + 600_000
     assert (
         store.schedule(Due(base, task_id="a"), f"{prefix}q", kombu_payload("a"), ORDINARY).outcome
         is Scheduled.STORED
     )
-    admin.execute_command("ACL", "SETUSER", "pub", "-pexpireat")
+    r7.execute_command("ACL", "SETUSER", "pub", "-pexpireat")
     # Asked before: the next publish, into a bucket of its own, is refused halfway, as Redis does.
     with pytest.raises(RedisPermissionError):
         store.schedule(Due(base + 3_600_000, task_id="b"), f"{prefix}q", kombu_payload("b"), ORDINARY)
-    counted = Store(admin, prefix).counts()
+    counted = Store(r7, prefix).counts()
     # Its retry is asked again, and refused before it writes.
     with pytest.raises(RedisPermissionError, match=r"PEXPIREAT on .*nothing was stored"):
         store.schedule(Due(base + 3_600_000, task_id="b"), f"{prefix}q", kombu_payload("b"), ORDINARY)
-    assert Store(admin, prefix).counts() == counted
+    assert Store(r7, prefix).counts() == counted
 
 
-def test_a_user_kept_from_another_queues_keys_still_publishes_into_their_bucket(server, admin, prefix):
+def test_a_user_kept_from_another_queues_keys_still_publishes_into_their_bucket(server7, r7, prefix):
     # Extending a bucket's expiry touched every queue's set in it: a user whose key patterns
     # name its own queues was refused there, after its message was stored.
     ns = keys.ns(prefix)
     allowed = [f"~{ns}{name}" for name in ("ids", "counts", "totals", "index", "cindex", "movers")]
     allowed += [f"~{ns}{kind}:*" for kind in ("m", "t", "cm")]
     allowed += [f"~{ns}{kind}:*:{prefix}qA" for kind in ("z", "h", "cz", "ch")] + [f"~{prefix}qA"]
-    admin.execute_command("ACL", "SETUSER", "pubA", "reset", "on", ">pw", *allowed, "&*", "+@all")
-    due = redis_ms(admin) + 600_000
-    Store(admin, prefix).schedule(
+    r7.execute_command("ACL", "SETUSER", "pubA", "reset", "on", ">pw", *allowed, "&*", "+@all")
+    due = redis_ms(r7) + 600_000
+    Store(r7, prefix).schedule(
         Due(due, task_id="b"),
         f"{prefix}qB",
         kombu_payload("b"),
         Settings(compress_after_ms=0, grace_ms=86_400_000),
     )
-    store = Store(server.client(username="pubA", password="pw"), prefix)
+    store = Store(server7.client(username="pubA", password="pw"), prefix)
     result = store.schedule(Due(due + 1, task_id="a"), f"{prefix}qA", kombu_payload("a"), ORDINARY)
     assert result.outcome is Scheduled.STORED
-    assert Store(admin, prefix).counts() == {f"{prefix}qA": 1, f"{prefix}qB": 1}
+    assert Store(r7, prefix).counts() == {f"{prefix}qA": 1, f"{prefix}qB": 1}

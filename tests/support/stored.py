@@ -217,11 +217,12 @@ def behind(client: redis.Redis, ms: int = 60_000) -> FakeClock:
     return clock
 
 
-def calls(client: redis.Redis, command: str) -> int:
+def calls(client: redis.Redis, command: str, succeeded: bool = False) -> int:
     """How many times the server has run ``command`` (``INFO commandstats``: a script's
-    commands included) since it started or its CONFIG RESETSTAT."""
+    commands included) since it started or its CONFIG RESETSTAT; with ``succeeded``, without
+    those that failed (Redis 7 counts them: an ``EVALSHA`` of a script not loaded yet, say)."""
     stats = client.info("commandstats").get(f"cmdstat_{command}", {})
-    return int(stats.get("calls", 0))
+    return int(stats.get("calls", 0)) - (int(stats.get("failed_calls", 0)) if succeeded else 0)
 
 
 def redis_ms(client: redis.Redis) -> int:
