@@ -69,7 +69,7 @@ class Publishing(StoreBase):
             )
             return self._scripts["schedule"](*call)
 
-        with self._asked_again_if_refused([dest]), translated_errors():
+        with self._asked_again_if_refused(), translated_errors():
             self._must_fit(payload, "nothing was stored")
             self._may_publish([dest])
             space = self._space_for(due, settings, now_ms)
@@ -105,7 +105,7 @@ class Publishing(StoreBase):
         script = self._scripts["schedule"]
         results: list[ScheduleResult] = []
         refused: list[Exception] = []
-        with self._asked_again_if_refused(self._publish_allowed.copy()), translated_errors():
+        with self._asked_again_if_refused(), translated_errors():
             batch = [
                 (self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items
             ]
@@ -161,14 +161,14 @@ class Publishing(StoreBase):
             self._publish_allowed.add(dest)
 
     @contextmanager
-    def _asked_again_if_refused(self, dests: Iterable[str]) -> Iterator[None]:
-        """Forget that ``dests`` were allowed when the ACL refuses something in the block: it was
-        narrowed since :meth:`_may_publish` asked, and the retry must be asked again (and
+    def _asked_again_if_refused(self) -> Iterator[None]:
+        """Forget which destinations the ACL allowed when it refuses something in the block: it
+        was narrowed since :meth:`_may_publish` asked, and a retry must be asked again (and
         refused before writing) rather than refused halfway once more."""
         try:
             yield
         except RedisPermissionError:
-            self._publish_allowed.difference_update(dests)
+            self._publish_allowed.clear()
             raise
 
     def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
