@@ -144,7 +144,8 @@ class Publishing(StoreBase):
         a command a delayed publish to one of ``dests`` may run: Redis keeps what a script
         wrote before a refusal, so a publish refused halfway would leave its message stored
         but unindexed or uncounted, and kombu's retry would store it again. Asked once per
-        destination and client (``publish_allowed.lua``: Redis 7; Redis 6 cannot be asked)."""
+        destination and client, and again after a refusal (``publish_allowed.lua``: Redis 7;
+        Redis 6 cannot be asked, and is not asked again)."""
         for dest in dests:
             if dest in self._publish_allowed:
                 continue

@@ -1,6 +1,6 @@
 --[[ publish_allowed: whether this user's ACL allows what a delayed publish may run, on the
-keys it would run it on (Redis 7; a publisher asks once per destination, see
-Publishing._may_publish).
+keys it would run it on (Redis 7; a publisher asks once per destination, and again after a
+refusal: see Publishing._may_publish).
 
 Redis keeps a script's writes when it refuses a later command of the same call: a publish
 refused after it stored its message would leave it unindexed, without its expiry or
