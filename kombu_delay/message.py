@@ -349,3 +349,14 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     else:
         message["body"] = encoded.decode("utf-8")
     return json.dumps(message)
+
+
+def spent_delay_removed(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as its due time is judged: without its ``x-delay`` when kombu puts it back
+    (``redelivered``: a requeue, or an unacked message restored, where ack emulation is off).
+    That delay, from its publish, is spent, as RabbitMQ's delayed exchange applies one only on
+    publish; an absolute ETA still counts."""
+    headers = message.get("headers")
+    if not message.get("redelivered") or not isinstance(headers, dict) or "x-delay" not in headers:
+        return message
+    return {**message, "headers": {k: v for k, v in headers.items() if k != "x-delay"}}

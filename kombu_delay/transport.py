@@ -53,9 +53,10 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from kombu_delay import resend
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
-from kombu_delay.message import message_due, message_id
+from kombu_delay.message import message_due, message_id, spent_delay_removed
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.poller import DeliveringTransportMixin
 from kombu_delay.redact import mask_url
@@ -153,7 +154,7 @@ class DelayChannelMixin:
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         try:
-            due = message_due(_spent_delay_removed(message))
+            due = message_due(spent_delay_removed(message))
         except BadETA as exc:
             logger.warning("kombu-delay: %s; delivering message %r now", exc, message_id(message))
             try:
@@ -177,15 +178,19 @@ class DelayChannelMixin:
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
         where = (os.getpid(), self.delay_broker, self.global_keyprefix)  # type: ignore[attr-defined]
         ask = where not in _asked
-        result = self.delay_store.schedule(
-            due,
-            dest,
-            dumps(message),
-            self.delay_settings,
-            expires,
-            FRESH_HEARTBEAT_MS if ask else 0,
-            push_due=batch is None,
-        )
+        payload = dumps(message)
+        with resend.once(self.delay_store, (*where[1:], dest), message, due.task_id, payload) as first:
+            if not first:  # stored by an attempt whose reply was lost
+                return
+            result = self.delay_store.schedule(
+                due,
+                dest,
+                payload,
+                self.delay_settings,
+                expires,
+                FRESH_HEARTBEAT_MS if ask else 0,
+                push_due=batch is None,
+            )
         if result.outcome is Scheduled.DUE_NOW:
             super()._put(queue, message, _publish_batch=batch, **kwargs)  # type: ignore[misc]
             return
@@ -387,14 +392,3 @@ def register() -> None:
     from kombu.transport import TRANSPORT_ALIASES
 
     TRANSPORT_ALIASES.update(SCHEMES)
-
-
-def _spent_delay_removed(message: dict[str, Any]) -> dict[str, Any]:
-    """``message`` as its due time is judged: without its ``x-delay`` when kombu puts it back
-    (``redelivered``: a requeue, or an unacked message restored, where ack emulation is off).
-    That delay, from its publish, is spent, as RabbitMQ's delayed exchange applies one only on
-    publish; an absolute ETA still counts."""
-    headers = message.get("headers")
-    if not message.get("redelivered") or not isinstance(headers, dict) or "x-delay" not in headers:
-        return message
-    return {**message, "headers": {k: v for k, v in headers.items() if k != "x-delay"}}

@@ -1,0 +1,121 @@
+"""A delayed publish whose reply was lost, and kombu's retry of it: stored once.
+
+A delayed publish is one script call. When its reply is lost (Redis closed the connection
+while the call was under way, or answered later than the client's ``socket_timeout``), the
+script may have run all the same. kombu's retry then sends the same message again, on a new
+channel and under a new delivery tag, and without a check it would be stored twice.
+
+So an attempt that failed so is remembered here, in the process (kombu's retry opens a new
+channel). Before a publish of a message that differs from a remembered one by its delivery
+tag alone, the namespace is searched for the remembered attempt, by its id and its exact
+bytes: found, the publish stores nothing more (logged at WARNING, counted in
+``totals.resent``). A message that came due and was moved between the two attempts is no
+longer found, and is stored again, as plain kombu would push it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kombu.utils.json import dumps
+
+from kombu_delay.errors import KombuDelayError, RedisUnavailable
+from kombu_delay.store import Store
+
+logger = logging.getLogger(__name__)
+
+#: How long an attempt is remembered, seconds: kombu's retries come within seconds, and a
+#: publisher's own retry of a failed call soon after.
+KEPT_S = 600.0
+#: The most attempts remembered; the oldest is forgotten first.
+MAX_KEPT = 1000
+
+#: Where a message goes: (broker, key prefix, its list key).
+Where = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A publish whose reply was lost: what it sent."""
+
+    #: The id it was indexed by (its task id; a message without one, its delivery tag).
+    task_id: str
+    #: The message as it was sent (``dumps`` of kombu's message).
+    payload: str
+    #: When it failed, ``time.monotonic()``.
+    at: float
+
+
+_lock = threading.Lock()
+_attempts: OrderedDict[tuple[Where, str], list[Attempt]] = OrderedDict()
+
+
+def _fingerprint(message: dict[str, Any]) -> str:
+    """``message`` without its delivery tag, which kombu draws anew for each attempt."""
+    properties = message.get("properties")
+    if isinstance(properties, dict):
+        message = {**message, "properties": {k: v for k, v in properties.items() if k != "delivery_tag"}}
+    return str(dumps(message))
+
+
+def _remembered(key: tuple[Where, str]) -> list[Attempt]:
+    with _lock:
+        horizon = time.monotonic() - KEPT_S
+        while _attempts and next(iter(_attempts.values()))[-1].at < horizon:
+            _attempts.popitem(last=False)
+        return list(_attempts.get(key, ()))
+
+
+@contextmanager
+def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payload: str) -> Iterator[bool]:
+    """Publish ``message`` (sent as ``payload``, indexed by ``task_id``) at most once.
+
+    Yields False where an earlier attempt of it, whose reply was lost, is stored already:
+    the caller then stores nothing. Otherwise yields True, and remembers the caller's attempt
+    where it fails with :class:`RedisUnavailable` (the error goes on to kombu, which retries).
+    A search that fails raises, and the attempts are kept for the next retry."""
+    key = (where, _fingerprint(message)) if _attempts else None
+    earlier = _remembered(key) if key else []
+    if key and earlier and _stored(store, where[2], earlier):
+        with _lock:
+            _attempts.pop(key, None)
+        yield False
+        return
+    try:
+        yield True
+    except RedisUnavailable:
+        key = key or (where, _fingerprint(message))
+        with _lock:
+            _attempts.setdefault(key, []).append(Attempt(task_id, payload, time.monotonic()))
+            _attempts.move_to_end(key)
+            while len(_attempts) > MAX_KEPT:
+                _attempts.popitem(last=False)
+        raise
+    if key is not None:
+        with _lock:
+            _attempts.pop(key, None)
+
+
+def _stored(store: Store, dest: str, earlier: list[Attempt]) -> bool:
+    """Whether one of the ``earlier`` attempts is stored for ``dest`` (then forgotten)."""
+    for attempt in earlier:
+        sent = attempt.payload.encode()
+        if any(found.dest == dest and found.message == sent for found in store.find(attempt.task_id)):
+            logger.warning(
+                "kombu-delay: message %r was stored by an earlier attempt whose reply was lost; "
+                "the retry of it stores nothing more",
+                attempt.task_id,
+            )
+            try:
+                store.count("resent")
+            except KombuDelayError:  # a counter must not fail the publish it counts
+                logger.debug("kombu-delay: could not count a retried publish", exc_info=True)
+            return True
+    return False

@@ -1,0 +1,94 @@
+"""A delayed publish whose reply was lost is stored once when kombu sends it again, and a
+publish whose request was lost is stored by the retry (kombu_delay/resend.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+from kombu import Connection, Exchange, Producer, Queue
+
+from kombu_delay import resend
+from kombu_delay.errors import RedisUnavailable
+from tests.support.proxy import LossyProxy
+
+POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.2, "interval_max": 1}
+
+
+def _script_call(r: redis.Redis) -> bytes:
+    """What a delayed publish sends Redis: its function, or on Redis 6 its script."""
+    return b"FCALL" if int(str(r.info("server")["redis_version"]).split(".")[0]) >= 7 else b"EVALSHA"
+
+
+@pytest.fixture(autouse=True)
+def _no_attempts_left() -> None:
+    resend._attempts.clear()  # another test's failures are not this one's
+
+
+@pytest.mark.parametrize("delay_s", [30, 3600], ids=["ordinary", "compressed"])
+@pytest.mark.parametrize("headers", [{"id": "t-1"}, {}], ids=["task-id", "no-id"])
+def test_a_publish_whose_reply_was_lost_is_stored_once_when_kombu_sends_it_again(
+    r, redis_server, prefix, delay_s, headers, caplog
+):
+    options = {"global_keyprefix": prefix} if prefix else {}
+    queue = Queue("q", Exchange("q"), "q")
+    with (
+        LossyProxy(redis_server.port) as proxy,
+        Connection(f"delayredis://127.0.0.1:{proxy.port}/0", transport_options=options) as conn,
+    ):
+        producer = Producer(conn, exchange=queue.exchange, routing_key="q")
+        # The first publish loads the scripts and asks what it needs; the second is one call.
+        producer.publish("warm", headers={"x-delay": delay_s * 1000}, declare=[queue])
+        proxy.arm(_script_call(r), "reply")
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.resend"):
+            producer.publish(
+                "B", headers={**headers, "x-delay": delay_s * 1000}, retry=True, retry_policy=POLICY
+            )
+        assert proxy.lost.is_set()
+    assert int(r.hget(f"{prefix}kombu_delay:counts", f"{prefix}q")) == 2  # "warm" and "B", once each
+    assert r.hget(f"{prefix}kombu_delay:totals", "resent") == b"1"
+    assert "stored by an earlier attempt whose reply was lost" in caplog.text
+    assert not resend._attempts
+
+
+@pytest.mark.parametrize("delay_s", [30, 3600], ids=["ordinary", "compressed"])
+def test_a_publish_whose_request_was_lost_is_stored_by_the_retry(r, redis_server, delay_s):
+    queue = Queue("q", Exchange("q"), "q")
+    with (
+        LossyProxy(redis_server.port) as proxy,
+        Connection(f"delayredis://127.0.0.1:{proxy.port}/0") as conn,
+    ):
+        producer = Producer(conn, exchange=queue.exchange, routing_key="q")
+        producer.publish("warm", headers={"x-delay": delay_s * 1000}, declare=[queue])
+        proxy.arm(_script_call(r), "request")
+        producer.publish(
+            "B", headers={"id": "t-1", "x-delay": delay_s * 1000}, retry=True, retry_policy=POLICY
+        )
+        assert proxy.lost.is_set()
+    assert int(r.hget("kombu_delay:counts", "q")) == 2
+    assert r.hget("kombu_delay:totals", "resent") is None
+    assert not resend._attempts
+
+
+def test_an_identical_message_published_again_after_a_success_is_stored_again(r, redis_server):
+    # Only an attempt whose reply was lost is looked for: two publishes that both succeed are
+    # two messages, even of the same bytes but for the delivery tag.
+    queue = Queue("q", Exchange("q"), "q")
+    with Connection(redis_server.delay_url) as conn:
+        producer = Producer(conn, exchange=queue.exchange, routing_key="q")
+        for _ in range(2):
+            producer.publish("B", headers={"id": "t-1", "x-delay": 60_000}, declare=[queue])
+    assert int(r.hget("kombu_delay:counts", "q")) == 2
+
+
+def test_the_attempts_remembered_are_bounded_in_number_and_time(monkeypatch):
+    # A long outage fails many publishes: each is remembered for a while, the oldest dropped.
+    monkeypatch.setattr(resend, "MAX_KEPT", 3)
+    for n in range(5):
+        with pytest.raises(RedisUnavailable), resend.once(None, ("b", "", "q"), {"body": str(n)}, "t", "x"):  # type: ignore[arg-type]
+            raise RedisUnavailable("gone")
+    assert [key[1] for key in resend._attempts] == [resend._fingerprint({"body": str(n)}) for n in (2, 3, 4)]
+    monkeypatch.setattr(resend, "KEPT_S", 0.0)
+    assert resend._remembered((("b", "", "q"), resend._fingerprint({"body": "4"}))) == []
+    assert not resend._attempts
