@@ -21,14 +21,7 @@ from kombu.connection import Connection
 from kombu_delay.config import Settings
 from kombu_delay.connect import SOCKET_TIMEOUT_S, connection, default_channel, store_of
 from kombu_delay.control.gate import gate_of, gated
-from kombu_delay.control.results import (
-    DeadLetter,
-    Page,
-    ScheduledMessage,
-    Slot,
-    Stats,
-    histogram_slots,
-)
+from kombu_delay.control.results import DeadLetter, Page, ScheduledMessage, Slot, Stats, histogram_slots
 from kombu_delay.errors import CorruptMember, DelayTooLong, EditConflict, RedisRefused
 from kombu_delay.message import carries_eta, index_id, task_name, to_ms, with_eta
 from kombu_delay.ops.health import dangers
@@ -49,7 +42,6 @@ __all__ = [
 
 #: The last list position Redis reads (a signed 64-bit integer): a page must end by it.
 _MAX_POSITION = 2**63 - 1
-
 
 #: Connections a :class:`DelayControl` made from a URL may open at once (the transport option
 #: ``max_connections``, when not given): one per thread sharing it.
@@ -89,9 +81,14 @@ class DelayControl:
             }
             self._conn = connection(broker, options, ssl)
             self._owned = True
-        else:
+        elif isinstance(broker, Connection):
             self._conn = broker
             self._owned = False
+        else:  # a Celery app, say: its connection_for_write() is one
+            raise TypeError(
+                "DelayControl takes a broker URL or a kombu Connection (of a Celery app: "
+                f"app.connection_for_write()), not {type(broker).__name__}"
+            )
         self._gate = gate_of(self._conn)  # each call holds one connection at a time
         self._lock = threading.Lock()
         self._store: Store | None = None

@@ -255,6 +255,11 @@ def test_arguments_of_the_wrong_type_are_type_errors_that_say_so(r, redis_server
                 ctl.stats(hours=hours, slot_minutes=slot)
         assert ctl.reschedule("x", countdown=5) == 0 and ctl.cancel("x") == 0  # (still fine)
         assert ctl.reschedule("x", countdown=Decimal("2.5")) == ctl.reschedule("x", countdown=2.5) == 0
+    # DelayControl(app) failed on an attribute of the app, deep in the connection's gate.
+    with pytest.raises(
+        TypeError, match=r"a kombu Connection \(of a Celery app: app.connection_for_write\(\)\), not Celery"
+    ):
+        DelayControl(publisher(redis_server, ""))  # type: ignore[arg-type]
 
 
 def test_reschedule_of_an_envelope_moved_meanwhile_writes_nothing(r, redis_server, prefix):
