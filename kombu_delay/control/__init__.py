@@ -198,6 +198,8 @@ class DelayControl:
         if outcome is Rescheduled.GONE and (copy := store.thawed_copy(task_id, stored)) is not None:
             # A mover thawed it between the find and now: the same message, uncompressed.
             outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings, own_eta=own_eta)
+        if outcome is Rescheduled.PURGING:  # it would outlive the purge (purging.lua)
+            raise EditConflict(f"cannot reschedule {task_id!r}: {stored.dest!r} is being purged (try again)")
         if outcome is Rescheduled.TOO_FAR:
             raise self._too_far(task_id, due_ms)
         if outcome is Rescheduled.NOT_A_LIST:

@@ -59,6 +59,7 @@ class StoreBase:
         #: that works on either space is told which, see :mod:`kombu_delay.store.spaces`).
         self._index = spaces.ORDINARY.index(prefix)
         self._gc = keys.drained(prefix)
+        self._purging_key = keys.purging(prefix)
         self._ids = keys.ids(prefix)
         self._counts = keys.counts(prefix)
         self._totals = keys.totals(prefix)
@@ -100,13 +101,14 @@ class StoreBase:
         return keys.queue_of(dest, self.prefix, self.sep, self.steps)
 
     def misshapen(self) -> dict[str, str]:
-        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set,
+        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set, purge marks,
         heartbeats and alerts) that holds a value of another type, written by hand, with a sentence
         that names it: every script that writes it fails on it. One pipelined ``TYPE`` each."""
         expected = {
             spaces.ORDINARY.index(self.prefix): "zset",
             spaces.COLD.index(self.prefix): "zset",
             self._gc: "zset",
+            self._purging_key: "hash",
             keys.movers(self.prefix): "zset",
             keys.alerts(self.prefix): "hash",
             keys.stranded(self.prefix): "hash",

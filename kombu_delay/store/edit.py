@@ -3,10 +3,14 @@ message is never both delivered and cancelled (or rescheduled)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from itertools import islice
 from typing import Any
+
+import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.errors import EditConflict, translated_errors
@@ -21,6 +25,11 @@ from kombu_delay.store.replies import Rescheduled, Stored
 #: look finds one that left its place before it could be changed. Past that, while some are
 #: still there, it raises :class:`EditConflict`: "none scheduled" would not be true.
 EDIT_LOOKS = 10
+#: How long a purge's mark (``purging.lua``) outlives the last purge call that renewed it, ms:
+#: one left by a purger that died refuses reschedules of its queue for this long.
+PURGE_MARK_MS = 60_000
+
+logger = logging.getLogger(__name__)
 
 
 class Editing(Inspecting, Publishing):
@@ -112,7 +121,15 @@ class Editing(Inspecting, Publishing):
             ]
             if not own_eta:
                 args.append(1)
-            call_keys = [self._index, self._ids, self._counts, self._totals, old.dest, self._gc]
+            call_keys = [
+                self._index,
+                self._ids,
+                self._counts,
+                self._totals,
+                old.dest,
+                self._gc,
+                self._purging_key,
+            ]
             return self._scripts["reschedule"](keys=call_keys, args=args)
 
         with translated_errors():
@@ -131,7 +148,7 @@ class Editing(Inspecting, Publishing):
         self._check_format_once()
         limit = max(2, limit)  # a call's first bucket costs one: with 1 it would remove none, ever
         total = 0
-        with translated_errors():
+        with translated_errors(), self._purging(wanted) as renew:
             for space in spaces.ALL:
                 cursor: Any = 0
                 while True:
@@ -143,7 +160,25 @@ class Editing(Inspecting, Publishing):
                     if int(reply[1]):
                         break
                     cursor = as_text(reply[2])
+                    renew()
         return total
+
+    @contextmanager
+    def _purging(self, dests: list[str]) -> Iterator[Callable[[], None]]:
+        """Mark ``dests`` as being purged while the block runs (``purging.lua``: a reschedule
+        of their messages is refused meanwhile); yields what renews the mark."""
+
+        def step(n: int) -> None:
+            self._scripts["purging"](keys=[self._purging_key], args=[n, PURGE_MARK_MS, *dests])
+
+        step(1)
+        try:
+            yield lambda: step(0)
+        finally:
+            try:
+                step(-1)
+            except redis.RedisError as exc:  # the purge's work stands; the mark expires
+                logger.warning("kombu-delay: could not unmark a purge of %s: %s", ", ".join(dests), exc)
 
     def reindex(
         self, page: int = 10_000, now_ms: int | None = None, stopping: Callable[[], bool] | None = None

@@ -132,6 +132,11 @@ def drained(prefix: str) -> str:
     return f"{ns(prefix)}gc"
 
 
+def purging(prefix: str) -> str:
+    """HASH destination list key -> purges of it under way (``purging.lua``)."""
+    return f"{ns(prefix)}purging"
+
+
 def ids(prefix: str) -> str:
     """HASH task id -> space-separated refs ``start:offset:seq`` of its stored messages."""
     return f"{ns(prefix)}ids"

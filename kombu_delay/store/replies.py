@@ -135,6 +135,8 @@ def _runs(coded: list[Any]) -> list[int]:
 class Rescheduled(enum.IntEnum):
     """What ``reschedule.lua`` did with one stored message."""
 
+    #: A purge of its queue is under way: nothing written (``purging.lua``).
+    PURGING = -4
     #: As :attr:`Scheduled.TOO_SOON_FOR_COLD` (handled inside the store).
     TOO_SOON_FOR_COLD = -3
     NOT_A_LIST = -2

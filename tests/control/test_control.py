@@ -21,7 +21,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from kombu.exceptions import ChannelError
 
 import kombu_delay
-from kombu_delay import BadETA, DelayControl
+from kombu_delay import BadETA, DelayControl, EditConflict
 from kombu_delay.config import MAX_DURATION_MS, Settings
 from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, keys
@@ -540,6 +540,40 @@ def test_purge_removes_every_priority_of_one_queue_only(r, redis_server, prefix)
         assert [m.task_id for m in ctl.scheduled().items] == [kept.id]
         assert truth(r, prefix) == Counter({f"{prefix}celery": 1})
         assert ctl.stats().totals["purged"] == 3
+
+
+def test_a_reschedule_while_its_queue_is_purged_is_refused_and_the_purge_removes_the_message(
+    r, redis_server, prefix
+):
+    # A purge walks the buckets over many calls. A reschedule between two of them took a
+    # message from a bucket not yet reached into one passed, and it outlived the purge.
+    app = publisher(redis_server, prefix)
+    app.send_task("inspect.record", countdown=600, queue="emails")
+    late = app.send_task("inspect.record", countdown=7200, queue="emails")
+    app.close()
+    with (
+        DelayControl(redis_server.url, options(prefix)) as ctl,
+        DelayControl(redis_server.url, options(prefix)) as other,
+    ):
+        store = ctl.store
+        purge = store._scripts["purge"]
+        refused: list[str] = []
+
+        def purge_then_reschedule(**call: object) -> object:
+            reply = purge(**call)
+            if int(reply[0]) and not refused:  # the first bucket is purged, the late one not yet
+                with pytest.raises(EditConflict, match="is being purged") as conflict:
+                    other.reschedule(late.id, countdown=300)  # into a bucket the purge has passed
+                refused.append(str(conflict.value))
+                assert 0 < r.pttl(keys.purging(prefix)) <= 60_000  # one a dead purger left goes
+            return reply
+
+        store._scripts._loaded["purge"] = purge_then_reschedule  # type: ignore[assignment]
+        assert store.purge([f"{prefix}emails"], limit=2) == 2
+        assert refused
+        assert other.find(late.id) == [] and truth(r, prefix) == Counter()
+        assert other.reschedule(late.id, countdown=300) == 0  # once it has ended: purged
+        assert not r.exists(keys.purging(prefix))
 
 
 def test_deleting_a_queue_drops_its_delayed_messages_too(r, redis_server, prefix):

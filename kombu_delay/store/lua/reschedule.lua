@@ -6,6 +6,7 @@ KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dest    LIST  kombu's queue list key (written only when the new due time has passed)
 KEYS[6] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
+KEYS[7] purging HASH  <ns>purging   destination list key -> purges of it under way (purging.lua)
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] width      bucket width, ms
 ARGV[3] grace      how long a bucket outlives its end, ms
@@ -29,7 +30,8 @@ Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (
          2 an identical payload was already stored at the new time (the old one is removed),
          -1 due time beyond max_delay or max_due (nothing written), -2 new due time passed but
          dest holds something other than a list (nothing written: the message stays as it was),
-         -3 a cold member due too soon (nothing written: the caller sends the message itself)
+         -3 a cold member due too soon (nothing written: the caller sends the message itself),
+         -4 a purge of dest is under way (nothing written: see purging.lua)
 Raises: NOPERM when the due time has passed and the ACL refuses LPUSH onto the destination,
         before the old message is taken (Redis 7+ is asked first; on Redis 6 the push comes
         before the take).
@@ -79,8 +81,10 @@ if due > now then
   expected[#expected + 1] = {new_space:zset(start_s, dest), 'zset'}
   if not new_space.cold then expected[#expected + 1] = {new_space:tasks(start_s), 'list'} end
 end
+expected[#expected + 1] = {KEYS[7], 'hash'}
 local refused = wrong_types(expected)
 if refused then return refused end
+if tonumber(redis.call('HGET', KEYS[7], dest) or 0) > 0 then return {-4, due, now} end
 
 -- The queue's x-expires, if its publish gave one, goes with the message.
 local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0)
