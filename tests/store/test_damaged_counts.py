@@ -463,6 +463,38 @@ def test_a_publish_refused_on_a_shared_key_of_another_type_names_it(r: redis.Red
         )
 
 
+@pytest.mark.parametrize("settings", [ORDINARY, COLD], ids=["ordinary", "cold"])
+@pytest.mark.parametrize("shared", ["counts", "totals", "ids", "index"])
+def test_a_publish_refused_on_a_shared_key_of_another_type_stores_nothing(
+    r: redis.Redis, prefix: str, settings: Settings, shared: str
+) -> None:
+    # The publish stored the message, then failed on the key: the caller got an error, and
+    # kombu's retry stored it again, each copy delivered, none found by find or cancel.
+    now, start = _bucket(r, ahead=3)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    store.schedule(Due(start + 1_000, task_id="a"), dest, kombu_payload("a"), settings, now_ms=now)
+    key = {"counts": keys.counts, "totals": keys.totals, "ids": keys.ids}.get(shared)
+    key_name = (
+        key(prefix)
+        if key
+        else (keys.cold_index(prefix) if settings.compress_after_ms else keys.index(prefix))
+    )
+    kept = r.dump(key_name)
+    r.delete(key_name)
+    r.set(key_name, "by hand")
+    later = Due(start + WIDTH + 1_000, task_id="b")  # a new bucket: its set enters the index
+    for _ in range(2):  # as kombu's retry sends it again
+        with pytest.raises(WrongTypeKey, match=f"{key_name}' holds a string"):
+            store.schedule(later, dest, kombu_payload("b"), settings, now_ms=now)
+    r.delete(key_name)
+    r.restore(key_name, 0, kept)
+    assert store.find("b") == [] and [m.dest for m in store.find("a")] == [dest]
+    assert sum(r.zcard(k) for k in r.scan_iter(match=f"{keys.ns(prefix)}*z:*")) == 1
+    assert store.counts() == {dest: 1} and store.totals()["scheduled"] == 1
+    store.schedule(later, dest, kombu_payload("b"), settings, now_ms=now)
+    assert [m.dest for m in store.find("b")] == [dest] and store.counts() == {dest: 2}
+
+
 @pytest.mark.parametrize("shared", [keys.counts, keys.totals, keys.ids])
 def test_a_move_is_refused_whole_on_a_shared_key_of_another_type(r: redis.Redis, prefix: str, shared) -> None:
     # With counts a string, a move pushed its messages, then failed counting them: delivered,

@@ -155,13 +155,17 @@ end
 -- list ``tasks`` (nil in the cold space: its refs leave the id index one by one, thaw and
 -- take). ``q``: the meta field of dest's count, where the caller has it ('q:' .. dest).
 -- Returns the set's count after, whether the destination's count was zero before, and the
--- task-id list's length after (0 without one).
-local function count_added(k, meta, dest, tasks, n, task_ids, q)
+-- task-id list's length after (0 without one). ``done`` (put's): which counts it made, noted
+-- as they are made.
+local function count_added(k, meta, dest, tasks, n, task_ids, q, done)
   local n_arg = count_arg(n)
   local n_here = count_up(meta, q or 'q:' .. dest, n_arg)
+  if done then done.meta = true end
   if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
   local dest_new = not k.counted and count_up(k.counts, dest, n_arg) == n
+  if done then done.counts = not k.counted end
   if k.counter then count_up(k.totals, k.counter, n_arg) end
+  if done then done.counter = k.counter end
   if not tasks then return n_here, dest_new, 0 end
   if type(task_ids) == 'table' then return n_here, dest_new, redis.call('RPUSH', tasks, unpack(task_ids)) end
   return n_here, dest_new, redis.call('RPUSH', tasks, task_ids)
@@ -209,17 +213,13 @@ end
 -- put_group's steps (_put_group.lua) for one message, without its tables: the path of every
 -- publish. Of the per-bucket work, only the read of the expiry is left on it: set_expiries
 -- runs only where it can change something (expiries_settled).
-local function put(k, now, due, task_id, dest, payload, estimated)
-  local start = due - due % k.width
-  local names = put_names(k, start, dest)
+-- What put does once the message is in its set: counts it, indexes it, sets the expiries
+-- and wakes the movers; ``done`` notes the counts made (count_added), for taken_back.
+local function put_counted(k, now, due, task_id, dest, estimated, start, names, n_seq, seq, done)
   local start_s, meta, zset = names.start_s, names.meta, names.zset
-  local n_seq = count_up(meta, 'seq', '1')
-  local seq = (n_seq - 1) % 2048
-  local added = redis.call('ZADD', zset, 'NX', due + seq / 2048, payload)
   if k.format and n_seq == 1 then redis.call('HSETNX', k.totals, 'format', k.format) end
-  if added == 0 then return 2 end
   local tasks = names.tasks
-  local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id, names.q)
+  local n_here, dest_new, n_tasks = count_added(k, meta, dest, tasks, 1, task_id, names.q, done)
   add_ref(k, start, start_s, task_id, due, seq)
   -- The expiry, the mark of a herd staged ahead (_staged.lua), which this message would make
   -- wrong if it is due at the herd's millisecond, the wake mark (wake_if_first) and the end.
@@ -237,4 +237,33 @@ local function put(k, now, due, task_id, dest, payload, estimated)
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x, known_end)
   end
   return 1, wake_if_first(k, start_s, meta, due, ms_of(known[3]), now)
+end
+
+-- A command put_counted runs refused (a shared key, ids, counts, totals or the index, of
+-- another type, written by hand): Redis keeps what the call wrote before it. So the message
+-- is taken back out of its set, with the counts made for it, before the error goes on: a
+-- publish that fails has stored nothing, which kombu's retry would otherwise store again,
+-- twice, where neither find nor cancel sees it. (What is left, a step of the seq, a task id
+-- in the bucket's list or a ref in the id index, names no message: the clean-up drops it.)
+local function taken_back(k, names, dest, payload, done)
+  redis.pcall('ZREM', names.zset, payload)
+  if done.meta then redis.pcall('HINCRBY', names.meta, names.q, -1) end
+  if done.counts then
+    local left = redis.pcall('HINCRBY', k.counts, dest, -1)
+    if left == 0 then redis.pcall('HDEL', k.counts, dest) end
+  end
+  if done.counter then redis.pcall('HINCRBY', k.totals, done.counter, -1) end
+end
+
+local function put(k, now, due, task_id, dest, payload, estimated)
+  local start = due - due % k.width
+  local names = put_names(k, start, dest)
+  local n_seq = count_up(names.meta, 'seq', '1')
+  local seq = (n_seq - 1) % 2048
+  if redis.call('ZADD', names.zset, 'NX', due + seq / 2048, payload) == 0 then return 2 end
+  local done = {}
+  local ok, stored, refused = pcall(put_counted, k, now, due, task_id, dest, estimated, start, names, n_seq, seq, done)
+  if ok then return stored, refused end
+  taken_back(k, names, dest, payload, done)
+  error(stored)
 end
