@@ -216,10 +216,14 @@ class DelayControl:
         Returns how many were removed. Messages already moved onto the queue's lists
         are not touched; ``celery purge`` removes those (and, with kombu-delay, these too).
         """
+        return self.store.purge(self._dests_of(queue))
+
+    def _dests_of(self, queue: str) -> set[str]:
+        """``queue``'s lists: those ``<ns>counts`` names, and one per priority step (``counts``
+        may have lost one: evicted, deleted by hand)."""
         store = self.store
         dests = {d for d in store.counts() if self.queue_of(d) == queue}
-        dests.update(keys.destination(store.prefix, queue, p, store.sep) for p in store.steps)
-        return store.purge(dests)
+        return dests | {keys.destination(store.prefix, queue, p, store.sep) for p in store.steps}
 
     @gated
     def look_alikes(self, queue: str) -> dict[str, int]:
@@ -252,13 +256,8 @@ class DelayControl:
         if limit <= 0:
             raise ValueError("limit must be positive")
         after = Cursor.parse(cursor) if cursor else None
-        store = self.store
-        dests = None
-        if queue is not None:
-            dests = {d for d in store.counts() if self.queue_of(d) == queue}
-            if not dests:
-                return Page([], None)
-        found, nxt = store.page(after, limit, dests)
+        dests = None if queue is None else self._dests_of(queue)
+        found, nxt = self.store.page(after, limit, dests)
         items = [self._message(s) for s in found]
         return Page(items, str(nxt) if nxt is not None else None)
 

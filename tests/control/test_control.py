@@ -576,6 +576,26 @@ def test_a_reschedule_while_its_queue_is_purged_is_refused_and_the_purge_removes
         assert not r.exists(keys.purging(prefix))
 
 
+def test_a_queue_listed_or_purged_after_its_counts_were_lost_still_shows_its_messages(
+    r, redis_server, prefix
+):
+    # ls --queue read the queue's lists from <ns>counts alone: with counts gone (evicted,
+    # deleted by hand) it listed nothing, exit 0, while the messages waited to be delivered.
+    app = publisher(redis_server, prefix)
+    sent = [app.send_task("inspect.record", countdown=600, queue="lsq", priority=p).id for p in (0, 9)]
+    app.close()
+    r.delete(keys.counts(prefix))
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        listed, cursor = [], None
+        while True:
+            page = ctl.scheduled(queue="lsq", cursor=cursor)
+            listed += [m.task_id for m in page.items]
+            if (cursor := page.cursor) is None:
+                break
+        assert sorted(listed) == sorted(sent)
+        assert ctl.purge("lsq") == 2
+
+
 def test_deleting_a_queue_drops_its_delayed_messages_too(r, redis_server, prefix):
     """Left behind, they would recreate the deleted queue's list when due."""
     with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
