@@ -227,7 +227,8 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
             raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
         except ConfigError:
             raise
-        except (ValueError, TypeError) as exc:  # redis-py setting up a socket, say ``socket_timeout=abc``
+        except (ValueError, TypeError, ImportError) as exc:  # redis-py setting up a socket, say
+            # ``socket_timeout=abc``; kombu importing a ``queue_order_strategy`` by its name
             raise ConfigError(f"bad broker URL or option: {exc}") from exc
 
 

@@ -387,8 +387,14 @@ def test_health_tells_an_error_from_an_unreachable_redis(server: RedisServer) ->
         ("http://127.0.0.1:{port}/0", [], ConfigError, "'http' is not a Redis scheme"),
         ("delayredis://127.0.0.1:{port}/0", ["socket_timeout=abc"], ConfigError, "bad broker URL or option"),
         ("delayredis://127.0.0.1:{port}/99", [], RedisRefused, "DB index is out of range"),
+        (
+            "delayredis://127.0.0.1:{port}/0",
+            ["queue_order_strategy=bogus"],
+            ConfigError,
+            "No module named 'bogus'",
+        ),
     ],
-    ids=["port", "database", "scheme", "option", "database-range"],
+    ids=["port", "database", "scheme", "option", "database-range", "imported-option"],
 )
 def test_a_bad_url_or_option_is_a_clear_error_everywhere(
     redis_server: RedisServer,
