@@ -24,7 +24,7 @@ from kombu_delay.cli.common import (
 from kombu_delay.cli.health import health
 from kombu_delay.cli.inspect import COMMANDS as INSPECT_COMMANDS
 from kombu_delay.cli.lookup import COMMANDS as LOOKUP_COMMANDS
-from kombu_delay.cli.mover import run_mover
+from kombu_delay.cli.mover import run_tuned, tuning_options
 from kombu_delay.connect import PLAIN_SCHEMES, app_target, check_url
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.mover import embedded as _embedded  # noqa: F401  (connects the delay_embedded_mover hook)
@@ -87,23 +87,18 @@ def delay(ctx: click.Context, log_level: str) -> None:
 
 @global_options
 @delay.command()
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    help="Serve Prometheus metrics on this port.",
-)
-@click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@tuning_options
 @click.pass_context
-def mover(ctx: click.Context, metrics_port: int | None, metrics_addr: str) -> None:
+def mover(ctx: click.Context, /, **flags: Any) -> None:
     """Move due messages onto their queues, with the app's broker URL and options.
 
     \b
     Examples:
       celery -A proj delay mover
       celery -A proj delay mover --metrics-port 9808
+      celery -A proj delay mover --max-rate 5000
     """
-    run_mover(target(ctx), metrics_port=metrics_port, metrics_addr=metrics_addr)
+    run_tuned(target(ctx), **flags)
 
 
 for _command in (health, *INSPECT_COMMANDS, *LOOKUP_COMMANDS):

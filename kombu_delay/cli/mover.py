@@ -1,6 +1,7 @@
 """``mover``: run a mover in the foreground until SIGTERM, SIGINT or SIGHUP.
 
-:func:`run_mover` is shared by ``kombu-delay mover`` and ``celery -A proj delay mover``.
+:func:`run_mover` and its flags (:func:`tuning_options`) are shared by ``kombu-delay mover``
+and ``celery -A proj delay mover``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -24,48 +26,59 @@ from kombu_delay.store import Store
 logger = logging.getLogger(__name__)
 
 
+def tuning_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The mover's flags for its ``delay_*`` settings, shared by ``kombu-delay mover`` and
+    ``celery -A proj delay mover``; each overrides its option and ``KOMBU_DELAY_*``."""
+    flags = [
+        click.option("--batch-size", type=int, default=None, help="Messages per move call (default 500)."),
+        click.option(
+            "--max-sleep", type=float, default=None, help="Longest sleep without looking, s (default 1)."
+        ),
+        click.option("--max-rate", type=int, default=None, help="Moves per second cap, 0 = none (default)."),
+        click.option(
+            "--max-queue-length",
+            type=int,
+            default=None,
+            help="Hold messages while their list is this long, 0 = never (default).",
+        ),
+        click.option(
+            "--thaw-ahead",
+            type=float,
+            default=None,
+            help="Restore compressed messages this long before they are due, s (default 30).",
+        ),
+        click.option(
+            "--look-ahead",
+            type=float,
+            default=None,
+            help="Hand messages to their lists this long before due, ETA unchanged, s (default 0 = off).",
+        ),
+        click.option(
+            "--metrics-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="Serve Prometheus metrics on this port.",
+        ),
+        click.option(
+            "--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+        ),
+    ]
+    for flag in reversed(flags):
+        command = flag(command)
+    return command
+
+
+def run_tuned(tgt: Target, metrics_port: int | None, metrics_addr: str, **tuning: float | None) -> None:
+    """:func:`run_mover` with the flags of :func:`tuning_options` applied to ``tgt``."""
+    tgt.overrides.update(tuning)
+    run_mover(tgt, metrics_port=metrics_port, metrics_addr=metrics_addr)
+
+
 @global_options
 @click.command()
-@click.option("--batch-size", type=int, default=None, help="Messages per move call (default 500).")
-@click.option("--max-sleep", type=float, default=None, help="Longest sleep without looking, s (default 1).")
-@click.option("--max-rate", type=int, default=None, help="Moves per second cap, 0 = none (default).")
-@click.option(
-    "--max-queue-length",
-    type=int,
-    default=None,
-    help="Hold messages while their list is this long, 0 = never (default).",
-)
-@click.option(
-    "--thaw-ahead",
-    type=float,
-    default=None,
-    help="Restore compressed messages this long before they are due, s (default 30).",
-)
-@click.option(
-    "--look-ahead",
-    type=float,
-    default=None,
-    help="Hand messages to their lists this long before due, ETA unchanged, s (default 0 = off).",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    help="Serve Prometheus metrics on this port.",
-)
-@click.option("--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port.")
+@tuning_options
 @click.pass_context
-def mover(
-    ctx: click.Context,
-    batch_size: int | None,
-    max_sleep: float | None,
-    max_rate: int | None,
-    max_queue_length: int | None,
-    thaw_ahead: float | None,
-    look_ahead: float | None,
-    metrics_port: int | None,
-    metrics_addr: str,
-) -> None:
+def mover(ctx: click.Context, /, **flags: Any) -> None:
     """Move due messages onto their queues until SIGTERM, SIGINT or SIGHUP.
 
     Reads the same options as the publisher: from flags, from KOMBU_DELAY_*
@@ -79,16 +92,7 @@ def mover(
       KOMBU_DELAY_MAX_RATE=5000 kombu-delay mover --max-queue-length 10000
       kombu-delay mover -b delayredis://redis:6379/0 --log-level debug
     """
-    tgt = target(ctx)
-    tgt.overrides.update(
-        batch_size=batch_size,
-        max_sleep=max_sleep,
-        max_rate=max_rate,
-        max_queue_length=max_queue_length,
-        thaw_ahead=thaw_ahead,
-        look_ahead=look_ahead,
-    )
-    run_mover(tgt, metrics_port=metrics_port, metrics_addr=metrics_addr)
+    run_tuned(target(ctx), **flags)
 
 
 def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:

@@ -17,6 +17,7 @@ so a message is delivered once whichever mover takes it.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 from celery import bootsteps, signals
 
 from kombu_delay.config import Settings
-from kombu_delay.connect import Target, app_target
+from kombu_delay.connect import Target, app_target, connection
+from kombu_delay.errors import ConfigError
 from kombu_delay.mover import mover_id, open_when_reachable
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.pacing import Backoff
@@ -53,8 +55,9 @@ class EmbeddedMover:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the thread (settings are validated first, so a bad option fails the worker)."""
+        """Start the thread (settings and URL are validated first, so a bad one fails the worker)."""
         self.target.settings()
+        connection(self.target.url, self.target.transport_options, self.target.ssl).release()
         self._thread = start_daemon(self._run, "kombu-delay-mover")
         logger.info("kombu-delay: embedded mover %s started", self.name)
 
@@ -90,6 +93,13 @@ class EmbeddedMover:
                             return
                         self._mover = Mover(store, settings, name=self.name)
                     self._mover.run()
+            except ConfigError as exc:  # an option the connection cannot use: no retry helps
+                logger.error(
+                    "kombu-delay: embedded mover %s stopped: %s; fix it and restart the worker",
+                    self.name,
+                    exc,
+                )
+                return
             except Exception:
                 # What reaches here is what the Mover does not wait out itself (an ACL
                 # refusal, say), so it fails again at once until someone fixes it: the waits
@@ -123,8 +133,19 @@ def install(app: Any) -> None:
 
 
 def enabled(app: Any) -> bool:
-    """True when the app's transport options ask for an embedded mover."""
-    return Settings.from_options(app.conf.broker_transport_options or {}).embedded_mover
+    """True when the app's transport options (or ``KOMBU_DELAY_EMBEDDED_MOVER``) ask for an
+    embedded mover, or say so in a way that is no on/off value. Only that option is read here:
+    the step's start checks them all and fails the worker on a bad one, where an error raised
+    here, in Celery's ``worker_init``, would only be logged at debug level, the worker left
+    running without its mover."""
+    options = app.conf.broker_transport_options or {}
+    env = {var: value for var, value in os.environ.items() if var == "KOMBU_DELAY_EMBEDDED_MOVER"}
+    try:
+        return Settings.from_options(
+            {k: v for k, v in options.items() if k == "delay_embedded_mover"}, env
+        ).embedded_mover
+    except ConfigError:
+        return True
 
 
 @signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]

@@ -105,6 +105,24 @@ def test_delay_mover_refuses_a_misspelt_delay_option(r, redis_server):
     assert "delay_bucket_widht" in done.stderr
 
 
+def test_delay_mover_takes_the_mover_flags(r, redis_server):
+    # Configuration names each as a "Mover flag"; the celery form had none of them.
+    env = eco_env(redis_server, {})
+    shown = run_celery(env, "delay", "mover", "--help")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    for flag in (
+        "--batch-size",
+        "--max-sleep",
+        "--max-rate",
+        "--max-queue-length",
+        "--thaw-ahead",
+        "--look-ahead",
+    ):
+        assert flag in shown.stdout, shown.stdout
+    refused = run_celery(env, "delay", "mover", "--max-sleep", "-1")
+    assert refused.returncode == 2 and "delay_max_sleep" in refused.stderr, refused.stdout + refused.stderr
+
+
 def test_migration_from_plain_redis_drains_held_etas(r, redis_server, spawn):
     """A worker on plain redis:// holds an ETA task in memory; publishers switch to delayredis://,
     the worker is restarted on delayredis:// and a mover runs: every task runs once, never early."""

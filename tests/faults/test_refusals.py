@@ -38,7 +38,7 @@ from kombu_delay.mover.embedded import EmbeddedMover
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer
-from tests.support.procs import Proc, wait_until
+from tests.support.procs import Proc, wait_for_exit, wait_until
 from tests.support.stored import FakeClock, redis_ms, stored
 
 #: Generous: the suite shares two cores with other work.
@@ -74,11 +74,6 @@ def publish_due_soon(url: str, count: int, delay_ms: int = 300) -> None:
 
 def mover_args(url: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "kombu_delay", "--broker", url, "mover", *extra]
-
-
-def wait_for_exit(proc: Proc, timeout: float = DEADLINE_S) -> int:
-    wait_until(lambda: proc.popen.poll() is not None, timeout=timeout, interval=0.1)
-    return int(proc.popen.returncode)
 
 
 def wait_until_due(client: redis.Redis, task_id: str | None = None) -> None:
@@ -689,6 +684,20 @@ def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_
     # Full jitter over doublings from 0.1 s: the fifth wait is at least 0.8 s.
     assert waits()[4] >= 0.8, waits()
     assert watch_threads() == before
+
+
+def test_an_embedded_mover_given_an_option_its_connection_cannot_use_stops_and_says_so(server, caplog):
+    # It retried for ever at WARNING, every 30 s at most: an option no retry can fix.
+    caplog.set_level(logging.WARNING, logger="kombu_delay.mover.embedded")
+    embedded = EmbeddedMover(Target(server.delay_url, {"queue_order_strategy": "bogus"}))
+    embedded.start()
+    try:
+        wait_until(lambda: not embedded._thread.is_alive(), timeout=DEADLINE_S)  # type: ignore[union-attr]
+    finally:
+        embedded.stop()
+    (told,) = [r for r in caplog.records if "stopped" in r.getMessage()]
+    assert told.levelno == logging.ERROR and "No module named 'bogus'" in told.getMessage()
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
 
 
 # -- connecting -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from tests.support.ecosystem_app import LEDGER_KEY
-from tests.support.procs import wait_until
+from tests.support.procs import wait_for_exit, wait_until
 from tests.support.stored import behind, kombu_payload
 from tests.support.workers import check_once_and_on_time, eco_ledger, start_eco_worker
 
@@ -140,3 +140,29 @@ def test_gevent_worker_publishes_countdowns_and_its_embedded_mover_delivers_them
     assert embedded_movers(r, "") == []
     assert "concurrency: 20 (gevent)" in worker.output()
     assert "Traceback" not in worker.output(), worker.output()
+
+
+@pytest.mark.parametrize(
+    ("broker", "options", "env", "told"),
+    [
+        ("redis", {"delay_embedded_mover": True, "delay_max_sleep": "abc"}, {}, "delay_max_sleep"),
+        ("redis", {}, {"KOMBU_DELAY_EMBEDDED_MOVER": "1", "KOMBU_DELAY_MAX_SLEEP": "1s"}, "delay_max_sleep"),
+        ("redis", {"delay_embedded_mover": "maybe"}, {}, "delay_embedded_mover is on or off"),
+        ("memory", {}, {"KOMBU_DELAY_EMBEDDED_MOVER": "1"}, "'memory' is not a Redis scheme"),
+    ],
+    ids=["bad-option", "bad-variable", "bad-flag", "not-redis"],
+)
+def test_a_worker_asked_for_an_embedded_mover_it_cannot_run_fails_at_start(
+    redis_server, spawn, broker, options, env, told
+):
+    # On plain redis:// (which only the embedded mover reads the delay_* options of) the error
+    # was raised inside Celery's worker_init, which logs it at debug level: the worker ran,
+    # with no mover and no word of it. On memory:// the mover's thread retried for ever.
+    url = redis_server.url if broker == "redis" else "memory://"
+    worker = start_eco_worker(
+        spawn, redis_server, "wbad", "solo", options, concurrency=1, ECO_BROKER=url, **env
+    )
+    assert wait_for_exit(worker) != 0, worker.output()
+    out = worker.output()
+    assert "ConfigError" in out and told in out, out
+    assert "ready" not in out, out

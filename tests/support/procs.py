@@ -37,6 +37,12 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
     return True
 
 
+def wait_for_exit(proc: Proc, timeout: float = 120.0) -> int:
+    """Wait for ``proc`` to end by itself; return its exit code."""
+    wait_until(lambda: proc.popen.poll() is not None, timeout=timeout, interval=0.1)
+    return int(proc.popen.returncode)
+
+
 class Proc:
     """A child process of the suite, stopped by PID."""
 
