@@ -20,6 +20,7 @@ from kombu.connection import Connection
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import SOCKET_TIMEOUT_S, connection, default_channel, store_of
+from kombu_delay.control import args
 from kombu_delay.control.gate import gate_of, gated
 from kombu_delay.control.results import DeadLetter, Page, ScheduledMessage, Slot, Stats, histogram_slots
 from kombu_delay.errors import CorruptMember, DelayTooLong, EditConflict, RedisRefused
@@ -27,7 +28,6 @@ from kombu_delay.message import carries_eta, index_id, task_name, to_ms, with_et
 from kombu_delay.ops.health import dangers
 from kombu_delay.store import Store, keys
 from kombu_delay.store.edit import EDIT_LOOKS
-from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Stored
 
 __all__ = [
@@ -216,7 +216,7 @@ class DelayControl:
         Returns how many were removed. Messages already moved onto the queue's lists
         are not touched; ``celery purge`` removes those (and, with kombu-delay, these too).
         """
-        return self.store.purge(self._dests_of(queue))
+        return self.store.purge(self._dests_of(args.queue_name(queue)))
 
     def _dests_of(self, queue: str) -> set[str]:
         """``queue``'s lists: those ``<ns>counts`` names, and one per priority step (``counts``
@@ -253,10 +253,8 @@ class DelayControl:
         moves due ones away. With ``queue``, a page may come back short (the read per
         call is bounded); keep paging until ``cursor`` is ``None``.
         """
-        if limit <= 0:
-            raise ValueError("limit must be positive")
-        after = Cursor.parse(cursor) if cursor else None
-        dests = None if queue is None else self._dests_of(queue)
+        limit, after = args.whole("limit", limit), args.cursor(cursor)
+        dests = None if queue is None else self._dests_of(args.queue_name(queue))
         found, nxt = self.store.page(after, limit, dests)
         items = [self._message(s) for s in found]
         return Page(items, str(nxt) if nxt is not None else None)
@@ -271,6 +269,7 @@ class DelayControl:
         resolution is one bucket width.
         """
         slot_ms, slots = histogram_slots(hours, slot_minutes)
+        max_buckets = args.whole("max_buckets", max_buckets)
         store = self.store
         now = store.time_ms()
         by_dest = store.counts()
@@ -339,8 +338,7 @@ class DelayControl:
         """Return how many dead letters there are, and up to ``limit`` from ``offset`` (newest
         first): members a mover could not restore, kept as stored, never delivered. Raises
         ``ValueError`` for a page Redis cannot address (past a 64-bit list position)."""
-        if limit <= 0 or offset < 0:
-            raise ValueError("limit must be positive and offset not negative")
+        offset, limit = args.whole("offset", offset, 0), args.whole("limit", limit)
         if offset + limit > _MAX_POSITION:
             raise ValueError(f"offset {offset} and limit {limit} reach past any list position")
         total, members = self.store.dead_letters(offset, limit)

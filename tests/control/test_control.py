@@ -255,6 +255,21 @@ def test_arguments_of_the_wrong_type_are_type_errors_that_say_so(r, redis_server
                 ctl.stats(hours=hours, slot_minutes=slot)
         assert ctl.reschedule("x", countdown=5) == 0 and ctl.cancel("x") == 0  # (still fine)
         assert ctl.reschedule("x", countdown=Decimal("2.5")) == ctl.reschedule("x", countdown=2.5) == 0
+        # A cursor that is none raised "not enough values to unpack"; limit="3" a raw
+        # comparison error; purge(None) answered 0; stats(max_buckets=0) was taken.
+        for call, error, text in (
+            (lambda: ctl.scheduled(cursor="x"), ValueError, "not a cursor of scheduled"),
+            (lambda: ctl.scheduled(cursor=5), TypeError, "a cursor is a str"),  # type: ignore[arg-type]
+            (lambda: ctl.scheduled(limit="3"), TypeError, "limit is a whole number"),  # type: ignore[arg-type]
+            (lambda: ctl.scheduled(limit=0), ValueError, "limit must be at least 1"),
+            (lambda: ctl.scheduled(queue=b"q"), TypeError, "a queue is named by a str"),  # type: ignore[arg-type]
+            (lambda: ctl.purge(None), TypeError, "a queue is named by a str"),  # type: ignore[arg-type]
+            (lambda: ctl.stats(max_buckets=0), ValueError, "max_buckets must be at least 1"),
+            (lambda: ctl.dead_letters(offset=-1), ValueError, "offset must be at least 0"),
+            (lambda: ctl.dead_letters(limit=True), TypeError, "limit is a whole number"),
+        ):
+            with pytest.raises(error, match=text):
+                call()
     # DelayControl(app) failed on an attribute of the app, deep in the connection's gate.
     with pytest.raises(
         TypeError, match=r"a kombu Connection \(of a Celery app: app.connection_for_write\(\)\), not Celery"

@@ -1,0 +1,37 @@
+"""The checks of :class:`~kombu_delay.DelayControl`'s arguments: a wrong type is a
+``TypeError`` and a value out of range a ``ValueError``, each naming the argument, before
+anything reaches Redis (where it failed on an attribute, or was taken for something else)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu_delay.store.listing import Cursor
+
+
+def whole(name: str, value: Any, least: int = 1) -> int:
+    """``value``, a whole number (no bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} is a whole number, not {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, got {value}")
+    return value
+
+
+def queue_name(value: Any) -> str:
+    """``value``, a queue's name."""
+    if not isinstance(value, str):
+        raise TypeError(f"a queue is named by a str, not {type(value).__name__}")
+    return value
+
+
+def cursor(value: Any) -> Cursor | None:
+    """The position ``value`` names: a ``cursor`` a page of ``scheduled()`` returned, or None."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"a cursor is a str, not {type(value).__name__}")
+    try:
+        return Cursor.parse(value)
+    except ValueError:
+        raise ValueError(f"not a cursor of scheduled(): {value!r}") from None
