@@ -156,7 +156,9 @@ def histogram_slots(hours: float, slot_minutes: float) -> tuple[int, int]:
             f"histogram of {hours:g} hours in {slot_minutes:g}-minute slots: each is at most "
             f"{MAX_SPAN_MS / HOUR_MS:,.0f} hours (nothing is due after the year 2109)"
         )
-    slot_ms = max(1, round(slot_minutes * 60_000))
+    # A slot is no wider than the window: a 60-minute row for a window of 3.6 s counted an
+    # hour of due times as that window's.
+    slot_ms = max(1, min(round(slot_minutes * 60_000), round(hours * HOUR_MS)))
     slots = max(1, round(hours * HOUR_MS / slot_ms))
     if slots > MAX_SLOTS:
         raise ValueError(f"{slots} histogram slots asked for; at most {MAX_SLOTS}")

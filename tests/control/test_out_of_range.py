@@ -127,6 +127,12 @@ def test_histogram_slots_still_takes_spans_up_to_the_ceiling():
     assert histogram_slots(ceiling / HOUR_MS, ceiling / 60_000) == (ceiling, 1)
 
 
+def test_a_histogram_slot_is_no_wider_than_its_window():
+    # --hours 0.001 --slot 60 drew one 60-minute row for a window of 3.6 s.
+    assert histogram_slots(0.001, 60) == (3_600, 1)
+    assert histogram_slots(1, 120) == (HOUR_MS, 1)
+
+
 @pytest.mark.parametrize(("hours", "slot"), [(1e308, 60), (1e300, 1e300), (math.nan, 60)])
 def test_stats_refuses_what_it_cannot_draw(r, redis_server, hours, slot):
     publish(redis_server, "")
