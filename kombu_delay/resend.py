@@ -6,15 +6,17 @@ script may have run all the same. kombu's retry then sends the same message agai
 channel and under a new delivery tag, and without a check it would be stored twice.
 
 So an attempt that failed so is remembered here, in the process (kombu's retry opens a new
-channel). Before a publish of a message that differs from a remembered one by its delivery
-tag alone, the namespace is searched for the remembered attempt, by its id and its exact
-bytes: found, the publish stores nothing more (logged at WARNING, counted in
-``totals.resent``). A message that came due and was moved between the two attempts is no
+channel) and by thread (kombu retries in the thread that published: two threads publishing the
+same message are two publishes). Before a publish of a message that differs from a remembered
+one by its delivery tag alone, the namespace is searched for the remembered attempt, by its id
+and a digest of its exact bytes: found, the publish stores nothing more (logged at WARNING,
+counted in ``totals.resent``). A message that came due and was moved between the two attempts is no
 longer found, and is stored again, as plain kombu would push it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -31,10 +33,11 @@ from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
 
-#: How long an attempt is remembered, seconds: kombu's retries come within seconds, and a
-#: publisher's own retry of a failed call soon after.
-KEPT_S = 600.0
-#: The most attempts remembered; the oldest is forgotten first.
+#: How long an attempt is remembered, seconds: kombu's retries come within seconds, or once
+#: Redis is back after an outage that a retry policy waits out.
+KEPT_S = 3600.0
+#: The most messages whose attempts are remembered (each by digests: a few hundred bytes,
+#: whatever the message's size); the oldest is forgotten first.
 MAX_KEPT = 1000
 
 #: Where a message goes: (broker, key prefix, its list key).
@@ -47,25 +50,36 @@ class Attempt:
 
     #: The id it was indexed by (its task id; a message without one, its delivery tag).
     task_id: str
-    #: The message as it was sent (``dumps`` of kombu's message).
-    payload: str
+    #: The digest (:func:`_digest`) of the message as it was sent.
+    sent: bytes
     #: When it failed, ``time.monotonic()``.
     at: float
 
 
+#: A message's attempts are kept under where it goes, the thread and its fingerprint.
+Key = tuple[Where, int, bytes]
+
 _lock = threading.Lock()
-_attempts: OrderedDict[tuple[Where, str], list[Attempt]] = OrderedDict()
+_attempts: OrderedDict[Key, list[Attempt]] = OrderedDict()
 
 
-def _fingerprint(message: dict[str, Any]) -> str:
-    """``message`` without its delivery tag, which kombu draws anew for each attempt."""
+def _digest(data: str | bytes) -> bytes:
+    return hashlib.blake2b(data.encode() if isinstance(data, str) else data, digest_size=16).digest()
+
+
+def _fingerprint(message: dict[str, Any]) -> bytes:
+    """A digest of ``message`` without its delivery tag, which kombu draws anew for each attempt."""
     properties = message.get("properties")
     if isinstance(properties, dict):
         message = {**message, "properties": {k: v for k, v in properties.items() if k != "delivery_tag"}}
-    return str(dumps(message))
+    return _digest(str(dumps(message)))
 
 
-def _remembered(key: tuple[Where, str]) -> list[Attempt]:
+def _key(where: Where, message: dict[str, Any]) -> Key:
+    return (where, threading.get_ident(), _fingerprint(message))
+
+
+def _remembered(key: Key) -> list[Attempt]:
     with _lock:
         horizon = time.monotonic() - KEPT_S
         while _attempts and next(iter(_attempts.values()))[-1].at < horizon:
@@ -81,7 +95,7 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     the caller then stores nothing. Otherwise yields True, and remembers the caller's attempt
     where it fails with :class:`RedisUnavailable` (the error goes on to kombu, which retries).
     A search that fails raises, and the attempts are kept for the next retry."""
-    key = (where, _fingerprint(message)) if _attempts else None
+    key = _key(where, message) if _attempts else None
     earlier = _remembered(key) if key else []
     if key and earlier and _stored(store, where[2], earlier):
         with _lock:
@@ -91,9 +105,9 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     try:
         yield True
     except RedisUnavailable:
-        key = key or (where, _fingerprint(message))
+        key = key or _key(where, message)
         with _lock:
-            _attempts.setdefault(key, []).append(Attempt(task_id, payload, time.monotonic()))
+            _attempts.setdefault(key, []).append(Attempt(task_id, _digest(payload), time.monotonic()))
             _attempts.move_to_end(key)
             while len(_attempts) > MAX_KEPT:
                 _attempts.popitem(last=False)
@@ -106,8 +120,10 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
 def _stored(store: Store, dest: str, earlier: list[Attempt]) -> bool:
     """Whether one of the ``earlier`` attempts is stored for ``dest`` (then forgotten)."""
     for attempt in earlier:
-        sent = attempt.payload.encode()
-        if any(found.dest == dest and found.message == sent for found in store.find(attempt.task_id)):
+        if any(
+            found.dest == dest and _digest(found.message) == attempt.sent
+            for found in store.find(attempt.task_id)
+        ):
             logger.warning(
                 "kombu-delay: message %r was stored by an earlier attempt whose reply was lost; "
                 "the retry of it stores nothing more",

@@ -132,8 +132,11 @@ class Editing(Inspecting, Publishing):
             ]
             return self._scripts["reschedule"](keys=call_keys, args=args)
 
-        with translated_errors():
+        with self._asked_again_if_refused(), translated_errors():
             self._must_fit(payload, f"{task_id!r} stays as it was")
+            # The new message is stored as a publish stores it, after the old one is taken: a
+            # command refused in between (Redis 7 is asked first) would leave it unindexed.
+            self._may_publish([old.dest])
             space = self._space_for(due, settings, now_ms)
             unchanged = f"{task_id!r} stays as it was"
             reply = self._sent(payload, unchanged, lambda: spaces.placed(space, send(space), send, _too_soon))

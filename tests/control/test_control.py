@@ -591,6 +591,27 @@ def test_a_reschedule_while_its_queue_is_purged_is_refused_and_the_purge_removes
         assert not r.exists(keys.purging(prefix))
 
 
+def test_a_purge_mark_a_dead_purger_left_goes_by_itself_while_other_queues_are_purged(
+    r, redis_server, prefix
+):
+    # The mark's expiry was the hash's: each purge of any queue renewed it, so with purges
+    # at least once a minute a dead purger's mark refused reschedules of its queue for ever.
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", countdown=600, queue="emails")
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        mark, dests = keys.purging(prefix), [f"{prefix}emails"]
+        ctl.store._scripts["purging"](keys=[mark], args=[1, 60_000, *dests])  # a live purge
+        with pytest.raises(EditConflict, match="is being purged"):
+            ctl.reschedule(sent.id, countdown=300)
+        ctl.store._scripts["purging"](keys=[mark], args=[-1, 60_000, *dests])  # it ended
+        ctl.store._scripts["purging"](keys=[mark], args=[1, 1, *dests])  # one that died: 1 ms
+        until = int(r.hget(mark, f"x:{prefix}emails"))
+        wait_until(lambda: int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000 > until)
+        assert ctl.purge("other") == 0  # renews the hash's expiry
+        assert ctl.reschedule(sent.id, countdown=300) == 1
+
+
 def test_a_queue_listed_or_purged_after_its_counts_were_lost_still_shows_its_messages(
     r, redis_server, prefix
 ):

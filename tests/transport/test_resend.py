@@ -4,6 +4,7 @@ publish whose request was lost is stored by the retry (kombu_delay/resend.py).""
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import redis
@@ -88,7 +89,26 @@ def test_the_attempts_remembered_are_bounded_in_number_and_time(monkeypatch):
     for n in range(5):
         with pytest.raises(RedisUnavailable), resend.once(None, ("b", "", "q"), {"body": str(n)}, "t", "x"):  # type: ignore[arg-type]
             raise RedisUnavailable("gone")
-    assert [key[1] for key in resend._attempts] == [resend._fingerprint({"body": str(n)}) for n in (2, 3, 4)]
+    assert [key[2] for key in resend._attempts] == [resend._fingerprint({"body": str(n)}) for n in (2, 3, 4)]
     monkeypatch.setattr(resend, "KEPT_S", 0.0)
-    assert resend._remembered((("b", "", "q"), resend._fingerprint({"body": "4"}))) == []
+    assert resend._remembered(resend._key(("b", "", "q"), {"body": "4"})) == []
     assert not resend._attempts
+
+
+def test_an_attempt_is_matched_only_by_a_retry_in_its_own_thread():
+    # Two threads publishing the same message are two publishes: with both replies lost, one
+    # retry matched the other thread's attempt too, and the message was stored three times.
+    where = ("b", "", "q")
+    with pytest.raises(RedisUnavailable), resend.once(None, where, {"body": "m"}, "t", "x"):  # type: ignore[arg-type]
+        raise RedisUnavailable("gone")
+    entered: list[bool] = []
+
+    def other_thread() -> None:  # no store is asked: this thread has no attempt of its own
+        with resend.once(None, where, {"body": "m"}, "t", "x") as first:  # type: ignore[arg-type]
+            entered.append(first)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert entered == [True]
+    assert len(resend._remembered(resend._key(where, {"body": "m"}))) == 1  # this thread's, kept

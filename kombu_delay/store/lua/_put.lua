@@ -1,6 +1,6 @@
 --[[ put: storing messages in their time bucket.
 
-put(k, now, due, task_id, dest, payload, estimated)
+put(k, now, due, task_id, dest, payload, estimated, keep)
   Stores one message due in the future (schedule.lua and reschedule.lua; put_group in
   _put_group.lua stores several, sharing the per-bucket work).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
@@ -22,6 +22,8 @@ put(k, now, due, task_id, dest, payload, estimated)
   in this bucket (nothing written but a step of the bucket's seq counter); after a 1, true
   when the wake-up PUBLISH was refused (the message is stored all the same, see
   wake_if_first), else nothing.
+  keep: true where a refusal after the message is stored must leave it stored (a reschedule,
+  which has taken the old message already), else it is taken back first (taken_back).
   estimated: ``now`` is a publisher's estimate of the Redis clock (schedule.lua): the
   expiries, where they are set, are set by Redis's own, and a message the estimate took for
   one due ahead that is due already gets its keys' expiry extended by its lateness, as the
@@ -255,12 +257,13 @@ local function taken_back(k, names, dest, payload, done)
   if done.counter then redis.pcall('HINCRBY', k.totals, done.counter, -1) end
 end
 
-local function put(k, now, due, task_id, dest, payload, estimated)
+local function put(k, now, due, task_id, dest, payload, estimated, keep)
   local start = due - due % k.width
   local names = put_names(k, start, dest)
   local n_seq = count_up(names.meta, 'seq', '1')
   local seq = (n_seq - 1) % 2048
   if redis.call('ZADD', names.zset, 'NX', due + seq / 2048, payload) == 0 then return 2 end
+  if keep then return put_counted(k, now, due, task_id, dest, estimated, start, names, n_seq, seq, {}) end
   local done = {}
   local ok, stored, refused = pcall(put_counted, k, now, due, task_id, dest, estimated, start, names, n_seq, seq, done)
   if ok then return stored, refused end

@@ -1,24 +1,37 @@
 --[[ purging: mark destinations as being purged, or a purge of them as ended.
 
-KEYS[1] purging HASH  <ns>purging   destination list key -> purges of it under way
-ARGV[1] step    "1" when a purge begins, "-1" when it ends
-ARGV[2] hold    ms: how long the mark outlives the last purge call that renewed it
+KEYS[1] purging HASH  <ns>purging   per destination list key: <dest> -> purges of it under way,
+                                    x:<dest> -> until when that mark holds, epoch ms
+ARGV[1] step    "1" when a purge begins, "-1" when it ends, "0" to renew the mark meanwhile
+ARGV[2] hold    ms: how long the mark holds past this call
 ARGV[3..] dest  the destination list keys of the purge
 Returns: 1.
-Bound: one HINCRBY per destination.
+Bound: a constant number of commands per destination.
 
 A purge walks the buckets over many calls (purge.lua). A reschedule meanwhile could take a
 message from a bucket the purge has not reached into one it has passed, and the message
 would outlive the purge. reschedule.lua therefore refuses a message whose destination is
 marked here (the caller raises EditConflict), so a reschedule comes wholly before or after the
-purge. Each purge call renews the mark's expiry (purge.lua), so one left by a purger that died
-goes after ARGV[2] ms.
+purge. The purge renews its marks between its calls: each destination's mark holds ARGV[2] ms
+past its latest renewal, so one left by a purger that died goes by itself, whatever other
+purges do meanwhile (a count whose time has passed starts again from 0).
 ]]
 --- @include clock
 local purging = KEYS[1]
-local step = tonumber(ARGV[1])
+local step, hold = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = clock('')
 for i = 3, #ARGV do
-  if redis.call('HINCRBY', purging, ARGV[i], step) <= 0 then redis.call('HDEL', purging, ARGV[i]) end
+  local dest = ARGV[i]
+  local until_field = 'x:' .. dest
+  local held = redis.call('HMGET', purging, dest, until_field)
+  local count = tonumber(held[1]) or 0
+  if (tonumber(held[2]) or 0) < now then count = 0 end  -- left by a purger that died
+  count = count + step
+  if count <= 0 then
+    redis.call('HDEL', purging, dest, until_field)
+  else
+    redis.call('HSET', purging, dest, count, until_field, now + hold)
+  end
 end
-if redis.call('EXISTS', purging) == 1 then redis.call('PEXPIREAT', purging, clock('') + tonumber(ARGV[2])) end
+if redis.call('EXISTS', purging) == 1 then redis.call('PEXPIREAT', purging, now + hold) end
 return 1

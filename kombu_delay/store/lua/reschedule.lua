@@ -6,7 +6,8 @@ KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dest    LIST  kombu's queue list key (written only when the new due time has passed)
 KEYS[6] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
-KEYS[7] purging HASH  <ns>purging   destination list key -> purges of it under way (purging.lua)
+KEYS[7] purging HASH  <ns>purging   destination list key -> purges of it under way, and until
+                                    when that mark holds (purging.lua)
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] width      bucket width, ms
 ARGV[3] grace      how long a bucket outlives its end, ms
@@ -84,7 +85,8 @@ end
 expected[#expected + 1] = {KEYS[7], 'hash'}
 local refused = wrong_types(expected)
 if refused then return refused end
-if tonumber(redis.call('HGET', KEYS[7], dest) or 0) > 0 then return {-4, due, now} end
+local purge = redis.call('HMGET', KEYS[7], dest, 'x:' .. dest)
+if (tonumber(purge[1]) or 0) > 0 and (tonumber(purge[2]) or 0) >= clock('') then return {-4, due, now} end
 
 -- The queue's x-expires, if its publish gave one, goes with the message.
 local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0)
@@ -115,7 +117,8 @@ if due <= now then
   if expires > 0 then redis.pcall('PEXPIRE', dest_key, expires) end
   return {3, due, now}
 end
-local code = put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload)
+-- (keep: the old message is taken, so the new one stays, whatever is refused after it)
+local code = put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload, nil, true)
 if code == 1 and ARGV[17] == '1' then mark_no_eta(in_space(k, cold and 'c' or ''), due) end
 if code == 2 then count_up(k.totals, 'cancelled', 1) end
 return {code, due, now}
