@@ -100,7 +100,8 @@ def health(
         this_host, max_overdue = True, 0.0
     try:
         with tgt.open() as store:
-            seen = check(store, socket.gethostname() if this_host else None, notes=not liveness)
+            host = socket.gethostname() if this_host else None
+            seen = check(store, host, notes=not liveness, overdue=max_overdue > 0)
     except KombuDelayError as exc:
         # Exit 2 either way; the word says which: Redis did not answer, or it answered with a
         # refusal or an error (an ACL, a password, a key of another type) that is no verdict on

@@ -33,8 +33,9 @@ class Health:
     movers: int
     #: Age of the freshest mover heartbeat; ``None`` when no mover has one.
     heartbeat_age_ms: int | None
-    #: How long the oldest due message has been waiting; 0 when none is due.
-    overdue_ms: int
+    #: How long the oldest due message has been waiting; 0 when none is due, ``None`` when
+    #: not read (a liveness probe: its cost grows with the queues of the earliest bucket).
+    overdue_ms: int | None
     #: What endangers scheduled messages whatever the movers do (an evicting
     #: ``maxmemory-policy``, messages stranded under another key prefix).
     warnings: tuple[str, ...] = ()
@@ -59,7 +60,7 @@ class Health:
                     f"no mover heartbeat within {max_heartbeat_age_ms / 1000:g} s "
                     f"(freshest {self.heartbeat_age_ms / 1000:.1f} s ago)"
                 )
-        if max_overdue_ms and self.overdue_ms > max_overdue_ms:
+        if max_overdue_ms and self.overdue_ms is not None and self.overdue_ms > max_overdue_ms:
             found.append(
                 f"oldest overdue message waits {self.overdue_ms / 1000:.1f} s "
                 f"(limit {max_overdue_ms / 1000:g} s)"
@@ -68,14 +69,13 @@ class Health:
 
     def summary(self) -> str:
         beat = "none" if self.heartbeat_age_ms is None else f"{self.heartbeat_age_ms / 1000:.1f} s ago"
-        return (
-            f"movers {movers_told(self.movers, self.silent)}, freshest heartbeat {beat}, "
-            f"oldest overdue {self.overdue_ms / 1000:.1f} s"
+        return f"movers {movers_told(self.movers, self.silent)}, freshest heartbeat {beat}" + (
+            "" if self.overdue_ms is None else f", oldest overdue {self.overdue_ms / 1000:.1f} s"
         )
 
 
-def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
-    """Read heartbeats and the earliest due time; judge ages by the Redis clock.
+def check(store: Store, host: str | None = None, notes: bool = True, overdue: bool = True) -> Health:
+    """Read heartbeats and, with ``overdue``, the earliest due time; judge ages by the Redis clock.
 
     With ``host``, only movers on that host count (mover ids are
     ``[embedded:]host:pid:random``), so a probe can watch its own pod's mover. Without
@@ -98,7 +98,7 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
     policy = store.eviction_policy()
     warnings = (*misshapen.values(), *threats(store, policy))
     told = cautions(store, policy) if notes else ()
-    earliest = store.earliest_due_ms()
+    earliest = store.earliest_due_ms() if overdue else None
     now = store.time_ms()
     # A heartbeat is written by Redis's clock: one ahead of it (``inf``, by hand) is no sign of life.
     beats = {
@@ -112,7 +112,7 @@ def check(store: Store, host: str | None = None, notes: bool = True) -> Health:
         movers=alive,
         silent=silent,
         heartbeat_age_ms=None if freshest is None else max(0, now - freshest),
-        overdue_ms=0 if earliest is None else max(0, now - earliest),
+        overdue_ms=None if not overdue else 0 if earliest is None else max(0, now - earliest),
         warnings=warnings,
         notes=told,
     )

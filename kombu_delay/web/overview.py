@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from kombu_delay.control import DelayControl, Stats
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, movers_heard, movers_told
 from kombu_delay.web.present import Bar, bars
 
 #: The chart's ranges: name -> (hours, slot minutes, label).
@@ -23,8 +24,6 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "days": (24.0 * 14, 24 * 60.0, "next 14 days, per day"),
 }
 DEFAULT_RANGE = "hours"
-#: No mover heartbeat younger than this is a warning, ms (``health``'s default).
-MOVER_FRESH_MS = 30_000
 #: How long one census serves every browser, s.
 SHARED_FOR_S = 1.0
 #: The longest overview refresh, s (a day): well within the 2**31 - 1 ms a browser's timer holds
@@ -48,8 +47,13 @@ class QueueRow:
 @dataclass(frozen=True)
 class MoverRow:
     name: str
-    #: Age of its last heartbeat by the Redis clock, ms.
+    #: Age of its last heartbeat by the Redis clock, ms (below 0: one ahead of that clock).
     heartbeat_age_ms: int
+
+    @property
+    def silent(self) -> bool:
+        """Not heard from in time, as ``stats`` and ``health`` judge (``movers_heard``)."""
+        return movers_heard([-self.heartbeat_age_ms], 0) == (0, 1)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class Overview:
     range_label: str
     queues: list[QueueRow]
     movers: list[MoverRow]
+    #: The movers as ``stats`` and ``health`` count them: ``1 (1 more silent for over 30 s)``.
+    movers_told: str
     bars: list[Bar]
     #: What an operator must not miss, one sentence each.
     warnings: list[str] = field(default_factory=list)
@@ -98,17 +104,20 @@ def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:
         for name in names
     ]
     movers = sorted(
-        (MoverRow(name, max(0, now - beat)) for name, beat in stats.movers.items()),
+        (MoverRow(name, now - beat) for name, beat in stats.movers.items()),
         key=lambda row: row.heartbeat_age_ms,
     )
+    alive, silent = movers_heard(stats.movers.values(), now)
     warnings = list(stats.warnings)
-    if not movers or movers[0].heartbeat_age_ms > MOVER_FRESH_MS:
+    if not alive:
         # A mover that stops takes its heartbeat away, and a dead one's is forgotten in time: no
-        # heartbeat says nothing of whether one ever ran.
-        seen = f"the last one {movers[0].heartbeat_age_ms / 1000:.0f} s ago" if movers else "none is kept"
+        # heartbeat says nothing of whether one ever ran. (One ahead of Redis's clock, written by
+        # hand or kept from a clock set back since, is no sign of life.)
+        past = [row.heartbeat_age_ms for row in movers if row.heartbeat_age_ms >= 0]
+        seen = f"the last one {min(past) / 1000:.0f} s ago" if past else "none is kept"
         warnings.insert(
             0,
-            f"No mover is running (no heartbeat in the last {MOVER_FRESH_MS // 1000} s; {seen}): "
+            f"No mover is running (no heartbeat in the last {FRESH_HEARTBEAT_MS // 1000} s; {seen}): "
             "scheduled messages are not delivered. Start `kombu-delay mover`.",
         )
     return Overview(
@@ -117,6 +126,7 @@ def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:
         range_label=label,
         queues=queues,
         movers=movers,
+        movers_told=movers_told(alive, silent),
         bars=bars(stats.histogram),
         warnings=warnings,
         truncated=stats.truncated or cut,

@@ -21,7 +21,7 @@ from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.cli import health, kd
 from tests.support.metrics import scrape, try_scrape, value
 from tests.support.procs import wait_until
-from tests.support.stored import FakeClock, kombu_payload
+from tests.support.stored import FakeClock, calls, kombu_payload
 
 SOON, LATER = 40, 10
 
@@ -334,6 +334,26 @@ def test_stats_warns_of_a_shared_key_of_another_type_it_does_not_read(redis_serv
         r.delete(keys.ids(prefix))
     assert code == 0, out
     assert f"{keys.ids(prefix)!r} holds a string, not a hash" in out, out
+
+
+def test_a_liveness_probe_reads_no_queue_head_and_health_still_reads_the_overdue_age(
+    redis_server, r, prefix
+):
+    # Each probe sent one ZRANGE per queue of the earliest bucket, one round trip each: with
+    # 20,000 queues about 2 s on loopback, --liveness too, which checks no overdue age.
+    store = Store(r, prefix)
+    store.heartbeat(mover_id())
+    now = int(r.time()[0]) * 1000
+    for n in range(50):
+        due = Due(now + 3_600_000, task_id=f"t{n}")
+        store.schedule(due, f"{prefix}q{n}", kombu_payload(f"t{n}"), Settings(compress_after_ms=0))
+    before = calls(r, "zrange")
+    alive = health(redis_server, prefix, "--liveness")
+    assert alive.returncode == 0, alive.stdout + alive.stderr
+    assert calls(r, "zrange") - before < 5 and "oldest overdue" not in alive.stdout, alive.stdout
+    done = health(redis_server, prefix)
+    assert done.returncode == 0 and "oldest overdue 0.0 s" in done.stdout, done.stdout + done.stderr
+    r.delete(keys.movers(prefix))
 
 
 def test_a_heartbeat_ahead_of_redis_is_no_sign_of_life(redis_server, r, prefix):

@@ -138,6 +138,22 @@ def test_overview_lists_queues_chart_warnings_and_totals(r, redis_server, contro
     assert len(data["histogram"]) == 60
 
 
+def test_the_movers_card_counts_movers_as_stats_and_health_do(r, control, prefix):
+    # The card counted every kept heartbeat (a mover killed 5 minutes ago too), and one far
+    # ahead of Redis's clock read "0ms ago" with no "No mover is running" warning.
+    now = int(r.time()[0]) * 1000
+    r.zadd(keys.movers(prefix), {"host:1:live": now, "host:2:killed": now - 300_000})
+    html = client_of(control).get("/").get_data(as_text=True)
+    assert re.search(r'id="movers-count">1 \(1 more silent for over 30 s\)<', html), html
+    assert "No mover is running" not in html
+    r.delete(keys.movers(prefix))
+    r.zadd(keys.movers(prefix), {"host:3:ahead": now + 3_600_000})
+    html = client_of(control).get("/").get_data(as_text=True)
+    assert re.search(r'id="movers-count">0 \(1 more silent', html), html
+    assert "No mover is running (no heartbeat in the last 30 s; none is kept)" in html
+    assert "ahead of Redis&#39;s clock" in html or "ahead of Redis's clock" in html
+
+
 def test_a_cut_census_shows_its_counts_as_lower_bounds(r, redis_server, control, prefix):
     # Two buckets in the chart's window, one examined: the other's message is not "due after".
     publish(
