@@ -336,9 +336,7 @@ def test_stats_warns_of_a_shared_key_of_another_type_it_does_not_read(redis_serv
     assert f"{keys.ids(prefix)!r} holds a string, not a hash" in out, out
 
 
-def test_a_liveness_probe_reads_no_queue_head_and_health_still_reads_the_overdue_age(
-    redis_server, r, prefix
-):
+def test_a_liveness_probe_reads_no_queue_head_and_health_still_reads_the_overdue_age(redis_server, r, prefix):
     # Each probe sent one ZRANGE per queue of the earliest bucket, one round trip each: with
     # 20,000 queues about 2 s on loopback, --liveness too, which checks no overdue age.
     store = Store(r, prefix)
