@@ -153,9 +153,11 @@ class Shared:
             try:
                 fresh = build(self.control, range_name, self.max_buckets)
             except Exception as exc:
-                # A failure is shared too: behind a Redis that stalls, each request that waited
-                # for this one would otherwise wait out its own socket timeout, one at a time.
-                self._latest[range_name] = (time.monotonic(), exc)
+                # A failure is shared too, by every range: behind a Redis that stalls, each request
+                # that waited for this one would otherwise wait out its own socket timeout, one
+                # range after another.
+                failed = (time.monotonic(), exc)
+                self._latest.update(dict.fromkeys({range_name, *RANGES}, failed))
                 raise
             self._latest[range_name] = (time.monotonic(), fresh)
             return fresh

@@ -21,7 +21,7 @@ import pytest
 from celery import Celery
 from kombu import Connection
 
-from kombu_delay import DeadLetter, DelayControl
+from kombu_delay import DeadLetter, DelayControl, RedisUnavailable
 from kombu_delay.config import Settings
 from kombu_delay.connect import app_target
 from kombu_delay.message import Due
@@ -493,6 +493,19 @@ def test_the_task_page_shows_only_the_count_it_redirects_with(redis_server, cont
         page = client.get("/task", query_string={"id": task_id, "done": done})
         text = page.get_data(as_text=True)
         assert page.status_code == 200 and 'class="notice"' not in text and "ALL tasks" not in text, done
+
+
+def test_a_failed_refresh_is_shared_by_every_range():
+    # Behind a Redis that stalled, the minutes, days and hours overviews each waited out their
+    # own socket timeout, one after another (10 s, 20 s, 30 s).
+    with DelayControl(f"delayredis://127.0.0.1:{free_port()}/0") as down:  # nothing listens there
+        shared = overview.Shared(down, 1000, share_s=3600)
+        with pytest.raises(RedisUnavailable) as first:
+            shared.get("minutes")
+        for name in overview.RANGES:
+            with pytest.raises(RedisUnavailable) as again:
+                shared.get(name)
+            assert again.value is first.value
 
 
 def test_a_json_route_answers_errors_as_json():
