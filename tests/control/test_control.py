@@ -610,6 +610,12 @@ def test_a_purge_mark_a_dead_purger_left_goes_by_itself_while_other_queues_are_p
         wait_until(lambda: int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000 > until)
         assert ctl.purge("other") == 0  # renews the hash's expiry
         assert ctl.reschedule(sent.id, countdown=300) == 1
+        # A queue named x:emails: its count field was emails's deadline field, and a purge of
+        # emails that began and ended meanwhile took its mark away.
+        ctl.store._scripts["purging"](keys=[mark], args=[1, 60_000, f"{prefix}x:emails"])
+        for step in (1, -1):
+            ctl.store._scripts["purging"](keys=[mark], args=[step, 60_000, *dests])
+        assert r.hget(mark, f"c:{prefix}x:emails") == b"1" and r.hget(mark, f"x:{prefix}x:emails") is not None
 
 
 def test_a_queue_listed_or_purged_after_its_counts_were_lost_still_shows_its_messages(

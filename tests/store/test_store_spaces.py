@@ -9,7 +9,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
-from kombu_delay.store import Store, keys, spaces
+from kombu_delay.store import Store, inspection, keys, spaces
 from kombu_delay.store.replies import Rescheduled, Scheduled
 from tests.support.stored import kombu_payload, redis_ms
 
@@ -169,3 +169,23 @@ def test_the_oldest_overdue_is_found_without_reading_the_messages_into_lua(
         r.zadd(zset, {member: score})
         assert store.earliest_due_ms() == shown
         assert store.overdue(first + 5_000)[0][dests[1]] == (1, shown)
+
+
+def test_the_earliest_due_time_is_found_past_the_first_round_trip_of_queue_heads(
+    r: redis.Redis, prefix: str
+) -> None:
+    # The heads of a bucket's queues are read HEADS_PER_TRIP at a time: the earliest may be
+    # in any round trip.
+    store = Store(r, prefix)
+    now = redis_ms(r)
+    start = (now // 60_000 + 5) * 60_000
+    queues = inspection.HEADS_PER_TRIP + 50
+    for n in range(queues):  # sorted by name, the last queue holds the earliest message
+        due = start + 1_000 if n == queues - 1 else start + 2_000 + n
+        store.schedule(
+            Due(due, task_id=f"t{n}"),
+            f"{prefix}q{n:04d}",
+            kombu_payload(f"t{n}"),
+            Settings(compress_after_ms=0),
+        )
+    assert store.earliest_due_ms() == start + 1_000

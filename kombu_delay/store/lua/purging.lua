@@ -1,7 +1,8 @@
 --[[ purging: mark destinations as being purged, or a purge of them as ended.
 
-KEYS[1] purging HASH  <ns>purging   per destination list key: <dest> -> purges of it under way,
-                                    x:<dest> -> until when that mark holds, epoch ms
+KEYS[1] purging HASH  <ns>purging   per destination list key: c:<dest> -> purges of it under
+                                    way, x:<dest> -> until when that mark holds, epoch ms (each
+                                    kind prefixed, so that no queue's field is another's)
 ARGV[1] step    "1" when a purge begins, "-1" when it ends, "0" to renew the mark meanwhile
 ARGV[2] hold    ms: how long the mark holds past this call
 ARGV[3..] dest  the destination list keys of the purge
@@ -21,16 +22,15 @@ local purging = KEYS[1]
 local step, hold = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = clock('')
 for i = 3, #ARGV do
-  local dest = ARGV[i]
-  local until_field = 'x:' .. dest
-  local held = redis.call('HMGET', purging, dest, until_field)
+  local count_field, until_field = 'c:' .. ARGV[i], 'x:' .. ARGV[i]
+  local held = redis.call('HMGET', purging, count_field, until_field)
   local count = tonumber(held[1]) or 0
   if (tonumber(held[2]) or 0) < now then count = 0 end  -- left by a purger that died
   count = count + step
   if count <= 0 then
-    redis.call('HDEL', purging, dest, until_field)
+    redis.call('HDEL', purging, count_field, until_field)
   else
-    redis.call('HSET', purging, dest, count, until_field, now + hold)
+    redis.call('HSET', purging, count_field, count, until_field, now + hold)
   end
 end
 if redis.call('EXISTS', purging) == 1 then redis.call('PEXPIREAT', purging, now + hold) end

@@ -6,7 +6,7 @@ KEYS[3] counts  HASH  <ns>counts    destination list key -> scheduled count
 KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] dest    LIST  kombu's queue list key (written only when the new due time has passed)
 KEYS[6] gc      ZSET  <ns>gc        drained buckets whose id-index refs are still to drop
-KEYS[7] purging HASH  <ns>purging   destination list key -> purges of it under way, and until
+KEYS[7] purging HASH  <ns>purging   per destination list key, purges of it under way and until
                                     when that mark holds (purging.lua)
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] width      bucket width, ms
@@ -85,7 +85,7 @@ end
 expected[#expected + 1] = {KEYS[7], 'hash'}
 local refused = wrong_types(expected)
 if refused then return refused end
-local purge = redis.call('HMGET', KEYS[7], dest, 'x:' .. dest)
+local purge = redis.call('HMGET', KEYS[7], 'c:' .. dest, 'x:' .. dest)
 if (tonumber(purge[1]) or 0) > 0 and (tonumber(purge[2]) or 0) >= clock('') then return {-4, due, now} end
 
 -- The queue's x-expires, if its publish gave one, goes with the message.
