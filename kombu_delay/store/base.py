@@ -54,7 +54,7 @@ class StoreBase:
         self._scripts = Scripts(client)
         #: The destinations this client's ACL was found to allow a delayed publish to (Redis 7:
         #: see :meth:`~kombu_delay.store.publish.Publishing.schedule`).
-        self._publish_allowed: set[str] = set()
+        self._publish_allowed: set[tuple[str, bool]] = set()
         #: The ordinary space's index: the scripts that take one index take this one (a script
         #: that works on either space is told which, see :mod:`kombu_delay.store.spaces`).
         self._index = spaces.ORDINARY.index(prefix)

@@ -136,7 +136,7 @@ class Editing(Inspecting, Publishing):
             self._must_fit(payload, f"{task_id!r} stays as it was")
             # The new message is stored as a publish stores it, after the old one is taken: a
             # command refused in between (Redis 7 is asked first) would leave it unindexed.
-            self._may_publish([old.dest])
+            self._may_publish([old.dest], edit=True)
             space = self._space_for(due, settings, now_ms)
             unchanged = f"{task_id!r} stays as it was"
             reply = self._sent(payload, unchanged, lambda: spaces.placed(space, send(space), send, _too_soon))

@@ -139,27 +139,33 @@ class Publishing(StoreBase):
                     _raise_partly_stored(refused, written, len(batch) - begin - len(part), len(batch))
         return results
 
-    def _may_publish(self, dests: Iterable[str]) -> None:
+    def _may_publish(self, dests: Iterable[str], edit: bool = False) -> None:
         """Raise :class:`RedisPermissionError`, writing nothing, where this user's ACL refuses
         a command a delayed publish to one of ``dests`` may run: Redis keeps what a script
         wrote before a refusal, so a publish refused halfway would leave its message stored
         but unindexed or uncounted, and kombu's retry would store it again. Asked once per
         destination and client, and again after a refusal (``publish_allowed.lua``: Redis 7;
-        Redis 6 cannot be asked, and is not asked again)."""
+        Redis 6 cannot be asked, and is not asked again). ``edit``: a reschedule's, which also
+        runs what takes the old message out before it stores the new one."""
         for dest in dests:
-            if dest in self._publish_allowed:
+            asked = (dest, edit)
+            if asked in self._publish_allowed:
                 continue
-            reply = self._scripts["publish_allowed"](keys=[], args=[self.ns, dest])
+            reply = self._scripts["publish_allowed"](keys=[], args=[self.ns, dest, *([1] if edit else [])])
             if len(reply) == 2:
                 command, key = (as_text(part) for part in reply)
+                what, unchanged = (
+                    ("a reschedule", "the message stays as it was")
+                    if edit
+                    else ("a delayed publish", "nothing was stored")
+                )
                 raise RedisPermissionError(
-                    f"Redis's ACL refused this user: {command} on {key!r}, which a delayed publish "
-                    "may need (see the publisher's ACL line in the docs' Security page); nothing "
-                    "was stored"
+                    f"Redis's ACL refused this user: {command} on {key!r}, which {what} may need (see "
+                    f"the publisher's ACL line in the docs' Security page); {unchanged}"
                 )
             if len(self._publish_allowed) >= MAX_ALLOWED_KEPT:
                 self._publish_allowed.clear()
-            self._publish_allowed.add(dest)
+            self._publish_allowed.add(asked)
 
     @contextmanager
     def _asked_again_if_refused(self) -> Iterator[None]:

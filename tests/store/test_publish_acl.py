@@ -82,3 +82,19 @@ def test_a_user_kept_from_another_queues_keys_still_publishes_into_their_bucket(
     result = store.schedule(Due(due + 1, task_id="a"), f"{prefix}qA", kombu_payload("a"), ORDINARY)
     assert result.outcome is Scheduled.STORED
     assert Store(r7, prefix).counts() == {f"{prefix}qA": 1, f"{prefix}qB": 1}
+
+
+@pytest.mark.parametrize("refused", ["exists", "hkeys", "del", "hdel", "zadd", "hsetnx", "pexpireat"])
+def test_a_reschedule_the_acl_would_refuse_halfway_changes_nothing(server7, r7, prefix, refused):
+    # A reschedule takes the old message out, then stores the new one: a user without EXISTS or
+    # HKEYS (which the take's clean-up of the old bucket runs) lost the message; one without
+    # HSETNX or PEXPIREAT left it stored unindexed. It now asks first, as a publish does.
+    now = redis_ms(r7)
+    old_due = Due(now + 600_000, task_id="a")
+    Store(r7, prefix).schedule(old_due, f"{prefix}q", kombu_payload("a"), ORDINARY)
+    r7.execute_command("ACL", "SETUSER", "ops", "reset", "on", ">pw", "~*", "&*", "+@all", f"-{refused}")
+    store = Store(server7.client(username="ops", password="pw"), prefix)
+    [stored] = store.find("a")
+    with pytest.raises(RedisPermissionError, match=f"{refused.upper()} on .*the message stays as it was"):
+        store.reschedule(stored, "a", kombu_payload("a"), now + 7_200_000, ORDINARY)
+    assert Store(r7, prefix).find("a") == [stored] and Store(r7, prefix).counts() == {f"{prefix}q": 1}

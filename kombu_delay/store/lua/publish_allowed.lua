@@ -10,6 +10,9 @@ left out: its refusal is taken and counted (wake_if_first in _put.lua).
 
 ARGV[1] ns    key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] dest  the destination list key
+ARGV[3] edit  optional: "1" asks too for what a reschedule runs once it has taken the old
+              message out (take and retire in _buckets.lua, the purge mark): refused then, the
+              message would be lost
 Returns: {} when all are allowed; {'?'} where Redis cannot be asked (no acl_check_cmd:
          Redis 6); else {command, key} of the first refused.
 Bound: a constant number of ACL checks, nothing read or written.
@@ -40,6 +43,25 @@ for _, tag in ipairs({'', 'c'}) do
   if tasks then
     add({'RPUSH', tasks, 'v'})
     add({'PEXPIREAT', tasks, '1'})
+  end
+end
+if ARGV[3] == '1' then
+  local gc, ids, counts = ns .. 'gc', ns .. 'ids', ns .. 'counts'
+  for _, call in ipairs({{'TYPE', dest}, {'HMGET', ns .. 'purging', 'f'}, {'ZADD', gc, '0', 'm'},
+                         {'PTTL', gc}, {'PEXPIREAT', gc, '1'}, {'HDEL', ids, 'f'}, {'HMGET', ids, 'f'},
+                         {'HDEL', counts, 'f'}}) do add(call) end
+  for _, tag in ipairs({'', 'c'}) do
+    local s = space(ns, tag)
+    local meta, zset, tasks = s:meta('0'), s:zset('0', dest), s:tasks('0')
+    for _, call in ipairs({
+      {'ZREM', s.index, 'm'}, {'HKEYS', meta}, {'HSETNX', meta, 'f', 'v'}, {'EXISTS', meta}, {'DEL', meta},
+      {'ZSCORE', zset, 'm'}, {'ZREM', zset, 'm'}, {'ZCARD', zset}, {'ZREMRANGEBYRANK', zset, '1', '0'},
+      {'TYPE', zset}, {'EXISTS', zset}, {'DEL', zset},
+    }) do add(call) end
+    if tasks then
+      add({'EXISTS', tasks})
+      add({'DEL', tasks})
+    end
   end
 end
 for _, call in ipairs(calls) do
