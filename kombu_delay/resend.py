@@ -39,6 +39,8 @@ KEPT_S = 3600.0
 #: The most messages whose attempts are remembered (each by digests: a few hundred bytes,
 #: whatever the message's size); the oldest is forgotten first.
 MAX_KEPT = 1000
+#: The most attempts of one message remembered, the latest: each costs its retry a search.
+MAX_ATTEMPTS = 10
 
 #: Where a message goes: (broker, key prefix, its list key).
 Where = tuple[str, str, str]
@@ -107,7 +109,9 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     except RedisUnavailable:
         key = key or _key(where, message)
         with _lock:
-            _attempts.setdefault(key, []).append(Attempt(task_id, _digest(payload), time.monotonic()))
+            kept = _attempts.setdefault(key, [])
+            kept.append(Attempt(task_id, _digest(payload), time.monotonic()))
+            del kept[:-MAX_ATTEMPTS]
             _attempts.move_to_end(key)
             while len(_attempts) > MAX_KEPT:
                 _attempts.popitem(last=False)

@@ -12,6 +12,7 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from kombu_delay import resend
 from kombu_delay.errors import RedisUnavailable
+from kombu_delay.store import Store
 from tests.support.proxy import LossyProxy
 
 POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.2, "interval_max": 1}
@@ -83,13 +84,18 @@ def test_an_identical_message_published_again_after_a_success_is_stored_again(r,
     assert int(r.hget("kombu_delay:counts", "q")) == 2
 
 
-def test_the_attempts_remembered_are_bounded_in_number_and_time(monkeypatch):
+def test_the_attempts_remembered_are_bounded_in_number_and_time(r, monkeypatch):
     # A long outage fails many publishes: each is remembered for a while, the oldest dropped.
     monkeypatch.setattr(resend, "MAX_KEPT", 3)
     for n in range(5):
         with pytest.raises(RedisUnavailable), resend.once(None, ("b", "", "q"), {"body": str(n)}, "t", "x"):  # type: ignore[arg-type]
             raise RedisUnavailable("gone")
     assert [key[2] for key in resend._attempts] == [resend._fingerprint({"body": str(n)}) for n in (2, 3, 4)]
+    store = Store(r)  # where each retry looks for the attempts before it, and finds none
+    for _ in range(resend.MAX_ATTEMPTS + 5):  # a network that keeps failing one message
+        with pytest.raises(RedisUnavailable), resend.once(store, ("b", "", "q"), {"body": "4"}, "t", "x"):
+            raise RedisUnavailable("gone")
+    assert len(resend._remembered(resend._key(("b", "", "q"), {"body": "4"}))) == resend.MAX_ATTEMPTS
     monkeypatch.setattr(resend, "KEPT_S", 0.0)
     assert resend._remembered(resend._key(("b", "", "q"), {"body": "4"})) == []
     assert not resend._attempts
