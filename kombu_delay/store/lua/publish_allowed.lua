@@ -49,13 +49,14 @@ if ARGV[3] == '1' then
   local gc, ids, counts = ns .. 'gc', ns .. 'ids', ns .. 'counts'
   for _, call in ipairs({{'TYPE', dest}, {'HMGET', ns .. 'purging', 'f'}, {'ZADD', gc, '0', 'm'},
                          {'PTTL', gc}, {'PEXPIREAT', gc, '1'}, {'HDEL', ids, 'f'}, {'HMGET', ids, 'f'},
-                         {'HDEL', counts, 'f'}}) do add(call) end
+                         {'HDEL', counts, 'f'}, {'HKEYS', counts}}) do add(call) end
   for _, tag in ipairs({'', 'c'}) do
     local s = space(ns, tag)
     local meta, zset, tasks = s:meta('0'), s:zset('0', dest), s:tasks('0')
     for _, call in ipairs({
       {'ZREM', s.index, 'm'}, {'HKEYS', meta}, {'HSETNX', meta, 'f', 'v'}, {'EXISTS', meta}, {'DEL', meta},
-      {'ZSCORE', zset, 'm'}, {'ZREM', zset, 'm'}, {'ZCARD', zset}, {'ZREMRANGEBYRANK', zset, '1', '0'},
+      {'ZSCORE', zset, 'm'}, {'ZREM', zset, 'm'}, {'ZCARD', zset}, {'ZRANGE', zset, '0', '0'},
+      {'ZREMRANGEBYRANK', zset, '1', '0'},
       {'TYPE', zset}, {'EXISTS', zset}, {'DEL', zset},
     }) do add(call) end
     if tasks then
