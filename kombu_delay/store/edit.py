@@ -134,8 +134,9 @@ class Editing(Inspecting, Publishing):
 
         with self._asked_again_if_refused(), translated_errors():
             self._must_fit(payload, f"{task_id!r} stays as it was")
-            # The new message is stored as a publish stores it, after the old one is taken: a
-            # command refused in between (Redis 7 is asked first) would leave it unindexed.
+            # The new message is stored as a publish stores it, once the old one is taken: a
+            # command refused after the take would leave the new one unindexed, or the old one
+            # taken with nothing stored. So the ACL is asked first (Redis 7; 6 cannot be asked).
             self._may_publish([old.dest], edit=True)
             space = self._space_for(due, settings, now_ms)
             unchanged = f"{task_id!r} stays as it was"
