@@ -104,6 +104,10 @@ def parse_option(values: tuple[str, ...]) -> dict[str, Any]:
         if not sep:  # the text is not echoed: it may be a password typed with the wrong separator
             raise click.BadParameter("expected KEY=VALUE, found no '='", param_hint="--transport-option")
         key = key.strip()
+        if not key:
+            raise click.BadParameter(
+                "expected KEY=VALUE, found no KEY before '='", param_hint="--transport-option"
+            )
         if key == "priority_steps":
             options[key] = _steps(value)
         else:

@@ -154,9 +154,13 @@ def _histogram_rows(stats: Stats) -> list[str]:
     slot_ms = first.end_ms - first.start_ms
     dated = last.end_ms - first.start_ms > DAY_MS
     stamp = "%Y-%m-%d %H:%M:%S" if dated else "%H:%M:%S"
+    cut = -3 if slot_ms % 1000 else None  # (milliseconds where rows are finer than seconds)
     more = "+" if stats.truncated else ""
     rest = "not counted" if stats.truncated else "later"
-    labels = [datetime.fromtimestamp(slot.start_ms / 1000, UTC).strftime(stamp) for slot in stats.histogram]
+    labels = [
+        datetime.fromtimestamp(slot.start_ms / 1000, UTC).strftime(stamp + (".%f" if cut else ""))[:cut]
+        for slot in stats.histogram
+    ]
     width = max(len(rest), *(len(label) for label in labels))
     peak = max([s.count for s in stats.histogram] + [stats.later])
     lines = [f"due times (UTC, one row per {span(slot_ms)}, row = start of slot)"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import click
 import pytest
 from celery import Celery
 from click.testing import CliRunner, Result
@@ -60,6 +62,13 @@ def test_option_values_are_typed(text, expected):
     assert value == expected and type(value) is type(expected)
 
 
+@pytest.mark.parametrize("item", ["=x", " =x", "novalue"])
+def test_an_option_with_no_key_or_no_value_is_a_usage_error(item):
+    # "-o =x" was taken, as an option named "".
+    with pytest.raises(click.BadParameter, match="expected KEY=VALUE"):
+        parse_option((item,))
+
+
 def test_version_is_told_and_is_no_release_between_releases():
     # Main called itself 1.0.0 while it held what 1.0.0 did not, and an upgrade's order
     # (docs/upgrading.md) depends on telling the two apart.
@@ -68,6 +77,16 @@ def test_version_is_told_and_is_no_release_between_releases():
     unreleased, last = (ROOT / "CHANGELOG.md").read_text().split("## [Unreleased]")[1].split("\n## [", 1)
     if unreleased.strip():  # changes since the last release: a development version past it
         assert ".dev" in kombu_delay.__version__ and not last.startswith(f"{kombu_delay.__version__}]")
+
+
+def test_stats_rows_finer_than_a_second_are_told_apart(r, redis_server):
+    # --slot 0.001 (60 ms rows) labelled every row with the same HH:MM:SS.
+    result = invoke(redis_server, "stats", "--hours", "0.001", "--slot", "0.001")
+    assert result.exit_code == 0, result.output
+    rows = [
+        line.split()[0] for line in result.stdout.splitlines() if re.match(r"  \d\d:\d\d:\d\d\.\d{3} ", line)
+    ]
+    assert len(rows) == 60 and len(set(rows)) == 60, result.stdout
 
 
 def test_numeric_options_work_for_stats_and_health(r, redis_server):
