@@ -195,10 +195,13 @@ def test_small_runs_are_not_staged_and_a_herd_behind_them_is_found(r: redis.Redi
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     dest = f"{prefix}q"
-    due = clock() + 5000
+    width = ORDINARY.bucket_width_ms
+    # Mid-bucket: due + 10 in the same bucket (clock() + 5000 put it in the next one whenever
+    # the clock read less than 10 ms before a bucket's end).
+    due = (clock() // width + 1) * width + width // 2
     for k in range(5):  # 5 x 500 messages: 2,500 in the set, no run of 1,000
         schedule_herd(store, dest, due + k, [f"s{k}-{i}" for i in range(500)])
-    start = due - due % ORDINARY.bucket_width_ms
+    start = due - due % width
     result = store.stage(start, dest, 1000, MIN_RUN)
     assert (result.outcome, result.run, result.due_ms) == (Staged.NO_RUN, 500, due)
     assert staged_keys(r, prefix) == []
