@@ -166,12 +166,12 @@ def _shown(settings: Settings, name: str) -> str:
 
 def _convert(name: str, raw: Any) -> Any:
     option = _option(name)
+    if name == "embedded_mover":
+        try:
+            return _flag(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{option} is on or off ({', '.join(_FLAG_WORDS)}), got {raw!r}") from exc
     try:
-        if name == "embedded_mover":
-            try:
-                return _flag(raw)
-            except ValueError as exc:
-                raise ConfigError(f"{option} is on or off ({', '.join(_FLAG_WORDS)}), got {raw!r}") from exc
         number = _finite(raw)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{option} must be a number, got {raw!r}") from exc

@@ -51,7 +51,7 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("not-a-number", {"delay_max_delay": "ten"}, "delay_max_delay must be a number"),
     ("nan", {"delay_max_sleep": "nan"}, "delay_max_sleep must be a number"),
     ("bool-as-number", {"delay_batch_size": True}, "delay_batch_size must be a number"),
-    ("bad-bool", {"delay_embedded_mover": "maybe"}, "delay_embedded_mover"),
+    ("bad-bool", {"delay_embedded_mover": "maybe"}, "delay_embedded_mover is on or off"),
     ("batch-too-big", {"delay_batch_size": 5001}, "at most 5000"),
     # A fraction of a count used to become 0, which switches the limit off.
     ("fractional-rate", {"delay_max_rate": 0.5}, "delay_max_rate must be a whole number, got 0.5"),
