@@ -138,12 +138,12 @@ def enabled(app: Any) -> bool:
     the step's start checks them all and fails the worker on a bad one, where an error raised
     here, in Celery's ``worker_init``, would only be logged at debug level, the worker left
     running without its mover."""
+    option = "delay_embedded_mover"
     options = app.conf.broker_transport_options or {}
-    env = {var: value for var, value in os.environ.items() if var == "KOMBU_DELAY_EMBEDDED_MOVER"}
+    variable = "KOMBU_DELAY_EMBEDDED_MOVER"
     try:
-        return Settings.from_options(
-            {k: v for k, v in options.items() if k == "delay_embedded_mover"}, env
-        ).embedded_mover
+        asked = {option: options[option]} if option in options else {}
+        return Settings.from_options(asked, {variable: os.environ.get(variable, "")}).embedded_mover
     except ConfigError:
         return True
 

@@ -17,12 +17,18 @@ FRESH_HEARTBEAT_MS = 30_000
 FUTURE_BEAT_MS = 60_000
 
 
+def heard(age_ms: int) -> bool:
+    """Whether a mover whose last heartbeat is ``age_ms`` old was heard from in time: within
+    :data:`FRESH_HEARTBEAT_MS` (a heartbeat is kept a day), and no further ahead of the clock
+    than :data:`FUTURE_BEAT_MS` (one written so, by hand, is no sign of life)."""
+    return -FUTURE_BEAT_MS <= age_ms <= FRESH_HEARTBEAT_MS
+
+
 def movers_heard(beats: Iterable[int], now_ms: int) -> tuple[int, int]:
     """Of the movers whose last heartbeats (epoch ms) are ``beats``: how many were heard from
-    within :data:`FRESH_HEARTBEAT_MS`, and how many not (a heartbeat is kept a day; one further
-    ahead of ``now_ms`` than :data:`FUTURE_BEAT_MS` is no sign of life either)."""
+    in time (:func:`heard`), and how many not."""
     ages = [now_ms - beat for beat in beats]
-    alive = sum(1 for age in ages if -FUTURE_BEAT_MS <= age <= FRESH_HEARTBEAT_MS)
+    alive = sum(1 for age in ages if heard(age))
     return alive, len(ages) - alive
 
 

@@ -244,16 +244,14 @@ class Inspecting(StoreBase):
         # The message is read with its score: Redis has no cheaper way to the first score. (A
         # ZCOUNT that counts a member compares it with itself, byte by byte: a search by
         # ZCOUNT cost Redis three times this read's time with a head of 50 MB.)
-        best: int | None = None
+        dues: list[int] = []
         dests = self.dests(start, space)
         for at in range(0, len(dests), HEADS_PER_TRIP):
             pipe = self.client.pipeline(transaction=False)
             for dest in dests[at : at + HEADS_PER_TRIP]:
                 pipe.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
-            for head in pipe.execute():
-                if head and (best is None or keys.due_of(head[0][1]) < best):
-                    best = keys.due_of(head[0][1])
-        return best
+            dues += [keys.due_of(head[0][1]) for head in pipe.execute() if head]
+        return min(dues) if dues else None
 
     def dests(self, start: int, space: spaces.Space = spaces.ORDINARY) -> list[str]:
         """Return the destinations a bucket's meta hash counts messages for, sorted."""

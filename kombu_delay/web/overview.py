@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from kombu_delay.control import DelayControl, Stats
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, movers_heard, movers_told
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, heard, movers_heard, movers_told
 from kombu_delay.web.present import Bar, bars
 
 #: The chart's ranges: name -> (hours, slot minutes, label).
@@ -52,8 +52,8 @@ class MoverRow:
 
     @property
     def silent(self) -> bool:
-        """Not heard from in time, as ``stats`` and ``health`` judge (``movers_heard``)."""
-        return movers_heard([-self.heartbeat_age_ms], 0) == (0, 1)
+        """Not heard from in time, as ``stats`` and ``health`` judge."""
+        return not heard(self.heartbeat_age_ms)
 
 
 @dataclass(frozen=True)
