@@ -119,6 +119,7 @@ def _install_guards(
         # First: a page that rebound its own name to this address gets nothing, not even the
         # basic-auth prompt (for its own origin, in the browser of someone who may fill it in).
         if not guard.host_allowed(request.host, hosts):
+            guard.refused_early(request, "host not allowed")
             return Response(
                 f"this dashboard does not answer to the host {request.host!r}: if that is its name "
                 "(behind a reverse proxy, say), start it with --allowed-host NAME\n",
@@ -127,6 +128,7 @@ def _install_guards(
             )
         if credentials is not None:
             if not credentials.check(request.headers.get("Authorization")):
+                guard.refused_early(request, "authentication failed")
                 return Response(
                     "authentication required\n",
                     401,

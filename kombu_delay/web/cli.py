@@ -100,7 +100,7 @@ def web(
         import waitress
 
         from kombu_delay.web.app import PathPrefix, create_app
-        from kombu_delay.web.guard import ANY_HOST
+        from kombu_delay.web.guard import ANY_HOST, url_host
     except ImportError as exc:
         raise click.ClickException(
             f"the dashboard needs the web extra ({exc.name} is missing): pip install 'kombu-delay[web]'"
@@ -122,11 +122,10 @@ def web(
         refresh_s=refresh,
         where=tgt.describe(),
     )
-    shown = "[" + host + "]" if ":" in host else host
     prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
     mode = "actions allowed" if allow_actions else "read-only"
     click.echo(
-        f"kombu-delay web: http://{shown}:{port}{prefix}/ ({mode}, "
+        f"kombu-delay web: http://{url_host(host)}:{port}{prefix}/ ({mode}, "
         f"{'basic auth' if credentials else 'no auth'})",
         err=True,
     )

@@ -20,7 +20,6 @@ and ``web`` refuses actions there without it (:func:`loopback_only`).
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import ipaddress
 import logging
@@ -71,7 +70,7 @@ class Credentials:
             return False
         try:
             raw = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, and a header that is not ASCII
             return False
         user, _, password = raw.partition(":")
         same_user = hmac.compare_digest(user.encode(), self.user.encode())
@@ -140,6 +139,15 @@ def _address_of(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | No
         return None
 
 
+def url_host(bound: str) -> str:
+    """The host a URL for a dashboard listening on ``bound`` (``--host``) names: one it answers
+    to (see :func:`allowed_hosts_of`), a loopback address in place of every address."""
+    address = _address_of(bound)
+    if address is not None and address.is_unspecified:
+        return "[::1]" if address.version == 6 else "127.0.0.1"
+    return "[" + bound + "]" if ":" in bound else bound
+
+
 def host_allowed(host: str, allowed: frozenset[str]) -> bool:
     """Whether a request's ``Host`` (``name``, ``name:port``, ``[v6]:port``; any port) names a
     host in ``allowed`` (:func:`allowed_hosts_of`)."""
@@ -192,3 +200,10 @@ def who(request: Request, user: str | None) -> str:
     if forwarded is not None:
         where += f" (forwarded for {printable(forwarded)})"
     return f"{printable(user) if user is not None else '-'}@{where}"
+
+
+def refused_early(request: Request, problem: str) -> None:
+    """Write the audit line of a state-changing request refused before its action's own checks
+    (by the Host allow-list or basic auth): its path and query name the action and its target."""
+    if request.method == "POST":
+        audit.warning("refused POST %r by %s: %s", request.full_path[:300], who(request, None), problem)

@@ -30,7 +30,15 @@ from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import overview, present
 from kombu_delay.web.app import PathPrefix, create_app
-from kombu_delay.web.guard import CSRF_COOKIE, LOOPBACK_HOSTS, Credentials, allowed_hosts_of, host_name
+from kombu_delay.web.guard import (
+    CSRF_COOKIE,
+    LOOPBACK_HOSTS,
+    Credentials,
+    allowed_hosts_of,
+    host_allowed,
+    host_name,
+    url_host,
+)
 from tests.support.procs import ROOT, wait_until
 from tests.support.servers import running_tls_server
 from tests.support.stored import behind, kombu_payload
@@ -360,6 +368,9 @@ def test_basic_auth_guards_every_path(control):
         assert client.get(path).status_code == 401
     wrong = base64.b64encode(b"ops:nope").decode()
     assert client.get("/", headers={"Authorization": f"Basic {wrong}"}).status_code == 401
+    # Not ASCII: base64 refuses it with a plain ValueError (a 500 that showed the page's header).
+    refused = client.get("/", headers={"Authorization": "Basic \xe9\xe9\xe9\xe9"})
+    assert refused.status_code == 401 and "kombu-delay" not in refused.get_data(as_text=True)
     right = base64.b64encode(b"ops:pa:ss").decode()
     assert client.get("/", headers={"Authorization": f"Basic {right}"}).status_code == 200
     with pytest.raises(ValueError):
@@ -467,6 +478,38 @@ def test_the_audit_log_names_only_a_checked_user_and_escapes_what_a_request_send
         form = {"id": other, "csrf": csrf, "confirm": "yes"}
         assert checked.post("/task/cancel", data=form, headers=headers).status_code == 200
     assert any(f"cancel {other!r} by 'ops'@127.0.0.1:" in rec.getMessage() for rec in caplog.records)
+
+
+def test_an_action_refused_by_the_host_check_or_basic_auth_is_in_the_audit_log(control, caplog):
+    client = client_of(control, allow_actions=True, credentials=Credentials.parse("ops:pw"))
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"ops:guess").decode()}
+    right = {"Authorization": "Basic " + base64.b64encode(b"ops:pw").decode()}
+    form = {"csrf": "x", "confirm": "yes"}
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        assert client.post("/task/cancel?id=guessed", data=form, headers=wrong).status_code == 401
+        rebound = {**right, "Host": REBOUND}
+        assert client.post("/dead/remove?id=d", data=form, headers=rebound).status_code == 400
+        assert client.get("/?id=read", headers=wrong).status_code == 401  # reading changes nothing
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.web.audit"]
+    assert lines == [
+        "refused POST '/task/cancel?id=guessed' by -@127.0.0.1: authentication failed",
+        "refused POST '/dead/remove?id=d' by -@127.0.0.1: host not allowed",
+    ]
+
+
+@pytest.mark.parametrize(
+    "bound, shown",
+    [
+        ("0.0.0.0", "127.0.0.1"),
+        ("::", "[::1]"),
+        ("::1", "[::1]"),
+        ("127.0.0.2", "127.0.0.2"),
+        ("dash", "dash"),
+    ],
+)
+def test_the_url_it_prints_names_a_host_it_answers_to(bound, shown):
+    assert url_host(bound) == shown
+    assert host_allowed(f"{shown}:9809", allowed_hosts_of(bound))
 
 
 def test_an_action_from_the_null_origin_is_refused(redis_server, control, prefix):
