@@ -27,6 +27,7 @@ from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Scheduled
+from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import ROOT, wait_until
 from tests.support.stored import ORDINARY, FakeClock, kombu_payload
 from tests.support.workers import INSPECT_APP, inspect_ledger, start_inspect_worker
@@ -555,6 +556,22 @@ def test_purge_removes_every_priority_of_one_queue_only(r, redis_server, prefix)
         assert [m.task_id for m in ctl.scheduled().items] == [kept.id]
         assert truth(r, prefix) == Counter({f"{prefix}celery": 1})
         assert ctl.stats().totals["purged"] == 3
+
+
+def test_a_purge_runs_over_maxmemory_as_a_cancel_does():
+    # A purge is how an operator frees memory: its mark, its first write, was refused (OOM).
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        client = server.client()
+        app = Celery(broker=server.url.replace("redis://", "delayredis://", 1))
+        for countdown in (30, 600, 7200):  # ordinary and compressed
+            app.send_task("inspect.record", countdown=countdown, queue="emails")
+        app.close()
+        client.rpush("filler", "x" * 10_000)
+        client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
+        with DelayControl(server.url) as ctl:
+            assert ctl.purge("emails") == 3
+            assert ctl.stats().totals["purged"] == 3
+        assert not client.exists(keys.purging(""))
 
 
 def test_a_reschedule_while_its_queue_is_purged_is_refused_and_the_purge_removes_the_message(

@@ -16,10 +16,15 @@ marked here (the caller raises EditConflict), so a reschedule comes wholly befor
 purge. The purge renews its marks between its calls: each destination's mark holds ARGV[2] ms
 past its latest renewal, so one left by a purger that died goes by itself, whatever other
 purges do meanwhile (a count whose time has passed starts again from 0).
+Under maxmemory the mark is still written (past_maxmemory): a purge is how an operator frees
+memory, and its calls, like a cancel's, grow it by no more than the mark.
 ]]
 --- @include clock
 local purging = KEYS[1]
 local step, hold = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- A first write that changes nothing, as past_maxmemory (_buckets.lua) makes (Redis refuses
+-- a script a command that may grow memory only as its first write).
+redis.pcall('HDEL', purging, '')
 local now = clock('')
 for i = 3, #ARGV do
   local count_field, until_field = 'c:' .. ARGV[i], 'x:' .. ARGV[i]
