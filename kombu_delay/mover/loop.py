@@ -90,7 +90,6 @@ class Mover:
         self.stats = MoverStats()
         self._stop = threading.Event()
         self._on_result = on_result
-        self._on_error = on_error
         self._on_sweep = on_sweep
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
@@ -101,7 +100,7 @@ class Mover:
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw, on_error=on_error)
         #: The copy of each herd, ahead of its due time, that a move hands over whole.
-        self.stager = Stager(store, settings, self.name, thaw_rate=self.thawer.rate)
+        self.stager = Stager(store, settings, self.name, thaw_rate=self.thawer.rate, told=self.thawer.told)
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
@@ -154,9 +153,7 @@ class Mover:
                 backoff.reset()
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
-                self.stats.errors += 1
-                if self._on_error is not None:
-                    self._on_error(exc)
+                self.thawer.told(exc)
                 wake.close()
                 if isinstance(exc, FATAL_ERRORS):
                     logger.error("mover %s: %s; stopping", self.name, exc)
@@ -224,15 +221,14 @@ class Mover:
         try:
             result = self.store.sweep(self._sweep_cursor, SWEEP_PAGE)
         except RedisRefused as exc:  # a read-only replica, say: the next cycle tries again
+            self.thawer.told(exc)
             logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
         except redis.ResponseError as exc:  # a key of another type (by hand), a script's error
             if isinstance(exc, FATAL_ERRORS):
                 raise
-            self.stats.errors += 1
-            if self._on_error is not None:
-                self._on_error(exc)
+            self.thawer.told(exc)
             logger.error(
                 "mover %s: sweep failed (%s%s); moves go on, retrying in %.0f s",
                 self.name,

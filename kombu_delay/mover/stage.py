@@ -60,9 +60,12 @@ class Stager:
         monotonic: Callable[[], float] = time.monotonic,
         min_run: int = MIN_RUN,
         thaw_rate: thaw_plan.Rate | None = None,
+        told: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.store = store
         self.name = name
+        #: Counts a refused call (the mover's errors, and the metrics').
+        self.told = told
         self.monotonic = monotonic
         self.min_run = min_run
         #: With ``delay_look_ahead`` a run is moved that long before its due time, and so must
@@ -109,6 +112,8 @@ class Stager:
                 self._step = (now, copied)
         except RedisRefused as exc:
             # maxmemory, say: a copy grows memory; moves go on, and the plan is made again.
+            if self.told is not None:
+                self.told(exc)
             if now - self._refused_logged_at >= thaw_plan.PLAN_EVERY_S * 10:
                 logger.warning("mover %s: staging refused (%s); herds move in batches", self.name, exc)
                 self._refused_logged_at = now

@@ -111,6 +111,7 @@ class Thawer:
             result, past = self._thaw_batch(now)
         except RedisRefused as exc:
             # A read-only replica, a failed background save: moves are refused too.
+            self.told(exc)
             if now - self._refused_logged_at >= LOG_EVERY_S:
                 logger.warning("mover %s: thaw refused (%s); thaws are retried", self.name, exc)
                 self._refused_logged_at = now
@@ -124,9 +125,7 @@ class Thawer:
             # or any other error of the thaw's scripts: moves must go on meanwhile (the thaw
             # runs between move batches); the thaw is retried, and its error logged, every
             # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
-            self.stats.errors += 1
-            if self.on_error is not None:
-                self.on_error(exc)
+            self.told(exc)
             logger.error(
                 "mover %s: thaw failed (%s%s); moves go on, the thaw is retried in %.0f s",
                 self.name,
@@ -159,6 +158,7 @@ class Thawer:
             try:
                 return self.store.thaw(self.ahead_ms, limit), False
             except OverMaxmemory as exc:
+                self.told(exc)
                 self._past_until = now + PAST_MAXMEMORY_FOR_S
                 if now - self._refused_logged_at >= LOG_EVERY_S:
                     logger.warning(
@@ -171,6 +171,13 @@ class Thawer:
                     self._refused_logged_at = now
         # Due by the move's look-ahead, to the end of this millisecond (a score's fraction).
         return self.store.thaw(self.settings.look_ahead_ms + 1, limit, past_maxmemory=True), True
+
+    def told(self, exc: BaseException) -> None:
+        """Count a failed or refused call of this mover (the metrics' ``kombu_delay_redis_errors_total``,
+        or ``kombu_delay_mover_errors_total`` for one not Redis's)."""
+        self.stats.errors += 1
+        if self.on_error is not None:
+            self.on_error(exc)
 
     def _plan(self, now: float) -> None:
         """Read the cold buckets' counts and set how far the next steps reach."""

@@ -17,7 +17,14 @@ from celery import Celery
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import ConfigError, CorruptMember, PayloadTooLarge, RedisRefused, RedisUnavailable
+from kombu_delay.errors import (
+    ConfigError,
+    CorruptMember,
+    OverMaxmemory,
+    PayloadTooLarge,
+    RedisRefused,
+    RedisUnavailable,
+)
 from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.thaw import PAST_MAXMEMORY_LOOK_S
@@ -723,10 +730,12 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
         with pytest.raises(RedisRefused, match="maxmemory"):
             store.thaw(2000, 10)
         assert len(cold_members(client)) == 1  # nothing taken
-        mover = Mover(store, JUST_COLD, watch=False)
+        told: list[BaseException] = []  # what the metrics count (kombu_delay_redis_errors_total)
+        mover = Mover(store, JUST_COLD, watch=False, on_error=told.append)
         with caplog.at_level("WARNING", logger="kombu_delay"):
             assert mover.thaw() == PAST_MAXMEMORY_LOOK_S  # refused ahead, and nothing compressed is due
         assert "over maxmemory" in caplog.text and "thawed only once due" in caplog.text
+        assert [type(exc) for exc in told] == [OverMaxmemory] and mover.stats.errors == 1
         assert len(cold_members(client)) == 1 and mover.stats.thawed == 0
         assert store.move_due(10).moved == 1  # a move frees memory: it is not refused
         clock.ms = now + 2098  # (a thaw past maxmemory reaches 1 ms ahead, to take all of its ms)
