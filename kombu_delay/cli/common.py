@@ -192,6 +192,17 @@ def merge_options(
     LOG_FILTER.redactor = Redactor.for_url(found.url, found.transport_options)
 
 
+def utf8_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: ``value`` (a key prefix, a queue name) as given, unless it holds bytes
+    that are not UTF-8 (read by the shell as lone surrogates), which no Redis key is named by."""
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise click.BadParameter(f"{value!r} is not UTF-8 text") from None
+    return value
+
+
 def _options() -> list[click.Parameter]:
     """Fresh instances of the global options (each command owns its parameters)."""
     return [
@@ -201,7 +212,12 @@ def _options() -> list[click.Parameter]:
             help=f"Broker URL (else env {BROKER_ENV}, then {CELERY_ENV}, then {DEFAULT_BROKER}). "
             "redis://, rediss://, sentinel:// and redis+socket:// are accepted too.",
         ),
-        click.Option(["--prefix"], default=None, help="kombu's global_keyprefix, as the publisher sets it."),
+        click.Option(
+            ["--prefix"],
+            default=None,
+            callback=utf8_text,
+            help="kombu's global_keyprefix, as the publisher sets it.",
+        ),
         click.Option(
             ["--transport-option", "-o", "transport_options"],
             multiple=True,

@@ -11,6 +11,7 @@ import math
 import socket
 
 import click
+import redis
 
 from kombu_delay.cli.common import announce, global_options, target
 from kombu_delay.connect import with_socket_timeouts
@@ -102,7 +103,7 @@ def health(
         with tgt.open() as store:
             host = socket.gethostname() if this_host else None
             seen = check(store, host, notes=not liveness, overdue=max_overdue > 0)
-    except KombuDelayError as exc:
+    except (KombuDelayError, redis.RedisError) as exc:
         # Exit 2 either way; the word says which: Redis did not answer, or it answered with a
         # refusal or an error (an ACL, a password, a key of another type) that is no verdict on
         # the movers either.

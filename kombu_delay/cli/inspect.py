@@ -13,8 +13,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import click
+import redis
 
-from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.cli.common import announce, global_options, target, utf8_text
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError, WrongTypeKey
@@ -52,7 +53,8 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
                 if not named:
                     raise
                 raise WrongTypeKey(f"{exc}{named}") from exc
-    except KombuDelayError as exc:
+    except (KombuDelayError, redis.RedisError) as exc:  # (an error kombu-delay names none for: a
+        # command renamed away, say)
         raise InspectError(tgt.redact(str(exc))) from exc
 
 
@@ -240,7 +242,7 @@ def message_json(item: ScheduledMessage, now: int) -> dict[str, object]:
 
 @global_options
 @click.command(name="ls")
-@click.option("--queue", "-Q", default=None, help="Only messages bound for this queue.")
+@click.option("--queue", "-Q", default=None, callback=utf8_text, help="Only messages bound for this queue.")
 @click.option(
     "--limit", "-n", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Messages per page."
 )
@@ -347,7 +349,9 @@ def _warn_look_alikes(ctl: DelayControl, queue: str, what: str) -> None:
 
 @global_options
 @click.command()
-@click.option("--queue", "-Q", required=True, help="Queue whose scheduled messages are removed.")
+@click.option(
+    "--queue", "-Q", required=True, callback=utf8_text, help="Queue whose scheduled messages are removed."
+)
 @click.option("--yes", is_flag=True, help="Confirm: required, this cannot be undone.")
 @click.pass_context
 def purge(ctx: click.Context, queue: str, yes: bool) -> None:

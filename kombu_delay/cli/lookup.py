@@ -25,6 +25,7 @@ from kombu_delay.cli.inspect import (
     table,
 )
 from kombu_delay.control import DeadLetter, DelayControl
+from kombu_delay.errors import KombuDelayError
 
 #: Bytes of a dead letter shown in its row of the text listing.
 PREVIEW_BYTES = 60
@@ -163,6 +164,8 @@ def dead(ctx: click.Context, offset: int, limit: int, as_json: bool, digests: tu
         try:
             total, letters = ctl.dead_letters(offset, limit)
         except ValueError as exc:  # a page past any list position
+            if isinstance(exc, KombuDelayError):  # a broker URL or option it cannot use
+                raise
             raise click.BadParameter(str(exc), param_hint="--offset") from exc
     if as_json:
         click.echo(json.dumps({"total": total, "items": [_letter_json(x) for x in letters]}, indent=2))

@@ -22,6 +22,10 @@ def queue_name(value: Any) -> str:
     """``value``, a queue's name."""
     if not isinstance(value, str):
         raise TypeError(f"a queue is named by a str, not {type(value).__name__}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: kombu could not have published to it
+        raise ValueError(f"the queue name {value!r} is not UTF-8 text") from None
     return value
 
 

@@ -19,7 +19,7 @@ from kombu_delay.cli.common import parse_option
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store
-from kombu_delay.tooling.redis_server import free_port
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.procs import ROOT, wait_until
 from tests.support.stored import behind, kombu_payload
 
@@ -116,12 +116,47 @@ def test_mover_runs_with_numeric_options(r, redis_server, spawn):
     assert proc.stop() == 0, proc.output()
 
 
-@pytest.mark.parametrize("command", [("stats",), ("ls",)], ids=lambda c: c[0])
+@pytest.mark.parametrize("command", [("stats",), ("ls",), ("dead",)], ids=lambda c: c[0])
 def test_a_bad_transport_option_is_not_blamed_on_the_command_flags(r, redis_server, command):
     result = invoke(redis_server, "-o", "max_connections=many", *command)
     assert "--hours/--slot" not in result.output and "--cursor" not in result.output
     assert result.exit_code == 3, (result.output, result.exception)
     assert "Error: bad broker URL or option: " in result.output and "max_connections" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--prefix", "p\udcff", "health"),
+        ("--prefix", "p\udcff", "mover"),
+        ("--prefix", "p\udcff", "dead"),
+        ("purge", "-Q", "q\udcff", "--yes"),
+        ("ls", "--queue", "q\udcff"),
+    ],
+    ids=["health", "mover", "dead", "purge", "ls"],
+)
+def test_a_prefix_or_queue_that_is_not_utf8_is_a_usage_error(r, redis_server, args):
+    # Bytes a shell passes that are not UTF-8 (read as lone surrogates) gave a traceback; health
+    # exited 1, "unhealthy"; the mover logged "unexpected error" every second, for ever.
+    result = invoke(redis_server, *args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "is not UTF-8 text" in result.output
+
+
+def test_a_prefix_or_queue_that_is_not_utf8_is_refused_by_the_api(r, redis_server):
+    with pytest.raises(kombu_delay.ConfigError, match="not UTF-8 text"):
+        Store(r, "p\udcff")
+    with DelayControl(redis_server.url) as ctl, pytest.raises(ValueError, match="not UTF-8 text"):
+        ctl.purge("q\udcff")
+
+
+def test_a_redis_error_kombu_delay_names_none_for_is_one_line(tmp_path):
+    # A hardened Redis that renamed a command away: a traceback, and health said "unhealthy".
+    with RedisServer(extra_args=["--rename-command", "TIME", ""]) as server:
+        for command, code in (("health", 2), ("stats", 3)):
+            result = invoke(server, command)
+            assert result.exit_code == code, (result.output, result.exception)
+            assert "Traceback" not in result.output and "TIME" in result.output, result.output
 
 
 def test_a_fractional_count_in_o_is_refused_not_switched_off(r, redis_server):
