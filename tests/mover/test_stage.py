@@ -14,7 +14,7 @@ from kombu_delay.message import Due
 from kombu_delay.mover import stage, thaw_plan
 from kombu_delay.mover.stage import Stager
 from kombu_delay.store import Store, keys
-from kombu_delay.store.replies import Scheduled
+from kombu_delay.store.replies import Scheduled, Staged
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
 from tests.support.stored import ORDINARY, FakeClock, kombu_payload, redis_ms, schedule_herd, tags_in
@@ -93,6 +93,47 @@ def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.
         assert staged(r, prefix) == {"q": 3000}
     finally:
         r.config_set("maxmemory", "0")
+
+
+def moved_as_release_1_0_moves(r: redis.Redis, prefix: str, start: int, dest: str) -> None:
+    """Move a bucket's set for ``dest`` as a mover of 1.0.0 did, which knew nothing of copies:
+    in batches, its members pushed and taken out, their counts taken off, the copy left."""
+    zset, meta = keys.queue_set(prefix, start, dest), keys.meta(prefix, start)
+    members = r.zrange(zset, 0, -1)
+    r.lpush(dest, *members)
+    r.zrem(zset, *members)
+    r.hincrby(meta, f"q:{dest}", -len(members))
+    r.hdel(keys.counts(prefix), dest)
+
+
+def test_a_copy_whose_herd_a_mover_of_1_0_moved_in_batches_goes_with_its_bucket(
+    r: redis.Redis, prefix: str
+) -> None:
+    # During an upgrade (new movers beside 1.0.0 ones): a copy of 10,000 messages of 1 KB, 10 MB,
+    # outlived its herd by the bucket's grace, 7 days.
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width, dest = ORDINARY.bucket_width_ms, f"{prefix}q"
+    first = (clock() // width + 1) * width
+    for start, dropped_by in ((first, "a stager's look"), (first + width, "the bucket's clean-up")):
+        due = start + width // 2
+        schedule(store, dest, due, 3000)
+        clock.ms = due - 1000
+        run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
+        assert staged(r, prefix) == {"q": 3000}
+        clock.ms = due
+        moved_as_release_1_0_moves(r, prefix, start, dest)
+        if dropped_by == "a stager's look":
+            assert store.stage(start, dest, 1000, MIN_RUN).outcome == Staged.NO_RUN
+        else:
+            store.move_due(1000)  # finds it drained: retired
+            clock.ms = start + width + 1  # the bucket has ended: its clean-up, 1,000 task ids a call
+            for _ in range(20):  # (both buckets' 6,000 ids)
+                if not store.move_due(1000).more:
+                    break
+        assert staged(r, prefix) == {}, dropped_by
+        assert r.llen(dest) == 3000
+        r.delete(dest)
 
 
 def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Redis, start_mover) -> None:

@@ -14,7 +14,7 @@ is good only while the run is unchanged. A removal (cancel, reschedule, purge, a
 mover's batch) leaves fewer than n due at T, which stage.lua and move.lua check, with the
 copy's ends, before they use it. An addition due at T could hide a removal, so whatever adds
 to a sorted set (put, put_group) drops the copy first (drop_staged_for). Messages due before
-or after T change nothing in the run. A copy that is not used expires with its bucket.
+or after T change nothing in the run. A copy that is not used goes with its bucket: dropped by its clean-up (move.lua), or expired.
 
 staged_mark(meta, dest)
   Returns T, n of the destination's mark, or nil.
@@ -24,6 +24,11 @@ drop_staged(s, meta, start_s, dest)
   DEL for a user the ACL refuses UNLINK, such as a publisher's, which put and put_group call
   this for: a publish that made its writes must not fail, or its retry would store the
   message twice).
+
+drop_every_staged(s, meta, start_s)
+  drop_staged for every mark of the bucket: its clean-up, once drained (move.lua), when a
+  run was moved in batches by a mover that leaves the copy (a rate-capped one, or one of a
+  release that stages nothing), which would otherwise outlive its herd by the bucket's grace.
 
 drop_staged_for(s, meta, start_s, dest, due, t)
   drop_staged when there is a mark (``t``, its T, as staged_mark or the caller read it) and
@@ -59,6 +64,13 @@ local function drop_staged(s, meta, start_s, dest)
   local staged = s:staged(start_s, dest)
   local gone = redis.pcall('UNLINK', staged)
   if type(gone) == 'table' and gone.err then redis.call('DEL', staged) end
+end
+
+local function drop_every_staged(s, meta, start_s)
+  local fields = redis.call('HGETALL', meta)
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == 'h:' then drop_staged(s, meta, start_s, string.sub(fields[i], 3)) end
+  end
 end
 
 local function drop_staged_for(s, meta, start_s, dest, due, t)

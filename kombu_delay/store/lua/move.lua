@@ -364,6 +364,7 @@ if budget > 0 then
         budget = budget - 1
       elseif #chunk < budget then
         drop_start_refs(ids, chunk, start_s)
+        drop_every_staged(s, s:meta(start_s), start_s)
         redis.call('DEL', tasks, s:meta(start_s))
         redis.call('ZREM', gc, start_s)
         budget = budget - math.max(1, #chunk)

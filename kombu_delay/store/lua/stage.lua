@@ -40,8 +40,12 @@ if limit > 0 then redis.call('ZADD', KEYS[1], 'XX', 0, '') end
 if not redis.call('ZSCORE', KEYS[1], start_s) then return {-1, 0, 0, 0} end
 local s = space(ns, '')
 local meta, zset, staged = s:meta(start_s), s:zset(start_s, dest), s:staged(start_s, dest)
--- A bucket whose meta hash counts nothing for dest (drained, or the hash lost) gets no mark.
-if (tonumber(redis.call('HGET', meta, 'q:' .. dest)) or 0) <= 0 then return {-1, 0, 0, 0} end
+-- A bucket whose meta hash counts nothing for dest (drained, or the hash lost) gets no mark,
+-- and loses one it has (its run moved in batches by a mover that leaves the copy).
+if (tonumber(redis.call('HGET', meta, 'q:' .. dest)) or 0) <= 0 then
+  if limit > 0 and staged_mark(meta, dest) then drop_staged(s, meta, start_s, dest) end
+  return {-1, 0, 0, 0}
+end
 
 -- The set's first run of min_run members or more: found, its t, n and e (the members
 -- before it); else false and the set's first run's t and n (0 and 0 when it is empty).
