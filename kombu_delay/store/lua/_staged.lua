@@ -14,7 +14,8 @@ is good only while the run is unchanged. A removal (cancel, reschedule, purge, a
 mover's batch) leaves fewer than n due at T, which stage.lua and move.lua check, with the
 copy's ends, before they use it. An addition due at T could hide a removal, so whatever adds
 to a sorted set (put, put_group) drops the copy first (drop_staged_for). Messages due before
-or after T change nothing in the run. A copy that is not used goes with its bucket: dropped by its clean-up (move.lua), or expired.
+or after T change nothing in the run. A copy that is not used goes with its bucket: dropped by
+its clean-up (move.lua), or expired.
 
 staged_mark(meta, dest)
   Returns T, n of the destination's mark, or nil.
