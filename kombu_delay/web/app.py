@@ -23,7 +23,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.cli.inspect import clipped, shown, span, when
-from kombu_delay.control import DeadLetter, DelayControl
+from kombu_delay.control import DeadLetter, DelayControl, Page
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present, surrogates
@@ -119,22 +119,16 @@ def _install_guards(
         # First: a page that rebound its own name to this address gets nothing, not even the
         # basic-auth prompt (for its own origin, in the browser of someone who may fill it in).
         if not guard.host_allowed(request.host, hosts):
-            guard.refused_early(request, "host not allowed")
-            return Response(
+            text = (
                 f"this dashboard does not answer to the host {request.host!r}: if that is its name "
-                "(behind a reverse proxy, say), start it with --allowed-host NAME\n",
-                400,
-                mimetype="text/plain",
+                "(behind a reverse proxy, say), start it with --allowed-host NAME\n"
             )
+            return guard.refused_early(request, 400, text, "host not allowed")
         if credentials is not None:
             if not credentials.check(request.headers.get("Authorization")):
-                guard.refused_early(request, "authentication failed")
-                return Response(
-                    "authentication required\n",
-                    401,
-                    {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'},
-                    mimetype="text/plain",
-                )
+                challenge = {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'}
+                text = "authentication required\n"
+                return guard.refused_early(request, 401, text, "authentication failed", challenge)
             g.user = credentials.user  # checked: the audit log may name it
         g.csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_token()
         return None
@@ -218,7 +212,10 @@ def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
                 Cursor.parse(cursor)
         except ValueError:
             abort(400, "the cursor or limit is not one this page made")
-        page = control.scheduled(queue=queue, limit=limit, cursor=cursor)
+        try:
+            page = control.scheduled(queue=queue, limit=limit, cursor=cursor)
+        except ValueError:  # a queue that is not UTF-8 text (a lone surrogate): none is named so
+            page = Page([], None)
         now = control.time_ms()
         # The task-name filter (a part of the name) applies to the page read: a filtered page may
         # come back short, never longer to read.

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from flask import Request
+from flask import Request, Response
 
 #: Name of the cookie that carries the CSRF token.
 CSRF_COOKIE = "kombu_delay_csrf"
@@ -202,8 +202,12 @@ def who(request: Request, user: str | None) -> str:
     return f"{printable(user) if user is not None else '-'}@{where}"
 
 
-def refused_early(request: Request, problem: str) -> None:
-    """Write the audit line of a state-changing request refused before its action's own checks
-    (by the Host allow-list or basic auth): its path and query name the action and its target."""
+def refused_early(
+    request: Request, status: int, text: str, problem: str, headers: dict[str, str] | None = None
+) -> Response:
+    """The plain-text refusal of a request refused before any page (by the Host allow-list or
+    basic auth); a state-changing one is written to the audit log, its path and query naming
+    the action and its target."""
     if request.method == "POST":
         audit.warning("refused POST %r by %s: %s", request.full_path[:300], who(request, None), problem)
+    return Response(text, status, headers, mimetype="text/plain")
