@@ -116,6 +116,7 @@ def test_cold_buckets_are_counted_earliest_first(r: redis.Redis, prefix: str) ->
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     first = clock() + 120_000
+    first += 30_000 - first % 60_000  # mid-bucket, so that first + 1 shares its bucket
     herd(store, first, 5, "q1")
     herd(store, first + 1, 2, "q2", tag="x")  # same bucket, another queue
     herd(store, first + 600_000, 3, "q1", tag="y")

@@ -554,7 +554,13 @@ def test_a_worker_runs_a_compressed_task_at_its_due_time_once(r, redis_server, s
     worker = start_worker(spawn, redis_server.url, redis_server.url, "cold")
     wait_worker_ready(r, redis_server.url, worker)
     app = Celery("cold", broker=redis_server.delay_url)
-    app.conf.broker_transport_options = {"delay_compress_after": 2, "delay_thaw_ahead": 1}
+    # One-second buckets: a mover plans a bucket's thaw from its start, which a minute's bucket
+    # put up to a minute before the due time (it thawed them before they were counted below).
+    app.conf.broker_transport_options = {
+        "delay_compress_after": 2,
+        "delay_thaw_ahead": 1,
+        "delay_bucket_width": 1,
+    }
     # Due 10 s on: stored compressed (more than 2 s ahead) however slow the publish, and
     # still compressed when counted below (a mover thaws 1 s before due).
     try:

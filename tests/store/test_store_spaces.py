@@ -139,7 +139,8 @@ def test_the_oldest_overdue_is_found_without_reading_the_messages_into_lua(
     is due at 0."""
     store = Store(r, prefix)
     now = redis_ms(r)
-    first = now + 90_000 + 7  # the bucket's (a minute's) start, end and this lie apart
+    # Mid-bucket (a minute's), so that first + 1 shares it; its start, end and this lie apart.
+    first = (now // 60_000 + 2) * 60_000 + 30_007
     dests = [f"{prefix}q"] + [f"{prefix}q\x06{i}" for i in range(1, 7)]
 
     def schedule(task_id: str, due: int, dest: str, pad: int = 0) -> None:

@@ -92,6 +92,7 @@ def test_messages_found_gone_are_settled_counted_and_no_longer_scheduled(r, pref
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     base = clock()
+    base -= base % 60_000  # a bucket's start: base + i, i < 5, share a bucket
     items = [
         (
             Due(base + (10 + 10 * b) * 60_000 + i, task_id=f"m{b}-{i}"),
@@ -147,6 +148,7 @@ def test_a_bucket_deleted_whole_is_told_and_counted_when_the_move_lets_it_go(r, 
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     due = clock() + 30 * 60_000
+    due -= due % 60_000  # a bucket's start: due + i, i < 3, share it
     items = [
         (Due(due + i, task_id=f"t{i}"), f"{prefix}{q}", kombu_payload(f"t{i}"))
         for i in range(3)
