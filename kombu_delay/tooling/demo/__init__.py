@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
+from kombu_delay.errors import KombuDelayError
 from kombu_delay.store import Store
 from kombu_delay.tooling.redis_server import RedisServer, dying_with_parent, stop_process
 
@@ -291,8 +292,9 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def demo(live: bool | None) -> None:
     """Run a private Redis, a mover and a stock Celery worker; watch delayed tasks fire.
 
-    Everything runs on the demo's own Redis: --broker, --prefix and -o are ignored, and so are
-    CELERY_BROKER_URL and Celery's other server variables.
+    Everything runs on the demo's own Redis, with the default settings: --broker, --prefix
+    and -o are ignored, and so are CELERY_BROKER_URL, Celery's other server variables and the
+    KOMBU_DELAY_* variables.
 
     \b
     Examples:
@@ -300,6 +302,9 @@ def demo(live: bool | None) -> None:
       python -m kombu_delay demo --no-live > demo.log
     """
     ignored = forget_celery_servers()
+    ignored += [name for name in sorted(os.environ) if name.startswith("KOMBU_DELAY_")]
+    for name in ignored:
+        os.environ.pop(name, None)
     if ignored:
         click.echo(f"demo: ignoring {', '.join(ignored)}: it runs on a private Redis of its own", err=True)
     if live is None:
@@ -317,7 +322,7 @@ def demo(live: bool | None) -> None:
     except DemoFailed as exc:
         view.say(click.style(f"\ndemo failed: {exc}", fg="red"))
         sys.exit(1)
-    except RuntimeError as exc:  # no redis-server binary, or it would not start
+    except (RuntimeError, KombuDelayError) as exc:  # no redis-server binary, or it would not start
         view.say(click.style(f"\ndemo failed: {exc}", fg="red"))
         sys.exit(1)
     finally:
