@@ -26,11 +26,14 @@ of min_run, so reading those ranks, in order, finds it. The staged list is built
 the run's ranks in order, so it reads as move.lua's LPUSH of the same batch would leave the
 destination: the run's first member on the right, where a consumer's BRPOP takes it first.
 Several movers may stage the same run: each call goes on where the list's length says the
-last stopped, in one atomic call. The list expires with the sorted set it copies.
+last stopped, in one atomic call. The list expires with the sorted set it copies, and at most
+an hour after its due time.
 ]]
+--- @include clock
 --- @include spaces
 --- @include staged
 --- @include chunks
+local KEEP_PAST_DUE_MS = 3600000
 local ns, start_s, dest = ARGV[1], ARGV[2], ARGV[3]
 local limit, min_run = tonumber(ARGV[4]), math.max(1, tonumber(ARGV[5]))
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call: a
@@ -40,12 +43,8 @@ if limit > 0 then redis.call('ZADD', KEYS[1], 'XX', 0, '') end
 if not redis.call('ZSCORE', KEYS[1], start_s) then return {-1, 0, 0, 0} end
 local s = space(ns, '')
 local meta, zset, staged = s:meta(start_s), s:zset(start_s, dest), s:staged(start_s, dest)
--- A bucket whose meta hash counts nothing for dest (drained, or the hash lost) gets no mark,
--- and loses one it has (its run moved in batches by a mover that leaves the copy).
-if (tonumber(redis.call('HGET', meta, 'q:' .. dest)) or 0) <= 0 then
-  if limit > 0 and staged_mark(meta, dest) then drop_staged(s, meta, start_s, dest) end
-  return {-1, 0, 0, 0}
-end
+-- A bucket whose meta hash counts nothing for dest (drained, or the hash lost) gets no mark.
+if (tonumber(redis.call('HGET', meta, 'q:' .. dest)) or 0) <= 0 then return {-1, 0, 0, 0} end
 
 -- The set's first run of min_run members or more: found, its t, n and e (the members
 -- before it); else false and the set's first run's t and n (0 and 0 when it is empty).
@@ -93,8 +92,14 @@ if have < n and limit > 0 then
     redis.call('LPUSH', staged, unpack(batch, first, math.min(#batch, first + 999)))
   end
   have = have + #batch
+  -- It expires with its set, and at most KEEP_PAST_DUE_MS after its due time, when it is of no
+  -- more use: a move hands a copy over at T, or finds it gone and moves the run in batches. (A
+  -- bucket's clean-up drops its copies, but a mover of 1.0.0, during an upgrade, does not.)
+  local now = clock('')
+  local keep = math.max(t, now) + KEEP_PAST_DUE_MS - now
   local ttl = redis.call('PTTL', zset)
-  if ttl > 0 then redis.call('PEXPIRE', staged, ttl) end
+  if ttl > 0 and ttl < keep then keep = ttl end
+  redis.call('PEXPIRE', staged, keep)
 end
 if have >= n then return {0, have, n, t} end
 return {1, have, n, t}
