@@ -212,10 +212,9 @@ def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
                 Cursor.parse(cursor)
         except ValueError:
             abort(400, "the cursor or limit is not one this page made")
-        try:
-            page = control.scheduled(queue=queue, limit=limit, cursor=cursor)
-        except ValueError:  # a queue that is not UTF-8 text (a lone surrogate): none is named so
-            page = Page([], None)
+        # A queue that is not UTF-8 text (a lone surrogate): none is named so (the control refuses it).
+        no_queue = queue is not None and surrogates.lone(queue)
+        page = Page([], None) if no_queue else control.scheduled(queue=queue, limit=limit, cursor=cursor)
         now = control.time_ms()
         # The task-name filter (a part of the name) applies to the page read: a filtered page may
         # come back short, never longer to read.

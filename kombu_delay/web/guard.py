@@ -209,5 +209,7 @@ def refused_early(
     basic auth); a state-changing one is written to the audit log, its path and query naming
     the action and its target."""
     if request.method == "POST":
-        audit.warning("refused POST %r by %s: %s", request.full_path[:300], who(request, None), problem)
+        query = request.query_string.decode(errors="backslashreplace")  # (any bytes a client sent)
+        target = f"{request.path}?{query}" if query else request.path
+        audit.warning("refused POST %r by %s: %s", target[:300], who(request, None), problem)
     return Response(text, status, headers, mimetype="text/plain")
