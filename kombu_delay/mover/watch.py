@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis
+
 from kombu_delay.errors import RedisPermissionError, WrongTypeKey
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.ops.checks import (
@@ -141,8 +143,8 @@ class Watch:
             began = time.monotonic()
             try:
                 self.forget_stale_refs()
-            except Exception:  # Redis away, say: the mover's own loop reports it
-                logger.debug("mover %s: the walk of the id index failed; retrying", self.name, exc_info=True)
+            except Exception as exc:
+                self._failed("the walk of the id index", exc)
                 self.next_walk_s = FORGET_RETRY_S
             self._stop.wait(max(0.0, began + self.next_walk_s - time.monotonic()))
 
@@ -165,8 +167,8 @@ class Watch:
                 elif now >= next_recheck and self.findings.stranded:
                     next_recheck = now + STRANDED_RECHECK_S  # a failure waits as long: no SCAN
                     self.recheck_stranded()
-            except Exception:  # the top of this loop: the mover's own loop reports Redis trouble
-                logger.debug("mover %s: a background check failed; retrying", self.name, exc_info=True)
+            except Exception as exc:  # the top of this loop
+                self._failed("a background check", exc)
             due = [next_policy, next_prefixes, *([next_recheck] if self.findings.stranded else [])]
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
@@ -334,6 +336,15 @@ class Watch:
         if said != problem or now - at >= LOG_REPEAT_S:
             logger.log(level, "mover %s: %s", self.name, problem)
             self._logged[what] = (problem, now)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Log a failed check: Redis away at debug level (the mover's own loop reports it), any
+        other error (a refusal, a key of another type) as a WARNING, at most once per
+        LOG_REPEAT_S while it lasts."""
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            logger.debug("mover %s: %s failed; retrying", self.name, what, exc_info=True)
+        else:
+            self._tell(what, f"{what} failed ({exc}); retrying", logging.WARNING)
 
     def _report(self) -> None:
         if self._on_findings is not None:

@@ -13,6 +13,8 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover.watch import Watch
 from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import RedisServer
+from tests.support.procs import wait_until
 from tests.support.stored import kombu_payload, redis_ms
 
 WIDTH = 60_000
@@ -134,3 +136,29 @@ def test_the_background_walks_end_at_a_stop_between_their_scan_calls(r: redis.Re
     asked.clear()
     assert store.reindex(page=10, stopping=lambda: bool(asked.append(1))) == (0, 0)
     assert len(asked) > 50  # not asked to stop: the whole keyspace, page by page
+
+
+def test_a_lost_index_is_put_back_over_maxmemory_and_a_failed_check_is_a_warning(caplog) -> None:
+    # Refused over maxmemory, the reindex left the buckets stranded, and the watch said so only
+    # at debug level: their messages, which would free memory, never moved.
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        r = server.client()
+        now = redis_ms(r)
+        store = Store(r)
+        _schedule(store, "o1", (now // WIDTH + 10) * WIDTH + 1_000, ORDINARY, now)
+        r.delete(keys.index(""))
+        r.rpush("filler", "x" * 10_000)
+        r.config_set("maxmemory", r.info("memory")["used_memory"] // 2)
+        try:
+            assert store.reindex() == (1, 1)
+        finally:
+            r.config_set("maxmemory", 0)
+        r.delete(keys.ids(""))
+        r.set(keys.ids(""), "written by hand")  # the walk of the id index fails on it
+        watch = Watch(store, "test")
+        with caplog.at_level(logging.WARNING, logger="kombu_delay"):
+            watch.start()
+            try:
+                wait_until(lambda: "the walk of the id index failed" in caplog.text, timeout=60)
+            finally:
+                watch.stop()

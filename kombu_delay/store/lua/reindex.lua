@@ -23,6 +23,8 @@ then): it is put back at its start, whether or not it counts messages, and count
 --- @include spaces
 --- @include buckets
 local ns = ARGV[1]
+-- Under maxmemory too: an index member per bucket, so that its messages move, and free memory.
+past_maxmemory(ns .. 'totals')
 local now = clock(ARGV[2])
 local put_back, counted = 0, 0
 for i = 3, #ARGV do
