@@ -24,6 +24,7 @@ from kombu_delay.errors import (
     PayloadTooLarge,
     RedisRefused,
     RedisUnavailable,
+    WrongTypeKey,
 )
 from kombu_delay.message import Due, parse_iso_ms
 from kombu_delay.mover.loop import Mover
@@ -297,7 +298,8 @@ def test_two_movers_thaw_the_same_messages_each_once(r, redis_server):
     assert store.totals() == {"scheduled": n, "moved": n}
 
 
-def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_lost(r, prefix):
+@pytest.mark.parametrize("dead_list", ["list", "string"])
+def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_lost(r, prefix, dead_list):
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     now = clock()
@@ -314,6 +316,14 @@ def test_a_corrupt_member_goes_to_the_dead_letters_counted_and_nothing_else_is_l
     r.zrem(key, member)
     r.zadd(key, {damaged: score})
     clock.advance(150)  # within the thaw horizon
+    if dead_list == "string":
+        # The dead-letter list written by hand as another type: the thaw took its members out
+        # before its LPUSH failed, and Redis kept the takes: both messages were lost.
+        r.set(keys.dead(prefix), "by hand")
+        with pytest.raises(WrongTypeKey, match="dead"):
+            store.thaw(2000, 10)
+        assert len(cold_members(r, prefix)) == 2  # nothing taken
+        r.delete(keys.dead(prefix))
     result = store.thaw(2000, 10)
     assert (result.thawed, result.dead) == (1, 1)
     assert r.lrange(keys.dead(prefix), 0, -1) == [damaged]  # kept as it was stored

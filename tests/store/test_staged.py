@@ -423,3 +423,19 @@ def test_a_hand_over_behind_more_than_16_mb_on_its_list_moves_in_batches(
     assert drain(store) == RUN - first_call
     listed = r.lrange(dest, 0, -1)
     assert listed[-10:] == waiting and len(set(listed[:-10])) == RUN  # what waited is taken first
+
+
+@pytest.mark.parametrize("junk", ["1e400", "inf", "99999999999999999999999", "abc", "-5", "2.5"])
+def test_a_mark_written_by_hand_as_no_time_holds_back_no_move(r: redis.Redis, prefix: str, junk: str) -> None:
+    # 'inf' or 1e400, read as a time, held the queue's moves in its bucket for good, silently.
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width, dest = ORDINARY.bucket_width_ms, f"{prefix}q"
+    start = (clock() // width + 1) * width
+    due = start + width // 2
+    for i in range(5):
+        store.schedule(Due(due, task_id=f"t{i}"), dest, kombu_payload(f"t{i}"), ORDINARY)
+    r.hset(keys.meta(prefix, start), mapping={"h:" + dest: junk, "hn:" + dest: "5"})
+    clock.ms = due
+    assert store.move_due(100).moved == 5
+    assert sorted(tags_in(r, dest)) == [f"t{i}" for i in range(5)]

@@ -227,7 +227,7 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
   -- wrong if it is due at the herd's millisecond, the wake mark (wake_if_first) and the end.
   local known = redis.call('HMGET', meta, 'x', names.h, 'w', 'end')
   local known_x, known_end = ms_of(known[1]), ms_of(known[4])
-  if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, tonumber(known[2])) end
+  if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, mark_of(known[2])) end
   if not expiries_settled(k, start, known_x, known_end, n_here, 1, n_tasks, dest_new) then
     local late = 0
     if estimated then

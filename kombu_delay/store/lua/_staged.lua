@@ -18,7 +18,11 @@ or after T change nothing in the run. A copy that is not used goes with its buck
 its clean-up (move.lua), or expired.
 
 staged_mark(meta, dest)
-  Returns T, n of the destination's mark, or nil.
+  Returns T, n of the destination's mark, or nil (also for a mark that is no whole number in
+  range, written by hand: read as one, 'inf' or 1e400 held the queue's moves for good).
+
+mark_of(text)
+  A mark's field read as a whole number from 0 to 2^53, or nil.
 
 drop_staged(s, meta, start_s, dest)
   Deletes the mark and the staged list (UNLINK: Redis frees a large one in the background;
@@ -54,9 +58,14 @@ may_hand_over(s, zset, dest, staging)
   call writes nothing): a refusal is an error other than "no such key"; with ``staging``
   (stage.lua, before it writes anything), LPUSH is tried on it too, and the key deleted.
 ]]
+local function mark_of(text)
+  local n = tonumber(text)
+  if n and n >= 0 and n < 2 ^ 53 and n == math.floor(n) then return n end
+end
+
 local function staged_mark(meta, dest)
   local mark = redis.call('HMGET', meta, 'h:' .. dest, 'hn:' .. dest)
-  local t, n = tonumber(mark[1]), tonumber(mark[2])
+  local t, n = mark_of(mark[1]), mark_of(mark[2])
   if t and n then return t, n end
 end
 

@@ -236,7 +236,7 @@ local function visit(start_s)
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'h:' then
-      marks[sub(name, 3)] = tonumber(fields[i + 1])
+      marks[sub(name, 3)] = mark_of(fields[i + 1])  -- (nil for junk written by hand)
     elseif name == 'w' then
       wake_mark = ms_of(fields[i + 1])
     elseif name == 'n' then

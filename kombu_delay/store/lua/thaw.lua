@@ -42,6 +42,12 @@ _buckets.lua), and Redis lets every write after it go on over maxmemory.
 --- @include buckets
 --- @include put_group
 local ns = ARGV[1]
+-- A shared key of another type (written by hand) would fail a command after the first ZREM
+-- below, and Redis keeps the ZREMs before it: the messages taken would be lost. Refused first
+-- instead, naming the key (a TYPE each, per call, not per message).
+local refused_keys = wrong_types({{KEYS[6], 'list'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
+                                  {KEYS[1], 'zset'}})
+if refused_keys then return refused_keys end
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
 -- member that is not there writes nothing.) Moves, which free memory, go on meanwhile; where
