@@ -107,9 +107,10 @@ class StoreBase:
         return keys.queue_of(dest, self.prefix, self.sep, self.steps)
 
     def misshapen(self) -> dict[str, str]:
-        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set, purge marks,
-        heartbeats and alerts) that holds a value of another type, written by hand, with a sentence
-        that names it: every script that writes it fails on it. One pipelined ``TYPE`` each."""
+        """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set, purge
+        marks, heartbeats, alerts and dead letters) that holds a value of another type, written by
+        hand, with a sentence that names it: every script that writes it fails on it. One
+        pipelined ``TYPE`` each."""
         expected = {
             spaces.ORDINARY.index(self.prefix): "zset",
             spaces.COLD.index(self.prefix): "zset",
@@ -121,6 +122,7 @@ class StoreBase:
             self._ids: "hash",
             self._counts: "hash",
             self._totals: "hash",
+            keys.dead(self.prefix): "list",
         }
         with translated_errors():
             pipe = self.client.pipeline(transaction=False)
