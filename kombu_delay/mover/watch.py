@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 POLICY_CHECK_EVERY_S = 60.0
 #: How often the database is scanned for other key prefixes, seconds (a full ``SCAN``).
 PREFIX_CHECK_EVERY_S = 300.0
+#: How soon a scan that failed is made again, seconds: not at once, since it fails after its
+#: whole SCAN where the record it writes is refused (over maxmemory, say), every time.
+PREFIX_RETRY_S = 60.0
 #: How often the id index is walked for refs that name no bucket, seconds, in pages of
 #: :data:`FORGET_PAGE` task ids: a ref of a message lost with its bucket, or of a compressed one
 #: (compressed buckets keep no task-id list to drop refs with), would otherwise stay while
@@ -160,7 +163,7 @@ class Watch:
                     self.check_restart()
                     next_policy = now + POLICY_CHECK_EVERY_S
                 if now >= next_prefixes:
-                    next_prefixes = now + 5.0
+                    next_prefixes = now + PREFIX_RETRY_S  # until it succeeds
                     self.check_prefixes()
                     next_prefixes = now + PREFIX_CHECK_EVERY_S
                     next_recheck = now + STRANDED_RECHECK_S
