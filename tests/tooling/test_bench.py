@@ -110,6 +110,8 @@ def test_bench_scale_cpu_backpressure(tmp_path: Path) -> None:
         assert held["lost"] == 0 and held["still_scheduled"] == 0
     cpu = results["cpu"]
     assert cpu["stored_compressed"] == 300 and cpu["plain_redis_cpu_us"] > 0
+    assert cpu["plain_rounds_spread"] >= 1 and isinstance(cpu["steady"], bool)
+    assert cpu["plain_rounds_spread"] >= 1 and isinstance(cpu["steady"], bool)
     assert {row["scenario"] for row in report["targets"]} >= {"scale", "cpu"}
 
 
