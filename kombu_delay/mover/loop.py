@@ -90,6 +90,7 @@ class Mover:
         self.stats = MoverStats()
         self._stop = threading.Event()
         self._on_result = on_result
+        self._on_error = on_error
         self._on_sweep = on_sweep
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
@@ -98,9 +99,9 @@ class Mover:
         self._stuck_logged_at = float("-inf")
         self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
-        self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw, on_error=on_error)
+        self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw, on_error=self.told)
         #: The copy of each herd, ahead of its due time, that a move hands over whole.
-        self.stager = Stager(store, settings, self.name, thaw_rate=self.thawer.rate, told=self.thawer.told)
+        self.stager = Stager(store, settings, self.name, thaw_rate=self.thawer.rate, told=self.told)
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
@@ -153,7 +154,7 @@ class Mover:
                 backoff.reset()
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
-                self.thawer.told(exc)
+                self.told(exc)
                 wake.close()
                 if isinstance(exc, FATAL_ERRORS):
                     logger.error("mover %s: %s; stopping", self.name, exc)
@@ -169,6 +170,14 @@ class Mover:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 self._stop.wait(backoff.next())
         wake.close()
+
+    def told(self, exc: BaseException) -> None:
+        """Count a failed or refused call of this mover: in its errors, and in the metrics
+        (``kombu_delay_redis_errors_total``, or ``kombu_delay_mover_errors_total`` for an error
+        that is not Redis's)."""
+        self.stats.errors += 1
+        if self._on_error is not None:
+            self._on_error(exc)
 
     def drain(self) -> MoveResult:
         """Move until nothing is due (or the rate cap or a stop request says wait).
@@ -221,14 +230,14 @@ class Mover:
         try:
             result = self.store.sweep(self._sweep_cursor, SWEEP_PAGE)
         except RedisRefused as exc:  # a read-only replica, say: the next cycle tries again
-            self.thawer.told(exc)
+            self.told(exc)
             logger.warning("mover %s: sweep refused (%s); retrying in %.0f s", self.name, exc, SWEEP_EVERY_S)
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
         except redis.ResponseError as exc:  # a key of another type (by hand), a script's error
             if isinstance(exc, FATAL_ERRORS):
                 raise
-            self.thawer.told(exc)
+            self.told(exc)
             logger.error(
                 "mover %s: sweep failed (%s%s); moves go on, retrying in %.0f s",
                 self.name,

@@ -173,11 +173,12 @@ class Thawer:
         return self.store.thaw(self.settings.look_ahead_ms + 1, limit, past_maxmemory=True), True
 
     def told(self, exc: BaseException) -> None:
-        """Count a failed or refused call of this mover (the metrics' ``kombu_delay_redis_errors_total``,
-        or ``kombu_delay_mover_errors_total`` for one not Redis's)."""
-        self.stats.errors += 1
+        """Count a failed or refused thaw (the mover's :meth:`~kombu_delay.mover.loop.Mover.told`,
+        given as ``on_error``; else in this thaw's stats)."""
         if self.on_error is not None:
             self.on_error(exc)
+        else:
+            self.stats.errors += 1
 
     def _plan(self, now: float) -> None:
         """Read the cold buckets' counts and set how far the next steps reach."""
