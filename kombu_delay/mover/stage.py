@@ -177,13 +177,20 @@ class Stager:
         self._seen = {run: seen for run, seen in self._seen.items() if run in counts}
         self._count_of = counts
         rate = self.assumed_rate()
+
+        def ahead(run: tuple[int, str], at: int) -> bool:  # its lead has come, were it due at ``at``
+            return at - self.look_ahead_ms - now_ms <= thaw_plan.lead_ms(counts[run], rate)
+
+        # By its bucket's start first (nothing in it is due sooner), then by the set's first
+        # message: a herd late in its bucket is copied its lead before its own due time, not
+        # the bucket's start, which held it twice in memory up to a bucket's width longer.
         due = [
             run
             for run, n in counts.items()
-            if n >= self.min_run
-            and run not in self._settled
-            and run[0] - self.look_ahead_ms - now_ms <= thaw_plan.lead_ms(n, rate)
+            if n >= self.min_run and run not in self._settled and ahead(run, run[0])
         ]
+        heads = self.store.heads_due(due) if due else {}
+        due = [run for run in due if ahead(run, heads.get(run, run[0]))]
         free = self.store.memory_free(MEMORY_SHARE) if due else None
         for start_ms, dest in due:
             if free is not None:
