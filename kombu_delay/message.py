@@ -191,14 +191,22 @@ def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> s
     return str(props.get("delivery_tag", ""))
 
 
+def is_text(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8, as Redis is sent text: not where it holds a lone
+    surrogate (``os.fsdecode`` of bytes that are not UTF-8, a JSON ``\\udcff`` escape)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def as_read(task_id: str) -> str:
     """``task_id`` as a worker reads it from the message: JSON joins two surrogates that make a
     pair (``"\\ud83d\\ude00"``) into the one character they encode; a lone one stays."""
-    try:
-        task_id.encode()
-    except UnicodeEncodeError:
-        return task_id.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
-    return task_id
+    if is_text(task_id):
+        return task_id
+    return task_id.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
 
 
 def id_arg(task_id: str) -> str | bytes:
@@ -211,11 +219,7 @@ def id_arg(task_id: str) -> str | bytes:
     if not isinstance(task_id, str):
         raise TypeError(f"a task id is a str, not {type(task_id).__name__}")
     task_id = as_read(task_id)
-    try:
-        task_id.encode()
-    except UnicodeEncodeError:
-        return task_id.encode("utf-8", "surrogatepass")
-    return task_id
+    return task_id if is_text(task_id) else task_id.encode("utf-8", "surrogatepass")
 
 
 def message_due(message: dict[str, Any]) -> Due | None:

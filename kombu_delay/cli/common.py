@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from kombu_delay.connect import Target
+from kombu_delay.message import is_text
 from kombu_delay.redact import RedactingFilter, Redactor
 
 BROKER_ENV = "KOMBU_DELAY_BROKER"
@@ -195,11 +196,8 @@ def merge_options(
 def utf8_text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A click callback: ``value`` (a key prefix, a queue name) as given, unless it holds bytes
     that are not UTF-8 (read by the shell as lone surrogates), which no Redis key is named by."""
-    if value is not None:
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise click.BadParameter(f"{value!r} is not UTF-8 text") from None
+    if value is not None and not is_text(value):
+        raise click.BadParameter(f"{value!r} is not UTF-8 text")
     return value
 
 

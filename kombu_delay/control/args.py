@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kombu_delay.message import is_text
 from kombu_delay.store.listing import Cursor
 
 
@@ -22,10 +23,8 @@ def queue_name(value: Any) -> str:
     """``value``, a queue's name."""
     if not isinstance(value, str):
         raise TypeError(f"a queue is named by a str, not {type(value).__name__}")
-    try:
-        value.encode()
-    except UnicodeEncodeError:  # a lone surrogate: kombu could not have published to it
-        raise ValueError(f"the queue name {value!r} is not UTF-8 text") from None
+    if not is_text(value):  # a lone surrogate: kombu could not have published to it
+        raise ValueError(f"the queue name {value!r} is not UTF-8 text")
     return value
 
 

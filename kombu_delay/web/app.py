@@ -213,7 +213,7 @@ def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
         except ValueError:
             abort(400, "the cursor or limit is not one this page made")
         # A queue that is not UTF-8 text (a lone surrogate): none is named so (the control refuses it).
-        no_queue = queue is not None and surrogates.lone(queue)
+        no_queue = queue is not None and surrogates.has_surrogates(queue)
         page = Page([], None) if no_queue else control.scheduled(queue=queue, limit=limit, cursor=cursor)
         now = control.time_ms()
         # The task-name filter (a part of the name) applies to the page read: a filtered page may

@@ -92,8 +92,3 @@ class DashboardRequest(Request):
     @cached_property
     def args(self) -> MultiDict[str, str]:
         return self.parameter_storage_class(read_query(self.query_string))
-
-
-def lone(text: str) -> bool:
-    """Whether ``text`` holds a lone surrogate: no UTF-8 text does."""
-    return _SURROGATE.search(text) is not None
