@@ -20,11 +20,10 @@ Under maxmemory the mark is still written (past_maxmemory): a purge is how an op
 memory, and its calls, like a cancel's, grow it by no more than the mark.
 ]]
 --- @include clock
+--- @include buckets
 local purging = KEYS[1]
 local step, hold = tonumber(ARGV[1]), tonumber(ARGV[2])
--- A first write that changes nothing, as past_maxmemory (_buckets.lua) makes (Redis refuses
--- a script a command that may grow memory only as its first write).
-redis.pcall('HDEL', purging, '')
+past_maxmemory(purging)
 local now = clock('')
 for i = 3, #ARGV do
   local count_field, until_field = 'c:' .. ARGV[i], 'x:' .. ARGV[i]
