@@ -244,14 +244,27 @@ class Inspecting(StoreBase):
         # The message is read with its score: Redis has no cheaper way to the first score. (A
         # ZCOUNT that counts a member compares it with itself, byte by byte: a search by
         # ZCOUNT cost Redis three times this read's time with a head of 50 MB.)
-        dues: list[int] = []
-        dests = self.dests(start, space)
-        for at in range(0, len(dests), HEADS_PER_TRIP):
-            pipe = self.client.pipeline(transaction=False)
-            for dest in dests[at : at + HEADS_PER_TRIP]:
-                pipe.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
-            dues += [keys.due_of(head[0][1]) for head in pipe.execute() if head]
-        return min(dues) if dues else None
+        dues = self.heads_due([(start, dest) for dest in self.dests(start, space)], space)
+        return min(dues.values()) if dues else None
+
+    def heads_due(
+        self, sets: list[tuple[int, str]], space: spaces.Space = spaces.ORDINARY
+    ) -> dict[tuple[int, str], int]:
+        """The due time (epoch ms) of the first message of each ``(bucket start, destination)``
+        set of ``space``, :data:`HEADS_PER_TRIP` sets a round trip; a set found empty or gone
+        is left out."""
+        found: dict[tuple[int, str], int] = {}
+        for at in range(0, len(sets), HEADS_PER_TRIP):
+            some = sets[at : at + HEADS_PER_TRIP]
+            with translated_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for start, dest in some:
+                    pipe.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
+                heads = pipe.execute()
+            found.update(
+                (one, keys.due_of(head[0][1])) for one, head in zip(some, heads, strict=True) if head
+            )
+        return found
 
     def dests(self, start: int, space: spaces.Space = spaces.ORDINARY) -> list[str]:
         """Return the destinations a bucket's meta hash counts messages for, sorted."""

@@ -230,16 +230,6 @@ class Moving(StoreBase):
             return None
         return max(0, int(limit * share) - int(info.get("used_memory", 0)))
 
-    def heads_due(self, runs: list[tuple[int, str]]) -> dict[tuple[int, str], int]:
-        """The due time (epoch ms) of the first message of each ``(bucket start, destination)``
-        ordinary set, in one pipelined round trip; a set found empty or gone is left out."""
-        with translated_errors():
-            pipe = self.client.pipeline(transaction=False)
-            for start, dest in runs:
-                pipe.zrange(keys.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
-            heads = pipe.execute() if runs else []
-        return {run: keys.due_of(head[0][1]) for run, head in zip(runs, heads, strict=True) if head}
-
     def set_memory(self, start_ms: int, dest: str) -> int | None:
         """Bytes of bucket ``start_ms``'s sorted set for ``dest`` (``MEMORY USAGE``, sampled);
         ``None`` when it is gone or the ACL refuses the command."""
