@@ -1,18 +1,20 @@
 """Thaw planning: how far ahead a mover thaws, from what the cold space holds.
 
-A cold bucket must be entirely in the ordinary space by its start, or its first
-messages are late. Thawing it takes time in proportion to its size, so a fixed
+A cold bucket must be entirely in the ordinary space by its first message's due time, or
+its first messages are late. Thawing it takes time in proportion to its size, so a fixed
 lead (``delay_thaw_ahead``) is right for small buckets only. A mover therefore
-reads the counts of the first cold buckets and its own measured thaw rate, and
-begins a bucket when everything due up to it (it and the buckets before it, which
-a thaw restores first) would take, at :data:`SAFETY` times the time the rate
-predicts, longer than what is left. ``delay_thaw_ahead`` becomes the minimum lead.
+reads the counts of the first cold buckets (and of those noted as large further on) and its
+own measured thaw rate, and begins a bucket when everything due up to it (it and the buckets
+before it, which a thaw restores first) would take, at :data:`SAFETY` times the time the rate
+predicts, longer than what is left before its first message is due. ``delay_thaw_ahead``
+becomes the minimum lead.
 
 Pure functions and a small meter: no Redis here, so a test drives time and sizes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from kombu_delay.store.replies import BucketCounts
@@ -33,9 +35,9 @@ MIN_RATE = 1_000.0
 MARGIN_MS = 2_000
 #: How often a mover reads the cold buckets' counts again while it looks, seconds.
 PLAN_EVERY_S = 1.0
-#: Cold buckets a plan reads, earliest first (one ``HGETALL`` each, once a second). A bucket
-#: further out is planned once it is among them: with one-minute buckets that is hours
-#: ahead, longer than any herd that fits in memory takes to thaw.
+#: Cold buckets a plan reads, earliest first (one ``HGETALL`` each, once a second), and as many
+#: again of those noted as large (1,000 messages or more for a queue, ``keys.large``) further
+#: on: a herd is planned however many small buckets come before it.
 PLAN_BUCKETS = 256
 #: Seconds of back-to-back thaw steps that make one rate measurement.
 RATE_WINDOW_S = 0.5
@@ -57,23 +59,45 @@ def lead_ms(count: int, rate: float) -> int:
     return int(count / max(rate, MIN_RATE) * SAFETY * 1000) + MARGIN_MS
 
 
-def plan(now_ms: int, buckets: list[BucketCounts], min_lead_ms: int, rate: float) -> ThawPlan:
-    """Plan the thaw at ``now_ms`` of ``buckets`` (earliest first, as the cold index orders
-    them) at ``rate`` messages/s, with ``min_lead_ms`` (``delay_thaw_ahead``) the least lead.
-
-    A thaw restores messages in due order, so a bucket's lead counts the messages of every
-    bucket before it too. A bucket whose lead is longer than the minimum, and whose thaw
-    should have begun, is covered to its end; a smaller one is thawed ``min_lead_ms`` ahead
-    of each of its messages, as ever.
-    """
-    horizon = now_ms + min_lead_ms
-    begins: list[tuple[int, BucketCounts]] = []
+def _begins(
+    buckets: list[BucketCounts], min_lead_ms: int, rate: float, firsts: Mapping[int, int]
+) -> Iterator[tuple[int, BucketCounts]]:
+    """Each bucket whose lead is longer than the minimum, with when its thaw must begin: its
+    lead before its first message's due time (``firsts``, by bucket start), or before its
+    start where that is not known."""
     waiting = 0
     for bucket in buckets:
         waiting += bucket.count
         lead = lead_ms(waiting, rate)
         if lead > min_lead_ms:
-            begins.append((bucket.start_ms - lead, bucket))
+            yield firsts.get(bucket.start_ms, bucket.start_ms) - lead, bucket
+
+
+def coming(now_ms: int, buckets: list[BucketCounts], min_lead_ms: int, rate: float) -> list[BucketCounts]:
+    """The buckets whose thaw would begin by ``now_ms`` were their first messages due at their
+    start: those whose first due time a plan needs, to begin no earlier than it must."""
+    return [bucket for begin, bucket in _begins(buckets, min_lead_ms, rate, {}) if begin <= now_ms]
+
+
+def plan(
+    now_ms: int,
+    buckets: list[BucketCounts],
+    min_lead_ms: int,
+    rate: float,
+    firsts: Mapping[int, int] | None = None,
+) -> ThawPlan:
+    """Plan the thaw at ``now_ms`` of ``buckets`` (earliest first, as the cold index orders
+    them) at ``rate`` messages/s, with ``min_lead_ms`` (``delay_thaw_ahead``) the least lead,
+    and ``firsts`` the due time of the first message of some of them, by their start.
+
+    A thaw restores messages in due order, so a bucket's lead counts the messages of every
+    bucket before it too. A bucket whose lead is longer than the minimum, and whose thaw
+    should have begun (that lead before its first message is due, or before its start where
+    ``firsts`` does not say), is covered to its end; a smaller one is thawed ``min_lead_ms``
+    ahead of each of its messages, as ever.
+    """
+    horizon = now_ms + min_lead_ms
+    begins = list(_begins(buckets, min_lead_ms, rate, firsts or {}))
     for begin, bucket in begins:
         if begin <= now_ms:
             horizon = max(horizon, bucket.end_ms)

@@ -62,6 +62,13 @@ def index(prefix: str, space: str = "") -> str:
     return f"{ns(prefix)}{space}index"
 
 
+def large(prefix: str, space: str = "") -> str:
+    """ZSET of the buckets (of one space) whose set for a destination has reached 1,000
+    messages, for the movers' plans: member and score = bucket start. A hint: the publish
+    that reaches the size writes it, the bucket's clean-up takes it out (``lua/_put.lua``)."""
+    return f"{ns(prefix)}{space}large"
+
+
 #: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.spaces`).
 #: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
 #: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs

@@ -165,11 +165,12 @@ class Moving(StoreBase):
         return items, False
 
     def cold_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:
-        """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, earliest
-        first, each with the compressed messages it still holds, for a mover to plan its thaw.
+        """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, and the first
+        ``limit`` of those noted as large further on (:func:`keys.large`), earliest first, each
+        with the compressed messages it still holds, for a mover to plan its thaw.
 
-        Two pipelined round trips of ``limit + 2`` reads. Not atomic: a plan is an estimate,
-        made again every second.
+        Two pipelined round trips of up to ``2 * limit + 3`` reads. Not atomic: a plan is an
+        estimate, made again every second.
         """
         return self._bucket_counts(spaces.COLD, limit)
 
@@ -183,9 +184,15 @@ class Moving(StoreBase):
             pipe = self.client.pipeline(transaction=False)
             pipe.time()
             pipe.zrange(space.index(self.prefix), 0, limit - 1)
-            (sec, usec), members = pipe.execute()
+            pipe.zrange(space.large(self.prefix), 0, limit - 1)
+            (sec, usec), members, large = pipe.execute(raise_on_error=False)
+            if isinstance(members, redis.ResponseError):
+                raise members
+            # The large buckets are a hint: one of another type, or refused, hides none of the first.
+            if isinstance(large, redis.ResponseError):
+                large = []
             # A member that names no bucket (by hand) is passed over; the thaw's scan retires it.
-            starts = [start for start in map(keys.start_of, members) if start is not None]
+            starts = sorted({start for start in map(keys.start_of, [*members, *large]) if start is not None})
             pipe = self.client.pipeline(transaction=False)
             for start in starts:
                 pipe.hgetall(space.meta(self.prefix, start))

@@ -60,6 +60,10 @@ class Space:
         """ZSET of this space's bucket starts."""
         return keys.index(prefix, self.tag)
 
+    def large(self, prefix: str) -> str:
+        """ZSET of this space's buckets holding a large set (see :func:`keys.large`)."""
+        return keys.large(prefix, self.tag)
+
     def meta(self, prefix: str, start_ms: int) -> str:
         """HASH of one bucket (see :func:`keys.meta`)."""
         return keys.meta(prefix, start_ms, self.tag)

@@ -144,10 +144,12 @@ def test_a_herd_too_large_for_the_minimum_lead_is_thawed_in_time(r: redis.Redis)
     assert cold_count(r) == n + 1
     thawer = thawer_of(store, clock, rate)
 
-    clock.ms = start - 9_000  # before its planned begin (the bucket's start, not the herd's due)
+    clock.ms = start - 8_000  # its lead before its bucket's start: not before the herd's due
     assert run_thaw(thawer) == 0
-    clock.ms = start - 8_000
-    assert run_thaw(thawer) == n  # the whole bucket, 38 s before the herd is due
+    clock.ms = due - 9_000
+    assert run_thaw(thawer) == 0
+    clock.ms = due - 8_000
+    assert run_thaw(thawer) == n  # the whole bucket, 8 s before the herd is due
     assert cold_count(r) == 1 and thawer.horizon_ms == start + 60_000
     assert store.move_due(5000).moved == 0  # thawed is not due
     clock.ms = due - 1
@@ -167,10 +169,9 @@ def test_a_herd_growing_after_the_plan_is_planned_again(r: redis.Redis) -> None:
     clock = FakeClock(r)
     store = Store(r, clock=clock)
     due = clock() + 300_000
-    start = due - due % 60_000
     herd(store, due, 10)
     thawer = thawer_of(store, clock, 1000.0)
-    clock.ms = start - 10_000
+    clock.ms = due - 10_000
     assert run_thaw(thawer) == 0  # 10 messages: the minimum lead is enough
     herd(store, due, 4000, tag="late")  # the campaign is published meanwhile: 10 s of lead
     clock.advance(999)
@@ -187,7 +188,7 @@ def test_two_movers_share_a_herd_and_restore_each_message_once(
     due = clock() + 100_000
     herd(Store(r, clock=clock), due, n)
     one, two = (thawer_of(Store(r, clock=clock), clock, 1000.0) for _ in range(2))
-    clock.ms = due - due % 60_000 - 8_000  # 3000 at 1000/s: the planned begin of either mover
+    clock.ms = due - 8_000  # 3000 at 1000/s: the planned begin of either mover
 
     # The worst interleaving: the second mover thaws a whole batch while the first has
     # listed the same members and is restoring them (in Python, between its two scripts).
@@ -216,3 +217,85 @@ def test_two_movers_share_a_herd_and_restore_each_message_once(
     ids = Counter(json.loads(raw)["properties"]["delivery_tag"] for raw in r.lrange("q", 0, -1))
     assert len(ids) == n and set(ids.values()) == {1}
     assert store.counts() == {} and store.totals().get("scheduled") == n
+
+
+#: Buckets of 20 ms: a plan's first 256 cover 5 s only.
+NARROW = Settings(compress_after_ms=6000, thaw_ahead_ms=5000, bucket_width_ms=20)
+
+
+def trickle_then_herd(store: Store, first: int, n: int, settings: Settings = NARROW) -> int:
+    """One message in each of 300 narrow buckets from ``first``, then ``n`` due at one time in
+    the bucket after them, the one a plan must see; return the herd's due time."""
+    width = settings.bucket_width_ms
+    first -= first % width
+    trickle = [(Due(first + i * width, task_id=f"s{i}"), "q", kombu_payload(f"s{i}")) for i in range(300)]
+    due = first + 300 * width + width // 2
+    items = [(Due(due, task_id=f"h{i}"), "q", kombu_payload(f"h{i}", body=f"b{i}")) for i in range(n)]
+    store.schedule_many(trickle + items, settings)
+    return due
+
+
+def test_a_large_bucket_is_planned_behind_any_number_of_small_ones(r: redis.Redis, prefix: str) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = trickle_then_herd(store, clock() + 120_000, 1000)
+    start = due - due % NARROW.bucket_width_ms
+    _, buckets = store.cold_buckets(256)
+    assert len(buckets) == 257 and buckets[-1] == BucketCounts(start, start + 20, 1000, (("q", 1000),))
+    assert r.zrange(keys.large(prefix, keys.COLD), 0, -1, withscores=True) == [(str(start).encode(), start)]
+    # One short of the size is no large bucket.
+    herd(store, due + 60_000, 999, tag="y")
+    assert r.zcard(keys.large(prefix, keys.COLD)) == 1
+
+
+def test_a_herd_behind_many_narrow_buckets_begins_its_thaw_by_its_lead(r: redis.Redis) -> None:
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    n = 3000
+    due = trickle_then_herd(store, clock() + 120_000, n)
+    start = due - due % NARROW.bucket_width_ms
+    # A plan reads the first 256 buckets and the large one: its lead counts the herd and at
+    # most 256 small ones before it, at 1000/s, doubled, + 2 s (8 to 8.5 s, not the minimum 5).
+    thawer = Thawer(store, NARROW, "t", MoverStats(), monotonic=lambda: clock.ms / 1000)
+    thawer.rate = thaw_plan.Rate(1000.0)
+    clock.ms = start - thaw_plan.lead_ms(256 + n, 1000.0) - 1000
+    thawed = run_thaw(thawer)
+    assert thawed < 300 and cold_count(r) > n  # the minimum lead: the trickle's first only
+    clock.ms = start - thaw_plan.lead_ms(n, 1000.0)
+    assert run_thaw(thawer) == 300 + n - thawed and cold_count(r) == 0
+    assert not r.exists(keys.large("", keys.COLD))  # taken out with its drained bucket
+    clock.ms = due
+    assert store.move_due(5000).moved == 300 + n and r.llen("q") == 300 + n
+    assert store.counts() == {} and not r.exists(keys.large(""))
+
+
+def test_a_large_ordinary_bucket_is_planned_behind_any_number_of_small_ones(
+    r: redis.Redis, prefix: str
+) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    ordinary = Settings(compress_after_ms=0, bucket_width_ms=20)
+    due = trickle_then_herd(store, clock() + 120_000, 1000, ordinary)
+    start = due - due % 20
+    _, buckets = store.ordinary_buckets(64)
+    assert len(buckets) == 65 and buckets[-1].start_ms == start and buckets[-1].count == 1000
+    clock.ms = due
+    while store.move_due(5000).moved:
+        pass
+    assert store.counts() == {} and not r.exists(keys.large(prefix))
+
+
+def test_a_large_bucket_hint_of_another_type_stores_and_plans_all_the_same(
+    r: redis.Redis, prefix: str
+) -> None:
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    r.set(keys.large(prefix, keys.COLD), "by hand")
+    due = trickle_then_herd(store, clock() + 120_000, 1000)
+    assert cold_count(r, prefix) == 1300
+    _, buckets = store.cold_buckets(256)
+    assert len(buckets) == 256  # the first buckets, as before there was a hint
+    clock.ms = due
+    thawer = Thawer(store, NARROW, "t", MoverStats(), monotonic=lambda: clock.ms / 1000)
+    assert run_thaw(thawer) == 1300 and cold_count(r, prefix) == 0
+    assert r.get(keys.large(prefix, keys.COLD)) == b"by hand"

@@ -5,7 +5,8 @@ space(ns, tag)
   The space ``tag`` ('' or 'c') of namespace ``ns``: {tag, cold (true for 'c'), index (its
   ZSET of bucket starts)} and the keys of one of its buckets, called as methods:
   s:meta(start_s), s:zset(start_s, dest), s:tasks(start_s), s:staged(start_s, dest) (a herd's
-  list built ahead, see _staged.lua); ``tasks`` (the task-id list) is
+  list built ahead, see _staged.lua), and s:large() (its ZSET of the buckets holding a large
+  run for a destination, see note_if_large in _put.lua); ``tasks`` (the task-id list) is
   nil in the cold space, whose refs leave the id index one by one (thaw, take, purge) instead
   of with their drained bucket. Methods, not closures: a space is made in every call of most
   scripts, and a closure per key kind was a good part of a publish's Redis CPU.
@@ -26,6 +27,7 @@ cold_task_id(member)
 local function space_meta(s, start_s) return s.keys .. 'm:' .. start_s end
 local function space_zset(s, start_s, dest) return s.keys .. 'z:' .. start_s .. ':' .. dest end
 local function space_staged(s, start_s, dest) return s.keys .. 'h:' .. start_s .. ':' .. dest end
+local function space_large(s) return s.keys .. 'large' end
 local function space_tasks(s, start_s)
   if not s.cold then return s.keys .. 't:' .. start_s end
 end
@@ -34,7 +36,8 @@ local function space(ns, tag)
   -- One constructor: a table grown field by field is rehashed as it grows. ``keys``: what
   -- the space's keys start with.
   return {tag = tag, cold = tag ~= '', keys = ns .. tag, index = ns .. tag .. 'index',
-          meta = space_meta, zset = space_zset, tasks = space_tasks, staged = space_staged}
+          meta = space_meta, zset = space_zset, tasks = space_tasks, staged = space_staged,
+          large = space_large}
 end
 
 local function split_bucket(text)
