@@ -14,8 +14,7 @@ whole Redis process: the messages of each side are due at one instant, a herd, w
 copies ahead of its due time and hands over whole (see kombu_delay/mover/stage.py), and whose
 sorted set Redis frees in a background thread; both are part of the move's cost. The thaw
 figure runs from the end of the publish until nothing is left compressed. Every delayed
-message goes into one-second buckets, so that clean-up and the thaw follow the due time
-closely.
+message goes into one-second buckets, so that the clean-up follows the due time closely.
 
 Redis spends CPU every second whatever is stored: its own timers, the idle mover's looks and
 heartbeat, and this scenario's polls. That is a cost per second, not per message, and each
@@ -49,7 +48,7 @@ THAW_AHEAD_S = 2.0
 #: Seconds a mover is given after its first heartbeat before anything is measured.
 SETTLE_S = 2.0
 #: Bucket width of every delayed message here, s: a mover cleans up a bucket once it has
-#: ended, and a plan begins a bucket's thaw by its start, so both follow the due time closely.
+#: ended, so the clean-up follows the due time closely.
 BUCKET_S = 1
 #: Rounds of plain and delayed publishes, alternating.
 ROUNDS = 5
@@ -186,9 +185,8 @@ def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
     thaw and their move; return both sides of the publish, the Redis CPU of the thaw and of
     the move with their windows (:class:`Side`), and whether the thaw was done before the due
     time."""
-    # Compressed: the mover thaws them (as planned: a few seconds ahead) before due. A plan
-    # begins a bucket's thaw by its start, not by its first message: one-second buckets keep
-    # that start next to the due time, so the thaw cannot begin during the publish.
+    # Compressed: the mover thaws them (as planned: a few seconds ahead) before due, its lead
+    # before their due time, so the thaw cannot begin during the publish.
     options = {
         "delay_compress_after": COMPRESS_AFTER_S,
         "delay_thaw_ahead": THAW_AHEAD_S,
