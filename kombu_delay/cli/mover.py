@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,7 +21,9 @@ from kombu_delay.connect import Target
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.mover import mover_id, open_when_reachable
 from kombu_delay.mover.loop import Mover
-from kombu_delay.store import Store
+
+if TYPE_CHECKING:
+    from kombu_delay.ops.metrics import MoverMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +108,16 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
     stopping = threading.Event()
     running: list[Mover] = []
     handle_stop_signals(name, stopping, running)
+    # Served before Redis answers: a scrape then shows the mover up, counting its failed tries.
+    metrics = serve_metrics_on(metrics_port, metrics_addr)
     try:
-        with open_when_reachable(tgt, stopping, name) as store:
+        with open_when_reachable(tgt, stopping, name, None if metrics is None else metrics.on_error) as store:
             if store is None:
                 return
-            hooks = metrics_hooks(store, metrics_port, metrics_addr)
+            hooks: dict[str, Any] = {}
+            if metrics is not None:
+                metrics.store = store
+                hooks = metrics.hooks()
             running.append(Mover(store, settings, name=name, **hooks))
             if not stopping.is_set():
                 running[0].run()
@@ -157,14 +164,14 @@ def handle_stop_signals(name: str, stopping: threading.Event, running: list[Move
         signal.signal(signal.SIGHUP, on_signal)
 
 
-def metrics_hooks(store: Store, port: int | None, addr: str) -> dict[str, Any]:
-    """Serve Prometheus metrics on ``addr:port`` and return the mover hooks that feed them;
-    none without a port (``prometheus_client`` is then never imported)."""
+def serve_metrics_on(port: int | None, addr: str) -> MoverMetrics | None:
+    """Serve Prometheus metrics on ``addr:port`` and return their series, for a mover's store
+    and hooks; ``None`` without a port (``prometheus_client`` is then never imported)."""
     if port is None:
-        return {}
+        return None
     from kombu_delay.ops.metrics import serve_metrics
 
     try:
-        return serve_metrics(store, port, addr)
+        return serve_metrics(None, port, addr)
     except OSError as exc:  # the port is taken, say
         raise click.ClickException(f"cannot serve metrics on {addr}:{port}: {exc}") from exc

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 from kombu_delay.connect import Target, with_socket_timeouts
@@ -27,12 +27,18 @@ def mover_id() -> str:
 
 
 @contextmanager
-def open_when_reachable(target: Target, stopping: threading.Event, name: str) -> Iterator[Store | None]:
+def open_when_reachable(
+    target: Target,
+    stopping: threading.Event,
+    name: str,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> Iterator[Store | None]:
     """Open ``target``'s store, waiting with backoff while Redis cannot be reached: a
     sidecar, or a worker with an embedded mover, may start before its Redis does. Other
     refusals (a wrong password, an ACL) are raised. Yields ``None`` if ``stopping`` is set
     before Redis answers. Its connection has socket timeouts (see
-    :func:`~kombu_delay.connect.with_socket_timeouts`).
+    :func:`~kombu_delay.connect.with_socket_timeouts`). ``on_error`` is told of each failed
+    try (the metrics count it).
     """
     backoff = Backoff()
     target = with_socket_timeouts(target)
@@ -41,6 +47,8 @@ def open_when_reachable(target: Target, stopping: threading.Event, name: str) ->
             try:
                 store = stack.enter_context(target.open())
             except RedisUnavailable as exc:
+                if on_error is not None:
+                    on_error(exc)
                 delay = backoff.next()
                 logger.warning("mover %s: %s; retrying in %.1f s", name, exc, delay)
                 stopping.wait(delay)

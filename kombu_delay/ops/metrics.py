@@ -92,8 +92,10 @@ class QueueSeries:
         return out, dropped
 
 
-def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str, Any]:
-    """Start the ``/metrics`` HTTP server; return the mover hooks that feed it."""
+def serve_metrics(store: Store | None, port: int, addr: str = "127.0.0.1") -> MoverMetrics:
+    """Start the ``/metrics`` HTTP server and return its series; a mover feeds them through
+    their :meth:`~MoverMetrics.hooks`. ``store`` may come later (:attr:`MoverMetrics.store`):
+    a mover serves its metrics while it waits for Redis, counting each failed try."""
     try:
         import prometheus_client as prom
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -105,14 +107,15 @@ def serve_metrics(store: Store, port: int, addr: str = "127.0.0.1") -> dict[str,
     with stop_signals_blocked():  # its threads leave SIGTERM and SIGINT to the main one
         prom.start_http_server(port, addr=addr, registry=metrics.registry)
     logger.info("metrics on http://%s:%d/metrics", addr, port)
-    return metrics.hooks()
+    return metrics
 
 
 class MoverMetrics:
     """The series of one mover, in their own registry, and the hooks of
     :class:`~kombu_delay.mover.loop.Mover` that feed them."""
 
-    def __init__(self, store: Store, prom: Any) -> None:
+    def __init__(self, store: Store | None, prom: Any) -> None:
+        #: Where the per-queue counts are read; ``None`` until Redis has answered.
         self.store = store
         self.registry = prom.CollectorRegistry()
         self._series = QueueSeries()
@@ -210,6 +213,8 @@ class MoverMetrics:
 
     def collect_scheduled(self) -> None:
         """Re-read the per-queue scheduled counts (bounded series: :class:`QueueSeries`)."""
+        if self.store is None:
+            return
         try:
             current = self.store.counts()
         except Exception as exc:

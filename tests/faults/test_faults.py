@@ -32,7 +32,7 @@ from kombu_delay.errors import BadETA, DelayTooLong, OverMaxmemory, RedisRefused
 from kombu_delay.message import Due, to_ms
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
-from kombu_delay.tooling.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.faults import (
     CHAOS,
     Consumer,
@@ -45,6 +45,7 @@ from tests.support.faults import (
     rss_kb,
     started,
 )
+from tests.support.metrics import try_scrape
 from tests.support.procs import wait_for, wait_until
 from tests.support.servers import TLSRedisServer, running_tls_server
 from tests.support.stored import behind
@@ -291,15 +292,22 @@ def test_publish_while_redis_is_down_raises_a_connection_error_and_a_retry_deliv
 
 def test_a_mover_started_before_its_redis_waits_for_it_then_moves(tmp_path: Path) -> None:
     """A sidecar may start before Redis does: the mover logs, backs off and keeps trying,
-    and once Redis is up it moves what is due, once."""
+    serving its metrics meanwhile (each failed try counted), and once Redis is up it moves
+    what is due, once."""
     server = RedisServer()  # its port is chosen now; nothing listens there yet
-    with Movers(server.delay_url, tmp_path) as movers:
+    port = free_port()
+    with Movers(server.delay_url, tmp_path, "--metrics-port", str(port)) as movers:
         movers.start(1)
         mover = movers.procs[0]
         assert wait_for(lambda: "retrying in" in mover.output(), DEADLINE_S), movers.logs()
         assert mover.popen.poll() is None, movers.logs()  # waiting, not exited
+        waiting = wait_until(lambda: try_scrape(port), DEADLINE_S)
+        assert waiting and waiting[("kombu_delay_redis_errors_total", ())] >= 1, movers.logs()
+        passed = ("kombu_delay_last_pass_timestamp_seconds", ())
+        assert waiting[passed] == 0  # no move call yet
         with server:
             assert wait_for(lambda: started(mover), DEADLINE_S), movers.logs()
+            assert wait_for(lambda: (try_scrape(port) or {}).get(passed, 0) > 0, DEADLINE_S)
             ledger = Ledger()
             conn = Connection(server.delay_url)
             producer = conn.Producer(serializer="json")

@@ -204,7 +204,7 @@ def test_custom_priority_separator(redis_server, r, prefix):
         store.clock = clock
         clock.advance(60_000)  # the 30 s one is due, the others not
         port = free_port()
-        mover = Mover(store, Settings.from_options(options), name="sep", **serve_metrics(store, port))
+        mover = Mover(store, Settings.from_options(options), name="sep", **serve_metrics(store, port).hooks())
 
         def settled() -> dict | None:
             mover.drain()
