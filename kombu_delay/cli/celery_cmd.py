@@ -101,5 +101,8 @@ def mover(ctx: click.Context, /, **flags: Any) -> None:
     run_tuned(target(ctx), **flags)
 
 
+# What --broker falls back to here (cli.common.BrokerOption): the app's, not the environment.
+delay.broker_fallback = "else the Celery app's broker_write_url or broker_url"  # type: ignore[attr-defined]
+
 for _command in (health, *INSPECT_COMMANDS, *LOOKUP_COMMANDS):
     delay.add_command(_command)

@@ -201,15 +201,28 @@ def utf8_text(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return value
 
 
+class BrokerOption(click.Option):
+    """``--broker``, whose help names the fallback of the group it runs under: a group that
+    reads the broker elsewhere (``celery -A proj delay``: the app's) says so in its
+    ``broker_fallback`` attribute."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        fallback = f"else env {BROKER_ENV}, then {CELERY_ENV}, then {DEFAULT_BROKER}"
+        at: click.Context | None = ctx
+        while at is not None:
+            fallback = getattr(at.command, "broker_fallback", None) or fallback
+            at = at.parent
+        self.help = (
+            f"Broker URL ({fallback}). redis://, rediss://, sentinel:// and redis+socket:// "
+            "are accepted too."
+        )
+        return super().get_help_record(ctx)
+
+
 def _options() -> list[click.Parameter]:
     """Fresh instances of the global options (each command owns its parameters)."""
     return [
-        click.Option(
-            ["--broker", "-b"],
-            default=None,
-            help=f"Broker URL (else env {BROKER_ENV}, then {CELERY_ENV}, then {DEFAULT_BROKER}). "
-            "redis://, rediss://, sentinel:// and redis+socket:// are accepted too.",
-        ),
+        BrokerOption(["--broker", "-b"], default=None),
         click.Option(
             ["--prefix"],
             default=None,

@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 from celery import Celery
+from click.testing import CliRunner
 
+from kombu_delay.cli import main
 from kombu_delay.store import keys
 from tests.support.procs import ROOT, wait_until
 from tests.support.workers import ECOSYSTEM_APP, check_once_and_on_time, eco_ledger, start_eco_worker
@@ -230,3 +232,17 @@ def test_delay_says_when_the_app_publishes_through_plain_redis(r, redis_server):
     delayed = run_celery({**plain, "ECO_BROKER": redis_server.delay_url}, "delay", "stats", "--json")
     assert delayed.returncode == 0, delayed.stderr
     assert "plain Redis" not in delayed.stderr
+
+
+def test_delay_commands_say_the_broker_falls_back_to_the_apps(r, redis_server):
+    # They said "else env KOMBU_DELAY_BROKER, then CELERY_BROKER_URL", which the celery form
+    # never reads: it takes the app's broker.
+    env = eco_env(redis_server, {})
+    for command in ("mover", "stats"):
+        shown = run_celery(env, "delay", command, "--help")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        text = " ".join(shown.stdout.split())
+        assert "Broker URL (else the Celery app's broker_write_url or broker_url)" in text, text
+        assert "KOMBU_DELAY_BROKER" not in text
+    alone = CliRunner().invoke(main, ["stats", "--help"]).output
+    assert "else env KOMBU_DELAY_BROKER, then CELERY_BROKER_URL" in " ".join(alone.split())
