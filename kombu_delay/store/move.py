@@ -75,7 +75,7 @@ class Moving(StoreBase):
                 args=[self.ns, ahead_ms, limit, self._now(now_ms), "1" if past_maxmemory else "0"],
             )
             scanned_ms, next_ms, more, expired, recounted = (int(x) for x in reply[:5])
-            items, cut = self._restored(reply[5:])
+            items, cut, corrupt = self._restored(reply[5:])
             more = more or cut
             thawed = dead = gone = 0
             if items:
@@ -101,6 +101,7 @@ class Moving(StoreBase):
                     )
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done)
                 recounted += recounted_after
+                self._log_dead(corrupt, dead - blocked)
                 if blocked:
                     logger.error(
                         "%d thawed messages could not be stored: a key of their ordinary bucket is "
@@ -119,10 +120,29 @@ class Moving(StoreBase):
             more=bool(more),
         )
 
-    def _restored(self, listed: list[Any]) -> tuple[list[Any], bool]:
+    def _log_dead(self, corrupt: list[str], dead: int) -> None:
+        """Log the members of a thaw call that could not be restored (``corrupt``: why, each),
+        of which the call dead-lettered ``dead``: the others another mover took first, and
+        logs."""
+        if not corrupt:
+            return
+        if dead <= 0:
+            logger.debug("cold messages another mover took first could not be restored: %s", corrupt)
+            return
+        logger.error(
+            "%d cold scheduled message%s could not be restored (%s); %s to the dead-letter list %s",
+            dead,
+            "" if dead == 1 else "s",
+            "; ".join(corrupt[:5]) + ("; ..." if len(corrupt) > 5 else ""),
+            "it goes" if dead == 1 else "they go",
+            keys.dead(self.prefix),
+        )
+
+    def _restored(self, listed: list[Any]) -> tuple[list[Any], bool, list[str]]:
         """``thaw.lua``'s arguments for the members ``thaw_scan.lua`` listed (start, score, dest,
         member each): start, due time, id-index ref, dest, member and message each, the message
-        ``b""`` (logged) when it cannot be restored: a member that does not decompress, whose
+        ``b""`` when it cannot be restored (why, in the list returned last, for
+        :meth:`_log_dead` once the call says how many it took): a member that does not decompress, whose
         score is no due time (:func:`_due_ms`), or that restores to a message longer than the
         server takes in one argument (its ``proto-max-bulk-len`` lowered since its publish).
         About :data:`~kombu_delay.store.keys.CALL_BYTES` of restored messages (at least one) go
@@ -130,10 +150,11 @@ class Moving(StoreBase):
         holds Redis while it stores them, and a highly compressed message restores to many
         times its member)."""
         items: list[Any] = []
+        corrupt: list[str] = []
         size = 0
         for i in range(0, len(listed), 4):
             if items and size >= keys.CALL_BYTES:
-                return items, True
+                return items, True, corrupt
             start, score, dest, member = listed[i : i + 4]
             stored = Stored(int(start), float(score), as_text(dest), bytes(member), cold=True)
             # Kept where nothing can be made of the score: the bucket's start stands for its due
@@ -151,18 +172,11 @@ class Moving(StoreBase):
                         f"({limit}, proto-max-bulk-len), so no thaw can send it"
                     )
             except CorruptMember as exc:
-                logger.error(
-                    "cold message in bucket %s for %r cannot be restored (%s); it goes to the "
-                    "dead-letter list %s",
-                    as_text(start),
-                    stored.dest,
-                    exc,
-                    keys.dead(self.prefix),
-                )
+                corrupt.append(f"bucket {as_text(start)} for {stored.dest!r}: {exc}")
                 message = b""
             items += [start, due_ms, ref, dest, member, message]
             size += len(member) + len(message)
-        return items, False
+        return items, False, corrupt
 
     def cold_buckets(self, limit: int) -> tuple[int, list[BucketCounts]]:
         """Return the Redis clock (epoch ms) and the first ``limit`` cold buckets, and the first

@@ -1046,3 +1046,33 @@ def test_a_thaw_cut_by_its_limit_says_more(r):
     assert (first.thawed, first.more) == (100, True), first
     last = store.thaw(FAST.thaw_ahead_ms, 100, now_ms=due - 1000)
     assert (last.thawed, last.more) == (50, False), last
+
+
+def test_a_member_two_movers_fail_to_restore_is_logged_once(r, caplog, monkeypatch):
+    # Each mover logged the member it could not restore before its thaw call, whichever of
+    # them took it: two movers, two ERRORs for one dead letter.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    for tag in ("a", "bad"):
+        store.schedule(Due(clock() + 2100, task_id=tag), "q", kombu_payload(tag), JUST_COLD)
+    [(start, bad)] = [(start, m) for start, _, m, _ in cold_members(r) if cold.unpack(m)[0] == "bad"]
+    key = keys.queue_set("", start, "q", keys.COLD)
+    r.zadd(key, {bad[:-3]: r.zscore(key, bad)})  # cut short: it no longer inflates
+    r.zrem(key, bad)
+    clock.advance(150)
+    one, two = Store(r, clock=clock), Store(r, clock=clock)
+    unpack, interleaved = cold.unpack, []
+
+    def unpack_after_the_other(member: bytes) -> tuple[str, bytes]:
+        if not interleaved:  # the other mover thaws the whole batch first
+            interleaved.append(member)
+            assert two.thaw(2000, 10).dead == 1
+        return unpack(member)
+
+    monkeypatch.setattr(cold, "unpack", unpack_after_the_other)
+    with caplog.at_level("DEBUG", logger="kombu_delay"):
+        result = one.thaw(2000, 10)
+    assert (result.thawed, result.dead, result.gone) == (0, 0, 2)
+    errors = [rec for rec in caplog.records if rec.levelname == "ERROR"]
+    assert len(errors) == 1 and "1 cold scheduled message could not be restored" in errors[0].getMessage()
+    assert "dead-letter list" in errors[0].getMessage() and r.llen(keys.dead("")) == 1
