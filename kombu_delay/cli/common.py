@@ -213,8 +213,7 @@ class BrokerOption(click.Option):
             fallback = getattr(at.command, "broker_fallback", None) or fallback
             at = at.parent
         self.help = (
-            f"Broker URL ({fallback}). redis://, rediss://, sentinel:// and redis+socket:// "
-            "are accepted too."
+            f"Broker URL ({fallback}). redis://, rediss://, sentinel:// and redis+socket:// are accepted too."
         )
         return super().get_help_record(ctx)
 
