@@ -167,8 +167,15 @@ def app_target(app: Any) -> Target:
         url = ";".join(str(one) for one in url)
     if not url:
         raise ConfigError("the Celery app has no broker_url")
-    own_write_url = os.environ.get("CELERY_BROKER_WRITE_URL") or conf.get("broker_write_url")
-    source = "the Celery app's " + ("broker_write_url" if own_write_url else "broker_url")
+    # Celery's environment variables win over the app's own settings: the source says which.
+    if os.environ.get("CELERY_BROKER_WRITE_URL"):
+        source = "CELERY_BROKER_WRITE_URL, the Celery app's broker_write_url"
+    elif conf.get("broker_write_url"):
+        source = "the Celery app's broker_write_url"
+    elif os.environ.get("CELERY_BROKER_URL"):
+        source = "CELERY_BROKER_URL, the Celery app's broker_url"
+    else:
+        source = "the Celery app's broker_url"
     return Target(str(url), dict(conf.broker_transport_options or {}), ssl=conf.broker_use_ssl, source=source)
 
 

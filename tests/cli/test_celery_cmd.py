@@ -246,3 +246,13 @@ def test_delay_commands_say_the_broker_falls_back_to_the_apps(r, redis_server):
         assert "KOMBU_DELAY_BROKER" not in text
     alone = CliRunner().invoke(main, ["stats", "--help"]).output
     assert "else env KOMBU_DELAY_BROKER, then CELERY_BROKER_URL" in " ".join(alone.split())
+
+
+def test_delay_names_celerys_environment_as_the_source_of_the_broker(r, redis_server):
+    # Celery's CELERY_BROKER_URL wins over the app's broker_url: the source said the app's.
+    env = {**eco_env(redis_server, {}), "CELERY_BROKER_URL": redis_server.delay_url}
+    done = run_celery(env, "delay", "stats", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(CELERY_BROKER_URL, the Celery app's broker_url)" in done.stderr, done.stderr
+    done = run_celery({**env, "CELERY_BROKER_WRITE_URL": redis_server.delay_url}, "delay", "stats", "--json")
+    assert "(CELERY_BROKER_WRITE_URL, the Celery app's broker_write_url)" in done.stderr, done.stderr
