@@ -87,7 +87,7 @@ class Moving(StoreBase):
                     cold_index,
                     keys.dead(self.prefix),
                 ]
-                largest = max(len(item) for item in items[5::6])  # the messages restored
+                largest = max(len(item) for item in items[6::7])  # the messages restored
                 with self.sending(largest):
                     done = self._scripts["thaw"](
                         keys=call_keys,
@@ -174,7 +174,7 @@ class Moving(StoreBase):
             except CorruptMember as exc:
                 corrupt.append(f"bucket {as_text(start)} for {stored.dest!r}: {exc}")
                 message = b""
-            items += [start, due_ms, ref, dest, member, message]
+            items += [start, due_ms, ref, dest, member, score, message]
             size += len(member) + len(message)
         return items, False, corrupt
 

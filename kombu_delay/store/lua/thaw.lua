@@ -13,20 +13,24 @@ ARGV[3] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through 
 ARGV[4] past    "1": thaw even past maxmemory (the caller lists only messages due now, which
         must reach their queues: under maxmemory nothing else frees memory while every due
         message is compressed); "0": refused whole under maxmemory
-ARGV[5..] one group of six per message: start (its cold bucket), due (epoch ms), ref (its
+ARGV[5..] one group of seven per message: start (its cold bucket), due (epoch ms), ref (its
         id-index ref in the cold space, "c<start>:<offset>:<seq>", as put wrote it), dest,
-        member (the cold member, exactly as listed), message (the JSON string it restores
-        to; "" when it could not be restored). The caller makes due and ref from the score
+        member (the cold member, exactly as listed), score (as listed), message (the JSON
+        string it restores to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
 Returns: {thawed, dead, gone, recounted, blocked}; gone: members another mover thawed first,
          or that were cancelled meanwhile (nothing written for them), and the rare one whose
          identical twin was stored already (counted as cancelled); recounted: as
          thaw_scan.lua's; blocked: of the dead, those whose ordinary bucket has a key of
          another type (written by hand), where no message can be stored.
-Bound: two O(log n) commands per message (its ZREM and ZADD), a constant number per bucket
+Bound: three O(log n) commands per message (its ZSCORE, ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
-Each message leaves the cold space (ZREM first, so a member already gone is left alone)
+Each message leaves the cold space (ZREM first, so a member already gone is left alone; and
+only at the score listed: a message with no ETA of its own (an x-delay) keeps its bytes when
+it is rescheduled, so a reschedule within its bucket between the listing and this call leaves
+the same member at another score, which the next listing finds there, and which must not be
+stored at the due time listed before)
 and enters the ordinary one (put_group in _put_group.lua) in this one script, so a crash can
 neither lose nor duplicate one; its id-index ref is replaced by the new one. It keeps its due time, and its bucket width, grace and
 x-expires as its publisher set them; one that is overdue (no mover ran in time) goes into
@@ -96,7 +100,7 @@ local function has_type(key, wanted)
 end
 -- Keyed by the start as a number, as the groups are: text made per message would cost a good
 -- part of a thaw (see the groups below).
-for i = FIRST, #ARGV, 6 do
+for i = FIRST, #ARGV, 7 do
   local due, dest = tonumber(ARGV[i + 1]), ARGV[i + 3]
   local start = due - due % cold_meta_of(ARGV[i]).width
   local of_start = fit[start]
@@ -117,13 +121,17 @@ end
 -- that was cancelled, is gone, and nothing is written for it). The counts stay: the
 -- messages are still scheduled. The ordinary buckets' work is then done per bucket and
 -- destination (put_group), and the cold buckets' meta counts once per bucket.
-for i = FIRST, #ARGV, 6 do
-  local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+for i = FIRST, #ARGV, 7 do
+  local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 6]
   local meta = cold_meta_of(start_s)
   if meta.expires[dest] == nil then
     meta.expires[dest] = tonumber(redis.call('HGET', cs:meta(start_s), 'e:' .. dest) or 0)
   end
-  if redis.call('ZREM', cs:zset(start_s, dest), member) == 0 then
+  local zset, listed = cs:zset(start_s, dest), ARGV[i + 5]
+  local score = redis.call('ZSCORE', zset, member)
+  if score ~= listed and (not score or tonumber(score) ~= tonumber(listed)) then
+    gone = gone + 1  -- taken, or rescheduled in its bucket since it was listed
+  elseif redis.call('ZREM', zset, member) == 0 then
     gone = gone + 1
   else
     local due = tonumber(due_s)
