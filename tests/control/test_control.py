@@ -210,6 +210,37 @@ def test_reschedule_keeps_an_x_delay_message_as_it_is(r, redis_server, prefix):
         assert ctl.find(item.task_id)[0].due_ms > item.due_ms + 50_000
 
 
+def test_a_thaw_listed_before_a_reschedule_in_its_bucket_keeps_the_new_time(r, redis_server, prefix):
+    # An x-delay message keeps its bytes when rescheduled: a reschedule within its cold bucket,
+    # between a thaw's listing and its store, left the same member at another score, which
+    # the thaw claimed by its bytes and stored at the due time it had listed (the old one).
+    cold = {**options(prefix), "delay_compress_after": 60}
+    with Connection(redis_server.delay_url, transport_options=cold) as conn:
+        queue = Queue("plain", Exchange("plain", "direct"), "plain")
+        Producer(conn.default_channel).publish(
+            {"n": 1}, exchange=queue.exchange, routing_key="plain", declare=[queue], headers={"x-delay": 6e5}
+        )
+    with DelayControl(redis_server.url, cold) as ctl:
+        (item,) = ctl.scheduled().items
+        assert r.zcard(keys.cold_index(prefix)) == 1  # stored compressed
+        old = item.due_ms
+        new = old + 20_000 if old % 60_000 < 30_000 else old - 20_000  # in the same bucket
+        store = Store(r, prefix)
+        restored = store._restored
+
+        def rescheduled_meanwhile(listed: list[Any]) -> Any:
+            assert ctl.reschedule(item.task_id, eta=datetime.fromtimestamp(new / 1000, UTC)) == 1
+            return restored(listed)
+
+        store._restored = rescheduled_meanwhile  # type: ignore[method-assign]
+        first = store.thaw(3_600_000, 100)
+        assert (first.thawed, first.gone) == (0, 1)
+        store._restored = restored  # type: ignore[method-assign]
+        assert store.thaw(3_600_000, 100).thawed == 1
+        (found,) = ctl.find(item.task_id)
+        assert found.due_ms == new and r.zcard(keys.cold_index(prefix)) == 0
+
+
 def test_reschedule_to_now_onto_a_key_that_is_not_a_list_keeps_the_message(r, redis_server, prefix):
     app = publisher(redis_server, prefix)
     sent = app.send_task("t.wrongtype", countdown=600, queue="wrongq")
@@ -623,7 +654,7 @@ def test_a_purge_mark_a_dead_purger_left_goes_by_itself_while_other_queues_are_p
             ctl.reschedule(sent.id, countdown=300)
         ctl.store._scripts["purging"](keys=[mark], args=[-1, 60_000, *dests])  # it ended
         ctl.store._scripts["purging"](keys=[mark], args=[1, 1, *dests])  # one that died: 1 ms
-        until = int(r.hget(mark, f"x:{prefix}emails"))
+        until = int(r.hget(mark, f"x:{prefix}emails") or 0)  # (gone already: its 1 ms has passed)
         wait_until(lambda: int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000 > until)
         assert ctl.purge("other") == 0  # renews the hash's expiry
         assert ctl.reschedule(sent.id, countdown=300) == 1
