@@ -299,3 +299,20 @@ def test_a_large_bucket_hint_of_another_type_stores_and_plans_all_the_same(
     thawer = Thawer(store, NARROW, "t", MoverStats(), monotonic=lambda: clock.ms / 1000)
     assert run_thaw(thawer) == 1300 and cold_count(r, prefix) == 0
     assert r.get(keys.large(prefix, keys.COLD)) == b"by hand"
+
+
+def test_a_hint_of_a_bucket_let_go_without_it_is_forgotten_once_begun(r: redis.Redis, prefix: str) -> None:
+    # A mover of 1.0.0 lets a bucket go without taking it out of the hint: stale entries sort
+    # first, and enough of them hid every large bucket behind them from the plans.
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = trickle_then_herd(store, clock() + 120_000, 1000)
+    start = due - due % NARROW.bucket_width_ms
+    past, ahead = clock() - 60_000, due + 10**6
+    for space in (keys.COLD, ""):
+        r.zadd(keys.large(prefix, space), {str(past): past, str(ahead): ahead})
+    _, buckets = store.cold_buckets(256)
+    assert buckets[-1].start_ms == ahead and buckets[-1].count == 0  # ahead: kept, counts nothing
+    assert r.zrange(keys.large(prefix, keys.COLD), 0, -1) == [str(start).encode(), str(ahead).encode()]
+    store.ordinary_buckets(64)
+    assert r.zrange(keys.large(prefix), 0, -1) == [str(ahead).encode()]
