@@ -7,12 +7,9 @@ index or per-bucket counters, so none of them scans the scheduled messages.
 
 from __future__ import annotations
 
-import math
-import numbers
 import re
 import threading
 from datetime import UTC, datetime
-from decimal import Decimal
 from types import TracebackType
 from typing import Any
 
@@ -173,13 +170,13 @@ class DelayControl:
         # that ends last wins. A look again reschedules every message not yet at the new time
         # (one the other edit moved after this one had, too), but counts no more than were
         # missed: each message once.
-        done = sum(self._reschedule_one(task_id, stored, due_ms) for stored in found)
+        done = self._reschedule_each(task_id, found, due_ms, 0)
         missed = len(found) - done
         for _ in range(EDIT_LOOKS - 1):
             if not missed:
                 return done
             again = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]
-            counted = min(missed, sum(self._reschedule_one(task_id, stored, due_ms) for stored in again))
+            counted = min(missed, self._reschedule_each(task_id, again, due_ms, done))
             done, missed = done + counted, missed - counted
         left = [stored for stored in store.find(task_id) if stored.due_ms != due_ms] if missed else []
         if left:
@@ -188,6 +185,20 @@ class DelayControl:
                 f"times it looked; {done} rescheduled, {len(left)} still at another time (try again)"
             )
         return done
+
+    def _reschedule_each(self, task_id: str, found: list[Stored], due_ms: int, done: int) -> int:
+        """Reschedule each of ``found`` (``done`` of the id's rescheduled before); return how
+        many were. A message whose queue is being purged raises :class:`EditConflict` saying
+        how many were rescheduled before it (of the id's messages in other queues)."""
+        count = 0
+        for stored in found:
+            try:
+                count += self._reschedule_one(task_id, stored, due_ms)
+            except EditConflict as exc:
+                if done + count:
+                    raise EditConflict(f"{exc}; {done + count} of its messages rescheduled before") from None
+                raise
+        return count
 
     def _reschedule_one(self, task_id: str, stored: Stored, due_ms: int) -> bool:
         """Reschedule one found message; False when it left its place meanwhile."""
@@ -305,15 +316,7 @@ class DelayControl:
         if eta is not None:
             due_ms = to_ms(eta)
         else:
-            if isinstance(countdown, bool) or not isinstance(countdown, numbers.Real | Decimal):
-                raise TypeError(f"countdown is a number of seconds, not {type(countdown).__name__}")
-            seconds = float(countdown)  # (float() took True, "5", b"5" and `or 0` took [])
-            if not math.isfinite(seconds):
-                raise ValueError(f"countdown {seconds} is not a finite number of seconds")
-            # Bounded before * 1000, which overflows a float near 1e305 s. MAX_DUE_MS seconds
-            # either way is far past the ceiling or before the epoch, so no outcome changes.
-            seconds = min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)
-            due_ms = self.store.time_ms() + round(seconds * 1000)
+            due_ms = self.store.time_ms() + round(args.countdown_seconds(countdown) * 1000)
         # Any time before the epoch is as past as the epoch: the message goes to its queue now
         # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
         # fails before the year 1, and on some platforms before 1970) and read by any worker.

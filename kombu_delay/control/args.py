@@ -4,9 +4,13 @@ anything reaches Redis (where it failed on an attribute, or was taken for someth
 
 from __future__ import annotations
 
+import math
+import numbers
+from decimal import Decimal
 from typing import Any
 
 from kombu_delay.message import is_text
+from kombu_delay.store import keys
 from kombu_delay.store.listing import Cursor
 
 
@@ -38,3 +42,15 @@ def cursor(value: Any) -> Cursor | None:
         return Cursor.parse(value)
     except ValueError:
         raise ValueError(f"not a cursor of scheduled(): {value!r}") from None
+
+
+def countdown_seconds(value: Any) -> float:
+    """``value``, a finite number of seconds (no bool, no text), kept within
+    ``±MAX_DUE_MS`` s: bounded before ``* 1000``, which overflows a float near 1e305 s, and that
+    far either way is past the ceiling or before the epoch, so no outcome changes."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | Decimal):
+        raise TypeError(f"countdown is a number of seconds, not {type(value).__name__}")
+    seconds = float(value)  # (float() took True, "5", b"5" and `or 0` took [])
+    if not math.isfinite(seconds):
+        raise ValueError(f"countdown {seconds} is not a finite number of seconds")
+    return min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)

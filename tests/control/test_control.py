@@ -666,6 +666,22 @@ def test_a_purge_mark_a_dead_purger_left_goes_by_itself_while_other_queues_are_p
         assert r.hget(mark, f"c:{prefix}x:emails") == b"1" and r.hget(mark, f"x:{prefix}x:emails") is not None
 
 
+def test_a_reschedule_refused_by_a_purge_says_what_it_rescheduled_before(r, redis_server, prefix):
+    # One id in two queues, the second being purged: the first was rescheduled, and the
+    # error said nothing of it (the docs said it changed nothing).
+    app = publisher(redis_server, prefix)
+    for queue in ("qb", "qa"):
+        app.send_task("inspect.record", countdown=600, queue=queue, task_id="two-q")
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        before = {m.queue: m.due_ms for m in ctl.find("two-q")}
+        ctl.store._scripts["purging"](keys=[keys.purging(prefix)], args=[1, 60_000, f"{prefix}qa"])
+        with pytest.raises(EditConflict, match=r"qa' is being purged .*; 1 of its messages rescheduled"):
+            ctl.reschedule("two-q", countdown=3000)
+        after = {m.queue: m.due_ms for m in ctl.find("two-q")}
+        assert after["qa"] == before["qa"] and after["qb"] > before["qb"] + 2_000_000
+
+
 def test_a_queue_listed_or_purged_after_its_counts_were_lost_still_shows_its_messages(
     r, redis_server, prefix
 ):
