@@ -304,9 +304,12 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
 
 def herd(ctx: Ctx) -> dict[str, Any]:
     """A herd of compressed messages due at one instant, default settings, then a smaller one
-    with a short ``delay_thaw_ahead``: every message on its list within 2 s of due."""
+    with a short ``delay_thaw_ahead``: every message on its list within 2 s of due. A size of 0
+    leaves its case out (``--herd 0 --herd-short 300000`` runs the short one alone)."""
     s = ctx.sizes
-    result: dict[str, Any] = {"default": _cold_herd(ctx, s.herd, None)}
+    result: dict[str, Any] = {}
+    if s.herd:
+        result["default"] = _cold_herd(ctx, s.herd, None)
     if s.herd_short:
         result["short_ahead"] = _cold_herd(ctx, s.herd_short, s.herd_short_ahead_s)
     return result
