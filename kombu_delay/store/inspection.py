@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from kombu_delay.errors import CorruptMember, translated_errors
+from kombu_delay.errors import CorruptMember, is_wrong_type, translated_errors
 from kombu_delay.message import as_read, id_arg, index_id
 from kombu_delay.store import cold, keys, listing, spaces
 from kombu_delay.store.base import StoreBase, as_text, whole
@@ -251,8 +251,8 @@ class Inspecting(StoreBase):
         self, sets: list[tuple[int, str]], space: spaces.Space = spaces.ORDINARY
     ) -> dict[tuple[int, str], int]:
         """The due time (epoch ms) of the first message of each ``(bucket start, destination)``
-        set of ``space``, :data:`HEADS_PER_TRIP` sets a round trip; a set found empty or gone
-        is left out."""
+        set of ``space``, :data:`HEADS_PER_TRIP` sets a round trip; one empty, gone or of another
+        type (by hand: lost to delivery, the others go on) is left out."""
         found: dict[tuple[int, str], int] = {}
         for at in range(0, len(sets), HEADS_PER_TRIP):
             some = sets[at : at + HEADS_PER_TRIP]
@@ -260,10 +260,11 @@ class Inspecting(StoreBase):
                 pipe = self.client.pipeline(transaction=False)
                 for start, dest in some:
                     pipe.zrange(space.queue_set(self.prefix, start, dest), 0, 0, withscores=True)
-                heads = pipe.execute()
-            found.update(
-                (one, keys.due_of(head[0][1])) for one, head in zip(some, heads, strict=True) if head
-            )
+                for one, head in zip(some, pipe.execute(raise_on_error=False), strict=True):
+                    if isinstance(head, redis.ResponseError) and not is_wrong_type(head):
+                        raise head
+                    if head and not isinstance(head, redis.ResponseError):
+                        found[one] = keys.due_of(head[0][1])
         return found
 
     def dests(self, start: int, space: spaces.Space = spaces.ORDINARY) -> list[str]:

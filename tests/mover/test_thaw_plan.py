@@ -316,3 +316,22 @@ def test_a_hint_of_a_bucket_let_go_without_it_is_forgotten_once_begun(r: redis.R
     assert r.zrange(keys.large(prefix, keys.COLD), 0, -1) == [str(start).encode(), str(ahead).encode()]
     store.ordinary_buckets(64)
     assert r.zrange(keys.large(prefix), 0, -1) == [str(ahead).encode()]
+
+
+def test_a_cold_set_of_another_type_in_a_herds_bucket_stops_no_thaw(r: redis.Redis) -> None:
+    # The plan read the first due time of each set of a bucket whose lead had come, and a set
+    # of another type (by hand) failed that read: every plan failed, and nothing compressed
+    # was thawed again, in any bucket.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    n = 3000
+    due = clock() + 200_000
+    herd(store, due, n)
+    herd(store, due, 5, dest="bad", tag="b")
+    start = due - due % FAST.bucket_width_ms
+    r.delete(keys.queue_set("", start, "bad", keys.COLD))
+    r.set(keys.queue_set("", start, "bad", keys.COLD), "by hand")
+    thawer = thawer_of(store, clock, 1000.0)
+    clock.ms = due - thaw_plan.lead_ms(n, 1000.0)
+    assert run_thaw(thawer) == n and thawer.stats.errors == 0
+    assert thawer.stats.expired == 5  # lost to delivery, counted; the others go on
