@@ -151,7 +151,8 @@ class DelayControl:
         ``delay_max_delay`` or the year-2109 ceiling (the message then stays as it was),
         ``ValueError`` for a ``countdown`` that is not finite, and
         :class:`~kombu_delay.RedisRefused` when a time already past would send it to a key
-        that is not a list (the message then stays as it was). Raises
+        that is not a list (the message then stays as it was; each error says how many of the
+        id's messages in other queues it rescheduled before). Raises
         :class:`~kombu_delay.EditConflict` where other edits kept moving its messages (other
         threads rescheduling the same id over and over) and some are still at another time.
         """
@@ -188,15 +189,15 @@ class DelayControl:
 
     def _reschedule_each(self, task_id: str, found: list[Stored], due_ms: int, done: int) -> int:
         """Reschedule each of ``found`` (``done`` of the id's rescheduled before); return how
-        many were. A message whose queue is being purged raises :class:`EditConflict` saying
-        how many were rescheduled before it (of the id's messages in other queues)."""
+        many were. A message refused (its queue being purged, a key that is not a list, a
+        limit) raises saying how many of the id's others were rescheduled before it."""
         count = 0
         for stored in found:
             try:
                 count += self._reschedule_one(task_id, stored, due_ms)
-            except EditConflict as exc:
+            except (EditConflict, RedisRefused, DelayTooLong) as exc:
                 if done + count:
-                    raise EditConflict(f"{exc}; {done + count} of its messages rescheduled before") from None
+                    raise type(exc)(f"{exc}; {done + count} of its messages rescheduled before") from None
                 raise
         return count
 
@@ -315,8 +316,8 @@ class DelayControl:
         clock's now; never before the epoch."""
         if eta is not None:
             due_ms = to_ms(eta)
-        else:
-            due_ms = self.store.time_ms() + round(args.countdown_seconds(countdown) * 1000)
+        else:  # the countdown checked before anything reaches Redis
+            due_ms = round(args.countdown_seconds(countdown) * 1000) + self.store.time_ms()
         # Any time before the epoch is as past as the epoch: the message goes to its queue now
         # either way. Clamped, so the ETA written into it can be formatted (fromtimestamp
         # fails before the year 1, and on some platforms before 1970) and read by any worker.

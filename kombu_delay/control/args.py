@@ -50,7 +50,12 @@ def countdown_seconds(value: Any) -> float:
     far either way is past the ceiling or before the epoch, so no outcome changes."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real | Decimal):
         raise TypeError(f"countdown is a number of seconds, not {type(value).__name__}")
-    seconds = float(value)  # (float() took True, "5", b"5" and `or 0` took [])
-    if not math.isfinite(seconds):
-        raise ValueError(f"countdown {seconds} is not a finite number of seconds")
+    # Only a float or a Decimal can be infinite or NaN: a whole number or a fraction past any
+    # float is finite, as far past the clamp as its sign says.
+    if isinstance(value, float | Decimal) and not (value == value and abs(value) != math.inf):
+        raise ValueError(f"countdown {value} is not a finite number of seconds")
+    try:
+        seconds = float(value)  # (float() took True, "5", b"5" and `or 0` took [])
+    except OverflowError:
+        seconds = math.inf if value > 0 else -math.inf  # type: ignore[operator]
     return min(max(seconds, -keys.MAX_DUE_MS), keys.MAX_DUE_MS)

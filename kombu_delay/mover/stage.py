@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import RedisRefused
+from kombu_delay.errors import RedisRefused, WrongTypeKey
 from kombu_delay.mover import thaw_plan
 from kombu_delay.store import Store
 from kombu_delay.store.replies import Staged
@@ -110,8 +110,9 @@ class Stager:
             copied = self._copy(*self._work[0])
             if copied:
                 self._step = (now, copied)
-        except RedisRefused as exc:
-            # maxmemory, say: a copy grows memory; moves go on, and the plan is made again.
+        except (RedisRefused, WrongTypeKey) as exc:
+            # maxmemory, say: a copy grows memory; or the set replaced by a key of another type
+            # (by hand) since the plan: moves go on, and the plan is made again.
             if self.told is not None:
                 self.told(exc)
             if now - self._refused_logged_at >= thaw_plan.PLAN_EVERY_S * 10:
@@ -189,8 +190,9 @@ class Stager:
             for run, n in counts.items()
             if n >= self.min_run and run not in self._settled and ahead(run, run[0])
         ]
+        # A set found empty, gone or of another type (by hand) has no head, and nothing to copy.
         heads = self.store.heads_due(due) if due else {}
-        due = [run for run in due if ahead(run, heads.get(run, run[0]))]
+        due = [run for run in due if run in heads and ahead(run, heads[run])]
         free = self.store.memory_free(MEMORY_SHARE) if due else None
         for start_ms, dest in due:
             if free is not None:

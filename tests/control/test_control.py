@@ -286,6 +286,13 @@ def test_arguments_of_the_wrong_type_are_type_errors_that_say_so(r, redis_server
             with pytest.raises(ValueError, match="both must be over 0"):
                 ctl.stats(hours=hours, slot_minutes=slot)
         assert ctl.reschedule("x", countdown=5) == 0 and ctl.cancel("x") == 0  # (still fine)
+    # Checked before anything reaches Redis (Redis's clock was read first, and a Redis gone
+    # hid the TypeError).
+    with DelayControl(redis_server.url) as ctl:
+        ctl.store.time_ms = lambda: pytest.fail("Redis's clock read before the countdown was checked")
+        with pytest.raises(TypeError, match="countdown is a number of seconds"):
+            ctl.reschedule("x", countdown="5")  # type: ignore[arg-type]
+    with DelayControl(redis_server.url) as ctl:
         assert ctl.reschedule("x", countdown=Decimal("2.5")) == ctl.reschedule("x", countdown=2.5) == 0
         # A cursor that is none raised "not enough values to unpack"; limit="3" a raw
         # comparison error; purge(None) answered 0; stats(max_buckets=0) was taken.
@@ -680,6 +687,18 @@ def test_a_reschedule_refused_by_a_purge_says_what_it_rescheduled_before(r, redi
             ctl.reschedule("two-q", countdown=3000)
         after = {m.queue: m.due_ms for m in ctl.find("two-q")}
         assert after["qa"] == before["qa"] and after["qb"] > before["qb"] + 2_000_000
+
+
+def test_a_reschedule_refused_for_a_key_not_a_list_says_what_it_rescheduled_before(r, redis_server, prefix):
+    app = publisher(redis_server, prefix)
+    for queue in ("qb", "qa"):
+        app.send_task("inspect.record", countdown=600, queue=queue, task_id="two-q")
+    app.close()
+    r.set(f"{prefix}qa", "not a list")
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        with pytest.raises(kombu_delay.RedisRefused, match=r"; 1 of its messages rescheduled before"):
+            ctl.reschedule("two-q", countdown=-10)
+        assert [m.queue for m in ctl.find("two-q")] == ["qa"] and r.llen(f"{prefix}qb") == 1
 
 
 def test_a_queue_listed_or_purged_after_its_counts_were_lost_still_shows_its_messages(

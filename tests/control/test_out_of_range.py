@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -33,8 +35,24 @@ def publish(redis_server, prefix: str) -> str:
 
 @pytest.mark.parametrize(
     "when",
-    [{"countdown": 1e12}, {"countdown": 1e300}, {"countdown": 1.7e308}, {"eta": LATEST}],
-    ids=["countdown-1e12", "countdown-1e300", "countdown-max-float", "eta-year-10000-utc"],
+    [
+        {"countdown": 1e12},
+        {"countdown": 1e300},
+        {"countdown": 1.7e308},
+        {"countdown": 10**400},  # past any float: an OverflowError escaped
+        {"countdown": Fraction(10**400, 3)},
+        {"countdown": Decimal("1e400")},  # finite, though past any float: was "not finite"
+        {"eta": LATEST},
+    ],
+    ids=[
+        "countdown-1e12",
+        "countdown-1e300",
+        "countdown-max-float",
+        "countdown-10e400",
+        "countdown-fraction",
+        "countdown-decimal",
+        "eta-year-10000-utc",
+    ],
 )
 def test_reschedule_past_the_ceiling_is_too_far_and_changes_nothing(r, redis_server, prefix, when):
     task_id = publish(redis_server, prefix)
@@ -94,7 +112,12 @@ def test_a_non_finite_countdown_is_a_value_error_and_changes_nothing(r, redis_se
     task_id = publish(redis_server, "")
     with DelayControl(redis_server.url) as ctl:
         before = ctl.store.find(task_id)
-        for countdown in (math.inf, -math.inf, math.nan):
+        assert ctl.reschedule(task_id, countdown=-(10**400)) == 1  # before the epoch: now
+        assert r.llen("celery") == 1
+    task_id = publish(redis_server, "")
+    with DelayControl(redis_server.url) as ctl:
+        before = ctl.store.find(task_id)
+        for countdown in (math.inf, -math.inf, math.nan, Decimal("Infinity"), Decimal("NaN")):
             with pytest.raises(ValueError, match="not a finite number"):
                 ctl.reschedule(task_id, countdown=countdown)
         assert ctl.store.find(task_id) == before

@@ -87,6 +87,29 @@ def test_a_herd_late_in_its_bucket_is_copied_by_its_own_due_time_not_the_buckets
     assert staged(r, prefix) == {"late": 3000}
 
 
+def test_a_herds_set_of_another_type_is_passed_over_and_the_others_are_copied(
+    r: redis.Redis, prefix: str
+) -> None:
+    # The plan kept a run whose set had no head to read (of another type, by hand), and the
+    # copy failed on it at every step: the error held up the mover's loop, and every queue's
+    # moves, until the herd was due.
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    width = ORDINARY.bucket_width_ms
+    soon = (clock() // width + 1) * width + 10
+    schedule(store, f"{prefix}bad", soon, 3000, name="b")
+    schedule(store, f"{prefix}big", soon, 3000)
+    bad = keys.queue_set(prefix, soon - soon % width, f"{prefix}bad")
+    r.delete(bad)
+    r.set(bad, "by hand")
+    clock.ms = soon - 1000
+    told: list[BaseException] = []
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN, told=told.append)
+    run_steps(stager)  # raised WrongTypeKey at each step
+    assert staged(r, prefix) == {"big": 3000} and told == []
+    assert r.get(bad) == b"by hand"
+
+
 def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.Redis, prefix: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
