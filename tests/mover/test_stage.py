@@ -44,13 +44,17 @@ def ticking(step: int = 2) -> Callable[[], float]:
     return lambda: float(next(ticks))
 
 
+def next_bucket(r: redis.Redis, prefix: str) -> tuple[FakeClock, Store, int]:
+    """A driven clock, a store on it, and a time 10 ms into the next ordinary bucket."""
+    clock = FakeClock(r)
+    width = ORDINARY.bucket_width_ms
+    return clock, Store(r, prefix, clock=clock), (clock() // width + 1) * width + 10
+
+
 def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_not(
     r: redis.Redis, prefix: str
 ) -> None:
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    width = ORDINARY.bucket_width_ms
-    soon = (clock() // width + 1) * width + 10
+    clock, store, soon = next_bucket(r, prefix)
     schedule(store, f"{prefix}big", soon, 3000)
     schedule(store, f"{prefix}small", soon, 500, name="s")
     # Due in an hour: 3,000 at the assumed rate need seconds of lead, not an hour.
@@ -93,13 +97,10 @@ def test_a_herds_set_of_another_type_is_passed_over_and_the_others_are_copied(
     # The plan kept a run whose set had no head to read (of another type, by hand), and the
     # copy failed on it at every step: the error held up the mover's loop, and every queue's
     # moves, until the herd was due.
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    width = ORDINARY.bucket_width_ms
-    soon = (clock() // width + 1) * width + 10
+    clock, store, soon = next_bucket(r, prefix)
     schedule(store, f"{prefix}bad", soon, 3000, name="b")
     schedule(store, f"{prefix}big", soon, 3000)
-    bad = keys.queue_set(prefix, soon - soon % width, f"{prefix}bad")
+    bad = keys.queue_set(prefix, soon - soon % ORDINARY.bucket_width_ms, f"{prefix}bad")
     r.delete(bad)
     r.set(bad, "by hand")
     clock.ms = soon - 1000
@@ -273,10 +274,7 @@ def test_a_publisher_the_acl_refuses_unlink_drops_the_herd_copy_it_makes_wrong()
 
 
 def test_a_mover_that_thaws_or_copies_slowly_copies_a_herd_earlier(r: redis.Redis, prefix: str) -> None:
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    width = ORDINARY.bucket_width_ms
-    soon = (clock() // width + 1) * width + 10
+    clock, store, soon = next_bucket(r, prefix)
     schedule(store, f"{prefix}q", soon, 3000)
     clock.ms = soon - 5000  # 3,000 need 2.3 s of lead at RATE, 8 s at 1,000 a second
     run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
@@ -293,7 +291,7 @@ def test_a_mover_that_thaws_or_copies_slowly_copies_a_herd_earlier(r: redis.Redi
 
     # The next herd is planned at its copies' rate, not its thaws': 3,000 at 2,000 a second
     # need 5 s of lead (at 1,000 a second, 8 s).
-    later = soon + 2 * width
+    later = soon + 2 * ORDINARY.bucket_width_ms
     schedule(store, f"{prefix}q2", later, 3000, name="l")
     clock.ms = later - 6000
     run_steps(stager)
