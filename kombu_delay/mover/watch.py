@@ -116,6 +116,9 @@ class Watch:
         #: Seconds from the last walk's first page to the next look at the id index: an hour,
         #: or what is left of another mover's claim on it.
         self.next_walk_s = FORGET_EVERY_S
+        #: Where a walk that failed stopped: its retry goes on from there, under the claim its
+        #: first page took (from the start, it found its own claim and walked nothing).
+        self._walk_cursor = 0
         self._logged: dict[str, tuple[str, float]] = {}
         self._scan_allowed = True
         self._config_allowed = True
@@ -299,7 +302,7 @@ class Watch:
     def forget_stale_refs(self) -> int:
         """Walk the whole id index, a page at a time, dropping the refs that name no bucket;
         return how many (logged when any). Sets :attr:`next_walk_s`."""
-        cursor, dropped, every_ms = 0, 0, int(FORGET_EVERY_S * 1000)
+        cursor, dropped, every_ms = self._walk_cursor, 0, int(FORGET_EVERY_S * 1000)
         self.next_walk_s = FORGET_EVERY_S
         while True:
             began = time.monotonic()
@@ -316,6 +319,7 @@ class Watch:
                 self.next_walk_s = page + 1.0  # just after its claim ends, not an hour after
                 break
             cursor, n = page
+            self._walk_cursor = cursor
             dropped += n
             if cursor == 0 or self._stop.wait(FORGET_PAUSE * (time.monotonic() - began)):
                 break

@@ -261,12 +261,13 @@ class StoreBase:
             if cursor == 0 or (stopping is not None and stopping()):
                 return
 
-    def time_ms(self) -> int:
-        """Return the Redis clock in epoch ms (this store's own clock, when it has one)."""
+    def time_ms(self, reader: Any = None) -> int:
+        """Return the Redis clock in epoch ms (this store's own clock, when it has one), read
+        through ``reader`` (a connection in hand, a pipeline watching keys) when given."""
         if self.clock is not None:
             return int(self.clock())
         with translated_errors():
-            sec, usec = self.client.time()
+            sec, usec = (reader or self.client).time()
         return int(sec) * 1000 + int(usec) // 1000
 
 

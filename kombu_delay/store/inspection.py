@@ -41,11 +41,9 @@ class Inspecting(StoreBase):
     """What inspection (DelayControl, the CLI, health and metrics) reads."""
 
     def eviction_policy(self) -> str | None:
-        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read.
-
-        ``INFO memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL
-        users): a policy other than ``noeviction`` lets Redis delete scheduled messages.
-        """
+        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read. ``INFO
+        memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL users):
+        a policy other than ``noeviction`` lets Redis delete scheduled messages."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("memory")
@@ -111,16 +109,18 @@ class Inspecting(StoreBase):
                     prefixes.add(other)
         return self.still_stranded(prefixes, fresh_ms)
 
-    def still_stranded(self, prefixes: Iterable[str], fresh_ms: int) -> dict[str, int]:
+    def still_stranded(self, prefixes: Iterable[str], fresh_ms: int, reader: Any = None) -> dict[str, int]:
         """Of the key prefixes ``prefixes``, those whose messages no mover with a heartbeat
-        younger than ``fresh_ms`` serves: prefix -> messages. Two reads a prefix, no ``SCAN``."""
+        younger than ``fresh_ms`` serves: prefix -> messages. Two reads a prefix through
+        ``reader`` (the client, or a pipeline watching), no ``SCAN``."""
+        reader = reader or self.client
         with translated_errors():
-            now = self.time_ms()
+            now = self.time_ms(reader)
             found: dict[str, int] = {}
             for other in sorted(prefixes):
-                waiting = sum(max(0, whole(n)) for n in self.client.hvals(keys.counts(other)))
+                waiting = sum(max(0, whole(n)) for n in reader.hvals(keys.counts(other)))
                 # (a heartbeat far ahead of Redis's clock, written by hand, is none)
-                served = self.client.zcount(keys.movers(other), now - fresh_ms, now + keys.FUTURE_BEAT_MS) > 0
+                served = reader.zcount(keys.movers(other), now - fresh_ms, now + keys.FUTURE_BEAT_MS) > 0
                 if waiting > 0 and not served:
                     found[other] = waiting
         return found
@@ -133,8 +133,8 @@ class Inspecting(StoreBase):
         ``keep_ms``) with the alert ``told`` words for them (field :data:`keys.STRANDED_ALERT`
         of :func:`keys.alerts`, ``<epoch ms> <text>``, read by :meth:`alerts`), and return
         them: prefix -> messages. The record is watched from its read to its write, so a finding
-        another mover records meanwhile is looked at again, never written over (at most
-        three tries; then what is recorded is returned as it stands)."""
+        another mover records meanwhile is looked at again, never written over (three tries at
+        most, then what is recorded is returned)."""
         key, alerts = keys.stranded(self.prefix), keys.alerts(self.prefix)
         with translated_errors(), self.client.pipeline(transaction=True) as pipe:
             for _ in range(3):
@@ -143,12 +143,12 @@ class Inspecting(StoreBase):
                         pipe.watch(key)  # type: ignore[no-untyped-call]
                     reader = pipe if pipe.watching else self.client
                     recorded = {as_text(name) for name in reader.hkeys(key)}
-                    stranded = self.still_stranded(recorded | set(found), fresh_ms)
-                    now, text = self.time_ms(), told(stranded)
+                    # (on the watching connection: another from the pool is one more held)
+                    stranded = self.still_stranded(recorded | set(found), fresh_ms, reader)
+                    now, text = self.time_ms(reader), told(stranded)
                     pipe.multi()
                     pipe.delete(key)
-                    if stranded:
-                        # (a dict of Any: redis-py's Mapping is invariant in its keys)
+                    if stranded:  # (a dict of Any: redis-py's Mapping is invariant in its keys)
                         fields: dict[Any, Any] = dict(stranded)
                         pipe.hset(key, mapping=fields)
                         pipe.pexpireat(key, now + keep_ms)

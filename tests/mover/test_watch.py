@@ -12,12 +12,14 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from kombu_delay import DelayControl
 from kombu_delay.config import Settings
+from kombu_delay.errors import RedisUnavailable
 from kombu_delay.message import Due
 from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
@@ -586,6 +588,44 @@ def test_one_mover_walks_the_id_index_in_an_hour_however_many_run(r: redis.Redis
     r.set(walk, "by hand")  # a key of another type: every mover walks, as before it was shared
     assert store.forget_stale_refs(0, 1000, "third", every_ms) == (0, 0)
     assert r.get(walk) == b"by hand"
+
+
+def test_stranded_prefixes_are_looked_at_again_on_one_connection(
+    r: redis.Redis, redis_server: RedisServer, prefix: str
+) -> None:
+    # The look read on a second connection while it held the first, watching: a mover held
+    # one more than the four of its pool that the docs gave, and with max_connections 4 the
+    # walk of the id index found the pool full.
+    other = f"{prefix}other:"
+    Store(r, other).schedule(Due(Store(r).time_ms() + 600_000, task_id="x"), f"{other}q", "{}", Settings())
+    one = redis.Redis(port=redis_server.port, max_connections=1)
+    assert Store(one, prefix).renew_stranded([other], 30_000, 60_000, lambda found: "told") == {other: 1}
+    assert r.hget(keys.stranded(prefix), other) == b"1"
+    one.close()
+
+
+def test_a_walk_that_failed_part_way_goes_on_from_there_when_retried(
+    r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its retry, a minute later, began again from the first page, found the claim its own
+    # first page had taken, and walked nothing for the hour the claim lasts.
+    store = Store(r, prefix)
+    ids = keys.ids(prefix)
+    r.hset(ids, mapping={f"junk{i}": "no-ref-at-all" for i in range(1000)})
+    watch, pages = Watch(store, "m"), store.forget_stale_refs
+
+    def cut_after_the_first_page(cursor: int, *args: Any) -> Any:
+        if cursor:
+            raise RedisUnavailable("Redis is unavailable: the connection was cut")
+        return pages(cursor, *args)
+
+    monkeypatch.setattr(store, "forget_stale_refs", cut_after_the_first_page)
+    with pytest.raises(RedisUnavailable):
+        watch.forget_stale_refs()
+    left = r.hlen(ids)
+    assert 0 < left < 1000 and r.hexists(keys.walk(prefix), "at")
+    monkeypatch.setattr(store, "forget_stale_refs", pages)
+    assert watch.forget_stale_refs() == left and r.hlen(ids) == 0
 
 
 def test_a_walk_of_the_id_index_the_acl_refuses_is_said(r: redis.Redis, caplog) -> None:
