@@ -50,9 +50,14 @@ def countdown_seconds(value: Any) -> float:
     far either way is past the ceiling or before the epoch, so no outcome changes."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real | Decimal):
         raise TypeError(f"countdown is a number of seconds, not {type(value).__name__}")
-    # Only a float or a Decimal can be infinite or NaN: a whole number or a fraction past any
-    # float is finite, as far past the clamp as its sign says.
-    if isinstance(value, float | Decimal) and not (value == value and abs(value) != math.inf):
+    # Judged on the value itself: a finite one past any float (10**400, Decimal("1e400"), a
+    # numpy longdouble) is as far past the clamp as its sign says; NaN and ±inf of any kind
+    # (numpy's float32 too) are refused.
+    if (
+        (value.is_nan() or value.is_infinite())
+        if isinstance(value, Decimal)
+        else (value != value or value in (math.inf, -math.inf))
+    ):
         raise ValueError(f"countdown {value} is not a finite number of seconds")
     try:
         seconds = float(value)  # (float() took True, "5", b"5" and `or 0` took [])

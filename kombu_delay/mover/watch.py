@@ -302,6 +302,10 @@ class Watch:
     def forget_stale_refs(self) -> int:
         """Walk the whole id index, a page at a time, dropping the refs that name no bucket;
         return how many (logged when any). Sets :attr:`next_walk_s`."""
+        if self._walk_cursor and self.store.walk_by() != self.name:
+            # Its claim is gone (a Redis restart, a failover, its hour over) or another's: a
+            # cursor means nothing in another Redis, and the walk must claim again.
+            self._walk_cursor = 0
         cursor, dropped, every_ms = self._walk_cursor, 0, int(FORGET_EVERY_S * 1000)
         self.next_walk_s = FORGET_EVERY_S
         while True:
@@ -313,6 +317,7 @@ class Watch:
                 needed = ", ".join(WALK_COMMANDS)
                 hint = "" if named and named[1].upper() not in WALK_COMMANDS else f": grant {needed}"
                 self._tell("forget", f"the id index cannot be walked ({exc}){hint}", logging.WARNING)
+                self._walk_cursor = 0
                 return dropped
             if isinstance(page, float):  # another mover's walk began within FORGET_EVERY_S
                 logger.debug("mover %s: the id index was walked lately; not walked again", self.name)

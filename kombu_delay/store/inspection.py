@@ -4,7 +4,6 @@ census and health facts that ``stats`` and ``health`` show. Nothing here writes 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 from typing import Any
 
 import redis
@@ -139,8 +138,10 @@ class Inspecting(StoreBase):
         with translated_errors(), self.client.pipeline(transaction=True) as pipe:
             for _ in range(3):
                 try:
-                    with suppress(redis.exceptions.NoPermissionError):  # an ACL without WATCH: unwatched
+                    try:
                         pipe.watch(key)  # type: ignore[no-untyped-call]
+                    except redis.exceptions.NoPermissionError:  # an ACL without WATCH: unwatched, its
+                        pipe.reset()  # connection let go (the reads below take one of their own)
                     reader = pipe if pipe.watching else self.client
                     recorded = {as_text(name) for name in reader.hkeys(key)}
                     # (on the watching connection: another from the pool is one more held)

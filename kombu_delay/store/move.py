@@ -316,6 +316,14 @@ class Moving(StoreBase):
             return int(reply[2]) / 1000
         return int(reply[0]), int(reply[1])
 
+    def walk_by(self) -> str | None:
+        """The mover whose walk of the id index holds the claim (:func:`keys.walk`), or None
+        (none, or a key of another type)."""
+        with translated_errors(), contextlib.suppress(redis.ResponseError):
+            by = self.client.hget(keys.walk(self.prefix), "by")
+            return None if by is None else as_text(by)
+        return None
+
     def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None) -> int:
         """Record a mover heartbeat; return the Redis clock in epoch ms.
 

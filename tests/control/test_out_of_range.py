@@ -117,7 +117,14 @@ def test_a_non_finite_countdown_is_a_value_error_and_changes_nothing(r, redis_se
     task_id = publish(redis_server, "")
     with DelayControl(redis_server.url) as ctl:
         before = ctl.store.find(task_id)
-        for countdown in (math.inf, -math.inf, math.nan, Decimal("Infinity"), Decimal("NaN")):
+        for countdown in (
+            math.inf,
+            -math.inf,
+            math.nan,
+            Decimal("Infinity"),
+            Decimal("NaN"),
+            Decimal("sNaN"),
+        ):
             with pytest.raises(ValueError, match="not a finite number"):
                 ctl.reschedule(task_id, countdown=countdown)
         assert ctl.store.find(task_id) == before

@@ -298,8 +298,8 @@ def test_a_stranded_record_is_written_only_as_it_was_read(prefix, monkeypatch, c
         real_still = Store.still_stranded
         raced: list[int] = []
 
-        def still_stranded(store: Store, prefixes, fresh_ms):
-            found = real_still(store, prefixes, fresh_ms)
+        def still_stranded(store: Store, prefixes, fresh_ms, reader=None):
+            found = real_still(store, prefixes, fresh_ms, reader)
             if store is older.store and not raced:  # the newer mover records it meanwhile
                 raced.append(1)
                 newer.check_prefixes()
@@ -604,6 +604,25 @@ def test_stranded_prefixes_are_looked_at_again_on_one_connection(
     one.close()
 
 
+def test_stranded_prefixes_are_looked_at_again_on_one_connection_without_watch(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    # An ACL user without WATCH (security.md allows it): the refused WATCH kept the pipeline's
+    # connection, and the reads took a second one.
+    Store(r, "other:").schedule(Due(Store(r).time_ms() + 600_000, task_id="x"), "other:q", "{}", Settings())
+    r.acl_setuser(
+        "nowatch", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-watch"]
+    )
+    one = redis.Redis(port=redis_server.port, username="nowatch", password="pw", max_connections=1)
+    try:
+        assert Store(one, "").renew_stranded(["other:"], 30_000, 60_000, lambda found: "told") == {
+            "other:": 1
+        }
+    finally:
+        one.close()
+        r.acl_deluser("nowatch")
+
+
 def test_a_walk_that_failed_part_way_goes_on_from_there_when_retried(
     r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -626,6 +645,18 @@ def test_a_walk_that_failed_part_way_goes_on_from_there_when_retried(
     assert 0 < left < 1000 and r.hexists(keys.walk(prefix), "at")
     monkeypatch.setattr(store, "forget_stale_refs", pages)
     assert watch.forget_stale_refs() == left and r.hlen(ids) == 0
+    # Cut again, and then its claim gone (a Redis restarted, its hour over): a cursor means
+    # nothing there, and the retry walks the whole index again, under a claim of its own.
+    r.delete(keys.walk(prefix))
+    r.hset(ids, mapping={f"junk{i}": "no-ref-at-all" for i in range(1000)})
+    monkeypatch.setattr(store, "forget_stale_refs", cut_after_the_first_page)
+    with pytest.raises(RedisUnavailable):
+        watch.forget_stale_refs()
+    r.delete(keys.walk(prefix))
+    r.hset(ids, mapping={f"more{i}": "no-ref-at-all" for i in range(1000)})
+    monkeypatch.setattr(store, "forget_stale_refs", pages)
+    watch.forget_stale_refs()
+    assert r.hlen(ids) == 0 and r.hget(keys.walk(prefix), "by") == b"m"
 
 
 def test_a_walk_of_the_id_index_the_acl_refuses_is_said(r: redis.Redis, caplog) -> None:
