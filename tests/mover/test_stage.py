@@ -44,11 +44,15 @@ def ticking(step: int = 2) -> Callable[[], float]:
     return lambda: float(next(ticks))
 
 
+def next_start(clock: FakeClock) -> int:
+    """The start of the ordinary bucket after the one ``clock`` reads now."""
+    return (clock() // ORDINARY.bucket_width_ms + 1) * ORDINARY.bucket_width_ms
+
+
 def next_bucket(r: redis.Redis, prefix: str) -> tuple[FakeClock, Store, int]:
     """A driven clock, a store on it, and a time 10 ms into the next ordinary bucket."""
     clock = FakeClock(r)
-    width = ORDINARY.bucket_width_ms
-    return clock, Store(r, prefix, clock=clock), (clock() // width + 1) * width + 10
+    return clock, Store(r, prefix, clock=clock), next_start(clock) + 10
 
 
 def test_a_herd_is_copied_once_its_lead_has_come_and_small_or_distant_runs_are_not(
@@ -80,7 +84,7 @@ def test_a_herd_late_in_its_bucket_is_copied_by_its_own_due_time_not_the_buckets
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     width = ORDINARY.bucket_width_ms
-    start = (clock() // width + 1) * width
+    start = next_start(clock)
     due = start + width - 2000
     schedule(store, f"{prefix}late", due, 3000)
     clock.ms = start + 1000  # past its bucket's start by more than its lead: 57 s before due
@@ -114,7 +118,7 @@ def test_a_herds_set_of_another_type_is_passed_over_and_the_others_are_copied(
 def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.Redis, prefix: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
-    due = (clock() // ORDINARY.bucket_width_ms + 1) * ORDINARY.bucket_width_ms + 10
+    due = next_start(clock) + 10
     clock.ms = due - 1000  # within the run's lead
     schedule(store, f"{prefix}q", due, 3000)
     for settings in (Settings(max_rate=100), Settings(max_queue_length=10)):
@@ -157,7 +161,7 @@ def test_a_copy_whose_herd_a_mover_of_1_0_moved_in_batches_goes_with_its_bucket(
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     width, dest = ORDINARY.bucket_width_ms, f"{prefix}q"
-    start = (clock() // width + 1) * width
+    start = next_start(clock)
     due = start + width // 2
     schedule(store, dest, due, 3000)
     clock.ms = due - 1000
@@ -207,10 +211,7 @@ def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Re
 
 
 def test_a_herd_still_being_published_is_copied_once_it_settles(r: redis.Redis, prefix: str) -> None:
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    width = ORDINARY.bucket_width_ms
-    due = (clock() // width + 1) * width + 10
+    clock, store, due = next_bucket(r, prefix)
     clock.ms = due - 1000
     dest = f"{prefix}q"
     stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
@@ -229,10 +230,8 @@ def test_a_herd_still_being_published_is_copied_once_it_settles(r: redis.Redis, 
 def test_a_herd_is_copied_while_its_queue_gets_other_messages_before_and_after_it(
     r: redis.Redis, prefix: str
 ) -> None:
-    clock = FakeClock(r)
-    store = Store(r, prefix, clock=clock)
-    width = ORDINARY.bucket_width_ms
-    due = (clock() // width + 1) * width + 1000
+    clock, store, due = next_bucket(r, prefix)
+    due += 990
     clock.ms = due - 1500
     dest = f"{prefix}q"
     stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
@@ -257,7 +256,7 @@ def test_a_publisher_the_acl_refuses_unlink_drops_the_herd_copy_it_makes_wrong()
         clock = FakeClock(admin)
         store = Store(admin, clock=clock)
         width = ORDINARY.bucket_width_ms
-        soon = (clock() // width + 1) * width + 10
+        soon = next_start(clock) + 10
         schedule(store, "q", soon, 3000)
         clock.ms = soon - 1000
         run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
