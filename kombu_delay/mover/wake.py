@@ -4,6 +4,7 @@ sooner than what the movers wait for (``wake_if_first`` in ``_put.lua``)."""
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 
@@ -31,13 +32,22 @@ class WakeUps:
             self._pubsub = self.store.wake_subscription()
 
     def wait(self, seconds: float) -> bool:
-        """Wait at most ``seconds`` for a wake-up; true when one came (several that came
-        together are one). Without a subscription, false at once: the caller sleeps."""
+        """Wait at most ``seconds`` for a wake-up for this mover's database; true when one came
+        (several that came together are one). Without a subscription, false at once: the
+        caller sleeps. A wake-up for another database of the server (the channel is theirs
+        too) is let be: it would cost Redis a move call that finds nothing."""
         if self._pubsub is None:
             return False
+        deadline = time.monotonic() + seconds
         try:
-            if self._pubsub.get_message(timeout=seconds) is None:
-                return False
+            woken = False
+            while not woken:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                # None also for a subscription's confirmation, read as it comes: wait on.
+                message = self._pubsub.get_message(timeout=left)
+                woken = message is not None and keys.wakes(message["data"], self.store.db)
             while self._pubsub.get_message(timeout=0) is not None:
                 pass
             return True

@@ -54,6 +54,8 @@ class StoreBase:
         #: kombu's ``priority_steps`` transport option: which ``<queue><sep><n>`` are ``queue``'s.
         self.steps = tuple(int(step) for step in steps)
         self.ns = keys.ns(prefix)
+        #: The number of the client's database, which a wake-up names (:func:`keys.wakes`).
+        self.db = _db_of(client)
         self._scripts = Scripts(client)
         #: The destinations this client's ACL was found to allow a delayed publish to (Redis 7:
         #: see :meth:`~kombu_delay.store.publish.Publishing.schedule`).
@@ -295,4 +297,13 @@ def whole(value: bytes | str | None) -> int:
     try:
         return int(value)
     except ValueError:
+        return 0
+
+
+def _db_of(client: redis.Redis) -> int:
+    """The number of ``client``'s database (0 where its pool does not say)."""
+    kwargs = getattr(client.connection_pool, "connection_kwargs", None) or {}
+    try:
+        return int(kwargs.get("db") or 0)
+    except (TypeError, ValueError):
         return 0

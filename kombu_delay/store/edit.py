@@ -112,7 +112,7 @@ class Editing(Inspecting, Publishing):
                 old.dest,
                 to.member(payload, task_id),
                 due_ms,
-                keys.wake_channel(self.prefix),
+                self.db,
                 settings.max_delay_ms,
                 keys.MAX_DUE_MS,
                 1 if to.compressed else 0,

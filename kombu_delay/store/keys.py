@@ -195,8 +195,19 @@ def walk(prefix: str) -> str:
 
 
 def wake_channel(prefix: str) -> str:
-    """Pub/sub channel a publish uses to wake movers for an earlier due time."""
+    """Pub/sub channel a publish uses to wake movers for an earlier due time. Pub/sub ignores
+    the database: a wake-up's text, ``<due ms>@<db>``, names its database (see
+    :func:`wakes`)."""
     return f"{ns(prefix)}wake"
+
+
+def wakes(text: bytes | str, db: int) -> bool:
+    """Whether a wake-up whose text is ``text`` is one for database ``db``'s movers: it names
+    that database, or none (a 1.0.0 publisher's, which wakes every mover)."""
+    if isinstance(text, str):
+        text = text.encode()
+    _, at, named = text.rpartition(b"@")
+    return not at or named == str(db).encode()
 
 
 def destination(prefix: str, queue: str, priority: int, sep: str) -> str:

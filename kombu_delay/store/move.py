@@ -94,7 +94,7 @@ class Moving(StoreBase):
                         keys=call_keys,
                         args=[
                             self.ns,
-                            keys.wake_channel(self.prefix),
+                            self.db,
                             self._now(now_ms),
                             "1" if past_maxmemory else "0",
                             *items,

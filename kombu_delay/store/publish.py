@@ -253,6 +253,7 @@ class Publishing(StoreBase):
             expires_ms,
             movers_fresh_ms,
             1 if leave_due else 0,
+            self.db,
         ]
         while optional and optional[-1] in (0, ""):
             optional.pop()

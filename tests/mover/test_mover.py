@@ -395,7 +395,7 @@ def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_ne
     while woken is None and time.monotonic() < deadline:
         woken = pubsub.get_message(timeout=1)
     pubsub.close()
-    assert woken is not None and int(woken["data"]) == narrow_due
+    assert woken is not None and woken["data"] == f"{narrow_due}@0".encode()
     assert r.zrange(keys.index(""), 0, -1) == [str(wide_start).encode(), str(wide_start + 1000).encode()]
     assert store.move_due(100).next_due_ms == narrow_due
     assert store.earliest_due_ms() == narrow_due

@@ -837,7 +837,7 @@ def wakes(r: redis.Redis, publish: Callable[[], object]) -> list[int]:
         r.publish(keys.wake_channel(""), "end")  # the stream is read up to here
         seen = []
         while (message := pubsub.get_message(timeout=30)) is not None and message["data"] != b"end":
-            seen.append(int(message["data"]))
+            seen.append(int(message["data"].split(b"@")[0]))
         return seen
     finally:
         pubsub.close()

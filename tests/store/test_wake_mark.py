@@ -14,6 +14,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
+from kombu_delay.mover.wake import WakeUps
 from kombu_delay.store import Store, keys
 from tests.support.stored import kombu_payload, redis_ms
 
@@ -41,10 +42,12 @@ def wakes(r: redis.Redis, prefix: str) -> Iterator[redis.client.PubSub]:
     pubsub.close()
 
 
-def woke_for(wakes: redis.client.PubSub, due: int) -> bool:
-    """Whether a wake-up for ``due`` comes, reading past earlier ones (which may be any)."""
+def woke_for(wakes: redis.client.PubSub, due: int | str) -> bool:
+    """Whether a wake-up for ``due`` (in database 0, unless it names one) comes, reading past
+    earlier ones (which may be any)."""
+    text = due if isinstance(due, str) else f"{due}@0"
     while (message := wakes.get_message(timeout=WAKE_WAIT_S)) is not None:
-        if message["data"] == str(due).encode():
+        if message["data"] == text.encode():
             return True
     return False
 
@@ -114,9 +117,9 @@ def test_a_message_after_one_still_waiting_in_its_bucket_costs_no_rank_and_wakes
     # Only the first woke the movers: the next wake-up read is the earlier message's below.
     store.schedule(Due(base + 500, task_id="early"), queue, kombu_payload("early"), ORDINARY)
     first = wakes.get_message(timeout=WAKE_WAIT_S)
-    assert first is not None and first["data"] == str(base + 1000).encode()
+    assert first is not None and first["data"] == f"{base + 1000}@0".encode()
     second = wakes.get_message(timeout=WAKE_WAIT_S)
-    assert second is not None and second["data"] == str(base + 500).encode()
+    assert second is not None and second["data"] == f"{base + 500}@0".encode()
 
 
 def test_a_thaw_lets_the_next_compressed_message_wake_the_movers(r, prefix, wakes) -> None:
@@ -159,3 +162,44 @@ def test_a_wider_publisher_raises_a_shared_buckets_end_even_with_a_shorter_grace
     # In a later narrow bucket, before the wide message: now the earliest of all.
     store.schedule(Due(start + 10_000, task_id="next"), queue, kombu_payload("next"), narrow, now_ms=now)
     assert woke_for(wakes, start + 10_000)
+
+
+def test_a_wake_up_names_its_database_and_a_mover_of_another_lets_it_be(redis_server, r, prefix) -> None:
+    """Pub/sub ignores the database, so every database's movers share the channel: each
+    publish, reschedule and thaw names its database in the wake-up, and a mover acts only on
+    its own database's (and on one that names none, a 1.0.0 publisher's)."""
+    db3 = redis_server.client(db=3)
+    other, ours = Store(db3, prefix), Store(r, prefix)
+    assert (other.db, ours.db) == (3, 0)
+    queue, now = f"{prefix}q", redis_ms(r)
+    with r.pubsub() as listener:
+        listener.subscribe(keys.wake_channel(prefix))
+        assert listener.get_message(timeout=WAKE_WAIT_S)["type"] == "subscribe"
+        other.schedule(Due(now + 600_000, task_id="a"), queue, kombu_payload("a"), ORDINARY)
+        assert woke_for(listener, f"{now + 600_000}@3")
+        (stored,) = other.find("a")
+        other.reschedule(stored, "a", kombu_payload("a"), now + 300_000, ORDINARY)
+        assert woke_for(listener, f"{now + 300_000}@3")
+        other.schedule(Due(now + 200_000, task_id="c"), queue, kombu_payload("c"), JUST_COLD, now_ms=now)
+        assert woke_for(listener, f"{now + 200_000}@3")  # the compressed one's
+        assert other.thaw(ahead_ms=2000, limit=10, now_ms=now + 199_000).thawed == 1
+        assert woke_for(listener, f"{now + 200_000}@3")  # and its thaw's
+
+    wake = WakeUps(ours, "m")
+    wake.open()
+    try:
+        for _ in range(WAKE_WAIT_S):  # until subscribed
+            r.publish(keys.wake_channel(prefix), "1@0")
+            if wake.wait(1):
+                break
+        else:
+            pytest.fail("the mover's subscription was never confirmed")
+        other.schedule(Due(now + 100_000, task_id="b"), queue, kombu_payload("b"), ORDINARY)
+        assert not wake.wait(3)  # database 3's wake-up: let be
+        r.publish(keys.wake_channel(prefix), "1")  # a 1.0.0 publisher's names no database
+        assert wake.wait(WAKE_WAIT_S)
+        ours.schedule(Due(now + 100_000, task_id="b"), queue, kombu_payload("b"), ORDINARY)
+        assert wake.wait(WAKE_WAIT_S)
+    finally:
+        wake.close()
+        db3.close()

@@ -75,7 +75,7 @@ def test_a_granted_wake_reaches_the_movers_and_counts_nothing(server, admin, pre
         result = store.schedule(Due(due, task_id="a"), f"{prefix}q", kombu_payload("a"), ORDINARY)
         assert (result.outcome, result.wake_refused) == (Scheduled.STORED, False)
         woken = listener.get_message(timeout=10)
-    assert woken is not None and woken["data"] == str(due).encode()
+    assert woken is not None and woken["data"] == f"{due}@0".encode()
     assert admin.hget(keys.totals(prefix), "wake_refused") is None
 
 

@@ -1,9 +1,10 @@
 --[[ publish: what schedule.lua gives put for a publisher's settings.
 
-publish_k(ns, cold, width, grace, expires)
+publish_k(ns, cold, width, grace, expires, db)
   The ``k`` that put (_put.lua) reads, as in_space would make it, for namespace ``ns``, the
   cold space or the ordinary one, and a publisher's bucket width, grace and queue x-expires
-  (ARGV text, as given; expires '0' = none). It is the same for every publish with the same
+  (ARGV text, as given; expires '0' = none), and the number of its database, which its
+  wake-up names (wake_if_first in _put.lua). It is the same for every publish with the same
   settings, and put only reads it: where a script's helpers outlive a call (a Redis 7
   function: scripts.py turns the memo below on) it is made once per settings, and a publish
   builds no key name; as a script, on each call, with nothing kept. At most 64 are kept: a
@@ -13,10 +14,10 @@ publish_k(ns, cold, width, grace, expires)
 --- @const FORMAT
 local publish_k_memo, publish_k_count = false, 0
 
-local function publish_k(ns, cold, width, grace, expires)
+local function publish_k(ns, cold, width, grace, expires, db)
   local id
   if publish_k_memo then
-    id = ns .. ' ' .. width .. ' ' .. grace .. ' ' .. expires .. (cold and ' c' or '')
+    id = ns .. ' ' .. width .. ' ' .. grace .. ' ' .. expires .. ' ' .. db .. (cold and ' c' or '')
     local k = publish_k_memo[id]
     if k then return k end
   end
@@ -24,7 +25,8 @@ local function publish_k(ns, cold, width, grace, expires)
   local sp = space(ns, cold and 'c' or '')
   local k = {ns = ns, space = sp, index = sp.index, ids = ns .. 'ids', counts = ns .. 'counts',
              totals = ns .. 'totals', width = tonumber(width), grace = tonumber(grace),
-             wake = ns .. 'wake', counter = 'scheduled', expires = expires ~= '0' and tonumber(expires),
+             wake = ns .. 'wake', wake_tag = '@' .. db, counter = 'scheduled',
+             expires = expires ~= '0' and tonumber(expires),
              format = FORMAT}
   if publish_k_memo then
     if publish_k_count >= 64 then publish_k_memo, publish_k_count = {}, 0 end

@@ -4,11 +4,12 @@ put(k, now, due, task_id, dest, payload, estimated, keep)
   Stores one message due in the future (schedule.lua and reschedule.lua; put_group in
   _put_group.lua stores several, sharing the per-bucket work).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
-  wake, and optionally expires (the queue's x-expires, ms), kept as the meta field
-  ``e:<dest>``, counter (the totals field counting the messages stored) and format (the
-  storage format, recorded in totals with a bucket's first message); ``k`` comes from
-  in_space (or is built as in_space builds it): in the cold space (its refs start with 'c')
-  the bucket has no task-id list, and a wake makes movers look for something to thaw.
+  wake (the channel) and wake_tag ('@' and the database's number), and optionally expires
+  (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, counter (the totals
+  field counting the messages stored) and format (the storage format, recorded in totals
+  with a bucket's first message); ``k`` comes from in_space (or is built as in_space builds
+  it): in the cold space (its refs start with 'c') the bucket has no task-id list, and a
+  wake makes movers look for something to thaw.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -154,6 +155,10 @@ end
 -- without the channel) must not fail a call whose message is stored, which a retry would
 -- store twice. So it is a pcall; a refusal is counted (totals field wake_refused) and returns
 -- true, for the caller to tell; movers then find the message on their next poll.
+-- The channel is shared by every database of the server (pub/sub ignores the database): the
+-- wake-up's text, the due time, ends with the database's number ('@3'), and a mover lets one
+-- of another database be (kombu_delay/mover/wake.py). One of a 1.0.0 publisher has none, and
+-- wakes every mover, as it did then.
 local function wake_if_first(k, start_s, meta, due, mark, now)
   if mark and mark <= due and mark > now then return end
   local due_s = string.format('%d', due)
@@ -165,7 +170,7 @@ local function wake_if_first(k, start_s, meta, due, mark, now)
   local head_end = head and head ~= start_s and redis.pcall('HGET', k.space:meta(head), 'end')
   if type(head_end) ~= 'string' then head_end = nil end
   if head == start_s or (head and due < (ms_of(head_end) or 0)) then
-    local reply = redis.pcall('PUBLISH', k.wake, due_s)
+    local reply = redis.pcall('PUBLISH', k.wake, due_s .. (k.wake_tag or ''))
     if type(reply) == 'table' and reply.err then
       count_up(k.totals, 'wake_refused', '1')
       return true

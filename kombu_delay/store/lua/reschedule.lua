@@ -18,7 +18,7 @@ ARGV[7] task_id    id-index key (the id inside both payloads)
 ARGV[8] dest       same string as KEYS[5]
 ARGV[9] payload    the new JSON string (its ETA rewritten by the caller); stored as it is
 ARGV[10] due       new due time, epoch ms
-ARGV[11] wake      pub/sub channel that wakes movers
+ARGV[11] db        the database's number, which a wake-up names (wake_if_first in _put.lua)
 ARGV[12] max_delay furthest delay accepted, ms (0 = no limit)
 ARGV[13] max_due   latest due time accepted, epoch ms
 ARGV[14] cold      "1" when ARGV[9] is a cold member (kombu_delay/cold.py), to store cold
@@ -91,7 +91,8 @@ if (tonumber(purge[1]) or 0) > 0 and (tonumber(purge[2]) or 0) >= clock('') then
 -- The queue's x-expires, if its publish gave one, goes with the message.
 local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0)
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
-           gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]), wake = ARGV[11],
+           gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]),
+           wake = ARGV[1] .. 'wake', wake_tag = '@' .. ARGV[11],
            expires = expires}
 if due <= now then
   -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that

@@ -10,7 +10,7 @@ ARGV[3] grace      how long a bucket outlives its end, ms
 ARGV[4] when       due time, epoch ms, or with ARGV[10] = "1" a delay from now, ms
 ARGV[5] task_id    id-index key (Celery task id, message id or delivery tag)
 ARGV[6] payload    the exact JSON string plain kombu would LPUSH; stored as it is, never decoded
-ARGV[7..15] are optional: the caller leaves out those after the last one it needs (each
+ARGV[7..16] are optional: the caller leaves out those after the last one it needs (each
   argument costs Redis work in every call, and almost no publish needs any but the first two).
 ARGV[7] now_ms     epoch ms to judge by; absent or '' = Redis TIME (tests drive time through it)
 ARGV[8] estimated  "1": ARGV[7] is a publisher's estimate of Redis's clock, given for a message
@@ -33,6 +33,8 @@ ARGV[14] fresh     ms: when given and not "0", also count the movers with a hear
 ARGV[15] leave_due "1": a message already due is not pushed here (code 3, nothing written): the
                    caller pushes it itself, in a publish batch that must keep it (kombu's
                    Producer.batch); absent or "0": pushed onto dest
+ARGV[16] db        the number of the database, which a wake-up names (absent = 0; see
+                   wake_if_first in _put.lua)
 The storage format (recorded in totals with a bucket's first message) and the latest due
 time accepted are constants of the script (keys.py FORMAT, MAX_DUE_MS).
 Returns: 1 alone for a message stored for the due time ARGV[4] gave (no ARGV[10]) when there
@@ -83,7 +85,7 @@ if due > MAX_DUE_MS or (max_delay ~= '0' and due - now > tonumber(max_delay)) th
   return {-1, due, now, movers}
 end
 
-local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires)
+local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires, ARGV[16] or '0')
 local code, wake_refused = put(k, now, due, task_id, dest_key, payload, estimated)
 if code == 1 and ARGV[10] == '1' then mark_no_eta(k, due) end
 if wake_refused then return {code, due, now, movers, 1} end

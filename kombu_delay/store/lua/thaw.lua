@@ -8,7 +8,7 @@ KEYS[4] totals  HASH  <ns>totals    lifetime counters
 KEYS[5] cindex  ZSET  <ns>cindex    the cold buckets' index
 KEYS[6] dead    LIST  <ns>dead      dead letters: what could not be restored, kept as stored
 ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
-ARGV[2] wake    pub/sub channel that wakes movers
+ARGV[2] db      the database's number, which a wake-up names (wake_if_first in _put.lua)
 ARGV[3] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[4] past    "1": thaw even past maxmemory (the caller lists only messages due now, which
         must reach their queues: under maxmemory nothing else frees memory while every due
@@ -187,7 +187,7 @@ for _, g in ipairs(order) do
              width = g.width,
              -- An overdue message's bucket must not expire before its mover comes.
              grace = g.grace + math.max(0, now - g.first_due),
-             wake = ARGV[2], expires = g.expires, counted = true}, '')  -- index: KEYS[1]
+             wake = ns .. 'wake', wake_tag = '@' .. ARGV[2], expires = g.expires, counted = true}, '')  -- index: KEYS[1]
   local codes = put_group(k, now, g.start, g.dest, g.msgs)
   for i, code in ipairs(codes) do
     if code == 2 then
