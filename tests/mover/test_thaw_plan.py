@@ -248,6 +248,30 @@ def test_a_large_bucket_is_planned_behind_any_number_of_small_ones(r: redis.Redi
     assert r.zcard(keys.large(prefix, keys.COLD)) == 1
 
 
+def test_a_bucket_of_many_queues_is_noted_by_its_publishes_together(r: redis.Redis, prefix: str) -> None:
+    """A herd spread over queues of fewer than 1,000 each is noted once its bucket has taken
+    10,000 publishes, in the cold space by the publishes and in the ordinary one by its thaw."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = trickle_then_herd(store, clock() + 120_000, 0)
+    start = due - due % NARROW.bucket_width_ms
+
+    def spread(at: int, n: int, tag: str) -> list[tuple[Due, str, str]]:
+        return [
+            (Due(at, task_id=f"{tag}{i}"), f"{prefix}q{i % 20}", kombu_payload(f"{tag}{i}", body=f"b{i}"))
+            for i in range(n)
+        ]
+
+    store.schedule_many(spread(due, 10_000, "h") + spread(due + 60_000, 9_999, "y"), NARROW)
+    assert r.zrange(keys.large(prefix, keys.COLD), 0, -1) == [str(start).encode()]
+    assert not r.exists(keys.large(prefix))
+    clock.ms = due - NARROW.thaw_ahead_ms
+    while store.thaw(NARROW.thaw_ahead_ms, 1000).thawed:
+        pass
+    assert r.zrange(keys.large(prefix), 0, -1) == [str(start).encode()]
+    assert not r.exists(keys.large(prefix, keys.COLD))  # taken out with its drained bucket
+
+
 def test_a_herd_behind_many_narrow_buckets_begins_its_thaw_by_its_lead(r: redis.Redis) -> None:
     clock = FakeClock(r)
     store = Store(r, clock=clock)

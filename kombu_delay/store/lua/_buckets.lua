@@ -198,7 +198,7 @@ end
 local function let_go_unreadable(k, start_s)
   local counts, lost = k.ns .. 'counts', 0
   redis.call('ZREM', k.index, start_s)
-  redis.pcall('ZREM', k.space:large(), start_s)  -- a hint (note_if_large in _put.lua)
+  redis.pcall('ZREM', k.space:large(), start_s)  -- a hint (note_large in _put.lua)
   for _, dest in ipairs(redis.call('HKEYS', counts)) do
     local n = redis.pcall('ZCARD', k.space:zset(start_s, dest))
     if type(n) == 'number' and n > 0 then
@@ -214,7 +214,7 @@ local function retire(k, start_s, end_ms, now)
   local found = recount(k, start_s, now)
   if found > 0 then return found end
   redis.call('ZREM', k.index, start_s)
-  redis.pcall('ZREM', k.space:large(), start_s)  -- a hint (note_if_large in _put.lua)
+  redis.pcall('ZREM', k.space:large(), start_s)  -- a hint (note_large in _put.lua)
   if k.space.cold then  -- a cold bucket: no ref of it is left, nothing to clean up
     redis.call('DEL', k.space:meta(start_s))
     return 0

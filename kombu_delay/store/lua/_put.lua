@@ -116,19 +116,24 @@ local function expiries_settled(k, start, known_x, known_end, n_here, n_added, n
     and n_here ~= n_added and n_tasks ~= n_added and not dest_new
 end
 
--- A bucket whose set for one destination reaches LARGE_RUN messages is noted in its space's
--- <ns>[c]large (member and score: its start), for the movers' plans: a large bucket must begin
--- its thaw, or its herd's copy, early, and a plan reads the first buckets of the index and
--- then these, so that no number of small buckets before it hides it (thaw_plan.py). Only the
--- message that reaches the size writes (n_here: the set's count after the n_added just
--- stored); the key is kept, as the index is, as long as the bucket's meta hash (expire_at, ms).
--- retire and let_go_unreadable (_buckets.lua) take the bucket out again. A hint, as the wake
--- is: a refusal (a key of another type, written by hand) is passed over, and the plans then
--- see the bucket once it is among the first of the index.
-local LARGE_RUN = 1000
+-- A bucket whose set for one destination reaches LARGE_RUN messages, or that has taken
+-- LARGE_BUCKET publishes for all its destinations together (its seq counter: a herd spread
+-- over many queues), is noted in its space's <ns>[c]large (member and score: its start), for
+-- the movers' plans: a large bucket must begin its thaw, or its herd's copy, early, and a plan
+-- reads the first buckets of the index and then these, so that no number of small buckets
+-- before it hides it (thaw_plan.py). Only the message that reaches a size writes (crossed:
+-- n_after, a count after the n_added just stored); the key is kept, as the index is, as long
+-- as the bucket's meta hash (expire_at, ms). retire and let_go_unreadable (_buckets.lua) take
+-- the bucket out again. A hint, as the wake is: a refusal (a key of another type, written by
+-- hand) is passed over, and the plans then see the bucket once it is among the first of the
+-- index.
+local LARGE_RUN, LARGE_BUCKET = 1000, 10000
 
-local function note_if_large(k, now, start, start_s, n_here, n_added, expire_at)
-  if n_here < LARGE_RUN or n_here - n_added >= LARGE_RUN then return end
+local function crossed(n_after, n_added, size)
+  return n_after >= size and n_after - n_added < size
+end
+
+local function note_large(k, now, start, start_s, expire_at)
   local large = k.space:large()
   local added = redis.pcall('ZADD', large, start, start_s)
   if type(added) ~= 'number' then return end
@@ -265,8 +270,8 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x, known_end)
   end
-  if n_here == LARGE_RUN then
-    note_if_large(k, now, start, start_s, n_here, 1, math.max(known_x or 0, start + k.width + k.grace) + 86400000)
+  if n_here == LARGE_RUN or n_seq == LARGE_BUCKET then
+    note_large(k, now, start, start_s, math.max(known_x or 0, start + k.width + k.grace) + 86400000)
   end
   return 1, wake_if_first(k, start_s, meta, due, ms_of(known[3]), now)
 end

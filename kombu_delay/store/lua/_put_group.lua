@@ -89,7 +89,9 @@ local function put_group(k, now, start, dest, msgs)
   add_refs(k, start, start_s, added)
   local known = redis.call('HMGET', b.meta, 'x', 'w', 'end')
   set_expiries(k, now, b, ms_of(known[1]), ms_of(known[3]))
-  note_if_large(k, now, start, start_s, b.n_here, b.n_added,
-                math.max(ms_of(known[1]) or 0, start + k.width + k.grace + b.late) + 86400000)
+  if crossed(b.n_here, b.n_added, LARGE_RUN) or crossed(b.n_seq, #msgs, LARGE_BUCKET) then
+    local expire_at = math.max(ms_of(known[1]) or 0, start + k.width + k.grace + b.late) + 86400000
+    note_large(k, now, start, start_s, expire_at)
+  end
   return codes, wake_if_first(k, start_s, b.meta, first.due, ms_of(known[2]), now)
 end

@@ -6,7 +6,7 @@ space(ns, tag)
   ZSET of bucket starts)} and the keys of one of its buckets, called as methods:
   s:meta(start_s), s:zset(start_s, dest), s:tasks(start_s), s:staged(start_s, dest) (a herd's
   list built ahead, see _staged.lua), and s:large() (its ZSET of the buckets holding a large
-  run for a destination, see note_if_large in _put.lua); ``tasks`` (the task-id list) is
+  run for a destination, see note_large in _put.lua); ``tasks`` (the task-id list) is
   nil in the cold space, whose refs leave the id index one by one (thaw, take, purge) instead
   of with their drained bucket. Methods, not closures: a space is made in every call of most
   scripts, and a closure per key kind was a good part of a publish's Redis CPU.
