@@ -190,6 +190,7 @@ class DelayChannelMixin:
                 expires,
                 FRESH_HEARTBEAT_MS if ask else 0,
                 push_due=batch is None,
+                siblings=[key for key in self._delay_dests(queue) if key != dest] if expires else (),
             )
         if result.outcome is Scheduled.DUE_NOW:
             super()._put(queue, message, _publish_batch=batch, **kwargs)  # type: ignore[misc]

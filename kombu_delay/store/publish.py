@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,6 +43,7 @@ class Publishing(StoreBase):
         movers_fresh_ms: int = 0,
         now_ms: int | None = None,
         push_due: bool = True,
+        siblings: Sequence[str] = (),
     ) -> ScheduleResult:
         """Store ``payload`` for ``dest`` until ``due``, or push it now if already due.
 
@@ -49,7 +51,8 @@ class Publishing(StoreBase):
         ``DUE_NOW``, nothing written), for one that pushes it in a publish batch.
 
         ``expires_ms``: the queue's ``x-expires``. The mover then renews the expiry of
-        ``dest`` when it pushes the message, as kombu's own publish would.
+        ``dest`` when it pushes the message, and of ``siblings``, the queue's other lists (its
+        other priority steps), as kombu's own publish renews every list of the queue.
 
         A message due further ahead than ``settings.compress_after_ms`` is stored
         compressed, in the cold space (see :mod:`kombu_delay.store.cold`).
@@ -65,7 +68,16 @@ class Publishing(StoreBase):
 
         def send(to: spaces.Space) -> Any:
             call = self._schedule_call(
-                to, due, dest, payload, settings, expires_ms, movers_fresh_ms, now_ms, leave_due=not push_due
+                to,
+                due,
+                dest,
+                payload,
+                settings,
+                expires_ms,
+                movers_fresh_ms,
+                now_ms,
+                leave_due=not push_due,
+                siblings=siblings,
             )
             return self._scripts["schedule"](*call)
 
@@ -229,6 +241,7 @@ class Publishing(StoreBase):
         movers_fresh_ms: int = 0,
         now_ms: int | None = None,
         leave_due: bool = False,
+        siblings: Sequence[str] = (),
     ) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``schedule.lua`` storing ``payload`` in ``space`` (its size is
         the caller's to check first: :meth:`_must_fit`)."""
@@ -254,6 +267,7 @@ class Publishing(StoreBase):
             movers_fresh_ms,
             1 if leave_due else 0,
             self.db,
+            json.dumps(list(siblings)) if expires_ms and siblings else "",
         ]
         while optional and optional[-1] in (0, ""):
             optional.pop()

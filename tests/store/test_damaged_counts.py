@@ -513,3 +513,23 @@ def test_a_move_is_refused_whole_on_a_shared_key_of_another_type(r: redis.Redis,
         r.restore(shared(prefix), 0, kept)
     assert store.move_due(100, now_ms=start + 2_000).moved == 1
     assert _delivered(r, dest) == ["a"] and store.totals().get("moved") == 1
+
+
+@pytest.mark.parametrize("siblings", ["not json", '{"a": 1}', "[1, [2]]", "", '["{p}q\\u0006\\u00163", 7]'])
+def test_a_queues_other_lists_written_by_hand_stop_no_move(
+    r: redis.Redis, prefix: str, siblings: str
+) -> None:
+    """The meta field that names a queue's other lists (renewed with it, x-expires) is passed
+    over where it is no array of keys; a key in it is renewed, and nothing else is."""
+    _, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}q"
+    other = f"{prefix}q{keys.KOMBU_PRIORITY_SEP}3"
+    r.lpush(other, "waiting")
+    store.schedule(Due(start + 10, task_id="a"), dest, kombu_payload("a"), ORDINARY, expires_ms=30_000)
+    r.hset(keys.meta(prefix, start), f"p:{dest}", siblings.replace("{p}", prefix))
+    assert store.move_due(10, now_ms=start + 10).moved == 1
+    assert 0 < r.pttl(dest) <= 30_000 and r.llen(other) == 1
+    if "{p}" in siblings:
+        assert 0 < r.pttl(other) <= 30_000
+    else:
+        assert r.pttl(other) == -1

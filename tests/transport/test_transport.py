@@ -617,9 +617,11 @@ def test_a_user_refused_the_wake_channel_publishes_each_message_once_and_is_told
     not hasattr(kombu_redis.Channel, "_get_queue_expire"), reason="kombu before 5.7 has no x-expires on Redis"
 )
 def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, prefix):
-    """kombu renews a queue's x-expires on each publish and read of its lists. A delayed
-    message reaches its list through the mover (or a reschedule), which renews it too, so an
-    abandoned queue still vanishes; the publish renews the lists already there."""
+    """kombu renews a queue's x-expires on each publish and read of its lists, every priority
+    list of the queue. A delayed message reaches its list through the mover (or a reschedule,
+    or a thaw first), which renews them too, so an abandoned queue still vanishes, and another
+    priority's list lives as long as with plain kombu; the publish renews the lists already
+    there."""
     temp = Queue("temp", Exchange("temp"), "temp", expires=30)  # seconds: x-expires 30,000 ms
     kept = Queue("kept", Exchange("kept"), "kept")
     older = f"{prefix}temp{keys.KOMBU_PRIORITY_SEP}3"
@@ -644,8 +646,9 @@ def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, 
     clock = FakeClock(r)  # from after the publishes: x-delay counts from Redis's clock
     store = Store(r, prefix, clock=clock)
     clock.advance(1000)
+    r.persist(older)  # what the push renews, and not the publish before it
     assert store.move_due(10).moved == 2
-    assert 0 < expiry(f"{prefix}temp") <= 30_000
+    assert 0 < expiry(f"{prefix}temp") <= 30_000 and 0 < expiry(older) <= 30_000
     assert expiry(f"{prefix}kept") == -1  # no x-expires: no expiry, as with plain kombu
 
     # A rescheduled message keeps its queue's expiry, whether it is stored again or pushed now.
@@ -661,8 +664,21 @@ def test_an_x_expires_queue_keeps_its_expiry_through_the_mover(r, redis_server, 
         assert r.llen(f"{prefix}temp") == 1
         assert 0 < expiry(f"{prefix}temp") <= 30_000
         r.delete(f"{prefix}temp")
+        r.persist(older)
         assert control.reschedule("t-3", countdown=0) == 1
     assert r.llen(f"{prefix}temp") == 1 and 0 < expiry(f"{prefix}temp") <= 30_000
+    assert 0 < expiry(older) <= 30_000
+
+    # A compressed message carries them through its thaw.
+    r.delete(f"{prefix}temp")
+    publish(temp, 600_000, "t-4")
+    clock.ms = redis_ms(r) + 600_000 - 20_000
+    assert store.thaw(30_000, 10).thawed == 1
+    clock.advance(20_000)
+    r.persist(older)
+    assert store.move_due(10).moved == 1
+    assert r.llen(f"{prefix}temp") == 1 and 0 < expiry(f"{prefix}temp") <= 30_000
+    assert 0 < expiry(older) <= 30_000
 
 
 PUBLISH_FIVE = """

@@ -34,3 +34,13 @@ local function publish_k(ns, cold, width, grace, expires, db)
   end
   return k
 end
+
+-- k for a publish to a queue declared with x-expires whose other lists (``siblings``, the
+-- JSON array of their keys) the push of its message renews too (renew_lists in _push.lua):
+-- a copy, as they are the queue's, not the settings'.
+local function with_siblings(k, siblings)
+  local copy = {}
+  for name, value in pairs(k) do copy[name] = value end
+  copy.siblings = siblings
+  return copy
+end

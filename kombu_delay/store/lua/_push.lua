@@ -17,6 +17,14 @@ pushed(dest, values)
   refuses the push itself, and one destination the mover's user may not write must not stop
   the moves of every other. Returns true when pushed.
 
+renew_lists(dest, ttl, siblings)
+  A queue declared with x-expires: renews the expiry of ``dest`` and of the queue's other
+  lists (``siblings``, the JSON array of their keys that its publisher gave, the meta field
+  p:<dest>; nil or '' for none) to ``ttl`` ms, as kombu's own publish renews every list of
+  the queue. Best effort, as kombu's renewal: a refusal (an ACL without PEXPIRE) or a field
+  that is no such array (written by hand) must not stop a push, which cannot be undone;
+  the next publish or read of the queue renews them.
+
 room_keeper(max_len)
   Returns room, room_of for one move call: room[dest] is how many more pushes the list
   ``dest`` takes in this call (math.huge without max_len, NOT_A_LIST when the key is not a
@@ -62,6 +70,16 @@ local function pushed(dest, values)
     raise_refusal(reply.err, 'LPUSH', dest)
   end
   return true
+end
+
+local function renew_lists(dest, ttl, siblings)
+  redis.pcall('PEXPIRE', dest, ttl)
+  if not siblings or siblings == '' then return end
+  local ok, lists = pcall(cjson.decode, siblings)
+  if not ok or type(lists) ~= 'table' then return end
+  for _, key in ipairs(lists) do
+    if type(key) == 'string' then redis.pcall('PEXPIRE', key, ttl) end
+  end
 end
 
 local function room_keeper(max_len)

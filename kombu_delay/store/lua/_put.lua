@@ -5,11 +5,12 @@ put(k, now, due, task_id, dest, payload, estimated, keep)
   _put_group.lua stores several, sharing the per-bucket work).
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
   wake (the channel) and wake_tag ('@' and the database's number), and optionally expires
-  (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, counter (the totals
-  field counting the messages stored) and format (the storage format, recorded in totals
-  with a bucket's first message); ``k`` comes from in_space (or is built as in_space builds
-  it): in the cold space (its refs start with 'c') the bucket has no task-id list, and a
-  wake makes movers look for something to thaw.
+  (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, with siblings (the JSON
+  array of the queue's other list keys, kept as ``p:<dest>``, see renew_lists in
+  _push.lua), counter (the totals field counting the messages stored) and format (the
+  storage format, recorded in totals with a bucket's first message); ``k`` comes from
+  in_space (or is built as in_space builds it): in the cold space (its refs start with 'c')
+  the bucket has no task-id list, and a wake makes movers look for something to thaw.
   Writes the payload into <ns>z:<start>:<dest> (score due + seq/2048, seq from the bucket's
   meta hash), counts it in the meta hash and in counts, appends the task id to <ns>t:<start>,
   adds the ref "start:offset:seq" to the id index, puts the bucket in the index when it was
@@ -185,7 +186,7 @@ end
 
 -- Counts the n messages just added to a bucket's set for ``dest`` (the meta hash, the
 -- destination's count unless k.counted, the lifetime counter k.counter), notes the queue's
--- x-expires, and appends their task ids (one id, or a table of them) to the bucket's task-id
+-- x-expires (and its other lists, k.siblings: see renew_lists in _push.lua), and appends their task ids (one id, or a table of them) to the bucket's task-id
 -- list ``tasks`` (nil in the cold space: its refs leave the id index one by one, thaw and
 -- take). ``q``: the meta field of dest's count, where the caller has it ('q:' .. dest).
 -- Returns the set's count after, whether the destination's count was zero before, and the
@@ -195,7 +196,13 @@ local function count_added(k, meta, dest, tasks, n, task_ids, q, done)
   local n_arg = count_arg(n)
   local n_here = count_up(meta, q or 'q:' .. dest, n_arg)
   if done then done.meta = true end
-  if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
+  if k.expires and k.expires > 0 then
+    if k.siblings then
+      redis.call('HSET', meta, 'e:' .. dest, k.expires, 'p:' .. dest, k.siblings)
+    else
+      redis.call('HSET', meta, 'e:' .. dest, k.expires)
+    end
+  end
   local dest_new = not k.counted and count_up(k.counts, dest, n_arg) == n
   if done then done.counts = not k.counted end
   if k.counter then count_up(k.totals, k.counter, n_arg) end
