@@ -50,8 +50,14 @@ class RedisRefused(KombuDelayError, redis.ResponseError):
     kombu's ``channel_errors``, as the same refusal of plain kombu's ``LPUSH`` would be."""
 
 
-class OverMaxmemory(RedisRefused):
-    """Redis refused a write because ``maxmemory`` is reached (under ``noeviction``)."""
+class OverMaxmemory(RedisRefused, redis.exceptions.OutOfMemoryError):
+    """Redis refused a write because ``maxmemory`` is reached (under ``noeviction``). Also a
+    ``redis.exceptions.OutOfMemoryError``, as the same refusal of plain kombu's ``LPUSH``."""
+
+
+class ReadOnlyRefused(RedisRefused, redis.exceptions.ReadOnlyError):
+    """Redis refused a write because it is a read-only replica. Also a
+    ``redis.exceptions.ReadOnlyError``, as the same refusal of plain kombu's ``LPUSH``."""
 
 
 class WrongTypeKey(KombuDelayError, redis.ResponseError):
@@ -132,7 +138,9 @@ def translated_errors() -> Iterator[None]:
             raise OverMaxmemory(
                 f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
             ) from exc
-        if isinstance(exc, redis.exceptions.ReadOnlyError) or any(m in text for m in _WAIT_REFUSALS):
+        if isinstance(exc, redis.exceptions.ReadOnlyError) or "READONLY" in text:
+            raise ReadOnlyRefused(f"Redis refused the write: {text}") from exc
+        if any(m in text for m in _WAIT_REFUSALS):
             raise RedisRefused(f"Redis refused the write: {text}") from exc
         if is_wrong_type(exc):
             raise WrongTypeKey(text) from exc

@@ -83,7 +83,7 @@ def _read_iso(text: str) -> datetime:
     return when
 
 
-def parse_iso_ms(text: str) -> int:
+def parse_iso_ms(text: object) -> int:
     """Parse an ISO-8601 ETA to epoch ms; a missing offset means UTC (Celery's rule).
 
     Exactly what a Celery worker reads as a time (``dateutil``'s ``isoparse``: ordinal dates,
@@ -92,11 +92,11 @@ def parse_iso_ms(text: str) -> int:
     until a time it will refuse then. The form Celery writes (:data:`_CELERY_FORM`) is read
     by ``datetime.fromisoformat``, which gives the same time faster."""
     if not isinstance(text, str):  # a header holds what a publisher put there
-        raise BadETA(f"ETA {text!r} is not ISO-8601")
+        raise BadETA(f"ETA {shown(text)} is not ISO-8601")
     try:
         when = _read_iso(text)
     except (ValueError, OverflowError) as exc:
-        raise BadETA(f"ETA {text!r} is not ISO-8601") from exc
+        raise BadETA(f"ETA {shown(text)} is not ISO-8601") from exc
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return to_ms(when)
@@ -237,8 +237,9 @@ def message_due(message: dict[str, Any]) -> Due | None:
         eta = headers.get("eta")
         if isinstance(eta, datetime):  # a raw kombu publish: kombu's JSON carries it, and the
             eta = eta.isoformat()  # worker reads it back, as a time
-        # The worker, too, reads an empty ETA as none; an x-delay may still delay the message.
-        if eta is not None and eta != "":
+        # The worker reads an ETA that is false (None, "", 0, an empty list) as none
+        # (``maybe_iso8601``); an x-delay may still delay the message.
+        if not _none(eta):
             return Due(parse_iso_ms(eta), task_id=message_id(message))
     if "x-delay" in headers:
         delay = _x_delay_ms(headers["x-delay"])
@@ -247,25 +248,50 @@ def message_due(message: dict[str, Any]) -> Due | None:
     if body is not None and body["eta"]:
         eta = body["eta"]
         if not isinstance(eta, str):
-            raise BadETA(f"ETA {eta!r} is not ISO-8601")
+            raise BadETA(f"ETA {shown(eta)} is not ISO-8601")
         return Due(parse_iso_ms(eta), task_id=message_id(message, body))
     return None
+
+
+def _none(eta: Any) -> bool:
+    """Whether a Celery ETA header is none, as the worker reads it: false (``if not dt``). A
+    value whose truth cannot be told is some ETA, a bad one."""
+    try:
+        return not eta
+    except Exception:
+        return False
+
+
+#: The longest part of a header's value that an error or log line shows, characters.
+SHOWN_CHARS = 200
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to about :data:`SHOWN_CHARS` characters for an error or a log
+    line: a header holds whatever a publisher put there, a megabyte of it too."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python shows (sys.get_int_max_str_digits)
+        return f"<{type(value).__name__} too long to show>"
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
 
 
 def _x_delay_ms(raw: Any) -> int:
     """An ``x-delay`` header as whole milliseconds (0 or less: no delay)."""
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise BadETA(f"x-delay {raw!r} is not a number of milliseconds")
+        raise BadETA(f"x-delay {shown(raw)} is not a number of milliseconds")
     try:
         delay = float(raw)
     except OverflowError:  # an int past a float's range: as far as infinity, or as short
         delay = math.inf if int(raw) > 0 else -math.inf
     except (TypeError, ValueError) as exc:
-        raise BadETA(f"x-delay {raw!r} is not a number of milliseconds") from exc
+        raise BadETA(f"x-delay {shown(raw)} is not a number of milliseconds") from exc
     if math.isnan(delay):
-        raise BadETA(f"x-delay {raw!r} is not a number of milliseconds")
+        raise BadETA(f"x-delay {shown(raw)} is not a number of milliseconds")
     if delay >= MAX_DUE_MS:  # infinity too: never "at once"
-        raise DelayTooLong(f"x-delay {raw!r} ms is past the latest supported due time, {MAX_DUE_TEXT}")
+        raise DelayTooLong(f"x-delay {shown(raw)} ms is past the latest supported due time, {MAX_DUE_TEXT}")
     return 0 if delay <= 0 else int(delay)
 
 

@@ -56,7 +56,7 @@ from kombu.utils.json import dumps
 from kombu_delay import resend
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
-from kombu_delay.message import message_due, message_id, spent_delay_removed
+from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.poller import DeliveringTransportMixin
 from kombu_delay.redact import mask_url
@@ -153,21 +153,18 @@ class DelayChannelMixin:
         super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        bad: BadETA | None = None
         try:
             due = message_due(spent_delay_removed(message))
         except BadETA as exc:
-            logger.warning("kombu-delay: %s; delivering message %r now", exc, message_id(message))
-            try:
-                self.delay_store.count("bad_eta")
-            except KombuDelayError:  # a counter must not fail the publish it counts (a user
-                # with kombu's keys only, say): the message goes out all the same
-                logger.debug("kombu-delay: could not count a message with a bad ETA", exc_info=True)
-            due = None
+            bad, due = exc, None
         # Due already, by Redis's clock as estimated here (never this machine's wall clock):
         # pushed as plain kombu pushes it. A due time near the estimate goes through the
         # script, which judges it by Redis's clock and pushes a due message itself.
         if due is None or self.delay_store.surely_due(due):
             super()._put(queue, message, **kwargs)  # type: ignore[misc]
+            if bad is not None:  # told once it is on its way: a refused push raised instead
+                self._tell_bad_eta(bad, message)
             return
         # A held message is not part of a publish batch: it is written now, in one
         # atomic script call, and only a mover ever delivers it. One the script finds due is
@@ -208,6 +205,14 @@ class DelayChannelMixin:
                 self.delay_store.renew_expiry(self._delay_dests(queue), expires)
             except redis.RedisError as exc:
                 logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
+
+    def _tell_bad_eta(self, bad: BadETA, message: dict[str, Any]) -> None:
+        """Log and count a message whose ETA or x-delay could not be read, sent at once."""
+        logger.warning("kombu-delay: %s; delivered message %s now", bad, shown(message_id(message)))
+        try:
+            self.delay_store.count("bad_eta")
+        except KombuDelayError:  # never fails the publish it counts (a user with kombu's keys only, say)
+            logger.debug("kombu-delay: could not count a message with a bad ETA", exc_info=True)
 
     @staticmethod
     def _tell_if_no_mover(where: tuple[int, str, str], movers: int | None) -> None:

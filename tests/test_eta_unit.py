@@ -81,6 +81,15 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     # A task header with no ETA of its own: its x-delay holds it, as any message's does.
     "p2-no-eta-x-delay": (p2(None, **{"x-delay": 1500}), Due(1500, relative=True, task_id="abc")),
     "p2-empty-eta-x-delay": (p2("", **{"x-delay": "1500"}), Due(1500, relative=True, task_id="abc")),
+    # Whatever is false is no ETA to the worker (maybe_iso8601): its x-delay holds it.
+    **{
+        f"p2-false-eta-{name}-x-delay": (
+            p2(eta, **{"x-delay": 1500}),
+            Due(1500, relative=True, task_id="abc"),
+        )
+        for name, eta in {"zero": 0, "false": False, "list": [], "object": {}, "float": 0.0}.items()
+    },
+    "p2-false-eta": (p2(0), None),
     "app-task-header-x-delay": (
         {"headers": {"task": "resize", "x-delay": 60_000}, "properties": {"delivery_tag": "tag-1"}},
         Due(60_000, relative=True, task_id="tag-1"),
@@ -147,6 +156,22 @@ BAD_CASES = {
 def test_unusable_delays_raise_bad_eta(name):
     with pytest.raises(BadETA):
         message_due(BAD_CASES[name])
+
+
+@pytest.mark.parametrize(
+    "message", [p2("x" * 100_000), p1(task(eta="y" * 100_000)), xd("z" * 100_000), xd("9" * 100_000)]
+)
+def test_an_unusable_delay_of_any_length_is_told_in_a_line(message):
+    """A header holds whatever a publisher put there: the error (logged by the transport)
+    shows its start and its length, not a megabyte."""
+    with pytest.raises((BadETA, DelayTooLong)) as told:
+        message_due(message)
+    assert len(str(told.value)) < 400 and "100,002 characters" in str(told.value)
+
+
+def test_an_x_delay_of_more_digits_than_python_shows_is_too_long():
+    with pytest.raises(DelayTooLong, match="int too long to show"):
+        message_due(xd(10**5000))
 
 
 # Past a float's range too: 10**400 and infinity were "not a number" and delivered at once,

@@ -787,3 +787,41 @@ def test_a_purge_refused_the_delayed_messages_still_purges_the_list(server: Redi
             queue.purge()
         channel.close()
     assert admin.llen(QUEUE) == 0
+
+
+def test_a_refused_publish_raises_what_plain_kombus_would_and_counts_no_bad_eta(
+    server: RedisServer, caplog
+) -> None:
+    """A write Redis refuses raises, delayed or not, a class that plain kombu's refused
+    ``LPUSH`` is too (redis-py's ``OutOfMemoryError``, ``ReadOnlyError``), besides the
+    kombu-delay one. A message with a bad ETA is counted and told as delivered only once it
+    is pushed: a refused push raises instead."""
+    admin = server.client()
+    caplog.set_level("WARNING", logger="kombu_delay")
+    big = {"pad": "x" * 200_000}
+
+    def publish(url: str, headers: dict[str, object]) -> None:
+        with Connection(url) as conn:
+            conn.Producer().publish(big, routing_key=QUEUE, headers=headers, retry=False)
+
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", used + 50_000)
+    try:
+        for url in (server.url, server.delay_url):
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                publish(url, {"task": "t", "id": "late", "x-delay": 600_000})
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            publish(server.delay_url, {"task": "t", "id": "bad", "eta": "not-a-date"})
+    finally:
+        admin.config_set("maxmemory", 0)
+    assert admin.hget(keys.totals(""), "bad_eta") is None and admin.llen(QUEUE) == 0
+    assert not [r for r in caplog.records if "delivered message" in r.getMessage()]
+    publish(server.delay_url, {"task": "t", "id": "bad", "eta": "not-a-date"})
+    assert admin.hget(keys.totals(""), "bad_eta") == b"1" and admin.llen(QUEUE) == 1
+    assert len([r for r in caplog.records if "delivered message 'bad' now" in r.getMessage()]) == 1
+
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port)]) as replica:
+        for url in (replica.url, replica.delay_url):
+            with pytest.raises(redis.exceptions.ReadOnlyError):
+                publish(url, {"task": "t", "id": "late", "x-delay": 600_000})

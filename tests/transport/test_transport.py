@@ -310,7 +310,7 @@ def test_kombu_immediate_publish_is_byte_identical_to_plain_redis(r, redis_serve
     warned = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warned) == (1 if garbage else 0), warned
     if garbage:
-        assert "delivering message" in warned[0].getMessage()
+        assert "delivered message" in warned[0].getMessage()
 
 
 #: JSON app data sent with plain kombu, no ``task`` header: keys like Celery protocol 1's, but
