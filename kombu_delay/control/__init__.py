@@ -27,15 +27,7 @@ from kombu_delay.store import Store, keys
 from kombu_delay.store.edit import EDIT_LOOKS
 from kombu_delay.store.replies import Rescheduled, Stored
 
-__all__ = [
-    "DeadLetter",
-    "DelayControl",
-    "Page",
-    "ScheduledMessage",
-    "Slot",
-    "Stats",
-    "histogram_slots",
-]
+__all__ = ["DeadLetter", "DelayControl", "Page", "ScheduledMessage", "Slot", "Stats", "histogram_slots"]
 
 #: The last list position Redis reads (a signed 64-bit integer): a page must end by it.
 _MAX_POSITION = 2**63 - 1
@@ -349,11 +341,11 @@ class DelayControl:
         return total, [DeadLetter(m, offset + i) for i, m in enumerate(members)]
 
     @gated
-    def remove_dead_letter(self, digest: str, near: int = 0, window: int = 100) -> int:
-        """Remove the dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for
-        first in ``window`` entries around position ``near`` (where a page showed it), then in
-        the whole list, ``window`` at a time (dead letters added since push it further on,
-        removed ones bring it nearer); return 1, or 0 when it is not there."""
+    def dead_letter(self, digest: str, near: int = 0, window: int = 100) -> DeadLetter | None:
+        """The dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for first in
+        ``window`` entries around position ``near`` (where a page showed it), then in the whole
+        list, ``window`` at a time (dead letters added since push it further on, removed ones
+        bring it nearer); ``None`` when it is not there."""
 
         def look(offset: int) -> tuple[int, DeadLetter | None]:
             total, found = self.dead_letters(offset, window)
@@ -366,6 +358,12 @@ class DelayControl:
             if offset != first:
                 total, letter = look(offset)
             offset += window
+        return letter
+
+    @gated
+    def remove_dead_letter(self, digest: str, near: int = 0, window: int = 100) -> int:
+        """Remove the dead letter :meth:`dead_letter` finds; return 1, or 0 when it is not there."""
+        letter = self.dead_letter(digest, near, window)
         return 0 if letter is None else self.store.remove_dead_letter(letter.member)
 
     def _too_far(self, task_id: str, due_ms: int) -> DelayTooLong:

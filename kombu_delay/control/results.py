@@ -72,9 +72,10 @@ class DeadLetter:
         return cold.task_id_of(self.member) or ""
 
     def preview(self, limit: int = 400) -> str:
-        """The member's first ``limit`` bytes as text: printable ASCII as is, any other byte as
-        ``\\xNN``, and ``…`` where it goes on."""
-        text = "".join(chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in self.member[:limit])
+        """The member's first ``limit`` bytes as text: printable ASCII as is, any other byte
+        (and the backslash, which would make ``\\x00`` typed out look like a NUL) as ``\\xNN``,
+        and ``…`` where it goes on."""
+        text = "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02x}" for b in self.member[:limit])
         return text + ("\u2026" if len(self.member) > limit else "")
 
 

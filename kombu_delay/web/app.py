@@ -1,10 +1,8 @@
-"""The dashboard's Flask app: overview, scheduled listing, task detail, dead letters, and actions.
+"""The dashboard's Flask app: overview, scheduled listing, task detail, dead letters, and the
+actions of :mod:`kombu_delay.web.actions`.
 
 Every read goes through :class:`~kombu_delay.control.DelayControl`. Every request must name an
-allowed host in its ``Host`` header (:mod:`kombu_delay.web.guard`). State-changing requests
-(cancel, reschedule, remove a dead letter) exist only with ``allow_actions``; they are POSTs
-that pass the CSRF check of :mod:`kombu_delay.web.guard`, destructive ones are confirmed on a
-page of their own first, and each is written to the audit log. A task id or a name that holds
+allowed host in its ``Host`` header (:mod:`kombu_delay.web.guard`). A task id or a name that holds
 lone surrogates is shown escaped and carried in URLs exactly (:mod:`kombu_delay.web.surrogates`).
 """
 
@@ -13,13 +11,11 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Flask, Response, abort, g, jsonify, redirect, render_template, request, url_for
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.cli.inspect import clipped, shown, span, when
@@ -27,15 +23,13 @@ from kombu_delay.control import DeadLetter, DelayControl, Page
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present, surrogates
+from kombu_delay.web.actions import BAD_POSITION, add_actions, int_arg
 from kombu_delay.web.overview import DEFAULT_RANGE, MAX_REFRESH_S, RANGES, SHARED_FOR_S, Shared
 
 #: Rows per page of the scheduled listing and of the dead letters, and the messages a task page shows.
 PAGE_ROWS = 50
 #: Most rows one listing page may ask for.
 MAX_ROWS = 500
-#: Why a dead-letter offset or position is refused (HTTP 400).
-BAD_POSITION = "the offset or position is past any list"
-READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
 #: The routes that answer JSON, errors included.
 JSON_ENDPOINTS = frozenset({"overview_json"})
 #: The ``done`` of a task page: a count of messages rescheduled, as the reschedule action
@@ -86,7 +80,7 @@ def create_app(
     _install_guards(app, credentials, hosts, allow_actions, where, refresh_s)
     _add_pages(app, control, shared)
     _add_detail_pages(app, control)
-    _add_actions(app, control, allow_actions)
+    add_actions(app, control, allow_actions)
     return app
 
 
@@ -156,7 +150,12 @@ def _install_guards(
         return _error("Redis error", str(exc)), 503
 
     @app.errorhandler(HTTPException)
-    def http_error(exc: HTTPException) -> tuple[str | Response, int]:
+    def http_error(exc: HTTPException) -> tuple[str | Response, int] | Response:
+        if isinstance(exc, MethodNotAllowed):  # refused before any page: plain text, as 400 and 401
+            allow = {"Allow": ", ".join(exc.valid_methods or ())}
+            return Response(f"{exc.code} {exc.name}\n", exc.code, allow, mimetype="text/plain")
+        if isinstance(exc, RequestEntityTooLarge) and request.method == "POST":
+            guard.refused_post(request, guard.requester(), "request too large")
         return _error(exc.name, exc.description or ""), exc.code or 500
 
 
@@ -165,11 +164,6 @@ def _error(title: str, message: str) -> str | Response:
     if request.endpoint in JSON_ENDPOINTS:
         return jsonify(error=message)
     return render_template("error.html", title=title, message=message)
-
-
-def _who() -> str:
-    """Who made this request, for the audit log: the user only when basic auth checked it."""
-    return guard.who(request, g.get("user"))
 
 
 def _add_pages(app: Flask, control: DelayControl, shared: Shared) -> None:
@@ -239,7 +233,7 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
     @app.get("/task")
     def task() -> tuple[str, int]:
         task_id = request.args.get("id", "")
-        found = control.find(task_id) if task_id else []
+        found = control.find(task_id, unreadable=True) if task_id else []  # damaged ones too
         shown = [(m, present.show(m.message)) for m in found[:PAGE_ROWS]]  # (20,000 made 72 MB)
         done, now, more = request.args.get("done", ""), control.time_ms(), len(found) - len(shown)
         rescheduled = int(done) if DONE_COUNT.fullmatch(done) else None
@@ -249,105 +243,22 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
 
     @app.get("/dead")
     def dead() -> str:
-        offset = max(0, _int(request.args.get("offset"), 0))
+        offset = max(0, int_arg(request.args.get("offset"), 0))
         total, letters = _dead_letters(control, offset, PAGE_ROWS)
         rows = [(letter, letter.preview(160)) for letter in letters]
         return render_template("dead.html", total=total, rows=rows, offset=offset, page_rows=PAGE_ROWS)
 
     @app.get("/dead/letter")
     def dead_letter() -> tuple[str, int]:
-        digest, near = request.args.get("digest", ""), max(0, _int(request.args.get("near"), 0))
-        _, letters = _dead_letters(control, max(0, near - 50), 100)
-        letter = next((d for d in letters if d.digest == digest), None)
+        digest, near = request.args.get("digest", ""), max(0, int_arg(request.args.get("near"), 0))
+        try:  # around where a page showed it, then the whole list (as its removal looks)
+            letter = control.dead_letter(digest, near)
+        except ValueError:
+            abort(400, BAD_POSITION)
         text = letter.preview(20_000) if letter else ""
         return render_template("dead_letter.html", letter=letter, text=text, near=near), (
             200 if letter else 404
         )
-
-
-def _add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
-    """Cancel, reschedule and remove a dead letter: POSTs, off unless ``allow_actions``."""
-
-    def acting(action: str, target: str) -> None:
-        """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
-        if not allow_actions:
-            guard.audit.warning("refused %s %r by %s: actions are off", action, target, _who())
-            abort(403, READ_ONLY)
-        problem = guard.csrf_problem(request)
-        if problem is not None:
-            guard.audit.warning("refused %s %r by %s: %s", action, target, _who(), problem)
-            abort(403, f"Refused: {problem}.")
-
-    def action_id() -> str:
-        """The task id of a cancel or reschedule: in the URL's query, where the page's forms
-        carry it (a form field cannot hold a lone surrogate), else in the form (a script's)."""
-        return request.args.get("id", request.form.get("id", ""))
-
-    @app.post("/task/cancel")
-    def cancel() -> str | Response:
-        task_id = action_id()
-        acting("cancel", task_id)
-        if request.form.get("confirm") != "yes":
-            found = control.find(task_id)
-            return render_template("confirm.html", action="cancel", task_id=task_id, found=found)
-        with _logged_if_failed("cancel", task_id):
-            n = control.cancel(task_id)
-        guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, _who(), n)
-        return render_template("done.html", title="Cancelled", task_id=task_id, count=n, action="cancel")
-
-    @app.post("/task/reschedule")
-    def reschedule() -> Redirect | tuple[str, int]:
-        task_id = action_id()
-        acting("reschedule", task_id)
-        eta_text = request.form.get("eta", "").strip()
-        countdown_text = request.form.get("countdown", "").strip()
-        eta, countdown = None, None
-        try:
-            if eta_text and not countdown_text:
-                eta = datetime.fromisoformat(eta_text.replace(" ", "T"))
-                if eta.tzinfo is None:  # the form says so: UTC unless an offset is given
-                    eta = eta.replace(tzinfo=UTC)
-            elif countdown_text and not eta_text:
-                countdown = float(countdown_text)
-                if not math.isfinite(countdown):
-                    raise ValueError("the countdown must be a finite number of seconds")
-            else:
-                raise ValueError("give either a new time or a countdown")
-            with _logged_if_failed("reschedule", task_id):
-                n = control.reschedule(task_id, eta=eta, countdown=countdown)
-        except ValueError as exc:  # a bad time, or one Redis refuses (too far, say)
-            guard.audit.warning("reschedule %r by %s failed: %r", task_id, _who(), str(exc))
-            return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
-        new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
-        guard.audit.warning("reschedule %r to %s by %s: %d message(s) rescheduled", task_id, new, _who(), n)
-        return redirect(url_for("task", id=task_id, done=n), 303)
-
-    @app.post("/dead/remove")
-    def dead_remove() -> str | Response:
-        digest, near = request.form.get("digest", ""), max(0, _int(request.form.get("near"), 0))
-        acting("remove dead letter", digest)
-        if request.form.get("confirm") != "yes":
-            return render_template("confirm.html", action="remove", digest=digest, near=near)
-        try:
-            with _logged_if_failed("remove dead letter", digest):
-                n = control.remove_dead_letter(digest, near)
-        except ValueError:
-            guard.audit.warning("remove dead letter %r by %s failed: %s", digest, _who(), BAD_POSITION)
-            abort(400, BAD_POSITION)
-        guard.audit.warning("remove dead letter %r by %s: %d removed", digest, _who(), n)
-        return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
-
-
-@contextmanager
-def _logged_if_failed(action: str, target: str) -> Iterator[None]:
-    """Write the audit line of an action Redis failed (answered by the Redis error page, 503);
-    a bad request (a ``ValueError``) is the caller's to tell and log."""
-    try:
-        yield
-    except KombuDelayError as exc:
-        if not isinstance(exc, ValueError):
-            guard.audit.warning("%s %r by %s failed: %r", action, target, _who(), str(exc))
-        raise
 
 
 def _dead_letters(control: DelayControl, offset: int, limit: int) -> tuple[int, list[DeadLetter]]:
@@ -356,13 +267,6 @@ def _dead_letters(control: DelayControl, offset: int, limit: int) -> tuple[int, 
         return control.dead_letters(offset, limit)
     except ValueError:
         abort(400, BAD_POSITION)
-
-
-def _int(text: str | None, default: int) -> int:
-    try:
-        return int(text) if text else default
-    except ValueError:
-        return default
 
 
 #: Headers every answer carries, the app's pages and :class:`PathPrefix`'s 404 alike.

@@ -138,7 +138,16 @@ def web(
     if prefix:
         app.wsgi_app = PathPrefix(app.wsgi_app, prefix)  # type: ignore[method-assign]
     try:
-        waitress.serve(app, host=host, port=port, threads=threads, ident="kombu-delay")
+        # clear_untrusted_proxy_headers: waitress would drop X-Forwarded-For, which the audit
+        # log records (as sent, marked as such: it does not replace the peer's address).
+        waitress.serve(
+            app,
+            host=host,
+            port=port,
+            threads=threads,
+            ident="kombu-delay",
+            clear_untrusted_proxy_headers=False,
+        )
     except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
     finally:
@@ -151,7 +160,7 @@ def _access(
     """The basic-auth credentials (``--auth``, else the environment), the hosts answered to, and
     whether others can reach the dashboard with no password; a usage error for a value that is
     none, and for actions others could reach with no password."""
-    from kombu_delay.web.guard import AUTH_ENV, Credentials, allowed_hosts_of, loopback_only
+    from kombu_delay.web.guard import ANY_HOST, AUTH_ENV, Credentials, allowed_hosts_of, loopback_only
 
     # Any value given is parsed, the empty one too (an unset shell variable): it is refused,
     # never read as "no auth", and never hides the environment variable.
@@ -166,6 +175,12 @@ def _access(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
     reachable = not loopback_only(host) and credentials is None
+    if ANY_HOST in hosts and credentials is None and allow_actions:
+        raise click.UsageError(
+            f"--allow-actions with --allowed-host '*' needs --auth (or {AUTH_ENV}): answering any "
+            "host, it lets any web page a browser on this machine opens (DNS rebinding) fetch the "
+            "CSRF token and cancel or reschedule tasks. Give --auth, or name the hosts"
+        )
     if reachable and allow_actions:
         raise click.UsageError(
             f"--allow-actions on {host}, which others can reach, needs --auth (or {AUTH_ENV}): the "

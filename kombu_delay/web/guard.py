@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import flask
 from flask import Request, Response
 
 #: Name of the cookie that carries the CSRF token.
@@ -202,6 +203,11 @@ def who(request: Request, user: str | None) -> str:
     return f"{printable(user) if user is not None else '-'}@{where}"
 
 
+def requester() -> str:
+    """:func:`who` made the request in hand, the user only where basic auth checked it."""
+    return who(flask.request, flask.g.get("user"))
+
+
 def refused_early(
     request: Request, status: int, text: str, problem: str, headers: dict[str, str] | None = None
 ) -> Response:
@@ -209,7 +215,14 @@ def refused_early(
     basic auth); a state-changing one is written to the audit log, its path and query naming
     the action and its target."""
     if request.method == "POST":
-        query = request.query_string.decode(errors="backslashreplace")  # (any bytes a client sent)
-        target = f"{request.path}?{query}" if query else request.path
-        audit.warning("refused POST %r by %s: %s", target[:300], who(request, None), problem)
+        refused_post(request, who(request, None), problem)
     return Response(text, status, headers, mimetype="text/plain")
+
+
+def refused_post(request: Request, by: str, problem: str) -> None:
+    """Write a refused POST to the audit log, its path and query naming the action and its
+    target (an action refused before its own code reads them: by the checks above, or as too
+    large to read)."""
+    query = request.query_string.decode(errors="backslashreplace")  # (any bytes a client sent)
+    target = f"{request.path}?{query}" if query else request.path
+    audit.warning("refused POST %r by %s: %s", target[:300], by, problem)

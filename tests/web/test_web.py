@@ -923,3 +923,96 @@ def test_filters_and_the_id_search_take_their_values_as_given(redis_server, cont
     assert listed_ids(client, "/scheduled?task=s.b+") == []
     # Empty, a filter is no filter.
     assert len(listed_ids(client, "/scheduled?queue=&task=&id=")) == 3
+
+
+def test_a_damaged_compressed_message_shows_on_its_task_page_and_its_cancel_counts_it(
+    r, redis_server, control, prefix
+):
+    """find, ls and cancel see a compressed message whose bytes were damaged in Redis: its
+    task page said nothing was scheduled, and the cancel it then offered no button for
+    confirmed 0 messages (and removed it)."""
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = {"global_keyprefix": prefix}  # compressed: 600 s ahead
+    try:
+        damaged = app.send_task("tasks.a", (1,), countdown=600).id
+    finally:
+        app.close()
+    [key] = r.keys(keys.ns(prefix) + "cz:*")
+    [(member, score)] = r.zrange(key, 0, -1, withscores=True)
+    r.zrem(key, member)
+    r.zadd(key, {member[:-12] + bytes(b ^ 0xFF for b in member[-12:]): score})
+    client = client_of(control, allow_actions=True)
+    page = client.get(f"/task?id={damaged}")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200 and "Damaged in Redis" in html and 'id="cancel"' in html
+    form = {"csrf": token(client)}
+    confirm = client.post(f"/task/cancel?id={damaged}", data=form).get_data(as_text=True)
+    assert re.search(r"\b1 scheduled message", confirm), confirm
+    assert client.post(f"/task/cancel?id={damaged}", data={**form, "confirm": "yes"}).status_code == 200
+    assert control.find(damaged, unreadable=True) == []
+
+
+def test_a_dead_letter_far_from_where_a_page_showed_it_is_still_shown(r, control, prefix):
+    dead = keys.dead(prefix)
+    r.lpush(dead, b"\x01\x05first")
+    client = client_of(control)
+    [digest] = re.findall(r"digest=([0-9a-f]{64})", client.get("/dead").get_data(as_text=True))
+    r.lpush(dead, *[f"\x01\x05newer-{i}".encode() for i in range(150)])  # it is now at 150
+    shown = client.get(f"/dead/letter?digest={digest}&near=0")
+    assert shown.status_code == 200 and "first" in shown.get_data(as_text=True)
+    assert client.get(f"/dead/letter?digest={'0' * 64}&near=0").status_code == 404
+
+
+def test_another_method_is_refused_in_plain_text_with_what_is_allowed(control):
+    client = client_of(control)
+    for path in ("/overview.json", "/", "/task/cancel"):
+        refused = client.open(path, method="PUT" if path == "/task/cancel" else "POST")
+        assert refused.status_code == 405 and refused.mimetype == "text/plain", path
+        assert refused.headers["Allow"], path
+
+
+def test_an_action_too_large_to_read_is_in_the_audit_log(control, caplog):
+    client = client_of(control, allow_actions=True)
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        refused = client.post("/task/cancel?id=big", data={"pad": "x" * 200_000})
+    assert refused.status_code == 413
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.web.audit"]
+    assert lines == ["refused POST '/task/cancel?id=big' by -@127.0.0.1: request too large"]
+
+
+def test_actions_for_any_host_need_a_password(redis_server):
+    from click.testing import CliRunner
+
+    from kombu_delay.cli import main
+
+    args = ["-b", redis_server.delay_url, "web", "--allowed-host", "*", "--allow-actions", "--port", "1"]
+    done = CliRunner().invoke(main, args, env={"KOMBU_DELAY_WEB_AUTH": None})
+    assert done.exit_code == 2 and "needs --auth" in done.output, done.output
+
+
+def test_the_served_dashboards_audit_log_names_the_forwarded_address(redis_server, control, prefix, spawn):
+    """waitress drops X-Forwarded-For unless told to keep it: the audit line of every action
+    behind a proxy named only the proxy."""
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    port = free_port()
+    args = [sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "--prefix", prefix]
+    server = spawn([*args, "web", "--port", str(port), "--allow-actions"], name="web")
+    base = f"http://127.0.0.1:{port}"
+
+    def cookie() -> str | None:
+        assert server.popen.poll() is None, server.output()
+        try:
+            with urllib.request.urlopen(f"{base}/", timeout=5) as reply:
+                found = re.search(rf"{CSRF_COOKIE}=([^;]+)", reply.headers.get("Set-Cookie", ""))
+                return found.group(1) if found else None
+        except OSError:
+            return None
+
+    csrf = wait_until(cookie, timeout=90)
+    form = f"csrf={csrf}&confirm=yes".encode()
+    headers = {"Cookie": f"{CSRF_COOKIE}={csrf}", "X-Forwarded-For": "10.0.3.7", "Origin": base}
+    request = urllib.request.Request(f"{base}/task/cancel?id={task_id}", form, headers, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
+    wait_until(lambda: "cancel" in server.output() and "forwarded for" in server.output(), timeout=60)
+    assert f"cancel {task_id!r} by -@127.0.0.1 (forwarded for '10.0.3.7'): 1 message(s)" in server.output()

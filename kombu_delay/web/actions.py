@@ -1,0 +1,115 @@
+"""The dashboard's actions: cancel, reschedule and remove a dead letter, each a POST that
+exists only with ``allow_actions``, passes the CSRF check of :mod:`kombu_delay.web.guard`, is
+confirmed on a page of its own first where it destroys, and is written to the audit log."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from flask import Flask, Response, abort, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response as Redirect
+
+from kombu_delay.control import DelayControl
+from kombu_delay.errors import KombuDelayError
+from kombu_delay.web import guard
+
+#: Why a dead-letter offset or position is refused (HTTP 400).
+BAD_POSITION = "the offset or position is past any list"
+READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
+
+
+def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
+    """Cancel, reschedule and remove a dead letter: POSTs, off unless ``allow_actions``."""
+    who = guard.requester
+
+    def acting(action: str, target: str) -> None:
+        """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
+        if not allow_actions:
+            guard.audit.warning("refused %s %r by %s: actions are off", action, target, who())
+            abort(403, READ_ONLY)
+        problem = guard.csrf_problem(request)
+        if problem is not None:
+            guard.audit.warning("refused %s %r by %s: %s", action, target, who(), problem)
+            abort(403, f"Refused: {problem}.")
+
+    def action_id() -> str:
+        """The task id of a cancel or reschedule: in the URL's query, where the page's forms
+        carry it (a form field cannot hold a lone surrogate), else in the form (a script's)."""
+        return request.args.get("id", request.form.get("id", ""))
+
+    @app.post("/task/cancel")
+    def cancel() -> str | Response:
+        task_id = action_id()
+        acting("cancel", task_id)
+        if request.form.get("confirm") != "yes":
+            found = control.find(task_id, unreadable=True)  # a damaged one is cancelled too
+            return render_template("confirm.html", action="cancel", task_id=task_id, found=found)
+        with _logged_if_failed("cancel", task_id):
+            n = control.cancel(task_id)
+        guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, who(), n)
+        return render_template("done.html", title="Cancelled", task_id=task_id, count=n, action="cancel")
+
+    @app.post("/task/reschedule")
+    def reschedule() -> Redirect | tuple[str, int]:
+        task_id = action_id()
+        acting("reschedule", task_id)
+        eta_text = request.form.get("eta", "").strip()
+        countdown_text = request.form.get("countdown", "").strip()
+        eta, countdown = None, None
+        try:
+            if eta_text and not countdown_text:
+                eta = datetime.fromisoformat(eta_text.replace(" ", "T"))
+                if eta.tzinfo is None:  # the form says so: UTC unless an offset is given
+                    eta = eta.replace(tzinfo=UTC)
+            elif countdown_text and not eta_text:
+                countdown = float(countdown_text)
+                if not math.isfinite(countdown):
+                    raise ValueError("the countdown must be a finite number of seconds")
+            else:
+                raise ValueError("give either a new time or a countdown")
+            with _logged_if_failed("reschedule", task_id):
+                n = control.reschedule(task_id, eta=eta, countdown=countdown)
+        except ValueError as exc:  # a bad time, or one Redis refuses (too far, say)
+            guard.audit.warning("reschedule %r by %s failed: %r", task_id, who(), str(exc))
+            return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
+        new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
+        guard.audit.warning("reschedule %r to %s by %s: %d message(s) rescheduled", task_id, new, who(), n)
+        return redirect(url_for("task", id=task_id, done=n), 303)
+
+    @app.post("/dead/remove")
+    def dead_remove() -> str | Response:
+        digest, near = request.form.get("digest", ""), max(0, int_arg(request.form.get("near"), 0))
+        acting("remove dead letter", digest)
+        if request.form.get("confirm") != "yes":
+            return render_template("confirm.html", action="remove", digest=digest, near=near)
+        try:
+            with _logged_if_failed("remove dead letter", digest):
+                n = control.remove_dead_letter(digest, near)
+        except ValueError:
+            guard.audit.warning("remove dead letter %r by %s failed: %s", digest, who(), BAD_POSITION)
+            abort(400, BAD_POSITION)
+        guard.audit.warning("remove dead letter %r by %s: %d removed", digest, who(), n)
+        return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
+
+
+@contextmanager
+def _logged_if_failed(action: str, target: str) -> Iterator[None]:
+    """Write the audit line of an action Redis failed (answered by the Redis error page, 503);
+    a bad request (a ``ValueError``) is the caller's to tell and log."""
+    try:
+        yield
+    except KombuDelayError as exc:
+        if not isinstance(exc, ValueError):
+            guard.audit.warning("%s %r by %s failed: %r", action, target, guard.requester(), str(exc))
+        raise
+
+
+def int_arg(text: str | None, default: int) -> int:
+    """A whole number a request gives, or ``default`` where it gives none or no number."""
+    try:
+        return int(text) if text else default
+    except ValueError:
+        return default
