@@ -236,7 +236,31 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
             raise
         except (ValueError, TypeError, ImportError) as exc:  # redis-py setting up a socket, say
             # ``socket_timeout=abc``; kombu importing a ``queue_order_strategy`` by its name
-            raise ConfigError(f"bad broker URL or option: {exc}") from exc
+            raise ConfigError(f"bad broker URL or option: {_not_numbers(conn)}{exc}") from exc
+
+
+#: kombu's and redis-py's transport options that take a number (or none).
+NUMBER_OPTIONS = (
+    "socket_timeout",
+    "socket_connect_timeout",
+    "max_connections",
+    "health_check_interval",
+    "visibility_timeout",
+    "polling_interval",
+)
+
+
+def _not_numbers(conn: Connection) -> str:
+    """The options of ``conn`` that take a number and were given another value, named for an
+    error that redis-py gives without a name ("'str' object cannot be interpreted as an
+    integer"), or ``""``."""
+    options = conn.transport_options or {}
+    named = [
+        f"{key}={options[key]!r}"
+        for key in NUMBER_OPTIONS
+        if isinstance(options.get(key), bool | str | bytes | list | dict)
+    ]
+    return f"{', '.join(named)} ({'takes' if len(named) == 1 else 'take'} a number): " if named else ""
 
 
 def store_of(channel: Any) -> Store:
