@@ -341,11 +341,13 @@ class DelayControl:
         return total, [DeadLetter(m, offset + i) for i, m in enumerate(members)]
 
     @gated
-    def dead_letter(self, digest: str, near: int = 0, window: int = 100) -> DeadLetter | None:
+    def dead_letter(
+        self, digest: str, near: int = 0, window: int = 100, within: int | None = None
+    ) -> DeadLetter | None:
         """The dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for first in
         ``window`` entries around position ``near`` (where a page showed it), then in the whole
-        list, ``window`` at a time (dead letters added since push it further on, removed ones
-        bring it nearer); ``None`` when it is not there."""
+        list (its first ``within`` entries, if given), ``window`` at a time (dead letters added
+        since push it further on, removed ones bring it nearer); ``None`` when not there."""
 
         def look(offset: int) -> tuple[int, DeadLetter | None]:
             total, found = self.dead_letters(offset, window)
@@ -354,7 +356,7 @@ class DelayControl:
         first = max(0, near - window // 2)
         total, letter = look(first)
         offset = 0
-        while letter is None and offset < total:
+        while letter is None and offset < min(total, within if within is not None else total):
             if offset != first:
                 total, letter = look(offset)
             offset += window
