@@ -237,9 +237,9 @@ def message_due(message: dict[str, Any]) -> Due | None:
         eta = headers.get("eta")
         if isinstance(eta, datetime):  # a raw kombu publish: kombu's JSON carries it, and the
             eta = eta.isoformat()  # worker reads it back, as a time
-        # The worker reads an ETA that is false (None, "", 0, an empty list) as none
-        # (``maybe_iso8601``); an x-delay may still delay the message.
-        if not _none(eta):
+        # An empty ETA is none here (an x-delay may still delay the message); another false one
+        # (0, an empty list) is a bad one. (A Celery 5.7 worker fails on either, as on redis://.)
+        if eta is not None and eta != "":
             return Due(parse_iso_ms(eta), task_id=message_id(message))
     if "x-delay" in headers:
         delay = _x_delay_ms(headers["x-delay"])
@@ -251,15 +251,6 @@ def message_due(message: dict[str, Any]) -> Due | None:
             raise BadETA(f"ETA {shown(eta)} is not ISO-8601")
         return Due(parse_iso_ms(eta), task_id=message_id(message, body))
     return None
-
-
-def _none(eta: Any) -> bool:
-    """Whether a Celery ETA header is none, as the worker reads it: false (``if not dt``). A
-    value whose truth cannot be told is some ETA, a bad one."""
-    try:
-        return not eta
-    except Exception:
-        return False
 
 
 #: The longest part of a header's value that an error or log line shows, characters.

@@ -153,18 +153,17 @@ class DelayChannelMixin:
         super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        bad: BadETA | None = None
         try:
-            due = message_due(spent_delay_removed(message))
+            due, bad = message_due(spent_delay_removed(message)), None
         except BadETA as exc:
-            bad, due = exc, None
+            due, bad = None, exc
         # Due already, by Redis's clock as estimated here (never this machine's wall clock):
         # pushed as plain kombu pushes it. A due time near the estimate goes through the
         # script, which judges it by Redis's clock and pushes a due message itself.
         if due is None or self.delay_store.surely_due(due):
             super()._put(queue, message, **kwargs)  # type: ignore[misc]
             if bad is not None:  # told once it is on its way: a refused push raised instead
-                self._tell_bad_eta(bad, message)
+                self._tell_bad_eta(bad, message, batched=kwargs.get("_publish_batch") is not None)
             return
         # A held message is not part of a publish batch: it is written now, in one
         # atomic script call, and only a mover ever delivers it. One the script finds due is
@@ -197,20 +196,21 @@ class DelayChannelMixin:
         if result.wake_refused:
             self._tell_wake_refused()
         if expires:
-            # A queue declared with x-expires: a publish renews the expiry of its lists, as
-            # kombu's own does (the mover renews it again when it pushes the message). The
-            # message is written already: a failure here must not reach kombu, whose retry
-            # would publish it a second time. The next publish renews the expiry.
+            # x-expires: renew the queue's lists, as kombu's publish does (and the mover's push). The
+            # message is written: a failure must not reach kombu, whose retry would send it twice.
             try:
                 self.delay_store.renew_expiry(self._delay_dests(queue), expires)
             except redis.RedisError as exc:
                 logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
 
-    def _tell_bad_eta(self, bad: BadETA, message: dict[str, Any]) -> None:
-        """Log and count a message whose ETA or x-delay could not be read, sent at once."""
-        logger.warning("kombu-delay: %s; delivered message %s now", bad, shown(message_id(message)))
+    def _tell_bad_eta(self, bad: BadETA, message: dict[str, Any], batched: bool) -> None:
+        """Log and count a message whose ETA or x-delay could not be read, sent at once (in a
+        publish batch, which may yet be discarded or fail, logged so and not counted)."""
+        sent = "goes at once, with its publish batch" if batched else "delivered now"
+        logger.warning("kombu-delay: %s; message %s %s", bad, shown(message_id(message)), sent)
         try:
-            self.delay_store.count("bad_eta")
+            if not batched:
+                self.delay_store.count("bad_eta")
         except KombuDelayError:  # never fails the publish it counts (a user with kombu's keys only, say)
             logger.debug("kombu-delay: could not count a message with a bad ETA", exc_info=True)
 

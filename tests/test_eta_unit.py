@@ -81,15 +81,6 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     # A task header with no ETA of its own: its x-delay holds it, as any message's does.
     "p2-no-eta-x-delay": (p2(None, **{"x-delay": 1500}), Due(1500, relative=True, task_id="abc")),
     "p2-empty-eta-x-delay": (p2("", **{"x-delay": "1500"}), Due(1500, relative=True, task_id="abc")),
-    # Whatever is false is no ETA to the worker (maybe_iso8601): its x-delay holds it.
-    **{
-        f"p2-false-eta-{name}-x-delay": (
-            p2(eta, **{"x-delay": 1500}),
-            Due(1500, relative=True, task_id="abc"),
-        )
-        for name, eta in {"zero": 0, "false": False, "list": [], "object": {}, "float": 0.0}.items()
-    },
-    "p2-false-eta": (p2(0), None),
     "app-task-header-x-delay": (
         {"headers": {"task": "resize", "x-delay": 60_000}, "properties": {"delivery_tag": "tag-1"}},
         Due(60_000, relative=True, task_id="tag-1"),
@@ -142,6 +133,12 @@ BAD_CASES = {
     "p2-number": p2(12345),
     "p2-object": p2({"year": 2030, "month": 5, "day": 6, "hour": 7}),
     "p2-list": p2(["2030-05-06T07:08:09Z"]),
+    # False but not empty: a bad ETA, told and counted, whatever x-delay is beside it (a Celery
+    # 5.7 worker fails on it, as on the empty one, on redis:// as here).
+    **{
+        f"p2-false-eta-{name}": p2(eta, **{"x-delay": 1500})
+        for name, eta in {"zero": 0, "false": False, "list": [], "object": {}, "float": 0.0}.items()
+    },
     "p1-number-eta": p1(task(eta=12)),
     "x-delay-word": xd("soon"),
     "p2-no-eta-x-delay-word": p2(None, **{"x-delay": "soon"}),

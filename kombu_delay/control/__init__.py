@@ -342,12 +342,12 @@ class DelayControl:
 
     @gated
     def dead_letter(
-        self, digest: str, near: int = 0, window: int = 100, within: int | None = None
+        self, digest: str, near: int = 0, window: int = 100, reach: int | None = None
     ) -> DeadLetter | None:
         """The dead letter whose :attr:`DeadLetter.digest` is ``digest``, looked for first in
         ``window`` entries around position ``near`` (where a page showed it), then in the whole
-        list (its first ``within`` entries, if given), ``window`` at a time (dead letters added
-        since push it further on, removed ones bring it nearer); ``None`` when not there."""
+        list (or ``reach`` entries either side of ``near``), ``window`` at a time (dead letters
+        added since push it further on, removed ones bring it nearer); ``None`` if not there."""
 
         def look(offset: int) -> tuple[int, DeadLetter | None]:
             total, found = self.dead_letters(offset, window)
@@ -355,8 +355,8 @@ class DelayControl:
 
         first = max(0, near - window // 2)
         total, letter = look(first)
-        offset = 0
-        while letter is None and offset < min(total, within if within is not None else total):
+        offset, end = (0, total) if reach is None else (max(0, near - reach), near + reach)
+        while letter is None and offset < min(total, end):
             if offset != first:
                 total, letter = look(offset)
             offset += window

@@ -30,7 +30,7 @@ from kombu_delay.web.overview import DEFAULT_RANGE, MAX_REFRESH_S, RANGES, SHARE
 PAGE_ROWS = 50
 #: Most rows one listing page may ask for.
 MAX_ROWS = 500
-#: How far past where a page showed a dead letter its own page looks for it.
+#: How far either side of where a page showed a dead letter its own page looks for it.
 DEAD_REACH = 10_000
 #: The routes that answer JSON, errors included.
 JSON_ENDPOINTS = frozenset({"overview_json"})
@@ -254,7 +254,7 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
     def dead_letter() -> tuple[str, int]:
         digest, near = request.args.get("digest", ""), max(0, int_arg(request.args.get("near"), 0))
         try:  # around where a page showed it, then further (bounded: a GET reads no list whole)
-            letter = control.dead_letter(digest, near, within=near + DEAD_REACH)
+            letter = control.dead_letter(digest, near, reach=DEAD_REACH)
         except ValueError:
             abort(400, BAD_POSITION)
         text = letter.preview(20_000) if letter else ""

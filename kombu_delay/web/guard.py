@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 import flask
 from flask import Request, Response
 
+from kombu_delay.message import shown
+
 #: Name of the cookie that carries the CSRF token.
 CSRF_COOKIE = "kombu_delay_csrf"
 #: Name of the form field every POST must carry the token in.
@@ -163,8 +165,9 @@ def host_allowed(host: str, allowed: frozenset[str]) -> bool:
 
 def printable(text: str) -> str:
     """``text`` quoted and escaped as ``%r`` writes it: a newline or any other control character
-    in it cannot start a line of the log of its own."""
-    return repr(text)
+    in it cannot start a line of the log of its own; and cut as :func:`shown` cuts it (a header
+    of any length, sent with no password, makes no longer line)."""
+    return shown(text)
 
 
 def new_token() -> str:

@@ -475,7 +475,7 @@ def test_unusable_eta_is_logged_counted_and_delivered_at_once(
     assert r.llen("faults") == 1  # delivered now, as plain kombu would
     assert json.loads(r.lpop("faults") or b"")["headers"]["id"] == headers["id"]
     assert [rec.levelname for rec in caplog.records] == ["WARNING"]
-    assert f"delivered message {headers['id']!r} now" in caplog.records[0].getMessage()  # the task's id
+    assert f"message {headers['id']!r} delivered now" in caplog.records[0].getMessage()  # the task's id
     assert r.hget(keys.totals(""), "bad_eta") == b"1"
     assert Store(r).counts() == {}
 

@@ -1016,3 +1016,24 @@ def test_the_served_dashboards_audit_log_names_the_forwarded_address(redis_serve
         assert reply.status == 200
     wait_until(lambda: "cancel" in server.output() and "forwarded for" in server.output(), timeout=60)
     assert f"cancel {task_id!r} by -@127.0.0.1 (forwarded for '10.0.3.7'): 1 message(s)" in server.output()
+
+
+def test_a_dead_letters_page_looks_for_it_only_near_where_it_was_shown(r, control, prefix):
+    """A GET reads no list whole: the page looks 10,000 entries either side of ``near``."""
+    dead = keys.dead(prefix)
+    r.lpush(dead, b"\x01\x05far")
+    client = client_of(control)
+    [digest] = re.findall(r"digest=([0-9a-f]{64})", client.get("/dead").get_data(as_text=True))
+    for first in range(0, 12_000, 2_000):
+        r.lpush(dead, *[f"\x01\x05newer-{i}".encode() for i in range(first, first + 2_000)])
+    assert client.get(f"/dead/letter?digest={digest}&near=0").status_code == 404  # at 12,000
+    assert client.get(f"/dead/letter?digest={digest}&near=11900").status_code == 200
+
+    def reads(near: int) -> int:
+        """The list reads of a page that looks for a letter not there."""
+        r.config_resetstat()
+        assert client.get(f"/dead/letter?digest={'0' * 64}&near={near}").status_code == 404
+        return int(r.info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+
+    assert reads(0) <= 2 + 10_000 // 100 and reads(6_000) <= 2 + 16_000 // 100
+    assert reads(10**12) <= 2  # past the list: nothing but where it was said to be
