@@ -1037,3 +1037,13 @@ def test_a_dead_letters_page_looks_for_it_only_near_where_it_was_shown(r, contro
 
     assert reads(0) <= 2 + 10_000 // 100 and reads(6_000) <= 2 + 16_000 // 100
     assert reads(10**12) <= 2  # past the list: nothing but where it was said to be
+
+
+def test_what_a_request_sends_is_cut_in_the_audit_log(control, caplog):
+    client = client_of(control, allow_actions=True, credentials=Credentials.parse("ops:pw"))
+    xff = {"HTTP_X_FORWARDED_FOR": "1.2.3.4, " * 20_000}
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        refused = client.post("/task/cancel?id=x", data={"csrf": "x"}, environ_overrides=xff)
+    assert refused.status_code == 401
+    [line] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.web.audit"]
+    assert len(line) < 500 and "(180,002 characters)" in line, line[:600]
