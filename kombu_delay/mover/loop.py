@@ -288,7 +288,8 @@ class Mover:
         if result.moved:
             stats.last_move_at = time.time()
         if result.moved > self.settings.batch_size:  # only a herd handed over whole moves more
-            logger.info("mover %s: handed over a herd of %d messages whole", self.name, result.moved)
+            # (the call's count: other queues' messages moved in the same call are in it too)
+            logger.info("mover %s: moved %d messages in one call, a herd whole", self.name, result.moved)
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
         stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
         if result.expired:
