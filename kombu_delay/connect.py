@@ -173,7 +173,7 @@ def app_target(app: Any) -> Target:
     elif conf.get("broker_write_url"):
         source = "the Celery app's broker_write_url"
     elif os.environ.get("CELERY_BROKER_URL"):
-        source = "CELERY_BROKER_URL, the Celery app's broker_url"
+        source = "CELERY_BROKER_URL (which celery -b sets), the Celery app's broker_url"
     else:
         source = "the Celery app's broker_url"
     return Target(str(url), dict(conf.broker_transport_options or {}), ssl=conf.broker_use_ssl, source=source)

@@ -253,6 +253,7 @@ def test_delay_names_celerys_environment_as_the_source_of_the_broker(r, redis_se
     env = {**eco_env(redis_server, {}), "CELERY_BROKER_URL": redis_server.delay_url}
     done = run_celery(env, "delay", "stats", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "(CELERY_BROKER_URL, the Celery app's broker_url)" in done.stderr, done.stderr
+    said = "(CELERY_BROKER_URL (which celery -b sets), the Celery app's broker_url)"
+    assert said in done.stderr, done.stderr
     done = run_celery({**env, "CELERY_BROKER_WRITE_URL": redis_server.delay_url}, "delay", "stats", "--json")
     assert "(CELERY_BROKER_WRITE_URL, the Celery app's broker_write_url)" in done.stderr, done.stderr
