@@ -97,6 +97,17 @@ def url_secrets(url: str, transport_options: Mapping[str, Any] | None = None) ->
     return [secret for secret in found if secret]
 
 
+def masked_uri(conn: Any) -> str:
+    """kombu Connection ``conn``'s URL, every password masked (kombu's own ``as_uri()`` shows
+    ``:**@`` even where there is none). kombu's fails on a ``virtual_host`` given as a number,
+    which the connection itself takes: the URL is then made of its parts."""
+    try:
+        uri = conn.as_uri(include_password=True)
+    except TypeError:
+        uri = f"{conn.transport_cls}://{conn.hostname}:{conn.port}/{conn.virtual_host}"
+    return mask_url(uri)
+
+
 def mask_url(url: str) -> str:
     """Return ``url`` with every password shown as ``****``: ``scheme://user:****@host:port/db``,
     also for a URL that kombu cannot parse."""

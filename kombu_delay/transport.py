@@ -59,7 +59,7 @@ from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermi
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 from kombu_delay.poller import DeliveringTransportMixin
-from kombu_delay.redact import mask_url
+from kombu_delay.redact import masked_uri
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
 
@@ -121,11 +121,9 @@ class DelayChannelMixin:
 
     @property
     def delay_broker(self) -> str:
-        """This channel's broker URL, a password masked: kombu's own ``as_uri()`` shows ``:**@``
-        even where there is none. Worked out once, not on every publish."""
+        """This channel's broker URL, a password masked; worked out once, not on every publish."""
         if self._delay_broker is None:
-            uri = self.connection.client.as_uri(include_password=True)  # type: ignore[attr-defined]
-            self._delay_broker = mask_url(uri)
+            self._delay_broker = masked_uri(self.connection.client)  # type: ignore[attr-defined]
         return self._delay_broker
 
     def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:

@@ -888,3 +888,16 @@ def test_a_delete_if_empty_keeps_no_queue_whose_delayed_messages_it_dropped(r, r
     kept = bool(r.exists(prefix + name))
     delayed = sum(Store(r, prefix).counts().values())
     assert looks[0] == 0 and (kept, delayed) in ((False, 0), (True, 1)), (kept, delayed)
+
+
+def test_a_database_given_as_a_number_takes_delayed_publishes(r, redis_server):
+    """kombu's ``as_uri()`` fails on a ``virtual_host`` given as a number, which the connection
+    itself takes (plain kombu publishes): every delayed publish raised ``TypeError``."""
+    url = f"delayredis://127.0.0.1:{redis_server.port}"
+    with Connection(url, virtual_host=3) as conn:
+        Producer(conn).publish({"n": 1}, routing_key="q", headers={"x-delay": 600_000})
+    db3 = redis_server.client(db=3)
+    try:
+        assert len(stored(db3, "")) == 1 and stored(r, "") == []
+    finally:
+        db3.close()
