@@ -69,6 +69,13 @@ def large(prefix: str, space: str = "") -> str:
     return f"{ns(prefix)}{space}large"
 
 
+def lists(prefix: str) -> str:
+    """HASH of the queues declared with x-expires: a destination list key -> the JSON array of
+    its queue's other list keys (its other priority steps), whose expiry a push renews with
+    its own, as kombu's publish renews every list of the queue (``lua/_put.lua``)."""
+    return f"{ns(prefix)}lists"
+
+
 #: Key-name prefix of the cold space: messages stored compressed (see :mod:`kombu_delay.store.spaces`).
 #: A cold bucket has the keys of a bucket with this in front (``cm:<start>``,
 #: ``cz:<start>:<dest>``), its own index (``cindex``) and no task-id list; its id-index refs

@@ -519,17 +519,57 @@ def test_a_move_is_refused_whole_on_a_shared_key_of_another_type(r: redis.Redis,
 def test_a_queues_other_lists_written_by_hand_stop_no_move(
     r: redis.Redis, prefix: str, siblings: str
 ) -> None:
-    """The meta field that names a queue's other lists (renewed with it, x-expires) is passed
-    over where it is no array of keys; a key in it is renewed, and nothing else is."""
+    """The hash that names a queue's other lists (renewed with it, x-expires) is passed over
+    where its value is no array of keys, or it is a key of another type; a key in it is
+    renewed, and nothing else is."""
     _, start = _bucket(r)
     store, dest = Store(r, prefix), f"{prefix}q"
     other = f"{prefix}q{keys.KOMBU_PRIORITY_SEP}3"
     r.lpush(other, "waiting")
     store.schedule(Due(start + 10, task_id="a"), dest, kombu_payload("a"), ORDINARY, expires_ms=30_000)
-    r.hset(keys.meta(prefix, start), f"p:{dest}", siblings.replace("{p}", prefix))
+    r.hset(keys.lists(prefix), dest, siblings.replace("{p}", prefix))
     assert store.move_due(10, now_ms=start + 10).moved == 1
     assert 0 < r.pttl(dest) <= 30_000 and r.llen(other) == 1
     if "{p}" in siblings:
         assert 0 < r.pttl(other) <= 30_000
     else:
         assert r.pttl(other) == -1
+    r.delete(keys.lists(prefix))
+    r.set(keys.lists(prefix), "by hand")
+    store.schedule(Due(start + 20, task_id="b"), dest, kombu_payload("b"), ORDINARY, expires_ms=30_000)
+    assert store.move_due(10, now_ms=start + 20).moved == 1
+
+
+def test_a_bucket_of_a_queue_with_x_expires_holds_only_numbers_for_older_movers(
+    r: redis.Redis, prefix: str
+) -> None:
+    """A 1.0.0 mover reads every field of a bucket's meta hash as a number: a field of text
+    there (the queue's other lists, once kept in it) stopped every move it made."""
+    _, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}q"
+    others = [f"{prefix}q{keys.KOMBU_PRIORITY_SEP}{n}" for n in (3, 6, 9)]
+    for space in (ORDINARY, COLD):
+        due = Due(start + 10 + (0 if space is ORDINARY else 3_600_000), task_id=f"t{space is COLD}")
+        store.schedule(due, dest, kombu_payload(due.task_id), space, expires_ms=30_000, siblings=others)
+    metas = [k for k in r.keys(f"{keys.ns(prefix)}*") if b"m:" in k]
+    assert len(metas) == 2
+    for meta in metas:
+        assert all(int(value) is not None for value in r.hvals(meta)), r.hgetall(meta)
+    assert json.loads(r.hget(keys.lists(prefix), dest)) == others
+    assert r.pttl(keys.lists(prefix)) > 0
+
+
+def test_a_reschedule_to_now_past_an_expiry_written_by_hand_says_it_rescheduled(
+    r: redis.Redis, redis_server, prefix: str
+) -> None:
+    """It pushed the message, then failed on the x-expires it read (``abc``), so the caller
+    took a message that was delivered for one that was not."""
+    from kombu_delay.control import DelayControl
+
+    _, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}q"
+    store.schedule(Due(start + 10, task_id="a"), dest, kombu_payload("a"), ORDINARY, expires_ms=30_000)
+    r.hset(keys.meta(prefix, start), f"e:{dest}", "abc")
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix} if prefix else {}) as control:
+        assert control.reschedule("a", countdown=-1) == 1
+    assert r.llen(dest) == 1 and store.find("a") == []

@@ -26,21 +26,11 @@ local function publish_k(ns, cold, width, grace, expires, db)
   local k = {ns = ns, space = sp, index = sp.index, ids = ns .. 'ids', counts = ns .. 'counts',
              totals = ns .. 'totals', width = tonumber(width), grace = tonumber(grace),
              wake = ns .. 'wake', wake_tag = '@' .. db, counter = 'scheduled',
-             expires = expires ~= '0' and tonumber(expires),
+             expires = expires ~= '0' and tonumber(expires), lists = ns .. 'lists',
              format = FORMAT}
   if publish_k_memo then
     if publish_k_count >= 64 then publish_k_memo, publish_k_count = {}, 0 end
     publish_k_memo[id], publish_k_count = k, publish_k_count + 1
   end
   return k
-end
-
--- k for a publish to a queue declared with x-expires whose other lists (``siblings``, the
--- JSON array of their keys) the push of its message renews too (renew_lists in _push.lua):
--- a copy, as they are the queue's, not the settings'.
-local function with_siblings(k, siblings)
-  local copy = {}
-  for name, value in pairs(k) do copy[name] = value end
-  copy.siblings = siblings
-  return copy
 end

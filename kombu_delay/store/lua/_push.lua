@@ -17,13 +17,13 @@ pushed(dest, values)
   refuses the push itself, and one destination the mover's user may not write must not stop
   the moves of every other. Returns true when pushed.
 
-renew_lists(dest, ttl, siblings)
+renew_lists(lists, dest, ttl)
   A queue declared with x-expires: renews the expiry of ``dest`` and of the queue's other
-  lists (``siblings``, the JSON array of their keys that its publisher gave, the meta field
-  p:<dest>; nil or '' for none) to ``ttl`` ms, as kombu's own publish renews every list of
-  the queue. Best effort, as kombu's renewal: a refusal (an ACL without PEXPIRE) or a field
-  that is no such array (written by hand) must not stop a push, which cannot be undone;
-  the next publish or read of the queue renews them.
+  lists (the JSON array of their keys that its publisher kept in the hash ``lists``,
+  <ns>lists, under dest: see note_lists in _put.lua) to ``ttl`` ms, as kombu's own publish
+  renews every list of the queue. Best effort, as kombu's renewal: a refusal (an ACL without
+  PEXPIRE), a hash of another type or a value that is no such array (written by hand) must
+  not stop a push, which cannot be undone; the next publish or read of the queue renews them.
 
 room_keeper(max_len)
   Returns room, room_of for one move call: room[dest] is how many more pushes the list
@@ -72,9 +72,10 @@ local function pushed(dest, values)
   return true
 end
 
-local function renew_lists(dest, ttl, siblings)
+local function renew_lists(lists, dest, ttl)
   redis.pcall('PEXPIRE', dest, ttl)
-  if not siblings or siblings == '' then return end
+  local siblings = redis.pcall('HGET', lists, dest)
+  if type(siblings) ~= 'string' then return end
   local ok, lists = pcall(cjson.decode, siblings)
   if not ok or type(lists) ~= 'table' then return end
   for _, key in ipairs(lists) do

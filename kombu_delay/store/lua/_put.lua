@@ -6,8 +6,8 @@ put(k, now, due, task_id, dest, payload, estimated, keep)
   ``k`` holds the shared keys and settings: ns, index, ids, counts, totals, width, grace,
   wake (the channel) and wake_tag ('@' and the database's number), and optionally expires
   (the queue's x-expires, ms), kept as the meta field ``e:<dest>``, with siblings (the JSON
-  array of the queue's other list keys, kept as ``p:<dest>``, see renew_lists in
-  _push.lua), counter (the totals field counting the messages stored) and format (the
+  array of the queue's other list keys) and lists (<ns>lists, where they are kept: see
+  note_lists), counter (the totals field counting the messages stored) and format (the
   storage format, recorded in totals with a bucket's first message); ``k`` comes from
   in_space (or is built as in_space builds it): in the cold space (its refs start with 'c')
   the bucket has no task-id list, and a wake makes movers look for something to thaw.
@@ -144,6 +144,21 @@ local function note_large(k, now, start, start_s, expire_at)
   end
 end
 
+-- A queue declared with x-expires: its other lists (k.siblings, the JSON array of their keys,
+-- which its publisher gives), whose expiry a push renews with its own, as kombu's publish
+-- renews every list of the queue (renew_lists in _push.lua), are kept in <ns>lists under
+-- dest: a property of the queue, not of a bucket (whose meta hash a 1.0.0 mover reads as
+-- numbers). Written with the first message of dest's set in a bucket, and kept as long as the
+-- bucket's meta hash (expire_at, ms) at least. A hint, as the wake is: a refusal (a key of
+-- another type, by hand) is passed over, and the push then renews its own list only.
+local function note_lists(k, now, dest, expire_at)
+  if type(redis.pcall('HSET', k.lists, dest, k.siblings)) ~= 'number' then return end
+  local ttl = redis.pcall('PTTL', k.lists)
+  if type(ttl) == 'number' and (ttl == -1 or now + ttl < expire_at) then
+    redis.pcall('PEXPIREAT', k.lists, expire_at)
+  end
+end
+
 -- Wakes the movers only when a message may now be the earliest one of its space. A bucket's
 -- wake mark (its meta field w) is the due time of a message stored in it and still ahead, so
 -- waited for: a message due no earlier cannot be the earliest, and wakes no one; the path of
@@ -186,7 +201,7 @@ end
 
 -- Counts the n messages just added to a bucket's set for ``dest`` (the meta hash, the
 -- destination's count unless k.counted, the lifetime counter k.counter), notes the queue's
--- x-expires (and its other lists, k.siblings: see renew_lists in _push.lua), and appends their task ids (one id, or a table of them) to the bucket's task-id
+-- x-expires, and appends their task ids (one id, or a table of them) to the bucket's task-id
 -- list ``tasks`` (nil in the cold space: its refs leave the id index one by one, thaw and
 -- take). ``q``: the meta field of dest's count, where the caller has it ('q:' .. dest).
 -- Returns the set's count after, whether the destination's count was zero before, and the
@@ -196,13 +211,7 @@ local function count_added(k, meta, dest, tasks, n, task_ids, q, done)
   local n_arg = count_arg(n)
   local n_here = count_up(meta, q or 'q:' .. dest, n_arg)
   if done then done.meta = true end
-  if k.expires and k.expires > 0 then
-    if k.siblings then
-      redis.call('HSET', meta, 'e:' .. dest, k.expires, 'p:' .. dest, k.siblings)
-    else
-      redis.call('HSET', meta, 'e:' .. dest, k.expires)
-    end
-  end
+  if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
   local dest_new = not k.counted and count_up(k.counts, dest, n_arg) == n
   if done then done.counts = not k.counted end
   if k.counter then count_up(k.totals, k.counter, n_arg) end
@@ -279,6 +288,9 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
   end
   if n_here == LARGE_RUN or n_seq == LARGE_BUCKET then
     note_large(k, now, start, start_s, math.max(known_x or 0, start + k.width + k.grace) + 86400000)
+  end
+  if n_here == 1 and k.siblings then
+    note_lists(k, now, dest, math.max(known_x or 0, start + k.width + k.grace) + 86400000)
   end
   return 1, wake_if_first(k, start_s, meta, due, ms_of(known[3]), now)
 end

@@ -230,7 +230,7 @@ local function visit(start_s)
     return
   end
   local end_ms, left_total = nil, 0
-  local expiry, siblings, pushed, marks, wake_mark = {}, {}, {}, {}, nil
+  local expiry, pushed, marks, wake_mark = {}, {}, {}, nil
   due_by, upper = reach, reach_upper
   -- The marks first (of staged runs, the wake mark, no ETA): the fields come in any order.
   for i = 1, #fields, 2 do
@@ -249,8 +249,6 @@ local function visit(start_s)
       end_ms = n
     elseif sub(name, 1, 2) == 'e:' then
       expiry[sub(name, 3)] = n
-    elseif sub(name, 1, 2) == 'p:' then
-      siblings[sub(name, 3)] = fields[i + 1]
     elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and budget > 0 and not stopped[sub(name, 3)] then
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
@@ -299,7 +297,7 @@ local function visit(start_s)
   -- publish writes no other, and PEXPIRE of 0 or less (written by hand) deletes the list.
   for _, dest in ipairs(pushed) do
     local ttl = expiry[dest]
-    if ttl and ttl > 0 then renew_lists(dest, ttl, siblings[dest]) end
+    if ttl and ttl > 0 then renew_lists(ns .. 'lists', dest, ttl) end
   end
   -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
   -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).

@@ -88,13 +88,13 @@ if refused then return refused end
 local purge = redis.call('HMGET', KEYS[7], 'c:' .. dest, 'x:' .. dest)
 if (tonumber(purge[1]) or 0) > 0 and (tonumber(purge[2]) or 0) >= clock('') then return {-4, due, now} end
 
--- The queue's x-expires, if its publish gave one, goes with the message, and its other lists.
-local known = redis.call('HMGET', old_space:meta(old_start), 'e:' .. dest, 'p:' .. dest)
-local expires, siblings = tonumber(known[1] or 0), known[2] or nil
+-- The queue's x-expires, if its publish gave one, goes with the message (its other lists are
+-- the queue's, in <ns>lists: see note_lists in _put.lua).
+local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0) or 0
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]),
            wake = ARGV[1] .. 'wake', wake_tag = '@' .. ARGV[11],
-           expires = expires, siblings = siblings}
+           expires = expires}
 if due <= now then
   -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
@@ -116,7 +116,7 @@ count_up(k.totals, 'rescheduled', 1)
 if due <= now then
   count_up(k.totals, 'moved', 1)
   -- Best effort, as kombu's own renewal: a refusal must not undo the move (it cannot).
-  if expires > 0 then renew_lists(dest_key, expires, siblings) end
+  if expires > 0 then renew_lists(ARGV[1] .. 'lists', dest_key, expires) end
   return {3, due, now}
 end
 -- (keep: the old message is taken, so the new one stays, whatever is refused after it)

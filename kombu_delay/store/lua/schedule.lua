@@ -37,7 +37,8 @@ ARGV[16] db        the number of the database, which a wake-up names (absent = 0
                    wake_if_first in _put.lua)
 ARGV[17] siblings  with ARGV[13]: the JSON array of the keys of the queue's other lists (its
                    other priority steps), whose expiry the push renews with dest's, as
-                   kombu's own publish renews every list of the queue (absent or '' = none)
+                   kombu's own publish renews every list of the queue (absent or '' = none;
+                   kept in <ns>lists, see note_lists in _put.lua)
 The storage format (recorded in totals with a bucket's first message) and the latest due
 time accepted are constants of the script (keys.py FORMAT, MAX_DUE_MS).
 Returns: 1 alone for a message stored for the due time ARGV[4] gave (no ARGV[10]) when there
@@ -89,7 +90,8 @@ if due > MAX_DUE_MS or (max_delay ~= '0' and due - now > tonumber(max_delay)) th
 end
 
 local k = publish_k(ns, cold, ARGV[2], ARGV[3], expires, ARGV[16] or '0')
-if k.expires and ARGV[17] and ARGV[17] ~= '' then k = with_siblings(k, ARGV[17]) end
+-- The queue's, not the settings': set on k for this call (k may be shared, see publish_k).
+if k.expires then k.siblings = ARGV[17] ~= '' and ARGV[17] or nil end
 local code, wake_refused = put(k, now, due, task_id, dest_key, payload, estimated)
 if code == 1 and ARGV[10] == '1' then mark_no_eta(k, due) end
 if wake_refused then return {code, due, now, movers, 1} end

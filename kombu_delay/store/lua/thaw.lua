@@ -79,8 +79,8 @@ local function cold_meta_of(start_s)
     -- extended x since.
     local grace = x - end_ms
     if g and known[2] == known[4] then grace = g elseif g and g > grace then grace = g end
-    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = grace, expires = {}, siblings = {},
-            groups = {}, no_eta = known[5] ~= false}  -- (mark_no_eta in _put.lua: carried to where it thaws)
+    meta = {width = math.max(1, end_ms - tonumber(start_s)), grace = grace, expires = {}, groups = {},
+            no_eta = known[5] ~= false}  -- (mark_no_eta in _put.lua: carried to where it thaws)
     cold_meta[start_s] = meta
   end
   return meta
@@ -125,8 +125,7 @@ for i = FIRST, #ARGV, 7 do
   local start_s, due_s, ref, dest, member, message = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 6]
   local meta = cold_meta_of(start_s)
   if meta.expires[dest] == nil then
-    local known = redis.call('HMGET', cs:meta(start_s), 'e:' .. dest, 'p:' .. dest)
-    meta.expires[dest], meta.siblings[dest] = tonumber(known[1] or 0), known[2] or nil
+    meta.expires[dest] = tonumber(redis.call('HGET', cs:meta(start_s), 'e:' .. dest) or 0)
   end
   local zset, listed = cs:zset(start_s, dest), ARGV[i + 5]
   local score = redis.call('ZSCORE', zset, member)
@@ -165,8 +164,7 @@ for i = FIRST, #ARGV, 7 do
       local group = of_start[dest]
       if not group then
         group = {start = start, dest = dest, width = meta.width, grace = meta.grace,
-                 expires = meta.expires[dest], siblings = meta.siblings[dest], msgs = {}, first_due = due,
-                 no_eta = meta.no_eta}
+                 expires = meta.expires[dest], msgs = {}, first_due = due, no_eta = meta.no_eta}
         of_start[dest] = group
         order[#order + 1] = group
       end
@@ -189,8 +187,8 @@ for _, g in ipairs(order) do
              width = g.width,
              -- An overdue message's bucket must not expire before its mover comes.
              grace = g.grace + math.max(0, now - g.first_due),
-             wake = ns .. 'wake', wake_tag = '@' .. ARGV[2], expires = g.expires, siblings = g.siblings,
-             counted = true}, '')  -- index: KEYS[1]
+             wake = ns .. 'wake', wake_tag = '@' .. ARGV[2], expires = g.expires, counted = true},
+             '')  -- index: KEYS[1]
   local codes = put_group(k, now, g.start, g.dest, g.msgs)
   for i, code in ipairs(codes) do
     if code == 2 then
