@@ -76,9 +76,9 @@ local function renew_lists(lists, dest, ttl)
   redis.pcall('PEXPIRE', dest, ttl)
   local siblings = redis.pcall('HGET', lists, dest)
   if type(siblings) ~= 'string' then return end
-  local ok, lists = pcall(cjson.decode, siblings)
-  if not ok or type(lists) ~= 'table' then return end
-  for _, key in ipairs(lists) do
+  local ok, names = pcall(cjson.decode, siblings)
+  if not ok or type(names) ~= 'table' then return end
+  for _, key in ipairs(names) do
     if type(key) == 'string' then redis.pcall('PEXPIRE', key, ttl) end
   end
 end

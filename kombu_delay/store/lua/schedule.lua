@@ -10,7 +10,7 @@ ARGV[3] grace      how long a bucket outlives its end, ms
 ARGV[4] when       due time, epoch ms, or with ARGV[10] = "1" a delay from now, ms
 ARGV[5] task_id    id-index key (Celery task id, message id or delivery tag)
 ARGV[6] payload    the exact JSON string plain kombu would LPUSH; stored as it is, never decoded
-ARGV[7..16] are optional: the caller leaves out those after the last one it needs (each
+ARGV[7..17] are optional: the caller leaves out those after the last one it needs (each
   argument costs Redis work in every call, and almost no publish needs any but the first two).
 ARGV[7] now_ms     epoch ms to judge by; absent or '' = Redis TIME (tests drive time through it)
 ARGV[8] estimated  "1": ARGV[7] is a publisher's estimate of Redis's clock, given for a message
