@@ -573,3 +573,30 @@ def test_a_reschedule_to_now_past_an_expiry_written_by_hand_says_it_rescheduled(
     with DelayControl(redis_server.url, {"global_keyprefix": prefix} if prefix else {}) as control:
         assert control.reschedule("a", countdown=-1) == 1
     assert r.llen(dest) == 1 and store.find("a") == []
+
+
+def test_a_queues_entry_of_its_other_lists_goes_with_its_last_message_and_outlives_none(
+    r: redis.Redis, redis_server, prefix: str
+) -> None:
+    """Kept apart from the buckets, the entries of queues that came and went stayed, and steady
+    traffic renewed them all; and one rescheduled far ahead outlived the entry."""
+    from kombu_delay.control import DelayControl
+
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}q"
+    others = [f"{prefix}q{keys.KOMBU_PRIORITY_SEP}3"]
+    for i, due in enumerate((start + 10, start + WIDTH + 10)):
+        store.schedule(
+            Due(due, task_id=f"t{i}"), dest, kombu_payload(f"t{i}"), ORDINARY, 30_000, siblings=others
+        )
+    assert store.move_due(10, now_ms=start + 10).moved == 1
+    assert r.hexists(keys.lists(prefix), dest)  # one still scheduled
+    assert store.move_due(10, now_ms=start + WIDTH + 10).moved == 1
+    assert not r.exists(keys.lists(prefix))
+
+    store.schedule(
+        Due(now + 60_000, task_id="far"), dest, kombu_payload("far"), ORDINARY, 30_000, siblings=others
+    )
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix} if prefix else {}) as control:
+        assert control.reschedule("far", countdown=30 * 86_400) == 1
+    assert r.pttl(keys.lists(prefix)) > 30 * 86_400_000

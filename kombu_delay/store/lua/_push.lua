@@ -25,6 +25,10 @@ renew_lists(lists, dest, ttl)
   PEXPIRE), a hash of another type or a value that is no such array (written by hand) must
   not stop a push, which cannot be undone; the next publish or read of the queue renews them.
 
+keep_lists(lists, dest, now, at)
+  Keeps the hash ``lists`` until ``at`` (ms) at least, where it holds dest's entry: for a
+  message rescheduled into a bucket that outlives it.
+
 room_keeper(max_len)
   Returns room, room_of for one move call: room[dest] is how many more pushes the list
   ``dest`` takes in this call (math.huge without max_len, NOT_A_LIST when the key is not a
@@ -70,6 +74,12 @@ local function pushed(dest, values)
     raise_refusal(reply.err, 'LPUSH', dest)
   end
   return true
+end
+
+local function keep_lists(lists, dest, now, at)
+  if redis.pcall('HEXISTS', lists, dest) ~= 1 then return end
+  local ttl = redis.pcall('PTTL', lists)
+  if type(ttl) == 'number' and ttl ~= -1 and now + ttl < at then redis.pcall('PEXPIREAT', lists, at) end
 end
 
 local function renew_lists(lists, dest, ttl)

@@ -297,7 +297,14 @@ local function visit(start_s)
   -- publish writes no other, and PEXPIRE of 0 or less (written by hand) deletes the list.
   for _, dest in ipairs(pushed) do
     local ttl = expiry[dest]
-    if ttl and ttl > 0 then renew_lists(ns .. 'lists', dest, ttl) end
+    if ttl and ttl > 0 then
+      renew_lists(ns .. 'lists', dest, ttl)
+      -- Its last scheduled message: its entry goes (the next publish, first in its bucket,
+      -- writes it again), or one for every such queue that ever was would stay.
+      if (tonumber(redis.call('HGET', counts, dest)) or 0) <= 0 then
+        redis.pcall('HDEL', ns .. 'lists', dest)
+      end
+    end
   end
   -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
   -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).

@@ -122,5 +122,7 @@ end
 -- (keep: the old message is taken, so the new one stays, whatever is refused after it)
 local code = put(in_space(k, cold and 'c' or ''), now, due, task_id, dest, payload, nil, true)
 if code == 1 and ARGV[17] == '1' then mark_no_eta(in_space(k, cold and 'c' or ''), due) end
+-- The queue's other lists, kept while its new bucket is (note_lists in _put.lua).
+if code == 1 and expires > 0 then keep_lists(ARGV[1] .. 'lists', dest, now, due + k.width + k.grace + 86400000) end
 if code == 2 then count_up(k.totals, 'cancelled', 1) end
 return {code, due, now}
