@@ -168,7 +168,9 @@ def test_a_herd_too_large_for_the_minimum_lead_is_thawed_in_time(r: redis.Redis)
 def test_a_herd_growing_after_the_plan_is_planned_again(r: redis.Redis) -> None:
     clock = FakeClock(r)
     store = Store(r, clock=clock)
-    due = clock() + 300_000
+    # Half way through its bucket: one due 4 to 5 s into it was looked for by the minimum lead
+    # at 999 ms below (a look between plans), and its new plan came a second later than here.
+    due = (clock() // 60_000 + 5) * 60_000 + 30_000
     herd(store, due, 10)
     thawer = thawer_of(store, clock, 1000.0)
     clock.ms = due - 10_000
