@@ -9,7 +9,8 @@ keep_until(key, now, at)
   key  any kombu-delay key (ids, counts, gc, or a bucket's own keys)
   now  the clock, epoch ms;  at  epoch ms
   Makes the key live at least until ``at``: sets the expiry when it has none or an earlier one,
-  never shortens it. Bound: one PTTL and at most one PEXPIREAT.
+  never shortens it. Bound: one PTTL and at most one PEXPIREAT. For a hint (a key whose
+  refusal must fail nothing: the large-bucket notes, <ns>lists), call it with pcall.
 
 ms_of(text)
   A time read from a hash field (a bucket's end, expiry, wake mark) as whole epoch ms, or nil

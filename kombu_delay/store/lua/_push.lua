@@ -77,9 +77,7 @@ local function pushed(dest, values)
 end
 
 local function keep_lists(lists, dest, now, at)
-  if redis.pcall('HEXISTS', lists, dest) ~= 1 then return end
-  local ttl = redis.pcall('PTTL', lists)
-  if type(ttl) == 'number' and ttl ~= -1 and now + ttl < at then redis.pcall('PEXPIREAT', lists, at) end
+  if redis.pcall('HEXISTS', lists, dest) == 1 then pcall(keep_until, lists, now, at) end
 end
 
 local function renew_lists(lists, dest, ttl)

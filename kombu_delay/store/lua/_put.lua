@@ -136,11 +136,8 @@ end
 
 local function note_large(k, now, start, start_s, expire_at)
   local large = k.space:large()
-  local added = redis.pcall('ZADD', large, start, start_s)
-  if type(added) ~= 'number' then return end
-  local ttl = redis.pcall('PTTL', large)
-  if type(ttl) == 'number' and (ttl == -1 or now + ttl < expire_at) then
-    redis.pcall('PEXPIREAT', large, expire_at)
+  if type(redis.pcall('ZADD', large, start, start_s)) == 'number' then
+    pcall(keep_until, large, now, expire_at)
   end
 end
 
@@ -152,10 +149,8 @@ end
 -- bucket's meta hash (expire_at, ms) at least. A hint, as the wake is: a refusal (a key of
 -- another type, by hand) is passed over, and the push then renews its own list only.
 local function note_lists(k, now, dest, expire_at)
-  if type(redis.pcall('HSET', k.lists, dest, k.siblings)) ~= 'number' then return end
-  local ttl = redis.pcall('PTTL', k.lists)
-  if type(ttl) == 'number' and (ttl == -1 or now + ttl < expire_at) then
-    redis.pcall('PEXPIREAT', k.lists, expire_at)
+  if type(redis.pcall('HSET', k.lists, dest, k.siblings)) == 'number' then
+    pcall(keep_until, k.lists, now, expire_at)
   end
 end
 
@@ -286,11 +281,11 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x, known_end)
   end
-  if n_here == LARGE_RUN or n_seq == LARGE_BUCKET then
-    note_large(k, now, start, start_s, math.max(known_x or 0, start + k.width + k.grace) + 86400000)
-  end
-  if n_here == 1 and k.siblings then
-    note_lists(k, now, dest, math.max(known_x or 0, start + k.width + k.grace) + 86400000)
+  local large, lists = n_here == LARGE_RUN or n_seq == LARGE_BUCKET, n_here == 1 and k.siblings
+  if large or lists then  -- hints, kept a day past the bucket's meta hash
+    local expire_at = math.max(known_x or 0, start + k.width + k.grace) + 86400000
+    if large then note_large(k, now, start, start_s, expire_at) end
+    if lists then note_lists(k, now, dest, expire_at) end
   end
   return 1, wake_if_first(k, start_s, meta, due, ms_of(known[3]), now)
 end
