@@ -105,10 +105,10 @@ FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError, StorageFormatE
 _SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
 
 
-#: Refusals that waiting may end (and that write nothing): a read-only replica, a failed
-#: background save, too few replicas (min-replicas-to-write), a replica cut off from its
-#: master, a script running too long.
-_WAIT_REFUSALS = ("READONLY", "MISCONF", "NOREPLICAS", "MASTERDOWN", "BUSY ")
+#: Refusals that waiting may end (and that write nothing), besides a read-only replica's (its
+#: own class, ReadOnlyRefused): a failed background save, too few replicas
+#: (min-replicas-to-write), a replica cut off from its master, a script running too long.
+_WAIT_REFUSALS = ("MISCONF", "NOREPLICAS", "MASTERDOWN", "BUSY ")
 
 
 @contextmanager
