@@ -152,7 +152,7 @@ class Mover:
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
                 backoff.reset()
-                self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in))
+                self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in, self._beat_in()))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.told(exc)
                 wake.close()
@@ -380,6 +380,10 @@ class Mover:
             elif wake.wait(min(left, STOP_SLICE_S)):
                 self.thawer.wake()  # it may announce a compressed message: look
                 return
+
+    def _beat_in(self) -> float:
+        """Seconds until the next heartbeat is due: an interval shorter than ``max_sleep`` is kept."""
+        return max(0.0, self._last_beat + self.settings.heartbeat_interval_ms / 1000 - time.monotonic())
 
     def _beat(self) -> None:
         """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""

@@ -7,7 +7,7 @@ import time
 
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
-from kombu_delay.mover.loop import Backoff
+from kombu_delay.mover.loop import Backoff, Mover
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
 from tests.support.cli import health
@@ -59,3 +59,19 @@ def test_health_sees_the_mover_alive_while_it_drains_a_backlog(r, redis_server, 
     assert mover.stop() == 0, mover.output()[-2000:]  # mid-drain
     listed = r.llen("celery")
     assert 0 < listed < BACKLOG and sum(store.counts().values()) == BACKLOG - listed
+
+
+def test_a_heartbeat_interval_shorter_than_the_longest_sleep_is_kept(r, prefix):
+    """An idle mover sleeps up to ``max_sleep`` between looks, or less for its thaw, sweep and
+    staging: it wakes for a heartbeat of a shorter interval too, as the option says (it beat
+    once a look: every second, for an interval of 0.3 s)."""
+    waits: list[float] = []
+
+    class Recorded(Mover):
+        def _wait(self, wake, seconds):  # the loop's one sleep: recorded, and the loop stops
+            waits.append(seconds)
+            self.stop()
+
+    settings = Settings(max_sleep_ms=20_000, heartbeat_interval_ms=300)
+    Recorded(Store(r, prefix=prefix), settings, watch=False).run()
+    assert len(waits) == 1 and 0 < waits[0] <= 0.3, waits

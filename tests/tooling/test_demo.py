@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 
@@ -111,6 +112,32 @@ def test_a_demo_killed_outright_leaves_none_of_its_processes_running():
         proc.kill()
         proc.wait()
         wait_until(lambda: not any(map(_alive, children)), timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in filter(_alive, children):  # only on failure: ours to stop, by PID
+            os.kill(pid, 9)
+
+
+def test_a_demo_whose_terminal_closes_stops_everything_and_leaves_no_directory(tmp_path):
+    # SIGHUP (the terminal or ssh session closed) killed the demo at once: its children died by
+    # the parent-death signal, but its directory (the AOF and the logs) stayed behind.
+    from tests.support.procs import wait_until
+
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(DEMO, cwd=ROOT, env=env, **quiet)  # type: ignore[call-overload]
+    children: list[int] = []
+    try:
+        children = wait_until(
+            lambda: _children(proc.pid) if len(_children(proc.pid)) >= 3 else None, timeout=120
+        )  # type: ignore[assignment]
+        assert next(p.name for p in tmp_path.iterdir()).startswith("kombu-delay-demo-")
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=120) == 130
+        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+        assert list(tmp_path.iterdir()) == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -310,7 +310,8 @@ def demo(live: bool | None) -> None:
     if live is None:
         live = sys.stdout.isatty() and os.environ.get("TERM", "") != "dumb"
     view = View(live)
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # A closed terminal (SIGHUP) stops the demo as Ctrl-C does: its processes and its directory go.
+    previous = {signum: signal.signal(signum, _terminate) for signum in (signal.SIGTERM, signal.SIGHUP)}
     if live:
         sys.stdout.write("\x1b[?25l")  # hide the cursor while redrawing
     try:
@@ -329,5 +330,6 @@ def demo(live: bool | None) -> None:
         if live:
             sys.stdout.write("\x1b[?25h")
             sys.stdout.flush()
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     sys.exit(0 if ok else 1)
