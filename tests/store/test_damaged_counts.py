@@ -600,3 +600,36 @@ def test_a_queues_entry_of_its_other_lists_goes_with_its_last_message_and_outliv
     with DelayControl(redis_server.url, {"global_keyprefix": prefix} if prefix else {}) as control:
         assert control.reschedule("far", countdown=30 * 86_400) == 1
     assert r.pttl(keys.lists(prefix)) > 30 * 86_400_000
+
+
+def test_a_queues_entry_of_its_other_lists_goes_however_its_last_message_goes(
+    r: redis.Redis, redis_server, prefix: str
+) -> None:
+    """Only a move of a queue's last message deleted its entry: one cancelled, purged,
+    rescheduled to now or expired left it, and every publish of such a queue renewed the hash,
+    so each short-lived queue that ever was kept one. A reschedule of the last message ahead
+    keeps it, and one to now renews the other lists before it goes."""
+    from kombu_delay.control import DelayControl
+
+    _, start = _bucket(r)
+    store = Store(r, prefix)
+    ways = ("cancel", "purge", "now", "expired", "ahead", "not last")
+    dests = {way: f"{prefix}q-{way.replace(' ', '-')}" for way in ways}
+    others = {way: [f"{dest}{keys.KOMBU_PRIORITY_SEP}3"] for way, dest in dests.items()}
+    for way, dest in dests.items():
+        for n in range(2 if way == "not last" else 1):
+            due = Due(start + 10 + n, task_id=f"{way}-{n}")
+            store.schedule(due, dest, kombu_payload(due.task_id), ORDINARY, 30_000, siblings=others[way])
+    assert sorted(r.hkeys(keys.lists(prefix))) == sorted(d.encode() for d in dests.values())
+    r.rpush(others["now"][0], "a message of the other list")
+    with DelayControl(redis_server.url, {"global_keyprefix": prefix} if prefix else {}) as control:
+        assert control.cancel("cancel-0") == 1
+        assert control.purge("q-purge") == 1
+        assert control.reschedule("now-0", countdown=-1) == 1
+        assert control.reschedule("ahead-0", countdown=3 * 86_400) == 1
+        assert control.cancel("not last-0") == 1
+    r.delete(keys.queue_set(prefix, start, dests["expired"]))  # as its expiry would
+    store.move_due(10, now_ms=start + 10)  # settles the expired one's count
+    assert sorted(r.hkeys(keys.lists(prefix))) == [dests["ahead"].encode(), dests["not last"].encode()]
+    assert 0 < r.pttl(others["now"][0]) <= 30_000  # renewed with the push, as kombu's publish would
+    assert r.llen(dests["now"]) == 1

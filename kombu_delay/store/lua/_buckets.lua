@@ -1,8 +1,13 @@
 --[[ buckets: counting and retiring a bucket's messages.
 
-uncount(counts, dest, n)
+uncount(counts, dest, n, keep_lists)
   Takes n off a destination's scheduled count; a count that reaches zero is deleted, and so
-  is one HINCRBY refuses (written by hand), rather than fail a script after it wrote.
+  is one HINCRBY refuses (written by hand), rather than fail a script after it wrote. With
+  it goes dest's entry in <ns>lists (note_lists in _put.lua: named beside ``counts``, which
+  every caller names <ns>counts), unless ``keep_lists``: a move or a reschedule renews the
+  lists it names after its take, and deletes the entry itself then, if the count is still
+  zero (a cancel, purge or expiry of a queue's last message left it for the life of the hash,
+  which every publish of such a queue renews: one entry for every such queue that ever was).
 
 count_of(text)
   A meta field's count as a whole number, or nil where it is not one (written by hand: the
@@ -63,7 +68,7 @@ recount(k, start_s, now)
 take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
-  uncounts it, drops its ref from the id index, drops the copy of a herd staged ahead that
+  uncounts it (k.keep_lists: see uncount), drops its ref from the id index, drops the copy of a herd staged ahead that
   it belonged to (_staged.lua) and the bucket's wake mark (wake_if_first in _put.lua),
   retires the bucket if that was its last message, returns true.
 
@@ -87,9 +92,14 @@ wrong_types(expected[, changed])
 --- @include refs
 --- @include spaces
 --- @include staged
-local function uncount(counts, dest, n)
+local function uncount(counts, dest, n, keep_lists)
   local left = redis.pcall('HINCRBY', counts, dest, -n)
-  if type(left) ~= 'number' or left <= 0 then redis.call('HDEL', counts, dest) end
+  if type(left) ~= 'number' or left <= 0 then
+    redis.call('HDEL', counts, dest)
+    if not keep_lists and string.sub(counts, -6) == 'counts' then  -- a hint: a refusal passes
+      redis.pcall('HDEL', string.sub(counts, 1, -7) .. 'lists', dest)
+    end
+  end
 end
 
 -- A meta field's count: its whole number, or nil where it is not one (written by hand).
@@ -237,7 +247,7 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   if score and math.floor(tonumber(score)) == t then drop_staged(k.space, meta, start_s, dest) end
   redis.call('HDEL', meta, 'w')  -- it may have been the wake mark (wake_if_first in _put.lua)
   uncount_meta(meta, 'q:' .. dest, 1)
-  uncount(k.counts, dest, 1)
+  uncount(k.counts, dest, 1, k.keep_lists)
   drop_refs(k.ids, {task_id}, function() return ref end)
   local empty, end_ms = drained_counts(meta)
   if empty then retire(k, start_s, end_ms, now) end

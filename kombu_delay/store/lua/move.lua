@@ -280,7 +280,7 @@ local function visit(start_s)
               moved = moved + got
               n = n - got
               uncount_meta(meta, name, got)
-              uncount(counts, dest, got)
+              uncount(counts, dest, got, true)  -- (its lists entry: after the renewal below)
             end
             if room[dest] == 0 then  -- the list just filled up: what is still due is held
               held = held + redis.call('ZCOUNT', zset, '-inf', upper)

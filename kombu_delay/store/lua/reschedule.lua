@@ -94,7 +94,7 @@ local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. d
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
            gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]),
            wake = ARGV[1] .. 'wake', wake_tag = '@' .. ARGV[11],
-           expires = expires}
+           expires = expires, keep_lists = true}  -- (the lists entry: see below)
 if due <= now then
   -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
@@ -117,6 +117,8 @@ if due <= now then
   count_up(k.totals, 'moved', 1)
   -- Best effort, as kombu's own renewal: a refusal must not undo the move (it cannot).
   if expires > 0 then renew_lists(ARGV[1] .. 'lists', dest_key, expires) end
+  -- Its queue's last scheduled message: the entry goes, as a move's (move.lua).
+  if not redis.call('HGET', KEYS[3], dest) then redis.pcall('HDEL', ARGV[1] .. 'lists', dest) end
   return {3, due, now}
 end
 -- (keep: the old message is taken, so the new one stays, whatever is refused after it)
