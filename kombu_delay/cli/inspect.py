@@ -50,7 +50,7 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
                 yield ctl
             except WrongTypeKey as exc:  # from a script, it names no key: name the shared ones
                 named = ctl.store.misshapen_told()
-                if not named:
+                if not named or named in str(exc):  # (named already: the format check's)
                     raise
                 raise WrongTypeKey(f"{exc}{named}") from exc
     except (KombuDelayError, redis.RedisError) as exc:  # (an error kombu-delay names none for: a

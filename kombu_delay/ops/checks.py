@@ -98,5 +98,5 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     return (
         f"messages are stranded under key prefix {parts}, which no mover serves: run a mover with "
         f"that global_keyprefix (kombu-delay --prefix {first!r} mover), or give the publishers "
-        "this mover's"
+        "the global_keyprefix of the movers that run"
     )

@@ -355,3 +355,16 @@ def test_the_cursor_examples_in_help_and_docs_are_cursors_ls_prints():
     assert len(examples) >= 2, examples
     for example in examples:
         assert str(Cursor.parse(example)) == example
+
+
+@pytest.mark.parametrize("command", [("stats",), ("ls",), ("find", "t1"), ("cancel", "t1")])
+def test_a_shared_key_of_another_type_is_named_once(r, redis_server, prefix, command):
+    """The format check, which reads the totals first, named the key, and the command's own
+    handler named it again: the same sentence twice."""
+    r.set(f"{prefix}kombu_delay:totals", "by hand")
+    try:
+        code, out = kd(redis_server, prefix, *command)
+    finally:
+        r.delete(f"{prefix}kombu_delay:totals")
+    assert code == 3, out
+    assert out.count("holds a string, not a hash") == 1, out

@@ -178,6 +178,7 @@ def test_a_stranded_prefix_is_found_among_a_million_keys_and_told_while_it_lasts
         assert samples[("kombu_delay_stranded_messages", ())] == 1  # type: ignore[index]
         probe = cli(server.delay_url, "health")
         assert probe.returncode == 1 and "stranded under key prefix 'app2:'" in probe.stdout, probe
+        assert "or give the publishers the global_keyprefix of the movers that run" in probe.stdout, probe
         assert "stranded under key prefix 'app2:'" in cli(server.delay_url, "stats").stdout
 
         # Told again on each check while it lasts; gone once a mover serves app2:.
