@@ -6,12 +6,16 @@ script may have run all the same. kombu's retry then sends the same message agai
 channel and under a new delivery tag, and without a check it would be stored twice.
 
 So an attempt that failed so is remembered here, in the process (kombu's retry opens a new
-channel) and by thread (kombu retries in the thread that published: two threads publishing the
-same message are two publishes). Before a publish of a message that differs from a remembered
-one by its delivery tag alone, the namespace is searched for the remembered attempt, by its id
-and a digest of its exact bytes: found, the publish stores nothing more (logged at WARNING,
-counted in ``totals.resent``). A message that came due and was moved between the two attempts is no
-longer found, and is stored again, as plain kombu would push it again.
+channel), by thread (kombu retries in the thread that published: two threads publishing the
+same message are two publishes) and by the publish call: kombu's retry of one
+``Producer.publish`` prepares the message again around the same properties dict, and a new
+call makes a new one (an app that caught the error and publishes the same message again later
+means a second message, as plain kombu stores one). Before a retry of a message that differs
+from a remembered one by its delivery tag alone, the namespace is searched for the remembered
+attempt, by its id and a digest of its exact bytes: found, the publish stores nothing more
+(logged at WARNING, counted in ``totals.resent``). A message that came due and was moved
+between the two attempts is no longer found, and is stored again, as plain kombu would push it
+again.
 """
 
 from __future__ import annotations
@@ -56,10 +60,14 @@ class Attempt:
     sent: bytes
     #: When it failed, ``time.monotonic()``.
     at: float
+    #: The message's properties dict, whose ``id()`` names the publish call in the key: held
+    #: while the attempt is, so that no other dict can take its id meanwhile.
+    call: object = None
 
 
-#: A message's attempts are kept under where it goes, the thread and its fingerprint.
-Key = tuple[Where, int, bytes]
+#: A message's attempts are kept under where it goes, the thread, its fingerprint and the
+#: ``id()`` of its properties dict (the publish call's: see the module's docstring).
+Key = tuple[Where, int, bytes, int]
 
 _lock = threading.Lock()
 _attempts: OrderedDict[Key, list[Attempt]] = OrderedDict()
@@ -78,7 +86,7 @@ def _fingerprint(message: dict[str, Any]) -> bytes:
 
 
 def _key(where: Where, message: dict[str, Any]) -> Key:
-    return (where, threading.get_ident(), _fingerprint(message))
+    return (where, threading.get_ident(), _fingerprint(message), id(message.get("properties")))
 
 
 def _remembered(key: Key) -> list[Attempt]:
@@ -110,7 +118,7 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
         key = key or _key(where, message)
         with _lock:
             kept = _attempts.setdefault(key, [])
-            kept.append(Attempt(task_id, _digest(payload), time.monotonic()))
+            kept.append(Attempt(task_id, _digest(payload), time.monotonic(), message.get("properties")))
             del kept[:-MAX_ATTEMPTS]
             _attempts.move_to_end(key)
             while len(_attempts) > MAX_KEPT:

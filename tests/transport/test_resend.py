@@ -54,6 +54,28 @@ def test_a_publish_whose_reply_was_lost_is_stored_once_when_kombu_sends_it_again
     assert not resend._attempts
 
 
+def test_the_same_message_published_again_after_a_lost_reply_is_a_second_message(r, redis_server, caplog):
+    # Only kombu's retry of the publish whose reply was lost is looked for: an app that caught
+    # the error and publishes the same message again later (a periodic job, a fixed task id)
+    # sends a second one, which plain kombu stores. It was taken for the retry, and dropped.
+    queue = Queue("q", Exchange("q"), "q")
+    with (
+        LossyProxy(redis_server.port) as proxy,
+        Connection(f"delayredis://127.0.0.1:{proxy.port}/0") as conn,
+    ):
+        producer = Producer(conn, exchange=queue.exchange, routing_key="q")
+        producer.publish("warm", headers={"x-delay": 30_000}, declare=[queue])
+        proxy.arm(_script_call(r), "reply")
+        with pytest.raises(RedisUnavailable):
+            producer.publish("B", headers={"id": "t-1", "x-delay": 30_000}, retry=False)
+        assert proxy.lost.is_set()
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.resend"):
+            producer.publish("B", headers={"id": "t-1", "x-delay": 30_000}, retry=True, retry_policy=POLICY)
+    assert int(r.hget("kombu_delay:counts", "q")) == 3  # "warm", and "B" twice: two publishes
+    assert r.hget("kombu_delay:totals", "resent") is None
+    assert "reply was lost" not in caplog.text
+
+
 @pytest.mark.parametrize("delay_s", [30, 3600], ids=["ordinary", "compressed"])
 def test_a_publish_whose_request_was_lost_is_stored_by_the_retry(r, redis_server, delay_s):
     queue = Queue("q", Exchange("q"), "q")
