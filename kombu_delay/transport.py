@@ -2,10 +2,9 @@
 
 Capabilities
 ============
-* Selected by URL: ``delayredis://[user:pass@]host[:port][/db]``, ``delayrediss://`` (TLS,
-  always on) and ``delaysentinel://host:port;delaysentinel://host2:port`` (with the
-  ``master_name`` option). Everything else (consuming, acks, visibility timeout,
-  fanout, batched publishing, restores) is kombu's Redis transport, unchanged.
+* Selected by URL: ``delayredis://[user:pass@]host[:port][/db]``, ``delayrediss://`` (TLS)
+  and ``delaysentinel://host:port;delaysentinel://host2:port`` (option ``master_name``).
+  Everything else (consuming, acks, visibility timeout, restores) is kombu's, unchanged.
 * A message whose ETA is in the future is stored in a time-bucketed sorted set, score =
   due time in epoch ms, until a mover (``kombu-delay mover``) pushes it onto the very
   list key plain kombu would have used. Workers never see it before it is due.
@@ -20,8 +19,7 @@ ETA sources, in this order
 ==========================
 1. Celery protocol 2: the ``eta`` header, ISO-8601 (an offset is honoured; none means UTC).
 2. Celery protocol 1: ``eta`` in a JSON body of protocol 1's full shape (other JSON is app data).
-3. Plain kombu: header ``x-delay``, milliseconds from now, by the Redis clock (on any message
-   without an ``eta`` header of its own, a ``task`` header or not).
+3. Plain kombu: header ``x-delay``, ms from now by the Redis clock, on a message with no ``eta``.
 
 Transport options (``broker_transport_options``)
 ================================================
@@ -33,11 +31,8 @@ kombu-delay creates), plus:
   before Redis expires it. Only a mover outage longer than this loses messages.
 * ``delay_max_delay`` (s, default 0 = off): refuse ETAs further out, with
   :class:`~kombu_delay.errors.DelayTooLong`. ETAs after 2109-05-15 07:35:11.103 UTC are always refused.
-* ``delay_batch_size`` (default 500), ``delay_max_sleep`` (s, default 1),
-  ``delay_max_rate`` (msgs/s, default 0 = no cap), ``delay_max_queue_length``
-  (default 0 = off), ``delay_heartbeat_interval`` (s, default 2), ``delay_look_ahead``
-  (s, default 0 = off, at most 60: move messages that long before due): mover options.
-* ``delay_embedded_mover`` (bool, default False): run a mover thread in each worker.
+* the mover's options (``delay_batch_size``, ``delay_max_sleep``, ``delay_look_ahead``, ...)
+  and ``delay_embedded_mover``: the docs' Configuration page gives them all.
 """
 
 from __future__ import annotations
@@ -129,13 +124,19 @@ class DelayChannelMixin:
     def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
         """kombu's fanout (Redis pub/sub: no list to hold a message for), at once; a message
         that asked for a delay is logged, once per exchange and process, and counted
-        (``totals.fanout_at_once``), not delivered early in silence."""
+        (``totals.fanout_at_once``), one whose delay cannot be read as ``_put`` tells it: once
+        sent (in a publish batch, which may yet be discarded, not counted)."""
+        bad = None
         try:
             asked = message_due(message) is not None
-        except BadETA:
-            asked = False  # delivered at once either way, and no delay was readable
+        except BadETA as exc:  # delivered at once either way, and no delay was readable
+            asked, bad = False, exc
         except DelayTooLong:  # no delay is kept here, so none is too long: at once, as kombu's
             asked = True
+        batched = kwargs.get("_publish_batch") is not None
+        super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]
+        if bad is not None:
+            self._tell_bad_eta(bad, message, batched)
         if asked:
             if exchange not in _fanouts_told:
                 _fanouts_told.add(exchange)
@@ -144,11 +145,8 @@ class DelayChannelMixin:
                     "its x-delay or ETA is not kept (publish to a direct or topic exchange to delay it)",
                     exchange,
                 )
-            try:
-                self.delay_store.count("fanout_at_once")
-            except KombuDelayError:  # a counter must not fail the publish it counts
-                logger.debug("kombu-delay: could not count a fanout delivered at once", exc_info=True)
-        super()._put_fanout(exchange, message, routing_key, **kwargs)  # type: ignore[misc]
+            if not batched:
+                self._count("fanout_at_once")
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         try:
@@ -206,11 +204,16 @@ class DelayChannelMixin:
         publish batch, which may yet be discarded or fail, logged so and not counted)."""
         sent = "goes at once, with its publish batch" if batched else "delivered now"
         logger.warning("kombu-delay: %s; message %s %s", bad, shown(message_id(message)), sent)
+        if not batched:
+            self._count("bad_eta")
+
+    def _count(self, counter: str) -> None:
+        """Count one in ``totals``: a counter never fails the publish it counts (a user with
+        kombu's keys only, say)."""
         try:
-            if not batched:
-                self.delay_store.count("bad_eta")
-        except KombuDelayError:  # never fails the publish it counts (a user with kombu's keys only, say)
-            logger.debug("kombu-delay: could not count a message with a bad ETA", exc_info=True)
+            self.delay_store.count(counter)
+        except KombuDelayError:
+            logger.debug("kombu-delay: could not count %s", counter, exc_info=True)
 
     @staticmethod
     def _tell_if_no_mover(where: tuple[int, str, str], movers: int | None) -> None:
@@ -235,9 +238,8 @@ class DelayChannelMixin:
 
     def _tell_wake_refused(self) -> None:
         """Warn once per connection that Redis's ACL refuses this user the channel that wakes
-        movers. The message is stored (and counted as ``wake_refused`` by the script): the
-        wake-up is an optimisation, and a publish that made its writes must not fail, or
-        kombu's retry would store the message twice."""
+        movers. The message is stored (counted as ``wake_refused``): a publish that made its
+        writes must not fail for an optimisation, or kombu's retry would store it twice."""
         transport = self.connection  # type: ignore[attr-defined]
         if getattr(transport, "_delay_wake_refused_told", False):
             return

@@ -46,13 +46,21 @@ def test_fanout_is_delivered_at_once_even_with_a_delay_and_says_so(r, redis_serv
                 producer.publish({"n": 3}, exchange=exchange)  # no delay asked: not counted
                 # Past the ceiling a held message has: kombu's fanout sends it all the same.
                 producer.publish({"n": 4}, exchange=exchange, headers={"x-delay": "1e400"})
-            wait_until(lambda: poll() and len(got) == 4, timeout=120)  # far less than the hour asked
-    assert got == [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}]
+                # A delay that cannot be read went at once in silence: told as on a direct exchange.
+                producer.publish({"n": 5}, exchange=exchange, headers={"x-delay": "abc", "id": "bad-5"})
+                # A batch given up before it is sent sends nothing, and counts nothing.
+                with contextlib.suppress(RuntimeError), producer.batch(max_size=10):
+                    producer.publish({"n": 6}, exchange=exchange, headers={"x-delay": HOUR_MS})
+                    raise RuntimeError("the batch is given up")
+            wait_until(lambda: poll() and len(got) == 5, timeout=120)  # far less than the hour asked
+    assert got == [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 4}, {"n": 5}]
     assert Store(r).counts() == {}  # nothing was held
     # Not in silence: said once for the exchange, and each such message counted.
     told = [m for m in caplog.messages if "fanout exchange 'limits_fanout' delivers at once" in m]
     assert len(told) == 1, caplog.messages
-    assert Store(r).totals()["fanout_at_once"] == 3
+    assert any("'bad-5' delivered now" in m for m in caplog.messages), caplog.messages
+    totals = Store(r).totals()
+    assert totals["fanout_at_once"] == 3 and totals["bad_eta"] == 1, totals
 
 
 def test_inspect_scheduled_does_not_see_delayed_tasks_held_in_redis(r, redis_server, spawn):
