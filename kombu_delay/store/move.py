@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from kombu_delay.errors import CorruptMember, is_wrong_type, translated_errors
+from kombu_delay.errors import CorruptMember, RedisPermissionError, is_wrong_type, translated_errors
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import StoreBase, as_text, format_must_be, whole
 from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Stored, SweepResult, ThawResult
@@ -328,12 +328,20 @@ class Moving(StoreBase):
         """Record a mover heartbeat; return the Redis clock in epoch ms.
 
         Raises :class:`StorageFormatError`, writing nothing, when the data is in another
-        storage format: a mover's first heartbeat comes before its first move.
+        storage format, and :class:`RedisPermissionError` when this user's ACL refuses a
+        command a mover needs (Redis 7: ``_mover_acl.lua``): a mover's first heartbeat comes
+        before its first move, and one comes every few seconds after.
         """
         with translated_errors():
-            now, found = self._scripts["heartbeat"](
+            now, found, *refused = self._scripts["heartbeat"](
                 keys=[keys.movers(self.prefix), self._totals],
-                args=[mover_id, forget_after_ms, self._now(now_ms), keys.FORMAT],
+                args=[mover_id, forget_after_ms, self._now(now_ms), keys.FORMAT, self.ns],
+            )
+        if refused:
+            command, key = (as_text(part) for part in refused)
+            raise RedisPermissionError(
+                f"Redis's ACL refused this user: {command} on {key!r}, which a mover needs (see the "
+                "ACL line in the docs' Security page); nothing was moved"
             )
         format_must_be(as_text(found), self.prefix)
         return int(now)

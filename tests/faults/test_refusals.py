@@ -825,3 +825,71 @@ def test_a_refused_publish_raises_what_plain_kombus_would_and_counts_no_bad_eta(
         for url in (replica.url, replica.delay_url):
             with pytest.raises(redis.exceptions.ReadOnlyError):
                 publish(url, {"task": "t", "id": "late", "x-delay": 600_000})
+
+
+@pytest.mark.parametrize(
+    ("major", "command"),
+    [(7, "hgetall"), (7, "zcard"), (7, "del"), (7, "hset"), (6, "hgetall"), (6, "zcard")],
+    ids=lambda value: str(value),
+)
+def test_a_mover_refused_a_command_it_needs_stops_and_loses_nothing(
+    spawn: Callable[..., Proc], major: int, command: str
+) -> None:
+    """A refused HGETALL or ZCARD was read as a bucket damaged by hand, and the bucket written
+    off ("lost"), its messages left in Redis with nothing to move them; a thaw refused DEL or
+    HSET, after it had taken its messages out of the cold space, lost them. On Redis 7 a mover
+    asks the ACL at each heartbeat, and a thaw before its first write: it stops, naming the
+    command, before it writes anything. Redis 6 cannot be asked: a refused read stops it too."""
+    from tests.support.servers import binary_before, binary_from
+
+    binary = binary_from(7) if major == 7 else binary_before(7)
+    with RedisServer(binary=binary) as server:
+        admin = server.client()
+        url = add_user(admin, "narrow", f"-{command}")
+        now = redis_ms(admin)
+        with open_store(server.delay_url) as store:
+            for n in range(3):  # due soon, and compressed ones a thaw ahead of 10 minutes takes now
+                store.schedule(Due(now + 2_000 + n, task_id=f"o-{n}"), QUEUE, f"o-{n}", Settings())
+                due = Due(now + 120_000 + n, task_id=f"c-{n}")
+                store.schedule(due, QUEUE, f"c-{n}", Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000))
+        assert len(stored(admin)) == 6 and sum(s.cold for s in stored(admin)) == 3
+        wait_until(lambda: redis_ms(admin) > now + 2_010)
+        mover = spawn(mover_args(url, "--thaw-ahead", "600"), name="mover")
+        assert wait_for_exit(mover) != 0
+        output = mover.output()
+        assert "ACL" in output and command in output.lower(), output
+        assert "were lost" not in output, output
+        on_list = admin.lrange(QUEUE, 0, -1)
+        # Each message on its list or still stored, once; on Redis 7 nothing was even moved.
+        assert sorted(on_list + [s.envelope.payload for s in stored(admin)]) == sorted(
+            [f"{kind}-{n}".encode() for kind in "co" for n in range(3)]
+        )
+        assert major == 6 or on_list == []
+        good = spawn(mover_args(server.delay_url, "--thaw-ahead", "600"), name="good")
+        wait_until(lambda: admin.llen(QUEUE) == 3, timeout=DEADLINE_S)  # the ones due
+        wait_until(lambda: not any(s.cold for s in stored(admin)), timeout=DEADLINE_S)  # thawed
+        good.stop()
+        assert sorted(admin.lrange(QUEUE, 0, -1)) == [b"o-0", b"o-1", b"o-2"]
+        assert sorted(s.envelope.payload for s in stored(admin)) == [b"c-0", b"c-1", b"c-2"]
+
+
+@pytest.mark.parametrize("command", ["del", "hset", "zadd"])
+def test_a_thaw_refused_a_command_after_the_heartbeat_asked_takes_nothing(command: str) -> None:
+    """The ACL may change between a mover's heartbeat and its thaw: the thaw asks again, before
+    its first write (it took the messages out of the cold space, then a refused DEL or HSET
+    lost them)."""
+    from tests.support.servers import binary_from
+
+    with RedisServer(binary=binary_from(7)) as server:
+        admin = server.client()
+        url = add_user(admin, "narrow", f"-{command}")
+        now = redis_ms(admin)
+        with open_store(server.delay_url) as store:
+            for n in range(3):
+                due = Due(now + 120_000 + n, task_id=f"c-{n}")
+                store.schedule(due, QUEUE, f"c-{n}", Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000))
+        with open_store(url) as narrow, pytest.raises(RedisPermissionError, match=command.upper()):
+            narrow.thaw(600_000, 100)
+        assert [(s.envelope.payload, s.cold) for s in stored(admin)] == [
+            (f"c-{n}".encode(), True) for n in range(3)
+        ]

@@ -181,8 +181,8 @@ local function recount(k, start_s, now)
   local start = tonumber(start_s)
   local found, last, fields = 0, start, {}
   for i, dest in ipairs(dests) do
-    local n = redis.pcall('ZCARD', zsets[i])  -- (an error from a key of another type: none)
-    if type(n) == 'number' and n > 0 then
+    local n = redis.pcall('ZCARD', zsets[i])  -- (a key of another type: none)
+    if not other_type(n, 'ZCARD', zsets[i]) and n > 0 then
       found = found + n
       fields[#fields + 1] = 'q:' .. dest
       fields[#fields + 1] = n
@@ -210,8 +210,9 @@ local function let_go_unreadable(k, start_s)
   redis.call('ZREM', k.index, start_s)
   redis.pcall('ZREM', k.space:large(), start_s)  -- a hint (note_large in _put.lua)
   for _, dest in ipairs(redis.call('HKEYS', counts)) do
-    local n = redis.pcall('ZCARD', k.space:zset(start_s, dest))
-    if type(n) == 'number' and n > 0 then
+    local zset = k.space:zset(start_s, dest)
+    local n = redis.pcall('ZCARD', zset)
+    if not other_type(n, 'ZCARD', zset) and n > 0 then
       uncount(counts, dest, n)
       lost = lost + n
     end

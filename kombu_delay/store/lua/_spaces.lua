@@ -23,6 +23,13 @@ in_space(k, tag)
 cold_task_id(member)
   The task id a cold member carries in the clear (kombu_delay/store/cold.py), for its
   id-index ref.
+
+other_type(reply, command, key)
+  Whether ``reply``, of the redis.pcall of ``command`` that read a bucket's ``key``, says the
+  key is of another type (written by hand: WRONGTYPE), for the caller to pass it over,
+  counted. Any other error, an ACL refusal above all, is raised instead, naming the command
+  and key (Redis 6 names neither): taken for a damaged key, a refused read wrote off a
+  healthy bucket, whose messages stayed in Redis with nothing left to move them.
 ]]
 local function space_meta(s, start_s) return s.keys .. 'm:' .. start_s end
 local function space_zset(s, start_s, dest) return s.keys .. 'z:' .. start_s .. ':' .. dest end
@@ -52,4 +59,12 @@ end
 
 local function cold_task_id(member)
   return string.sub(member, 3, 2 + (string.byte(member, 2) or 0))
+end
+
+local function other_type(reply, command, key)
+  if type(reply) ~= 'table' or not reply.err then return false end
+  if string.find(reply.err, 'WRONGTYPE', 1, true) then return true end
+  local text = reply.err .. ' (' .. command .. ' ' .. key .. '; nothing was written off)'
+  if redis.acl_check_cmd then error({err = text}) end  -- Redis 7+ keeps the error code
+  error(text)  -- Redis 6 raises strings only
 end

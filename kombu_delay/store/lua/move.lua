@@ -223,7 +223,7 @@ end
 local function visit(start_s)
   local meta = s:meta(start_s)
   local fields = redis.pcall('HGETALL', meta)
-  if fields.err then
+  if other_type(fields, 'HGETALL', meta) then
     -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
     -- counted or moved, and one such bucket must not stop every move (let_go_unreadable).
     expired = expired + let_go_unreadable(k, start_s)
@@ -253,7 +253,7 @@ local function visit(start_s)
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
       local head = redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
-      if head.err or not head[2] then
+      if other_type(head, 'ZRANGE', zset) or not head[2] then
         -- Gone while counted: expired after its grace, or deleted or replaced by hand (a key
         -- of another type, left as it is: one such key must not stop every move).
         expired = expired + n
@@ -361,7 +361,7 @@ if budget > 0 then
     else
       local tasks = s:tasks(start_s)
       local chunk = redis.pcall('LRANGE', tasks, 0, budget - 1)
-      if chunk.err then
+      if other_type(chunk, 'LRANGE', tasks) then
         -- Its task-id list replaced by a key of another type (by hand): its refs cannot be
         -- found, and stay in the id index, naming nothing (find and cancel drop such a ref).
         -- The bucket is let go all the same, counted, the key left as it is.
@@ -399,7 +399,7 @@ if vanished > 0 then count_up(totals, 'vanished_buckets', vanished) end
 local function earliest_in(start_s)
   local best
   local fields = redis.pcall('HGETALL', s:meta(start_s))
-  if fields.err then return nil end  -- a key of another type: the visit takes it out
+  if other_type(fields, 'HGETALL', s:meta(start_s)) then return nil end  -- a key of another type: the visit takes it out
   local later = 0
   for i = 1, #fields, 2 do
     local name = fields[i]

@@ -59,7 +59,7 @@ local keep_shared = 0
 local function visit(s, start_s)
   local meta = s:meta(start_s)
   local fields = redis.pcall('HGETALL', meta)
-  if fields.err then return end  -- a key of another type, written by hand (move.lua's visit)
+  if other_type(fields, 'HGETALL', meta) then return end  -- written by hand (move.lua's visit)
   local end_ms, x, g, r, live, left = nil, nil, nil, nil, {}, 0
   for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])

@@ -45,6 +45,7 @@ _buckets.lua), and Redis lets every write after it go on over maxmemory.
 --- @include spaces
 --- @include buckets
 --- @include put_group
+--- @include mover_acl
 local ns = ARGV[1]
 -- A shared key of another type (written by hand) would fail a command after the first ZREM
 -- below, and Redis keeps the ZREMs before it: the messages taken would be lost. Refused first
@@ -52,6 +53,13 @@ local ns = ARGV[1]
 local refused_keys = wrong_types({{KEYS[6], 'list'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
                                   {KEYS[1], 'zset'}})
 if refused_keys then return refused_keys end
+-- And a command the ACL refuses (asked on Redis 7; a mover's heartbeat asks too, but the ACL
+-- may change between them): refused after the first ZREM, it lost the messages taken.
+local refused = mover_refused(ns, true)
+if refused then
+  return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
+    .. ', which a thaw needs; nothing was thawed')
+end
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
 -- member that is not there writes nothing.) Moves, which free memory, go on meanwhile; where

@@ -56,7 +56,7 @@ for _, start_s in ipairs(starts) do
   end
   local meta = cs:meta(start_s)
   local fields = redis.pcall('HGETALL', meta)
-  local unreadable = fields.err ~= nil
+  local unreadable = other_type(fields, 'HGETALL', meta)
   if unreadable then  -- of another type, by hand: let go, so no other bucket's thaw waits on it
     expired = expired + let_go_unreadable(k, start_s)
     fields = {}
@@ -71,6 +71,7 @@ for _, start_s in ipairs(starts) do
       local dest = string.sub(name, 3)
       local zset = cs:zset(start_s, dest)
       local card = redis.pcall('ZCARD', zset)  -- 0: no key; an error: a key of another type
+      if other_type(card, 'ZCARD', zset) then card = false end
       if card == 0 then
         -- Gone while counted: settle the count, as move.lua does. Their refs stay in the
         -- id index (a cold bucket keeps no task-id list) and name nothing.
@@ -80,7 +81,7 @@ for _, start_s in ipairs(starts) do
         left = left + n
         -- Those due by the horizon, within the bytes left (read_ranks): the rest in the next call.
         local members, used, scores = {}, 0, {}
-        if type(card) == 'table' then  -- of another type, by hand: read as gone, as move.lua
+        if card == false then  -- of another type, by hand: read as gone, as move.lua
           left = left - n              -- reads one
           expired = expired + n
           settle_gone(meta, name, counts, dest, n)
@@ -97,7 +98,7 @@ for _, start_s in ipairs(starts) do
         bytes_left = bytes_left - used
         if bytes_left <= 0 or wanted <= 0 then wanted, more = 0, 1 end  -- cut by bytes or the limit
         local rest = redis.pcall('ZRANGEBYSCORE', zset, '(' .. horizon_s, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-        if rest.err then rest = {} end
+        if other_type(rest, 'ZRANGEBYSCORE', zset) then rest = {} end
         local score = tonumber(rest[2])
         if score and (score == math.huge or (end_ms and score >= end_ms)) then
           -- Scored past its bucket's end (no publish does that: a score written by hand, up
