@@ -258,8 +258,10 @@ class Watch:
             self._record_stranded(stranded)
         except RedisPermissionError:
             self._scan_allowed = False
-            logger.info(
-                "mover %s: this user may not SCAN; other key prefixes and lost buckets are not checked",
+            logger.warning(
+                "mover %s: this user may not SCAN: messages stranded under other key prefixes are not "
+                "looked for, and buckets that left the bucket index (evicted, or deleted by hand) are "
+                "not put back, so nothing moves what they hold; grant +scan (see the security docs)",
                 self.name,
             )
 

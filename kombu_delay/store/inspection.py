@@ -16,14 +16,13 @@ from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Census, Stored
 
 #: Most destinations a census reads by name (``HMGET``): with more, an ``HGETALL`` of a bucket's
-#: meta hash, which holds only the destinations it has messages for, costs less.
+#: meta hash (it holds only the destinations it has messages for) costs less.
 CENSUS_DESTS_MAX = 16
 
 
 def _few_dests(dests: Iterable[str] | None) -> list[str]:
     """The destinations a census reads by name, or none (read every one a meta hash counts):
-    none when there are too many, or when one did not come back from Redis as valid UTF-8
-    (its text no longer names its key)."""
+    none for too many, or for one not valid UTF-8 as Redis sent it (its text names no key)."""
     if dests is None:
         return []
     named = list(dests)
@@ -53,8 +52,7 @@ class Inspecting(StoreBase):
 
     def run_id(self) -> tuple[str, int] | None:
         """Return the server's run id, new at each start of a Redis process, and how long it has
-        been up, s (``INFO server``), or ``None`` when they cannot be read (``INFO`` refused by an
-        ACL)."""
+        been up, s (``INFO server``), or ``None`` where ``INFO`` is refused by an ACL."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("server")
@@ -117,9 +115,11 @@ class Inspecting(StoreBase):
             now = self.time_ms(reader)
             found: dict[str, int] = {}
             for other in sorted(prefixes):
-                waiting = sum(max(0, whole(n)) for n in reader.hvals(keys.counts(other)))
-                # (a heartbeat far ahead of Redis's clock, written by hand, is none)
-                served = reader.zcount(keys.movers(other), now - fresh_ms, now + keys.FUTURE_BEAT_MS) > 0
+                try:  # (a heartbeat far ahead of Redis's clock, written by hand, is none)
+                    waiting = sum(max(0, whole(n)) for n in reader.hvals(keys.counts(other)))
+                    served = reader.zcount(keys.movers(other), now - fresh_ms, now + keys.FUTURE_BEAT_MS) > 0
+                except redis.exceptions.NoPermissionError:  # another app's (an ACL per app): its own
+                    continue  # movers' business
                 if waiting > 0 and not served:
                     found[other] = waiting
         return found

@@ -675,3 +675,30 @@ def test_a_walk_of_the_id_index_the_acl_refuses_is_said(r: redis.Redis, caplog) 
         user.close()
     finally:
         r.execute_command("ACL", "DELUSER", "nohscan")
+
+
+def test_another_apps_keys_the_acl_refuses_leave_the_index_check_on(caplog):
+    """Apps with a user each, limited to their own prefix, on one Redis: the look at stranded
+    prefixes read another app's counts, was refused, and the mover took that for a refused SCAN,
+    said "this user may not SCAN" and put no lost bucket back for the rest of its life. The
+    other app's keys are its own movers' business; the lost bucket is put back."""
+    with RedisServer() as server:
+        admin = server.client()
+        for app in ("app1", "app2"):
+            rules = ["on", f">{app}", "resetkeys", "resetchannels", f"~{app}:*", f"&{app}:*", "+@all"]
+            admin.execute_command("ACL", "SETUSER", app, *rules)
+        Store(admin, "app2:").schedule(
+            Due(600_000, relative=True, task_id="b-1"), "app2:celery", kombu_payload("b-1"), Settings()
+        )
+        app1 = redis.Redis(port=server.port, username="app1", password="app1")
+        Store(app1, "app1:").schedule(
+            Due(600_000, relative=True, task_id="a-1"), "app1:celery", kombu_payload("a-1"), Settings()
+        )
+        indexes = (keys.index("app1:"), keys.cold_index("app1:"))
+        assert sum(map(admin.zcard, indexes)) == 1
+        admin.delete(*indexes)  # evicted, or deleted by hand
+        with caplog.at_level(logging.INFO, logger="kombu_delay.mover.watch"):
+            Watch(Store(app1, "app1:"), "test").check_prefixes()
+        assert "may not SCAN" not in caplog.text, caplog.text
+        assert sum(map(admin.zcard, indexes)) == 1  # put back
+        app1.close()
