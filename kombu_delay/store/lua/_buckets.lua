@@ -68,9 +68,9 @@ recount(k, start_s, now)
 take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
-  uncounts it (k.keep_lists: see uncount), drops its ref from the id index, drops the copy of a herd staged ahead that
-  it belonged to (_staged.lua) and the bucket's wake mark (wake_if_first in _put.lua),
-  retires the bucket if that was its last message, returns true.
+  uncounts it (k.keep_lists: see uncount), drops its ref from the id index, drops the copy of
+  a herd staged ahead that it belonged to (_staged.lua) and the bucket's wake mark
+  (wake_if_first in _put.lua), retires the bucket if that was its last message, returns true.
 
 past_maxmemory(hash)
   A write that changes nothing (HDEL of the field '' of ``hash``, a hash or no key; an error

@@ -398,8 +398,9 @@ if vanished > 0 then count_up(totals, 'vanished_buckets', vanished) end
 -- it.
 local function earliest_in(start_s)
   local best
-  local fields = redis.pcall('HGETALL', s:meta(start_s))
-  if other_type(fields, 'HGETALL', s:meta(start_s)) then return nil end  -- a key of another type: the visit takes it out
+  local meta = s:meta(start_s)
+  local fields = redis.pcall('HGETALL', meta)
+  if other_type(fields, 'HGETALL', meta) then return nil end  -- another type: the visit takes it out
   local later = 0
   for i = 1, #fields, 2 do
     local name = fields[i]
