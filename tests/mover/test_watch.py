@@ -483,7 +483,8 @@ def test_persistence_that_cannot_be_read_is_not_checked_and_said_once(caplog):
 def test_a_redis_that_restarted_is_told_with_what_it_kept(persistence, caplog):
     # A Redis restarted empty took every scheduled message with it, and the mover logged only
     # its retries: nothing said, after the fact, that Redis had restarted or what it had kept.
-    with RedisServer(persistence=persistence) as server:
+    # (appendfsync always: with everysec, the kill -9 below may come before the write's fsync.)
+    with RedisServer(persistence=persistence, appendfsync="always") as server:
         store = Store(server.client())
         store.schedule(Due(600_000, relative=True, task_id="t"), "q", kombu_payload("t"), Settings())
         watch = Watch(store, "test")
