@@ -261,7 +261,7 @@ class Watch:
             logger.warning(
                 "mover %s: this user may not SCAN: messages stranded under other key prefixes are not "
                 "looked for, and buckets that left the bucket index (evicted, or deleted by hand) are "
-                "not put back, so nothing moves what they hold; grant +scan (see the security docs)",
+                "put back only by the hourly walk of the id index; grant +scan (see the security docs)",
                 self.name,
             )
 
@@ -290,7 +290,9 @@ class Watch:
         """Put back into their index the buckets whose meta hash counts messages but that are
         in no index (an index evicted, or deleted by hand, strands every bucket it named:
         movers reach buckets only through it); log an ERROR when there were any."""
-        buckets, messages = self.store.reindex(stopping=self._stop.is_set)
+        self._told_put_back(*self.store.reindex(stopping=self._stop.is_set))
+
+    def _told_put_back(self, buckets: int, messages: int) -> None:
         if buckets:
             logger.error(
                 "mover %s: %d buckets holding %d messages had left the bucket index, or stood in it "
@@ -325,9 +327,10 @@ class Watch:
                 logger.debug("mover %s: the id index was walked lately; not walked again", self.name)
                 self.next_walk_s = page + 1.0  # just after its claim ends, not an hour after
                 break
-            cursor, n = page
+            cursor, n, buckets, messages = page
             self._walk_cursor = cursor
             dropped += n
+            self._told_put_back(buckets, messages)
             if cursor == 0 or self._stop.wait(FORGET_PAUSE * (time.monotonic() - began)):
                 break
         self._tell("forget", None, logging.WARNING)

@@ -299,10 +299,12 @@ class Moving(StoreBase):
 
     def forget_stale_refs(
         self, cursor: int, count: int, mover: str, every_ms: int, now_ms: int | None = None
-    ) -> tuple[int, int] | float:
+    ) -> tuple[int, int, int, int] | float:
         """Walk a page of about ``count`` task ids of the id index from ``cursor`` (``0``: the
-        first), dropping the refs that name no bucket (``forget.lua``); return the cursor of
-        the next page (``0``: the walk is done) and how many refs were dropped.
+        first), dropping the refs that name no bucket and putting back into their index the
+        buckets they name that left it (``forget.lua``); return the cursor of the next page
+        (``0``: the walk is done), how many refs were dropped, and the buckets put back and the
+        messages they count.
 
         A walk is begun at most once in ``every_ms``, whichever mover asks: where ``cursor``
         is ``0`` and another walk began less than that ago, nothing is read, and the seconds
@@ -314,7 +316,7 @@ class Moving(StoreBase):
             )
         if int(reply[2]):
             return int(reply[2]) / 1000
-        return int(reply[0]), int(reply[1])
+        return int(reply[0]), int(reply[1]), int(reply[3]), int(reply[4])
 
     def walk_by(self) -> str | None:
         """The mover whose walk of the id index holds the claim (:func:`keys.walk`), or None

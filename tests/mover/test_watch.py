@@ -574,7 +574,7 @@ def test_one_mover_walks_the_id_index_in_an_hour_however_many_run(r: redis.Redis
     r.delete(walk)  # as its expiry would, an hour on
     page = store.forget_stale_refs(0, 250, "second", every_ms)
     assert isinstance(page, tuple)
-    cursor, dropped = page
+    cursor, dropped, *_ = page
     assert dropped == 0 and r.hget(walk, "by") == b"second"
     assert cursor != 0 and not r.hexists(walk, "done")  # 600 ids: more than one page
     while cursor:
@@ -588,7 +588,7 @@ def test_one_mover_walks_the_id_index_in_an_hour_however_many_run(r: redis.Redis
     assert r.hget(walk, "by") == b"third" and 0 < r.pttl(walk) <= every_ms  # taken over
     r.delete(walk)
     r.set(walk, "by hand")  # a key of another type: every mover walks, as before it was shared
-    assert store.forget_stale_refs(0, 1000, "third", every_ms) == (0, 0)
+    assert store.forget_stale_refs(0, 1000, "third", every_ms) == (0, 0, 0, 0)
     assert r.get(walk) == b"by hand"
 
 
@@ -703,3 +703,31 @@ def test_another_apps_keys_the_acl_refuses_leave_the_index_check_on(caplog):
         assert "may not SCAN" not in caplog.text, caplog.text
         assert sum(map(admin.zcard, indexes)) == 1  # put back
         app1.close()
+
+
+def test_a_user_who_may_not_scan_has_lost_buckets_put_back_by_the_walk(caplog):
+    """The index of buckets, evicted or deleted by hand, is put back by a SCAN of the meta
+    hashes, which the ACL line of the security docs leaves out: its buckets stayed out, and
+    nothing moved what they held. The walk of the id index, which reads the refs that name
+    every bucket, puts them back too."""
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "noscan", "on", ">pw", "~*", "&*", "+@all", "-scan")
+        user = redis.Redis(port=server.port, username="noscan", password="pw")
+        store = Store(user)
+        now = store.time_ms()
+        for n, ahead in enumerate((20_000, 3_600_000)):  # an ordinary bucket and a compressed one
+            store.schedule(Due(now + ahead, task_id=f"t-{n}"), "q", kombu_payload(f"t-{n}"), Settings())
+        indexes = (keys.index(""), keys.cold_index(""))
+        assert [admin.zcard(index) for index in indexes] == [1, 1]
+        admin.delete(*indexes)  # evicted, or deleted by hand
+        watch = Watch(store, "noscan")
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.mover.watch"):
+            watch.check_prefixes()  # refused SCAN: said, and nothing put back
+            assert "may not SCAN" in caplog.text
+            assert [admin.zcard(index) for index in indexes] == [0, 0]
+            watch.forget_stale_refs()
+        assert [admin.zcard(index) for index in indexes] == [1, 1]
+        assert "2 buckets holding 2 messages had left the bucket index" in caplog.text
+        assert admin.hget(keys.totals(""), "reindexed") == b"2"
+        user.close()

@@ -65,6 +65,15 @@ recount(k, start_s, now)
   moved (a count that would fall below zero is deleted). Returns how many. Bound: one EXISTS
   per 1000 destinations; one ZCARD per destination, and more, only where members are found.
 
+put_back(s, start_s, now)
+  Puts the bucket ``start_s`` of space ``s`` back into its index where it counts messages and
+  is not there (its index evicted, or deleted by hand), or is there at a score other than its
+  start (changed by hand): reindex.lua's work for one bucket, which the walk of the id index
+  does too (forget.lua) for the buckets its refs name, so that a user who may not SCAN has
+  them put back as well. A meta hash of another type (by hand) is left alone. Returns 1 and
+  the messages it counts where it put it back, else 0, 0. Bound: one ZSCORE, and for one not
+  in its index a TYPE, an HGETALL, and an HGET and a ZADD where it counts messages.
+
 take(k, start_s, dest, payload, task_id, ref, now)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
@@ -143,6 +152,21 @@ local function drained_counts(meta)
 end
 
 local DAY_MS = 86400000
+
+local function put_back(s, start_s, now)
+  local score = redis.call('ZSCORE', s.index, start_s)
+  local misplaced = score ~= false and tonumber(score) ~= tonumber(start_s)
+  if score ~= false and not misplaced then return 0, 0 end
+  local meta = s:meta(start_s)
+  if redis.call('TYPE', meta)['ok'] ~= 'hash' then return 0, 0 end
+  local empty, _, n = drained_counts(meta)
+  if empty and not misplaced then return 0, 0 end
+  -- The index outlives the bucket's meta hash, as a publish keeps it (set_expiries).
+  local x = count_of(redis.call('HGET', meta, 'x') or '')
+  redis.call('ZADD', s.index, tonumber(start_s), start_s)
+  keep_until(s.index, now, math.max(now, x or 0) + 8 * DAY_MS)
+  return 1, n
+end
 
 -- The dests whose sorted set of this bucket may hold members: those its meta hash names and
 -- every counted one (a meta hash evicted, or deleted and made anew by a later publish, names

@@ -11,12 +11,14 @@ ARGV[4] every   ms between walks: a first page asked for while <ns>walk is there
                 nothing, so however many movers run, one walk is begun in that time
 ARGV[5] mover   the mover walking (kept in <ns>walk, for an operator to read)
 ARGV[6] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
-Returns: {cursor, dropped, skipped}: the cursor to pass next ('0': the walk is done), the
-         refs dropped, and, when this was a first page and another walk had begun less than
-         ARGV[4] ago (nothing read), the ms its claim lasts yet (at least 1), else 0. A claim
-         that has no expiry is taken over.
-Bound: one HSCAN of about ARGV[3] fields, one EXISTS per bucket they name, and one HDEL or HSET
-       per task id with a ref dropped.
+Returns: {cursor, dropped, skipped, put back, counted}: the cursor to pass next ('0': the
+         walk is done), the refs dropped, and, when this was a first page and another walk had
+         begun less than ARGV[4] ago (nothing read), the ms its claim lasts yet (at least 1),
+         else 0; then the buckets the refs name that were put back into their index, and the
+         messages those count (see below). A claim that has no expiry is taken over.
+Bound: one HSCAN of about ARGV[3] fields, one EXISTS and one ZSCORE per bucket they name
+       (put_back in _buckets.lua, which does more only for a bucket missing from its index),
+       and one HDEL or HSET per task id with a ref dropped.
 
 A ref names its bucket's meta hash, through which find.lua reads the bucket's messages, and
 that hash outlives the bucket's sorted sets and task-id list by a day: a ref whose meta hash
@@ -24,6 +26,9 @@ is gone finds nothing, and never will. Such refs are left by buckets lost (expir
 their grace with no mover running, evicted, deleted by hand) and by compressed buckets, which
 keep no task-id list to drop them with; without this walk, each would stay while the index is
 in use, which is as long as anything is published. A ref no script writes (by hand) goes too.
+A bucket whose meta hash is there is put back into its index where it left it (put_back in
+_buckets.lua), as reindex.lua does for the meta hashes a SCAN finds: so that a user who may
+not SCAN has the buckets of an index evicted or deleted by hand put back too, within a walk.
 ]]
 --- @include spaces
 --- @include clock
@@ -51,7 +56,7 @@ if ARGV[2] == '0' and claim then
 end
 local fields = page[2]
 local spaces_of = {[''] = space(ns, ''), c = space(ns, 'c')}
-local alive, dropped = {}, 0
+local alive, dropped, put_back_n, counted, now = {}, 0, 0, 0, nil
 for i = 1, #fields, 2 do
   local kept = {}
   local gone = 0
@@ -64,6 +69,11 @@ for i = 1, #fields, 2 do
       if live == nil then
         live = redis.call('EXISTS', meta) == 1
         alive[meta] = live
+        if live then
+          now = now or clock(ARGV[6])
+          local b, n = put_back(spaces_of[tag], start_s, now)
+          put_back_n, counted = put_back_n + b, counted + n
+        end
       end
     end
     if live then kept[#kept + 1] = ref else gone = gone + 1 end
@@ -82,4 +92,5 @@ if page[1] == '0' and redis.call('TYPE', walk)['ok'] == 'hash' then
   local now = clock(ARGV[6])
   redis.call('HSET', walk, 'done', now)
 end
-return {page[1], dropped, 0}
+if put_back_n > 0 then count_up(ns .. 'totals', 'reindexed', put_back_n) end
+return {page[1], dropped, 0, put_back_n, counted}

@@ -6,8 +6,8 @@ ARGV[2] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through 
 ARGV[3..] buckets, as found by a SCAN of the meta hashes: "<start>" (ordinary) or "c<start>"
         (cold)
 Returns: {buckets put back, the messages they count}.
-Bound: per bucket one ZSCORE, and for one not in its index (or at another score) an HGETALL,
-       and an HGET and a ZADD where it counts messages (or is at another score).
+Bound: per bucket put_back's (_buckets.lua): one ZSCORE, and for one not in its index (or at
+       another score) a TYPE, an HGETALL, and an HGET and a ZADD where it counts messages.
 
 Movers, sweeps and thaws reach a bucket only through its space's index (<ns>index,
 <ns>cindex). An index evicted (under an allkeys-* maxmemory-policy) or deleted by hand would
@@ -26,25 +26,13 @@ local ns = ARGV[1]
 -- Under maxmemory too: an index member per bucket, so that its messages move, and free memory.
 past_maxmemory(ns .. 'totals')
 local now = clock(ARGV[2])
-local put_back, counted = 0, 0
+local put_back_n, counted = 0, 0
 for i = 3, #ARGV do
   local tag, start_s = split_bucket(ARGV[i])
   if start_s then
-    local s = space(ns, tag)
-    local score = redis.call('ZSCORE', s.index, start_s)
-    local misplaced = score ~= false and tonumber(score) ~= tonumber(start_s)
-    if score == false or misplaced then
-      local meta = s:meta(start_s)
-      local empty, _, n = drained_counts(meta)
-      if not empty or misplaced then
-        -- The index outlives the bucket's meta hash, as a publish keeps it (set_expiries).
-        local x = count_of(redis.call('HGET', meta, 'x') or '')
-        redis.call('ZADD', s.index, tonumber(start_s), start_s)
-        keep_until(s.index, now, math.max(now, x or 0) + 8 * DAY_MS)
-        put_back, counted = put_back + 1, counted + n
-      end
-    end
+    local b, n = put_back(space(ns, tag), start_s, now)
+    put_back_n, counted = put_back_n + b, counted + n
   end
 end
-if put_back > 0 then count_up(ns .. 'totals', 'reindexed', put_back) end
-return {put_back, counted}
+if put_back_n > 0 then count_up(ns .. 'totals', 'reindexed', put_back_n) end
+return {put_back_n, counted}
