@@ -382,8 +382,10 @@ class Mover:
                 return
 
     def _beat_in(self) -> float:
-        """Seconds until the next heartbeat is due: an interval shorter than ``max_sleep`` is kept."""
-        return max(0.0, self._last_beat + self.settings.heartbeat_interval_ms / 1000 - time.monotonic())
+        """Seconds from the last move call (where :meth:`_wait` counts from) until the next
+        heartbeat is due: an interval shorter than ``max_sleep`` is kept, and a longer one adds
+        no wake-up (counted from now, it woke the mover a call's time before its next look)."""
+        return max(0.0, self._last_beat + self.settings.heartbeat_interval_ms / 1000 - self._called_at)
 
     def _beat(self) -> None:
         """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""

@@ -829,7 +829,16 @@ def test_a_refused_publish_raises_what_plain_kombus_would_and_counts_no_bad_eta(
 
 @pytest.mark.parametrize(
     ("major", "command"),
-    [(7, "hgetall"), (7, "zcard"), (7, "del"), (7, "hset"), (6, "hgetall"), (6, "zcard")],
+    [
+        (7, "hgetall"),
+        (7, "zcard"),
+        (7, "del"),
+        (7, "hset"),
+        (6, "hgetall"),
+        (6, "zcard"),
+        (6, "exists"),
+        (6, "del"),
+    ],
     ids=lambda value: str(value),
 )
 def test_a_mover_refused_a_command_it_needs_stops_and_loses_nothing(
@@ -838,8 +847,9 @@ def test_a_mover_refused_a_command_it_needs_stops_and_loses_nothing(
     """A refused HGETALL or ZCARD was read as a bucket damaged by hand, and the bucket written
     off ("lost"), its messages left in Redis with nothing to move them; a thaw refused DEL or
     HSET, after it had taken its messages out of the cold space, lost them. On Redis 7 a mover
-    asks the ACL at each heartbeat, and a thaw before its first write: it stops, naming the
-    command, before it writes anything. Redis 6 cannot be asked: a refused read stops it too."""
+    asks the ACL at each heartbeat, and a thaw before its first write; Redis 6 cannot be asked,
+    and each command that can be tried without writing is tried: it stops, naming the command,
+    before it writes anything."""
     from tests.support.servers import binary_before, binary_from
 
     binary = binary_from(7) if major == 7 else binary_before(7)
@@ -860,11 +870,7 @@ def test_a_mover_refused_a_command_it_needs_stops_and_loses_nothing(
         assert "ACL" in output and command in output.lower(), output
         assert "were lost" not in output, output
         on_list = admin.lrange(QUEUE, 0, -1)
-        # Each message on its list or still stored, once; on Redis 7 nothing was even moved.
-        assert sorted(on_list + [s.envelope.payload for s in stored(admin)]) == sorted(
-            [f"{kind}-{n}".encode() for kind in "co" for n in range(3)]
-        )
-        assert major == 6 or on_list == []
+        assert on_list == [] and len(stored(admin)) == 6  # nothing moved, thawed or written off
         good = spawn(mover_args(server.delay_url, "--thaw-ahead", "600"), name="good")
         wait_until(lambda: admin.llen(QUEUE) == 3, timeout=DEADLINE_S)  # the ones due
         wait_until(lambda: not any(s.cold for s in stored(admin)), timeout=DEADLINE_S)  # thawed
@@ -888,7 +894,7 @@ def test_a_thaw_refused_a_command_after_the_heartbeat_asked_takes_nothing(comman
             for n in range(3):
                 due = Due(now + 120_000 + n, task_id=f"c-{n}")
                 store.schedule(due, QUEUE, f"c-{n}", Settings(compress_after_ms=60_000, thaw_ahead_ms=30_000))
-        with open_store(url) as narrow, pytest.raises(RedisPermissionError, match=command.upper()):
+        with open_store(url) as narrow, pytest.raises(RedisPermissionError, match=f"(?i){command}"):
             narrow.thaw(600_000, 100)
         assert [(s.envelope.payload, s.cold) for s in stored(admin)] == [
             (f"c-{n}".encode(), True) for n in range(3)

@@ -75,3 +75,9 @@ def test_a_heartbeat_interval_shorter_than_the_longest_sleep_is_kept(r, prefix):
     settings = Settings(max_sleep_ms=20_000, heartbeat_interval_ms=300)
     Recorded(Store(r, prefix=prefix), settings, watch=False).run()
     assert len(waits) == 1 and 0 < waits[0] <= 0.3, waits
+    # Counted from the last move call, where the wait counts from, not from now: counted from
+    # now, a heartbeat due at the next look (2 s, a look every second) woke the mover a call's
+    # time before that look, and the look came a moment later: half as many calls again idle.
+    idle = Mover(Store(r, prefix=prefix), Settings(), watch=False)
+    idle._last_beat, idle._called_at = 100.0, 101.0
+    assert idle._beat_in() == 1.0  # the next look, 1 s on, is when the beat is due: one wake

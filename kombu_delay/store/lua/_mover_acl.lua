@@ -3,8 +3,11 @@
 mover_refused(ns, thawing)
   The first command a mover's scripts need (the move, the thaw, the sweep, the clean-up) that
   this user's ACL refuses on the keys of namespace ``ns`` they would run it on, as {command,
-  key}; nil where every one is allowed, or where Redis cannot be asked (no acl_check_cmd:
-  Redis 6). Redis keeps a script's writes when it refuses a later command of the same call:
+  key}; nil where every one is allowed. Redis 6 has no acl_check_cmd to ask: there each
+  command that reads, or that writes nothing on a key that is not there, is tried on such a
+  key (<ns>acl-probe, which nothing writes), and a refusal of it is the ACL's; HSET, HSETNX,
+  HINCRBY, RPUSH and LPUSH, which would write, cannot be tried so. Redis keeps a script's
+  writes when it refuses a later command of the same call:
   a thaw refused DEL or HSET after it took its messages out of the cold space lost them, and
   a move or thaw refused HGETALL or ZCARD took a healthy bucket for a damaged one. So a mover
   asks at each heartbeat (heartbeat.lua: one refused stops it, naming the command, before
@@ -17,8 +20,27 @@ mover_refused(ns, thawing)
   Bound: a constant number of ACL checks, nothing read or written.
 ]]
 --- @include spaces
+local function probed_refusal(ns)
+  local key = ns .. 'acl-probe'
+  for _, call in ipairs({
+    {'TIME'}, {'HGETALL', key}, {'HGET', key, 'f'}, {'HMGET', key, 'f'}, {'HKEYS', key}, {'EXISTS', key},
+    {'ZRANGE', key, '0', '0'}, {'ZRANGEBYSCORE', key, '0', '1'}, {'ZSCORE', key, 'm'}, {'ZCARD', key},
+    {'ZCOUNT', key, '0', '1'}, {'LRANGE', key, '0', '0'}, {'PTTL', key}, {'DEL', key}, {'HDEL', key, 'f'},
+    {'ZREM', key, 'm'}, {'ZREMRANGEBYRANK', key, '1', '0'}, {'ZADD', key, 'XX', '0', 'm'},
+    {'PEXPIREAT', key, '1'}, {'LTRIM', key, '0', '0'},
+  }) do
+    local reply = redis.pcall(unpack(call))
+    -- (Redis 6's words for an ACL refusal in a script; a replica's READONLY, an OOM, is none)
+    if type(reply) == 'table' and reply.err
+        and string.find(reply.err, "The user executing the script can't", 1, true) then
+      return {call[1], call[2] or ''}
+    end
+  end
+  return nil
+end
+
 local function mover_refused(ns, thawing)
-  if not redis.acl_check_cmd then return nil end
+  if not redis.acl_check_cmd then return probed_refusal(ns) end
   local calls = {{'TIME'}}
   local function add(list)
     for _, call in ipairs(list) do calls[#calls + 1] = call end

@@ -115,6 +115,9 @@ local function finish(cursor)
     for _, key in ipairs({KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]}) do
       if redis.call('EXISTS', key) == 1 then keep_until(key, now, keep_shared) end
     end
+    -- The queues' other lists (note_lists in _put.lua), a hint: kept as long, where it is there.
+    local lists = ns .. 'lists'
+    if redis.pcall('EXISTS', lists) == 1 then pcall(keep_until, lists, now, keep_shared) end
   end
   if lost > 0 then count_up(KEYS[5], 'expired', lost) end
   return {renewed, lost, rebuilt, cursor}

@@ -53,20 +53,29 @@ local ns = ARGV[1]
 local refused_keys = wrong_types({{KEYS[6], 'list'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
                                   {KEYS[1], 'zset'}})
 if refused_keys then return refused_keys end
--- And a command the ACL refuses (asked on Redis 7; a mover's heartbeat asks too, but the ACL
--- may change between them): refused after the first ZREM, it lost the messages taken.
-local refused = mover_refused(ns, true)
-if refused then
-  return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
-    .. ', which a thaw needs; nothing was thawed')
-end
 -- The first write may grow memory, so that under maxmemory Redis refuses the whole call, as
 -- it refuses a publish: a thaw makes each message about four times larger. (ZADD XX of a
 -- member that is not there writes nothing.) Moves, which free memory, go on meanwhile; where
 -- nothing but compressed messages is due, there are none, and the caller thaws those due now
 -- past maxmemory (ARGV[4]), so that they reach their queues and the consumers free memory.
 local FIRST = 5  -- the first message's group in ARGV
+-- And a command the ACL refuses (a mover's heartbeat asks too, but the ACL may change between
+-- them): refused after the first ZREM, it lost the messages taken. Redis 7 is asked before
+-- anything; Redis 6, asked by running commands (mover_refused in _mover_acl.lua), after the
+-- write below, which decides whether maxmemory refuses the call: one before it would let the
+-- call past maxmemory.
+local function refusal()
+  local refused = mover_refused(ns, true)
+  if refused then
+    return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
+      .. ', which a thaw needs; nothing was thawed')
+  end
+end
+local refused = redis.acl_check_cmd and refusal()
+if refused then return refused end
 if ARGV[4] == '1' then past_maxmemory(KEYS[4]) else redis.call('ZADD', KEYS[5], 'XX', 0, '') end
+refused = not redis.acl_check_cmd and refusal()
+if refused then return refused end
 local now = clock(ARGV[3])
 local thawed, dead, merged, gone, recounted = 0, 0, 0, 0, 0
 local cold = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, 'c')
