@@ -186,3 +186,21 @@ def test_a_sweep_under_maxmemory_still_pushes_the_expiry_out(tmp_path):
         start = keys.bucket_start(clock() - 3 * HOUR + 1000, SHORT.bucket_width_ms)
         at = expires_at(client, keys.queue_set("", start, "q"))
         assert at is not None and at >= clock() + HOUR - 5
+
+
+def test_the_sweep_keeps_the_hash_of_a_held_x_expires_queues_other_lists(r, prefix):
+    """The hash that names an x-expires queue's other lists (renewed with its list when a
+    message is pushed) is kept a day past its buckets, as the shared hashes are: a message held
+    longer than that (a full list) outlived it, and its push renewed its own list only."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    q = f"{prefix}q"
+    others = [f"{q}{keys.KOMBU_PRIORITY_SEP}3"]
+    store.schedule(
+        Due(clock() + 1000, task_id="held"), q, kombu_payload("held"), SHORT, 600_000, siblings=others
+    )
+    clock.advance(30 * 60_000)  # half its grace gone: the sweep renews it
+    r.pexpire(keys.lists(prefix), 1000)  # as a day on from its bucket's grace, held all along
+    renewed, _, _ = sweep_all(store)
+    assert renewed == 1
+    assert r.pttl(keys.lists(prefix)) > 86_400_000
