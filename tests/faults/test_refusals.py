@@ -834,10 +834,13 @@ def test_a_refused_publish_raises_what_plain_kombus_would_and_counts_no_bad_eta(
         (7, "zcard"),
         (7, "del"),
         (7, "hset"),
+        (7, "time"),
+        (7, "zremrangebyscore"),
         (6, "hgetall"),
         (6, "zcard"),
         (6, "exists"),
         (6, "del"),
+        (6, "time"),
     ],
     ids=lambda value: str(value),
 )

@@ -26,8 +26,8 @@ local function probed_refusal(ns)
     {'TIME'}, {'HGETALL', key}, {'HGET', key, 'f'}, {'HMGET', key, 'f'}, {'HKEYS', key}, {'EXISTS', key},
     {'ZRANGE', key, '0', '0'}, {'ZRANGEBYSCORE', key, '0', '1'}, {'ZSCORE', key, 'm'}, {'ZCARD', key},
     {'ZCOUNT', key, '0', '1'}, {'LRANGE', key, '0', '0'}, {'PTTL', key}, {'DEL', key}, {'HDEL', key, 'f'},
-    {'ZREM', key, 'm'}, {'ZREMRANGEBYRANK', key, '1', '0'}, {'ZADD', key, 'XX', '0', 'm'},
-    {'PEXPIREAT', key, '1'}, {'LTRIM', key, '0', '0'},
+    {'ZREM', key, 'm'}, {'ZREMRANGEBYRANK', key, '1', '0'}, {'ZREMRANGEBYSCORE', key, '1', '0'},
+    {'ZADD', key, 'XX', '0', 'm'}, {'PEXPIREAT', key, '1'}, {'LTRIM', key, '0', '0'},
   }) do
     local reply = redis.pcall(unpack(call))
     -- (Redis 6's words for an ACL refusal in a script; a replica's READONLY, an OOM, is none)
@@ -46,7 +46,9 @@ local function mover_refused(ns, thawing)
     for _, call in ipairs(list) do calls[#calls + 1] = call end
   end
   local totals, counts, ids, gc = ns .. 'totals', ns .. 'counts', ns .. 'ids', ns .. 'gc'
-  add({{'HGET', totals, 'f'}, {'HSET', totals, 'f', 'v'}, {'HINCRBY', totals, 'f', '1'},
+  local movers = ns .. 'movers'
+  add({{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PTTL', movers},
+       {'PEXPIREAT', movers, '1'},{'HGET', totals, 'f'}, {'HSET', totals, 'f', 'v'}, {'HINCRBY', totals, 'f', '1'},
        {'PTTL', totals}, {'PEXPIREAT', totals, '1'},
        {'HGET', counts, 'f'}, {'HINCRBY', counts, 'f', '1'}, {'HDEL', counts, 'f'}, {'HKEYS', counts},
        {'HGET', ids, 'f'}, {'HMGET', ids, 'f'}, {'HSET', ids, 'f', 'v'}, {'HDEL', ids, 'f'},

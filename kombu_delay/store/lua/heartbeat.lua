@@ -11,8 +11,8 @@ ARGV[5] ns            optional: the key namespace, whose keys this user's ACL is
                       (mover_refused in _mover_acl.lua)
 Returns: {now_ms, format}: the format found, or ARGV[4] when none was recorded yet (it is
          recorded then). When another one is found nothing is written: the mover stops.
-         {now_ms, format, command, key} where the ACL refuses a command a mover needs on a
-         key it would run it on: nothing is written, and the mover stops.
+         {0, format, command, key} where the ACL refuses a command a mover needs on a key it
+         would run it on: nothing is written, and the mover stops.
 Both keys live at least forget_after past the latest heartbeat (then every mover in movers
 would be dropped as dead anyway), and totals as long as a bucket's keys too (put, in
 _put.lua): a namespace nothing uses leaves no key behind.
@@ -24,9 +24,9 @@ local movers, totals = KEYS[1], KEYS[2]
 local mover_id = ARGV[1]
 local forget_after = tonumber(ARGV[2])
 local format = ARGV[4]
+local refused = ARGV[5] and mover_refused(ARGV[5])  -- (before TIME: a refused one is named too)
+if refused then return {0, format, refused[1], refused[2]} end
 local now = clock(ARGV[3])
-local refused = ARGV[5] and mover_refused(ARGV[5])
-if refused then return {now, format, refused[1], refused[2]} end
 local found = redis.call('HGET', totals, 'format')
 if found and found ~= format then return {now, found} end
 -- Trim first: Redis refuses a script whose first write may grow memory (ZADD) while
