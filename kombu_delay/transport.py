@@ -60,16 +60,16 @@ from kombu_delay.store.replies import Scheduled
 
 logger = logging.getLogger(__name__)
 
-#: The namespaces this process has asked whether a mover serves them: (pid, broker, prefix).
-#: Asked once, inside the first delayed publish's own script call, so no publish pays a round
-#: trip for it. A forked child (a prefork worker publishing retries) asks again.
+#: The namespaces this process has asked whether a mover serves them: (pid, broker, prefix), once,
+#: in the first delayed publish's own script call (a forked child asks again).
 _asked: set[tuple[int, str, str]] = set()
 _asked_lock = threading.Lock()
 #: Set once a queue size could not read the delayed counts, and said so (once per process).
 _size_refusal_told = threading.Event()
 #: Set once a deleted queue's delayed messages could not be deleted with it, and said so.
 _delete_refusal_told = threading.Event()
-#: The fanout exchanges this process has said deliver a delayed message at once.
+#: The fanout exchanges this process has said deliver a delayed message at once: at most
+#: 1,000, then begun afresh (an app that names an exchange per message is told again).
 _fanouts_told: set[str] = set()
 
 SCHEMES = {
@@ -106,12 +106,8 @@ class DelayChannelMixin:
         applies ``global_keyprefix`` itself (kombu's client would prefix ``KEYS[1]`` only)."""
         if self._delay_store is None:
             client = redis.Redis(connection_pool=self.pool)  # type: ignore[attr-defined]
-            self._delay_store = Store(
-                client,
-                self.global_keyprefix,  # type: ignore[attr-defined]
-                str(self.sep),  # type: ignore[attr-defined]
-                steps=self.priority_steps,  # type: ignore[attr-defined]
-            )
+            prefix, sep = self.global_keyprefix, str(self.sep)  # type: ignore[attr-defined]
+            self._delay_store = Store(client, prefix, sep, steps=self.priority_steps)  # type: ignore[attr-defined]
         return self._delay_store
 
     @property
@@ -139,6 +135,8 @@ class DelayChannelMixin:
             self._tell_bad_eta(bad, message, batched)
         if asked:
             if exchange not in _fanouts_told:
+                if len(_fanouts_told) >= 1000:
+                    _fanouts_told.clear()
                 _fanouts_told.add(exchange)
                 logger.warning(
                     "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so "

@@ -94,3 +94,17 @@ def test_inspect_scheduled_does_not_see_delayed_tasks_held_in_redis(r, redis_ser
     assert seen == {held_by_worker}
     assert sum(Store(r).counts().values()) == 1  # the delayed one waits in Redis
     assert held_in_redis not in seen
+
+
+def test_the_fanout_exchanges_told_are_bounded(redis_server, caplog):
+    # One name a message (an exchange per tenant or session) grew the set of those told for
+    # the life of the process: 20,000 names, 20,000 entries.
+    from kombu_delay import transport
+
+    transport._fanouts_told.clear()
+    with Connection(redis_server.delay_url) as conn, caplog.at_level(logging.ERROR):
+        producer = conn.Producer(serializer="json")
+        for n in range(1_500):
+            exchange = Exchange(f"told-{n}", type="fanout")
+            producer.publish({"n": n}, exchange=exchange, declare=[exchange], headers={"x-delay": 1000})
+    assert 0 < len(transport._fanouts_told) <= 1_000
