@@ -70,6 +70,8 @@ class StoreBase:
         self._totals = keys.totals(prefix)
         #: True once this store saw the data in its own storage format (see :meth:`check_format`).
         self._format_checked = False
+        #: True once a heartbeat tried the commands a mover needs (Redis 6: ``_mover_acl.lua``).
+        self._acl_probed = False
         #: The server's ``proto-max-bulk-len`` as last read (0: it does not say, asked no more;
         #: None: it could not say then), and when (monotonic seconds).
         self._bulk_limit: tuple[int | None, float] | None = None

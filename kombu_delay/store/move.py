@@ -337,7 +337,14 @@ class Moving(StoreBase):
         with translated_errors():
             now, found, *refused = self._scripts["heartbeat"](
                 keys=[keys.movers(self.prefix), self._totals],
-                args=[mover_id, forget_after_ms, self._now(now_ms), keys.FORMAT, self.ns],
+                args=[
+                    mover_id,
+                    forget_after_ms,
+                    self._now(now_ms),
+                    keys.FORMAT,
+                    self.ns,
+                    int(not self._acl_probed),
+                ],
             )
         if refused:
             command, key = (as_text(part) for part in refused)
@@ -346,6 +353,7 @@ class Moving(StoreBase):
                 "ACL line in the docs' Security page); nothing was moved"
             )
         format_must_be(as_text(found), self.prefix)
+        self._acl_probed = True
         return int(now)
 
     def forget_mover(self, mover_id: str) -> None:

@@ -902,3 +902,37 @@ def test_a_thaw_refused_a_command_after_the_heartbeat_asked_takes_nothing(comman
         assert [(s.envelope.payload, s.cold) for s in stored(admin)] == [
             (f"c-{n}".encode(), True) for n in range(3)
         ]
+
+
+def test_on_redis_6_the_commands_are_tried_once_on_keys_of_their_kind_and_miss_nothing_more() -> None:
+    """Redis 6 cannot be asked, so a mover tries the commands it needs: it tried them on a key
+    of its own that a user whose patterns name each kind of key may not touch (refused, on
+    Redis 6 only), and at every heartbeat, each read a miss in keyspace_misses (12 a beat)."""
+    from tests.support.servers import binary_before
+
+    with RedisServer(binary=binary_before(7)) as server:
+        admin = server.client()
+        kinds = [
+            "index",
+            "cindex",
+            "m:*",
+            "cm:*",
+            "z:*",
+            "cz:*",
+            "t:*",
+            "gc",
+            "ids",
+            "counts",
+            "totals",
+            "movers",
+        ]
+        patterns = [f"~app1:kombu_delay:{kind}" for kind in kinds]
+        admin.execute_command("ACL", "SETUSER", "fine", "on", ">pw", "resetkeys", *patterns, "+@all")
+        store = Store(redis.Redis(port=server.port, username="fine", password="pw"), "app1:")
+        store.heartbeat("m")  # tried, and allowed
+        misses = admin.info("stats")["keyspace_misses"]
+        for _ in range(5):
+            store.heartbeat("m")
+        assert admin.info("stats")["keyspace_misses"] == misses
+        assert admin.dbsize() == 2  # the heartbeat's own keys (movers, totals): the tries wrote nothing
+        store.client.close()

@@ -9,6 +9,8 @@ ARGV[3] now_ms        epoch ms to judge by; '' = Redis TIME (tests drive time th
 ARGV[4] format        the storage format this mover reads and writes (keys.py FORMAT)
 ARGV[5] ns            optional: the key namespace, whose keys this user's ACL is asked about
                       (mover_refused in _mover_acl.lua)
+ARGV[6] probe         "1": on Redis 6, which cannot be asked, the commands are tried instead
+                      (a mover's first heartbeat)
 Returns: {now_ms, format}: the format found, or ARGV[4] when none was recorded yet (it is
          recorded then). When another one is found nothing is written: the mover stops.
          {0, format, command, key} where the ACL refuses a command a mover needs on a key it
@@ -24,7 +26,7 @@ local movers, totals = KEYS[1], KEYS[2]
 local mover_id = ARGV[1]
 local forget_after = tonumber(ARGV[2])
 local format = ARGV[4]
-local refused = ARGV[5] and mover_refused(ARGV[5])  -- (before TIME: a refused one is named too)
+local refused = ARGV[5] and mover_refused(ARGV[5], false, ARGV[6] == '1')  -- (before TIME: a refused one is named too)
 if refused then return {0, format, refused[1], refused[2]} end
 local now = clock(ARGV[3])
 local found = redis.call('HGET', totals, 'format')

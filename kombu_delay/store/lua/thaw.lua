@@ -65,7 +65,7 @@ local FIRST = 5  -- the first message's group in ARGV
 -- write below, which decides whether maxmemory refuses the call: one before it would let the
 -- call past maxmemory.
 local function refusal()
-  local refused = mover_refused(ns, true)
+  local refused = mover_refused(ns, true, true)
   if refused then
     return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
       .. ', which a thaw needs; nothing was thawed')
