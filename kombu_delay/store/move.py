@@ -331,8 +331,8 @@ class Moving(StoreBase):
 
         Raises :class:`StorageFormatError`, writing nothing, when the data is in another
         storage format, and :class:`RedisPermissionError` when this user's ACL refuses a
-        command a mover needs (Redis 7: ``_mover_acl.lua``): a mover's first heartbeat comes
-        before its first move, and one comes every few seconds after.
+        command a mover needs (``_mover_acl.lua``: asked at each heartbeat on Redis 7, tried at
+        the first on Redis 6): a mover's first heartbeat comes before its first move.
         """
         with translated_errors():
             now, found, *refused = self._scripts["heartbeat"](
