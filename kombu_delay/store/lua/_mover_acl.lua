@@ -66,8 +66,8 @@ local function mover_refused(ns, thawing, probe)
   local totals, counts, ids, gc = ns .. 'totals', ns .. 'counts', ns .. 'ids', ns .. 'gc'
   local movers = ns .. 'movers'
   add({{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PTTL', movers},
-       {'PEXPIREAT', movers, '1'},{'HGET', totals, 'f'}, {'HSET', totals, 'f', 'v'}, {'HINCRBY', totals, 'f', '1'},
-       {'PTTL', totals}, {'PEXPIREAT', totals, '1'},
+       {'PEXPIREAT', movers, '1'}, {'HGET', totals, 'f'}, {'HSET', totals, 'f', 'v'},
+       {'HINCRBY', totals, 'f', '1'}, {'PTTL', totals}, {'PEXPIREAT', totals, '1'},
        {'HGET', counts, 'f'}, {'HINCRBY', counts, 'f', '1'}, {'HDEL', counts, 'f'}, {'HKEYS', counts},
        {'HGET', ids, 'f'}, {'HMGET', ids, 'f'}, {'HSET', ids, 'f', 'v'}, {'HDEL', ids, 'f'},
        {'ZADD', gc, '0', 'm'}, {'ZREM', gc, 'm'}, {'ZRANGEBYSCORE', gc, '0', '1'}, {'PTTL', gc},

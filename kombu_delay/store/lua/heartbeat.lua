@@ -26,7 +26,8 @@ local movers, totals = KEYS[1], KEYS[2]
 local mover_id = ARGV[1]
 local forget_after = tonumber(ARGV[2])
 local format = ARGV[4]
-local refused = ARGV[5] and mover_refused(ARGV[5], false, ARGV[6] == '1')  -- (before TIME: a refused one is named too)
+-- Before TIME, so that a refusal of it is named too.
+local refused = ARGV[5] and mover_refused(ARGV[5], false, ARGV[6] == '1')
 if refused then return {0, format, refused[1], refused[2]} end
 local now = clock(ARGV[3])
 local found = redis.call('HGET', totals, 'format')
