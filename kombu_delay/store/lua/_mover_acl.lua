@@ -4,10 +4,10 @@ mover_refused(ns, thawing, probe)
   The first command a mover's scripts need (the move, the thaw, the sweep, the clean-up) that
   this user's ACL refuses on the keys of namespace ``ns`` they would run it on, as {command,
   key}; nil where every one is allowed. Redis 6 has no acl_check_cmd to ask: there, only with
-  ``probe``, each command that reads, or that writes nothing on a key that is not there, is
-  run on a key of its kind that no script writes (the bucket of 1970: a message due then is
-  pushed at once), a refusal of it being the ACL's; HSET, HSETNX, HINCRBY, RPUSH and LPUSH,
-  which would write, cannot be tried so. Each read of a missing key counts in Redis's
+  ``probe``, each command that reads, or that writes nothing (on a key of its kind that no
+  script writes, the bucket of 1970: a message due then is pushed at once; or a member no
+  script writes), is run so, a refusal of it being the ACL's; HSET, HSETNX, HINCRBY, RPUSH and
+  LPUSH, which would write, cannot be tried so. Each read of a missing key counts in Redis's
   keyspace_misses, so a mover probes once at its start and then at each thaw, not at every
   heartbeat. Redis keeps a script's writes when it refuses a later command of the same call:
   a thaw refused DEL or HSET after it took its messages out of the cold space lost them, and
@@ -23,74 +23,63 @@ mover_refused(ns, thawing, probe)
   constant number of commands that change nothing).
 ]]
 --- @include spaces
-local function probed_refusal(ns)
-  local shared = {ns .. 'ids', ns .. 'counts', ns .. 'totals'}
-  local calls = {{'TIME'}, {'ZRANGE', ns .. 'gc', '0', '0'}, {'ZRANGEBYSCORE', ns .. 'gc', '0', '1'}}
-  for _, key in ipairs(shared) do
-    calls[#calls + 1] = {'HGET', key, 'f'}
-    calls[#calls + 1] = {'PTTL', key}
+-- The calls mover_refused asks about, each as {command, key, args...}: those of ``tried``
+-- also run on Redis 6 as they are (a read, or a write of nothing on a key no script writes).
+local function mover_calls(ns, thawing)
+  local asked, tried = {}, {{'TIME'}}
+  local function add(list, calls)
+    for _, call in ipairs(calls) do list[#list + 1] = call end
   end
+  local totals, counts, ids, gc = ns .. 'totals', ns .. 'counts', ns .. 'ids', ns .. 'gc'
+  local movers = ns .. 'movers'
+  add(asked, {{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PEXPIREAT', movers, '1'},
+              {'HSET', totals, 'f', 'v'}, {'HINCRBY', totals, 'f', '1'}, {'PEXPIREAT', totals, '1'},
+              {'HINCRBY', counts, 'f', '1'}, {'HDEL', counts, 'f'}, {'HKEYS', counts},
+              {'HMGET', ids, 'f'}, {'HSET', ids, 'f', 'v'}, {'HDEL', ids, 'f'},
+              {'ZADD', gc, '0', 'm'}, {'PEXPIREAT', gc, '1'}})
+  add(tried, {{'PTTL', movers}, {'HGET', totals, 'f'}, {'PTTL', totals}, {'HGET', counts, 'f'},
+              {'HGET', ids, 'f'}, {'ZREM', gc, 'm'}, {'ZRANGEBYSCORE', gc, '0', '1'}, {'PTTL', gc}})
+  if thawing then add(asked, {{'LPUSH', ns .. 'dead', 'v'}}) end
   for _, tag in ipairs({'', 'c'}) do
     local s = space(ns, tag)
-    local meta, zset, tasks = s:meta('0'), s:zset('0', 'q'), s:tasks('0')
-    for _, call in ipairs({
-      {'ZRANGE', s.index, '0', '0'}, {'ZRANGEBYSCORE', s.index, '0', '1'}, {'ZREM', s.index, '0'},
-      {'HGETALL', meta}, {'HGET', meta, 'f'}, {'HMGET', meta, 'f'}, {'HKEYS', meta}, {'EXISTS', meta},
-      {'PTTL', meta}, {'HDEL', meta, 'f'}, {'DEL', meta}, {'PEXPIREAT', meta, '1'},
-      {'ZRANGE', zset, '0', '0'}, {'ZRANGEBYSCORE', zset, '0', '1'}, {'ZSCORE', zset, 'm'}, {'ZCARD', zset},
-      {'ZCOUNT', zset, '0', '1'}, {'ZREM', zset, 'm'}, {'ZREMRANGEBYRANK', zset, '1', '0'},
-      {'ZREMRANGEBYSCORE', zset, '1', '0'}, {'ZADD', zset, 'XX', '0', 'm'}, {'DEL', zset},
-    }) do calls[#calls + 1] = call end
+    local meta, zset, tasks = s:meta('0'), s:zset('0', 'q'), s:tasks('0')  -- (the bucket of 1970)
+    add(asked, {{'ZADD', s.index, '0', 'm'}, {'PEXPIREAT', s.index, '1'},
+                {'HSET', meta, 'f', 'v'}, {'HSETNX', meta, 'f', 'v'}, {'HINCRBY', meta, 'f', '1'}})
+    add(tried, {{'ZRANGE', s.index, '0', '0'}, {'ZRANGEBYSCORE', s.index, '0', '1'}, {'ZREM', s.index, 'm'},
+                {'PTTL', s.index}, {'HGETALL', meta}, {'HGET', meta, 'f'}, {'HMGET', meta, 'f'},
+                {'HKEYS', meta}, {'EXISTS', meta}, {'PTTL', meta}, {'HDEL', meta, 'f'}, {'DEL', meta},
+                {'PEXPIREAT', meta, '1'},
+                {'ZRANGE', zset, '0', '0'}, {'ZRANGEBYSCORE', zset, '0', '1'}, {'ZSCORE', zset, 'm'},
+                {'ZCARD', zset}, {'ZCOUNT', zset, '0', '1'}, {'EXISTS', zset},
+                {'ZADD', zset, 'XX', '0', 'm'}, {'ZREM', zset, 'm'}, {'ZREMRANGEBYRANK', zset, '1', '0'},
+                {'DEL', zset}, {'PEXPIREAT', zset, '1'}})
     if tasks then
-      calls[#calls + 1] = {'LRANGE', tasks, '0', '0'}
-      calls[#calls + 1] = {'LTRIM', tasks, '0', '0'}
+      add(asked, {{'RPUSH', tasks, 'v'}})
+      add(tried, {{'LRANGE', tasks, '0', '0'}, {'LTRIM', tasks, '0', '0'}, {'EXISTS', tasks},
+                  {'DEL', tasks}, {'PEXPIREAT', tasks, '1'}})
     end
   end
-  for _, call in ipairs(calls) do
+  return asked, tried
+end
+
+local function mover_refused(ns, thawing, probe)
+  local asked, tried = mover_calls(ns, thawing)
+  if redis.acl_check_cmd then
+    for _, calls in ipairs({tried, asked}) do
+      for _, call in ipairs(calls) do
+        if not redis.acl_check_cmd(unpack(call)) then return {call[1], call[2] or ''} end
+      end
+    end
+    return nil
+  end
+  if not probe then return nil end
+  for _, call in ipairs(tried) do
     local reply = redis.pcall(unpack(call))
     -- (Redis 6's words for an ACL refusal in a script; a replica's READONLY, an OOM, is none)
     if type(reply) == 'table' and reply.err
         and string.find(reply.err, "The user executing the script can't", 1, true) then
       return {call[1], call[2] or ''}
     end
-  end
-  return nil
-end
-
-local function mover_refused(ns, thawing, probe)
-  if not redis.acl_check_cmd then return probe and probed_refusal(ns) or nil end
-  local calls = {{'TIME'}}
-  local function add(list)
-    for _, call in ipairs(list) do calls[#calls + 1] = call end
-  end
-  local totals, counts, ids, gc = ns .. 'totals', ns .. 'counts', ns .. 'ids', ns .. 'gc'
-  local movers = ns .. 'movers'
-  add({{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PTTL', movers},
-       {'PEXPIREAT', movers, '1'}, {'HGET', totals, 'f'}, {'HSET', totals, 'f', 'v'},
-       {'HINCRBY', totals, 'f', '1'}, {'PTTL', totals}, {'PEXPIREAT', totals, '1'},
-       {'HGET', counts, 'f'}, {'HINCRBY', counts, 'f', '1'}, {'HDEL', counts, 'f'}, {'HKEYS', counts},
-       {'HGET', ids, 'f'}, {'HMGET', ids, 'f'}, {'HSET', ids, 'f', 'v'}, {'HDEL', ids, 'f'},
-       {'ZADD', gc, '0', 'm'}, {'ZREM', gc, 'm'}, {'ZRANGEBYSCORE', gc, '0', '1'}, {'PTTL', gc},
-       {'PEXPIREAT', gc, '1'}})
-  if thawing then add({{'LPUSH', ns .. 'dead', 'v'}}) end
-  for _, tag in ipairs({'', 'c'}) do
-    local s = space(ns, tag)
-    local meta, zset, tasks = s:meta('0'), s:zset('0', 'q'), s:tasks('0')
-    add({{'ZRANGE', s.index, '0', '0'}, {'ZRANGEBYSCORE', s.index, '0', '1'}, {'ZADD', s.index, '0', 'm'},
-         {'ZREM', s.index, 'm'}, {'PTTL', s.index}, {'PEXPIREAT', s.index, '1'},
-         {'HGETALL', meta}, {'HGET', meta, 'f'}, {'HMGET', meta, 'f'}, {'HSET', meta, 'f', 'v'},
-         {'HSETNX', meta, 'f', 'v'}, {'HDEL', meta, 'f'}, {'HINCRBY', meta, 'f', '1'}, {'EXISTS', meta},
-         {'DEL', meta}, {'PEXPIREAT', meta, '1'},
-         {'ZRANGE', zset, '0', '0'}, {'ZRANGEBYSCORE', zset, '0', '1'}, {'ZSCORE', zset, 'm'},
-         {'ZCARD', zset}, {'ZCOUNT', zset, '0', '1'}, {'ZADD', zset, '0', 'm'}, {'ZREM', zset, 'm'},
-         {'ZREMRANGEBYRANK', zset, '1', '0'}, {'EXISTS', zset}, {'DEL', zset}, {'PEXPIREAT', zset, '1'}})
-    if tasks then
-      add({{'LRANGE', tasks, '0', '0'}, {'LTRIM', tasks, '0', '0'}, {'RPUSH', tasks, 'v'}, {'EXISTS', tasks},
-           {'DEL', tasks}, {'PEXPIREAT', tasks, '1'}})
-    end
-  end
-  for _, call in ipairs(calls) do
-    if not redis.acl_check_cmd(unpack(call)) then return {call[1], call[2] or ''} end
   end
   return nil
 end
