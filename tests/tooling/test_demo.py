@@ -6,12 +6,14 @@ when every task ran exactly once and none reached the worker before its ETA.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -94,30 +96,38 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_a_demo_killed_outright_leaves_none_of_its_processes_running():
-    # SIGKILL gives the demo no chance to stop its children: its Redis, mover and worker ran on.
+@contextlib.contextmanager
+def _demo_running(env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A quiet demo, and its children (its Redis, mover and worker) once all three are up; on the
+    way out, whatever of them a failed test left running is stopped, by PID."""
     from tests.support.procs import wait_until
 
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    proc = subprocess.Popen(DEMO, cwd=ROOT, **quiet)  # type: ignore[call-overload]
+    proc = subprocess.Popen(DEMO, cwd=ROOT, env=env, **quiet)  # type: ignore[call-overload]
     children: list[int] = []
-
-    def three_children() -> list[int] | None:
-        found = _children(proc.pid)
-        return found if len(found) >= 3 else None
-
     try:
-        children = wait_until(three_children, timeout=120)  # type: ignore[assignment]
-        proc.kill()
-        proc.wait()
-        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+        found = wait_until(
+            lambda: _children(proc.pid) if len(_children(proc.pid)) >= 3 else None, timeout=120
+        )
+        children.extend(found)  # type: ignore[call-overload]
+        yield proc, children
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for pid in filter(_alive, children):  # only on failure: ours to stop, by PID
             os.kill(pid, 9)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_demo_killed_outright_leaves_none_of_its_processes_running():
+    # SIGKILL gives the demo no chance to stop its children: its Redis, mover and worker ran on.
+    from tests.support.procs import wait_until
+
+    with _demo_running() as (proc, children):
+        proc.kill()
+        proc.wait()
+        wait_until(lambda: not any(map(_alive, children)), timeout=120)
 
 
 def test_a_demo_whose_terminal_closes_stops_everything_and_leaves_no_directory(tmp_path):
@@ -125,22 +135,9 @@ def test_a_demo_whose_terminal_closes_stops_everything_and_leaves_no_directory(t
     # the parent-death signal, but its directory (the AOF and the logs) stayed behind.
     from tests.support.procs import wait_until
 
-    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen(DEMO, cwd=ROOT, env=env, **quiet)  # type: ignore[call-overload]
-    children: list[int] = []
-    try:
-        children = wait_until(
-            lambda: _children(proc.pid) if len(_children(proc.pid)) >= 3 else None, timeout=120
-        )  # type: ignore[assignment]
+    with _demo_running({**os.environ, "TMPDIR": str(tmp_path)}) as (proc, children):
         assert next(p.name for p in tmp_path.iterdir()).startswith("kombu-delay-demo-")
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(timeout=120) == 130
         wait_until(lambda: not any(map(_alive, children)), timeout=120)
         assert list(tmp_path.iterdir()) == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in filter(_alive, children):  # only on failure: ours to stop, by PID
-            os.kill(pid, 9)
