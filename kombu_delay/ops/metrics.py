@@ -9,7 +9,8 @@ Series (counters carry the ``_total`` suffix on the wire):
   thousands of short-lived queues cost a few hundred series, not one each.
 * ``kombu_delay_moved_total``: counter, messages moved onto their queue lists.
 * ``kombu_delay_lateness_seconds``: histogram, due time to LPUSH of each moved message.
-* ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited.
+* ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited,
+  in either space (a compressed one is read every :data:`COLD_REFRESH_S`).
 * ``kombu_delay_last_move_timestamp_seconds``: gauge, Unix time of the last call that moved
   something; ``kombu_delay_last_pass_timestamp_seconds``: of the last successful move call
   (moving or not), the liveness signal to alert on.
@@ -36,7 +37,7 @@ import redis
 
 from kombu_delay.mover.threads import stop_signals_blocked
 from kombu_delay.mover.watch import Findings
-from kombu_delay.store import Store
+from kombu_delay.store import Store, spaces
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: How often, at most, the per-queue scheduled counts are re-read, seconds.
 SCHEDULED_REFRESH_S = 1.0
+#: How often, at most, the compressed space is read for a message overdue there, seconds.
+COLD_REFRESH_S = 5.0
 #: Most queues with a ``kombu_delay_scheduled_messages`` series of their own.
 MAX_QUEUE_SERIES = 200
 #: How long a queue that emptied keeps reading 0 before its series is dropped, seconds.
@@ -120,6 +123,10 @@ class MoverMetrics:
         self.registry = prom.CollectorRegistry()
         self._series = QueueSeries()
         self._last_refresh = float("-inf")
+        #: The due time of the first compressed message not thawed yet (epoch ms), as last read
+        #: (:meth:`read_cold_due`, every :data:`COLD_REFRESH_S`); ``None``: none.
+        self._cold_due_ms: int | None = None
+        self._last_cold_read = float("-inf")
         self._define_counters(prom)
         self._define_gauges(prom)
 
@@ -204,12 +211,26 @@ class MoverMetrics:
                 self.lateness.observe(ms / 1000)
         if result.expired:
             self.expired.inc(result.expired)
-        waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
-        self.overdue_age.set((result.now_ms - result.next_due_ms) / 1000 if waiting else 0)  # type: ignore[operator]
         now = time.monotonic()
+        if now - self._last_cold_read >= COLD_REFRESH_S:
+            self._last_cold_read = now
+            self.read_cold_due()
+        dues = [d for d in (result.next_due_ms, self._cold_due_ms) if d is not None and d <= result.now_ms]
+        self.overdue_age.set((result.now_ms - min(dues)) / 1000 if dues else 0)
         if now - self._last_refresh >= SCHEDULED_REFRESH_S:
             self._last_refresh = now
             self.collect_scheduled()
+
+    def read_cold_due(self) -> None:
+        """Re-read the due time of the first compressed message not thawed yet: one due by now
+        is overdue (its thaw fails, or lags), though no move sees it."""
+        if self.store is None:
+            return
+        try:
+            self._cold_due_ms = self.store.earliest_due_ms((spaces.COLD,))
+        except Exception as exc:
+            self.on_error(exc)
+            logger.debug("metrics: reading the compressed space failed", exc_info=True)
 
     def collect_scheduled(self) -> None:
         """Re-read the per-queue scheduled counts (bounded series: :class:`QueueSeries`)."""

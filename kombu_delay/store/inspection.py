@@ -197,15 +197,15 @@ class Inspecting(StoreBase):
             raw: list[Any] = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
         return {as_text(member): keys.due_of(score) for member, score in raw}  # (±inf: by hand)
 
-    def earliest_due_ms(self) -> int | None:
+    def earliest_due_ms(self, among: tuple[spaces.Space, ...] = spaces.ALL) -> int | None:
         """Return the due time of the earliest scheduled message, or ``None``.
 
         A bucket whose messages vanished (expired or deleted) is reported by its start,
         so an unreconciled bucket shows up as overdue rather than hiding. Compressed messages
-        (the cold space) count too.
+        (the cold space) count too, unless ``among`` (the spaces read) leaves it out.
         """
         with translated_errors():
-            dues = [d for d in map(self._first_due, spaces.ALL) if d is not None]
+            dues = [d for d in map(self._first_due, among) if d is not None]
         return min(dues) if dues else None
 
     def _first_due(self, space: spaces.Space) -> int | None:

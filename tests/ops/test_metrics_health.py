@@ -425,3 +425,31 @@ def test_a_mover_killed_an_hour_ago_is_not_counted_as_running(r, redis_server, p
     assert code == 0 and "movers 1 (1 more silent for over 30 s)," in out, out
     code, out = kd(redis_server, prefix, "stats")
     assert code == 0 and "movers     1 (1 more silent for over 30 s), last heartbeat" in out, out
+
+
+def test_the_overdue_gauge_sees_a_compressed_message_whose_thaw_lags(r, prefix):
+    # The gauge read the ordinary space only, from each move: a compressed message overdue
+    # because no thaw ran read 0, and the documented overdue alert never fired for it.
+    prom = pytest.importorskip("prometheus_client")
+    from kombu_delay.ops.metrics import MoverMetrics
+
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    settings = Settings(compress_after_ms=2050, thaw_ahead_ms=2000)
+    due = clock() + 2100
+    store.schedule(Due(due, task_id="cold"), f"{prefix}q", kombu_payload("cold"), settings)
+    assert r.zcard(keys.cold_index(prefix)) == 1
+
+    def gauge() -> float:
+        metrics = MoverMetrics(store, prom)
+        metrics.on_result(store.move_due(100))
+        samples = {(s.name, ()): s.value for m in metrics.registry.collect() for s in m.samples}
+        return value(samples, "kombu_delay_oldest_overdue_seconds")
+
+    clock.advance(2099)
+    assert gauge() == 0  # compressed, and not due yet
+    clock.advance(1 + 7_000)  # due 7 s ago, and never thawed
+    assert gauge() == 7.0
+    assert store.thaw(2000, 10).thawed == 1
+    assert gauge() == 0  # thawed, and moved by the gauge's move
+    assert r.llen(f"{prefix}q") == 1
