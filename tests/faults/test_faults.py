@@ -28,7 +28,14 @@ from kombu.exceptions import OperationalError
 
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import BadETA, DelayTooLong, OverMaxmemory, RedisRefused, RedisUnavailable
+from kombu_delay.errors import (
+    BadETA,
+    DelayTooLong,
+    OverMaxmemory,
+    RedisPermissionError,
+    RedisRefused,
+    RedisUnavailable,
+)
 from kombu_delay.message import Due, to_ms
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
@@ -818,6 +825,36 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
             user.get("someone-else:key")
         with pytest.raises(redis.exceptions.NoPermissionError):
             user.flushall()
+
+
+def test_operators_act_under_the_acl_user_with_lrem_for_dead_letters() -> None:
+    # The docs gave the line above as all that is needed: a dead letter's removal, which runs
+    # LREM, was refused to it (the dashboard answered 503), and nothing said what to add.
+    with RedisServer() as server:
+        admin = server.client()
+        url = f"delayredis://kombu-delay:s3cret@127.0.0.1:{server.port}/0"
+        options = {"global_keyprefix": "app1:"}
+        app = Celery("faults", broker=url, set_as_current=False)
+        app.conf.broker_transport_options = options
+        for rules in (ACL_RULES, ACL_RULES + " +lrem"):
+            admin.execute_command("ACL", "SETUSER", "kombu-delay", "reset", *rules.split())
+            admin.lpush(keys.dead("app1:"), b"damaged")
+            eta = datetime.now(UTC) + timedelta(hours=1)
+            for task_id in ("a", "b", "c"):
+                app.send_task("faults.noop", task_id=task_id, eta=eta)
+            with DelayControl(url, options) as control:
+                assert control.cancel("a") == 1
+                assert control.reschedule("b", countdown=7200) == 1
+                assert control.purge("celery") == 2
+                [letter] = control.dead_letters()[1]
+                if "+lrem" not in rules:
+                    with pytest.raises(RedisPermissionError, match="lrem"):
+                        control.remove_dead_letter(letter.digest)
+                    assert admin.lrange(keys.dead("app1:"), 0, -1) == [b"damaged"]
+                    admin.delete(keys.dead("app1:"))
+                else:
+                    assert control.remove_dead_letter(letter.digest) == 1
+                    assert admin.llen(keys.dead("app1:")) == 0
 
 
 def test_tls_transport_publishes_and_moves_with_a_verified_certificate(tmp_path: Path) -> None:
