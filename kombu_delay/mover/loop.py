@@ -160,7 +160,8 @@ class Mover:
                     logger.error("mover %s: %s; stopping", self.name, exc)
                     raise
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-                    logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, exc)
+                    cause = str(exc).removeprefix("Redis is unavailable: ")  # (translated_errors' words)
+                    logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, cause)
                 elif isinstance(exc, RedisRefused):  # a read-only replica, maxmemory, a failing
                     # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.
                     logger.warning("mover %s: %s; retrying", self.name, exc)

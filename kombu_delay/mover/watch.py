@@ -78,6 +78,13 @@ RESOLVED = {
 }
 
 
+#: What a server that took over by a failover holds, as a mover tells it.
+REPLICATED = (
+    "what was replicated to it (what the former server took after its last replicated write is "
+    "not: a publish made there is lost, a move made there is made again)"
+)
+
+
 @dataclass
 class Findings:
     """What the last checks found."""
@@ -213,19 +220,22 @@ class Watch:
 
     def check_restart(self) -> None:
         """Log a WARNING when Redis's run id changed since the last look: a Redis up no longer
-        than that restarted (or is a replica started since, promoted), and holds what it keeps
-        on disk, where it keeps nothing, nothing scheduled before, lost and counted nowhere; one
-        up longer is another server (a failover), holding what was replicated to it. (Redis
-        counts its uptime by its wall clock, this by a monotonic one: a clock stepped between
-        them can mistake one for the other.)"""
+        than that restarted, and holds what it keeps on disk, where it keeps nothing, nothing
+        scheduled before, lost and counted nowhere; one up longer is another server (a
+        failover), holding what was replicated to it, as is a replica promoted since it started,
+        however recently. (Redis counts its uptime by its wall clock, this by a monotonic one: a
+        clock stepped between them can mistake one for the other.)"""
         found = self.store.run_id()
         now = time.monotonic()
         if found is None:
             return
-        run_id, uptime_s = found
+        run_id, uptime_s, promoted = found
         if self._run_id is not None and run_id != self._run_id[0]:
-            if uptime_s <= now - self._run_id[1] + 5:
-                what = "Redis restarted (or a failover promoted a server started since)"
+            if promoted:
+                what = "a failover promoted a replica"
+                kept = REPLICATED
+            elif uptime_s <= now - self._run_id[1] + 5:
+                what = "Redis restarted"
                 kept = "what it keeps on disk, or what was replicated to it"
                 if persistence_problem(self.findings.aof_enabled, self.findings.save_rules):
                     kept = (
@@ -233,7 +243,7 @@ class Watch:
                     )
             else:
                 what = "another Redis server answers (a failover, or a new address)"
-                kept = "what was replicated to it"
+                kept = REPLICATED
             logger.warning(
                 "mover %s: %s: run id %s, was %s, up %d s; it holds %s",
                 self.name,

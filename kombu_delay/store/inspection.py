@@ -50,16 +50,17 @@ class Inspecting(StoreBase):
         policy = info.get("maxmemory_policy")
         return None if policy is None else as_text(policy)
 
-    def run_id(self) -> tuple[str, int] | None:
-        """Return the server's run id, new at each start of a Redis process, and how long it has
-        been up, s (``INFO server``), or ``None`` where ``INFO`` is refused by an ACL."""
+    def run_id(self) -> tuple[str, int, bool] | None:
+        """Return the server's run id (new at each start), its uptime, s, and whether it is a replica
+        promoted since it started (a second replication id), or ``None`` where INFO is refused."""
         with translated_errors():
             try:
-                info: dict[str, Any] = self.client.info("server")
+                info: dict[str, Any] = {**self.client.info("server"), **self.client.info("replication")}
             except redis.ResponseError:
                 return None
         found, uptime = info.get("run_id"), info.get("uptime_in_seconds")
-        return None if found is None or uptime is None else (as_text(found), int(uptime))
+        promoted = info.get("master_replid2", 0) not in (0, "0")  # (its 40 zeros read as 0: none)
+        return None if found is None or uptime is None else (as_text(found), int(uptime), promoted)
 
     def persistence(self, read_rules: bool = True) -> tuple[bool | None, str | None]:
         """Return whether the AOF is on and the RDB save rules (``""``: none), each ``None`` when
@@ -200,9 +201,8 @@ class Inspecting(StoreBase):
     def earliest_due_ms(self, among: tuple[spaces.Space, ...] = spaces.ALL) -> int | None:
         """Return the due time of the earliest scheduled message, or ``None``.
 
-        A bucket whose messages vanished (expired or deleted) is reported by its start,
-        so an unreconciled bucket shows up as overdue rather than hiding. Compressed messages
-        (the cold space) count too, unless ``among`` (the spaces read) leaves it out.
+        A bucket whose messages vanished (expired or deleted) is reported by its start, so that
+        it shows as overdue rather than hiding. ``among``: the spaces read (by default both).
         """
         with translated_errors():
             dues = [d for d in map(self._first_due, among) if d is not None]

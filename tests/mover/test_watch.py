@@ -518,7 +518,30 @@ def test_another_redis_server_is_told_as_a_failover_not_as_a_loss(caplog):
             watch._run_id = (watch._run_id[0], watch._run_id[1] + 3600)  # type: ignore[index]
             watch.check_restart()
         assert "another Redis server answers (a failover" in caplog.text, caplog.text
-        assert "lost" not in caplog.text and "what was replicated to it" in caplog.text
+        assert "all scheduled lost" not in caplog.text and "what was replicated to it" in caplog.text
+
+
+def test_a_replica_started_since_and_promoted_is_told_as_a_failover_not_as_a_loss(caplog):
+    # A replica started after the mover's last look, then promoted (a failover onto a server
+    # restarted shortly before), was taken for the old Redis restarted: onto a Redis that keeps
+    # nothing on disk, the warning said every scheduled message was lost, and none was.
+    with RedisServer() as first, RedisServer() as second:
+        store = Store(first.client())
+        store.schedule(Due(600_000, relative=True, task_id="t"), "q", kombu_payload("t"), Settings())
+        watch = Watch(store, "test")
+        watch.check_persistence()
+        watch.check_restart()
+        replica = second.client()
+        replica.replicaof("127.0.0.1", first.port)
+        wait_until(lambda: replica.info("replication")["master_link_status"] == "up", timeout=60)
+        wait_until(lambda: replica.exists(keys.ids("")), timeout=60)
+        replica.replicaof("NO", "ONE")
+        store.client = replica
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.mover.watch"):
+            watch.check_restart()
+        assert "a failover promoted a replica:" in caplog.text
+        assert "all scheduled lost" not in caplog.text and "what was replicated to it" in caplog.text
+        assert store.counts() == {"q": 1}
 
 
 def test_refs_that_name_no_bucket_are_dropped_by_the_walk_of_the_id_index(
