@@ -96,8 +96,9 @@ def test_countdowns_run_once_never_early_on_a_plain_worker(r, redis_server, spaw
     mover_view = mover_lateness(mover)
     assert mover.stop() == 0, mover.output()
     # The mover's debug log is a second view of the same lateness (not a stable format:
-    # it is checked when present; MONITOR above is the authoritative record).
-    assert not mover_view or (len(mover_view) == N_TASKS and min(mover_view) >= 0), mover_view
+    # it is checked when present; MONITOR above is the authoritative record, and the only
+    # one of early: the mover reports a lateness of at least 0 whatever it moves).
+    assert not mover_view or len(mover_view) == N_TASKS, mover_view
     report = [
         summary("due -> LPUSH (MONITOR, Redis clock)", due_to_push),
         summary("due -> LPUSH (mover's own lateness, ms)", mover_view or [float("nan")]),

@@ -201,3 +201,19 @@ def test_a_store_pushes_at_once_only_what_is_surely_due(r: redis.Redis, prefix: 
     # With a clock of its own (tests), by that clock.
     fixed = Store(r, prefix, clock=lambda: now)
     assert fixed.surely_due(Due(now)) and not fixed.surely_due(Due(now + 1))
+
+
+def test_the_schedule_script_pushes_what_is_due_by_its_millisecond_and_stores_the_next(
+    r: redis.Redis, prefix: str
+) -> None:
+    # Only the store's own check (above) had a test at the millisecond: the script judging by
+    # the same clock could push a message due a millisecond later, early, and nothing failed.
+    store, now = Store(r, prefix), redis_ms(r)
+    outcomes = [
+        store.schedule(
+            Due(now + d, task_id=f"t{d}"), f"{prefix}q", kombu_payload(f"t{d}"), Settings(), now_ms=now
+        ).outcome
+        for d in (-1, 0, 1, 2)
+    ]
+    assert outcomes == [Scheduled.PUSHED_NOW, Scheduled.PUSHED_NOW, Scheduled.STORED, Scheduled.STORED]
+    assert r.llen(f"{prefix}q") == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,6 +37,8 @@ from kombu_delay.tooling.redis_server import stop_process
 QUEUE = "bench"
 #: Task name of the benchmark's messages (the e2e worker registers it).
 TASK = "kombu_delay.tooling.bench.e2e.record"
+#: A Celery message's task id (its ``id`` header), as the bench's messages carry it.
+TASK_ID = re.compile(rb'"id": "([^"]+)"')
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -193,6 +196,16 @@ class Probe:
 
     def llen(self, key: str = QUEUE) -> int:
         return int(self.client.llen(key))
+
+    def distinct_on_list(self, key: str = QUEUE, chunk: int = 20_000) -> tuple[int, int]:
+        """(messages on the list, distinct task ids among them): what is lost and doubled."""
+        seen: set[bytes] = set()
+        total = 0
+        for begin in range(0, self.llen(key), chunk):
+            raws: list[bytes] = self.client.lrange(key, begin, begin + chunk - 1)  # type: ignore[assignment]
+            total += len(raws)
+            seen.update(found.group(1) for found in map(TASK_ID.search, raws) if found)
+        return total, len(seen)
 
     def lpush_ceiling(self, payloads: list[str], key: str = QUEUE, chunk: int = 1000) -> float:
         """Push ``payloads`` with pipelined single-value LPUSH (as kombu does); return seconds."""

@@ -12,7 +12,6 @@ import base64
 import copy
 import json
 import random
-import re
 import statistics
 import time
 import uuid
@@ -31,7 +30,6 @@ from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill,
 CALIBRATION = 3000
 #: Task id of a message on the list, for counting each once (headers precede nothing that
 #: could hold the same text: the body is base64).
-_TASK_ID = re.compile(rb'"id": "([^"]+)"')
 
 _DOMAINS = ("example.com", "mail.example.org", "corp.example.net", "shop.example.io")
 _TEMPLATES = ("reminder", "renewal", "digest", "invoice_due", "trial_ending", "cart_abandoned")
@@ -191,7 +189,7 @@ def thaw(ctx: Ctx) -> dict[str, Any]:
     mover = ctx.movers.start("--thaw-ahead", str(settings.thaw_ahead_ms / 1000))
     watched = _watch(ctx, cold_set, stored_cold, n, due, (due - now_ms()) / 1000 + 120)
     slowest = ctx.probe.slowest_script_ms()
-    length = ctx.probe.llen()
+    total, distinct = ctx.probe.distinct_on_list()
     ctx.movers.stop(mover)
     ctx.probe.flush()
     ctx.probe.reset_stats()
@@ -206,22 +204,9 @@ def thaw(ctx: Ctx) -> dict[str, Any]:
         "largest_thaw_script_call_ms": slowest,
         "drain_s": drain_s,
         "moved_per_s": n / drain_s if drain_s > 0 else 0.0,
-        "lost": n - length,
+        "lost": n - distinct,
+        "doubled": total - distinct,
     }
-
-
-def _distinct_on_list(ctx: Ctx, chunk: int = 20_000) -> tuple[int, int]:
-    """(messages on the list, distinct task ids among them)."""
-    client, seen, total = ctx.probe.client, set(), 0
-    length = ctx.probe.llen()
-    for begin in range(0, length, chunk):
-        raws: list[bytes] = client.lrange(QUEUE, begin, begin + chunk - 1)  # type: ignore[assignment]
-        for raw in raws:
-            total += 1
-            found = _TASK_ID.search(raw)
-            if found:
-                seen.add(found.group(1))
-    return total, len(seen)
 
 
 def _fill_ms_per_message(ctx: Ctx, payloads: VariedPayloads, settings: Settings) -> float:
@@ -267,7 +252,7 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
     cold_at_fill_end = int(ctx.probe.client.zcard(cold_set))
     staged = keys.staged(ctx.store.prefix, due - due % settings.bucket_width_ms, QUEUE)
     watched = _watch(ctx, cold_set, cold_at_fill_end, n, due, (due - now_ms()) / 1000 + 300, staged)
-    total, distinct = _distinct_on_list(ctx)
+    total, distinct = ctx.probe.distinct_on_list()
     left = sum(ctx.store.counts().values())
     rss = [rss_mb(p.pid) for p in procs]
     for proc in procs:

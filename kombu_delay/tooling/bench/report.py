@@ -29,7 +29,9 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         value = lookup(results, path)
         if value is None:
             continue
-        met = None if check is None or math.isnan(value) else bool(check(value))
+        # A figure with a target that could not be measured (NaN: a herd never all on its list)
+        # misses it: it is no "met" left blank.
+        met = None if check is None else not math.isnan(value) and bool(check(value))
         rows.append(_row(scenario, label, value, fmt, target, met))
     for size, row in sorted(
         ((results.get("inspect") or {}).get("sizes") or {}).items(), key=lambda item: int(item[0])

@@ -113,6 +113,8 @@ ROWS: list[Row] = [
     ("precision", "lateness p99, ms", ("precision", "p99_ms"), "{:.2f}", "<= 5", lambda v: v <= 5),
     ("precision", "lateness max, ms", ("precision", "max_ms"), "{:.2f}", "", None),
     ("precision", "early arrivals", ("precision", "early"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("precision", "lost", ("precision", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("precision", "doubled", ("precision", "doubled"), "{:.0f}", "= 0", lambda v: v == 0),
     ("burst", "due -> all on list, s", ("burst", "drain_s"), "{:.3f}", "", None),
     (
         "burst",
@@ -122,6 +124,9 @@ ROWS: list[Row] = [
         ">= 200,000",
         lambda v: v >= 200_000,
     ),
+    ("burst", "early (on the list before due)", ("burst", "early"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("burst", "lost", ("burst", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("burst", "doubled", ("burst", "doubled"), "{:.0f}", "= 0", lambda v: v == 0),
     ("burst", "pipelined LPUSH ceiling/s", ("burst", "lpush_ceiling_per_s"), "{:,.0f}", "", None),
     ("burst", "moved / ceiling", ("burst", "ratio_to_ceiling"), "{:.2f}", ">= 0.5", lambda v: v >= 0.5),
     ("burst", "largest script call, ms", ("burst", "largest_script_call_ms"), "{:.1f}", "", None),
@@ -226,6 +231,7 @@ ROWS: list[Row] = [
     ("thaw", "moved/s, one mover", ("thaw", "moved_per_s"), "{:,.0f}", "", None),
     ("thaw", "early arrivals", ("thaw", "early"), "{:.0f}", "= 0", lambda v: v == 0),
     ("thaw", "lost", ("thaw", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
+    ("thaw", "doubled", ("thaw", "doubled"), "{:.0f}", "= 0", lambda v: v == 0),
     (
         "cpu",
         "idle Redis CPU taken off each figure, ms/s",
