@@ -151,6 +151,27 @@ def test_a_publish_at_the_herds_millisecond_drops_its_copy_and_others_go_before_
     assert staged_keys(r, prefix) == []
 
 
+@pytest.mark.parametrize("end", [0, -1], ids=["first", "last"])
+def test_a_herd_whose_set_was_edited_by_hand_after_its_copy_moves_what_the_set_holds(
+    r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int], end: int
+) -> None:
+    # A member of the run replaced by hand (no publish, no cancel: nothing drops the copy), its
+    # count unchanged: the handover must see that the copy no longer matches the set, and move
+    # what the set holds, not the copy's stale member. No test edited a set so.
+    clock, store, dest, due = herd
+    start = stage_herd(store, dest, due)
+    zset = keys.queue_set(store.prefix, start, dest)
+    [(old, score)] = r.zrange(zset, end, end, withscores=True)
+    replacement = kombu_payload("by-hand")
+    r.zrem(zset, old)
+    r.zadd(zset, {replacement: score})
+    clock.ms = due
+    assert drain(store) == RUN
+    delivered = r.lrange(dest, 0, -1)
+    assert replacement.encode() in delivered and old not in delivered and len(set(delivered)) == RUN
+    assert staged_keys(r, prefix) == []
+
+
 @pytest.mark.parametrize("when", ["while staging", "once staged"])
 def test_a_message_cancelled_after_its_herd_was_copied_is_not_delivered(
     r: redis.Redis, prefix: str, herd: tuple[FakeClock, Store, str, int], when: str
