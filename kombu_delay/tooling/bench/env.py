@@ -37,7 +37,8 @@ from kombu_delay.tooling.redis_server import stop_process
 QUEUE = "bench"
 #: Task name of the benchmark's messages (the e2e worker registers it).
 TASK = "kombu_delay.tooling.bench.e2e.record"
-#: A Celery message's task id (its ``id`` header), as the bench's messages carry it.
+#: A Celery message's task id (its ``id`` header), for counting each on a list once (headers
+#: precede nothing that could hold the same text: the body is base64).
 TASK_ID = re.compile(rb'"id": "([^"]+)"')
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -28,9 +28,6 @@ from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill,
 #: Messages a herd's fill is timed on first, to schedule the herd far enough ahead that it is
 #: all published, compressed, before its planned thaw must begin.
 CALIBRATION = 3000
-#: Task id of a message on the list, for counting each once (headers precede nothing that
-#: could hold the same text: the body is base64).
-
 _DOMAINS = ("example.com", "mail.example.org", "corp.example.net", "shop.example.io")
 _TEMPLATES = ("reminder", "renewal", "digest", "invoice_due", "trial_ending", "cart_abandoned")
 _LOCALES = ("en", "en-GB", "fr", "de", "es", "pt-BR", "ja", "nl")
