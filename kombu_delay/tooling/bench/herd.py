@@ -28,6 +28,7 @@ from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill,
 #: Messages a herd's fill is timed on first, to schedule the herd far enough ahead that it is
 #: all published, compressed, before its planned thaw must begin.
 CALIBRATION = 3000
+
 _DOMAINS = ("example.com", "mail.example.org", "corp.example.net", "shop.example.io")
 _TEMPLATES = ("reminder", "renewal", "digest", "invoice_due", "trial_ending", "cart_abandoned")
 _LOCALES = ("en", "en-GB", "fr", "de", "es", "pt-BR", "ja", "nl")
