@@ -13,8 +13,9 @@ call makes a new one (an app that caught the error and publishes the same messag
 means a second message, as plain kombu stores one). Before a retry of a message that differs
 from a remembered one by its delivery tag alone, the namespace is searched for the remembered
 attempt, by its id and a digest of its exact bytes: found, the publish stores nothing more
-(logged at WARNING, counted in ``totals.resent``). A message that came due and was moved
-between the two attempts is no longer found, and is stored again, as plain kombu would push it
+(logged at WARNING, counted in ``totals.resent``), and a retry that finds the message due by
+now pushes nothing either (a mover moves the stored one). A message that came due and was moved
+between the two attempts is no longer found, and is pushed again, as plain kombu would push it
 again.
 """
 
@@ -106,10 +107,7 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     where it fails with :class:`RedisUnavailable` (the error goes on to kombu, which retries).
     A search that fails raises, and the attempts are kept for the next retry."""
     key = _key(where, message) if _attempts else None
-    earlier = _remembered(key) if key else []
-    if key and earlier and _stored(store, where[2], earlier):
-        with _lock:
-            _attempts.pop(key, None)
+    if key and stored_before(store, where, key):
         yield False
         return
     try:
@@ -127,6 +125,26 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     if key is not None:
         with _lock:
             _attempts.pop(key, None)
+
+
+def waiting() -> bool:
+    """Whether any attempt is remembered (a retry of its message may come)."""
+    return bool(_attempts)
+
+
+def stored_before(store: Store, where: Where, key: Key | dict[str, Any]) -> bool:
+    """Whether an earlier attempt of a message (its ``key``, or the message), whose reply was
+    lost, is stored already (then forgotten). Also asked of a retry that finds its message due
+    by now, pushed at once but for this: the attempt stored it while it was not due yet."""
+    if not _attempts:
+        return False
+    key = _key(where, key) if isinstance(key, dict) else key
+    earlier = _remembered(key)
+    if earlier and _stored(store, where[2], earlier):
+        with _lock:
+            _attempts.pop(key, None)
+        return True
+    return False
 
 
 def _stored(store: Store, dest: str, earlier: list[Attempt]) -> bool:

@@ -24,15 +24,9 @@ ETA sources, in this order
 Transport options (``broker_transport_options``)
 ================================================
 All of kombu's Redis options, including ``global_keyprefix`` (applied to every key
-kombu-delay creates), plus:
-
-* ``delay_bucket_width`` (s, default 60): width of one time bucket.
-* ``delay_grace`` (s, default 604800 = 7 days): how long a bucket outlives its end
-  before Redis expires it. Only a mover outage longer than this loses messages.
-* ``delay_max_delay`` (s, default 0 = off): refuse ETAs further out, with
-  :class:`~kombu_delay.errors.DelayTooLong`. ETAs after 2109-05-15 07:35:11.103 UTC are always refused.
-* the mover's options (``delay_batch_size``, ``delay_max_sleep``, ``delay_look_ahead``, ...)
-  and ``delay_embedded_mover``: the docs' Configuration page gives them all.
+kombu-delay creates), and the ``delay_*`` options of the docs' Configuration page: the bucket
+width, the grace (only a mover outage longer than it loses messages), the furthest delay
+accepted, the mover's options and ``delay_embedded_mover``.
 """
 
 from __future__ import annotations
@@ -152,10 +146,13 @@ class DelayChannelMixin:
         except BadETA as exc:
             due, bad = None, exc
         # Due already, by Redis's clock as estimated here (never this machine's wall clock):
-        # pushed as plain kombu pushes it. A due time near the estimate goes through the
-        # script, which judges it by Redis's clock and pushes a due message itself.
+        # pushed as plain kombu pushes it, unless a retry finds it stored by an attempt whose
+        # reply was lost. A due time near the estimate goes through the script, which judges it
+        # by Redis's clock and pushes a due message itself.
         if due is None or self.delay_store.surely_due(due):
-            super()._put(queue, message, **kwargs)  # type: ignore[misc]
+            to = due is not None and resend.waiting() and self._where(queue, message)[1]
+            if not to or not resend.stored_before(self.delay_store, to, message):
+                super()._put(queue, message, **kwargs)  # type: ignore[misc]
             if bad is not None:  # told once it is on its way: a refused push raised instead
                 self._tell_bad_eta(bad, message, batched=kwargs.get("_publish_batch") is not None)
             return
@@ -163,13 +160,11 @@ class DelayChannelMixin:
         # atomic script call, and only a mover ever delivers it. One the script finds due is
         # left to the batch, which pushes it in its order or, aborted, not at all.
         batch = kwargs.pop("_publish_batch", None)
-        priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
-        dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
+        where, to = self._where(queue, message)
+        dest, ask = to[2], where not in _asked
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
-        where = (os.getpid(), self.delay_broker, self.global_keyprefix)  # type: ignore[attr-defined]
-        ask = where not in _asked
         payload = dumps(message)
-        with resend.once(self.delay_store, (*where[1:], dest), message, due.task_id, payload) as first:
+        with resend.once(self.delay_store, to, message, due.task_id, payload) as first:
             if not first:  # stored by an attempt whose reply was lost
                 return
             result = self.delay_store.schedule(
@@ -196,6 +191,13 @@ class DelayChannelMixin:
                 self.delay_store.renew_expiry(self._delay_dests(queue), expires)
             except redis.RedisError as exc:
                 logger.warning("kombu-delay: could not renew the expiry of queue %s: %s", queue, exc)
+
+    def _where(self, queue: str, message: dict[str, Any]) -> tuple[tuple[int, str, str], resend.Where]:
+        """(process, broker, key prefix: a mover is asked for once each), (broker, prefix, list key)."""
+        priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
+        dest = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
+        broker, prefix = self.delay_broker, self.global_keyprefix  # type: ignore[attr-defined]
+        return (os.getpid(), broker, prefix), (broker, prefix, dest)
 
     def _tell_bad_eta(self, bad: BadETA, message: dict[str, Any], batched: bool) -> None:
         """Log and count a message whose ETA or x-delay could not be read, sent at once (in a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -12,8 +13,9 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from kombu_delay import resend
 from kombu_delay.errors import RedisUnavailable
-from kombu_delay.store import Store
+from kombu_delay.store import Store, clock
 from tests.support.proxy import LossyProxy
+from tests.support.stored import redis_ms
 
 POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.2, "interval_max": 1}
 
@@ -140,3 +142,35 @@ def test_an_attempt_is_matched_only_by_a_retry_in_its_own_thread():
     thread.join()
     assert entered == [True]
     assert len(resend._remembered(resend._key(where, {"body": "m"}))) == 1  # this thread's, kept
+
+
+def test_a_retry_that_finds_its_message_due_by_now_pushes_nothing_more(r, redis_server, monkeypatch, caplog):
+    # A publish a minute ahead whose reply was lost, retried once it is due (a retry policy
+    # waiting out an outage in which no mover ran either): the retry pushed it at once, without
+    # looking for the attempt that stored it, and the mover then moved that one too: twice.
+    queue = Queue("q", Exchange("q"), "q")
+    now = redis_ms(r)
+    due = now + 60_000
+    eta = datetime.fromtimestamp(due / 1000, UTC).isoformat()
+    with (
+        LossyProxy(redis_server.port) as proxy,
+        Connection(f"delayredis://127.0.0.1:{proxy.port}/0") as conn,
+    ):
+        producer = Producer(conn, exchange=queue.exchange, routing_key="q")
+        producer.publish("warm", headers={"x-delay": 30_000}, declare=[queue])
+        # Redis's clock as the publisher estimates it: now at the first attempt, and past the
+        # due time by the retry, which comes once the reply is lost.
+        monkeypatch.setattr(
+            clock.RedisClock, "estimate_ms", lambda self: due + 10_000 if proxy.lost.is_set() else now
+        )
+        proxy.arm(_script_call(r), "reply")
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.resend"):
+            producer.publish(
+                "B", headers={"task": "t.x", "id": "t-1", "eta": eta}, retry=True, retry_policy=POLICY
+            )
+        assert proxy.lost.is_set()
+    assert r.llen("q") == 0  # not pushed: the stored one is the mover's to move
+    assert int(r.hget("kombu_delay:counts", "q")) == 2  # "warm" and "B", once each
+    assert r.hget("kombu_delay:totals", "resent") == b"1"
+    assert "stored by an earlier attempt whose reply was lost" in caplog.text
+    assert not resend._attempts
