@@ -1,8 +1,7 @@
 """See and control what is scheduled: stats, listing, cancel, reschedule and purge by task id.
 
-:class:`DelayControl` is the public API; the CLI (``kombu-delay stats|ls|cancel|
-reschedule|purge``) is a thin layer over it. Every operation goes through the id
-index or per-bucket counters, so none of them scans the scheduled messages.
+:class:`DelayControl` is the public API; the CLI (``kombu-delay stats|ls|cancel|reschedule|purge``)
+is a thin layer over it. Every operation goes through the id index or per-bucket counters, never a scan.
 """
 
 from __future__ import annotations
@@ -203,7 +202,8 @@ class DelayControl:
             # A mover thawed it between the find and now: the same message, uncompressed.
             outcome = store.reschedule(copy, task_id, payload, due_ms, self._settings, own_eta=own_eta)
         if outcome is Rescheduled.PURGING:  # it would outlive the purge (purging.lua)
-            raise EditConflict(f"cannot reschedule {task_id!r}: {stored.dest!r} is being purged (try again)")
+            why = "is being purged, or a purge of it stopped less than a minute ago (try again)"
+            raise EditConflict(f"cannot reschedule {task_id!r}: {stored.dest!r} {why}")
         if outcome is Rescheduled.TOO_FAR:
             raise self._too_far(task_id, due_ms)
         if outcome is Rescheduled.NOT_A_LIST:

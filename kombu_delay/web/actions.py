@@ -13,7 +13,7 @@ from flask import Flask, Response, abort, redirect, render_template, request, ur
 from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import KombuDelayError
+from kombu_delay.errors import KombuDelayError, RedisUnavailable
 from kombu_delay.web import guard
 
 #: Why a dead-letter offset or position is refused (HTTP 400).
@@ -98,12 +98,14 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
 @contextmanager
 def _logged_if_failed(action: str, target: str) -> Iterator[None]:
     """Write the audit line of an action Redis failed (answered by the Redis error page, 503);
-    a bad request (a ``ValueError``) is the caller's to tell and log."""
+    a bad request (a ``ValueError``) is the caller's to tell and log. Where Redis went away
+    the action may have been done all the same (its reply lost): said so, not "failed"."""
     try:
         yield
     except KombuDelayError as exc:
         if not isinstance(exc, ValueError):
-            guard.audit.warning("%s %r by %s failed: %r", action, target, guard.requester(), str(exc))
+            how = "may or may not have been done" if isinstance(exc, RedisUnavailable) else "failed"
+            guard.audit.warning("%s %r by %s %s: %r", action, target, guard.requester(), how, str(exc))
         raise
 
 

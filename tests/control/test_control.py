@@ -683,7 +683,7 @@ def test_a_reschedule_refused_by_a_purge_says_what_it_rescheduled_before(r, redi
     with DelayControl(redis_server.url, options(prefix)) as ctl:
         before = {m.queue: m.due_ms for m in ctl.find("two-q")}
         ctl.store._scripts["purging"](keys=[keys.purging(prefix)], args=[1, 60_000, f"{prefix}qa"])
-        with pytest.raises(EditConflict, match=r"qa' is being purged .*; 1 of its messages rescheduled"):
+        with pytest.raises(EditConflict, match=r"qa' is being purged.*; 1 of its messages rescheduled"):
             ctl.reschedule("two-q", countdown=3000)
         after = {m.queue: m.due_ms for m in ctl.find("two-q")}
         assert after["qa"] == before["qa"] and after["qb"] > before["qb"] + 2_000_000
