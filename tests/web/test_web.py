@@ -27,7 +27,7 @@ from kombu_delay.connect import app_target
 from kombu_delay.message import Due
 from kombu_delay.ops.checks import stranded_problem
 from kombu_delay.store import Store, keys
-from kombu_delay.tooling.redis_server import RedisServer, free_port
+from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import overview, present
 from kombu_delay.web.app import PathPrefix, create_app
 from kombu_delay.web.guard import (
@@ -677,8 +677,11 @@ def test_an_action_redis_fails_is_a_503_and_in_the_audit_log(caplog):
         ]
         replies = [client.post(url, data={**form, "csrf": csrf}).status_code for url, form in sent]
     assert replies == [503, 503, 503]
-    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
-    assert [line.split()[0] for line in failed] == ["cancel", "reschedule", "remove"], failed
+    # Not "failed": where Redis went away, the action may have been done before its reply was
+    # lost (the user's retry then finds nothing to do), and nothing tells the two apart.
+    lines = [r.getMessage() for r in caplog.records if "may or may not have been done" in r.getMessage()]
+    assert [line.split()[0] for line in lines] == ["cancel", "reschedule", "remove"], caplog.text
+    assert "failed" not in caplog.text
 
 
 @pytest.mark.parametrize("refresh_s", [float("inf"), float("nan"), 1e306, 86_401, -1])
@@ -1047,22 +1050,3 @@ def test_what_a_request_sends_is_cut_in_the_audit_log(control, caplog):
     assert refused.status_code == 401
     [line] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.web.audit"]
     assert len(line) < 500 and "(180,002 characters)" in line, line[:600]
-
-
-def test_an_action_whose_redis_went_away_is_audited_as_maybe_done_not_as_failed(caplog):
-    # Redis may have run the cancel before it went away (its reply lost): the audit line said
-    # "failed", and the user's retry then found nothing to cancel, so that no line said it was
-    # done. A refusal (Redis answered no) is still "failed".
-    with RedisServer() as server:
-        [task_id] = publish(server, "", ("tasks.a", (1,), {}, {"countdown": 600}))
-        with DelayControl(server.delay_url) as ctl:
-            client = client_of(ctl, allow_actions=True)
-            csrf = token(client)
-            server.stop()
-            with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
-                gone = client.post("/task/cancel", data={"id": task_id, "csrf": csrf, "confirm": "yes"})
-    assert gone.status_code == 503
-    [line] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.web.audit"]
-    assert (
-        f"cancel {task_id!r} by -@" in line and "may or may not have been done: 'Redis is unavailable" in line
-    )
