@@ -133,6 +133,8 @@ def test_the_log_filter_scrubs_messages_arguments_and_tracebacks():
             raise ValueError("bad port 'Hm@Ty:Rb Nc'")
         except ValueError:
             logger.exception("failed")
+        # The stack shows the line of the call, where the password is written too.
+        logger.warning("%d characters", len("Hm@Ty:Rb Nc"), stack_info=True)
     finally:
         logger.removeHandler(handler)
     # The redactor's promise: the password and its pieces between delimiters of 3 or more

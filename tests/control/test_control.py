@@ -596,6 +596,35 @@ def test_purge_removes_every_priority_of_one_queue_only(r, redis_server, prefix)
         assert ctl.stats().totals["purged"] == 3
 
 
+def test_purge_leaves_a_queue_whose_name_begins_with_the_purged_one(r, redis_server, prefix):
+    # A purge takes the queue's priority lists with it ("a", "a\x06\x163"): no test had a
+    # second queue named from the first ("a", "ab"), which a purge by name prefix would take.
+    app = publisher(redis_server, prefix)
+    app.send_task("inspect.record", countdown=600, queue="a")
+    app.send_task("inspect.record", countdown=600, queue="a", priority=3)
+    kept = [app.send_task("inspect.record", countdown=600, queue=q).id for q in ("ab", "a:b", "a.")]
+    app.close()
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        assert ctl.purge("a") == 2
+        assert sorted(m.task_id for m in ctl.scheduled().items) == sorted(kept)
+    assert truth(r, prefix) == Counter({f"{prefix}ab": 1, f"{prefix}a:b": 1, f"{prefix}a.": 1})
+
+
+def test_a_rescheduled_message_lies_in_the_bucket_of_its_new_time(r, redis_server, prefix):
+    # Moves go by score, but find, cancel, the census and the clean-up go by bucket: one put in
+    # a bucket whose range does not hold its due time (no test looked) is out of their reach.
+    app = publisher(redis_server, prefix)
+    sent = app.send_task("inspect.record", countdown=600)
+    app.close()
+    base = (int(datetime.now(UTC).timestamp()) // 120 + 60) * 120_000  # an even minute, an hour on
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        for due in (base + 30_500, base + 90_500):  # an even minute's, then an odd one's
+            assert ctl.reschedule(sent.id, eta=datetime.fromtimestamp(due / 1000, UTC)) == 1
+            start = due - due % 60_000
+            assert r.zcard(keys.queue_set(prefix, start, f"{prefix}celery")) == 1, start
+            assert [found.due_ms for found in ctl.find(sent.id)] == [due]
+
+
 def test_a_purge_runs_over_maxmemory_as_a_cancel_does():
     # A purge is how an operator frees memory: its mark, its first write, was refused (OOM).
     with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:

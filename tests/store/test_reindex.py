@@ -162,3 +162,16 @@ def test_a_lost_index_is_put_back_over_maxmemory_and_a_failed_check_is_a_warning
                 wait_until(lambda: "the walk of the id index failed" in caplog.text, timeout=60)
             finally:
                 watch.stop()
+
+
+def test_a_drained_bucket_is_not_put_back(r: redis.Redis, prefix: str) -> None:
+    # Its meta hash stays a while (for the clean-up of its task-id list) and counts nothing:
+    # put back, it showed as reindexed in the totals and the log, and movers visited it again.
+    store = Store(r, prefix)
+    now = redis_ms(r)
+    due = now + 1_500
+    _schedule(store, "t", due, ORDINARY, now)
+    assert store.move_due(10, now_ms=due + 1).moved == 1
+    assert r.exists(keys.ns(prefix) + f"m:{due - due % WIDTH}") == 1  # the drained bucket's meta hash
+    assert store.reindex(now_ms=due + 2) == (0, 0)
+    assert r.zcard(keys.index(prefix)) == 0 and "reindexed" not in store.totals()
