@@ -222,25 +222,29 @@ class Watch:
         """Log a WARNING when Redis's run id changed since the last look: a Redis up no longer
         than that restarted, and holds what it keeps on disk, where it keeps nothing, nothing
         scheduled before, lost and counted nowhere; one up longer is another server (a
-        failover), holding what was replicated to it, as is a replica promoted since it started,
-        however recently. (Redis counts its uptime by its wall clock, this by a monotonic one: a
-        clock stepped between them can mistake one for the other.)"""
+        failover), holding what was replicated to it, as is a replica promoted (a second
+        replication id) onto a Redis that keeps nothing on disk, however recently it started.
+        (Redis counts its uptime by its wall clock, this by a monotonic one: a clock stepped
+        between them can mistake one for the other.)"""
         found = self.store.run_id()
         now = time.monotonic()
         if found is None:
             return
         run_id, uptime_s, promoted = found
         if self._run_id is not None and run_id != self._run_id[0]:
-            if promoted:
+            restarted = uptime_s <= now - self._run_id[1] + 5
+            keeps_nothing = persistence_problem(self.findings.aof_enabled, self.findings.save_rules)
+            # A second replication id: a replica promoted, or (Redis 7) a Redis that reloaded its
+            # snapshot, which a Redis that keeps nothing on disk has none of.
+            if promoted and (not restarted or keeps_nothing):
                 what = "a failover promoted a replica"
                 kept = REPLICATED
-            elif uptime_s <= now - self._run_id[1] + 5:
+            elif restarted and keeps_nothing:
                 what = "Redis restarted"
+                kept = "nothing from before (it keeps nothing on disk): all scheduled lost"
+            elif restarted:
+                what = "Redis restarted (or a failover promoted a replica started since)"
                 kept = "what it keeps on disk, or what was replicated to it"
-                if persistence_problem(self.findings.aof_enabled, self.findings.save_rules):
-                    kept = (
-                        "nothing from before if it restarted (it keeps nothing on disk): all scheduled lost"
-                    )
             else:
                 what = "another Redis server answers (a failover, or a new address)"
                 kept = REPLICATED

@@ -48,6 +48,8 @@ LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 SCHEDULED_REFRESH_S = 1.0
 #: How often, at most, the compressed space is read for a message overdue there, seconds.
 COLD_REFRESH_S = 5.0
+#: Most compressed buckets begun by now that the read looks at (a mover that keeps up leaves one).
+COLD_BUCKETS = 100
 #: Most queues with a ``kombu_delay_scheduled_messages`` series of their own.
 MAX_QUEUE_SERIES = 200
 #: How long a queue that emptied keeps reading 0 before its series is dropped, seconds.
@@ -123,9 +125,9 @@ class MoverMetrics:
         self.registry = prom.CollectorRegistry()
         self._series = QueueSeries()
         self._last_refresh = float("-inf")
-        #: The due time of the first compressed message not thawed yet (epoch ms), as last read
-        #: (:meth:`read_cold_due`, every :data:`COLD_REFRESH_S`); ``None``: none.
-        self._cold_due_ms: int | None = None
+        #: The due time of the oldest compressed message overdue (epoch ms), as last read
+        #: (:meth:`read_cold_overdue`, every :data:`COLD_REFRESH_S`); ``None``: none.
+        self._cold_overdue_ms: int | None = None
         self._last_cold_read = float("-inf")
         self._define_counters(prom)
         self._define_gauges(prom)
@@ -214,20 +216,24 @@ class MoverMetrics:
         now = time.monotonic()
         if now - self._last_cold_read >= COLD_REFRESH_S:
             self._last_cold_read = now
-            self.read_cold_due()
-        dues = [d for d in (result.next_due_ms, self._cold_due_ms) if d is not None and d <= result.now_ms]
+            self.read_cold_overdue(result.now_ms)
+        dues = [
+            d for d in (result.next_due_ms, self._cold_overdue_ms) if d is not None and d <= result.now_ms
+        ]
         self.overdue_age.set((result.now_ms - min(dues)) / 1000 if dues else 0)
         if now - self._last_refresh >= SCHEDULED_REFRESH_S:
             self._last_refresh = now
             self.collect_scheduled()
 
-    def read_cold_due(self) -> None:
-        """Re-read the due time of the first compressed message not thawed yet: one due by now
-        is overdue (its thaw fails, or lags), though no move sees it."""
+    def read_cold_overdue(self, now_ms: int) -> None:
+        """Re-read the due time of the oldest compressed message due by ``now_ms`` (Redis's
+        clock), not thawed yet: overdue (its thaw fails, or lags), though no move sees it. One
+        script call, which reads only the compressed buckets begun by then."""
         if self.store is None:
             return
         try:
-            self._cold_due_ms = self.store.earliest_due_ms((spaces.COLD,))
+            found, _ = self.store.overdue(now_ms, COLD_BUCKETS, (spaces.COLD,))
+            self._cold_overdue_ms = min((oldest for _, oldest in found.values()), default=None)
         except Exception as exc:
             self.on_error(exc)
             logger.debug("metrics: reading the compressed space failed", exc_info=True)

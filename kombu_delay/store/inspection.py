@@ -51,8 +51,8 @@ class Inspecting(StoreBase):
         return None if policy is None else as_text(policy)
 
     def run_id(self) -> tuple[str, int, bool] | None:
-        """Return the server's run id (new at each start), its uptime, s, and whether it is a replica
-        promoted since it started (a second replication id), or ``None`` where INFO is refused."""
+        """Return the server's run id (new at each start), its uptime, s, and whether it has a second
+        replication id (a replica promoted; on Redis 7 also a reloaded snapshot), or ``None``."""
         with translated_errors():
             try:
                 info: dict[str, Any] = {**self.client.info("server"), **self.client.info("replication")}
@@ -198,14 +198,14 @@ class Inspecting(StoreBase):
             raw: list[Any] = self.client.zrange(keys.movers(self.prefix), 0, -1, withscores=True)
         return {as_text(member): keys.due_of(score) for member, score in raw}  # (±inf: by hand)
 
-    def earliest_due_ms(self, among: tuple[spaces.Space, ...] = spaces.ALL) -> int | None:
+    def earliest_due_ms(self) -> int | None:
         """Return the due time of the earliest scheduled message, or ``None``.
 
         A bucket whose messages vanished (expired or deleted) is reported by its start, so that
-        it shows as overdue rather than hiding. ``among``: the spaces read (by default both).
+        it shows as overdue rather than hiding. Compressed messages (the cold space) count too.
         """
         with translated_errors():
-            dues = [d for d in map(self._first_due, among) if d is not None]
+            dues = [d for d in map(self._first_due, spaces.ALL) if d is not None]
         return min(dues) if dues else None
 
     def _first_due(self, space: spaces.Space) -> int | None:
@@ -353,17 +353,17 @@ class Inspecting(StoreBase):
                 totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
         return Census(truncated=bool(totals[0]), overdue=totals[1], vanished=totals[2], slots=totals[3:])
 
-    def overdue(self, now_ms: int, max_buckets: int = 1000) -> tuple[dict[str, tuple[int, int]], bool]:
+    def overdue(
+        self, now_ms: int, max_buckets: int = 1000, among: tuple[spaces.Space, ...] = spaces.ALL
+    ) -> tuple[dict[str, tuple[int, int]], bool]:
         """Return, per destination, (messages due by ``now_ms`` but not moved, due time of the
-        oldest), and whether ``max_buckets`` cut the count short (``overdue.lua``, both spaces).
-
-        Reads only buckets that started by ``now_ms`` (one or two while a mover keeps up);
-        never a member."""
+        oldest), and whether ``max_buckets`` cut the count short (``overdue.lua``, in the spaces
+        ``among``). Reads only buckets that started by ``now_ms``; never a member."""
         self._check_format_once()
         found: dict[str, tuple[int, int]] = {}
         truncated = False
         with translated_errors():
-            for space in spaces.ALL:
+            for space in among:
                 args: list[Any] = [self.ns, int(now_ms), max_buckets, space.tag]
                 reply = self._scripts["overdue"](keys=[space.index(self.prefix)], args=args)
                 truncated = truncated or bool(int(reply[0]))

@@ -544,6 +544,29 @@ def test_a_replica_started_since_and_promoted_is_told_as_a_failover_not_as_a_los
         assert store.counts() == {"q": 1}
 
 
+def test_a_redis_with_a_replica_restarted_from_its_snapshot_is_told_as_a_restart(caplog):
+    # Redis 7 reloads its replication id from the snapshot as a second one, as a promoted
+    # replica keeps its master's: the restart was told as a failover, "holding what was
+    # replicated to it". A second id means a promotion only where nothing is kept on disk.
+    with RedisServer(extra_args=["--save", "3600", "1"]) as master, RedisServer() as second:
+        store = Store(master.client())
+        store.schedule(Due(600_000, relative=True, task_id="t"), "q", kombu_payload("t"), Settings())
+        replica = second.client()
+        replica.replicaof("127.0.0.1", master.port)
+        wait_until(lambda: replica.info("replication")["master_link_status"] == "up", timeout=60)
+        watch = Watch(store, "test")
+        watch.check_persistence()
+        watch.check_restart()
+        master.restart()  # SIGTERM: it saves its snapshot, and loads it
+        store.client.connection_pool.disconnect()
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.mover.watch"):
+            watch.check_restart()
+        assert "Redis restarted" in caplog.text and "what it keeps on disk" in caplog.text, caplog.text
+        assert "a failover promoted a replica:" not in caplog.text
+        assert store.counts() == {"q": 1}
+        store.client.close()
+
+
 def test_refs_that_name_no_bucket_are_dropped_by_the_walk_of_the_id_index(
     r: redis.Redis, prefix: str
 ) -> None:

@@ -440,8 +440,8 @@ def test_the_overdue_gauge_sees_a_compressed_message_whose_thaw_lags(r, prefix):
     store.schedule(Due(due, task_id="cold"), f"{prefix}q", kombu_payload("cold"), settings)
     assert r.zcard(keys.cold_index(prefix)) == 1
 
-    def gauge() -> float:
-        metrics = MoverMetrics(store, prom)
+    def gauge(metrics: MoverMetrics | None = None) -> float:
+        metrics = metrics or MoverMetrics(store, prom)  # a new one reads the compressed space
         metrics.on_result(store.move_due(100))
         samples = {(s.name, ()): s.value for m in metrics.registry.collect() for s in m.samples}
         return value(samples, "kombu_delay_oldest_overdue_seconds")
@@ -453,3 +453,14 @@ def test_the_overdue_gauge_sees_a_compressed_message_whose_thaw_lags(r, prefix):
     assert store.thaw(2000, 10).thawed == 1
     assert gauge() == 0  # thawed, and moved by the gauge's move
     assert r.llen(f"{prefix}q") == 1
+
+    # Read before its due time, a compressed message thawed and moved on time is no overdue
+    # one after it, until the next read (5 s on): the gauge counted from the due time it read.
+    due = clock() + 2100
+    store.schedule(Due(due, task_id="later"), f"{prefix}q", kombu_payload("later"), settings)
+    metrics = MoverMetrics(store, prom)
+    assert gauge(metrics) == 0
+    clock.advance(2100 - 2000)
+    assert store.thaw(2000, 10).thawed == 1
+    clock.advance(2000 + 1500)
+    assert gauge(metrics) == 0 and r.llen(f"{prefix}q") == 2
