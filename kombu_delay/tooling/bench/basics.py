@@ -91,8 +91,9 @@ def precision(ctx: Ctx) -> dict[str, Any]:
     thread.join(timeout=5)
     conn.close()
     app.close()
-    late = [at - parse_iso_ms(json.loads(raw)["headers"]["eta"]) for at, raw in arrivals]
-    distinct = len({json.loads(raw)["headers"]["id"] for _, raw in arrivals})
+    headers = [(at, json.loads(raw)["headers"]) for at, raw in arrivals]
+    late = [at - parse_iso_ms(h["eta"]) for at, h in headers]
+    distinct = len({h["id"] for _, h in headers})
     return {
         "messages": n,
         "arrived": len(late),
