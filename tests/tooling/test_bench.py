@@ -121,6 +121,13 @@ def test_bench_scale_cpu_backpressure(tmp_path: Path) -> None:
     )
     parts = ("schedule_compressed_redis_cpu_us", "thaw_redis_cpu_us", "move_after_thaw_redis_cpu_us")
     assert cpu["compressed_redis_cpu_us"] == pytest.approx(sum(cpu[part] for part in parts))
+    for floor in ("floor_lpush_redis_cpu_us", "floor_zadd_redis_cpu_us", "floor_script_zadd_redis_cpu_us"):
+        assert cpu[floor] > 0, floor
+    assert cpu["floor_script_over_lpush_us"] == pytest.approx(
+        cpu["floor_script_zadd_redis_cpu_us"] - cpu["floor_lpush_redis_cpu_us"]
+    )
+    over = cpu["floor_script_over_lpush_us"] + cpu["floor_move_redis_cpu_us"]
+    assert cpu["floor_delayed_ratio"] == pytest.approx(1 + over / cpu["plain_redis_cpu_us_beside_schedule"])
     assert cpu["delayed_redis_cpu_us"] == pytest.approx(
         cpu["schedule_redis_cpu_us"] + cpu["move_redis_cpu_us"]
     )

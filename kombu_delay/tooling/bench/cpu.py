@@ -218,7 +218,8 @@ def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
 
 def cpu(ctx: Ctx) -> dict[str, Any]:
     """Redis CPU µs per message: plain publish beside delayed schedule + move, and beside
-    compressed schedule + thaw + move; and the floor of a move (a bare Lua ZRANGE/ZREM/LPUSH)."""
+    compressed schedule + thaw + move; and the floors of a move (a bare Lua ZRANGE/ZREM/LPUSH)
+    and of a scripted publish (a script call of one ZADD, beside a bare LPUSH)."""
     ctx.fresh()
     n = ctx.sizes.cpu - ctx.sizes.cpu % ROUNDS
     # How long both sides' publishes take, with a margin (a delayed one takes a little longer).
@@ -241,14 +242,34 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
     floor_payloads = [ctx.payloads.make(due)[1] for _ in range(n)]
     _, floor_cpu = ctx.probe.floor_move(floor_payloads, ctx.movers.batch_size)
     ctx.probe.flush()
+    floor_publish = ctx.probe.floor_publish(floor_payloads)
+    figures = _figures(n, idle, (plain, hot, move), cold)
     return {
         "messages": n,
         "rounds": ROUNDS,
         "payload_bytes": ctx.payloads.size,
         "idle_redis_cpu_ms_per_s": idle.main_per_s * 1000,
         "idle_redis_process_cpu_ms_per_s": idle.process_per_s * 1000,
-        **_figures(n, idle, (plain, hot, move), cold),
+        **figures,
         "floor_move_redis_cpu_us": floor_cpu * 1e6 / n,
+        **_floors(n, figures["plain_redis_cpu_us_beside_schedule"], floor_publish, floor_cpu),
+    }
+
+
+def _floors(n: int, plain_us: float, publish: dict[str, float], move_s: float) -> dict[str, float]:
+    """The floor of a scripted publish (``floor_publish``'s CPU seconds for ``n`` messages,
+    by way), and the ratio a delayed message would reach were its schedule that script call
+    of one ZADD and its move the bare Lua move (``move_s``): the plain publish (``plain_us``,
+    net, µs) with its LPUSH swapped for the script call, plus that move, over the plain
+    publish. No design that stores a message by a script comes below it."""
+    per = 1e6 / n
+    script_over_lpush_us = (publish["script"] - publish["lpush"]) * per
+    return {
+        "floor_lpush_redis_cpu_us": publish["lpush"] * per,
+        "floor_zadd_redis_cpu_us": publish["zadd"] * per,
+        "floor_script_zadd_redis_cpu_us": publish["script"] * per,
+        "floor_script_over_lpush_us": script_over_lpush_us,
+        "floor_delayed_ratio": (plain_us + script_over_lpush_us + move_s * per) / plain_us,
     }
 
 

@@ -10,6 +10,7 @@ it lives here, in :class:`Probe`, rather than in the store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -143,6 +144,8 @@ def fill(
 
 #: The sorted set a bare-move floor is timed from.
 FLOOR_SET = "kombu_delay_bench:floor"
+#: The function library a bare scripted publish is timed by, where Redis has functions.
+FLOOR_LIBRARY = "kombu_delay_bench_floor"
 
 
 #: The probe's socket timeout, s: a synchronous FLUSHDB of millions of messages, or a command
@@ -246,6 +249,51 @@ class Probe:
         """
         self.zadd_all(FLOOR_SET, payloads)
         return self._time_floor(limit, key)
+
+    def floor_publish(self, payloads: list[str], rounds: int = 5) -> dict[str, float]:
+        """Redis main-thread CPU seconds of sending ``payloads`` one per round trip, as a
+        publish sends its message, in three ways: ``lpush``, a bare ``LPUSH`` (a plain publish's
+        own command); ``zadd``, a bare ``ZADD``; and ``script``, a script call that makes that
+        ``ZADD`` and nothing else (``bench_floor_publish.lua``, by ``FCALL`` where Redis has
+        functions, as a delayed publish is, else by ``EVALSHA``): the floor of any publish that
+        stores its message by a script. The three alternate in ``rounds`` rounds, so a
+        machine whose speed drifts weighs on each alike."""
+        keys = {way: f"{FLOOR_SET}:{way}" for way in ("lpush", "zadd", "script")}
+        call = self._floor_script(keys["script"])
+        ways: dict[str, Callable[[int, str], object]] = {
+            "lpush": lambda i, payload: self.client.lpush(keys["lpush"], payload),
+            "zadd": lambda i, payload: self.client.zadd(keys["zadd"], {payload: i}),
+            "script": call,
+        }
+        spent = dict.fromkeys(ways, 0.0)
+        size = -(-len(payloads) // rounds)
+        try:
+            for begin in range(0, len(payloads), size):
+                for way, send in ways.items():
+                    before = self.redis_cpu_s()
+                    for i, payload in enumerate(payloads[begin : begin + size], begin):
+                        send(i, payload)
+                    spent[way] += self.redis_cpu_s() - before
+        finally:
+            self.client.delete(*keys.values())
+            with contextlib.suppress(redis.ResponseError):
+                self.client.function_delete(FLOOR_LIBRARY)
+        return spent
+
+    def _floor_script(self, key: str) -> Callable[[int, str], object]:
+        """A call of ``bench_floor_publish.lua`` adding a member to ``key``: a function where
+        Redis has them (loaded here, deleted by :meth:`floor_publish`), else a script."""
+        source = scripts.source("bench_floor_publish")
+        try:
+            self.client.function_load(
+                f"#!lua name={FLOOR_LIBRARY}\n"
+                f"redis.register_function('{FLOOR_LIBRARY}_zadd', function(KEYS, ARGV)\n{source}\nend)\n",
+                replace=True,
+            )
+        except redis.ResponseError:  # no functions (Redis 6)
+            sha = self.client.script_load(source)
+            return lambda i, payload: self.client.evalsha(sha, 1, key, i, payload)
+        return lambda i, payload: self.client.fcall(f"{FLOOR_LIBRARY}_zadd", 1, key, i, payload)
 
     def floor_move_list(self, limit: int, key: str = QUEUE, chunk: int = 20_000) -> tuple[int, float, float]:
         """Time ``bench_floor.lua`` moving everything on the list ``key`` again, from a sorted
