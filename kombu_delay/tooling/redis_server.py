@@ -94,10 +94,14 @@ class RedisServer:
         directory: str | None = None,
         binary: str | None = None,
         dies_with_parent: bool = False,
+        own_session: bool = False,
     ) -> None:
         self.binary = binary or find_binary()
         #: Stopped by Linux when the process that started it dies (:func:`dying_with_parent`).
         self.dies_with_parent = dies_with_parent
+        #: In a session of its own: a signal to its starter's process group (Ctrl-C) does not
+        #: reach it, and only its starter decides when it stops.
+        self.own_session = own_session
         #: A port we chose may be taken before the server binds it: then start() takes another.
         self._own_port = port is None
         self.port = port or free_port()
@@ -143,7 +147,11 @@ class RedisServer:
         with open(self.dir / "redis-server.out", "wb") as out:
             preexec = dying_with_parent() if self.dies_with_parent else None
             self.process = subprocess.Popen(
-                self.args(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec
+                self.args(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=preexec,
+                start_new_session=self.own_session,
             )
         deadline = time.monotonic() + timeout
         client = self.client()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -97,13 +98,16 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _demo_running(env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
-    """A quiet demo, and its children (its Redis, mover and worker) once all three are up; on the
-    way out, whatever of them a failed test left running is stopped, by PID."""
+def _demo_running(
+    env: dict[str, str] | None = None, **popen: Any
+) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A demo (quiet, unless ``popen`` says otherwise), and its children (its Redis, mover and
+    worker) once all three are up; on the way out, whatever of them a failed test left running
+    is stopped, by PID."""
     from tests.support.procs import wait_until
 
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    proc = subprocess.Popen(DEMO, cwd=ROOT, env=env, **quiet)  # type: ignore[call-overload]
+    proc = subprocess.Popen(DEMO, cwd=ROOT, env=env, **{**quiet, **popen})  # type: ignore[call-overload]
     children: list[int] = []
     try:
         found = wait_until(
@@ -141,3 +145,45 @@ def test_a_demo_whose_terminal_closes_stops_everything_and_leaves_no_directory(t
         assert proc.wait(timeout=120) == 130
         wait_until(lambda: not any(map(_alive, children)), timeout=120)
         assert list(tmp_path.iterdir()) == []
+
+
+def _redis_of(children: list[int]) -> int:
+    """The demo's redis-server among its children."""
+    for pid in children:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"redis-server" in f.read():
+                return pid
+    raise AssertionError(f"no redis-server among {children}")
+
+
+def test_a_demo_whose_redis_dies_says_so_and_stops_the_rest():
+    # It ended in a raw redis-py traceback (ConnectionError), not in "demo failed".
+    from tests.support.procs import wait_until
+
+    with _demo_running(stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as (proc, children):
+        seen = []
+        while not seen or not seen[-1].startswith(b"Scheduled"):  # its tasks are sent: it watches
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, b"".join(seen)  # the demo ended before it scheduled
+            seen.append(line)
+        os.kill(_redis_of(children), signal.SIGKILL)  # the demo's own Redis: ours, by PID
+        out, _ = proc.communicate(timeout=120)
+        out = b"".join(seen) + out
+        assert proc.returncode == 1, out
+        assert b"\ndemo failed: " in out and b"Traceback" not in out, out
+        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+
+
+def test_a_demo_that_ignores_sigint_runs_on_through_one_sent_to_its_group():
+    # A background job of a script starts with SIGINT ignored. The demo's Redis, in the demo's
+    # process group, took a SIGINT sent to the group and shut down: the demo ended in a
+    # traceback. Only the demo is in its group now, and it ignores it, as it was started to.
+    def ignoring_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    quiet = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+    with _demo_running(start_new_session=True, preexec_fn=ignoring_sigint, **quiet) as (proc, _children):
+        os.killpg(proc.pid, signal.SIGINT)  # the demo's own group (its own session)
+        out, _ = proc.communicate(timeout=280)
+        assert proc.returncode == 0, out
+        assert f"fired {TASKS}/{TASKS}, exactly once {TASKS}/{TASKS}, 0 early".encode() in out

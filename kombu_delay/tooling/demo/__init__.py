@@ -24,6 +24,8 @@ from types import FrameType
 from typing import Any
 
 import click
+import redis
+from kombu.exceptions import OperationalError
 
 from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
 from kombu_delay.errors import KombuDelayError
@@ -163,7 +165,10 @@ def run(view: View, workdir: Path) -> bool:
 
     children: list[Child] = []
     # Persistent, as a deployment runs it; stopped by Linux too if the demo is killed (SIGKILL).
-    server = RedisServer(directory=str(workdir), persistence=True, dies_with_parent=True)
+    # In a session of its own, as the mover and the worker are: a SIGINT to the demo's process
+    # group reaches the demo only, which stops the others (where SIGINT is ignored, as in a
+    # background job of a script, the demo goes on, and so does its Redis).
+    server = RedisServer(directory=str(workdir), persistence=True, dies_with_parent=True, own_session=True)
     producer: Celery | None = None
     try:
         server.start()
@@ -325,6 +330,9 @@ def demo(live: bool | None) -> None:
         sys.exit(1)
     except (RuntimeError, KombuDelayError) as exc:  # no redis-server binary, or it would not start
         view.say(click.style(f"\ndemo failed: {exc}", fg="red"))
+        sys.exit(1)
+    except (redis.RedisError, OperationalError) as exc:  # its Redis went away (killed, say)
+        view.say(click.style(f"\ndemo failed: its Redis went away ({exc})", fg="red"))
         sys.exit(1)
     finally:
         if live:
