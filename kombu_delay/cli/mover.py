@@ -6,6 +6,7 @@ and ``celery -A proj delay mover``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ import click
 from kombu_delay.cli.common import global_options, target
 from kombu_delay.connect import Target
 from kombu_delay.errors import KombuDelayError
-from kombu_delay.mover import mover_id, open_when_reachable
+from kombu_delay.mover import check_pool, mover_id, open_when_reachable
 from kombu_delay.mover.loop import Mover
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
     logger.info("kombu-delay: %s", tgt.describe())
     try:
         settings = tgt.settings()
+        check_pool(tgt)
     except KombuDelayError as exc:
         raise click.UsageError(tgt.redact(str(exc))) from exc
     name = mover_id()
@@ -169,6 +171,8 @@ def serve_metrics_on(port: int | None, addr: str) -> MoverMetrics | None:
     and hooks; ``None`` without a port (``prometheus_client`` is then never imported)."""
     if port is None:
         return None
+    if importlib.util.find_spec("prometheus_client") is None:  # a flag this install cannot serve
+        raise click.UsageError("--metrics-port needs the metrics extra: pip install 'kombu-delay[metrics]'")
     from kombu_delay.ops.metrics import serve_metrics
 
     try:

@@ -14,11 +14,29 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 from kombu_delay.connect import Target, with_socket_timeouts
-from kombu_delay.errors import RedisUnavailable
+from kombu_delay.errors import ConfigError, RedisUnavailable
 from kombu_delay.mover.pacing import Backoff
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
+
+
+#: Redis connections a mover holds at once: its moves, the subscription that wakes it, its checks
+#: and its walk of the id index (the Operations page's "Connections").
+CONNECTIONS = 4
+
+
+def check_pool(target: Target) -> None:
+    """Raise :class:`ConfigError` where the transport option ``max_connections`` leaves a mover
+    fewer connections than it holds at once: its threads would find the pool empty, and each
+    such call would be told as Redis unavailable ("Too many connections"), and retried."""
+    given = target.transport_options.get("max_connections")
+    if isinstance(given, int) and not isinstance(given, bool) and given < CONNECTIONS:
+        raise ConfigError(
+            f"max_connections={given} is too few for a mover, which holds up to {CONNECTIONS} "
+            "Redis connections at once (its moves, the subscription that wakes it, its checks and "
+            f"its walk of the id index): give it at least {CONNECTIONS}, or leave kombu's default (10)"
+        )
 
 
 def mover_id() -> str:

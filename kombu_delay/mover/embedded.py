@@ -27,7 +27,7 @@ from celery import bootsteps, signals
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, app_target, connection
 from kombu_delay.errors import ConfigError
-from kombu_delay.mover import mover_id, open_when_reachable
+from kombu_delay.mover import check_pool, mover_id, open_when_reachable
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.pacing import Backoff
 from kombu_delay.mover.threads import start_daemon
@@ -57,6 +57,7 @@ class EmbeddedMover:
     def start(self) -> None:
         """Start the thread (settings and URL are validated first, so a bad one fails the worker)."""
         self.target.settings()
+        check_pool(self.target)
         connection(self.target.url, self.target.transport_options, self.target.ssl).release()
         self._thread = start_daemon(self._run, "kombu-delay-mover")
         logger.info("kombu-delay: embedded mover %s started", self.name)

@@ -188,6 +188,29 @@ def test_a_duration_too_large_for_a_float_is_one_line_of_error(r, redis_server, 
     assert "delay_max_delay must be at most 4398046511 s" in result.output
 
 
+@pytest.mark.parametrize("pool", ["2", "3"])
+def test_a_mover_refuses_a_pool_too_small_for_it(r, redis_server, pool):
+    # It ran, and logged "Redis unavailable (Too many connections); retrying" for a limit of
+    # its own making. Four are what it holds at once.
+    result = invoke(redis_server, "-o", f"max_connections={pool}", "mover")
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert f"max_connections={pool} is too few for a mover" in result.output and "at least 4" in result.output
+    assert not r.exists("kombu_delay:movers")  # refused before it connected
+
+
+def test_a_mover_told_to_serve_metrics_it_cannot_is_a_usage_error(r, redis_server, monkeypatch):
+    # Without the metrics extra it exited 1, where the docs say 2 for a flag it cannot use.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "prometheus_client" else real(name, *a)
+    )
+    result = invoke(redis_server, "mover", "--metrics-port", str(free_port()))
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "pip install 'kombu-delay[metrics]'" in result.output
+
+
 @pytest.mark.parametrize("countdown", ["nan", "inf", "-inf"])
 def test_reschedule_refuses_a_non_finite_countdown(r, redis_server, countdown):
     (task_id,) = publish(redis_server, 1)

@@ -34,6 +34,7 @@ from kombu_delay.connect import Target, open_store
 from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused, RedisUnavailable
 from kombu_delay.message import Due
+from kombu_delay.mover import check_pool
 from kombu_delay.mover.embedded import EmbeddedMover
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
@@ -684,6 +685,13 @@ def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_
     # Full jitter over doublings from 0.1 s: the fifth wait is at least 0.8 s.
     assert waits()[4] >= 0.8, waits()
     assert watch_threads() == before
+
+
+def test_an_embedded_mover_with_a_pool_too_small_for_it_fails_its_start(server):
+    with pytest.raises(ConfigError, match="max_connections=3 is too few for a mover"):
+        EmbeddedMover(Target(server.delay_url, {"max_connections": 3})).start()
+    for enough in (4, 10, None):  # None: kombu's default, 10
+        check_pool(Target(server.delay_url, {"max_connections": enough}))
 
 
 def test_an_embedded_mover_given_an_option_its_connection_cannot_use_stops_and_says_so(server, caplog):
