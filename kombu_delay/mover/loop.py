@@ -64,7 +64,7 @@ class MoverStats:
     renewed: int = 0  #: buckets whose expiry a sweep pushed out
     errors: int = 0
     calls: int = 0
-    last_move_at: float = 0.0  #: ``time.time()`` of the last call that moved something
+    last_move_at: float = 0.0  #: Redis's clock (epoch s) at the last call that moved something
     lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
 
 
@@ -287,7 +287,7 @@ class Mover:
         stats.wrongtype += result.wrongtype
         stats.refused += result.refused
         if result.moved:
-            stats.last_move_at = time.time()
+            stats.last_move_at = result.now_ms / 1000
         if result.moved > self.settings.batch_size:  # only a herd handed over whole moves more
             # (the call's count: other queues' messages moved in the same call are in it too)
             logger.info("mover %s: moved %d messages in one call, a herd whole", self.name, result.moved)

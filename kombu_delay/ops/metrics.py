@@ -11,9 +11,9 @@ Series (counters carry the ``_total`` suffix on the wire):
 * ``kombu_delay_lateness_seconds``: histogram, due time to LPUSH of each moved message.
 * ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited,
   in either space (a compressed one is read every :data:`COLD_REFRESH_S`).
-* ``kombu_delay_last_move_timestamp_seconds``: gauge, Unix time of the last call that moved
-  something; ``kombu_delay_last_pass_timestamp_seconds``: of the last successful move call
-  (moving or not), the liveness signal to alert on.
+* ``kombu_delay_last_move_timestamp_seconds``: gauge, Unix time by Redis's clock of the last
+  call that moved something; ``kombu_delay_last_pass_timestamp_seconds``: of the last
+  successful move call (moving or not), the liveness signal to alert on.
 * ``kombu_delay_redis_errors_total``: counter, failed calls to Redis (the mover retries);
   ``kombu_delay_mover_errors_total``: counter, any other error in the mover loop (a bug:
   logged with its traceback, and retried too).
@@ -205,10 +205,14 @@ class MoverMetrics:
         }
 
     def on_result(self, result: MoveResult) -> None:
-        self.last_pass.set(time.time())
+        # By Redis's clock, as every due time: a mover host's own may be off (it needs no sync),
+        # and an alert that takes these from Prometheus's clock would page for a healthy mover
+        # whose host is behind, or stay quiet for one ahead.
+        redis_s = result.now_ms / 1000
+        self.last_pass.set(redis_s)
         if result.moved:
             self.moved.inc(result.moved)
-            self.last_move.set(time.time())
+            self.last_move.set(redis_s)
             for ms in result.lateness_ms:
                 self.lateness.observe(ms / 1000)
         if result.expired:
