@@ -241,15 +241,17 @@ def message_due(message: dict[str, Any]) -> Due | None:
         # (0, an empty list) is a bad one. (A Celery 5.7 worker fails on either, as on redis://.)
         if eta is not None and eta != "":
             return Due(parse_iso_ms(eta), task_id=message_id(message))
-    if "x-delay" in headers:
-        delay = _x_delay_ms(headers["x-delay"])
-        return Due(delay, relative=True, task_id=message_id(message)) if delay > 0 else None
+    # A protocol-1 task's ETA, in its body, before an x-delay beside it: the worker waits for
+    # that ETA whenever the message arrives (held by the x-delay, it held it in memory).
     body = protocol1_body(message)
     if body is not None and body["eta"]:
         eta = body["eta"]
         if not isinstance(eta, str):
             raise BadETA(f"ETA {shown(eta)} is not ISO-8601")
         return Due(parse_iso_ms(eta), task_id=message_id(message, body))
+    if "x-delay" in headers:
+        delay = _x_delay_ms(headers["x-delay"])
+        return Due(delay, relative=True, task_id=message_id(message, body)) if delay > 0 else None
     return None
 
 
@@ -307,9 +309,7 @@ def index_id(payload: bytes | str) -> str:
     message = load_stored(payload)
     if message is None:
         return ""
-    headers = message.get("headers") or {}
-    body = None if "x-delay" in headers else protocol1_body(message)
-    return message_id(message, body)
+    return message_id(message, protocol1_body(message))
 
 
 def task_name(payload: bytes | str) -> str | None:

@@ -89,6 +89,16 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "p1-body-base64": (p1(task(eta=T.isoformat())), Due(T_MS, task_id="b1")),
     "p1-body-plain": (p1(task(eta=T.isoformat()), False), Due(T_MS, task_id="b1")),
     "p1-no-eta": (p1(task()), None),
+    # A protocol-1 task's own ETA wins over an x-delay beside it (the worker waits for it), and
+    # an x-delay holds one with none; either is indexed under the task id, not the tag.
+    "p1-wins-over-x-delay": (
+        {**p1(task(eta=T.isoformat())), "headers": {"x-delay": 2000}},
+        Due(T_MS, task_id="b1"),
+    ),
+    "p1-no-eta-x-delay": (
+        {**p1(task()), "headers": {"x-delay": 2000}},
+        Due(2000, relative=True, task_id="b1"),
+    ),
     "not-celery-body": (p1({"eta": T.isoformat()}), None),
     "p1-under-a-task-header": (
         {**p1(task(eta=T.isoformat())), "headers": {"task": "t", "id": "h1"}},

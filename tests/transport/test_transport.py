@@ -353,6 +353,20 @@ def test_celery_protocol_1_countdowns_are_still_held(r, make_app, redis_server, 
     assert (item.task_id, item.task) == (task_id, "t.add")
 
 
+def test_a_protocol_1_task_s_eta_wins_over_an_x_delay_beside_it(r, make_app, redis_server, prefix):
+    # Its x-delay held it: delivered 58 s before its ETA (a worker then held it in memory), and
+    # indexed under its delivery tag, so that find and cancel by its task id found nothing.
+    app = make_app(prefix)
+    app.conf.task_protocol = 1
+    before = time.time()
+    task_id = app.send_task("t.add", (1, 2), countdown=60, headers={"x-delay": 2000}).id
+    held = only(stored(r, prefix))
+    assert "x-delay" in held.message["headers"] and held.due_ms >= int((before + 60) * 1000)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        (found,) = ctl.find(task_id)
+        assert found.due_ms == held.due_ms and ctl.scheduled().items[0].task_id == task_id
+
+
 def test_garbage_eta_is_delivered_now_warned_and_counted(r, redis_server, prefix, caplog):
     with (
         caplog.at_level(logging.WARNING, logger="kombu_delay"),
