@@ -15,7 +15,10 @@ the two per message: on a machine too busy to copy at :data:`RATE`, a herd just 
 then copied at once). Not earlier, since the copy holds the herd twice in Redis's memory
 until it is due. Nor while the run changes from one plan to the next: a herd still being
 published would drop its copy with each publish due at its millisecond. Under ``maxmemory`` a
-run is staged only when its copy fits in what is free; with ``delay_max_rate`` or
+run is staged only when its copy fits in what is free below :data:`MEMORY_SHARE` of it, as
+``MEMORY USAGE`` estimates its set (from a sample: a herd whose first members are small reads
+smaller than it is), and each step looks again: a copy that has taken Redis past that share
+is dropped, and its herd moves in batches; with ``delay_max_rate`` or
 ``delay_max_queue_length`` nothing is (a handover would pass either). Several movers may
 stage the same run: each call goes on where the last one stopped.
 """
@@ -82,6 +85,8 @@ class Stager:
         self._count_of: dict[tuple[int, str], int] = {}
         #: Members in the copy of the run in hand after its last step.
         self._copied = 0
+        #: Whether the last plan found Redis under ``maxmemory``: each copy step looks again.
+        self._capped = False
         #: The run (its due ms and size) each destination's set held when last looked at.
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}
         self._next_plan = float("-inf")
@@ -134,6 +139,9 @@ class Stager:
             if looked.outcome is Staged.MORE and not looked.staged and seen != (looked.due_ms, looked.run):
                 self._work.pop(0)  # looked at again in the next plan
                 return 0
+        if self._capped and not self.store.memory_free(MEMORY_SHARE):
+            self._drop(run)
+            return 0
         result = self.store.stage(start_ms, dest, STAGE_BATCH, self.min_run)
         if result.outcome is Staged.MORE and result.staged > self._copied:
             if not self._copied:
@@ -160,6 +168,23 @@ class Stager:
         elif result.outcome is not Staged.MORE:
             self._settled[run] = self._count_of.get(run, -1)
         return 0
+
+    def _drop(self, run: tuple[int, str]) -> None:
+        """Give up the copy of ``run``, which has taken Redis past :data:`MEMORY_SHARE` of its
+        ``maxmemory``: delete it (it would hold that memory until its herd is due), and leave
+        the run to the batches until its count changes."""
+        start_ms, dest = run
+        self._work.pop(0)
+        self._copied = 0
+        self._settled[run] = self._count_of.get(run, -1)
+        self.store.drop_staged(start_ms, dest)
+        logger.warning(
+            "mover %s: Redis's memory passed %d %% of its maxmemory while copying a herd for %r; "
+            "its copy is dropped, and it moves in batches",
+            self.name,
+            MEMORY_SHARE * 100,
+            dest,
+        )
 
     def assumed_rate(self) -> float:
         """The copy rate a plan assumes, messages/s: :data:`RATE`, or the lower rate this mover
@@ -194,6 +219,7 @@ class Stager:
         heads = self.store.heads_due(due) if due else {}
         due = [run for run in due if run in heads and ahead(run, heads[run])]
         free = self.store.memory_free(MEMORY_SHARE) if due else None
+        self._capped = free is not None
         for start_ms, dest in due:
             if free is not None:
                 size = self.store.set_memory(start_ms, dest)

@@ -255,6 +255,12 @@ class Moving(StoreBase):
             reply = self._scripts["stage"](keys=[self._index], args=[self.ns, start_ms, dest, limit, min_run])
         return StageResult.from_reply(reply)
 
+    def drop_staged(self, start_ms: int, dest: str) -> None:
+        """Delete the copy of the herd of bucket ``start_ms``'s set for ``dest`` (whole or in
+        part): its move then reads the run from the set, in batches."""
+        with translated_errors():
+            self.client.unlink(keys.staged(self.prefix, start_ms, dest))
+
     def memory_free(self, share: float) -> int | None:
         """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
         it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""

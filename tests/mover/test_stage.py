@@ -142,6 +142,37 @@ def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.
         r.config_set("maxmemory", "0")
 
 
+def test_a_copy_that_takes_redis_past_its_share_of_maxmemory_is_dropped_and_not_made_again(
+    r: redis.Redis, prefix: str
+) -> None:
+    # The plan's size of a herd is MEMORY USAGE's, from a sample of its first members: a herd of
+    # small first members and large later ones was copied to 102 % of maxmemory (and under
+    # allkeys-lru, Redis evicted the herd's own set to make room). Each step now looks again.
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = next_start(clock) + 10
+    clock.ms = due - 1000  # within the run's lead
+    schedule(store, f"{prefix}q", due, 3000)
+    stager = Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN)
+    r.config_set("maxmemory", str(int(r.info("memory")["used_memory"]) + 2**30))
+    try:
+        for _ in range(20):  # until a first batch is copied: 2,000 of the 3,000
+            stager.step()
+            if staged(r, prefix):
+                break
+        assert staged(r, prefix) == {"q": stage.STAGE_BATCH}
+        used = int(r.info("memory")["used_memory"])
+        r.config_set("maxmemory", str(int(used / 0.9)))  # past 80 % of it, not past it
+        stager.step()
+        assert staged(r, prefix) == {}
+        r.config_set("maxmemory", str(used + 2**30))
+        run_steps(stager)
+        assert staged(r, prefix) == {}  # not made again while its herd is as it was
+    finally:
+        r.config_set("maxmemory", "0")
+    assert r.zcard(keys.queue_set(prefix, due - due % ORDINARY.bucket_width_ms, f"{prefix}q")) == 3000
+
+
 def moved_as_release_1_0_moves(r: redis.Redis, prefix: str, start: int, dest: str) -> None:
     """Move a bucket's set for ``dest`` as a mover of 1.0.0 did, which knew nothing of copies:
     in batches, its members pushed and taken out, their counts taken off, the copy left."""
