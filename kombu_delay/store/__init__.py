@@ -7,7 +7,9 @@ Redis command. :class:`Store` is one facade over the store's jobs, one module ea
 - :mod:`~kombu_delay.store.move`: move due messages, thaw cold ones, sweep, heartbeats;
 - :mod:`~kombu_delay.store.inspection`: find, list (:mod:`~kombu_delay.store.listing`),
   counts, census, health facts;
-- :mod:`~kombu_delay.store.edit`: cancel, reschedule, purge.
+- :mod:`~kombu_delay.store.edit`: cancel, reschedule, purge;
+- :mod:`~kombu_delay.store.server`: the server's eviction policy, run id, persistence and
+  free memory.
 
 Script replies become the values of :mod:`~kombu_delay.store.replies`, and redis-py's failures
 the errors of :mod:`kombu_delay.errors` (:func:`~kombu_delay.errors.translated_errors`).
@@ -18,9 +20,10 @@ from __future__ import annotations
 from kombu_delay.store.base import MAX_PAYLOAD_BYTES
 from kombu_delay.store.edit import Editing
 from kombu_delay.store.move import Moving
+from kombu_delay.store.server import ServerFacts
 
 __all__ = ["MAX_PAYLOAD_BYTES", "Store"]
 
 
-class Store(Editing, Moving):
+class Store(Editing, Moving, ServerFacts):
     """kombu-delay's data in one Redis database, under one ``global_keyprefix``."""

@@ -31,62 +31,15 @@ def _few_dests(dests: Iterable[str] | None) -> list[str]:
     return named
 
 
+#: How often :meth:`Inspecting.earliest_due_ms` reads a space's first bucket again, where it
+#: was drained and left the index between its reads.
+FIRST_DUE_READS = 3
 #: The queue heads one round trip reads (:meth:`Inspecting.earliest_due_ms`).
 HEADS_PER_TRIP = 100
 
 
 class Inspecting(StoreBase):
     """What inspection (DelayControl, the CLI, health and metrics) reads."""
-
-    def eviction_policy(self) -> str | None:
-        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read. ``INFO
-        memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL users):
-        a policy other than ``noeviction`` lets Redis delete scheduled messages."""
-        with translated_errors():
-            try:
-                info: dict[str, Any] = self.client.info("memory")
-            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
-                return None
-        policy = info.get("maxmemory_policy")
-        return None if policy is None else as_text(policy)
-
-    def run_id(self) -> tuple[str, int, bool] | None:
-        """Return the server's run id (new at each start), its uptime, s, and whether it has a second
-        replication id (a replica promoted; on Redis 7 also a reloaded snapshot), or ``None``."""
-        with translated_errors():
-            try:
-                info: dict[str, Any] = {**self.client.info("server"), **self.client.info("replication")}
-            except redis.ResponseError:
-                return None
-        found, uptime = info.get("run_id"), info.get("uptime_in_seconds")
-        promoted = info.get("master_replid2", 0) not in (0, "0")  # (its 40 zeros read as 0: none)
-        return None if found is None or uptime is None else (as_text(found), int(uptime), promoted)
-
-    def persistence(self, read_rules: bool = True) -> tuple[bool | None, str | None]:
-        """Return whether the AOF is on and the RDB save rules (``""``: none), each ``None`` when
-        it cannot be read: what Redis keeps on disk, so what a Redis restart keeps.
-
-        ``INFO persistence`` says whether the AOF is on. Only when it is off are the save rules
-        read, with ``CONFIG GET save``, which managed Redis renames and ACL users are often
-        refused (``CONFIG`` is ``@dangerous``): then they are ``None``, as they are without
-        ``read_rules``.
-        """
-        with translated_errors():
-            try:
-                info: dict[str, Any] = self.client.info("persistence")
-            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
-                return None, None
-            aof = info.get("aof_enabled")
-            if aof is None:
-                return None, None
-            if int(aof) or not read_rules:
-                return bool(int(aof)), None
-            try:
-                rules: dict[Any, Any] = self.client.config_get("save")
-            except redis.ResponseError:  # refused (NOPERM) or renamed away (unknown command)
-                return False, None
-        found = next((value for name, value in rules.items() if as_text(name) == "save"), None)
-        return False, None if found is None else as_text(found)
 
     def stranded(
         self, fresh_ms: int, page: int = 10_000, stopping: Callable[[], bool] | None = None
@@ -212,12 +165,10 @@ class Inspecting(StoreBase):
         """The earliest due time in the index (as move.lua's ``next_due``: buckets of a
         narrower width that start before the best found so far are looked at too)."""
         index = space.index(self.prefix)
-        start = self._first_start(index)
-        if start is None:
+        first = self._first_bucket(index, space)
+        if first is None:
             return None
-        best = self._earliest_in(start, space)
-        if best is None:  # (not `or`: a score written below 0 by hand is due at 0)
-            best = start
+        start, best = first
         later: list[Any] = self.client.zrangebyscore(index, f"({start}", best, 0, 16)
         for raw in later:
             at = keys.start_of(raw)
@@ -225,6 +176,23 @@ class Inspecting(StoreBase):
             if due is not None and due < best:
                 best = due
         return best
+
+    def _first_bucket(self, index: str, space: spaces.Space) -> tuple[int, int] | None:
+        """The first bucket of ``index`` that names one, and its earliest due time; ``None``
+        when there is none."""
+        for read in range(1, FIRST_DUE_READS + 1):
+            start = self._first_start(index)
+            if start is None:
+                return None
+            best = self._earliest_in(start, space)
+            if best is not None:
+                return start, best
+            # No head: drained between the reads (a move or a thaw took its last message, and
+            # the bucket out of the index), then read again; or still indexed, its messages
+            # vanished, and it is told by its start, as overdue since then.
+            if read == FIRST_DUE_READS or self.client.zscore(index, str(start)) is not None:
+                return start, start
+        return None
 
     def _first_start(self, index: str) -> int | None:
         """The first member of ``index`` that names a bucket: one written by hand is passed

@@ -261,29 +261,6 @@ class Moving(StoreBase):
         with translated_errors():
             self.client.unlink(keys.staged(self.prefix, start_ms, dest))
 
-    def memory_free(self, share: float) -> int | None:
-        """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
-        it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""
-        try:
-            with translated_errors():
-                info = self.client.info("memory")
-        except redis.exceptions.NoPermissionError:
-            return 0
-        limit = int(info.get("maxmemory", 0))
-        if not limit:
-            return None
-        return max(0, int(limit * share) - int(info.get("used_memory", 0)))
-
-    def set_memory(self, start_ms: int, dest: str) -> int | None:
-        """Bytes of bucket ``start_ms``'s sorted set for ``dest`` (``MEMORY USAGE``, sampled);
-        ``None`` when it is gone or the ACL refuses the command."""
-        try:
-            with translated_errors():
-                size = self.client.memory_usage(keys.queue_set(self.prefix, start_ms, dest), samples=5)
-        except redis.exceptions.NoPermissionError:
-            return None
-        return None if size is None else int(size)
-
     def sweep(self, after: str, limit: int, now_ms: int | None = None) -> SweepResult:
         """Visit up to ``limit`` buckets of both spaces after ``after`` (``""``: from the first):
         give each its grace again from now, so nothing a running mover holds expires, and

@@ -1,0 +1,89 @@
+"""What kind of Redis server the store is on: its eviction policy, its run id, what it keeps
+on disk and how much memory it has left. Nothing here reads or writes a message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from kombu_delay.errors import translated_errors
+from kombu_delay.store import keys
+from kombu_delay.store.base import StoreBase, as_text
+
+
+class ServerFacts(StoreBase):
+    """The server's facts that the mover's checks, ``health`` and staging read."""
+
+    def eviction_policy(self) -> str | None:
+        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read. ``INFO
+        memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL users):
+        a policy other than ``noeviction`` lets Redis delete scheduled messages."""
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("memory")
+            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
+                return None
+        policy = info.get("maxmemory_policy")
+        return None if policy is None else as_text(policy)
+
+    def run_id(self) -> tuple[str, int, bool] | None:
+        """Return the server's run id (new at each start), its uptime, s, and whether it has a second
+        replication id (a replica promoted; on Redis 7 also a reloaded snapshot), or ``None``."""
+        with translated_errors():
+            try:
+                info: dict[str, Any] = {**self.client.info("server"), **self.client.info("replication")}
+            except redis.ResponseError:
+                return None
+        found, uptime = info.get("run_id"), info.get("uptime_in_seconds")
+        promoted = info.get("master_replid2", 0) not in (0, "0")  # (its 40 zeros read as 0: none)
+        return None if found is None or uptime is None else (as_text(found), int(uptime), promoted)
+
+    def persistence(self, read_rules: bool = True) -> tuple[bool | None, str | None]:
+        """Return whether the AOF is on and the RDB save rules (``""``: none), each ``None`` when
+        it cannot be read: what Redis keeps on disk, so what a Redis restart keeps.
+
+        ``INFO persistence`` says whether the AOF is on. Only when it is off are the save rules
+        read, with ``CONFIG GET save``, which managed Redis renames and ACL users are often
+        refused (``CONFIG`` is ``@dangerous``): then they are ``None``, as they are without
+        ``read_rules``.
+        """
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("persistence")
+            except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
+                return None, None
+            aof = info.get("aof_enabled")
+            if aof is None:
+                return None, None
+            if int(aof) or not read_rules:
+                return bool(int(aof)), None
+            try:
+                rules: dict[Any, Any] = self.client.config_get("save")
+            except redis.ResponseError:  # refused (NOPERM) or renamed away (unknown command)
+                return False, None
+        found = next((value for name, value in rules.items() if as_text(name) == "save"), None)
+        return False, None if found is None else as_text(found)
+
+    def memory_free(self, share: float) -> int | None:
+        """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
+        it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""
+        try:
+            with translated_errors():
+                info = self.client.info("memory")
+        except redis.exceptions.NoPermissionError:
+            return 0
+        limit = int(info.get("maxmemory", 0))
+        if not limit:
+            return None
+        return max(0, int(limit * share) - int(info.get("used_memory", 0)))
+
+    def set_memory(self, start_ms: int, dest: str) -> int | None:
+        """Bytes of bucket ``start_ms``'s sorted set for ``dest`` (``MEMORY USAGE``, sampled);
+        ``None`` when it is gone or the ACL refuses the command."""
+        try:
+            with translated_errors():
+                size = self.client.memory_usage(keys.queue_set(self.prefix, start_ms, dest), samples=5)
+        except redis.exceptions.NoPermissionError:
+            return None
+        return None if size is None else int(size)
