@@ -26,7 +26,7 @@ from celery import bootsteps, signals
 
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, app_target, connection
-from kombu_delay.errors import ConfigError
+from kombu_delay.errors import ConfigError, KombuDelayError
 from kombu_delay.mover import check_pool, mover_id, open_when_reachable
 from kombu_delay.mover.loop import Mover
 from kombu_delay.mover.pacing import Backoff
@@ -101,18 +101,21 @@ class EmbeddedMover:
                     exc,
                 )
                 return
-            except Exception:
+            except Exception as exc:
                 # What reaches here is what the Mover does not wait out itself (an ACL
                 # refusal, say), so it fails again at once until someone fixes it: the waits
-                # grow, and start again short only after a mover that ran a while.
+                # grow, and start again short only after a mover that ran a while. The Mover
+                # has logged one of kombu-delay's own errors (as stopping: this one starts it
+                # again); anything else is a bug, told with its traceback.
                 if time.monotonic() - began >= HEALTHY_S:
                     backoff.reset()
                 delay = backoff.next()
                 logger.warning(
-                    "kombu-delay: embedded mover %s failed; retrying in %.1f s",
+                    "kombu-delay: embedded mover %s failed (%s); retrying in %.1f s",
                     self.name,
+                    exc,
                     delay,
-                    exc_info=True,
+                    exc_info=not isinstance(exc, KombuDelayError),
                 )
                 self._stopping.wait(delay)
 
