@@ -50,10 +50,13 @@ PREFIX_RETRY_S = 60.0
 FORGET_EVERY_S = 3600.0
 #: The commands the walk runs (Redis 7.0 names none in a script's ACL refusal: the hint then
 #: names them all).
-WALK_COMMANDS = ("HSCAN", "TYPE", "PTTL", "EXISTS", "TIME", "HSET", "HDEL", "PEXPIREAT")
+WALK_COMMANDS = ("HSCAN", "TYPE", "PTTL", "HMGET", "ZSCORE", "EXISTS", "TIME", "HSET", "HDEL", "PEXPIREAT")
 #: Seconds before a walk that failed (Redis away, a connection refused by a full pool) is
 #: tried again: not an hour, the refs it drops would wait that long.
 FORGET_RETRY_S = 60.0
+#: Seconds between looks at another mover's walk in hand (one script call that reads nothing
+#: of the index): a walk its mover left part way, killed or stopped, is taken over at the next.
+CLAIM_LOOK_S = 60.0
 #: Task ids a page of the walk reads: about 2 ms of Redis's time, which a due move may wait.
 FORGET_PAGE = 250
 #: After each page the walk waits this many times as long as the page took: it takes at most
@@ -339,7 +342,9 @@ class Watch:
                 return dropped
             if isinstance(page, float):  # another mover's walk began within FORGET_EVERY_S
                 logger.debug("mover %s: the id index was walked lately; not walked again", self.name)
-                self.next_walk_s = page + 1.0  # just after its claim ends, not an hour after
+                # Just after its claim ends, not an hour after; sooner, to take over a walk its
+                # mover left part way.
+                self.next_walk_s = min(page + 1.0, CLAIM_LOOK_S)
                 break
             cursor, n, buckets, messages = page
             self._walk_cursor = cursor

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# For the scripts (schedule.lua counts the movers with a fresh heartbeat): constants of keys.py.
+# For the scripts (schedule.lua counts the movers with a fresh heartbeat, forget.lua takes over
+# the walk of one without): constants of keys.py.
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS as FRESH_HEARTBEAT_MS
 from kombu_delay.ops.checks import FUTURE_BEAT_MS as FUTURE_BEAT_MS
 
 #: Namespace of every key kombu-delay creates, after ``global_keyprefix``.

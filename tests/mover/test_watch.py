@@ -23,7 +23,7 @@ from kombu_delay.errors import RedisUnavailable
 from kombu_delay.message import Due
 from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
-from kombu_delay.ops.checks import persistence_problem, snapshot_note, unread_policy
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, persistence_problem, snapshot_note, unread_policy
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.metrics import try_scrape
@@ -636,6 +636,42 @@ def test_one_mover_walks_the_id_index_in_an_hour_however_many_run(r: redis.Redis
     r.set(walk, "by hand")  # a key of another type: every mover walks, as before it was shared
     assert store.forget_stale_refs(0, 1000, "third", every_ms) == (0, 0, 0, 0)
     assert r.get(walk) == b"by hand"
+
+
+def test_a_walk_left_part_way_by_a_mover_that_is_gone_is_taken_over(r: redis.Redis, prefix: str) -> None:
+    # A mover killed (or stopped) during its walk of the id index held the claim for the rest
+    # of the hour: no stale ref dropped, and no lost bucket put back for a user who may not
+    # SCAN, until then.
+    store = Store(r, prefix)
+    now = store.time_ms()
+    for i in range(600):
+        store.schedule(Due(now + 600_000, task_id=f"t{i}"), f"{prefix}q", kombu_payload(f"t{i}"), Settings())
+    walk, movers = keys.walk(prefix), keys.movers(prefix)
+    every_ms = int(watch_module.FORGET_EVERY_S * 1000)
+    store.heartbeat("gone", now_ms=now)
+    page = store.forget_stale_refs(0, 250, "gone", every_ms, now_ms=now)  # its first page of several
+    assert isinstance(page, tuple) and page[0] != 0 and not r.hexists(walk, "done")
+    fresh = now + FRESH_HEARTBEAT_MS  # its heartbeat as old as a live mover's may be
+    assert isinstance(store.forget_stale_refs(0, 250, "other", every_ms, now_ms=fresh), float)
+    later = fresh + 1  # older than that: killed
+    page = store.forget_stale_refs(0, 250, "other", every_ms, now_ms=later)
+    assert isinstance(page, tuple) and r.hget(walk, "by") == b"other"
+    store.heartbeat("other", now_ms=later)
+    r.zrem(movers, "other")  # stopped cleanly, part way: its heartbeat removed
+    page = store.forget_stale_refs(0, 250, "third", every_ms, now_ms=later)
+    assert isinstance(page, tuple) and r.hget(walk, "by") == b"third"
+    cursor = page[0]
+    while cursor:
+        page = store.forget_stale_refs(cursor, 250, "third", every_ms, now_ms=later)
+        assert isinstance(page, tuple)
+        cursor = page[0]
+    # A walk done holds its claim until the next is due, whether its mover runs or not.
+    assert r.hexists(walk, "done") and not r.zscore(movers, "third")
+    assert isinstance(store.forget_stale_refs(0, 250, "fourth", every_ms, now_ms=later), float)
+    # A mover that found the claim looks again within a minute, not when it ends an hour on:
+    # only so is a walk left part way taken over in time.
+    fourth = Watch(store, "fourth")
+    assert fourth.forget_stale_refs() == 0 and fourth.next_walk_s == watch_module.CLAIM_LOOK_S
 
 
 def test_stranded_prefixes_are_looked_at_again_on_one_connection(

@@ -15,8 +15,10 @@ Returns: {cursor, dropped, skipped, put back, counted}: the cursor to pass next 
          walk is done), the refs dropped, and, when this was a first page and another walk had
          begun less than ARGV[4] ago (nothing read), the ms its claim lasts yet (at least 1),
          else 0; then the buckets the refs name that were put back into their index, and the
-         messages those count (see below). A claim that has no expiry is taken over.
-Bound: one HSCAN of about ARGV[3] fields, one EXISTS and one ZSCORE per bucket they name
+         messages those count (see below). A claim that has no expiry is taken over, and
+         so is one of a walk not done whose mover has no heartbeat fresher than
+         FRESH_HEARTBEAT_MS in <ns>movers (killed, or stopped, part way).
+Bound: one HSCAN of about ARGV[3] fields (and, on a first page, an HMGET and a ZSCORE), one EXISTS and one ZSCORE per bucket they name
        (put_back in _buckets.lua, which does more only for a bucket missing from its index),
        and one HDEL or HSET per task id with a ref dropped.
 
@@ -33,7 +35,19 @@ not SCAN has the buckets of an index evicted or deleted by hand put back too, wi
 --- @include spaces
 --- @include clock
 --- @include buckets
+--- @const FRESH_HEARTBEAT_MS
 local ids, walk, ns = KEYS[1], KEYS[2], ARGV[1]
+
+-- Whether the walk in hand was left part way by its mover (killed, or stopped): no heartbeat
+-- of it fresher than FRESH_HEARTBEAT_MS. Its claim would stop every walk for the rest of its
+-- hour. A walk done keeps its claim, whoever made it, until the next walk is due.
+local function abandoned()
+  local claimed = redis.call('HMGET', walk, 'by', 'done')
+  if claimed[2] or not claimed[1] then return false end
+  local beat = tonumber(redis.call('ZSCORE', ns .. 'movers', claimed[1]))
+  return not beat or beat < clock(ARGV[6]) - FRESH_HEARTBEAT_MS
+end
+
 -- 'none' or 'hash', unless written by hand: then every mover walks, as if none had begun.
 local walk_type = redis.call('TYPE', walk)['ok']
 -- A claim with no expiry (its PEXPIREAT refused by an ACL, or written by hand) would stop
@@ -41,7 +55,7 @@ local walk_type = redis.call('TYPE', walk)['ok']
 local claim = walk_type == 'none'
 if ARGV[2] == '0' and walk_type == 'hash' then
   local left = redis.call('PTTL', walk)
-  if left >= 0 then return {'0', 0, math.max(left, 1)} end  -- 0: under a ms left
+  if left >= 0 and not abandoned() then return {'0', 0, math.max(left, 1)} end  -- 0: under a ms left
   claim = true
 end
 -- Read before any write: a refusal (an ACL without HSCAN) leaves the next walk to a mover
