@@ -31,7 +31,8 @@ def check_pool(target: Target) -> None:
     fewer connections than it holds at once: its threads would find the pool empty, and each
     such call would be told as Redis unavailable ("Too many connections"), and retried."""
     given = target.transport_options.get("max_connections")
-    if isinstance(given, int) and not isinstance(given, bool) and given < CONNECTIONS:
+    # 0 (or None, False) is redis-py's default pool; True, one connection.
+    if isinstance(given, int) and given and given < CONNECTIONS:
         raise ConfigError(
             f"max_connections={given} is too few for a mover, which holds up to {CONNECTIONS} "
             "Redis connections at once (its moves, the subscription that wakes it, its checks and "

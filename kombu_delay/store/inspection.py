@@ -31,8 +31,8 @@ def _few_dests(dests: Iterable[str] | None) -> list[str]:
     return named
 
 
-#: How often :meth:`Inspecting.earliest_due_ms` reads a space's first bucket again, where it
-#: was drained and left the index between its reads.
+#: How often :meth:`Inspecting.earliest_due_ms` reads a space's first bucket, where it finds no
+#: head (it changed between the reads, or its messages vanished).
 FIRST_DUE_READS = 3
 #: The queue heads one round trip reads (:meth:`Inspecting.earliest_due_ms`).
 HEADS_PER_TRIP = 100
@@ -180,19 +180,19 @@ class Inspecting(StoreBase):
     def _first_bucket(self, index: str, space: spaces.Space) -> tuple[int, int] | None:
         """The first bucket of ``index`` that names one, and its earliest due time; ``None``
         when there is none."""
-        for read in range(1, FIRST_DUE_READS + 1):
-            start = self._first_start(index)
-            if start is None:
+        last = None
+        for _ in range(FIRST_DUE_READS):
+            last = self._first_start(index)
+            if last is None:
                 return None
-            best = self._earliest_in(start, space)
+            best = self._earliest_in(last, space)
             if best is not None:
-                return start, best
-            # No head: drained between the reads (a move or a thaw took its last message, and
-            # the bucket out of the index), then read again; or still indexed, its messages
-            # vanished, and it is told by its start, as overdue since then.
-            if read == FIRST_DUE_READS or self.client.zscore(index, str(start)) is not None:
-                return start, start
-        return None
+                return last, best
+            # No head: changed between the reads (a move or a thaw drained it, a publish put
+            # it back, a queue's first message came after its meta hash was read): read again.
+        # No head at any read: its messages vanished, and it is told by its start, as overdue
+        # since then.
+        return None if last is None else (last, last)
 
     def _first_start(self, index: str) -> int | None:
         """The first member of ``index`` that names a bucket: one written by hand is passed
