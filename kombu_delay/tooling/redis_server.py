@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -74,8 +75,23 @@ def find_binary() -> str:
     return found
 
 
+#: Ports :func:`free_port` draws from first: below Linux's ephemeral range (32768 and up by
+#: default), which the system hands to every outgoing connection, so that a port found free is
+#: not taken by one before the server it was found for binds it; and above the well-known
+#: services' ports (Redis's 6379 among them).
+QUIET_PORTS = range(20_000, 32_000)
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
+    """Return a TCP port on 127.0.0.1 that is free right now: one of :data:`QUIET_PORTS`, at
+    random, else one the system picks."""
+    for port in random.sample(QUIET_PORTS, 20):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
