@@ -46,7 +46,8 @@ class ServerFacts(StoreBase):
         ``INFO persistence`` says whether the AOF is on. Only when it is off are the save rules
         read, with ``CONFIG GET save``, which managed Redis renames and ACL users are often
         refused (``CONFIG`` is ``@dangerous``): then they are ``None``, as they are without
-        ``read_rules``.
+        ``read_rules``. Both are ``None`` while Redis loads what it kept (``loading``): it turns
+        its AOF off until it has read it, and reads ``aof_enabled:0`` meanwhile.
         """
         with translated_errors():
             try:
@@ -54,7 +55,7 @@ class ServerFacts(StoreBase):
             except redis.ResponseError:  # INFO refused by an ACL: nothing to judge by
                 return None, None
             aof = info.get("aof_enabled")
-            if aof is None:
+            if aof is None or int(info.get("loading", 0)) or int(info.get("async_loading", 0)):
                 return None, None
             if int(aof) or not read_rules:
                 return bool(int(aof)), None

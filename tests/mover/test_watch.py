@@ -484,6 +484,33 @@ def test_persistence_that_cannot_be_read_is_not_checked_and_said_once(caplog):
         assert probe.returncode == 0 and "WARNING" not in probe.stdout, probe
 
 
+@pytest.mark.slow  # half a million keys, for a load long enough to be read during it
+def test_a_redis_loading_its_aof_is_not_taken_for_one_that_keeps_nothing() -> None:
+    # Redis turns its AOF off while it loads it, and INFO then reads aof_enabled:0: a mover that
+    # looked then (a Redis restarted with a large AOF, or one restarted under load: a CI run)
+    # said it kept nothing on disk, and told the restart as "all scheduled lost".
+    with RedisServer(persistence=True) as server:
+        client = server.client()
+        for begin in range(0, 500_000, 50_000):
+            pipe = client.pipeline(transaction=False)
+            for i in range(begin, begin + 50_000):
+                pipe.set(f"k{i}", "v" * 40)
+            pipe.execute()
+        wait_until(lambda: int(client.info("persistence")["aof_pending_bio_fsync"]) == 0, timeout=DEADLINE_S)
+        server.restart(kill=True)  # it answers as soon as it listens, while it loads
+        client.connection_pool.disconnect()
+        store, read, loading_seen = Store(client), [], 0
+        while True:
+            loading = int(client.info("persistence")["loading"])
+            loading_seen += loading
+            read.append(store.persistence())
+            if not loading:
+                break
+        assert loading_seen, "the load ended before it was read: nothing was tested"
+        assert set(read) <= {(None, None), (True, None)}, read
+        assert read[-1] == (True, None)
+
+
 @pytest.mark.parametrize("persistence", [False, True], ids=["nothing-on-disk", "aof"])
 def test_a_redis_that_restarted_is_told_with_what_it_kept(persistence, caplog):
     # A Redis restarted empty took every scheduled message with it, and the mover logged only
