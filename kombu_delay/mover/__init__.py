@@ -32,6 +32,8 @@ def check_pool(target: Target) -> None:
     such call would be told as Redis unavailable ("Too many connections"), and retried."""
     given = target.transport_options.get("max_connections")
     # 0 (or None, False) is redis-py's default pool; True, one connection.
+    if isinstance(given, int) and given < 0:
+        raise ConfigError(f"max_connections={given} is no number of connections: give at least {CONNECTIONS}")
     if isinstance(given, int) and given and given < CONNECTIONS:
         raise ConfigError(
             f"max_connections={given} is too few for a mover, which holds up to {CONNECTIONS} "

@@ -129,6 +129,8 @@ class Watch:
         #: Where a walk that failed stopped: its retry goes on from there, under the claim its
         #: first page took (from the start, it found its own claim and walked nothing).
         self._walk_cursor = 0
+        #: The run id of the Redis that cursor is of (None: unread, or INFO refused).
+        self._walk_run_id: str | None = None
         self._logged: dict[str, tuple[str, float]] = {}
         self._scan_allowed = True
         self._config_allowed = True
@@ -323,11 +325,18 @@ class Watch:
     def forget_stale_refs(self) -> int:
         """Walk the whole id index, a page at a time, dropping the refs that name no bucket;
         return how many (logged when any). Sets :attr:`next_walk_s`."""
-        if self._walk_cursor and self.store.walk_by() != self.name:
-            # Its claim is gone (a Redis restart, a failover, its hour over) or another's: a
-            # cursor means nothing in another Redis, and the walk must claim again.
+        if self._walk_cursor and (
+            self.store.walk_by() != self.name or self._walk_run_id != self._run_id_now()
+        ):
+            # Its claim is gone (a Redis restart, a failover, its hour over) or another's, or
+            # Redis is another process than the one it walked (restarted with its data, the
+            # claim too, or failed over): an HSCAN cursor means nothing in another process,
+            # which lays the hash out anew, and the walk begins again (forget.lua lets a
+            # mover begin its own walk again).
             self._walk_cursor = 0
         cursor, dropped, every_ms = self._walk_cursor, 0, int(FORGET_EVERY_S * 1000)
+        if not cursor:
+            self._walk_run_id = self._run_id_now()
         self.next_walk_s = FORGET_EVERY_S
         while True:
             began = time.monotonic()
@@ -360,6 +369,10 @@ class Watch:
                 dropped,
             )
         return dropped
+
+    def _run_id_now(self) -> str | None:
+        found = self.store.run_id()
+        return None if found is None else found[0]
 
     def _tell(self, what: str, problem: str | None, level: int) -> None:
         """Log ``problem`` when it is new, or once per LOG_REPEAT_S while it lasts."""

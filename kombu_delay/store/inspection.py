@@ -180,19 +180,34 @@ class Inspecting(StoreBase):
     def _first_bucket(self, index: str, space: spaces.Space) -> tuple[int, int] | None:
         """The first bucket of ``index`` that names one, and its earliest due time; ``None``
         when there is none."""
-        last = None
         for _ in range(FIRST_DUE_READS):
-            last = self._first_start(index)
-            if last is None:
+            start = self._first_start(index)
+            if start is None:
                 return None
-            best = self._earliest_in(last, space)
+            best = self._earliest_in(start, space)
             if best is not None:
-                return last, best
-            # No head: changed between the reads (a move or a thaw drained it, a publish put
-            # it back, a queue's first message came after its meta hash was read): read again.
-        # No head at any read: its messages vanished, and it is told by its start, as overdue
-        # since then.
-        return None if last is None else (last, last)
+                return start, best
+            # No head: its messages vanished (told by its start, as overdue since then), or it
+            # changed between the reads (a move or a thaw drained it, a publish put it back, a
+            # queue's first message came after its meta hash was read): read again.
+            if self._vanished(start, space):
+                return start, start
+        return None  # changing at every read: a mover is at work on it
+
+    def _vanished(self, start: int, space: spaces.Space) -> bool:
+        """Whether bucket ``start`` counts messages for a destination whose sorted set is gone,
+        by one atomic read (``MULTI``) of its meta hash and its sets: read apart, a set drained
+        between them looked gone."""
+        dests = self.dests(start, space)
+        if not dests:
+            return False
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(space.meta(self.prefix, start))
+        for dest in dests:
+            pipe.exists(space.queue_set(self.prefix, start, dest))
+        raw, *exists = pipe.execute()
+        counted = {as_text(k)[2:] for k, v in raw.items() if as_text(k).startswith("q:") and whole(v) > 0}
+        return any(dest in counted and not there for dest, there in zip(dests, exists, strict=True))
 
     def _first_start(self, index: str) -> int | None:
         """The first member of ``index`` that names a bucket: one written by hand is passed

@@ -200,6 +200,12 @@ def test_a_mover_refuses_a_pool_too_small_for_it(r, redis_server, pool):
     assert not r.exists("kombu_delay:movers")  # refused before it connected
 
 
+def test_a_mover_refuses_a_negative_pool_as_no_number_of_connections(r, redis_server):
+    result = invoke(redis_server, "-o", "max_connections=-1", "mover")
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "max_connections=-1 is no number of connections" in result.output
+
+
 def test_a_mover_told_to_serve_metrics_it_cannot_is_a_usage_error(r, redis_server, monkeypatch):
     # Without the metrics extra it exited 1, where the docs say 2 for a flag it cannot use.
     import importlib.util

@@ -706,6 +706,32 @@ def test_a_walk_left_part_way_by_a_mover_that_is_gone_is_taken_over(r: redis.Red
     assert fourth.forget_stale_refs() == 0 and fourth.next_walk_s == watch_module.CLAIM_LOOK_S
 
 
+def test_a_walk_cut_short_by_a_redis_restart_begins_again_in_the_restarted_redis() -> None:
+    # A Redis restarted with its data kept the mover's own claim, and its walk went on from its
+    # HSCAN cursor, which means nothing in another process (the hash is laid out anew): a
+    # quarter of the index was never read, and the walk was marked done.
+    with RedisServer(persistence=True, appendfsync="always") as server:
+        store = Store(server.client())
+        now = store.time_ms()
+        for i in range(3000):
+            store.schedule(Due(now + 600_000, task_id=f"t{i}"), "q", kombu_payload(f"t{i}"), Settings())
+        for pattern in ("m:*", "cm:*"):  # either space's meta hashes
+            for key in store.client.scan_iter(match=keys.ns("") + pattern):
+                store.client.delete(key)  # every ref now names no bucket
+        watch = Watch(store, "walker")
+        watch._stop.set()  # one page, then stop: a walk cut short
+        assert watch.forget_stale_refs() > 0 and watch._walk_cursor != 0
+        server.restart(kill=True)
+        store.client.connection_pool.disconnect()
+        wait_until(lambda: not int(store.client.info("persistence")["loading"]), timeout=DEADLINE_S)
+        watch._stop.clear()
+        watch.forget_stale_refs()
+        assert store.client.hlen(keys.ids("")) == 0
+        assert store.client.hget(keys.walk(""), "by") == b"walker" and store.client.hexists(
+            keys.walk(""), "done"
+        )
+
+
 def test_stranded_prefixes_are_looked_at_again_on_one_connection(
     r: redis.Redis, redis_server: RedisServer, prefix: str
 ) -> None:

@@ -141,6 +141,21 @@ def test_a_bucket_drained_while_the_earliest_due_time_is_read_is_not_told_overdu
     assert store.earliest_due_ms() == (first + 1 if refilled else later)
 
 
+@pytest.mark.parametrize("space", spaces.ALL, ids=lambda s: s.name)
+def test_a_bucket_whose_messages_vanished_is_told_by_its_start(
+    r: redis.Redis, prefix: str, space: spaces.Space
+) -> None:
+    """Counted, with its sorted set gone (evicted, deleted by hand): overdue since its start,
+    so that health says so, and not hidden as a bucket a move drained meanwhile is."""
+    store, now, dest = Store(r, prefix), redis_ms(r), f"{prefix}q"
+    due = now + 60_000
+    stored = store.schedule(Due(due, task_id="t"), dest, kombu_payload("t"), PLACING[space], now_ms=now)
+    assert stored.outcome is Scheduled.STORED
+    start = due - due % PLACING[space].bucket_width_ms
+    assert r.delete(space.queue_set(prefix, start, dest)) == 1
+    assert store.earliest_due_ms() == start
+
+
 def test_a_cold_message_is_thawed_then_moved_by_the_time_given(r: redis.Redis, prefix: str) -> None:
     store = Store(r, prefix)
     settings = PLACING[spaces.COLD]

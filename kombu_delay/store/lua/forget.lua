@@ -17,7 +17,8 @@ Returns: {cursor, dropped, skipped, put back, counted}: the cursor to pass next 
          else 0; then the buckets the refs name that were put back into their index, and the
          messages those count (see below). A claim that has no expiry is taken over, and
          so is one of a walk not done whose mover has no heartbeat fresher than
-         FRESH_HEARTBEAT_MS in <ns>movers (killed, or stopped, part way).
+         FRESH_HEARTBEAT_MS in <ns>movers (killed, or stopped, part way), or that is the
+         caller's own (a first page of its own walk: begun again).
 Bound: one HSCAN of about ARGV[3] fields (and, on a first page, an HMGET and a ZSCORE), one EXISTS and one ZSCORE per bucket they name
        (put_back in _buckets.lua, which does more only for a bucket missing from its index),
        and one HDEL or HSET per task id with a ref dropped.
@@ -44,6 +45,8 @@ local ids, walk, ns = KEYS[1], KEYS[2], ARGV[1]
 local function abandoned()
   local claimed = redis.call('HMGET', walk, 'by', 'done')
   if claimed[2] or not claimed[1] then return false end
+  -- Its own, begun again: its cursor was of another Redis process (restarted with its data).
+  if claimed[1] == ARGV[5] then return true end
   local beat = tonumber(redis.call('ZSCORE', ns .. 'movers', claimed[1]))
   return not beat or beat < clock(ARGV[6]) - FRESH_HEARTBEAT_MS
 end
