@@ -271,9 +271,19 @@ def shown(value: Any) -> str:
     return f"{text[:SHOWN_CHARS]}... ({len(text):,} characters)"
 
 
+# The text of a number of milliseconds: ASCII digits, a sign, a point and an exponent, or an
+# infinity (refused as too long, or no delay). Python's float() reads more ("1_000", digits of
+# other scripts), which no other reader of the header takes for a number.
+_MS_TEXT = re.compile(
+    r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*|\s*[+-]?inf(?:inity)?\s*", re.ASCII | re.IGNORECASE
+)
+
+
 def _x_delay_ms(raw: Any) -> int:
     """An ``x-delay`` header as whole milliseconds (0 or less: no delay)."""
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise BadETA(f"x-delay {shown(raw)} is not a number of milliseconds")
+    if isinstance(raw, str) and not _MS_TEXT.fullmatch(raw):
         raise BadETA(f"x-delay {shown(raw)} is not a number of milliseconds")
     try:
         delay = float(raw)

@@ -113,6 +113,7 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "x-delay-int": (xd(1500), Due(1500, relative=True, task_id="tag-1")),
     "x-delay-str": (xd("1500"), Due(1500, relative=True, task_id="tag-1")),
     "x-delay-float": (xd(1500.9), Due(1500, relative=True, task_id="tag-1")),
+    "x-delay-text-exponent": (xd(" 1.5e3 "), Due(1500, relative=True, task_id="tag-1")),
     "x-delay-zero": (xd(0), None),
     "x-delay-negative": (xd(-3), None),
     # A raw kombu publish may put a datetime in the header: kombu's JSON carries it, and the
@@ -120,6 +121,7 @@ DUE_CASES: dict[str, tuple[dict[str, Any], Due | None]] = {
     "p2-datetime": (p2(T), Due(T_MS, task_id="abc")),
     "p2-naive-datetime": (p2(T.replace(tzinfo=None)), Due(T_MS, task_id="abc")),
     "x-delay-minus-infinity": (xd(float("-inf")), None),
+    "x-delay-minus-infinity-text": (xd("-Infinity"), None),
     "x-delay-minus-huge-int": (xd(-(10**400)), None),
     "plain-message": ({"headers": {}, "properties": {}}, None),
     "no-headers": ({"properties": {}}, None),
@@ -156,6 +158,9 @@ BAD_CASES = {
     "x-delay-list": xd([1]),
     "x-delay-nan": xd(float("nan")),
     "x-delay-nan-text": xd("nan"),
+    # Python's float() reads these, no other reader of the header would.
+    "x-delay-underscores": xd("1_500"),
+    "x-delay-other-digits": xd("\u0661\u0665\u0660\u0660"),
 }
 
 
