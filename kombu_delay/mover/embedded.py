@@ -53,6 +53,9 @@ class EmbeddedMover:
         self._lock = threading.Lock()
         self._mover: Mover | None = None
         self._thread: threading.Thread | None = None
+        #: What each try's checks told: the next try tells a problem again only once it
+        #: changes, or after LOG_REPEAT_S, not at every try.
+        self._logged: dict[str, tuple[str, float]] = {}
 
     def start(self) -> None:
         """Start the thread (settings and URL are validated first, so a bad one fails the worker)."""
@@ -92,7 +95,7 @@ class EmbeddedMover:
                     with self._lock:
                         if self._stopping.is_set():
                             return
-                        self._mover = Mover(store, settings, name=self.name)
+                        self._mover = Mover(store, settings, name=self.name, logged=self._logged)
                     self._mover.run()
             except ConfigError as exc:  # an option the connection cannot use: no retry helps
                 logger.error(

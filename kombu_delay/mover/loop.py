@@ -83,6 +83,7 @@ class Mover:
         on_sweep: Callable[[SweepResult], None] | None = None,
         on_findings: Callable[[Findings], None] | None = None,
         watch: bool = True,
+        logged: dict[str, tuple[str, float]] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
@@ -106,7 +107,8 @@ class Mover:
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
         #: The background checks (eviction policy, stranded key prefixes); ``None`` when off.
-        self.watch = Watch(store, self.name, on_findings) if watch else None
+        #: ``logged``: what they told, kept by a caller that runs one Mover after another.
+        self.watch = Watch(store, self.name, on_findings, logged) if watch else None
 
     def stop(self) -> None:
         """Ask the loop to finish the batch in hand and return."""

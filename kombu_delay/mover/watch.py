@@ -115,7 +115,11 @@ class Watch:
     """Runs the checks for one mover's store until :meth:`stop`."""
 
     def __init__(
-        self, store: Store, name: str, on_findings: Callable[[Findings], None] | None = None
+        self,
+        store: Store,
+        name: str,
+        on_findings: Callable[[Findings], None] | None = None,
+        logged: dict[str, tuple[str, float]] | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -131,7 +135,9 @@ class Watch:
         self._walk_cursor = 0
         #: The run id of the Redis that cursor is of (None: unread, or INFO refused).
         self._walk_run_id: str | None = None
-        self._logged: dict[str, tuple[str, float]] = {}
+        #: What was told, and when (monotonic s); given, it outlives this Watch (an embedded
+        #: mover's tries: each told the same problems again).
+        self._logged = {} if logged is None else logged
         self._scan_allowed = True
         self._config_allowed = True
         #: Redis's run id at the last look, and when (monotonic s; None: not read yet, or INFO
@@ -255,12 +261,7 @@ class Watch:
                 kept = REPLICATED
             logger.warning(
                 "mover %s: %s: run id %s, was %s, up %d s; it holds %s",
-                self.name,
-                what,
-                run_id,
-                self._run_id[0],
-                uptime_s,
-                kept,
+                *(self.name, what, run_id, self._run_id[0], uptime_s, kept),
             )
         self._run_id = (run_id, now)
 
@@ -317,9 +318,7 @@ class Watch:
                 "mover %s: %d buckets holding %d messages had left the bucket index, or stood in it "
                 "at another time than their own (evicted, deleted or changed by hand): put back, and "
                 "moved from now on",
-                self.name,
-                buckets,
-                messages,
+                *(self.name, buckets, messages),
             )
 
     def forget_stale_refs(self) -> int:

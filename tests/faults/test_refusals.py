@@ -667,6 +667,7 @@ def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_
             mover.run()
     assert watch_threads() == before
     caplog.set_level(logging.WARNING, logger="kombu_delay.mover.embedded")
+    caplog.set_level(logging.WARNING, logger="kombu_delay.mover.watch")
     embedded = EmbeddedMover(Target(url))
     embedded.start()
     try:
@@ -689,6 +690,9 @@ def test_a_refused_mover_stops_its_checks_and_an_embedded_one_waits_longer_each_
     # kombu-delay's own error, not a bug (each try logged one, 11 in 75 s).
     tries = [r for r in caplog.records if "; retrying in" in r.getMessage()]
     assert all("ACL" in r.getMessage() and not r.exc_info for r in tries), tries[0].getMessage()
+    # The test's Redis keeps nothing on disk: told once, not again at each try.
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"mover {embedded.name}:")]
+    assert len([t for t in told if "keeps nothing on disk" in t]) <= 1, told
 
 
 def test_an_embedded_mover_with_a_pool_too_small_for_it_fails_its_start(server):
