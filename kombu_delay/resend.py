@@ -14,14 +14,15 @@ means a second message, as plain kombu stores one). Before a retry of a message 
 from a remembered one by its delivery tag alone, the namespace is searched for the remembered
 attempt, by its id and a digest of its exact bytes: found, the publish stores nothing more
 (logged at WARNING, counted in ``totals.resent``), and a retry that finds the message due by
-now pushes nothing either (a mover moves the stored one). A message that came due and was moved
-between the two attempts is no longer found, and is pushed again, as plain kombu would push it
-again.
+now pushes nothing either (a mover moves the stored one). Nor does one whose attempt an edit
+took since it was sent (a cancel, a reschedule: noted for a while, see ``keys.taken``): stored
+again, a cancelled task would run, a rescheduled one run twice. A message that came due and
+was moved between the two attempts is no longer found, and is pushed again, as plain kombu
+would push it again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -34,7 +35,7 @@ from typing import Any
 from kombu.utils.json import dumps
 
 from kombu_delay.errors import KombuDelayError, RedisUnavailable
-from kombu_delay.store import Store
+from kombu_delay.store import Store, keys
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ KEPT_S = 3600.0
 MAX_KEPT = 1000
 #: The most attempts of one message remembered, the latest: each costs its retry a search.
 MAX_ATTEMPTS = 10
+#: Seconds before an attempt was sent that an edit's note of taking it may be dated, by this
+#: machine's reading of Redis's clock (a note older than that is of another, earlier message
+#: with the same bytes).
+TAKEN_SLACK_S = 1.0
 
 #: Where a message goes: (broker, key prefix, its list key).
 Where = tuple[str, str, str]
@@ -61,6 +66,8 @@ class Attempt:
     sent: bytes
     #: When it failed, ``time.monotonic()``.
     at: float
+    #: When it was sent, ``time.monotonic()``.
+    sent_at: float
     #: The message's properties dict, whose ``id()`` names the publish call in the key: held
     #: while the attempt is, so that no other dict can take its id meanwhile.
     call: object = None
@@ -74,16 +81,12 @@ _lock = threading.Lock()
 _attempts: OrderedDict[Key, list[Attempt]] = OrderedDict()
 
 
-def _digest(data: str | bytes) -> bytes:
-    return hashlib.blake2b(data.encode() if isinstance(data, str) else data, digest_size=16).digest()
-
-
 def _fingerprint(message: dict[str, Any]) -> bytes:
     """A digest of ``message`` without its delivery tag, which kombu draws anew for each attempt."""
     properties = message.get("properties")
     if isinstance(properties, dict):
         message = {**message, "properties": {k: v for k, v in properties.items() if k != "delivery_tag"}}
-    return _digest(str(dumps(message)))
+    return keys.digest(str(dumps(message)))
 
 
 def _key(where: Where, message: dict[str, Any]) -> Key:
@@ -110,13 +113,15 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     if key and stored_before(store, where, key):
         yield False
         return
+    sent_at = time.monotonic()
     try:
         yield True
     except RedisUnavailable:
         key = key or _key(where, message)
         with _lock:
             kept = _attempts.setdefault(key, [])
-            kept.append(Attempt(task_id, _digest(payload), time.monotonic(), message.get("properties")))
+            sent = keys.digest(payload)
+            kept.append(Attempt(task_id, sent, time.monotonic(), sent_at, message.get("properties")))
             del kept[:-MAX_ATTEMPTS]
             _attempts.move_to_end(key)
             while len(_attempts) > MAX_KEPT:
@@ -148,20 +153,29 @@ def stored_before(store: Store, where: Where, key: Key | dict[str, Any]) -> bool
 
 
 def _stored(store: Store, dest: str, earlier: list[Attempt]) -> bool:
-    """Whether one of the ``earlier`` attempts is stored for ``dest`` (then forgotten)."""
+    """Whether one of the ``earlier`` attempts is stored for ``dest``, or was and an edit took
+    it since (then forgotten)."""
     for attempt in earlier:
         if any(
-            found.dest == dest and _digest(found.message) == attempt.sent
+            found.dest == dest and keys.digest(found.message) == attempt.sent
             for found in store.find(attempt.task_id)
         ):
-            logger.warning(
-                "kombu-delay: message %r was stored by an earlier attempt whose reply was lost; "
-                "the retry of it stores nothing more",
-                attempt.task_id,
-            )
-            try:
-                store.count("resent")
-            except KombuDelayError:  # a counter must not fail the publish it counts
-                logger.debug("kombu-delay: could not count a retried publish", exc_info=True)
-            return True
+            since = ""
+        elif store.taken_lately(
+            keys.taken_mark(dest, attempt.sent), time.monotonic() - attempt.sent_at + TAKEN_SLACK_S
+        ):
+            since = ", and cancelled or rescheduled since"
+        else:
+            continue
+        logger.warning(
+            "kombu-delay: message %r was stored by an earlier attempt whose reply was lost%s; "
+            "the retry of it stores nothing more",
+            attempt.task_id,
+            since,
+        )
+        try:
+            store.count("resent")
+        except KombuDelayError:  # a counter must not fail the publish it counts
+            logger.debug("kombu-delay: could not count a retried publish", exc_info=True)
+        return True
     return False

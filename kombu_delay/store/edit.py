@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import EditConflict, translated_errors
+from kombu_delay.errors import CorruptMember, EditConflict, translated_errors
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import as_text
@@ -71,6 +71,7 @@ class Editing(Inspecting, Publishing):
             stored.ref,
             stored.payload,
             self._now(now_ms),
+            _taken_mark(stored),
         ]
         call_keys = [self._index, self._ids, self._counts, self._totals, self._gc]
         return int(self._scripts["cancel"](keys=call_keys, args=args))
@@ -119,8 +120,7 @@ class Editing(Inspecting, Publishing):
                 settings.thaw_ahead_ms,
                 self._now(now_ms),
             ]
-            if not own_eta:
-                args.append(1)
+            args += [0 if own_eta else 1, _taken_mark(old)]
             call_keys = [
                 self._index,
                 self._ids,
@@ -211,10 +211,31 @@ class Editing(Inspecting, Publishing):
             if found:
                 yield found[1] + found[2]
 
+    def taken_lately(self, mark: bytes, within_s: float) -> bool:
+        """Whether an edit took the message ``mark`` names (:func:`keys.taken_mark`) in the
+        last ``within_s`` seconds, by Redis's clock (``cancel.lua``, ``reschedule.lua``)."""
+        with translated_errors():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.zscore(keys.taken(self.prefix), mark)
+            (sec, usec), at = pipe.execute(raise_on_error=False)
+        if isinstance(at, redis.ResponseError):  # a key of another type (by hand): no notes
+            return False
+        return at is not None and at >= int(sec) * 1000 + int(usec) // 1000 - within_s * 1000
+
     def remove_dead_letter(self, member: bytes) -> int:
         """Remove one dead letter equal to ``member``; return 1, or 0 when it is gone."""
         with translated_errors():
             return int(self.client.lrem(keys.dead(self.prefix), 1, member))  # type: ignore[arg-type]
+
+
+def _taken_mark(stored: Stored) -> bytes:
+    """What an edit notes ``stored`` by once it took it; none for a compressed message that
+    cannot be restored (no publish's retry sent what it holds)."""
+    try:
+        return keys.taken_mark(stored.dest, keys.digest(stored.message))
+    except CorruptMember:
+        return b""
 
 
 def _too_soon(reply: list[Any]) -> bool:

@@ -8,6 +8,7 @@ through a plain client.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 # For the scripts (schedule.lua counts the movers with a fresh heartbeat, forget.lua takes over
@@ -195,6 +196,29 @@ def stranded(prefix: str) -> str:
     at what it found, and writes what is stranded still, the record watched from its read to
     its write: no mover's check writes over another's finding."""
     return f"{ns(prefix)}stranded"
+
+
+#: How long :func:`taken` notes a message an edit took, ms: kombu retries a publish within
+#: seconds (Celery's default policy: within a second).
+TAKEN_KEEP_MS = 300_000
+
+
+def taken(prefix: str) -> str:
+    """ZSET of the messages edits (cancel, reschedule) took lately: member :func:`taken_mark`,
+    score when (epoch ms, Redis clock), each kept :data:`TAKEN_KEEP_MS`. kombu's retry of a
+    publish whose reply was lost, made after an edit took what the first attempt stored, finds
+    it here and stores nothing more (:mod:`kombu_delay.resend`)."""
+    return f"{ns(prefix)}taken"
+
+
+def digest(message: str | bytes) -> bytes:
+    """What a message is known by, where its bytes would be too many to keep: 16 bytes."""
+    return hashlib.blake2b(message.encode() if isinstance(message, str) else message, digest_size=16).digest()
+
+
+def taken_mark(dest: str, message_digest: bytes) -> bytes:
+    """The member of :func:`taken` for a message (its :func:`digest`) for list key ``dest``."""
+    return hashlib.blake2b(dest.encode() + b"\0" + message_digest, digest_size=16).digest()
 
 
 def walk(prefix: str) -> str:

@@ -63,7 +63,10 @@ def truth(r, prefix: str) -> Counter[str]:
 
 
 def leftover_keys(r, prefix: str) -> set[str]:
-    keep = {keys.totals(prefix), keys.movers(prefix)}
+    # The notes of what edits took (for a publish's retry) go by themselves, within minutes.
+    taken = keys.taken(prefix)
+    assert not r.exists(taken) or 0 < r.pttl(taken) <= keys.TAKEN_KEEP_MS
+    keep = {keys.totals(prefix), keys.movers(prefix), taken}
     return {k.decode() for k in r.scan_iter(match=f"{keys.ns(prefix)}*")} - keep
 
 

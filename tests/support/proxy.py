@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from typing import Literal
 
 Lose = Literal["request", "reply"]
@@ -16,10 +17,12 @@ Lose = Literal["request", "reply"]
 class LossyProxy:
     """Forwards every connection to ``127.0.0.1:<target>``, until :meth:`arm` names a marker:
     then the first request whose bytes carry it loses what ``lose`` says (once), and
-    :attr:`lost` is set."""
+    :attr:`lost` is set. ``on_lost`` runs once a reply is lost, before the client's connection
+    is closed: what it does comes before the client can try again."""
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, on_lost: Callable[[], None] | None = None) -> None:
         self.target = target
+        self.on_lost = on_lost
         self.lost = threading.Event()
         self._lock = threading.Lock()
         self._armed: tuple[bytes, Lose] | None = None
@@ -76,6 +79,8 @@ class LossyProxy:
     def _replies(self, server: socket.socket, client: socket.socket, losing: threading.Event) -> None:
         while data := _recv(server):
             if losing.is_set():
+                if self.on_lost is not None:
+                    self.on_lost()
                 self.lost.set()
                 break
             try:

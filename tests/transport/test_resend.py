@@ -11,7 +11,7 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Producer, Queue
 
-from kombu_delay import resend
+from kombu_delay import DelayControl, resend
 from kombu_delay.errors import RedisUnavailable
 from kombu_delay.store import Store, clock
 from tests.support.proxy import LossyProxy
@@ -53,6 +53,51 @@ def test_a_publish_whose_reply_was_lost_is_stored_once_when_kombu_sends_it_again
     assert int(r.hget(f"{prefix}kombu_delay:counts", f"{prefix}q")) == 2  # "warm" and "B", once each
     assert r.hget(f"{prefix}kombu_delay:totals", "resent") == b"1"
     assert "stored by an earlier attempt whose reply was lost" in caplog.text
+    assert not resend._attempts
+
+
+@pytest.mark.parametrize("delay_s", [30, 3600], ids=["ordinary", "compressed"])
+@pytest.mark.parametrize("edit", ["cancel", "reschedule"])
+def test_an_edit_between_a_lost_reply_and_kombus_retry_is_not_undone_by_the_retry(
+    r, redis_server, prefix, delay_s, edit, caplog
+):
+    # The retry looked for its first attempt, found nothing (the edit took it), and stored the
+    # message again: the cancelled task ran, the rescheduled one ran twice.
+    options = {"global_keyprefix": prefix} if prefix else {}
+    queue = Queue("q", Exchange("q"), "q")
+    edited: list[int] = []
+    with DelayControl(redis_server.url, options) as ctl:
+
+        def edit_now() -> None:  # between the lost reply and kombu's retry
+            if edit == "cancel":
+                edited.append(ctl.cancel("t-1"))
+            else:
+                edited.append(ctl.reschedule("t-1", countdown=2 * delay_s))
+
+        with (
+            LossyProxy(redis_server.port, on_lost=edit_now) as proxy,
+            Connection(f"delayredis://127.0.0.1:{proxy.port}/0", transport_options=options) as conn,
+        ):
+            producer = Producer(conn, exchange=queue.exchange, routing_key="q")
+            producer.publish("warm", headers={"x-delay": delay_s * 1000}, declare=[queue])
+            proxy.arm(_script_call(r), "reply")
+            # A task's, whose ETA a reschedule rewrites: its bytes are not the first attempt's.
+            eta = datetime.fromtimestamp(redis_ms(r) / 1000 + delay_s, UTC).isoformat()
+            with caplog.at_level(logging.WARNING, logger="kombu_delay.resend"):
+                producer.publish(
+                    "B", headers={"task": "t", "id": "t-1", "eta": eta}, retry=True, retry_policy=POLICY
+                )
+            assert proxy.lost.is_set()
+        assert edited == [1]
+        found = ctl.store.find("t-1")
+        if edit == "cancel":
+            assert found == []
+        else:  # once, at its new time
+            (stored,) = found
+            assert stored.due_ms >= redis_ms(r) + delay_s * 1000
+    assert int(r.hget(f"{prefix}kombu_delay:counts", f"{prefix}q")) == (1 if edit == "cancel" else 2)
+    assert r.hget(f"{prefix}kombu_delay:totals", "resent") == b"1"
+    assert "and cancelled or rescheduled since" in caplog.text
     assert not resend._attempts
 
 

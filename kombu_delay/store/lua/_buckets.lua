@@ -74,12 +74,21 @@ put_back(s, start_s, now)
   the messages it counts where it put it back, else 0, 0. Bound: one ZSCORE, and for one not
   in its index a TYPE, an HGETALL, and an HGET and a ZADD where it counts messages.
 
-take(k, start_s, dest, payload, task_id, ref, now)
+take(k, start_s, dest, payload, task_id, ref, now, mark)
   Removes one stored message (cancel.lua, reschedule.lua; k from in_space): ZREM first, so a
   message a mover moved a moment ago is left alone (returns false, nothing written); else
   uncounts it (k.keep_lists: see uncount), drops its ref from the id index, drops the copy of
   a herd staged ahead that it belonged to (_staged.lua) and the bucket's wake mark
-  (wake_if_first in _put.lua), retires the bucket if that was its last message, returns true.
+  (wake_if_first in _put.lua), retires the bucket if that was its last message, notes it as
+  taken (``mark``, see note_taken), returns true.
+
+note_taken(ns, mark)
+  Notes a message an edit took in <ns>taken, by ``mark`` (its caller's digest of the message's
+  destination and bytes, keys.py taken_mark; '' or nil: none), for TAKEN_KEEP_MS by Redis's
+  clock: kombu's retry of a publish whose reply was lost, made after the edit, finds it there
+  and stores nothing more (it would bring back what was cancelled, or deliver a rescheduled
+  message twice; kombu_delay/resend.py). A hint: a refusal (a key of another type, by hand) is
+  passed over. Bound: a ZADD, a ZREMRANGEBYSCORE of the notes past their time, a PEXPIREAT.
 
 past_maxmemory(hash)
   A write that changes nothing (HDEL of the field '' of ``hash``, a hash or no key; an error
@@ -101,6 +110,7 @@ wrong_types(expected[, changed])
 --- @include refs
 --- @include spaces
 --- @include staged
+--- @const TAKEN_KEEP_MS
 local function uncount(counts, dest, n, keep_lists)
   local left = redis.pcall('HINCRBY', counts, dest, -n)
   if type(left) ~= 'number' or left <= 0 then
@@ -263,7 +273,16 @@ local function retire(k, start_s, end_ms, now)
   return 0
 end
 
-local function take(k, start_s, dest, payload, task_id, ref, now)
+local function note_taken(ns, mark)
+  if not mark or mark == '' then return end
+  local key, at = ns .. 'taken', clock('')
+  if type(redis.pcall('ZADD', key, at, mark)) == 'number' then
+    redis.pcall('ZREMRANGEBYSCORE', key, '-inf', '(' .. string.format('%d', at - TAKEN_KEEP_MS))
+    redis.pcall('PEXPIREAT', key, at + TAKEN_KEEP_MS)
+  end
+end
+
+local function take(k, start_s, dest, payload, task_id, ref, now, mark)
   local zset, meta = k.space:zset(start_s, dest), k.space:meta(start_s)
   -- A member of a herd staged ahead: its copy is wrong from now on, and goes at once.
   local t = not k.space.cold and staged_mark(meta, dest)
@@ -276,6 +295,7 @@ local function take(k, start_s, dest, payload, task_id, ref, now)
   drop_refs(k.ids, {task_id}, function() return ref end)
   local empty, end_ms = drained_counts(meta)
   if empty then retire(k, start_s, end_ms, now) end
+  note_taken(k.ns, mark)
   return true
 end
 

@@ -12,6 +12,7 @@ ARGV[4] dest     its destination list key
 ARGV[5] ref      its id-index ref "start:offset:seq"
 ARGV[6] payload  the member, exactly as stored
 ARGV[7] now_ms   epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[8] mark     optional: what the message is noted by once taken (note_taken in _buckets.lua)
 Returns: 1 removed, 0 already gone (moved or cancelled meanwhile; nothing written)
 Bound: a constant number of O(log n) commands.
 
@@ -29,6 +30,6 @@ local there = in_space(k, sp)
 local refused = wrong_types({{there.index, 'zset'}, {KEYS[2], 'hash'}, {KEYS[3], 'hash'}, {KEYS[4], 'hash'},
                              {KEYS[5], 'zset'}, {there.space:meta(start_s), 'hash'}})
 if refused then return refused end
-if not take(there, start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now) then return 0 end
+if not take(there, start_s, ARGV[4], ARGV[6], ARGV[2], ARGV[5], now, ARGV[8]) then return 0 end
 count_up(KEYS[4], 'cancelled', 1)
 return 1

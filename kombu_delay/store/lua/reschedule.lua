@@ -26,6 +26,8 @@ ARGV[15] thaw      ms: a cold member due no later than now + this is refused (co
 ARGV[16] now_ms    epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[17] no_eta    optional: "1" when the message carries no ETA of its own (an x-delay): its
                    new bucket is marked as schedule.lua marks it (mark_no_eta in _put.lua)
+ARGV[18] mark      optional: what the old message is noted by once taken (note_taken in
+                   _buckets.lua)
 Returns: {code, due_ms, now_ms}; code 1 rescheduled, 0 the old message is gone (moved or
          cancelled meanwhile; nothing written), 3 new due time passed so pushed onto dest now,
          2 an identical payload was already stored at the new time (the old one is removed),
@@ -105,7 +107,7 @@ if due <= now then
   checked_call('ZREMRANGEBYRANK', old_set, 1, 0)
   checked_call('LPUSH', dest_key, payload)
 end
-if not take(in_space(k, old_sp), old_start, dest, ARGV[6], task_id, ARGV[4], now) then
+if not take(in_space(k, old_sp), old_start, dest, ARGV[6], task_id, ARGV[4], now, ARGV[18]) then
   return {0, due, now}
 end
 count_up(k.totals, 'rescheduled', 1)
