@@ -131,13 +131,32 @@ class Target:
         return Redactor.for_url(self.url, self.transport_options)(text)
 
     def settings(self) -> Settings:
-        return Settings.from_options(self.transport_options).with_values(**self.overrides)
+        settings = Settings.from_options(self.transport_options).with_values(**self.overrides)
+        _check_look_ahead(settings, self.transport_options)
+        return settings
 
     @contextmanager
     def open(self) -> Iterator[Store]:
         """Yield a :class:`Store` for this target, closing the connection afterwards."""
         with open_store(self.url, self.transport_options, ssl=self.ssl) as store:
             yield store
+
+
+def _check_look_ahead(settings: Settings, options: Mapping[str, Any]) -> None:
+    """Refuse a look-ahead not shorter than the ``visibility_timeout`` these options give
+    (kombu's default where they give none): a worker that fetched a message that far ahead has
+    it restored from its unacked set, and run again, before it is due."""
+    timeout = options.get("visibility_timeout")
+    timeout_s = kombu_redis.Channel.visibility_timeout if timeout is None else timeout
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not settings.look_ahead_ms:
+        return  # (a timeout that is no number is refused where the connection is made)
+    if settings.look_ahead_ms >= timeout_s * 1000:
+        raise ConfigError(
+            f"delay_look_ahead ({settings.look_ahead_ms / 1000:g} s) must be shorter than "
+            f"visibility_timeout ({timeout_s:g} s), and far shorter than the workers': a worker holds "
+            "a message moved ahead until it is due, and kombu restores it after visibility_timeout, "
+            "so it runs again"
+        )
 
 
 #: The ``socket_timeout`` and ``socket_connect_timeout`` of a mover's and the CLI's connections

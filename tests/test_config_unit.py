@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kombu_delay.config import MAX_DURATION_MS, Settings
+from kombu_delay.connect import Target
 from kombu_delay.errors import ConfigError
 from kombu_delay.store.keys import MAX_DUE_MS
 
@@ -156,3 +157,24 @@ def test_a_bad_option_is_refused_even_where_a_variable_overrides_it(options, env
     with pytest.raises(ConfigError, match=message):
         Settings.from_options(options, env=env)
     assert Settings.from_options({}, env=env)  # the variable alone is good
+
+
+@pytest.mark.parametrize(
+    ("options", "overrides", "refused"),
+    [
+        ({"visibility_timeout": 20}, {"look_ahead": 60}, True),  # it ran three times
+        ({"visibility_timeout": 20, "delay_look_ahead": 20}, {}, True),
+        ({"visibility_timeout": 20}, {"look_ahead": 19}, False),
+        ({}, {"look_ahead": 60}, False),  # kombu's default: an hour
+        ({"visibility_timeout": 5}, {}, False),  # no look-ahead
+    ],
+)
+def test_a_look_ahead_not_shorter_than_the_visibility_timeout_is_refused(options, overrides, refused):
+    target = Target("delayredis://127.0.0.1:1/0", options, overrides)
+    if refused:
+        with pytest.raises(
+            ConfigError, match=r"delay_look_ahead \(\d+ s\) must be shorter than visibility_timeout"
+        ):
+            target.settings()
+    else:
+        assert target.settings().look_ahead_ms == 1000 * overrides.get("look_ahead", 0)
