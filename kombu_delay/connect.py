@@ -25,6 +25,7 @@ from kombu_delay.errors import (
     RedisPermissionError,
     RedisRefused,
     RedisUnavailable,
+    coded_text,
     translated_errors,
 )
 from kombu_delay.redact import Redactor, mask_url, split_url, url_secrets
@@ -249,7 +250,7 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
             if isinstance(cause, redis.exceptions.NoPermissionError):
                 raise RedisPermissionError(f"Redis's ACL refused this user: {exc}") from exc
             if isinstance(cause, redis.ResponseError):
-                raise RedisRefused(f"Redis refused the connection: {exc}") from exc
+                raise RedisRefused(f"Redis refused the connection: {coded_text(cause)}") from exc
             raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
         except ConfigError:
             raise

@@ -111,6 +111,17 @@ _SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
 _WAIT_REFUSALS = ("MISCONF", "NOREPLICAS", "MASTERDOWN", "BUSY ")
 
 
+def waits_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refusal that waiting may end (see ``_WAIT_REFUSALS``)."""
+    return isinstance(exc, RedisRefused) and any(m in str(exc) for m in _WAIT_REFUSALS)
+
+
+def coded_text(exc: redis.ResponseError) -> str:
+    """``exc``'s text with the error code redis-py strips into its class put back, where a
+    refusal that waiting may end is told by it."""
+    return f"MASTERDOWN {exc}" if isinstance(exc, redis.exceptions.MasterDownError) else str(exc)
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn redis-py's connection failures and refusals into kombu-delay errors."""
@@ -129,7 +140,7 @@ def translated_errors() -> Iterator[None]:
     except redis.ResponseError as exc:
         if isinstance(exc, RedisRefused | RedisPermissionError):
             raise
-        text = str(exc)
+        text = coded_text(exc)
         if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
             raise RedisPermissionError(f"Redis's ACL refused this user: {text}") from exc
         # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 from kombu_delay.connect import Target, with_socket_timeouts
-from kombu_delay.errors import ConfigError, RedisUnavailable
+from kombu_delay.errors import ConfigError, RedisRefused, RedisUnavailable, waits_out
 from kombu_delay.mover.pacing import Backoff
 from kombu_delay.store import Store
 
@@ -54,10 +54,11 @@ def open_when_reachable(
     name: str,
     on_error: Callable[[BaseException], None] | None = None,
 ) -> Iterator[Store | None]:
-    """Open ``target``'s store, waiting with backoff while Redis cannot be reached: a
-    sidecar, or a worker with an embedded mover, may start before its Redis does. Other
-    refusals (a wrong password, an ACL) are raised. Yields ``None`` if ``stopping`` is set
-    before Redis answers. Its connection has socket timeouts (see
+    """Open ``target``'s store, waiting with backoff while Redis cannot be reached, or
+    refuses what waiting may end (a script running too long, a replica cut off from its
+    master): a sidecar, or a worker with an embedded mover, may start before its Redis does.
+    Other refusals (a wrong password, an ACL, a database the server lacks) are raised. Yields
+    ``None`` if ``stopping`` is set before Redis answers. Its connection has socket timeouts (see
     :func:`~kombu_delay.connect.with_socket_timeouts`). ``on_error`` is told of each failed
     try (the metrics count it).
     """
@@ -67,7 +68,9 @@ def open_when_reachable(
         with ExitStack() as stack:
             try:
                 store = stack.enter_context(target.open())
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, RedisRefused) as exc:
+                if not isinstance(exc, RedisUnavailable) and not waits_out(exc):
+                    raise
                 if on_error is not None:
                     on_error(exc)
                 delay = backoff.next()

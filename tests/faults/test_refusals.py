@@ -32,13 +32,20 @@ from kombu_delay.cli.common import parse_option
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, open_store
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import ConfigError, RedisPermissionError, RedisRefused, RedisUnavailable
+from kombu_delay.errors import (
+    ConfigError,
+    RedisPermissionError,
+    RedisRefused,
+    RedisUnavailable,
+    translated_errors,
+    waits_out,
+)
 from kombu_delay.message import Due
-from kombu_delay.mover import check_pool
+from kombu_delay.mover import check_pool, open_when_reachable
 from kombu_delay.mover.embedded import EmbeddedMover
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
-from kombu_delay.tooling.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.procs import Proc, wait_for_exit, wait_until
 from tests.support.stored import FakeClock, redis_ms, stored
 
@@ -952,3 +959,64 @@ def test_on_redis_6_the_commands_are_tried_once_on_keys_of_their_kind_and_miss_n
         assert admin.info("stats")["keyspace_misses"] == misses
         assert admin.dbsize() == 2  # the heartbeat's own keys (movers, totals): the tries wrote nothing
         store.client.close()
+
+
+def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog):
+    # Redis answers BUSY while a script runs past busy-reply-threshold: a mover started then
+    # exited 1, where one already running waits it out.
+    with RedisServer() as busy, busy.client() as client:
+        client.config_set("lua-time-limit", 100)  # (busy-reply-threshold, on Redis 7)
+
+        def spin() -> None:  # until SCRIPT KILL
+            with busy.client() as spinner, contextlib.suppress(redis.ResponseError):
+                spinner.eval("while true do end", 0)
+
+        spinning = threading.Thread(target=spin, daemon=True)
+        spinning.start()
+
+        def answers_busy() -> bool:
+            try:
+                client.ping()
+            except redis.ResponseError as exc:
+                return "BUSY" in str(exc)
+            return False
+
+        wait_until(answers_busy, timeout=DEADLINE_S)
+        stopping, opened = threading.Event(), []
+
+        def start() -> None:
+            with open_when_reachable(Target(busy.delay_url), stopping, "starting") as store:
+                opened.append(store is not None and store.client.ping())
+
+        caplog.set_level(logging.WARNING, logger="kombu_delay.mover")
+        starting = threading.Thread(target=start, daemon=True)
+        starting.start()
+        try:
+            wait_until(lambda: "BUSY" in caplog.text and "retrying in" in caplog.text, timeout=DEADLINE_S)
+            assert opened == []
+            client.script_kill()
+            starting.join(DEADLINE_S)
+            spinning.join(DEADLINE_S)
+        finally:
+            stopping.set()
+        assert opened == [True]
+
+
+def test_a_replica_cut_off_from_its_master_is_a_refusal_waiting_ends():
+    # redis-py takes the MASTERDOWN code into its error's class: the mover took the refusal
+    # for a bug ("unexpected error", a traceback at each try).
+    with RedisServer() as replica, replica.client() as client:
+        client.config_set("replica-serve-stale-data", "no")
+        client.replicaof("127.0.0.1", str(free_port()))  # a master that is not there
+        with pytest.raises(RedisRefused, match="MASTERDOWN") as told, translated_errors():
+            client.get("x")
+        assert waits_out(told.value)
+
+
+def test_a_mover_is_not_kept_waiting_by_a_refusal_no_wait_ends(server):
+    target = Target(server.delay_url.rsplit("/", 1)[0] + "/99")
+    with (
+        pytest.raises(RedisRefused, match="DB index is out of range"),
+        open_when_reachable(target, threading.Event(), "x"),
+    ):
+        pass
