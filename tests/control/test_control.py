@@ -29,7 +29,7 @@ from kombu_delay.store.listing import Cursor
 from kombu_delay.store.replies import Rescheduled, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import ROOT, wait_until
-from tests.support.stored import ORDINARY, FakeClock, kombu_payload
+from tests.support.stored import ORDINARY, FakeClock, kombu_payload, redis_ms
 from tests.support.workers import INSPECT_APP, inspect_ledger, start_inspect_worker
 
 SEP = "\x06\x16"
@@ -1143,3 +1143,26 @@ def test_a_control_given_a_kombu_connection_serves_more_threads_than_its_pool_ho
         cancelled = list(pool.map(lambda i: other.cancel(i) if int(i[5:]) % 2 else control.cancel(i), ids))
     assert [len(f) for f in found] == [1] * 320
     assert cancelled == [1] * 320 and store.counts() == {}
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["ordinary", "compressed"])
+def test_a_reschedule_keeps_the_grace_its_message_was_published_with(r, redis_server, prefix, compressed):
+    # Rescheduled with the editor's settings (the CLI's, the dashboard's: the defaults), a
+    # message published with a 30-day grace was kept 7 days: a mover outage within the
+    # publisher's grace lost it.
+    month_ms = 30 * 86_400_000
+    app = publisher(
+        redis_server, prefix, broker_transport_options={**options(prefix), "delay_grace": month_ms // 1000}
+    )
+    sent = app.send_task("inspect.record", ("x",), countdown=300)
+    app.close()
+    editor = {"global_keyprefix": prefix} if prefix else {}
+    if not compressed:
+        editor["delay_compress_after"] = 0
+    with DelayControl(redis_server.url, editor) as ctl:
+        assert ctl._settings.grace_ms == 7 * 86_400_000  # the default
+        assert ctl.reschedule(sent.id, countdown=7200) == 1
+        (stored,) = ctl.store.find(sent.id)
+        assert stored.cold is compressed
+        kept_ms = r.pttl(stored.space.queue_set(prefix, stored.start_ms, stored.dest))
+        assert kept_ms >= stored.start_ms + month_ms - redis_ms(r) - 60_000

@@ -10,7 +10,7 @@ KEYS[7] purging HASH  <ns>purging   per destination list key, purges of it under
                                     when that mark holds (purging.lua)
 ARGV[1] ns         key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] width      bucket width, ms
-ARGV[3] grace      how long a bucket outlives its end, ms
+ARGV[3] grace      how long a bucket outlives its end, ms (at least: the old bucket's, where longer)
 ARGV[4] old_ref    "start:offset:seq" of the message to replace
 ARGV[5] old_start  its bucket start, epoch ms ("c<start>" for a cold bucket)
 ARGV[6] old        its member, exactly as stored (compressed in a cold bucket)
@@ -92,9 +92,14 @@ if (tonumber(purge[1]) or 0) > 0 and (tonumber(purge[2]) or 0) >= clock('') then
 
 -- The queue's x-expires, if its publish gave one, goes with the message (its other lists are
 -- the queue's, in <ns>lists: see note_lists in _put.lua).
-local expires = tonumber(redis.call('HGET', old_space:meta(old_start), 'e:' .. dest) or 0) or 0
+-- So does the grace its bucket was kept for (its expiry ``x`` past its end), where longer than
+-- ARGV[3]: an editor's settings (the CLI's, the dashboard's) need not be its publisher's.
+local old = redis.call('HMGET', old_space:meta(old_start), 'e:' .. dest, 'x', 'end')
+local expires = tonumber(old[1] or 0) or 0
+local grace = tonumber(ARGV[3])
+if ms_of(old[2]) and ms_of(old[3]) then grace = math.max(grace, ms_of(old[2]) - ms_of(old[3])) end
 local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], totals = KEYS[4],
-           gc = KEYS[6], width = tonumber(ARGV[2]), grace = tonumber(ARGV[3]),
+           gc = KEYS[6], width = tonumber(ARGV[2]), grace = grace,
            wake = ARGV[1] .. 'wake', wake_tag = '@' .. ARGV[11],
            expires = expires, keep_lists = true}  -- (the lists entry: see below)
 if due <= now then
