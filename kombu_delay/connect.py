@@ -205,6 +205,7 @@ def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl
     No exception raised here quotes a password."""
     register()
     check_url(url)
+    check_options(transport_options or {})
     with Redactor.for_url(url, transport_options).scrubbing():
         try:
             return Connection(
@@ -268,6 +269,25 @@ NUMBER_OPTIONS = (
     "visibility_timeout",
     "polling_interval",
 )
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` for a transport option that redis-py or kombu would take and
+    then fail on, far from where it was given: a key prefix that is not text (a traceback at
+    the first key), a socket timeout of zero or less (a non-blocking socket: every command
+    fails as "unavailable"), a pool size that is not a whole number."""
+    prefix = options.get("global_keyprefix")
+    if prefix is not None and not isinstance(prefix, str):
+        raise ConfigError(f"global_keyprefix must be text, got {prefix!r}")
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        value = options.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and not value > 0:
+            raise ConfigError(
+                f"{name} must be a number of seconds above 0 (or unset: no limit), got {value!r}"
+            )
+    pool = options.get("max_connections")
+    if isinstance(pool, float):
+        raise ConfigError(f"max_connections must be a whole number, got {pool!r}")
 
 
 def _not_numbers(conn: Connection) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kombu_delay.config import MAX_DURATION_MS, Settings
-from kombu_delay.connect import Target
+from kombu_delay.connect import Target, connection
 from kombu_delay.errors import ConfigError
 from kombu_delay.store.keys import MAX_DUE_MS
 
@@ -178,3 +178,26 @@ def test_a_look_ahead_not_shorter_than_the_visibility_timeout_is_refused(options
             target.settings()
     else:
         assert target.settings().look_ahead_ms == 1000 * overrides.get("look_ahead", 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"global_keyprefix": 5}, "global_keyprefix must be text, got 5"),  # a traceback at its first key
+        (
+            {"socket_timeout": 0},
+            "socket_timeout must be a number of seconds above 0",
+        ),  # "unavailable" for ever
+        ({"socket_connect_timeout": -1.5}, "socket_connect_timeout must be a number of seconds above 0"),
+        (
+            {"max_connections": 3.0},
+            "max_connections must be a whole number",
+        ),  # slipped past the mover's check
+    ],
+)
+def test_a_connection_option_that_would_fail_later_is_refused_when_given(options, message):
+    with pytest.raises(ConfigError, match=message):
+        connection("delayredis://127.0.0.1:1/0", options)
+    connection(
+        "delayredis://127.0.0.1:1/0", {"socket_timeout": 2.5, "max_connections": 4, "global_keyprefix": "a:"}
+    )
