@@ -31,7 +31,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -157,45 +158,78 @@ def names() -> list[str]:
     return sorted(f.name[:-4] for f in found if f.name.endswith(".lua") and not f.name.startswith("_"))
 
 
+#: Seconds a client runs its scripts by ``EVALSHA`` before it tries the library again, where
+#: loading it was refused for a while (a full, loading or replica server, too few replicas, a
+#: failed save) or a library of its name lacks its function: each try sends the whole library
+#: (tens of KB), which a try at every publish would send with every message.
+LOAD_RETRY_S = 60.0
+
+
 class Library:
     """The function library (:func:`library`) on one client: loaded on first use, loaded
-    again when the server has lost it, and given up for this client where the server has no
-    functions or the ACL refuses them."""
+    again when the server has lost it, given up for this client where the server has no
+    functions or the ACL refuses them, and for :data:`LOAD_RETRY_S` where a load is refused
+    for a while."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.name = library()[0]
-        #: None: not loaded by this client yet (or lost since).
+        self.monotonic = monotonic
+        #: None: not loaded by this client yet (or lost since); False, until _retry_at if set.
         self._usable: bool | None = None
+        self._retry_at: float | None = None
+        #: Whether the load found a library of its name there already (another client's, or
+        #: one that is not this library at all, loaded under its name by hand).
+        self._found = False
 
     def ready(self) -> bool:
         """Whether to run a function now: loads the library first when it is not known to be
         there ("already exists" is a success: its name is its text's hash)."""
+        if self._retry_at is not None and self.monotonic() >= self._retry_at:
+            self._usable, self._retry_at = None, None
         if self._usable is None:
             try:
                 self.client.function_load(library()[1])
-                self._usable = True
-            except (
-                redis.exceptions.OutOfMemoryError,
-                redis.exceptions.BusyLoadingError,
-                redis.ReadOnlyError,
-            ):
-                return False  # for now (a full, loading or replica server): the script runs
+                self._usable, self._found = True, False
+            except redis.exceptions.BusyLoadingError:  # (one of redis-py's connection errors)
+                self._for_now("Redis is loading its data")
             except redis.ResponseError as error:
-                self._usable = "already exists" in str(error)
-                if not self._usable:
+                text = str(error)
+                if "already exists" in text:
+                    self._usable, self._found = True, True
+                elif "unknown command" in text or isinstance(error, redis.exceptions.NoPermissionError):
                     logger.debug(
                         "scripts run by EVALSHA here: FUNCTION LOAD failed: %s", _first_clause(error)
                     )
-        return self._usable
+                    self._usable = False
+                else:  # for now (a full, loading or replica server, a refused write): the script runs
+                    self._for_now(f"FUNCTION LOAD failed: {_first_clause(error)}")
+        return bool(self._usable)
+
+    def _for_now(self, why: str) -> None:
+        logger.debug("scripts run by EVALSHA here for %.0f s: %s", LOAD_RETRY_S, why)
+        self._usable, self._retry_at = False, self.monotonic() + LOAD_RETRY_S
 
     def lost(self, error: redis.ResponseError) -> bool:
         """Whether ``error``, from ``FCALL``, means that the function did not run because it
         is not there to run (the script is run instead): lost by the server (loaded again on
-        the next call), or not available to this client (never asked for again)."""
+        the next call), not in the library of its name that this client found there (another
+        library under its name, or deleted as it was called: tried again later), or not
+        available to this client (never asked for again)."""
         text = str(error)
         if "Function not found" in text:
-            self._usable = None
+            if self._found:
+                if self.name not in _told_foreign:
+                    _told_foreign.add(self.name)
+                    logger.warning(
+                        "kombu-delay: the function library %s on this server lacks its function (another "
+                        "library under its name? delete it with FUNCTION DELETE %s): publishes run their "
+                        "script by EVALSHA, and load the library again every %.0f s",
+                        *(self.name, self.name, LOAD_RETRY_S),
+                    )
+                self._for_now("its library lacks the function")
+            else:
+                self._usable = None
             return True
         if "unknown command" in text or (
             isinstance(error, redis.exceptions.NoPermissionError) and "'fcall'" in text
@@ -204,6 +238,10 @@ class Library:
             self._usable = False
             return True
         return False
+
+
+#: The libraries found lacking their function, told once per process.
+_told_foreign: set[str] = set()
 
 
 def _first_clause(error: Exception) -> str:

@@ -218,3 +218,56 @@ def test_a_helper_that_reads_its_arguments_cannot_run_at_load(monkeypatch: pytes
     monkeypatch.setattr(scripts, "_read", lambda name: fake.get(name) or real(name))
     with pytest.raises(ValueError, match="KEYS or ARGV"):
         scripts._split("x")
+
+
+def loads(r: redis.Redis) -> int:
+    """FUNCTION LOAD calls the server took or refused (Redis 7 counts a refusal apart)."""
+    stats = r.info("commandstats").get("cmdstat_function|load", {})
+    return int(stats.get("calls", 0)) + int(stats.get("rejected_calls", 0))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+def test_a_load_refused_for_a_while_is_tried_again_later_not_never(r7: redis.Redis) -> None:
+    # One refused load (too few replicas, a failed save) gave up the library for the client's
+    # life: every publish ran by EVALSHA, at about a third more of Redis's time.
+    clock = Clock()
+    library = scripts.Library(r7, monotonic=clock)
+    r7.config_set("min-replicas-to-write", 1)
+    try:
+        assert library.ready() is False
+    finally:
+        r7.config_set("min-replicas-to-write", 0)
+    assert library.ready() is False  # not tried at every publish: each try sends the library
+    assert loads(r7) == 1
+    clock.s += scripts.LOAD_RETRY_S
+    assert library.ready() is True
+    assert r7.function_list()
+
+
+def test_a_library_of_its_name_that_lacks_its_function_is_not_loaded_at_every_publish(
+    r7: redis.Redis, caplog
+) -> None:
+    # Each publish sent the whole library (FUNCTION LOAD: "already exists"), then an FCALL
+    # ("Function not found"), then its script: some 80 times the bytes of a publish.
+    name = scripts.library()[0]
+    r7.function_load(f"#!lua name={name}\nredis.register_function('other', function() return 1 end)")
+    clock = Clock()
+    store = Store(r7, "")
+    store._scripts._library = scripts.Library(r7, monotonic=clock)
+    for task_id in "abcde":
+        store.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    assert all(store.find(task_id) for task_id in "abcde")
+    assert loads(r7) == 2 and calls(r7, "fcall") == 1  # the foreign library's load, and one
+    assert f"the function library {name} on this server lacks its function" in caplog.text
+    clock.s += scripts.LOAD_RETRY_S  # tried again later: still not its library
+    store.schedule(Due(NOW + 60_000, task_id="f"), DEST, kombu_payload("f"), Settings(), now_ms=NOW)
+    assert loads(r7) == 3 and calls(r7, "fcall") == 2
