@@ -86,6 +86,16 @@ class Settings:
     embedded_mover: bool = False
 
     def __post_init__(self) -> None:
+        # Built by hand (Settings is public), a field skips the conversions of the options:
+        # 1.5 messages, NaN ms and the text "false" must not pass as values.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "embedded_mover":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"embedded_mover is True or False, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int):
+                unit = " of ms" if f.name.endswith("_ms") else ""
+                raise ConfigError(f"{f.name} must be a whole number{unit}, got {value!r}")
         positive = ("bucket_width_ms", "batch_size", "max_sleep_ms", "heartbeat_interval_ms", "thaw_ahead_ms")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -198,11 +208,14 @@ _TRUE_WORDS = ("1", "true", "yes", "on")
 
 
 def _flag(raw: Any) -> bool:
-    """An on/off value: one of :data:`_FLAG_WORDS` as text, else its truth; ``ValueError``
-    for other text."""
-    if not isinstance(raw, str):
+    """An on/off value: a bool, the int 0 or 1, or one of :data:`_FLAG_WORDS` as text;
+    ``ValueError`` for anything else (``b"false"``, ``-1``, ``NaN`` and ``[0]`` are true by
+    their truth, and turned an embedded mover on)."""
+    if isinstance(raw, bool):
+        return raw
+    if type(raw) is int and raw in (0, 1):
         return bool(raw)
-    if raw.lower() not in _FLAG_WORDS:
+    if not isinstance(raw, str) or raw.lower() not in _FLAG_WORDS:
         raise ValueError(raw)
     return raw.lower() in _TRUE_WORDS
 

@@ -23,6 +23,8 @@ OK_CASES: list[tuple[str, dict[str, Any], dict[str, str], dict[str, Any]]] = [
     ("shortest-grace", {"delay_grace": 3600}, {}, {"grace_ms": 3_600_000}),
     ("bool-option", {"delay_embedded_mover": "yes"}, {}, {"embedded_mover": True}),
     ("bool-off", {"delay_embedded_mover": "off"}, {}, {"embedded_mover": False}),
+    ("bool-true", {"delay_embedded_mover": True}, {}, {"embedded_mover": True}),
+    ("bool-zero", {"delay_embedded_mover": 0}, {}, {"embedded_mover": False}),
     ("kombu-options-ignored", {"global_keyprefix": "x:", "visibility_timeout": 10}, {}, {"batch_size": 500}),
     ("batch-at-limit", {"delay_batch_size": 5000}, {}, {"batch_size": 5000}),
     ("whole-counts", {"delay_max_rate": 5.0, "delay_max_queue_length": "100"},
@@ -53,6 +55,17 @@ BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("nan", {"delay_max_sleep": "nan"}, "delay_max_sleep must be a number"),
     ("bool-as-number", {"delay_batch_size": True}, "delay_batch_size must be a number"),
     ("bad-bool", {"delay_embedded_mover": "maybe"}, "delay_embedded_mover is on or off"),
+    # True by their truth, they turned an embedded mover on.
+    *(
+        (f"bad-bool-{name}", {"delay_embedded_mover": raw}, "delay_embedded_mover is on or off")
+        for name, raw in {
+            "bytes": b"false",
+            "minus-one": -1,
+            "nan": float("nan"),
+            "list": [0],
+            "fraction": 0.5,
+        }.items()
+    ),
     ("batch-too-big", {"delay_batch_size": 5001}, "at most 5000"),
     # A fraction of a count used to become 0, which switches the limit off.
     ("fractional-rate", {"delay_max_rate": 0.5}, "delay_max_rate must be a whole number, got 0.5"),
@@ -201,3 +214,19 @@ def test_a_connection_option_that_would_fail_later_is_refused_when_given(options
     connection(
         "delayredis://127.0.0.1:1/0", {"socket_timeout": 2.5, "max_connections": 4, "global_keyprefix": "a:"}
     )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"batch_size": 1.5},
+        {"max_rate": 0.5},
+        {"batch_size": True},
+        {"max_sleep_ms": float("nan")},
+        {"embedded_mover": "false"},
+    ],
+)
+def test_settings_built_by_hand_take_only_what_the_options_would_give(values):
+    # Settings is public, and its constructor skipped the options' conversions.
+    with pytest.raises(ConfigError, match=r"must be a whole number|is True or False"):
+        Settings(**values)
