@@ -134,7 +134,9 @@ class DelayChannelMixin:
                 _fanouts_told.add(exchange)
                 logger.warning(
                     "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so "
-                    "its x-delay or ETA is not kept (publish to a direct or topic exchange to delay it)",
+                    "kombu-delay cannot hold it (a worker holds a task with an ETA in memory until "
+                    "then, as on redis://; an x-delay is not kept); publish to a direct or topic "
+                    "exchange to delay it",
                     exchange,
                 )
             if not batched:
