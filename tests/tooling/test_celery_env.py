@@ -54,10 +54,12 @@ def test_bench_ignores_celery_broker_url(r, redis_server, tmp_path: Path):
     # the bench failed waiting for it on its own.
     args = [sys.executable, "-m", "kombu_delay", "bench", "--only", "publish", "--publish", "50"]
     args += ["--json-out", str(tmp_path / "b.json"), "--plot-out", str(tmp_path / "b.png")]
-    env = {**os.environ, **foreign_env(redis_server.url)}
+    # And the movers it starts read KOMBU_DELAY_*: a KOMBU_DELAY_MAX_RATE=2 made its p99 6 s.
+    env = {**os.environ, **foreign_env(redis_server.url), "KOMBU_DELAY_MAX_RATE": "2"}
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "bench: ignoring CELERY_BROKER_URL" in done.stderr
+    assert "KOMBU_DELAY_MAX_RATE" in done.stderr.split("bench: ignoring", 1)[1].split("\n", 1)[0]
     assert r.dbsize() == 0, r.keys("*")
     assert json.loads((tmp_path / "b.json").read_text())["errors"] == {}
 
