@@ -155,6 +155,11 @@ def translated_errors() -> Iterator[None]:
             raise RedisRefused(f"Redis refused the write: {text}") from exc
         if is_wrong_type(exc):
             raise WrongTypeKey(text) from exc
+        if isinstance(exc, redis.exceptions.NoScriptError):  # lost again at each of its tries
+            raise RedisRefused(
+                f"Redis lost kombu-delay's script as it was called, at each try (SCRIPT FLUSH in a "
+                f"loop?): {text}; nothing was run"
+            ) from exc
         if "invalid bulk length" in text:  # and Redis closed the connection
             raise RedisRefused(
                 f"Redis refused an argument over its limit for one string (proto-max-bulk-len): {text}"

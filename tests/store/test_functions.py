@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import DelayTooLong, RedisRefused
+from kombu_delay.errors import DelayTooLong, RedisRefused, translated_errors
 from kombu_delay.message import Due
 from kombu_delay.store import Store, scripts
 from kombu_delay.tooling.redis_server import RedisServer
@@ -271,3 +271,10 @@ def test_a_library_of_its_name_that_lacks_its_function_is_not_loaded_at_every_pu
     clock.s += scripts.LOAD_RETRY_S  # tried again later: still not its library
     store.schedule(Due(NOW + 60_000, task_id="f"), DEST, kombu_payload("f"), Settings(), now_ms=NOW)
     assert loads(r7) == 3 and calls(r7, "fcall") == 2
+
+
+def test_a_script_lost_at_each_try_is_a_refusal_not_a_bug() -> None:
+    # A SCRIPT FLUSH in a loop: the mover told the NOSCRIPT that came through its tries as an
+    # "unexpected error", with a traceback, about 70 times.
+    with pytest.raises(RedisRefused, match="lost kombu-delay's script as it was called"), translated_errors():
+        raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
