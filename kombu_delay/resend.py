@@ -114,22 +114,57 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
         yield False
         return
     sent_at = time.monotonic()
+    properties = message.get("properties")
     try:
         yield True
     except RedisUnavailable:
-        key = key or _key(where, message)
-        with _lock:
-            kept = _attempts.setdefault(key, [])
-            sent = keys.digest(payload)
-            kept.append(Attempt(task_id, sent, time.monotonic(), sent_at, message.get("properties")))
-            del kept[:-MAX_ATTEMPTS]
-            _attempts.move_to_end(key)
-            while len(_attempts) > MAX_KEPT:
-                _attempts.popitem(last=False)
+        # kombu's retry sends the message to every queue of its route again, those this call
+        # stored it in too: they are remembered with this one, and their retries find them.
+        failed_at = time.monotonic()
+        for other, other_id, sent, at in _stored_by_call(properties):
+            _remember(_key(other, message), Attempt(other_id, sent, failed_at, at, properties))
+        _remember(
+            key or _key(where, message),
+            Attempt(task_id, keys.digest(payload), failed_at, sent_at, properties),
+        )
         raise
+    _note_stored(properties, (where, task_id, keys.digest(payload), sent_at))
     if key is not None:
         with _lock:
             _attempts.pop(key, None)
+
+
+def _remember(key: Key, attempt: Attempt) -> None:
+    with _lock:
+        kept = _attempts.setdefault(key, [])
+        kept.append(attempt)
+        del kept[:-MAX_ATTEMPTS]
+        _attempts.move_to_end(key)
+        while len(_attempts) > MAX_KEPT:
+            _attempts.popitem(last=False)
+
+
+#: Per thread, the publish call in hand (its properties dict, held: no other takes its ``id()``)
+#: and the stores of it that succeeded: (where, task id, digest, when sent). The next call
+#: replaces them.
+_calls = threading.local()
+
+
+#: A store of a call: where, the task id, the digest of what was sent, when it was sent.
+Made = tuple[Where, str, bytes, float]
+
+
+def _note_stored(properties: object, stored: Made) -> None:
+    held: tuple[object, list[Made]] | None = getattr(_calls, "held", None)
+    if held is None or held[0] is not properties:
+        held = (properties, [])
+        _calls.held = held
+    held[1].append(stored)
+
+
+def _stored_by_call(properties: object) -> list[Made]:
+    held = getattr(_calls, "held", None)
+    return list(held[1]) if held is not None and held[0] is properties else []
 
 
 def waiting() -> bool:

@@ -62,9 +62,13 @@ _asked_lock = threading.Lock()
 _size_refusal_told = threading.Event()
 #: Set once a deleted queue's delayed messages could not be deleted with it, and said so.
 _delete_refusal_told = threading.Event()
-#: The fanout exchanges this process has said deliver a delayed message at once: at most
-#: 1,000, then begun afresh (an app that names an exchange per message is told again).
+#: The fanout exchanges told of (FANOUT_TOLD): at most 1,000, then begun afresh (told again).
 _fanouts_told: set[str] = set()
+FANOUT_TOLD = (
+    "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so kombu-delay cannot "
+    "hold it (a worker holds a task with an ETA in memory until then, as on redis://; an x-delay is "
+    "not kept); publish to a direct or topic exchange to delay it"
+)
 
 SCHEMES = {
     "delayredis": "kombu_delay.transport:Transport",
@@ -132,13 +136,7 @@ class DelayChannelMixin:
                 if len(_fanouts_told) >= 1000:
                     _fanouts_told.clear()
                 _fanouts_told.add(exchange)
-                logger.warning(
-                    "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so "
-                    "kombu-delay cannot hold it (a worker holds a task with an ETA in memory until "
-                    "then, as on redis://; an x-delay is not kept); publish to a direct or topic "
-                    "exchange to delay it",
-                    exchange,
-                )
+                logger.warning(FANOUT_TOLD, exchange)
             if not batched:
                 self._count("fanout_at_once")
 

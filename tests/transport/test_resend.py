@@ -101,6 +101,48 @@ def test_an_edit_between_a_lost_reply_and_kombus_retry_is_not_undone_by_the_retr
     assert not resend._attempts
 
 
+@pytest.mark.parametrize("edit", ["none", "cancel", "reschedule"])
+def test_a_publish_routed_to_two_queues_is_stored_once_in_each_when_one_reply_was_lost(
+    r, redis_server, edit, caplog
+):
+    # kombu's retry sends the message to every queue of its route again: the queue whose store
+    # had gone through got it twice (and a cancel or reschedule between was undone there).
+    exchange = Exchange("route", type="direct")
+    queues = [Queue(name, exchange, "both") for name in ("first_q", "second_q")]
+    edited: list[int] = []
+    stored_then: list[str] = []  # kombu sends to the route's queues in the order of a Redis set
+    with DelayControl(redis_server.url) as ctl:
+
+        def edit_now() -> None:
+            stored_then.extend(sorted(stored.dest for stored in ctl.store.find("t-2")))
+            if edit == "cancel":
+                edited.append(ctl.cancel("t-2"))
+            elif edit == "reschedule":
+                edited.append(ctl.reschedule("t-2", countdown=600))
+
+        with (
+            LossyProxy(redis_server.port, on_lost=edit_now) as proxy,
+            Connection(f"delayredis://127.0.0.1:{proxy.port}/0") as conn,
+        ):
+            producer = Producer(conn, exchange=exchange, routing_key="both")
+            producer.publish("warm", headers={"x-delay": 30_000}, declare=queues)
+            proxy.arm(b"\r\n$8\r\nsecond_q\r\n", "reply")  # the second queue's store
+            eta = datetime.fromtimestamp(redis_ms(r) / 1000 + 30, UTC).isoformat()
+            producer.publish(
+                "B", headers={"task": "t", "id": "t-2", "eta": eta}, retry=True, retry_policy=POLICY
+            )
+            assert proxy.lost.is_set()
+        assert "second_q" in stored_then  # its reply lost, not its store
+        assert edited == ([] if edit == "none" else [len(stored_then)])
+        found = sorted(stored.dest for stored in ctl.store.find("t-2"))
+    # Once in each queue; a cancel took what was stored then (a queue the publish reached only
+    # after it, by kombu's retry, keeps its message, as one published after a cancel does).
+    assert found == (
+        sorted({"first_q", "second_q"} - set(stored_then)) if edit == "cancel" else ["first_q", "second_q"]
+    )
+    assert not resend._attempts
+
+
 def test_the_same_message_published_again_after_a_lost_reply_is_a_second_message(r, redis_server, caplog):
     # Only kombu's retry of the publish whose reply was lost is looked for: an app that caught
     # the error and publishes the same message again later (a periodic job, a fixed task id)
