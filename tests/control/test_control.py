@@ -1166,3 +1166,21 @@ def test_a_reschedule_keeps_the_grace_its_message_was_published_with(r, redis_se
         assert stored.cold is compressed
         kept_ms = r.pttl(stored.space.queue_set(prefix, stored.start_ms, stored.dest))
         assert kept_ms >= stored.start_ms + month_ms - redis_ms(r) - 60_000
+
+
+def test_a_reschedule_keeps_the_grace_of_a_narrow_publisher_in_a_wider_ones_bucket(r, redis_server, prefix):
+    # Two publishers' buckets that share a start keep the widest one's end: the grace was read
+    # as the expiry past that end, an hour short of the narrow publisher's 30 days.
+    month_ms, hour_ms = 30 * 86_400_000, 3_600_000
+    eta = datetime.fromtimestamp((redis_ms(r) // hour_ms + 2) * hour_ms / 1000, UTC)
+    for width, grace_ms, task in ((3600, hour_ms, "wide"), (1, month_ms, "narrow")):
+        conf = {**options(prefix), "delay_bucket_width": width, "delay_grace": grace_ms // 1000}
+        app = publisher(redis_server, prefix, broker_transport_options=conf)
+        sent = app.send_task("inspect.record", (task,), eta=eta)
+        app.close()
+    editor = {**({"global_keyprefix": prefix} if prefix else {}), "delay_compress_after": 0}
+    with DelayControl(redis_server.url, editor) as ctl:
+        assert ctl.reschedule(sent.id, countdown=7200) == 1
+        (stored,) = ctl.store.find(sent.id)
+        kept_ms = r.pttl(stored.space.queue_set(prefix, stored.start_ms, stored.dest))
+        assert kept_ms >= stored.due_ms + month_ms - redis_ms(r) - 60_000
