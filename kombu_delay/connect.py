@@ -281,7 +281,7 @@ def check_options(options: Mapping[str, Any]) -> None:
         raise ConfigError(f"global_keyprefix must be text, got {prefix!r}")
     for name in ("socket_timeout", "socket_connect_timeout"):
         value = options.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool) and not value > 0:
+        if isinstance(value, bool) or (isinstance(value, int | float) and not value > 0):  # False: 0
             raise ConfigError(
                 f"{name} must be a number of seconds above 0 (or unset: no limit), got {value!r}"
             )

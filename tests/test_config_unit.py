@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kombu import Connection
 
 from kombu_delay.config import MAX_DURATION_MS, Settings
 from kombu_delay.connect import Target, connection
+from kombu_delay.control import DelayControl
 from kombu_delay.errors import ConfigError
 from kombu_delay.store.keys import MAX_DUE_MS
 
@@ -230,3 +232,15 @@ def test_settings_built_by_hand_take_only_what_the_options_would_give(values):
     # Settings is public, and its constructor skipped the options' conversions.
     with pytest.raises(ConfigError, match=r"must be a whole number|is True or False"):
         Settings(**values)
+
+
+@pytest.mark.parametrize(
+    "options", [{"socket_timeout": False}, {"socket_connect_timeout": False}, {"global_keyprefix": b"app:"}]
+)
+def test_delay_control_checks_the_options_of_a_connection_it_is_given(options):
+    # socket_timeout=false is a timeout of 0 (a non-blocking socket); a Connection handed to
+    # DelayControl skipped the checks its URL form makes.
+    with pytest.raises(ConfigError, match=r"socket_timeout|socket_connect_timeout|global_keyprefix"):
+        connection("delayredis://127.0.0.1:1/0", options)
+    with pytest.raises(ConfigError, match=r"socket_timeout|socket_connect_timeout|global_keyprefix"):
+        DelayControl(Connection("delayredis://127.0.0.1:1/0", transport_options=options))

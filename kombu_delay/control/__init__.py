@@ -15,7 +15,7 @@ from typing import Any
 from kombu.connection import Connection
 
 from kombu_delay.config import Settings
-from kombu_delay.connect import SOCKET_TIMEOUT_S, connection, default_channel, store_of
+from kombu_delay.connect import SOCKET_TIMEOUT_S, check_options, connection, default_channel, store_of
 from kombu_delay.control import args
 from kombu_delay.control.gate import gate_of, gated
 from kombu_delay.control.results import DeadLetter, Page, ScheduledMessage, Slot, Stats, histogram_slots
@@ -70,6 +70,7 @@ class DelayControl:
             self._conn = connection(broker, options, ssl)
             self._owned = True
         elif isinstance(broker, Connection):
+            check_options(broker.transport_options or {})
             self._conn = broker
             self._owned = False
         else:  # a Celery app, say: its connection_for_write() is one

@@ -181,6 +181,9 @@ class Library:
         #: Whether the load found a library of its name there already (another client's, or
         #: one that is not this library at all, loaded under its name by hand).
         self._found = False
+        #: Whether its function was then not found: the next load tells a library deleted
+        #: since (it loads) from another under its name (it "already exists" again).
+        self._suspect = False
 
     def ready(self) -> bool:
         """Whether to run a function now: loads the library first when it is not known to be
@@ -190,12 +193,15 @@ class Library:
         if self._usable is None:
             try:
                 self.client.function_load(library()[1])
-                self._usable, self._found = True, False
+                self._usable, self._found, self._suspect = True, False, False
             except redis.exceptions.BusyLoadingError:  # (one of redis-py's connection errors)
                 self._for_now("Redis is loading its data")
             except redis.ResponseError as error:
                 text = str(error)
-                if "already exists" in text:
+                if "already exists" in text and self._suspect:
+                    self._suspect = False
+                    self._foreign()
+                elif "already exists" in text:
                     self._usable, self._found = True, True
                 elif "unknown command" in text or isinstance(error, redis.exceptions.NoPermissionError):
                     logger.debug(
@@ -206,6 +212,18 @@ class Library:
                     self._for_now(f"FUNCTION LOAD failed: {_first_clause(error)}")
         return bool(self._usable)
 
+    def _foreign(self) -> None:
+        """A library of its name is there, and lacks its function, after a load again."""
+        if self.name not in _told_foreign:
+            _told_foreign.add(self.name)
+            logger.warning(
+                "kombu-delay: the function library %s on this server lacks its function (another "
+                "library under its name? delete it with FUNCTION DELETE %s): publishes run their "
+                "script by EVALSHA, and load the library again every %.0f s",
+                *(self.name, self.name, LOAD_RETRY_S),
+            )
+        self._for_now("its library lacks the function")
+
     def _for_now(self, why: str) -> None:
         logger.debug("scripts run by EVALSHA here for %.0f s: %s", LOAD_RETRY_S, why)
         self._usable, self._retry_at = False, self.monotonic() + LOAD_RETRY_S
@@ -213,23 +231,11 @@ class Library:
     def lost(self, error: redis.ResponseError) -> bool:
         """Whether ``error``, from ``FCALL``, means that the function did not run because it
         is not there to run (the script is run instead): lost by the server (loaded again on
-        the next call), not in the library of its name that this client found there (another
-        library under its name, or deleted as it was called: tried again later), or not
-        available to this client (never asked for again)."""
+        the next call, which tells a library of its name that lacks it: see ``_suspect``), or
+        not available to this client (never asked for again)."""
         text = str(error)
         if "Function not found" in text:
-            if self._found:
-                if self.name not in _told_foreign:
-                    _told_foreign.add(self.name)
-                    logger.warning(
-                        "kombu-delay: the function library %s on this server lacks its function (another "
-                        "library under its name? delete it with FUNCTION DELETE %s): publishes run their "
-                        "script by EVALSHA, and load the library again every %.0f s",
-                        *(self.name, self.name, LOAD_RETRY_S),
-                    )
-                self._for_now("its library lacks the function")
-            else:
-                self._usable = None
+            self._usable, self._suspect = None, self._found
             return True
         if "unknown command" in text or (
             isinstance(error, redis.exceptions.NoPermissionError) and "'fcall'" in text

@@ -266,11 +266,35 @@ def test_a_library_of_its_name_that_lacks_its_function_is_not_loaded_at_every_pu
             Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
         )
     assert all(store.find(task_id) for task_id in "abcde")
-    assert loads(r7) == 2 and calls(r7, "fcall") == 1  # the foreign library's load, and one
+    # The foreign library's load, then two: the FCALL that found no function, and the load
+    # after it that found a library of its name still there.
+    assert loads(r7) == 3 and calls(r7, "fcall") == 1
     assert f"the function library {name} on this server lacks its function" in caplog.text
     clock.s += scripts.LOAD_RETRY_S  # tried again later: still not its library
-    store.schedule(Due(NOW + 60_000, task_id="f"), DEST, kombu_payload("f"), Settings(), now_ms=NOW)
-    assert loads(r7) == 3 and calls(r7, "fcall") == 2
+    for task_id in "fg":
+        store.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    assert loads(r7) == 5 and calls(r7, "fcall") == 2
+
+
+def test_a_library_deleted_after_another_publisher_loaded_it_is_loaded_again_at_once(
+    r7: redis.Redis, caplog
+) -> None:
+    # A publisher that found the library loaded ("already exists") took its deletion for a
+    # foreign library: a false WARNING, and 60 s of EVALSHA with no one loading it again.
+    Store(r7, "").schedule(Due(NOW + 60_000, task_id="a"), DEST, kombu_payload("a"), Settings(), now_ms=NOW)
+    second = Store(r7, "")
+    second.schedule(Due(NOW + 60_000, task_id="b"), DEST, kombu_payload("b"), Settings(), now_ms=NOW)
+    r7.function_flush()
+    for task_id in "cd":
+        second.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    assert all(second.find(task_id) for task_id in "abcd")
+    assert r7.function_list()  # loaded again by c's publish
+    assert calls(r7, "fcall") == 4  # b, c's (not found), d
+    assert "lacks its function" not in caplog.text
 
 
 def test_a_script_lost_at_each_try_is_a_refusal_not_a_bug() -> None:
