@@ -6,6 +6,7 @@ Sentinel discovery work exactly as they do for the publisher.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -281,7 +282,9 @@ def check_options(options: Mapping[str, Any]) -> None:
         raise ConfigError(f"global_keyprefix must be text, got {prefix!r}")
     for name in ("socket_timeout", "socket_connect_timeout"):
         value = options.get(name)
-        if isinstance(value, bool) or (isinstance(value, int | float) and not value > 0):  # False: 0
+        if isinstance(value, bool) or (
+            isinstance(value, int | float) and not 0 < value < math.inf
+        ):  # False: 0
             raise ConfigError(
                 f"{name} must be a number of seconds above 0 (or unset: no limit), got {value!r}"
             )

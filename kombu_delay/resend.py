@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from kombu.utils.json import dumps
 
 from kombu_delay.errors import KombuDelayError, RedisUnavailable
@@ -117,16 +118,18 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
     properties = message.get("properties")
     try:
         yield True
-    except RedisUnavailable:
+    except (RedisUnavailable, redis.ResponseError) as exc:
         # kombu's retry sends the message to every queue of its route again, those this call
-        # stored it in too: they are remembered with this one, and their retries find them.
+        # stored it in too: they are remembered, and their retries find them. So is this one
+        # where its reply was lost; one Redis refused stored nothing, and its retry stores it.
         failed_at = time.monotonic()
         for other, other_id, sent, at in _stored_by_call(properties):
             _remember(_key(other, message), Attempt(other_id, sent, failed_at, at, properties))
-        _remember(
-            key or _key(where, message),
-            Attempt(task_id, keys.digest(payload), failed_at, sent_at, properties),
-        )
+        if isinstance(exc, RedisUnavailable):
+            _remember(
+                key or _key(where, message),
+                Attempt(task_id, keys.digest(payload), failed_at, sent_at, properties),
+            )
         raise
     _note_stored(properties, (where, task_id, keys.digest(payload), sent_at))
     if key is not None:

@@ -205,6 +205,10 @@ def test_a_look_ahead_not_shorter_than_the_visibility_timeout_is_refused(options
         ),  # "unavailable" for ever
         ({"socket_connect_timeout": -1.5}, "socket_connect_timeout must be a number of seconds above 0"),
         (
+            {"socket_timeout": float("inf")},
+            "socket_timeout must be a number of seconds above 0",
+        ),  # OverflowError
+        (
             {"max_connections": 3.0},
             "max_connections must be a whole number",
         ),  # slipped past the mover's check

@@ -198,7 +198,7 @@ class Library:
                 self._for_now("Redis is loading its data")
             except redis.ResponseError as error:
                 text = str(error)
-                if "already exists" in text and self._suspect:
+                if "already exists" in text and self._suspect and not self._has_function():
                     self._suspect = False
                     self._foreign()
                 elif "already exists" in text:
@@ -211,6 +211,16 @@ class Library:
                 else:  # for now (a full, loading or replica server, a refused write): the script runs
                     self._for_now(f"FUNCTION LOAD failed: {_first_clause(error)}")
         return bool(self._usable)
+
+    def _has_function(self) -> bool:
+        """Whether the library of its name there now has its function (another client may have
+        loaded it again since it was lost); asked only once its function was not found."""
+        try:
+            listed = self.client.function_list(library=self.name)
+        except redis.RedisError:
+            return False
+        want = function_name(self.name, FUNCTIONS[0]).encode()
+        return any(want in _names(entry) for entry in listed)
 
     def _foreign(self) -> None:
         """A library of its name is there, and lacks its function, after a load again."""
@@ -244,6 +254,20 @@ class Library:
             self._usable = False
             return True
         return False
+
+
+def _names(entry: Any) -> list[bytes]:
+    """The function names of one ``FUNCTION LIST`` entry (a RESP2 list of names and values)."""
+    fields = dict(zip(entry[::2], entry[1::2], strict=False)) if isinstance(entry, list) else entry
+    functions = fields.get(b"functions") or fields.get("functions") or []
+    found = []
+    for function in functions:
+        described = (
+            dict(zip(function[::2], function[1::2], strict=False)) if isinstance(function, list) else function
+        )
+        name = described.get(b"name") or described.get("name")
+        found.append(name if isinstance(name, bytes) else str(name).encode())
+    return found
 
 
 #: The libraries found lacking their function, told once per process.

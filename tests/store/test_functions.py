@@ -302,3 +302,23 @@ def test_a_script_lost_at_each_try_is_a_refusal_not_a_bug() -> None:
     # "unexpected error", with a traceback, about 70 times.
     with pytest.raises(RedisRefused, match="lost kombu-delay's script as it was called"), translated_errors():
         raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
+
+
+def test_a_library_another_publisher_loaded_again_first_is_not_taken_for_a_foreign_one(
+    r7: redis.Redis, caplog
+) -> None:
+    # B found the library loaded; after a flush, A loaded it again before B's next load, whose
+    # "already exists" B took for a foreign library: a false WARNING, and 60 s of EVALSHA.
+    first, second = Store(r7, ""), Store(r7, "")
+    for task_id, store in (("a", first), ("b", second)):
+        store.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    r7.function_flush()
+    for task_id, store in (("c", second), ("d", first), ("e", first), ("f", second)):
+        store.schedule(
+            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
+        )
+    assert all(first.find(task_id) for task_id in "abcdef")
+    assert "lacks its function" not in caplog.text
+    assert calls(r7, "fcall") == 6 and calls(r7, "fcall", succeeded=True) == 4  # c's and d's not found

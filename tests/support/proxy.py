@@ -1,6 +1,7 @@
 """A loopback TCP proxy in front of a test's own redis-server that can lose one exchange:
 the request (it never reaches Redis) or the reply (Redis ran the command, the client never
 hears of it, as when Redis dies between the two). Either way the client's connection is closed.
+Or it refuses one request itself, as a read-only replica would, and the connection goes on.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
-Lose = Literal["request", "reply"]
+Lose = Literal["request", "reply", "refuse"]
+#: The reply a refused request gets (``arm(marker, "refuse")``): nothing reaches Redis.
+REFUSAL = b"-READONLY You can't write against a read only replica.\r\n"
 
 
 class LossyProxy:
@@ -26,20 +29,27 @@ class LossyProxy:
         self.lost = threading.Event()
         self._lock = threading.Lock()
         self._armed: tuple[bytes, Lose] | None = None
+        self._skip = 0
         self._arms = 0  # how many times armed: bytes seen before the latest arming don't count
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, marker: bytes, lose: Lose) -> None:
+    def arm(self, marker: bytes, lose: Lose, skip: int = 0) -> None:
+        """Lose (or refuse) the exchange of the first request that carries ``marker``, after
+        ``skip`` such requests passed."""
         with self._lock:
             self._armed = (marker, lose)
+            self._skip = skip
             self._arms += 1
 
     def _take(self, seen: bytes, arms: int) -> Lose | None:
         with self._lock:
             if self._armed is None or arms != self._arms or self._armed[0] not in seen:
+                return None
+            if self._skip:
+                self._skip -= 1
                 return None
             lose = self._armed[1]
             self._armed = None
@@ -65,6 +75,13 @@ class LossyProxy:
                 seen, arms = b"", self._arms
             seen = seen[-4096:] + data  # a marker cut in two by the network is still found
             lose = self._take(seen, arms)
+            if lose == "refuse":  # (a request whose bytes came in one read: a test's are small)
+                self.lost.set()
+                try:
+                    client.sendall(REFUSAL)
+                except OSError:
+                    break
+                continue
             if lose == "request":
                 self.lost.set()
                 break

@@ -143,6 +143,29 @@ def test_a_publish_routed_to_two_queues_is_stored_once_in_each_when_one_reply_wa
     assert not resend._attempts
 
 
+def test_a_publish_to_two_queues_that_redis_refused_in_one_is_stored_once_in_each_by_the_retry(
+    r, redis_server
+):
+    # kombu retries a refusal as it does a lost connection, to every queue of the route: the
+    # queue stored before the refusal got a second copy (as on redis://, where each push does).
+    exchange = Exchange("route", type="direct")
+    queues = [Queue(name, exchange, "both") for name in ("first_q", "second_q")]
+    with DelayControl(redis_server.url) as ctl:
+        with (
+            LossyProxy(redis_server.port) as proxy,
+            Connection(f"delayredis://127.0.0.1:{proxy.port}/0") as conn,
+        ):
+            producer = Producer(conn, exchange=exchange, routing_key="both")
+            producer.publish("warm", headers={"x-delay": 30_000}, declare=queues)
+            proxy.arm(_script_call(r), "refuse", skip=1)  # the store of whichever queue comes second
+            eta = datetime.fromtimestamp(redis_ms(r) / 1000 + 30, UTC).isoformat()
+            producer.publish(
+                "B", headers={"task": "t", "id": "t-3", "eta": eta}, retry=True, retry_policy=POLICY
+            )
+            assert proxy.lost.is_set()
+        assert sorted(stored.dest for stored in ctl.store.find("t-3")) == ["first_q", "second_q"]
+
+
 def test_the_same_message_published_again_after_a_lost_reply_is_a_second_message(r, redis_server, caplog):
     # Only kombu's retry of the publish whose reply was lost is looked for: an app that caught
     # the error and publishes the same message again later (a periodic job, a fixed task id)
