@@ -71,8 +71,7 @@ class DelayControl:
             self._owned = True
         elif isinstance(broker, Connection):
             check_options(broker.transport_options or {})
-            self._conn = broker
-            self._owned = False
+            self._conn, self._owned = broker, False
         else:  # a Celery app, say: its connection_for_write() is one
             raise TypeError(
                 "DelayControl takes a broker URL or a kombu Connection (of a Celery app: "
