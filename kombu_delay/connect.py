@@ -6,7 +6,6 @@ Sentinel discovery work exactly as they do for the publisher.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -272,6 +271,10 @@ NUMBER_OPTIONS = (
 )
 
 
+#: The longest ``socket_timeout`` or ``socket_connect_timeout`` accepted, seconds.
+MAX_SOCKET_TIMEOUT_S = 365 * 86_400
+
+
 def check_options(options: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` for a transport option that redis-py or kombu would take and
     then fail on, far from where it was given: a key prefix that is not text (a traceback at
@@ -282,11 +285,13 @@ def check_options(options: Mapping[str, Any]) -> None:
         raise ConfigError(f"global_keyprefix must be text, got {prefix!r}")
     for name in ("socket_timeout", "socket_connect_timeout"):
         value = options.get(name)
+        # (False is 0; past a year, Python's sockets overflow their clock, at 1e10 s)
         if isinstance(value, bool) or (
-            isinstance(value, int | float) and not 0 < value < math.inf
-        ):  # False: 0
+            isinstance(value, int | float) and not 0 < value <= MAX_SOCKET_TIMEOUT_S
+        ):
             raise ConfigError(
-                f"{name} must be a number of seconds above 0 (or unset: no limit), got {value!r}"
+                f"{name} must be a number of seconds above 0 and at most {MAX_SOCKET_TIMEOUT_S} (a year; "
+                f"or unset: no limit), got {value!r}"
             )
     pool = options.get("max_connections")
     if isinstance(pool, float):

@@ -209,6 +209,10 @@ def test_a_look_ahead_not_shorter_than_the_visibility_timeout_is_refused(options
             "socket_timeout must be a number of seconds above 0",
         ),  # OverflowError
         (
+            {"socket_connect_timeout": 1e10},
+            "socket_connect_timeout must be a number of seconds above 0",
+        ),  # too
+        (
             {"max_connections": 3.0},
             "max_connections must be a whole number",
         ),  # slipped past the mover's check

@@ -182,8 +182,13 @@ class Library:
         #: one that is not this library at all, loaded under its name by hand).
         self._found = False
         #: Whether its function was then not found: the next load tells a library deleted
-        #: since (it loads) from another under its name (it "already exists" again).
+        #: since (it loads) from one there again, whose next call tells (``confirming``).
         self._suspect = False
+        #: Set by a load that found a library of its name there again after its function was
+        #: not found, until an ``FCALL`` runs: another such answer tells a library under its
+        #: name that lacks it (another client may have loaded this one again meanwhile, which
+        #: its ``FCALL`` runs). Cleared by each call that runs.
+        self.confirming = False
 
     def ready(self) -> bool:
         """Whether to run a function now: loads the library first when it is not known to be
@@ -193,16 +198,14 @@ class Library:
         if self._usable is None:
             try:
                 self.client.function_load(library()[1])
-                self._usable, self._found, self._suspect = True, False, False
+                self._usable, self._found, self._suspect, self.confirming = True, False, False, False
             except redis.exceptions.BusyLoadingError:  # (one of redis-py's connection errors)
                 self._for_now("Redis is loading its data")
             except redis.ResponseError as error:
                 text = str(error)
-                if "already exists" in text and self._suspect and not self._has_function():
-                    self._suspect = False
-                    self._foreign()
-                elif "already exists" in text:
+                if "already exists" in text:
                     self._usable, self._found = True, True
+                    self.confirming, self._suspect = self._suspect, False
                 elif "unknown command" in text or isinstance(error, redis.exceptions.NoPermissionError):
                     logger.debug(
                         "scripts run by EVALSHA here: FUNCTION LOAD failed: %s", _first_clause(error)
@@ -212,18 +215,10 @@ class Library:
                     self._for_now(f"FUNCTION LOAD failed: {_first_clause(error)}")
         return bool(self._usable)
 
-    def _has_function(self) -> bool:
-        """Whether the library of its name there now has its function (another client may have
-        loaded it again since it was lost); asked only once its function was not found."""
-        try:
-            listed = self.client.function_list(library=self.name)
-        except redis.RedisError:
-            return False
-        want = function_name(self.name, FUNCTIONS[0]).encode()
-        return any(want in _names(entry) for entry in listed)
-
     def _foreign(self) -> None:
-        """A library of its name is there, and lacks its function, after a load again."""
+        """A library of its name is there, and lacks its function, after a load again: told
+        once (per process), and tried again after LOAD_RETRY_S."""
+        self.confirming = False
         if self.name not in _told_foreign:
             _told_foreign.add(self.name)
             logger.warning(
@@ -241,11 +236,14 @@ class Library:
     def lost(self, error: redis.ResponseError) -> bool:
         """Whether ``error``, from ``FCALL``, means that the function did not run because it
         is not there to run (the script is run instead): lost by the server (loaded again on
-        the next call, which tells a library of its name that lacks it: see ``_suspect``), or
+        the next call, which tells a library of its name that lacks it: see ``confirming``), or
         not available to this client (never asked for again)."""
         text = str(error)
         if "Function not found" in text:
-            self._usable, self._suspect = None, self._found
+            if self.confirming:
+                self._foreign()
+            else:
+                self._usable, self._suspect = None, self._found
             return True
         if "unknown command" in text or (
             isinstance(error, redis.exceptions.NoPermissionError) and "'fcall'" in text
@@ -254,20 +252,6 @@ class Library:
             self._usable = False
             return True
         return False
-
-
-def _names(entry: Any) -> list[bytes]:
-    """The function names of one ``FUNCTION LIST`` entry (a RESP2 list of names and values)."""
-    fields = dict(zip(entry[::2], entry[1::2], strict=False)) if isinstance(entry, list) else entry
-    functions = fields.get(b"functions") or fields.get("functions") or []
-    found = []
-    for function in functions:
-        described = (
-            dict(zip(function[::2], function[1::2], strict=False)) if isinstance(function, list) else function
-        )
-        name = described.get(b"name") or described.get("name")
-        found.append(name if isinstance(name, bytes) else str(name).encode())
-    return found
 
 
 #: The libraries found lacking their function, told once per process.
@@ -320,7 +304,9 @@ class Function:
         keys, args = keys or [], args or []
         if client is None and self._library.ready():
             try:
-                return self._library.client.fcall(self._function, len(keys), *keys, *args)
+                ran = self._library.client.fcall(self._function, len(keys), *keys, *args)
+                self._library.confirming = False
+                return ran
             except redis.ResponseError as error:
                 if not self._library.lost(error):
                     raise
