@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
@@ -187,12 +188,29 @@ class Library:
         #: Set by a load that found a library of its name there again after its function was
         #: not found, until an ``FCALL`` runs: another such answer tells a library under its
         #: name that lacks it (another client may have loaded this one again meanwhile, which
-        #: its ``FCALL`` runs). Cleared by each call that runs.
+        #: its ``FCALL`` runs, or it was flushed again meanwhile). Cleared by each call that runs.
         self.confirming = False
+        #: Times in a row a library of its name was found so: told at the second, a
+        #: LOAD_RETRY_S apart (a flush loop can make the first).
+        self._strikes = 0
+        #: The state changes are made under it: publishing threads share a client.
+        self._lock = threading.Lock()
 
     def ready(self) -> bool:
         """Whether to run a function now: loads the library first when it is not known to be
         there ("already exists" is a success: its name is its text's hash)."""
+        usable, retry_at = self._usable, self._retry_at
+        if usable is not None and retry_at is None:  # loaded, or given up for good
+            return usable
+        with self._lock:
+            return self._ready()
+
+    def ran(self) -> None:
+        """Told by each ``FCALL`` that ran."""
+        if self.confirming or self._strikes:
+            self.confirming, self._strikes = False, 0
+
+    def _ready(self) -> bool:
         if self._retry_at is not None and self.monotonic() >= self._retry_at:
             self._usable, self._retry_at = None, None
         if self._usable is None:
@@ -216,16 +234,17 @@ class Library:
         return bool(self._usable)
 
     def _foreign(self) -> None:
-        """A library of its name is there, and lacks its function, after a load again: told
-        once (per process), and tried again after LOAD_RETRY_S."""
-        self.confirming = False
-        if self.name not in _told_foreign:
+        """A library of its name is there, and lacked its function after a load again: tried
+        again after LOAD_RETRY_S, and told (once per process) where that was so twice in a row."""
+        self.confirming, self._strikes = False, self._strikes + 1
+        if self._strikes >= 2 and self.name not in _told_foreign:
             _told_foreign.add(self.name)
             logger.warning(
-                "kombu-delay: the function library %s on this server lacks its function (another "
-                "library under its name? delete it with FUNCTION DELETE %s): publishes run their "
-                "script by EVALSHA, and load the library again every %.0f s",
-                *(self.name, self.name, LOAD_RETRY_S),
+                "kombu-delay: the function library %s was found twice, %.0f s apart, without its "
+                "function (another library under its name, or one flushed or deleted again and "
+                "again): publishes run their script by EVALSHA, and load the library again every "
+                "%.0f s; where FUNCTION LIST LIBRARYNAME %s shows no function %s, delete it",
+                *(self.name, LOAD_RETRY_S, LOAD_RETRY_S, self.name, function_name(self.name, FUNCTIONS[0])),
             )
         self._for_now("its library lacks the function")
 
@@ -240,16 +259,18 @@ class Library:
         not available to this client (never asked for again)."""
         text = str(error)
         if "Function not found" in text:
-            if self.confirming:
-                self._foreign()
-            else:
-                self._usable, self._suspect = None, self._found
+            with self._lock:
+                if self.confirming:
+                    self._foreign()
+                else:
+                    self._usable, self._suspect = None, self._found
             return True
         if "unknown command" in text or (
             isinstance(error, redis.exceptions.NoPermissionError) and "'fcall'" in text
         ):
             logger.debug("scripts run by EVALSHA here: %s", _first_clause(error))
-            self._usable = False
+            with self._lock:
+                self._usable, self._retry_at = False, None
             return True
         return False
 
@@ -305,7 +326,7 @@ class Function:
         if client is None and self._library.ready():
             try:
                 ran = self._library.client.fcall(self._function, len(keys), *keys, *args)
-                self._library.confirming = False
+                self._library.ran()
                 return ran
             except redis.ResponseError as error:
                 if not self._library.lost(error):
