@@ -307,47 +307,34 @@ def test_a_script_lost_at_each_try_is_a_refusal_not_a_bug() -> None:
         raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
 
 
+def put(store: Store, task_id: str) -> None:
+    store.schedule(Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW)
+
+
+@pytest.mark.parametrize("lister", [True, False], ids=["any-user", "no-function-list"])
 def test_a_library_another_publisher_loaded_again_first_is_not_taken_for_a_foreign_one(
-    r7: redis.Redis, caplog
+    r7: redis.Redis, caplog, lister: bool
 ) -> None:
     # B found the library loaded; after a flush, A loaded it again before B's next load, whose
-    # "already exists" B took for a foreign library: a false WARNING, and 60 s of EVALSHA.
-    first, second = Store(r7, ""), Store(r7, "")
+    # "already exists" B took for a foreign library: a false WARNING, and 60 s of EVALSHA. (Then
+    # asking FUNCTION LIST, which an ACL may refuse, told the library lacking its function.)
+    clients = [r7, r7]
+    if not lister:
+        r7.execute_command("ACL", "SETUSER", "lister", "on", ">pw", "~*", "&*", "+@all", "-function|list")
+        port = r7.connection_pool.connection_kwargs["port"]
+        clients = [redis.Redis(port=port, username="lister", password="pw") for _ in range(2)]
+    first, second = (Store(client, "") for client in clients)
     for task_id, store in (("a", first), ("b", second)):
-        store.schedule(
-            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
-        )
+        put(store, task_id)
     r7.function_flush()
     for task_id, store in (("c", second), ("d", first), ("e", first), ("f", second)):
-        store.schedule(
-            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
-        )
+        put(store, task_id)
     assert all(first.find(task_id) for task_id in "abcdef")
     assert "without its function" not in caplog.text
     assert calls(r7, "fcall") == 6 and calls(r7, "fcall", succeeded=True) == 4  # c's and d's not found
-
-
-def test_a_library_loaded_again_by_another_is_run_by_a_user_who_may_not_list_functions(
-    r7: redis.Redis, caplog
-) -> None:
-    # Asking FUNCTION LIST, which such an ACL refuses, told the library lacking its function.
-    r7.execute_command("ACL", "SETUSER", "lister", "on", ">pw", "~*", "&*", "+@all", "-function|list")
-    port = r7.connection_pool.connection_kwargs["port"]
-    users = [redis.Redis(port=port, username="lister", password="pw") for _ in range(2)]
-    first, second = (Store(user, "") for user in users)
-    for task_id, store in (("a", first), ("b", second)):
-        store.schedule(
-            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
-        )
-    r7.function_flush()
-    for task_id, store in (("c", second), ("d", first), ("e", first), ("f", second)):
-        store.schedule(
-            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
-        )
-    assert "without its function" not in caplog.text
-    assert calls(r7, "fcall", succeeded=True) == 4
-    for user in users:
-        user.close()
+    if not lister:
+        for client in clients:
+            client.close()
 
 
 def test_a_library_flushed_again_between_a_load_and_its_call_is_not_told_foreign(
@@ -357,15 +344,11 @@ def test_a_library_flushed_again_between_a_load_and_its_call_is_not_told_foreign
     # library read as a foreign one in every publishing process (a WARNING to delete it).
     first, second = Store(r7, ""), Store(r7, "")
     for task_id, store in (("a", first), ("b", second)):
-        store.schedule(
-            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
-        )
+        put(store, task_id)
     r7.function_flush()
-    second.schedule(Due(NOW + 60_000, task_id="c"), DEST, kombu_payload("c"), Settings(), now_ms=NOW)
+    put(second, "c")
     for task_id in ("d", "d2"):  # its function not found, then loaded again
-        first.schedule(
-            Due(NOW + 60_000, task_id=task_id), DEST, kombu_payload(task_id), Settings(), now_ms=NOW
-        )
+        put(first, task_id)
     load = r7.function_load
 
     def load_then_flush(*args: Any, **kwargs: Any) -> Any:
@@ -377,7 +360,7 @@ def test_a_library_flushed_again_between_a_load_and_its_call_is_not_told_foreign
     second._scripts._library.client = type(
         "Flushing", (), {"function_load": staticmethod(load_then_flush), "fcall": r7.fcall}
     )()
-    second.schedule(Due(NOW + 60_000, task_id="e"), DEST, kombu_payload("e"), Settings(), now_ms=NOW)
+    put(second, "e")
     assert all(first.find(task_id) for task_id in ("a", "b", "c", "d", "d2", "e"))
     assert second._scripts._library.ready() is False  # for a while: found twice without it
     assert "the function library" not in caplog.text  # no WARNING, whatever its words
