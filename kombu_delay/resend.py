@@ -124,14 +124,14 @@ def once(store: Store, where: Where, message: dict[str, Any], task_id: str, payl
         # where its reply was lost; one Redis refused stored nothing, and its retry stores it.
         failed_at = time.monotonic()
         for other, other_id, sent, at in _stored_by_call(properties):
-            _remember(_key(other, message), Attempt(other_id, sent, failed_at, at, properties))
+            _remember(_key(other, message), Attempt(other_id, keys.digest(sent), failed_at, at, properties))
         if isinstance(exc, RedisUnavailable):
             _remember(
                 key or _key(where, message),
                 Attempt(task_id, keys.digest(payload), failed_at, sent_at, properties),
             )
         raise
-    _note_stored(properties, (where, task_id, keys.digest(payload), sent_at))
+    _note_stored(properties, (where, task_id, payload, sent_at))
     if key is not None:
         with _lock:
             _attempts.pop(key, None)
@@ -148,13 +148,14 @@ def _remember(key: Key, attempt: Attempt) -> None:
 
 
 #: Per thread, the publish call in hand (its properties dict, held: no other takes its ``id()``)
-#: and the stores of it that succeeded: (where, task id, digest, when sent). The next call
-#: replaces them.
+#: and the stores of it that succeeded: (where, task id, what was sent, when). The next call
+#: replaces them. What was sent is digested only where a later store of the call fails: the
+#: publish of every delayed message passes here.
 _calls = threading.local()
 
 
-#: A store of a call: where, the task id, the digest of what was sent, when it was sent.
-Made = tuple[Where, str, bytes, float]
+#: A store of a call: where, the task id, what was sent, when it was sent.
+Made = tuple[Where, str, str, float]
 
 
 def _note_stored(properties: object, stored: Made) -> None:
