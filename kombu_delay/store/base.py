@@ -23,6 +23,20 @@ MAX_PAYLOAD_BYTES = 512 * 2**20
 MIN_BULK_BYTES = 2**20
 #: Seconds a limit read from the server is kept (``CONFIG SET`` may change it).
 BULK_LIMIT_TTL_S = 60.0
+#: The namespace's hints, each by the function that names it from the key prefix, with its
+#: type and what is lost while it holds another: the scripts pass over a hint they cannot
+#: write (as they do the wake mark), so only :meth:`Store.misshapen` tells.
+HINTS: dict[Callable[[str], str], tuple[str, str]] = {
+    spaces.ORDINARY.large: ("zset", "the movers' plans miss its large buckets, which may then be late"),
+    spaces.COLD.large: ("zset", "the movers' plans miss its large cold buckets, which may then be late"),
+    keys.lists: ("hash", "a delayed message's push renews the expiry of its own priority list only"),
+    keys.taken: (
+        "zset",
+        "edits note nothing of what they take, so kombu's retry of a publish whose reply was lost "
+        "can store a message cancelled meanwhile again",
+    ),
+    keys.walk: ("hash", "every mover walks the id index, not one at a time"),
+}
 
 
 class StoreBase:
@@ -110,8 +124,9 @@ class StoreBase:
     def misshapen(self) -> dict[str, str]:
         """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set, purge
         marks, heartbeats, alerts and dead letters) that holds a value of another type, written by
-        hand, with a sentence that names it: every script that writes it fails on it. One
-        pipelined ``TYPE`` each."""
+        hand, with a sentence that names it: every script that writes it fails on it. Also its
+        hints (:data:`HINTS`), which the scripts do without on such a key, with what is then lost.
+        One pipelined ``TYPE`` each."""
         expected = {
             spaces.ORDINARY.index(self.prefix): "zset",
             spaces.COLD.index(self.prefix): "zset",
@@ -125,17 +140,22 @@ class StoreBase:
             self._totals: "hash",
             keys.dead(self.prefix): "list",
         }
+        hints = {name(self.prefix): (want, lost) for name, (want, lost) in HINTS.items()}
         with translated_errors():
             pipe = self.client.pipeline(transaction=False)
-            for key in expected:
+            for key in (*expected, *hints):
                 pipe.type(key)
             found = [as_text(kind) for kind in pipe.execute()]
-        return {
-            key: f"{key!r} holds a {kind}, not a {want} (written by hand?): the scripts that write it "
-            "fail on it; rename it out of the way (RENAME) and kombu-delay makes it anew"
-            for (key, want), kind in zip(expected.items(), found, strict=True)
-            if kind not in ("none", want)
-        }
+        told = {}
+        fails = "the scripts that write it fail on it"
+        for key, kind in zip((*expected, *hints), found, strict=True):
+            want, effect = hints[key] if key in hints else (expected[key], fails)
+            if kind not in ("none", want):
+                told[key] = (
+                    f"{key!r} holds a {kind}, not a {want} (written by hand?): {effect}; rename it "
+                    "out of the way (RENAME) and kombu-delay makes it anew"
+                )
+        return told
 
     def misshapen_told(self) -> str:
         """``; <sentence>`` for each :meth:`misshapen` key, to follow an error that names none

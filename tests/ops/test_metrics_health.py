@@ -16,7 +16,7 @@ from kombu_delay.message import Due
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.loop import Mover
 from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, MoverMetrics, QueueSeries, serve_metrics
-from kombu_delay.store import Store, keys
+from kombu_delay.store import Store, keys, spaces
 from kombu_delay.store.replies import MoveResult
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.cli import health, kd
@@ -293,8 +293,9 @@ def test_a_mover_with_thousands_of_queues_serves_a_bounded_set_of_series(private
         (keys.alerts, 2, "ERROR: WRONGTYPE "),
         (keys.ids, 1, "UNHEALTHY: "),
         (keys.totals, 2, "ERROR: WRONGTYPE "),  # read first, for the storage format
+        (keys.taken, 1, "UNHEALTHY: "),  # a hint: passed over, and only this tells
     ],
-    ids=["movers", "index", "alerts", "ids", "totals"],
+    ids=["movers", "index", "alerts", "ids", "totals", "taken"],
 )
 def test_health_names_a_shared_key_of_another_type(redis_server, r, prefix, key, code, said):
     # Every script that writes it fails on it: health printed Redis's WRONGTYPE text, which
@@ -325,14 +326,30 @@ def test_inspection_commands_name_a_shared_key_of_another_type(redis_server, r, 
     assert f"{keys.totals(prefix)!r} holds a string, not a hash" in out, out
 
 
-def test_stats_warns_of_a_shared_key_of_another_type_it_does_not_read(redis_server, r, prefix):
-    r.set(keys.ids(prefix), "written by hand")
+@pytest.mark.parametrize(
+    ("key", "kind", "lost"),
+    [
+        (keys.ids, "hash", "the scripts that write it fail on it"),
+        # The hints, which the scripts pass over on a key of another type: nothing else told.
+        (keys.taken, "zset", "can store a message cancelled meanwhile again"),
+        (keys.lists, "hash", "renews the expiry of its own priority list only"),
+        (keys.walk, "hash", "every mover walks the id index"),
+        (spaces.ORDINARY.large, "zset", "miss its large buckets"),
+        (spaces.COLD.large, "zset", "miss its large cold buckets"),
+    ],
+    ids=["ids", "taken", "lists", "walk", "large", "cold-large"],
+)
+def test_stats_warns_of_a_shared_key_of_another_type_it_does_not_read(
+    redis_server, r, prefix, key, kind, lost
+):
+    r.set(key(prefix), "written by hand")
     try:
         code, out = kd(redis_server, prefix, "stats")
     finally:
-        r.delete(keys.ids(prefix))
+        r.delete(key(prefix))
     assert code == 0, out
-    assert f"{keys.ids(prefix)!r} holds a string, not a hash" in out, out
+    assert f"{key(prefix)!r} holds a string, not a {kind} (written by hand?): " in out, out
+    assert lost in out, out
 
 
 def test_a_liveness_probe_reads_no_queue_head_and_health_still_reads_the_overdue_age(redis_server, r, prefix):
