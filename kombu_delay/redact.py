@@ -19,8 +19,11 @@ from urllib.parse import quote, unquote, unquote_plus
 #: What stands in for a secret.
 MASK = "****"
 #: Pieces of a secret shorter than this are left alone: masking every "pa" would garble text
-#: and tell nothing about the password's length or content.
+#: and tell nothing about the password's length or content. A whole secret that short (a
+#: password "x") is masked only where it stands alone, not inside a word ("prefix").
 MIN_FRAGMENT = 3
+#: No letter, digit or underscore either side: where a short secret is masked.
+_APART = r"(?<!\w){}(?!\w)"
 #: Where URL parsers (and people) cut a password into pieces.
 _DELIMITERS = re.compile(r"[/#?@:;&=%+\s]+")
 #: A host, an optional port and database, then a query: an ``@`` after this is inside the
@@ -136,7 +139,8 @@ def _pieces(secret: str) -> set[str]:
 
 class Redactor:
     """Replace secrets, their encoded forms and their fragments of 3 or more characters with
-    ``****`` in any text. Calling it on text is cheap; build one per set of secrets."""
+    ``****`` in any text (a secret shorter than that, only where no letter, digit or ``_``
+    touches it). Calling it on text is cheap; build one per set of secrets."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         pieces: set[str] = set()
@@ -145,7 +149,11 @@ class Redactor:
                 pieces.update(_pieces(secret))
         # Longest first, so that a whole password goes before its pieces do.
         ordered = sorted(pieces, key=lambda piece: (-len(piece), piece))
-        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        parts = [
+            re.escape(piece) if len(piece) >= MIN_FRAGMENT else _APART.format(re.escape(piece))
+            for piece in ordered
+        ]
+        self._pattern = re.compile("|".join(parts)) if parts else None
 
     @classmethod
     def for_url(cls, url: str, transport_options: Mapping[str, Any] | None = None) -> Redactor:

@@ -119,6 +119,15 @@ def test_a_redactor_masks_the_password_its_forms_and_its_pieces():
     assert Redactor([])("unchanged") == "unchanged"
 
 
+@pytest.mark.parametrize("password", ["x", "ab", "-"])
+def test_a_password_shorter_than_a_fragment_is_masked_where_it_stands_alone(password):
+    # Every "x" was masked: "key prefi****" told the password, and garbled every message.
+    redact = Redactor([password])
+    text = f"key prefix on redis://:{password}@host:1/0 with '{password}' and {password}"
+    assert redact(text) == "key prefix on redis://:****@host:1/0 with '****' and ****"
+    assert redact("prefix_ab-xab abc a-b") == "prefix_ab-xab abc a-b"
+
+
 def test_the_log_filter_scrubs_messages_arguments_and_tracebacks():
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
