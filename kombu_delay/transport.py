@@ -14,19 +14,14 @@ Capabilities
   delay is logged (once per exchange) and counted.
 * Purging a queue (``celery purge``, ``Queue.purge()``) also removes its delayed messages,
   and counts them in the number purged.
+* Options (``broker_transport_options``): kombu's Redis options (``global_keyprefix`` names
+  every key kombu-delay creates too), and the ``delay_*`` options of the Configuration page.
 
 ETA sources, in this order
 ==========================
 1. Celery protocol 2: the ``eta`` header, ISO-8601 (an offset is honoured; none means UTC).
 2. Celery protocol 1: ``eta`` in a JSON body of protocol 1's full shape (other JSON is app data).
 3. Plain kombu: header ``x-delay``, ms from now by the Redis clock, on a message with no ``eta``.
-
-Transport options (``broker_transport_options``)
-================================================
-All of kombu's Redis options, including ``global_keyprefix`` (applied to every key
-kombu-delay creates), and the ``delay_*`` options of the docs' Configuration page: the bucket
-width, the grace (only a mover outage longer than it loses messages), the furthest delay
-accepted, the mover's options and ``delay_embedded_mover``.
 """
 
 from __future__ import annotations
@@ -68,6 +63,15 @@ FANOUT_TOLD = (
     "kombu-delay: fanout exchange %r delivers at once: pub/sub holds no message, so kombu-delay cannot "
     "hold it (a worker holds a task with an ETA in memory until then, as on redis://; an x-delay is "
     "not kept); publish to a direct or topic exchange to delay it"
+)
+NO_MOVER_TOLD = (
+    "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last %d s): delayed "
+    "messages are stored but not delivered until one runs; start one with `celery -A <your app> delay "
+    "mover` or `kombu-delay --broker <broker URL> --prefix %r mover`"
+)
+PURGE_REFUSED_TOLD = (
+    "kombu-delay: queue %s: the messages on its lists were purged (%s), but none of its delayed messages, "
+    "which will still run: %s"
 )
 
 SCHEMES = {
@@ -225,16 +229,7 @@ class DelayChannelMixin:
             _asked.add(where)
         if movers == 0:
             _, broker, prefix = where
-            logger.warning(
-                "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last "
-                "%d s): delayed messages are stored but not delivered until one runs; start one "
-                "with `celery -A <your app> delay mover` or `kombu-delay --broker <broker URL> "
-                "--prefix %r mover`",
-                prefix,
-                broker,
-                FRESH_HEARTBEAT_MS // 1000,
-                prefix,
-            )
+            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, prefix)
 
     def _tell_wake_refused(self) -> None:
         """Warn once per connection that Redis's ACL refuses this user the channel that wakes
@@ -261,8 +256,10 @@ class DelayChannelMixin:
         # is on the list when the list is purged (the other way round, it escaped both).
         try:
             delayed = self.delay_store.purge(self._delay_dests(queue))
-        except (RedisPermissionError, WrongTypeKey):
-            super()._purge(queue)  # type: ignore[misc]  # what this user may purge, as on redis://
+        except (RedisPermissionError, WrongTypeKey) as exc:
+            listed = super()._purge(queue)  # type: ignore[misc]  # what this user may purge, as on redis://
+            # Told: `celery purge` takes the error for a queue that is not there ("No messages purged").
+            logger.warning(PURGE_REFUSED_TOLD, queue, listed, exc)
             raise
         return int(super()._purge(queue)) + delayed  # type: ignore[misc]
 

@@ -796,9 +796,12 @@ def test_a_user_of_prefixed_keys_only_declares_passively(server: RedisServer) ->
         channel.close()
 
 
-def test_a_purge_refused_the_delayed_messages_still_purges_the_list(server: RedisServer) -> None:
+def test_a_purge_refused_the_delayed_messages_still_purges_the_list(server: RedisServer, caplog) -> None:
     # A user with only kombu's keys (a worker's, `celery purge` run with its credentials) is
     # refused the delayed messages: it is told so, and what it may purge is purged first.
+    # Logged too: `celery purge` takes the error for a queue that is not there ("No messages
+    # purged"), and said nothing of the delayed messages left to run.
+    caplog.set_level("WARNING", logger="kombu_delay")
     admin = server.client()
     url = add_user(admin, "listsonly", "resetkeys", "~refusals*", "~_kombu*", "~unacked*")
     with Connection(url) as conn:
@@ -810,6 +813,42 @@ def test_a_purge_refused_the_delayed_messages_still_purges_the_list(server: Redi
             queue.purge()
         channel.close()
     assert admin.llen(QUEUE) == 0
+    told = [r.getMessage() for r in caplog.records if "none of its delayed messages" in r.getMessage()]
+    assert len(told) == 1 and f"queue {QUEUE}: the messages on its lists were purged (1)" in told[0], told
+
+
+@pytest.mark.parametrize("rule", ["-zremrangebyrank", "-hincrby"])
+def test_a_purge_refused_a_command_leaves_every_message_findable_and_cancellable(
+    server: RedisServer, rule: str
+) -> None:
+    # A purge refused ZREMRANGEBYRANK had dropped the id-index refs of compressed messages
+    # first: they stayed scheduled, and find and cancel answered "not scheduled" for them.
+    admin = server.client()
+    with Connection(server.delay_url) as conn:
+        producer = conn.Producer()
+        for n, delay_ms in enumerate([30_000] * 3 + [600_000] * 3):  # the last three compressed
+            headers = {"task": "t", "id": f"id{n}", "x-delay": delay_ms}
+            producer.publish({"n": n}, routing_key=QUEUE, headers=headers)
+    control = DelayControl(server.delay_url)
+    before = control.stats().totals
+    assert sum(control.store.counts().values()) == 6
+    narrow = DelayControl(add_user(admin, "nopurge", rule))
+    purged = None
+    try:
+        purged = narrow.purge(QUEUE)
+    except RedisPermissionError as exc:  # named on Redis 7, which is asked first
+        assert rule.lstrip("-").upper() in str(exc).upper() or "can't run this command" in str(exc), exc
+    finally:
+        narrow.close()
+    found = {n: len(control.find(f"id{n}")) for n in range(6)}
+    if purged is None:  # refused: everything is where it was, and can be found
+        assert found == dict.fromkeys(range(6), 1), found
+        assert sum(control.store.counts().values()) == 6
+        assert control.cancel("id5") == 1
+    else:  # Redis 6, which cannot be asked first, refused only a counter: all of it purged
+        assert purged == 6 and found == dict.fromkeys(range(6), 0), (purged, found)
+        assert control.stats().totals.get("purged", 0) - before.get("purged", 0) in (0, 6)
+    control.close()
 
 
 def test_a_refused_publish_raises_what_plain_kombus_would_and_counts_no_bad_eta(

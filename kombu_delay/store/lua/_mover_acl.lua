@@ -1,6 +1,6 @@
 --[[ mover_acl: whether this user's ACL allows what a mover's scripts run on its namespace.
 
-mover_refused(ns, thawing, probe)
+mover_refused(ns, thawing, probe, purging)
   The first command a mover's scripts need (the move, the thaw, the sweep, the clean-up) that
   this user's ACL refuses on the keys of namespace ``ns`` they would run it on, as {command,
   key}; nil where every one is allowed. Redis 6 has no acl_check_cmd to ask: there, only with
@@ -18,26 +18,30 @@ mover_refused(ns, thawing, probe)
   a mover refused every LPUSH waits with its messages, telling it), LPUSH onto the dead
   letters (asked only ``thawing``: where a thaw lets go a member it cannot restore),
   SUBSCRIBE, the walk's HSCAN, the herd's handover, PEXPIRE for x-expires, SCAN and CONFIG.
-  Every command asked is in the ACL line of the docs' Security page.
+  Every command asked is in the ACL line of the docs' Security page. With ``purging``, those a
+  purge runs on the buckets (purge.lua: the same, less the heartbeat's on <ns>movers).
   Bound: a constant number of ACL checks (Redis 7: nothing read or written; Redis 6: a
   constant number of commands that change nothing).
 ]]
 --- @include spaces
 -- The calls mover_refused asks about, each as {command, key, args...}: those of ``tried``
 -- also run on Redis 6 as they are (a read, or a write of nothing on a key no script writes).
-local function mover_calls(ns, thawing)
+local function mover_calls(ns, thawing, purging)
   local asked, tried = {}, {{'TIME'}}
   local function add(list, calls)
     for _, call in ipairs(calls) do list[#list + 1] = call end
   end
   local totals, counts, ids, gc = ns .. 'totals', ns .. 'counts', ns .. 'ids', ns .. 'gc'
   local movers = ns .. 'movers'
-  add(asked, {{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PEXPIREAT', movers, '1'},
-              {'HSET', totals, 'f', 'v'}, {'HINCRBY', totals, 'f', '1'}, {'PEXPIREAT', totals, '1'},
+  if not purging then
+    add(asked, {{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PEXPIREAT', movers, '1'}})
+    add(tried, {{'PTTL', movers}})
+  end
+  add(asked, {{'HSET', totals, 'f', 'v'}, {'HINCRBY', totals, 'f', '1'}, {'PEXPIREAT', totals, '1'},
               {'HINCRBY', counts, 'f', '1'}, {'HDEL', counts, 'f'}, {'HKEYS', counts},
               {'HMGET', ids, 'f'}, {'HSET', ids, 'f', 'v'}, {'HDEL', ids, 'f'},
               {'ZADD', gc, '0', 'm'}, {'PEXPIREAT', gc, '1'}})
-  add(tried, {{'PTTL', movers}, {'HGET', totals, 'f'}, {'PTTL', totals}, {'HGET', counts, 'f'},
+  add(tried, {{'HGET', totals, 'f'}, {'PTTL', totals}, {'HGET', counts, 'f'},
               {'HGET', ids, 'f'}, {'ZREM', gc, 'm'}, {'ZRANGEBYSCORE', gc, '0', '1'}, {'PTTL', gc}})
   if thawing then add(asked, {{'LPUSH', ns .. 'dead', 'v'}}) end
   for _, tag in ipairs({'', 'c'}) do
@@ -62,8 +66,8 @@ local function mover_calls(ns, thawing)
   return asked, tried
 end
 
-local function mover_refused(ns, thawing, probe)
-  local asked, tried = mover_calls(ns, thawing)
+local function mover_refused(ns, thawing, probe, purging)
+  local asked, tried = mover_calls(ns, thawing, purging)
   if redis.acl_check_cmd then
     for _, calls in ipairs({tried, asked}) do
       for _, call in ipairs(calls) do
