@@ -121,7 +121,7 @@ def render_stats(stats: Stats) -> str:
     lines.append(f"overdue    {stats.overdue:,}{more}{lag}")
     if stats.truncated:
         lines.append(
-            "NOTE       counts cut short by the census's bucket limit: overdue and the due times are "
+            "NOTE       counts cut short by the census's limits: overdue and the due times are "
             "lower bounds (+), and 'not counted' is what is due later or in buckets not examined"
         )
     if stats.vanished:

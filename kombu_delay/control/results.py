@@ -110,8 +110,8 @@ class Stats:
     #: Scheduled messages in neither ``overdue`` nor the histogram: due after it, or, when
     #: ``truncated``, also in buckets the census did not reach.
     later: int
-    #: True when a bucket limit cut the overdue count or the histogram short: both are then
-    #: lower bounds.
+    #: True when the census's limits (of buckets, and of the queues' sorted sets in them) cut
+    #: the overdue count or the histogram short: both are then lower bounds.
     truncated: bool
     #: Mover id -> last heartbeat, epoch ms (Redis clock).
     movers: dict[str, int]

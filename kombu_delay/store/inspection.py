@@ -18,6 +18,13 @@ from kombu_delay.store.replies import Census, Stored
 #: Most destinations a census reads by name (``HMGET``): with more, an ``HGETALL`` of a bucket's
 #: meta hash (it holds only the destinations it has messages for) costs less.
 CENSUS_DESTS_MAX = 16
+#: Most sorted sets (a bucket's, one per destination) one census call counts, where it counts
+#: every destination (more than :data:`CENSUS_DESTS_MAX`): about 40 ms of Redis's time. With
+#: thousands of queues a bucket counts thousands, and one call for the window held Redis for
+#: seconds (every other client answered BUSY past 5 s).
+CENSUS_SETS_PER_CALL = 10_000
+#: Most census calls per space: past them the census is cut short (``truncated``).
+CENSUS_CALLS = 10
 
 
 def _few_dests(dests: Iterable[str] | None) -> list[str]:
@@ -327,14 +334,28 @@ class Inspecting(StoreBase):
         """
         self._check_format_once()
         few = _few_dests(dests)
-        window: list[Any] = [self.ns, int(now_ms), int(slot_ms), int(slots), max_buckets]
-        totals = [0] * (3 + int(slots))
+        totals, truncated = [0] * (2 + int(slots)), False
         with translated_errors():
             for space in spaces.ALL:
-                args = [*window, space.tag, *few]
-                reply = self._scripts["census"](keys=[space.index(self.prefix)], args=args)
-                totals = [a + int(b) for a, b in zip(totals, reply, strict=True)]
-        return Census(truncated=bool(totals[0]), overdue=totals[1], vanished=totals[2], slots=totals[3:])
+                window = [int(now_ms), int(slot_ms), int(slots), max_buckets]
+                truncated = self._census_space(space, window, few, totals) or truncated
+        return Census(truncated=truncated, overdue=totals[0], vanished=totals[1], slots=totals[2:])
+
+    def _census_space(self, space: spaces.Space, window: list[int], few: list[str], into: list[int]) -> bool:
+        """Add the census of ``space`` (``window``: now, slot width, slots, most buckets) to
+        ``into`` (overdue, vanished, then the slots), in calls of at most
+        :data:`CENSUS_SETS_PER_CALL` sorted sets, :data:`CENSUS_CALLS` at most; return whether
+        it was cut short."""
+        after = ""
+        for _ in range(CENSUS_CALLS):
+            args = [self.ns, *window, space.tag, CENSUS_SETS_PER_CALL, after, *few]
+            reply = self._scripts["census"](keys=[space.index(self.prefix)], args=args)
+            for i, value in enumerate((reply[1], reply[2], *reply[4:])):
+                into[i] += int(value)
+            after = as_text(reply[3])
+            if not after:
+                return bool(int(reply[0]))
+        return True
 
     def overdue(
         self, now_ms: int, max_buckets: int = 1000, among: tuple[spaces.Space, ...] = spaces.ALL

@@ -68,7 +68,7 @@ class Overview:
     bars: list[Bar]
     #: What an operator must not miss, one sentence each.
     warnings: list[str] = field(default_factory=list)
-    #: True when a bucket limit cut a count short (the figures are then lower bounds).
+    #: True when the census's limits cut a count short (the figures are then lower bounds).
     truncated: bool = False
 
     @cached_property

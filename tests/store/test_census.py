@@ -13,7 +13,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.message import Due
-from kombu_delay.store import Store, keys
+from kombu_delay.store import Store, inspection, keys
 from kombu_delay.store.inspection import CENSUS_DESTS_MAX
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.servers import binary_from
@@ -160,6 +160,31 @@ def test_a_census_counts_nothing_for_an_index_member_that_names_no_bucket(
 def test_a_key_prefix_with_a_star_is_counted_bucket_by_bucket(r: redis.Redis) -> None:
     store, later, _ = _with_a_lost_set(r, "a*b:")
     assert store.census(later, 30 * MINUTE, 6, dests=store.counts()) == store.census(later, 30 * MINUTE, 6)
+
+
+def test_a_census_of_many_queues_is_counted_in_bounded_calls_that_add_up(
+    r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With thousands of queues each bucket counts thousands of sets, and one call counted all
+    # of the window's: seconds of Redis's time, every other client answered BUSY past 5 s. A
+    # call now stops after the bucket that reaches its budget of sets, and the next goes on.
+    store, later, lost_size = _with_a_lost_set(r, prefix)
+    whole = store.census(later, 30 * MINUTE, 6)
+
+    def script_calls() -> int:
+        return _calls(r, "evalsha") + _calls(r, "fcall")
+
+    before = script_calls()
+    monkeypatch.setattr(inspection, "CENSUS_SETS_PER_CALL", 3)
+    monkeypatch.setattr(inspection, "CENSUS_CALLS", 1000)
+    paged = store.census(later, 30 * MINUTE, 6)
+    assert paged == whole and whole.vanished == lost_size and not paged.truncated
+    # 120 messages of three queues, one to four a bucket: 3 sets and a bucket a call.
+    assert script_calls() - before > 20
+    # Past the most calls, the census says it was cut short, and counts no more than it read.
+    monkeypatch.setattr(inspection, "CENSUS_CALLS", 2)
+    cut = store.census(later, 30 * MINUTE, 6)
+    assert cut.truncated and 0 < cut.overdue + sum(cut.slots) < whole.overdue + sum(whole.slots)
 
 
 def test_a_census_checks_its_sets_in_slices_and_finds_one_gone_in_any(r: redis.Redis, prefix: str) -> None:

@@ -187,7 +187,7 @@ def test_a_cut_census_shows_its_counts_as_lower_bounds(r, redis_server, control,
         ("tasks.b", (2,), {}, {"countdown": 7200}),
     )
     html = client_of(control, max_buckets=1).get("/").get_data(as_text=True)
-    assert "1 due after the chart or not counted; counts cut short by the bucket limit." in html
+    assert "1 due after the chart or not counted; counts cut short by the census's limits." in html
     assert re.search(r"UTC: at least 1 due</title>", html)
     data = client_of(control, max_buckets=1).get("/overview.json").get_json()
     assert data["truncated"] is True and data["later"] == 1

@@ -7,7 +7,12 @@ ARGV[3] slot_ms      width of one histogram slot, ms; slot 0 starts at now_ms
 ARGV[4] slots        number of slots
 ARGV[5] max_buckets  most buckets examined
 ARGV[6] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
-ARGV[7..] dests      optional: the destinations to count (stats passes those <ns>counts
+ARGV[7] max_sets     without dests: most sorted sets (a bucket's, one per destination it counts)
+                     counted in this call, after the bucket that reaches it; with many queues a
+                     bucket counts many, and a call that counted them all held Redis for seconds
+ARGV[8] after        without dests: a cursor, the start of the last bucket counted by the call
+                     before ('' to begin); the buckets after it are counted
+ARGV[9..] dests      optional: the destinations to count (stats passes those <ns>counts
                      counts, when they are few); a destination left out is not counted.
                      Without them, every destination a meta hash counts is. With them, the
                      counts of all the window's buckets are read by one SORT_RO of the index
@@ -18,13 +23,16 @@ ARGV[7..] dests      optional: the destinations to count (stats passes those <ns
                      bucket. A meta key of another type (written by hand) counts nothing.
                      SORT_RO turns an index small enough for Redis's compact encoding into a
                      skip list (some KB more, at most, kept until it is deleted).
-Returns: {truncated (1 if max_buckets cut the census), overdue, vanished, count_slot_0, ...}
+Returns: {truncated (1 if max_buckets cut the census), overdue, vanished, cursor, count_slot_0, ...}
+         cursor: '' where the call counted every bucket left in the window, else the ARGV[8]
+         of the next call (only without dests, where ARGV[7] cut it).
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
          is one bucket width). vanished: messages still counted whose sorted set is gone
          (expired or evicted; a mover's next move or sweep settles them), in no slot.
-Bound: ARGV[5] buckets: one SORT_RO, or one HMGET or HGETALL of each meta hash (whose counts
-       give the sizes); one EXISTS per 1000 sorted sets (one per set where some are gone); one
+Bound: ARGV[5] buckets, and without dests those whose sets reach ARGV[7] (and the one that
+       passes it): one SORT_RO, or one HMGET or HGETALL of each meta hash (whose counts give
+       the sizes); one EXISTS per 1000 sorted sets (one per set where some are gone); one
        ZCOUNT per destination of a bucket that has started; members are never read.
 ]]
 --- @include spaces
@@ -34,17 +42,19 @@ local now = tonumber(ARGV[2])
 local slot_ms, slots = tonumber(ARGV[3]), tonumber(ARGV[4])
 local max_buckets = tonumber(ARGV[5])
 local s = space(ns, ARGV[6] or '')
+local max_sets, after = tonumber(ARGV[7]), ARGV[8]
 local upper = '(' .. string.format('%d', now + 1)
 local horizon = '(' .. string.format('%d', now + slot_ms * slots)
 local dests, fields = {}, {}
-for i = 7, #ARGV do
+for i = 9, #ARGV do
   dests[#dests + 1] = ARGV[i]
   fields[#fields + 1] = 'q:' .. ARGV[i]
 end
 
-local reply = {0, 0, 0}
-for i = 1, slots do reply[i + 3] = 0 end
-local in_window = redis.call('ZCOUNT', index, '-inf', horizon)
+local reply = {0, 0, 0, ''}
+for i = 1, slots do reply[i + 4] = 0 end
+local from = after == '' and '-inf' or '(' .. after
+local in_window = redis.call('ZCOUNT', index, from, horizon)
 if in_window > max_buckets then reply[1] = 1 end
 local n_buckets = math.min(in_window, max_buckets)
 
@@ -95,8 +105,12 @@ local rows = counts_sorted()
 if rows then
   for i = 1, #rows, #fields + 1 do add_counts(rows[i], rows, i) end
 else
-  local starts = redis.call('ZRANGEBYSCORE', index, '-inf', horizon, 'LIMIT', 0, n_buckets)
-  for _, start_s in ipairs(starts) do
+  local starts = redis.call('ZRANGEBYSCORE', index, from, horizon, 'LIMIT', 0, n_buckets)
+  for n, start_s in ipairs(starts) do
+    if #dests == 0 and #sets >= max_sets then  -- the rest in the next call
+      if n > 1 then reply[4] = redis.call('ZSCORE', index, starts[n - 1]) end  -- (a member may be no number)
+      break
+    end
     local meta = s:meta(start_s)
     -- (A meta key of another type, written by hand, counts nothing, as SORT_RO's GET reads it.)
     if #dests > 0 then
@@ -128,7 +142,7 @@ for first = 1, #sets, 1000 do
         reply[2] = reply[2] + due
         size = size - due
       end
-      reply[slot_of[n] + 4] = reply[slot_of[n] + 4] + math.max(0, size)
+      reply[slot_of[n] + 5] = reply[slot_of[n] + 5] + math.max(0, size)
     end
   end
 end
