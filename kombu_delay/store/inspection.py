@@ -258,9 +258,18 @@ class Inspecting(StoreBase):
                         found[one] = keys.due_of(head[0][1])
         return found
 
-    def dests(self, start: int, space: spaces.Space = spaces.ORDINARY) -> list[str]:
-        """Return the destinations a bucket's meta hash counts messages for, sorted."""
-        raw = self.client.hgetall(space.meta(self.prefix, start))
+    def dests(
+        self, start: int, space: spaces.Space = spaces.ORDINARY, among: Iterable[str] | None = None
+    ) -> list[str]:
+        """Return the destinations a bucket's meta hash counts messages for, sorted; with
+        ``among``, only those of them, whose counts alone are read (a bucket of many queues'
+        meta hash holds a count for each)."""
+        meta = space.meta(self.prefix, start)
+        if among is not None:
+            named = sorted(among)
+            counts = self.client.hmget(meta, [f"q:{dest}" for dest in named]) if named else []
+            return [dest for dest, n in zip(named, counts, strict=True) if whole(n) > 0]
+        raw = self.client.hgetall(meta)
         return sorted(
             name[2:]
             for name, n in ((as_text(k), whole(v)) for k, v in raw.items())

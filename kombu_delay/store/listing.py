@@ -268,10 +268,9 @@ class _Merge:
         if self.at is None or start > self.at.due_ms:
             self.visited += 1
         self.opened_to = start
-        for dest in self.store.dests(start, space):
-            if self.dests is None or dest in self.dests:
-                self.opened.append(source := _Source(self.store, space, start, dest, self.at))
-                self._push(source)
+        for dest in self.store.dests(start, space, among=self.dests):
+            self.opened.append(source := _Source(self.store, space, start, dest, self.at))
+            self._push(source)
 
     def _push(self, source: _Source) -> None:
         head = source.peek()

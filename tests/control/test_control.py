@@ -932,9 +932,9 @@ def list_queue(store: Store, dest: str, examine: int) -> tuple[list[str], list[i
     opened: list[int] = []
     real = store.dests
 
-    def counting(*args: Any) -> list[str]:
+    def counting(*args: Any, **kwargs: Any) -> list[str]:
         opened.append(args[0])
-        return real(*args)
+        return real(*args, **kwargs)
 
     store.dests = counting  # type: ignore[method-assign]
     listed, per_call, cursor = [], [], None
@@ -975,6 +975,22 @@ def test_a_queue_listing_opens_a_bounded_number_of_buckets_per_call(r, prefix):
     store.schedule(Due(base + 30_500, task_id="r-wide"), rare, kombu_payload("r-wide", "rare"), ORDINARY_HOUR)
     assert list_queue(store, rare, examine=10)[0] == ["r0", "r-wide", "r1"]
     assert list_queue(store, busy, examine=10)[0] == [f"b{i}" for i in range(45)]
+
+
+def test_a_queue_listing_reads_only_that_queues_count_of_each_bucket(r, prefix):
+    """A bucket's meta hash counts every queue it holds messages for: with 10,000 queues, a
+    listing of one read about a million counts (an HGETALL a bucket) for a page. It reads the
+    counts of the queues listed only."""
+    store = Store(r, prefix, clock=FakeClock(r))
+    base = (store.clock() // HOUR_MS + 2) * HOUR_MS
+    due = [Due(base + 1000 * (i % 30) + 100, task_id=f"m{i}") for i in range(3000)]
+    items = [(d, f"{prefix}q{i % 200}", kombu_payload(f"m{i}", "q")) for i, d in enumerate(due)]
+    store.schedule_many(items, Settings(bucket_width_ms=1000, compress_after_ms=0))
+    r.config_resetstat()
+    listed, _ = list_queue(store, f"{prefix}q7", examine=10_000)
+    assert listed == [f"m{i}" for i in sorted(range(7, 3000, 200), key=lambda i: (i % 30, i))]
+    stats = r.info("commandstats")
+    assert "cmdstat_hgetall" not in stats and stats["cmdstat_hmget"]["calls"] >= 30, stats
 
 
 def test_a_wide_bucket_open_across_many_narrow_ones_does_not_cut_every_page(r, prefix):
