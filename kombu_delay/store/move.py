@@ -200,9 +200,11 @@ class Moving(StoreBase):
             pipe.time()
             pipe.zrange(space.index(self.prefix), 0, limit - 1)
             pipe.zrange(space.large(self.prefix), 0, limit - 1)
-            (sec, usec), members, large = pipe.execute(raise_on_error=False)
-            if isinstance(members, redis.ResponseError):
-                raise members
+            clock, members, large = pipe.execute(raise_on_error=False)
+            for reply in (clock, members):  # (BUSY: a script of another client runs long)
+                if isinstance(reply, redis.ResponseError):
+                    raise reply
+            sec, usec = clock
             # The large buckets are a hint: one of another type, or refused, hides none of the first.
             if isinstance(large, redis.ResponseError):
                 large = []

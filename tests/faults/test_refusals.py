@@ -1041,6 +1041,38 @@ def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog)
         assert opened == [True]
 
 
+def test_a_plan_read_while_redis_answers_busy_is_a_refusal_not_a_type_error():
+    # The plans' pipelined read took a BUSY reply to TIME for the time: "cannot unpack
+    # non-iterable ResponseError", logged as an unexpected error with a traceback.
+    with RedisServer() as busy, busy.client() as client:
+        client.config_set("lua-time-limit", 100)  # (busy-reply-threshold, on Redis 7)
+        store = Store(busy.client(), "")
+
+        def spin() -> None:  # until SCRIPT KILL
+            with busy.client() as spinner, contextlib.suppress(redis.ResponseError):
+                spinner.eval("while true do end", 0)
+
+        def answers_busy() -> bool:
+            try:
+                client.ping()
+            except redis.ResponseError as exc:
+                return "BUSY" in str(exc)
+            return False
+
+        spinning = threading.Thread(target=spin, daemon=True)
+        spinning.start()
+        try:
+            wait_until(answers_busy, timeout=DEADLINE_S)
+            for read in (store.ordinary_buckets, store.cold_buckets):
+                with pytest.raises(RedisRefused, match="BUSY"):
+                    read(10)
+        finally:
+            client.script_kill()
+            spinning.join(DEADLINE_S)
+        assert store.ordinary_buckets(10)[1] == []
+        store.client.close()
+
+
 def test_a_replica_cut_off_from_its_master_is_a_refusal_waiting_ends():
     # redis-py takes the MASTERDOWN code into its error's class: the mover took the refusal
     # for a bug ("unexpected error", a traceback at each try).
