@@ -137,7 +137,10 @@ class Thawer:
             self._next_look = now + DAMAGED_RETRY_S
             return DAMAGED_RETRY_S
         self._account(result)
-        self._run = (now, result.thawed) if _listed(result) and not past else None
+        # Only a step that left more is one of a run measured (the next step comes at once):
+        # a trickle's few messages a step measured each step's own overhead, far below what a
+        # herd's full batches reach, and set leads many times too long (copies too).
+        self._run = (now, result.thawed) if result.more and not past else None
         wait = self._wait_after(result)
         if past and not _listed(result):
             wait = PAST_MAXMEMORY_LOOK_S

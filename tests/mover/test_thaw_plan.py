@@ -112,6 +112,32 @@ def run_thaw(thawer: Thawer) -> int:
     return thawer.stats.thawed - before
 
 
+def test_a_trickle_of_thaws_measures_no_rate_and_a_herd_does(r: redis.Redis) -> None:
+    # A rate was measured from any step that thawed something to the next: a trickle of a few
+    # messages a look measured each step's own overhead, some hundreds a second, taken as the
+    # mover's rate (MIN_RATE): its herds' thaws and copies then began many times too early.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    seconds = [0.0]
+
+    def ticking() -> float:  # each step takes 50 ms
+        seconds[0] += 0.05
+        return seconds[0]
+
+    thawer = Thawer(store, FAST, "t", MoverStats(), monotonic=ticking)
+    for n in range(40):
+        herd(store, clock() + 10_000, 2, tag=f"t{n}-")
+        clock.advance(6_000)
+        seconds[0] += 6.0
+        assert run_thaw(thawer) == 2
+    assert not thawer.rate.measured and thawer.rate.per_s == thaw_plan.DEFAULT_RATE
+    herd(store, clock() + 10_000, 6_000, tag="h")
+    clock.advance(6_000)
+    seconds[0] += 6.0
+    assert run_thaw(thawer) == 6_000
+    assert thawer.rate.measured and thawer.rate.per_s > thaw_plan.MIN_RATE
+
+
 def test_cold_buckets_are_counted_earliest_first(r: redis.Redis, prefix: str) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
