@@ -1000,53 +1000,12 @@ def test_on_redis_6_the_commands_are_tried_once_on_keys_of_their_kind_and_miss_n
         store.client.close()
 
 
-def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog):
-    # Redis answers BUSY while a script runs past busy-reply-threshold: a mover started then
-    # exited 1, where one already running waits it out.
+@contextlib.contextmanager
+def answering_busy() -> Iterator[tuple[RedisServer, redis.Redis]]:
+    """A private server that answers BUSY (a script of another client runs past
+    busy-reply-threshold) until the caller's ``SCRIPT KILL`` on the client yielded."""
     with RedisServer() as busy, busy.client() as client:
         client.config_set("lua-time-limit", 100)  # (busy-reply-threshold, on Redis 7)
-
-        def spin() -> None:  # until SCRIPT KILL
-            with busy.client() as spinner, contextlib.suppress(redis.ResponseError):
-                spinner.eval("while true do end", 0)
-
-        spinning = threading.Thread(target=spin, daemon=True)
-        spinning.start()
-
-        def answers_busy() -> bool:
-            try:
-                client.ping()
-            except redis.ResponseError as exc:
-                return "BUSY" in str(exc)
-            return False
-
-        wait_until(answers_busy, timeout=DEADLINE_S)
-        stopping, opened = threading.Event(), []
-
-        def start() -> None:
-            with open_when_reachable(Target(busy.delay_url), stopping, "starting") as store:
-                opened.append(store is not None and store.client.ping())
-
-        caplog.set_level(logging.WARNING, logger="kombu_delay.mover")
-        starting = threading.Thread(target=start, daemon=True)
-        starting.start()
-        try:
-            wait_until(lambda: "BUSY" in caplog.text and "retrying in" in caplog.text, timeout=DEADLINE_S)
-            assert opened == []
-            client.script_kill()
-            starting.join(DEADLINE_S)
-            spinning.join(DEADLINE_S)
-        finally:
-            stopping.set()
-        assert opened == [True]
-
-
-def test_a_plan_read_while_redis_answers_busy_is_a_refusal_not_a_type_error():
-    # The plans' pipelined read took a BUSY reply to TIME for the time: "cannot unpack
-    # non-iterable ResponseError", logged as an unexpected error with a traceback.
-    with RedisServer() as busy, busy.client() as client:
-        client.config_set("lua-time-limit", 100)  # (busy-reply-threshold, on Redis 7)
-        store = Store(busy.client(), "")
 
         def spin() -> None:  # until SCRIPT KILL
             with busy.client() as spinner, contextlib.suppress(redis.ResponseError):
@@ -1063,12 +1022,45 @@ def test_a_plan_read_while_redis_answers_busy_is_a_refusal_not_a_type_error():
         spinning.start()
         try:
             wait_until(answers_busy, timeout=DEADLINE_S)
-            for read in (store.ordinary_buckets, store.cold_buckets):
-                with pytest.raises(RedisRefused, match="BUSY"):
-                    read(10)
+            yield busy, client
         finally:
-            client.script_kill()
+            with contextlib.suppress(redis.ResponseError):  # (killed already)
+                client.script_kill()
             spinning.join(DEADLINE_S)
+
+
+def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog):
+    # Redis answers BUSY while a script runs past busy-reply-threshold: a mover started then
+    # exited 1, where one already running waits it out.
+    with answering_busy() as (busy, client):
+        stopping, opened = threading.Event(), []
+
+        def start() -> None:
+            with open_when_reachable(Target(busy.delay_url), stopping, "starting") as store:
+                opened.append(store is not None and store.client.ping())
+
+        caplog.set_level(logging.WARNING, logger="kombu_delay.mover")
+        starting = threading.Thread(target=start, daemon=True)
+        starting.start()
+        try:
+            wait_until(lambda: "BUSY" in caplog.text and "retrying in" in caplog.text, timeout=DEADLINE_S)
+            assert opened == []
+            client.script_kill()
+            starting.join(DEADLINE_S)
+        finally:
+            stopping.set()
+        assert opened == [True]
+
+
+def test_a_plan_read_while_redis_answers_busy_is_a_refusal_not_a_type_error():
+    # The plans' pipelined read took a BUSY reply to TIME for the time: "cannot unpack
+    # non-iterable ResponseError", logged as an unexpected error with a traceback.
+    with answering_busy() as (busy, client):
+        store = Store(busy.client(), "")
+        for read in (store.ordinary_buckets, store.cold_buckets):
+            with pytest.raises(RedisRefused, match="BUSY"):
+                read(10)
+        client.script_kill()
         assert store.ordinary_buckets(10)[1] == []
         store.client.close()
 
