@@ -6,7 +6,7 @@ Redis command. :class:`Store` is one facade over the store's jobs, one module ea
 - :mod:`~kombu_delay.store.publish`: schedule a message (or push it now);
 - :mod:`~kombu_delay.store.move`: move due messages, thaw cold ones, sweep, heartbeats;
 - :mod:`~kombu_delay.store.inspection`: find, list (:mod:`~kombu_delay.store.listing`),
-  counts, census, health facts;
+  counts, health facts, and the census (:mod:`~kombu_delay.store.census`);
 - :mod:`~kombu_delay.store.edit`: cancel, reschedule, purge;
 - :mod:`~kombu_delay.store.server`: the server's eviction policy, run id, persistence and
   free memory.

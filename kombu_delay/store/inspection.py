@@ -11,32 +11,10 @@ import redis
 from kombu_delay.errors import CorruptMember, is_wrong_type, translated_errors
 from kombu_delay.message import as_read, id_arg, index_id
 from kombu_delay.store import cold, keys, listing, spaces
-from kombu_delay.store.base import StoreBase, as_text, whole
+from kombu_delay.store.base import as_text, whole
+from kombu_delay.store.census import Counting
 from kombu_delay.store.listing import Cursor
-from kombu_delay.store.replies import Census, Stored
-
-#: Most destinations a census reads by name (``HMGET``): with more, an ``HGETALL`` of a bucket's
-#: meta hash (it holds only the destinations it has messages for) costs less.
-CENSUS_DESTS_MAX = 16
-#: Most sorted sets (a bucket's, one per destination) one census call counts, where it counts
-#: every destination (more than :data:`CENSUS_DESTS_MAX`): about 40 ms of Redis's time. With
-#: thousands of queues a bucket counts thousands, and one call for the window held Redis for
-#: seconds (every other client answered BUSY past 5 s).
-CENSUS_SETS_PER_CALL = 10_000
-#: Most census calls per space: past them the census is cut short (``truncated``).
-CENSUS_CALLS = 10
-
-
-def _few_dests(dests: Iterable[str] | None) -> list[str]:
-    """The destinations a census reads by name, or none (read every one a meta hash counts):
-    none for too many, or for one not valid UTF-8 as Redis sent it (its text names no key)."""
-    if dests is None:
-        return []
-    named = list(dests)
-    if len(named) > CENSUS_DESTS_MAX or any("\ufffd" in dest for dest in named):
-        return []
-    return named
-
+from kombu_delay.store.replies import Stored
 
 #: How often :meth:`Inspecting.earliest_due_ms` reads a space's first bucket, where it finds no
 #: head (it changed between the reads, or its messages vanished).
@@ -45,7 +23,7 @@ FIRST_DUE_READS = 3
 HEADS_PER_TRIP = 100
 
 
-class Inspecting(StoreBase):
+class Inspecting(Counting):
     """What inspection (DelayControl, the CLI, health and metrics) reads."""
 
     def stranded(
@@ -318,73 +296,6 @@ class Inspecting(StoreBase):
         self._check_format_once()
         with translated_errors():
             return listing.page(self, after, limit, None if dests is None else set(dests), examine)
-
-    def census(
-        self,
-        now_ms: int,
-        slot_ms: int,
-        slots: int,
-        max_buckets: int = 10_000,
-        dests: Iterable[str] | None = None,
-    ) -> Census:
-        """Return the overdue count and a due-time histogram from ``now_ms`` on (``census.lua``).
-
-        Reads each bucket's counts (an ``HGETALL`` of its meta hash), whether its sorted sets
-        exist (one ``EXISTS`` per 1,000 of them) and, for a bucket that has started, one
-        ``ZCOUNT`` per destination; never a member. At most ``max_buckets`` buckets are
-        examined. Compressed messages (the cold space) are counted too, in a second call.
-
-        ``dests``: the destinations to count, where they are at most :data:`CENSUS_DESTS_MAX`
-        (``stats`` passes those :meth:`counts` returns); a destination left out is not
-        counted. Only their fields are read: on Redis 7, every bucket's in one ``SORT_RO`` of
-        the index, for a user who may read every key; else with one ``HMGET`` per bucket.
-        Either is about half the Redis work of the ``HGETALL``. With more destinations, or
-        none, every destination a meta hash counts is.
-        """
-        self._check_format_once()
-        few = _few_dests(dests)
-        totals, truncated = [0] * (2 + int(slots)), False
-        with translated_errors():
-            for space in spaces.ALL:
-                window = [int(now_ms), int(slot_ms), int(slots), max_buckets]
-                truncated = self._census_space(space, window, few, totals) or truncated
-        return Census(truncated=truncated, overdue=totals[0], vanished=totals[1], slots=totals[2:])
-
-    def _census_space(self, space: spaces.Space, window: list[int], few: list[str], into: list[int]) -> bool:
-        """Add the census of ``space`` (``window``: now, slot width, slots, most buckets) to
-        ``into`` (overdue, vanished, then the slots), in calls of at most
-        :data:`CENSUS_SETS_PER_CALL` sorted sets, :data:`CENSUS_CALLS` at most; return whether
-        it was cut short."""
-        after = ""
-        for _ in range(CENSUS_CALLS):
-            args = [self.ns, *window, space.tag, CENSUS_SETS_PER_CALL, after, *few]
-            reply = self._scripts["census"](keys=[space.index(self.prefix)], args=args)
-            for i, value in enumerate((reply[1], reply[2], *reply[4:])):
-                into[i] += int(value)
-            after = as_text(reply[3])
-            if not after:
-                return bool(int(reply[0]))
-        return True
-
-    def overdue(
-        self, now_ms: int, max_buckets: int = 1000, among: tuple[spaces.Space, ...] = spaces.ALL
-    ) -> tuple[dict[str, tuple[int, int]], bool]:
-        """Return, per destination, (messages due by ``now_ms`` but not moved, due time of the
-        oldest), and whether ``max_buckets`` cut the count short (``overdue.lua``, in the spaces
-        ``among``). Reads only buckets that started by ``now_ms``; never a member."""
-        self._check_format_once()
-        found: dict[str, tuple[int, int]] = {}
-        truncated = False
-        with translated_errors():
-            for space in among:
-                args: list[Any] = [self.ns, int(now_ms), max_buckets, space.tag]
-                reply = self._scripts["overdue"](keys=[space.index(self.prefix)], args=args)
-                truncated = truncated or bool(int(reply[0]))
-                for i in range(1, len(reply), 3):
-                    dest, n, oldest = as_text(reply[i]), int(reply[i + 1]), int(reply[i + 2])
-                    had, first = found.get(dest, (0, oldest))
-                    found[dest] = (had + n, min(first, oldest))
-        return found, truncated
 
     def dead_letters(self, offset: int, limit: int) -> tuple[int, list[bytes]]:
         """Return how many dead letters there are and up to ``limit`` of them from ``offset``

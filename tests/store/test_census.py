@@ -13,8 +13,8 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.message import Due
-from kombu_delay.store import Store, inspection, keys
-from kombu_delay.store.inspection import CENSUS_DESTS_MAX
+from kombu_delay.store import Store, keys
+from kombu_delay.store.census import CENSUS_DESTS_MAX
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.servers import binary_from
 from tests.support.stored import kombu_payload, redis_ms
@@ -175,14 +175,14 @@ def test_a_census_of_many_queues_is_counted_in_bounded_calls_that_add_up(
         return _calls(r, "evalsha") + _calls(r, "fcall")
 
     before = script_calls()
-    monkeypatch.setattr(inspection, "CENSUS_SETS_PER_CALL", 3)
-    monkeypatch.setattr(inspection, "CENSUS_CALLS", 1000)
+    monkeypatch.setattr("kombu_delay.store.census.CENSUS_SETS_PER_CALL", 3)
+    monkeypatch.setattr("kombu_delay.store.census.CENSUS_CALLS", 1000)
     paged = store.census(later, 30 * MINUTE, 6)
     assert paged == whole and whole.vanished == lost_size and not paged.truncated
     # 120 messages of three queues, one to four a bucket: 3 sets and a bucket a call.
     assert script_calls() - before > 20
     # Past the most calls, the census says it was cut short, and counts no more than it read.
-    monkeypatch.setattr(inspection, "CENSUS_CALLS", 2)
+    monkeypatch.setattr("kombu_delay.store.census.CENSUS_CALLS", 2)
     cut = store.census(later, 30 * MINUTE, 6)
     assert cut.truncated and 0 < cut.overdue + sum(cut.slots) < whole.overdue + sum(whole.slots)
 
