@@ -170,6 +170,15 @@ def printable(text: str) -> str:
     return shown(text)
 
 
+def header_text(value: str) -> str:
+    """A header's text as its client sent it: WSGI reads a header's bytes as Latin-1, so UTF-8
+    ones (a name, a right-to-left mark) came out garbled; they are read as UTF-8 where they are."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
 def new_token() -> str:
     """A fresh CSRF token."""
     return secrets.token_urlsafe(32)
@@ -202,7 +211,7 @@ def who(request: Request, user: str | None) -> str:
     forwarded = request.headers.get("X-Forwarded-For")
     where = request.remote_addr or "?"
     if forwarded is not None:
-        where += f" (forwarded for {printable(forwarded)})"
+        where += f" (forwarded for {printable(header_text(forwarded))})"
     return f"{printable(user) if user is not None else '-'}@{where}"
 
 

@@ -1013,12 +1013,15 @@ def test_the_served_dashboards_audit_log_names_the_forwarded_address(redis_serve
 
     csrf = wait_until(cookie, timeout=90)
     form = f"csrf={csrf}&confirm=yes".encode()
-    headers = {"Cookie": f"{CSRF_COOKIE}={csrf}", "X-Forwarded-For": "10.0.3.7", "Origin": base}
+    # Sent as UTF-8 (http.client sends a header's text as Latin-1): read back as UTF-8, escaped.
+    forwarded = "10.0.3.7, b\u00e9 \u202e".encode().decode("latin-1")
+    headers = {"Cookie": f"{CSRF_COOKIE}={csrf}", "X-Forwarded-For": forwarded, "Origin": base}
     request = urllib.request.Request(f"{base}/task/cancel?id={task_id}", form, headers, method="POST")
     with urllib.request.urlopen(request, timeout=30) as reply:
         assert reply.status == 200
     wait_until(lambda: "cancel" in server.output() and "forwarded for" in server.output(), timeout=60)
-    assert f"cancel {task_id!r} by -@127.0.0.1 (forwarded for '10.0.3.7'): 1 message(s)" in server.output()
+    said = f"cancel {task_id!r} by -@127.0.0.1 (forwarded for '10.0.3.7, b\u00e9 \\u202e'): 1 message(s)"
+    assert said in server.output(), server.output()
 
 
 def test_a_dead_letters_page_looks_for_it_only_near_where_it_was_shown(r, control, prefix):
