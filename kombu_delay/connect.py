@@ -28,7 +28,7 @@ from kombu_delay.errors import (
     coded_text,
     translated_errors,
 )
-from kombu_delay.redact import Redactor, mask_url, split_url, url_secrets
+from kombu_delay.redact import Redactor, mask_url, split_url, split_urls, url_secrets
 from kombu_delay.store import Store
 from kombu_delay.transport import register
 
@@ -64,6 +64,12 @@ def check_url(url: str) -> None:
     """Refuse a broker URL that kombu would silently or noisily misread, or that names another
     transport than Redis, with one line that names the problem and shows the URL with its
     password masked (:class:`ConfigError`)."""
+    for one in split_urls(url):  # a ';' in a password: kombu would take it for the next URL's start
+        if ";" in (split_url(one).userinfo or ""):
+            raise ConfigError(
+                f"broker URL {mask_url(one)}: the user name or password holds an unescaped ';', which kombu "
+                'reads as the start of another URL; percent-encode it: urllib.parse.quote(password, safe="")'
+            )
     for one in url.split(";"):
         scheme = one.partition("://")[0] if "://" in one else ""
         if "+" in scheme and scheme.lower() not in _PLUS_SCHEMES:

@@ -26,6 +26,10 @@ MIN_FRAGMENT = 3
 _APART = r"(?<!\w){}(?!\w)"
 #: Where URL parsers (and people) cut a password into pieces.
 _DELIMITERS = re.compile(r"[/#?@:;&=%+\s]+")
+#: A ``;`` that begins the next URL of a failover list (a scheme follows it). Any other ``;``
+#: is inside a URL: in a password, unescaped (kombu cuts the URL there, and refuses it), it
+#: is masked with the rest of the password.
+_NEXT_URL = re.compile(r";(?=\s*[A-Za-z][A-Za-z0-9+.\-]*://)")
 #: A host, an optional port and database, then a query: an ``@`` after this is inside the
 #: query (say ``?ssl_ca_certs=/etc/x@y.pem``), not the end of a user-info part.
 _QUERY_FIRST = re.compile(r"[^@/?#:]*(?::\d*)?(?:/\d*)?\?")
@@ -69,6 +73,12 @@ def split_url(one: str) -> UrlParts:
     return UrlParts(head, body[:at], body[at + 1 :])
 
 
+def split_urls(url: str) -> list[str]:
+    """The URLs of a failover list (``url1;url2``), each whole: a ``;`` not followed by a scheme
+    stays in its URL."""
+    return _NEXT_URL.split(url)
+
+
 def _query_passwords(rest: str) -> list[str]:
     _, mark, query = rest.partition("?")
     if not mark:
@@ -85,7 +95,7 @@ def url_secrets(url: str, transport_options: Mapping[str, Any] | None = None) ->
     """Return every password in ``url`` (each ``;``-separated URL: user-info and ``password=``
     in the query) and in ``transport_options`` (``password``, ``sentinel_kwargs.password``)."""
     found: list[str] = []
-    for one in url.split(";"):
+    for one in split_urls(url):
         parts = split_url(one)
         found.append(parts.password)
         found.extend(_query_passwords(parts.rest))
@@ -115,7 +125,7 @@ def mask_url(url: str) -> str:
     """Return ``url`` with every password shown as ``****``: ``scheme://user:****@host:port/db``,
     also for a URL that kombu cannot parse."""
     masked = []
-    for one in url.split(";"):
+    for one in split_urls(url):
         parts = split_url(one)
         rest = re.sub(r"(?i)((?:^|[?&])password=)[^&]*", rf"\g<1>{MASK}", parts.rest)
         if parts.userinfo is None:

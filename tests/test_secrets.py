@@ -31,7 +31,7 @@ from tests.support.workers import ECOSYSTEM_APP
 
 #: What the server wants: none of the hostile passwords.
 SERVER_PASSWORD = "s3cret"
-HOSTILE = ["Zq7/Xk#Wv?Jp", "Hm@Ty:Rb Nc", "Lw%2FGd Qx#Vb", "Fy?Uo/Pe@Sa:Ki%2F Dm"]
+HOSTILE = ["Zq7/Xk#Wv?Jp", "Hm@Ty:Rb Nc", "Lw%2FGd Qx#Vb", "Fy?Uo/Pe@Sa:Ki%2F Dm", "Bq;Xt7Rn"]
 #: kombu retries a refused connection for several seconds by default; once is enough here.
 NO_RETRIES = ["-o", "max_retries=0"]
 #: Each command, with arguments that reach Redis.
@@ -91,6 +91,8 @@ def password_server() -> Iterator[PasswordServer]:
         ("delayredis://:pa/ss@127.0.0.1:6399/0", "delayredis://:****@127.0.0.1:6399/0"),
         ("delayredis://u:a#b?c@d@h:1/2", "delayredis://u:****@h:1/2"),
         ("delayredis://secret@h", "delayredis://****@h"),
+        ("delayredis://alice:hunter2;x@h:1/0", "delayredis://alice:****@h:1/0"),  # (a ';', unescaped)
+        ("delayredis://:a;b@h1;delayredis://:c;d@h2", "delayredis://:****@h1;delayredis://:****@h2"),
         ("delayredis://h:1/0?password=x%2Fy&ssl_cert_reqs=none", "delayredis://h:1/0?password=****&ssl_cert_reqs=none"),
         ("delaysentinel://:a1@h1:26379;delaysentinel://:b2@h2:26379", "delaysentinel://:****@h1:26379;delaysentinel://:****@h2:26379"),
         ("delayredis://h:6379/0?ssl_ca_certs=/etc/ca@2.pem", "delayredis://h:6379/0?ssl_ca_certs=/etc/ca@2.pem"),
