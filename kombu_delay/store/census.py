@@ -90,17 +90,31 @@ class Counting(StoreBase):
     ) -> tuple[dict[str, tuple[int, int]], bool]:
         """Return, per destination, (messages due by ``now_ms`` but not moved, due time of the
         oldest), and whether ``max_buckets`` cut the count short (``overdue.lua``, in the spaces
-        ``among``). Reads only buckets that started by ``now_ms``; never a member."""
+        ``among``). Reads only buckets that started by ``now_ms``; never a member. As the census,
+        in calls of at most :data:`CENSUS_SETS_PER_CALL` reads of a sorted set (``ZCOUNT``),
+        :data:`CENSUS_CALLS` a space at most, past which it is cut short too: with many queues
+        and a mover outage, the buckets started hold many sets."""
         self._check_format_once()
         found: dict[str, tuple[int, int]] = {}
         truncated = False
         with translated_errors():
             for space in among:
-                args: list[Any] = [self.ns, int(now_ms), max_buckets, space.tag]
-                reply = self._scripts["overdue"](keys=[space.index(self.prefix)], args=args)
-                truncated = truncated or bool(int(reply[0]))
-                for i in range(1, len(reply), 3):
-                    dest, n, oldest = as_text(reply[i]), int(reply[i + 1]), int(reply[i + 2])
-                    had, first = found.get(dest, (0, oldest))
-                    found[dest] = (had + n, min(first, oldest))
+                truncated = self._overdue_space(space, int(now_ms), max_buckets, found) or truncated
         return found, truncated
+
+    def _overdue_space(
+        self, space: spaces.Space, now_ms: int, max_buckets: int, found: dict[str, tuple[int, int]]
+    ) -> bool:
+        """Add what :meth:`overdue` finds in ``space`` to ``found``; return whether it was cut short."""
+        after = ""
+        for _ in range(CENSUS_CALLS):
+            args: list[Any] = [self.ns, now_ms, max_buckets, space.tag, CENSUS_SETS_PER_CALL, after]
+            reply = self._scripts["overdue"](keys=[space.index(self.prefix)], args=args)
+            for i in range(2, len(reply), 3):
+                dest, n, oldest = as_text(reply[i]), int(reply[i + 1]), int(reply[i + 2])
+                had, first = found.get(dest, (0, oldest))
+                found[dest] = (had + n, min(first, oldest))
+            after = as_text(reply[1])
+            if not after:
+                return bool(int(reply[0]))
+        return True

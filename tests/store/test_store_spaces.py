@@ -106,6 +106,27 @@ def test_every_operation_covers_the_space(r: redis.Redis, prefix: str, space: sp
     assert store.totals() == {"scheduled": 2, "rescheduled": 1, "cancelled": 1, "purged": 1}
 
 
+def test_a_sweep_of_many_queues_is_made_in_bounded_calls(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call visited 500 buckets whatever they held: with 10,000 queues, one EXISTS for each
+    # of some 350,000 sets, 3 to 13 s of Redis. It stops after the bucket that reaches
+    # SWEEP_SETS, and the next goes on from there: every bucket is renewed once all the same.
+    store = Store(r, "")
+    now = redis_ms(r)
+    settings = Settings(compress_after_ms=0, bucket_width_ms=1000, grace_ms=2 * HOUR)
+    due = [Due(now + 60_000 + 1000 * (i % 10), task_id=f"t{i}") for i in range(300)]
+    store.schedule_many([(d, f"q{i // 10}", kombu_payload(f"t{i}")) for i, d in enumerate(due)], settings)
+    monkeypatch.setattr("kombu_delay.store.move.SWEEP_SETS", 45)
+    pages, cursor, renewed = 0, "", 0
+    while True:
+        page = store.sweep(cursor, 500, now_ms=now + 60_000 + HOUR)
+        pages, renewed, cursor = pages + 1, renewed + page.renewed, page.cursor
+        if not cursor:
+            break
+    assert renewed == 10 and pages == 6  # 30 sets a bucket: two buckets a call, then the end
+
+
 @pytest.mark.parametrize("refilled", [False, True], ids=["drained", "drained-and-refilled"])
 @pytest.mark.parametrize("space", spaces.ALL, ids=lambda s: s.name)
 def test_a_bucket_drained_while_the_earliest_due_time_is_read_is_not_told_overdue(

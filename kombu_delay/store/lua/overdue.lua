@@ -5,13 +5,22 @@ ARGV[1] ns           key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] now_ms       a member is due when floor(score) <= now_ms
 ARGV[3] max_buckets  most started buckets examined
 ARGV[4] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
-Returns: {truncated (1 if max_buckets cut the count), dest, overdue, oldest_due_ms, dest, ...}
-         one triple per destination with at least one due member (see head_due on reading them).
+ARGV[5] max_reads    most ZCOUNT calls of this call (one or two a sorted set, a bucket's for each
+                     destination it counts, and a search for its oldest), after the bucket that
+                     reaches it: with many queues, and many buckets started during a mover
+                     outage, one call for them all held Redis for seconds (absent: no limit)
+ARGV[6] after        a cursor, the start of the last bucket looked at by the call before ('' or
+                     absent to begin); the buckets after it are looked at
+Returns: {truncated (1 if max_buckets cut the count), cursor, dest, overdue, oldest_due_ms, dest,
+         ...} one triple per destination with at least one due member (see head_due on reading
+         them); cursor: '' where the call looked at every started bucket left, else the
+         ARGV[6] of the next call.
 Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, one or two),
-       each one HGETALL of its meta hash, then per destination one ZCOUNT and, where one is
-       due, the due time of its first member by about log2(now - start) ZCOUNT calls
-       (head_due below: the member itself, a message, is not read into Lua, but where its
-       score was written by hand outside the span of due times).
+       and those whose reads reach ARGV[5] (and the one that passes it), each one HGETALL of its
+       meta hash, then per destination one ZCOUNT and, where one is due, one more; where that
+       one may be its oldest, the due time of its first member by about log2(now - start)
+       ZCOUNT calls (head_due below: the member itself, a message, is not read into Lua, but
+       where its score was written by hand outside the span of due times).
 
 head_due(zset, lo, hi): the due time (ms) of the first member of ``zset``, none of which is
 due before ``lo`` and one of which is due by ``hi``; nil when it has none. ZRANGE 0 0 would
@@ -26,7 +35,9 @@ them.
 ]]
 --- @include spaces
 --- @const MAX_DUE_MS
+local reads = 0  -- the ZCOUNT calls so far (ARGV[5])
 local function due_before(zset, ms)
+  reads = reads + 1
   return redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', ms))
 end
 
@@ -62,32 +73,41 @@ local ns = ARGV[1]
 local now = tonumber(ARGV[2])
 local max_buckets = tonumber(ARGV[3])
 local s = space(ns, ARGV[4] or '')
-local upper = '(' .. string.format('%d', now + 1)
+local max_reads, after = tonumber(ARGV[5] or '') or math.huge, ARGV[6] or ''
 
-local starts = redis.call('ZRANGEBYSCORE', index, '-inf', string.format('%d', now), 'LIMIT', 0, max_buckets + 1)
-local truncated = 0
+local from = after == '' and '-inf' or '(' .. after
+local starts = redis.call('ZRANGEBYSCORE', index, from, string.format('%d', now), 'LIMIT', 0, max_buckets + 1)
+local truncated, cursor = 0, ''
 if #starts > max_buckets then truncated = 1 end
 local count, oldest, order = {}, {}, {}
 for i = 1, math.min(#starts, max_buckets) do
+  if reads >= max_reads then  -- the rest in the next call
+    cursor = redis.call('ZSCORE', index, starts[i - 1])  -- (a member may be no number)
+    break
+  end
   local fields = redis.call('HGETALL', s:meta(starts[i]))
   for j = 1, #fields, 2 do
     if string.sub(fields[j], 1, 2) == 'q:' and (tonumber(fields[j + 1]) or 0) > 0 then
       local dest = string.sub(fields[j], 3)
       local zset = s:zset(starts[i], dest)
-      local due = redis.call('ZCOUNT', zset, '-inf', upper)
+      local due = due_before(zset, now + 1)
       if due > 0 then
-        local first = head_due(zset, tonumber(starts[i]) or now, now)
         if not count[dest] then
-          count[dest], oldest[dest] = 0, first
+          count[dest] = 0
           order[#order + 1] = dest
         end
         count[dest] = count[dest] + due
-        if first < oldest[dest] then oldest[dest] = first end
+        -- Its head is searched for only where it may be older than the oldest found (a later
+        -- bucket holds one only where a message was thawed late into it).
+        if not oldest[dest] or due_before(zset, oldest[dest]) > 0 then
+          local first = head_due(zset, tonumber(starts[i]) or now, now)
+          if not oldest[dest] or first < oldest[dest] then oldest[dest] = first end
+        end
       end
     end
   end
 end
-local reply = {truncated}
+local reply = {truncated, cursor}
 for _, dest in ipairs(order) do
   reply[#reply + 1] = dest
   reply[#reply + 1] = count[dest]

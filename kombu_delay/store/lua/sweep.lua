@@ -10,13 +10,17 @@ ARGV[1] ns      key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] after   cursor: '' to begin with the first ordinary bucket, else the reply's cursor
 ARGV[3] limit   most buckets visited in this call
 ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
+ARGV[5] max_sets most sorted sets (a bucket's, one per destination it counts) looked at in this
+        call, after the bucket that reaches it: with thousands of queues a bucket counts
+        thousands, and ARGV[3] buckets held Redis for seconds (absent: no limit)
 Returns: {renewed, lost, rebuilt, cursor}: buckets whose expiry was pushed out, messages whose
          sorted set was gone (expired or evicted; their counts are settled here and counted as
          expired), buckets whose counts read zero while their sorted sets held members (a
          meta hash evicted or deleted, members added by hand), counted again from the sets
          (recount in _buckets.lua), and the cursor to pass next ('' when both indexes were
          walked to the end).
-Bound: ARGV[3] buckets, each one HGETALL and one EXISTS per destination (one whose counts read
+Bound: ARGV[3] buckets, and those whose sets reach ARGV[5] (and the one that passes it), each
+       one HGETALL and one EXISTS per destination (one whose counts read
        zero: one EXISTS of the sets of every destination its meta hash names or counts
        counts, and a ZCARD per destination only where members are left); a renewed one a
        PEXPIREAT per key and one HSET.
@@ -48,19 +52,21 @@ local ns = ARGV[1]
 past_maxmemory(KEYS[5])
 local limit = tonumber(ARGV[3])
 local now = clock(ARGV[4])
+local max_sets = tonumber(ARGV[5] or '') or math.huge
 local DAY = 86400000
 local DEFAULT_GRACE = 7 * DAY
 local sub = string.sub
 local spaces = {space(ns, ''), space(ns, 'c')}  -- KEYS[1], KEYS[2]
 
-local renewed, lost, rebuilt, visited = 0, 0, 0, 0
+local renewed, lost, rebuilt, visited, seen = 0, 0, 0, 0, 0
 local keep_shared = 0
 
+-- Returns the sorted sets it looked at (one per destination its meta hash counts).
 local function visit(s, start_s)
   local meta = s:meta(start_s)
   local fields = redis.pcall('HGETALL', meta)
-  if other_type(fields, 'HGETALL', meta) then return end  -- written by hand (move.lua's visit)
-  local end_ms, x, g, r, live, left = nil, nil, nil, nil, {}, 0
+  if other_type(fields, 'HGETALL', meta) then return 0 end  -- written by hand (move.lua's visit)
+  local end_ms, x, g, r, live, left, sets = nil, nil, nil, nil, {}, 0, 0
   for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])
     if name == 'end' then
@@ -72,6 +78,7 @@ local function visit(s, start_s)
     elseif name == 'r' then
       r = n
     elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
+      sets = sets + 1
       local dest = sub(name, 3)
       local zset = s:zset(start_s, dest)
       if redis.call('EXISTS', zset) == 0 then
@@ -89,7 +96,7 @@ local function visit(s, start_s)
     if retire(in_space({ns = ns, gc = KEYS[6]}, s.tag), start_s, end_ms, now) > 0 then
       rebuilt = rebuilt + 1
     end
-    return
+    return sets
   end
   -- The grace: the one the last renewal gave (g), or a publisher's (x - end) where x is not
   -- that renewal's (r), the longer of the two (see Why above).
@@ -98,7 +105,7 @@ local function visit(s, start_s)
   if end_ms and x and x ~= r and x > end_ms and (not grace or x - end_ms > grace) then grace = x - end_ms end
   grace = grace or DEFAULT_GRACE
   local until_ms = now + grace
-  if x and x >= until_ms then return end
+  if x and x >= until_ms then return sets end
   -- The expiries first: under maxmemory Redis refuses a script whose first write may grow
   -- memory (HSET), and a held message must keep its expiry pushed out then too.
   for _, zset in ipairs(live) do redis.call('PEXPIREAT', zset, until_ms) end
@@ -108,6 +115,7 @@ local function visit(s, start_s)
   redis.call('HSET', meta, 'x', until_ms, 'g', grace, 'r', until_ms)
   renewed = renewed + 1
   if until_ms + DAY > keep_shared then keep_shared = until_ms + DAY end
+  return sets
 end
 
 local function finish(cursor)
@@ -134,9 +142,9 @@ for i = first, 2 do
   if i > first then lower = '-inf' end
   local starts = redis.call('ZRANGEBYSCORE', s.index, lower, '+inf', 'LIMIT', 0, limit - visited)
   for _, start_s in ipairs(starts) do
-    visit(s, start_s)
+    seen = seen + visit(s, start_s)
     visited = visited + 1
-    if visited >= limit then return finish(s.tag .. ':' .. start_s) end
+    if visited >= limit or seen >= max_sets then return finish(s.tag .. ':' .. start_s) end
   end
 end
 return finish('')
