@@ -168,8 +168,8 @@ def _check_look_ahead(settings: Settings, options: Mapping[str, Any]) -> None:
 
 #: The ``socket_timeout`` and ``socket_connect_timeout`` of a mover's and the CLI's connections
 #: when the transport options set none (redis-py waits forever), seconds: every command they
-#: send is answered within milliseconds, so a silent server is given up on, reconnected to,
-#: and a stop is heard.
+#: send is bounded to tens of milliseconds of Redis's time, so a silent server is given up
+#: on, reconnected to, and a stop is heard.
 SOCKET_TIMEOUT_S = 10.0
 
 

@@ -275,7 +275,7 @@ class DelayControl:
         slot_ms, slots = histogram_slots(hours, slot_minutes)
         max_buckets = args.whole("max_buckets", max_buckets)
         store = self.store
-        now = store.time_ms()
+        now, movers = store.time_ms(), store.heartbeats()  # (after the census, "-1.8 s ago")
         by_dest = store.counts()
         by_queue: dict[str, int] = {}
         for dest, n in by_dest.items():
@@ -297,7 +297,7 @@ class DelayControl:
             histogram=[Slot(now + i * slot_ms, now + (i + 1) * slot_ms, c) for i, c in enumerate(counts)],
             later=max(0, total - overdue - sum(counts)),
             truncated=census.truncated,
-            movers=store.heartbeats(),
+            movers=movers,
             totals=store.totals(),
             vanished=census.vanished,
             warnings=list(dangers(store)),

@@ -43,7 +43,8 @@ FORGET_WAIT_S = 2.0
 #: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
 #: what it holds, and settles buckets found gone), seconds.
 SWEEP_EVERY_S = 60.0
-#: Buckets per sweep call: a call takes about a millisecond.
+#: Buckets per sweep call (and at most ``SWEEP_SETS`` of their queues' sets, see
+#: :mod:`kombu_delay.store.move`): a call of a few queues takes about a millisecond.
 SWEEP_PAGE = 500
 #: A sweep takes at most this share of a mover's time, however many buckets there are: a
 #: cycle that took ``t`` seconds of calls starts again ``t / SWEEP_SHARE`` later at the soonest.
