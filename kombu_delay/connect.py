@@ -6,7 +6,9 @@ Sentinel discovery work exactly as they do for the publisher.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -28,9 +30,11 @@ from kombu_delay.errors import (
     coded_text,
     translated_errors,
 )
-from kombu_delay.redact import Redactor, mask_url, split_url, split_urls, url_secrets
+from kombu_delay.redact import Redactor, mask_url, masked_uri, split_url, split_urls, url_secrets
 from kombu_delay.store import Store
 from kombu_delay.transport import register
+
+logger = logging.getLogger(__name__)
 
 #: Plain kombu schemes and the kombu-delay scheme that serves the same server.
 DELAY_SCHEMES = {
@@ -317,6 +321,10 @@ def _not_numbers(conn: Connection) -> str:
     return f"{', '.join(named)} ({'takes' if len(named) == 1 else 'take'} a number): " if named else ""
 
 
+#: A Redis Cluster hash tag: the text between the first ``{`` and the next ``}``, not empty.
+HASH_TAG = re.compile(r"^[^{]*\{[^}]+\}")
+
+
 def store_of(channel: Any) -> Store:
     """The :class:`Store` of a kombu Redis channel: a kombu-delay channel's own, or for a
     plain ``redis://`` one, a store on its pool (same server, same keys)."""
@@ -324,6 +332,7 @@ def store_of(channel: Any) -> Store:
     if found is None:
         client = redis.Redis(connection_pool=channel.pool)
         found = Store(client, channel.global_keyprefix, str(channel.sep), steps=channel.priority_steps)
+    _refuse_cluster(found, masked_uri(channel.connection.client))
     return found
 
 
@@ -337,3 +346,24 @@ def open_store(
         yield store_of(default_channel(conn, at_once=True))
     finally:
         conn.release()
+
+
+def _refuse_cluster(store: Store, where: str) -> None:
+    """Refuse a node of a Redis Cluster, with one line: a script reads and writes many keys,
+    which a cluster allows only in one hash slot, and every command of the others would be
+    answered with a redirect. A key prefix with a hash tag (``{app1}:``) puts every key in one
+    slot: that works while this node holds it, unsupported, told in a WARNING."""
+    if not store.in_cluster():
+        return
+    if HASH_TAG.search(store.prefix):
+        logger.warning(
+            "kombu-delay: %s is a node of a Redis Cluster, which kombu-delay does not support; the "
+            "key prefix %r puts every key in one hash slot, which works only while this node holds it",
+            where,
+            store.prefix,
+        )
+        return
+    raise ConfigError(
+        f"{where} is a node of a Redis Cluster, which kombu-delay does not support (nor does "
+        "kombu's Redis transport): use a standalone Redis, or Sentinel (delaysentinel://)"
+    )

@@ -27,6 +27,16 @@ class ServerFacts(StoreBase):
         policy = info.get("maxmemory_policy")
         return None if policy is None else as_text(policy)
 
+    def in_cluster(self) -> bool | None:
+        """Whether the server is a node of a Redis Cluster (``INFO cluster``), ``None`` where it
+        cannot say (``INFO`` refused by an ACL)."""
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("cluster")
+            except redis.ResponseError:
+                return None
+        return bool(info.get("cluster_enabled"))
+
     def run_id(self) -> tuple[str, int, bool] | None:
         """Return the server's run id (new at each start), its uptime, s, and whether it has a second
         replication id (a replica promoted; on Redis 7 also a reloaded snapshot), or ``None``."""

@@ -1001,9 +1001,10 @@ def test_on_redis_6_the_commands_are_tried_once_on_keys_of_their_kind_and_miss_n
 
 
 @contextlib.contextmanager
-def answering_busy() -> Iterator[tuple[RedisServer, redis.Redis]]:
+def answering_busy() -> Iterator[tuple[RedisServer, Callable[[], None]]]:
     """A private server that answers BUSY (a script of another client runs past
-    busy-reply-threshold) until the caller's ``SCRIPT KILL`` on the client yielded."""
+    busy-reply-threshold) until the caller calls the function yielded, which returns once it
+    answers again."""
     with RedisServer() as busy, busy.client() as client:
         client.config_set("lua-time-limit", 100)  # (busy-reply-threshold, on Redis 7)
 
@@ -1018,21 +1019,25 @@ def answering_busy() -> Iterator[tuple[RedisServer, redis.Redis]]:
                 return "BUSY" in str(exc)
             return False
 
+        def stop() -> None:
+            with contextlib.suppress(redis.ResponseError):  # (killed already: NOTBUSY)
+                client.script_kill()
+            spinning.join(DEADLINE_S)
+            wait_until(lambda: not answers_busy(), timeout=DEADLINE_S)  # (a kill takes a moment)
+
         spinning = threading.Thread(target=spin, daemon=True)
         spinning.start()
         try:
             wait_until(answers_busy, timeout=DEADLINE_S)
-            yield busy, client
+            yield busy, stop
         finally:
-            with contextlib.suppress(redis.ResponseError):  # (killed already)
-                client.script_kill()
-            spinning.join(DEADLINE_S)
+            stop()
 
 
 def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog):
     # Redis answers BUSY while a script runs past busy-reply-threshold: a mover started then
     # exited 1, where one already running waits it out.
-    with answering_busy() as (busy, client):
+    with answering_busy() as (busy, stop):
         stopping, opened = threading.Event(), []
 
         def start() -> None:
@@ -1045,7 +1050,7 @@ def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog)
         try:
             wait_until(lambda: "BUSY" in caplog.text and "retrying in" in caplog.text, timeout=DEADLINE_S)
             assert opened == []
-            client.script_kill()
+            stop()
             starting.join(DEADLINE_S)
         finally:
             stopping.set()
@@ -1055,14 +1060,47 @@ def test_a_mover_started_while_its_redis_runs_a_long_script_waits_for_it(caplog)
 def test_a_plan_read_while_redis_answers_busy_is_a_refusal_not_a_type_error():
     # The plans' pipelined read took a BUSY reply to TIME for the time: "cannot unpack
     # non-iterable ResponseError", logged as an unexpected error with a traceback.
-    with answering_busy() as (busy, client):
+    with answering_busy() as (busy, stop):
         store = Store(busy.client(), "")
         for read in (store.ordinary_buckets, store.cold_buckets):
             with pytest.raises(RedisRefused, match="BUSY"):
                 read(10)
-        client.script_kill()
+        stop()
         assert store.ordinary_buckets(10)[1] == []
         store.client.close()
+
+
+def test_a_node_of_a_redis_cluster_is_refused_in_one_line_unless_the_prefix_has_a_hash_tag(
+    tmp_path: Path, caplog
+) -> None:
+    # A mover logged "unexpected error" with a traceback at each try, stats printed a bare
+    # redirect ("201 127.0.0.1:port"), ls said "end of listing".
+    extra = ["--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "nodes.conf")]
+    with RedisServer(extra_args=extra) as node, node.client() as client:
+        client.execute_command("CLUSTER", "ADDSLOTS", *range(16384))  # one node, every slot
+        wait_until(
+            lambda: b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO"), timeout=DEADLINE_S
+        )
+        with pytest.raises(
+            ConfigError, match="is a node of a Redis Cluster, which kombu-delay does not support"
+        ):
+            DelayControl(node.delay_url).stats()
+        done = CliRunner().invoke(main, ["-b", node.delay_url, "stats"])
+        assert done.exit_code == 3 and "Redis Cluster" in done.output and "Traceback" not in done.output
+        mover = subprocess.run(
+            [sys.executable, "-m", "kombu_delay", "-b", node.delay_url, "mover"],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+        told = mover.stdout + mover.stderr
+        assert mover.returncode == 1 and "Error: " in told and "Traceback" not in told, told
+        assert "is a node of a Redis Cluster" in told, told
+        # Every key in one slot, which this node holds: it works, and says it is unsupported.
+        caplog.set_level(logging.WARNING, logger="kombu_delay")
+        with DelayControl(node.delay_url, {"global_keyprefix": "{app1}:"}) as control:
+            assert control.stats().scheduled == 0
+        assert "works only while this node holds it" in caplog.text
 
 
 def test_a_replica_cut_off_from_its_master_is_a_refusal_waiting_ends():
