@@ -20,10 +20,12 @@ from urllib.parse import quote, unquote, unquote_plus
 MASK = "****"
 #: Pieces of a secret shorter than this are left alone: masking every "pa" would garble text
 #: and tell nothing about the password's length or content. A whole secret that short (a
-#: password "x") is masked only where it stands alone, not inside a word ("prefix").
+#: password "x", "0") is masked only where a URL holds a password: masked wherever it stands,
+#: it garbled every line ("127.****.****.1", "without **** trace") and so told the secret.
 MIN_FRAGMENT = 3
-#: No letter, digit or underscore either side: where a short secret is masked.
-_APART = r"(?<!\w){}(?!\w)"
+#: Where a URL holds a password: its user-info part (``scheme://[user:]secret@``), or a
+#: ``password=`` in its query.
+_IN_URL = r"(?:(?<=:)|(?<=//)){0}(?=@)|(?<=password=){0}(?=[&\s'\"]|$)"
 #: Where URL parsers (and people) cut a password into pieces.
 _DELIMITERS = re.compile(r"[/#?@:;&=%+\s]+")
 #: A ``;`` that begins the next URL of a failover list (a scheme follows it). Any other ``;``
@@ -149,8 +151,8 @@ def _pieces(secret: str) -> set[str]:
 
 class Redactor:
     """Replace secrets, their encoded forms and their fragments of 3 or more characters with
-    ``****`` in any text (a secret shorter than that, only where no letter, digit or ``_``
-    touches it). Calling it on text is cheap; build one per set of secrets."""
+    ``****`` in any text (a secret shorter than that, only where a URL holds a password).
+    Calling it on text is cheap; build one per set of secrets."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         pieces: set[str] = set()
@@ -160,7 +162,7 @@ class Redactor:
         # Longest first, so that a whole password goes before its pieces do.
         ordered = sorted(pieces, key=lambda piece: (-len(piece), piece))
         parts = [
-            re.escape(piece) if len(piece) >= MIN_FRAGMENT else _APART.format(re.escape(piece))
+            re.escape(piece) if len(piece) >= MIN_FRAGMENT else _IN_URL.format(re.escape(piece))
             for piece in ordered
         ]
         self._pattern = re.compile("|".join(parts)) if parts else None

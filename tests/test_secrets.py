@@ -121,13 +121,15 @@ def test_a_redactor_masks_the_password_its_forms_and_its_pieces():
     assert Redactor([])("unchanged") == "unchanged"
 
 
-@pytest.mark.parametrize("password", ["x", "ab", "-"])
-def test_a_password_shorter_than_a_fragment_is_masked_where_it_stands_alone(password):
-    # Every "x" was masked: "key prefi****" told the password, and garbled every message.
+@pytest.mark.parametrize("password", ["x", "ab", "-", "0", "a"])
+def test_a_password_shorter_than_a_fragment_is_masked_where_a_url_holds_it(password):
+    # Every "x" was masked: "key prefi****" told the password, and garbled every message; then
+    # every one standing alone: "127.****.****.1", "without **** trace".
     redact = Redactor([password])
-    text = f"key prefix on redis://:{password}@host:1/0 with '{password}' and {password}"
-    assert redact(text) == "key prefix on redis://:****@host:1/0 with '****' and ****"
-    assert redact("prefix_ab-xab abc a-b") == "prefix_ab-xab abc a-b"
+    url = f"redis://:{password}@h:1/0;redis://u:{password}@h2;redis://{password}@h3?password={password}&a=1"
+    assert redact(url) == "redis://:****@h:1/0;redis://u:****@h2;redis://****@h3?password=****&a=1"
+    text = "prefix_ab-xab abc a-b: a 127.0.0.1 moved 0 messages without a trace (-)"
+    assert redact(text) == text
 
 
 def test_the_log_filter_scrubs_messages_arguments_and_tracebacks():
