@@ -51,7 +51,10 @@ class Counting(StoreBase):
         Reads each bucket's counts (an ``HGETALL`` of its meta hash), whether its sorted sets
         exist (one ``EXISTS`` per 1,000 of them) and, for a bucket that has started, one
         ``ZCOUNT`` per destination; never a member. At most ``max_buckets`` buckets are
-        examined. Compressed messages (the cold space) are counted too, in a second call.
+        examined by a call, past which it is cut short; where every destination is read (more
+        than :data:`CENSUS_DESTS_MAX`), a call stops after :data:`CENSUS_SETS_PER_CALL` sorted
+        sets and the next goes on, :data:`CENSUS_CALLS` calls a space at most. Compressed
+        messages (the cold space) are counted too, in calls of their own.
 
         ``dests``: the destinations to count, where they are at most :data:`CENSUS_DESTS_MAX`
         (``stats`` passes those :meth:`counts` returns); a destination left out is not

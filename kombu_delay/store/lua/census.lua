@@ -5,7 +5,7 @@ ARGV[1] ns           key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] now_ms       a member is due when floor(score) <= now_ms
 ARGV[3] slot_ms      width of one histogram slot, ms; slot 0 starts at now_ms
 ARGV[4] slots        number of slots
-ARGV[5] max_buckets  most buckets examined
+ARGV[5] max_buckets  most buckets examined by this call (from the cursor ARGV[8])
 ARGV[6] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
 ARGV[7] max_sets     without dests: most sorted sets (a bucket's, one per destination it counts)
                      counted in this call, after the bucket that reaches it; with many queues a
