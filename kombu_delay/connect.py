@@ -306,6 +306,13 @@ def check_options(options: Mapping[str, Any]) -> None:
     pool = options.get("max_connections")
     if isinstance(pool, float):
         raise ConfigError(f"max_connections must be a whole number, got {pool!r}")
+    ignored = [name for name in ("username", "password") if options.get(name) is not None]
+    if ignored:  # (kombu reads them from the URL only; the connection then fails "NOAUTH")
+        logger.warning(
+            "kombu-delay: kombu's Redis transport does not read the transport option %s: give it in "
+            "the broker URL (delayredis://user:password@host:port/db)",
+            " or ".join(repr(name) for name in ignored),
+        )
 
 
 def _not_numbers(conn: Connection) -> str:

@@ -383,3 +383,14 @@ def test_a_quiet_healthy_probe_prints_nothing(r, redis_server):
     assert result.exit_code == 0 and result.output == "", result.output
     result = CliRunner().invoke(main, ["-b", redis_server.url, "health", "--quiet"])
     assert result.exit_code == 1 and result.stderr.startswith("kombu-delay: broker "), result.output
+
+
+@pytest.mark.parametrize("name", ["username", "password"])
+def test_a_user_or_password_given_as_an_option_is_told_to_be_unused(r, redis_server, name, caplog):
+    # kombu's Redis transport reads them from the URL only: the connection failed "NOAUTH"
+    # where a server asks for one, and nothing said the option was passed over.
+    caplog.set_level("WARNING", logger="kombu_delay")
+    result = invoke(redis_server, "-o", f"{name}=Qz8vLm2w", "stats")
+    assert result.exit_code == 0, result.output
+    told = f"does not read the transport option {name!r}: give it in the broker URL"
+    assert told in caplog.text and "Qz8vLm2w" not in caplog.text + result.output, caplog.text
