@@ -30,7 +30,15 @@ from kombu_delay.errors import (
     coded_text,
     translated_errors,
 )
-from kombu_delay.redact import Redactor, mask_url, masked_uri, split_url, split_urls, url_secrets
+from kombu_delay.redact import (
+    Redactor,
+    mask_url,
+    masked_uri,
+    query_passwords,
+    split_url,
+    split_urls,
+    url_secrets,
+)
 from kombu_delay.store import Store
 from kombu_delay.transport import register
 
@@ -69,7 +77,8 @@ def check_url(url: str) -> None:
     transport than Redis, with one line that names the problem and shows the URL with its
     password masked (:class:`ConfigError`)."""
     for one in split_urls(url):  # a ';' in a password: kombu would take it for the next URL's start
-        if ";" in (split_url(one).userinfo or ""):
+        parts = split_url(one)
+        if any(";" in secret for secret in (parts.userinfo or "", *query_passwords(parts.rest))):
             raise ConfigError(
                 f"broker URL {mask_url(one)}: the user name or password holds an unescaped ';', which kombu "
                 'reads as the start of another URL; percent-encode it: urllib.parse.quote(password, safe="")'

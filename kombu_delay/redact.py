@@ -81,7 +81,8 @@ def split_urls(url: str) -> list[str]:
     return _NEXT_URL.split(url)
 
 
-def _query_passwords(rest: str) -> list[str]:
+def query_passwords(rest: str) -> list[str]:
+    """The values of ``password=`` in the query of a URL's ``rest`` (:class:`UrlParts`)."""
     _, mark, query = rest.partition("?")
     if not mark:
         return []
@@ -100,7 +101,7 @@ def url_secrets(url: str, transport_options: Mapping[str, Any] | None = None) ->
     for one in split_urls(url):
         parts = split_url(one)
         found.append(parts.password)
-        found.extend(_query_passwords(parts.rest))
+        found.extend(query_passwords(parts.rest))
     options = transport_options or {}
     sentinel = options.get("sentinel_kwargs")
     for value in (

@@ -168,6 +168,22 @@ def test_delay_control_raises_no_part_of_a_password(password_server, password):
             chain = chain.__cause__ or chain.__context__
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "delayredis://:longsecret;x1@127.0.0.1:6399/0",
+        "delayredis://127.0.0.1:6399/0?password=longsecret;x1&a=b",
+    ],
+)
+def test_a_semicolon_in_a_password_is_refused_naming_the_fix_and_never_shown(url):
+    # One in the query's password= was split off as a URL "with no scheme", shown whole.
+    with pytest.raises(ConfigError) as caught:
+        DelayControl(url)
+    message = str(caught.value)
+    assert "holds an unescaped ';'" in message and "percent-encode it" in message, message
+    assert "longsecret" not in message and "x1" not in message, message
+
+
 def test_a_password_that_ends_the_user_info_early_is_refused_naming_the_fix():
     with pytest.raises(ConfigError) as caught:
         DelayControl("delayredis://:pa/ss#x@127.0.0.1:6399/0")

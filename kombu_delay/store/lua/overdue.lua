@@ -97,8 +97,8 @@ for i = 1, math.min(#starts, max_buckets) do
           order[#order + 1] = dest
         end
         count[dest] = count[dest] + due
-        -- Its head is searched for only where it may be older than the oldest found (a later
-        -- bucket holds one only where a message was thawed late into it).
+        -- Its head is searched for only where it may be older than the oldest found: a later
+        -- bucket holds one where publishers of different widths made buckets that overlap.
         if not oldest[dest] or due_before(zset, oldest[dest]) > 0 then
           local first = head_due(zset, tonumber(starts[i]) or now, now)
           if not oldest[dest] or first < oldest[dest] then oldest[dest] = first end
