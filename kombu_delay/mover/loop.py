@@ -205,6 +205,7 @@ class Mover:
                 self.settings.max_queue_length,
                 look_ahead_ms=self.settings.look_ahead_ms,
                 whole=not self.settings.max_rate,
+                exact_ms=self.settings.max_sleep_ms,  # (a lower bound past its longest sleep)
             )
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw

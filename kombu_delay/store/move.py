@@ -35,11 +35,13 @@ class Moving(StoreBase):
         now_ms: int | None = None,
         look_ahead_ms: int = 0,
         whole: bool = True,
+        exact_ms: int | None = None,
     ) -> MoveResult:
         """Move up to ``limit`` due messages onto their lists (one atomic script call);
         with ``look_ahead_ms``, also those due within that many ms from now. A herd staged
         ahead (:meth:`stage`) is handed over whole, past ``limit``, unless ``whole`` is false
-        (a rate-capped mover).
+        (a rate-capped mover). ``exact_ms``: ``next_due_ms`` need be exact only within that
+        many ms (the caller's longest sleep); further, a lower bound no earlier stands for it.
 
         When held buckets ahead use up a call's bucket visits, the next call on this store
         goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
@@ -56,6 +58,7 @@ class Moving(StoreBase):
                     self._now(now_ms),
                     look_ahead_ms,
                     1 if whole else 0,
+                    "" if exact_ms is None else exact_ms,
                 ],
             )
         result = MoveResult.from_reply(reply)
