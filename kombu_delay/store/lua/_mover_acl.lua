@@ -19,7 +19,12 @@ mover_refused(ns, thawing, probe, purging)
   letters (asked only ``thawing``: where a thaw lets go a member it cannot restore),
   SUBSCRIBE, the walk's HSCAN, the herd's handover, PEXPIRE for x-expires, SCAN and CONFIG.
   Every command asked is in the ACL line of the docs' Security page. With ``purging``, those a
-  purge runs on the buckets (purge.lua: the same, less the heartbeat's on <ns>movers).
+  purge runs (purge.lua: the same, less the heartbeat's on <ns>movers, and the purge mark's
+  on <ns>purging, purging.lua).
+
+refusal_reply(refused, job, nothing)
+  The error reply of a script that does ``job`` and wrote ``nothing``, for the refusal
+  ``refused`` (as mover_refused returns it).
   Bound: a constant number of ACL checks (Redis 7: nothing read or written; Redis 6: a
   constant number of commands that change nothing).
 ]]
@@ -33,7 +38,11 @@ local function mover_calls(ns, thawing, purging)
   end
   local totals, counts, ids, gc = ns .. 'totals', ns .. 'counts', ns .. 'ids', ns .. 'gc'
   local movers = ns .. 'movers'
-  if not purging then
+  if purging then
+    local marks = ns .. 'purging'
+    add(asked, {{'HSET', marks, 'f', 'v'}, {'HDEL', marks, 'f'}, {'PEXPIREAT', marks, '1'}})
+    add(tried, {{'HMGET', marks, 'f'}, {'EXISTS', marks}})
+  else
     add(asked, {{'ZREMRANGEBYSCORE', movers, '0', '1'}, {'ZADD', movers, '0', 'm'}, {'PEXPIREAT', movers, '1'}})
     add(tried, {{'PTTL', movers}})
   end
@@ -86,4 +95,9 @@ local function mover_refused(ns, thawing, probe, purging)
     end
   end
   return nil
+end
+
+local function refusal_reply(refused, job, nothing)
+  return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
+    .. ', which a ' .. job .. ' needs; ' .. nothing)
 end

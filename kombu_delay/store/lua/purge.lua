@@ -64,10 +64,7 @@ if refused then return refused end
 -- of reach of find and cancel. Redis 7 is asked first (nothing read or written); Redis 6
 -- cannot be, and there the refs go only after their messages.
 refused = redis.acl_check_cmd and mover_refused(ns, false, false, true)
-if refused then
-  return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
-    .. ', which a purge needs; nothing was purged by this call')
-end
+if refused then return refusal_reply(refused, 'purge', 'nothing was purged by this call') end
 local function refused_at(key, wanted)
   counted_up()
   return wrong_types({{key, wanted}}, 'the purge stopped there, and what it removed before is counted')

@@ -26,18 +26,9 @@ local purging = KEYS[1]
 local step, hold = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- A purge the ACL refuses (purge.lua asks it on Redis 7) is refused before its mark: else the
 -- mark, which the same user may be refused to end, held reschedules off for its minute.
-if step == 1 and redis.acl_check_cmd then
-  local refused = mover_refused(string.sub(purging, 1, -8), false, false, true)  -- (<ns>purging)
-  for _, call in ipairs({{'HMGET', purging, 'f'}, {'HSET', purging, 'f', 'v'}, {'HDEL', purging, 'f'},
-                         {'EXISTS', purging}, {'PEXPIREAT', purging, '1'}}) do
-    if refused then break end
-    if not redis.acl_check_cmd(unpack(call)) then refused = {call[1], purging} end
-  end
-  if refused then
-    return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
-      .. ', which a purge needs; nothing was purged')
-  end
-end
+local ns = string.sub(purging, 1, -8)  -- (KEYS[1] is <ns>purging)
+local refused = step == 1 and redis.acl_check_cmd and mover_refused(ns, false, false, true)
+if refused then return refusal_reply(refused, 'purge', 'nothing was purged') end
 past_maxmemory(purging)
 local now = clock('')
 for i = 3, #ARGV do

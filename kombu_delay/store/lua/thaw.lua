@@ -66,10 +66,7 @@ local FIRST = 5  -- the first message's group in ARGV
 -- call past maxmemory.
 local function refusal()
   local refused = mover_refused(ns, true, true)
-  if refused then
-    return redis.error_reply('NOPERM this user may not run ' .. refused[1] .. ' on ' .. refused[2]
-      .. ', which a thaw needs; nothing was thawed')
-  end
+  if refused then return refusal_reply(refused, 'thaw', 'nothing was thawed') end
 end
 local refused = redis.acl_check_cmd and refusal()
 if refused then return refused end
