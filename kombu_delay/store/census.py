@@ -4,7 +4,7 @@ bucket's counts without reading a message (``census.lua``, ``overdue.lua``); wha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kombu_delay.errors import translated_errors
@@ -66,24 +66,36 @@ class Counting(StoreBase):
         self._check_format_once()
         few = _few_dests(dests)
         totals, truncated = [0] * (2 + int(slots)), False
+
+        def add(counts: list[Any]) -> None:
+            for i, value in enumerate(counts):
+                totals[i] += int(value)
+
+        window = [int(now_ms), int(slot_ms), int(slots), max_buckets]
         with translated_errors():
             for space in spaces.ALL:
-                window = [int(now_ms), int(slot_ms), int(slots), max_buckets]
-                truncated = self._census_space(space, window, few, totals) or truncated
+                truncated = self._paged("census", space, [*window, space.tag], few, add) or truncated
         return Census(truncated=truncated, overdue=totals[0], vanished=totals[1], slots=totals[2:])
 
-    def _census_space(self, space: spaces.Space, window: list[int], few: list[str], into: list[int]) -> bool:
-        """Add the census of ``space`` (``window``: now, slot width, slots, most buckets) to
-        ``into`` (overdue, vanished, then the slots), in calls of at most
-        :data:`CENSUS_SETS_PER_CALL` sorted sets, :data:`CENSUS_CALLS` at most; return whether
-        it was cut short."""
+    def _paged(
+        self,
+        name: str,
+        space: spaces.Space,
+        head: list[Any],
+        tail: list[Any],
+        add: Callable[[list[Any]], None],
+    ) -> bool:
+        """Call script ``name`` (``census.lua``, ``overdue.lua``) on ``space``'s index with the
+        arguments ``head``, then at most :data:`CENSUS_SETS_PER_CALL` sets or reads and the cursor
+        of the call before, then ``tail``, until a reply has no cursor, :data:`CENSUS_CALLS` calls
+        at most; ``add`` takes each reply's counts (what follows its truncated flag and cursor).
+        Return whether it was cut short."""
         after = ""
         for _ in range(CENSUS_CALLS):
-            args = [self.ns, *window, space.tag, CENSUS_SETS_PER_CALL, after, *few]
-            reply = self._scripts["census"](keys=[space.index(self.prefix)], args=args)
-            for i, value in enumerate((reply[1], reply[2], *reply[4:])):
-                into[i] += int(value)
-            after = as_text(reply[3])
+            args = [self.ns, *head, CENSUS_SETS_PER_CALL, after, *tail]
+            reply = self._scripts[name](keys=[space.index(self.prefix)], args=args)
+            add(reply[2:])
+            after = as_text(reply[1])
             if not after:
                 return bool(int(reply[0]))
         return True
@@ -100,24 +112,16 @@ class Counting(StoreBase):
         self._check_format_once()
         found: dict[str, tuple[int, int]] = {}
         truncated = False
-        with translated_errors():
-            for space in among:
-                truncated = self._overdue_space(space, int(now_ms), max_buckets, found) or truncated
-        return found, truncated
 
-    def _overdue_space(
-        self, space: spaces.Space, now_ms: int, max_buckets: int, found: dict[str, tuple[int, int]]
-    ) -> bool:
-        """Add what :meth:`overdue` finds in ``space`` to ``found``; return whether it was cut short."""
-        after = ""
-        for _ in range(CENSUS_CALLS):
-            args: list[Any] = [self.ns, now_ms, max_buckets, space.tag, CENSUS_SETS_PER_CALL, after]
-            reply = self._scripts["overdue"](keys=[space.index(self.prefix)], args=args)
-            for i in range(2, len(reply), 3):
-                dest, n, oldest = as_text(reply[i]), int(reply[i + 1]), int(reply[i + 2])
+        def add(triples: list[Any]) -> None:
+            for i in range(0, len(triples), 3):
+                dest, n, oldest = as_text(triples[i]), int(triples[i + 1]), int(triples[i + 2])
                 had, first = found.get(dest, (0, oldest))
                 found[dest] = (had + n, min(first, oldest))
-            after = as_text(reply[1])
-            if not after:
-                return bool(int(reply[0]))
-        return True
+
+        with translated_errors():
+            for space in among:
+                truncated = (
+                    self._paged("overdue", space, [int(now_ms), max_buckets, space.tag], [], add) or truncated
+                )
+        return found, truncated

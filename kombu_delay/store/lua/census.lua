@@ -23,7 +23,7 @@ ARGV[9..] dests      optional: the destinations to count (stats passes those <ns
                      bucket. A meta key of another type (written by hand) counts nothing.
                      SORT_RO turns an index small enough for Redis's compact encoding into a
                      skip list (some KB more, at most, kept until it is deleted).
-Returns: {truncated (1 if max_buckets cut the census), overdue, vanished, cursor, count_slot_0, ...}
+Returns: {truncated (1 if max_buckets cut the census), cursor, overdue, vanished, count_slot_0, ...}
          cursor: '' where the call counted every bucket left in the window, else the ARGV[8]
          of the next call (only without dests, where ARGV[7] cut it).
          A bucket that started already adds its due members to overdue and the rest to
@@ -51,7 +51,7 @@ for i = 9, #ARGV do
   fields[#fields + 1] = 'q:' .. ARGV[i]
 end
 
-local reply = {0, 0, 0, ''}
+local reply = {0, '', 0, 0}
 for i = 1, slots do reply[i + 4] = 0 end
 local from = after == '' and '-inf' or '(' .. after
 local in_window = redis.call('ZCOUNT', index, from, horizon)
@@ -108,7 +108,7 @@ else
   local starts = redis.call('ZRANGEBYSCORE', index, from, horizon, 'LIMIT', 0, n_buckets)
   for n, start_s in ipairs(starts) do
     if #dests == 0 and #sets >= max_sets then  -- the rest in the next call
-      if n > 1 then reply[4] = redis.call('ZSCORE', index, starts[n - 1]) end  -- (a member may be no number)
+      if n > 1 then reply[2] = redis.call('ZSCORE', index, starts[n - 1]) end  -- (a member may be no number)
       break
     end
     local meta = s:meta(start_s)
@@ -135,11 +135,11 @@ for first = 1, #sets, 1000 do
   for n = first, last do
     local size = sizes[n]
     if not whole and redis.call('EXISTS', sets[n]) == 0 then
-      reply[3] = reply[3] + size
+      reply[4] = reply[4] + size
     else
       if started[n] then
         local due = redis.call('ZCOUNT', sets[n], '-inf', upper)
-        reply[2] = reply[2] + due
+        reply[3] = reply[3] + due
         size = size - due
       end
       reply[slot_of[n] + 5] = reply[slot_of[n] + 5] + math.max(0, size)
