@@ -19,11 +19,8 @@ ARGV[6] ahead_ms optional look-ahead, ms: also move what falls due by now + ahea
 ARGV[7] whole    optional: '0' to move a staged herd in batches instead of handing it over
                  whole (a caller with a rate cap); absent or '1' = hand it over
 ARGV[8] exact_ms optional: next_due_ms need be exact only where it is due within this many ms
-                 of now + ahead_ms (the caller's longest sleep): one further is told by a
-                 lower bound no earlier than that (a bucket's start, or that time), and no
-                 message is read for it; absent or '' = exact. Reading each queue's first
-                 message of the first bucket held Redis for 0.1 to 1.3 s a call, nothing due,
-                 with 10,000 queues in it or messages of 50 MB
+                 of now + ahead_ms (the caller's longest sleep): a bucket that starts later
+                 is told by its start, and nothing of it is read; absent or '' = exact
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
           held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, the
           scan stopped short, or members were recounted), scan_after (-1, or the start to
@@ -60,6 +57,9 @@ Bound: moves at most ARGV[2] messages, and about CALL_BYTES of them (a batch is 
        A bucket whose due messages are all held costs no move budget, so when more such
        buckets than ARGV[2] lie ahead, the scan stops after ARGV[2] of them and the next call
        goes on from there (scan_after): the buckets behind them are never starved.
+       A bucket with nothing due costs one HMGET while nothing was stored into it since a call
+       last read its queues (its known earliest due time, see known_earliest), else one ZCOUNT
+       per queue, and no message is read for its next due time.
 
 A bucket keeps one sorted set per destination, whose members are the payloads themselves, so
 a batch goes from one sorted set to one list with no per-message work in Lua: ZRANGE (or
@@ -80,6 +80,7 @@ of its refs, in this script's leftover budget, so a burst is never slowed by it.
 --- @include buckets
 --- @include handover
 --- @include chunks
+--- @include earliest
 local index, ids, counts, totals, gc = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local floor, sub = math.floor, string.sub
 local ns = ARGV[1]
@@ -228,6 +229,8 @@ end
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
   local meta = s:meta(start_s)
+  local known = known_earliest(meta)
+  if known and known > reach then return end  -- nothing due, nothing drained since the last look
   local fields = redis.pcall('HGETALL', meta)
   if other_type(fields, 'HGETALL', meta) then
     -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
@@ -406,38 +409,49 @@ if vanished > 0 then count_up(totals, 'vanished_buckets', vanished) end
 -- In a bucket marked as holding a message with no ETA of its own, that is the due time plus
 -- the look-ahead: the time the mover, which calls ahead of the due time it is given, may move
 -- it.
--- Past the horizon (ARGV[8]), a lower bound stands for it: a bucket that starts there holds
--- nothing due before its start, and a queue whose set holds nothing due before the horizon
--- (one ZCOUNT, no message read) nothing before it either.
+-- Past the horizon (ARGV[8]), a bucket's start stands for it: it holds nothing due before.
 local horizon = tonumber(ARGV[8] or '') and now + ahead + tonumber(ARGV[8])
-local horizon_text = horizon and '(' .. string.format('%d', horizon)
+
+-- The earliest due time in a bucket, by its known earliest where nothing was stored into it
+-- since (known_earliest in _earliest.lua), else by reading its queues, noted then for the next
+-- calls. A queue whose set holds nothing before the earliest found so far costs one ZCOUNT;
+-- only one that holds an earlier message is searched (head_due, no message read), a few of
+-- them with queues in any order.
 local function earliest_in(start_s)
-  if horizon and (tonumber(start_s) or -1) >= horizon then return tonumber(start_s) end
-  local best, beyond
+  local start = tonumber(start_s)
+  if horizon and (start or -1) >= horizon then return start end
   local meta = s:meta(start_s)
+  local known, no_eta = known_earliest(meta)
+  -- (One in reach is a bound the visit has just passed, or a held message's: read again.)
+  if known and known > reach then return known + (no_eta and ahead or 0) end
   local fields = redis.pcall('HGETALL', meta)
-  if other_type(fields, 'HGETALL', meta) then return nil end  -- another type: the visit takes it out
-  local later = 0
+  if other_type(fields, 'HGETALL', meta) or not start then return nil end  -- the visit takes it out
+  local best, later, seq, end_ms, below_text = nil, 0, nil, nil, nil
   for i = 1, #fields, 2 do
     local name = fields[i]
     if name == 'n' then
       later = ahead
-    elseif sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
+    elseif name == 'seq' then
+      seq = fields[i + 1]
+    elseif name == 'end' then
+      end_ms = ms_of(fields[i + 1])
+    end
+  end
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
       local zset = s:zset(start_s, sub(name, 3))
-      local soon = not horizon or redis.pcall('ZCOUNT', zset, '-inf', horizon_text)
-      if type(soon) == 'number' and soon == 0 then
-        beyond = horizon
-      elseif soon then
-        local head = redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
-        if head[2] then  -- (none from a key of another type, whose count the visit settles)
-          local due = floor(tonumber(head[2]))
-          if not best or due < best then best = due end
+      local earlier = redis.pcall('ZCOUNT', zset, '-inf', below_text or '+inf')
+      if type(earlier) == 'number' and earlier > 0 then  -- (a key of another type: the visit settles it)
+        local due = head_due(zset, start, best and best - 1 or math.max(start, (end_ms or MAX_DUE_MS) - 1))
+        if due and (not best or due < best) then
+          best = due
+          below_text = '(' .. string.format('%d', best)
         end
       end
     end
   end
-  if best and beyond then best = math.min(best, beyond) end
-  best = best or beyond
+  if best and seq then redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best)) end
   return best and best + later
 end
 

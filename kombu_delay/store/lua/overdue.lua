@@ -19,55 +19,12 @@ Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, o
        and those whose reads reach ARGV[5] (and the one that passes it), each one HGETALL of its
        meta hash, then per destination one ZCOUNT and, where one is due, one more; where that
        one may be its oldest, the due time of its first member by about log2(now - start)
-       ZCOUNT calls (head_due below: the member itself, a message, is not read into Lua, but
-       where its score was written by hand outside the span of due times).
-
-head_due(zset, lo, hi): the due time (ms) of the first member of ``zset``, none of which is
-due before ``lo`` and one of which is due by ``hi``; nil when it has none. ZRANGE 0 0 would
-bring the member into Lua, which hashes every byte of a string it makes: 135 ms of Redis for
-a message of 50 MB. The due time is found by ZCOUNT instead, halving [lo, hi]: about
-log2(hi - lo) O(log n) calls. Not free either: a ZCOUNT whose range holds the first member
-compares it with itself to rank it (80 ms in all for 50 MB, under a millisecond for messages
-of a few KB). A set that does not keep to [lo, hi] (a message thawed late goes into a bucket
-that began after its due time) is searched before or after it (about 42 calls); one with
-scores outside 0 .. MAX_DUE_MS (written by hand) is read by ZRANGE, its due time kept within
-them.
+       ZCOUNT calls (head_due in _earliest.lua: the member itself, a message, is not read into
+       Lua, but where its score was written by hand outside the span of due times). A bucket
+       whose known earliest due time is ahead (known_earliest) costs one HMGET instead.
 ]]
 --- @include spaces
---- @const MAX_DUE_MS
-local reads = 0  -- the ZCOUNT calls so far (ARGV[5])
-local function due_before(zset, ms)
-  reads = reads + 1
-  return redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', ms))
-end
-
--- The least ms in [lo, hi] by which a member is due: none is due before lo, one by hi.
-local function search(zset, lo, hi)
-  while lo < hi do
-    local mid = lo + math.floor((hi - lo) / 2)
-    if due_before(zset, mid + 1) > 0 then hi = mid else lo = mid + 1 end
-  end
-  return lo
-end
-
-local function head_due(zset, lo, hi)
-  -- Outside [lo, hi] (a message thawed late goes into a bucket that began after its due time):
-  -- looked for before lo, or after hi, the same way.
-  if due_before(zset, lo) > 0 then
-    lo, hi = 0, lo - 1
-  elseif due_before(zset, hi + 1) == 0 then
-    lo, hi = hi + 1, MAX_DUE_MS
-  else
-    return search(zset, lo, hi)
-  end
-  if lo > hi or due_before(zset, lo) > 0 or due_before(zset, hi + 1) == 0 then
-    local head = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
-    if #head == 0 then return nil end
-    return math.min(math.max(math.floor(tonumber(head[2])), 0), MAX_DUE_MS)
-  end
-  return search(zset, lo, hi)
-end
-
+--- @include earliest
 local index = KEYS[1]
 local ns = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -81,11 +38,12 @@ local truncated, cursor = 0, ''
 if #starts > max_buckets then truncated = 1 end
 local count, oldest, order = {}, {}, {}
 for i = 1, math.min(#starts, max_buckets) do
-  if reads >= max_reads then  -- the rest in the next call
+  if zcount_reads >= max_reads then  -- the rest in the next call
     cursor = redis.call('ZSCORE', index, starts[i - 1])  -- (a member may be no number)
     break
   end
-  local fields = redis.call('HGETALL', s:meta(starts[i]))
+  local known = known_earliest(s:meta(starts[i]))
+  local fields = known and known > now and {} or redis.call('HGETALL', s:meta(starts[i]))
   for j = 1, #fields, 2 do
     if string.sub(fields[j], 1, 2) == 'q:' and (tonumber(fields[j + 1]) or 0) > 0 then
       local dest = string.sub(fields[j], 3)
