@@ -21,7 +21,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey
 from kombu_delay.mover import mover_id
-from kombu_delay.mover.pacing import Backoff, RateLimiter
+from kombu_delay.mover.pacing import Backoff, RateLimiter, sleep_after
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.threads import start_daemon
@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: How often, at most, a mover logs its progress at INFO, seconds.
 LOG_EVERY_S = 10.0
-#: How often a mover looks while due messages wait (backpressure, a key that is not a list), seconds.
-HELD_POLL_S = 0.05
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
 #: Longest a stopping mover waits for Redis to take its heartbeat away, seconds.
@@ -97,6 +95,7 @@ class Mover:
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
         self._called_at = time.monotonic()
+        self._call_s = 0.0  # how long the last move call took
         self._last_log = time.monotonic()
         self._stuck_logged_at = float("-inf")
         self._logged_moved = 0
@@ -207,6 +206,7 @@ class Mover:
                 whole=not self.settings.max_rate,
                 exact_ms=self.settings.max_sleep_ms,  # (a lower bound past its longest sleep)
             )
+            self._call_s = time.monotonic() - self._called_at
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw
             self.sweep()  # nor what it holds from having its expiry pushed out
@@ -321,7 +321,7 @@ class Mover:
                 result.vanished,
             )
         now = time.monotonic()
-        # Polled every HELD_POLL_S while they wait: said once per LOG_EVERY_S, not per poll.
+        # Polled every HELD_POLL_S (pacing.py) while they wait: said once per LOG_EVERY_S, not per poll.
         if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:
             self._tell_stuck(result)
             self._stuck_logged_at = now
@@ -360,17 +360,7 @@ class Mover:
             )
 
     def _sleep_for(self, result: MoveResult) -> float:
-        cap = self.settings.max_sleep_ms / 1000
-        if result.held or result.wrongtype or result.refused or result.more:
-            # Messages that must wait (a full list, a key not a list, a refused one) are due: they
-            # are the earliest scheduled and no publish of a later one wakes the movers: poll,
-            # or every other queue's messages would be up to max_sleep late.
-            return min(cap, HELD_POLL_S)
-        if result.next_due_ms is None:
-            return cap
-        # Redis times the wait, in µs: due_ms is reached when now_ms + now_us/1000 >= due_ms.
-        until_due = (result.next_due_ms - self.settings.look_ahead_ms - result.now_ms) - result.now_us / 1000
-        return max(0.0, min(cap, until_due / 1000))
+        return sleep_after(result, self.settings, self._call_s)
 
     def _wait(self, wake: WakeUps, seconds: float) -> None:
         """Sleep ``seconds`` from the last move call on the local clock, or less if a

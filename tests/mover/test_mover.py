@@ -23,6 +23,7 @@ import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
+from kombu_delay.mover import pacing
 from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
@@ -485,6 +486,63 @@ def test_a_started_bucket_with_nothing_due_is_read_once_until_something_is_store
     assert store.move_due(100, exact_ms=1000).moved == 0
     clock.ms = min(dues)
     assert store.move_due(100, exact_ms=1000).moved == 1
+
+
+def test_a_bucket_whose_due_messages_wait_is_read_once_a_call_and_looked_at_a_share_of_the_time(r):
+    """A full list among 10,000 queues of a started bucket: a mover looked every 50 ms, each
+    call reading every queue twice (the visit, then the next due time), and kept Redis 60 to
+    75 % busy. The visit's own look gives the next due time, and the looks take a tenth of the
+    mover's time at most."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
+    start = (clock() // 3_600_000 + 1) * 3_600_000
+    items = [(Due(start + 600_000, task_id=f"m{n}"), f"q{n}", kombu_payload(f"m{n}")) for n in range(60)]
+    store.schedule_many([*items, (Due(start + 1000, task_id="h"), "full", kombu_payload("h"))], hour)
+    r.rpush("full", "x")
+    clock.ms = start + 2000
+
+    def move() -> tuple[MoveResult, int]:
+        r.config_resetstat()
+        result = store.move_due(100, max_queue_length=1, exact_ms=1000)
+        return result, commands(r, "zcount", "exists", "hgetall")
+
+    result, reads = move()
+    assert (result.held, result.next_due_ms) == (1, start + 1000)
+    assert 61 * 2 <= reads < 61 * 3  # each queue's set once, with its ZCOUNT and EXISTS
+    result, again = move()
+    assert (result.held, result.next_due_ms, again) == (1, start + 1000, reads)
+    assert pacing.sleep_after(result, hour, 0.001) == pacing.HELD_POLL_S
+    assert pacing.sleep_after(result, hour, 0.07) == pytest.approx(0.7)
+    assert pacing.sleep_after(result, hour, 0.3) == 1.0  # (its longest sleep)
+    r.delete("full")
+    assert store.move_due(100, max_queue_length=1, exact_ms=1000).moved == 1
+
+
+@pytest.mark.parametrize("damage", ["junk", "deleted"])
+def test_a_bucket_s_noted_earliest_goes_when_its_seq_counter_starts_again(r, damage):
+    """The noted earliest holds while the bucket's seq counter reads what it read then: a counter
+    deleted, or of text HINCRBY refuses (by hand), starts again at 1, and its first publish
+    made it read as noted, with an earlier message stored: the move passed the bucket over and
+    the overdue count said nothing, the message late by up to the bucket's width."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
+    start = (clock() // 3_600_000 + 1) * 3_600_000
+    store.schedule(Due(start + 600_000, task_id="a"), "qa", kombu_payload("a"), hour)
+    clock.ms = start + 1000
+    assert store.move_due(100).next_due_ms == start + 600_000
+    meta = keys.meta("", start)
+    assert r.hmget(meta, "seq", "ls") == [b"1", b"1"]
+    if damage == "junk":
+        r.hset(meta, "seq", "x")
+    else:
+        r.hdel(meta, "seq")
+    store.schedule(Due(start + 2000, task_id="b"), "qb", kombu_payload("b"), hour)
+    clock.ms = start + 5000
+    assert store.overdue(clock.ms)[0] == {"qb": (1, start + 2000)}
+    assert store.move_due(100).moved == 1
+    assert r.llen("qb") == 1
 
 
 def test_a_bucket_s_noted_earliest_due_time_is_never_later_than_its_earliest_message(r):

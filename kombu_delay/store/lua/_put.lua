@@ -306,10 +306,20 @@ local function taken_back(k, names, dest, payload, done)
   if done.counter then redis.pcall('HINCRBY', k.totals, done.counter, -1) end
 end
 
+-- A bucket's seq counter that a store finds new, n_seq being what it added (the bucket's
+-- first store, or a counter deleted, or written anew over text HINCRBY refuses, by hand or by
+-- thaw.lua's mend_counters): the earliest due time a move noted with the counter's old value
+-- (le, ls: known_earliest in _earliest.lua) goes, or the counter counting up again to ls would
+-- pass it off as the earliest of what the bucket holds now.
+local function counter_new(meta, n_seq, n_added)
+  if n_seq == n_added then redis.call('HDEL', meta, 'ls', 'le') end
+end
+
 local function put(k, now, due, task_id, dest, payload, estimated, keep)
   local start = due - due % k.width
   local names = put_names(k, start, dest)
   local n_seq = count_up(names.meta, 'seq', '1')
+  counter_new(names.meta, n_seq, 1)
   local seq = (n_seq - 1) % 2048
   if redis.call('ZADD', names.zset, 'NX', due + seq / 2048, payload) == 0 then return 2 end
   if keep then return put_counted(k, now, due, task_id, dest, estimated, start, names, n_seq, seq, {}) end

@@ -17,6 +17,7 @@ put_group(k, now, start, dest, msgs)
 -- of them, and the bucket's seq counter after this call.
 local function add_members(meta, zset, msgs)
   local n_seq = count_up(meta, 'seq', count_arg(#msgs))
+  counter_new(meta, n_seq, #msgs)
   local codes, added, first = {}, {}, nil
   for i, m in ipairs(msgs) do
     m.seq = (n_seq - #msgs + i - 1) % 2048
