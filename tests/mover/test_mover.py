@@ -447,6 +447,30 @@ def test_a_move_reads_no_queues_first_message_for_its_next_due_time(r):
     assert store.move_due(100).moved == 49
 
 
+def test_a_due_message_is_read_once_by_the_call_that_moves_it(r):
+    """A move call read a due queue's first message for its due time and size, then again in
+    its batch: a message of 40 MB cost the call about a third more (one of 55 MB, a review
+    found, about a second). The batch begins with the member as read."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 1000
+    big = kombu_payload("big", body="x" * 1_000_000)
+    store.schedule_many(
+        [
+            (Due(due, task_id="big"), "q", big),
+            *[(Due(due + n, task_id=f"s{n}"), "q", kombu_payload(f"s{n}")) for n in (1, 2)],
+        ],
+        Settings(compress_after_ms=0),
+    )
+    clock.ms = due
+    r.config_resetstat()
+    assert store.move_due(100).moved == 1
+    assert commands(r, "zrange") == 3  # the index's first bucket, the message once, the next one's score
+    clock.ms = due + 2
+    assert store.move_due(100).moved == 2
+    assert r.lrange("q", 0, -1) == [kombu_payload("s2").encode(), kombu_payload("s1").encode(), big.encode()]
+
+
 def test_a_started_bucket_with_nothing_due_is_read_once_until_something_is_stored_into_it(r):
     """A move call read each queue of a started bucket twice (the visit, the next due time),
     nothing due: 10,000 queues in a bucket of an hour held Redis for 71 ms a call, 14 % of a

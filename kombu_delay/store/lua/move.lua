@@ -140,17 +140,18 @@ local bytes_left = CALL_BYTES
 local room, room_of = room_keeper(max_len)
 
 -- Moves the due head of one sorted set, at most `take` messages and about bytes_left of them
--- (read_ranks); returns how many.
-local function move_batch(zset, dest, due_first, take)
+-- (read_ranks; ``head``, its first member and score as the visit read them, or nil); returns
+-- how many.
+local function move_batch(zset, dest, due_first, take, head)
   -- When the next `take` members are all due at the same millisecond, one number is the
   -- lateness of all, and the batch is read without scores and pushed as it came. Otherwise
   -- each member comes with its score.
   local pushes, scores, used
   local same = redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', due_first + 1))
   if same >= take then
-    pushes, used = read_ranks('ZRANGE', zset, 0, take, bytes_left)
+    pushes, used = read_ranks('ZRANGE', zset, 0, take, bytes_left, nil, head)
   else
-    pushes, used, scores = read_ranks('ZRANGE', zset, 0, take, bytes_left, due_by + 1)
+    pushes, used, scores = read_ranks('ZRANGE', zset, 0, take, bytes_left, due_by + 1, head)
   end
   local got = #pushes
   if got > 0 then
@@ -183,11 +184,11 @@ end
 -- a refusal, told again on every poll while it lasts, then costs the read of one member, not
 -- of a batch.
 local confirmed = {}
-local function move_head(zset, dest, due_first, take)
+local function move_head(zset, dest, due_first, take, head)
   if redis.acl_check_cmd or confirmed[dest] or take == 1 then
-    return move_batch(zset, dest, due_first, take)
+    return move_batch(zset, dest, due_first, take, head)
   end
-  local got = move_batch(zset, dest, due_first, 1)
+  local got = move_batch(zset, dest, due_first, 1, head)
   if got == 0 then return 0 end
   confirmed[dest] = true
   return got + move_batch(zset, dest, due_first, take - 1)
@@ -208,22 +209,23 @@ end
 
 -- Moves what is due in dest's set, at most take: a staged run whole (returns its size and true)
 -- or a batch (returns its size), which stops short of a staged run behind it, so that the run
--- goes whole in the next call.
+-- goes whole in the next call. ``head``: the set's first member and score, as the visit read them.
 local stopped = {}  -- destinations whose move stopped short of a staged run in this call
-local function move_due_head(meta, start_s, zset, dest, due_first, left, take, t)
+local function move_due_head(meta, start_s, zset, dest, due_first, left, take, t, head)
   if t and due_first < t then
     -- A run due now goes whole in the next call: the queue's later buckets wait for it, or a
     -- consumer would get their messages before the run's.
     if t <= due_by then stopped[dest] = true end
     local before = redis.call('ZCOUNT', zset, '-inf', '(' .. string.format('%d', t))
-    return move_head(zset, dest, due_first, math.min(take, before))
+    return move_head(zset, dest, due_first, math.min(take, before), head)
   end
-  local got = t and handed_over(meta, start_s, zset, dest, due_first, left, t)
+  if not t then return move_head(zset, dest, due_first, take, head) end
+  local got = handed_over(meta, start_s, zset, dest, due_first, left, t)
   if got then
     add_late(math.max(0, now - due_first), got)
     return got, true
   end
-  return move_head(zset, dest, due_first, take)
+  return move_head(zset, dest, due_first, take)  -- (read again: past a handover that gave up)
 end
 
 -- The earliest due time of a bucket whose visit looked at every queue and left due messages
@@ -292,7 +294,7 @@ local function visit(start_s)
             local size = #head[1] + 64  -- with what each message costs beside its bytes
             local fits, want = math.max(1, floor(bytes_left / size)), math.min(budget, left)
             local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
-                                              math.min(want, fits), marks[dest])
+                                              math.min(want, fits), marks[dest], head)
             -- One herd per call, and about CALL_BYTES (move_batch counts what it reads): the
             -- next call goes on at once (more).
             local cut = bytes_left <= 0 or (got == fits and fits < want)
