@@ -693,10 +693,16 @@ def test_a_purge_mark_a_dead_purger_left_goes_by_itself_while_other_queues_are_p
             ctl.reschedule(sent.id, countdown=300)
         ctl.store._scripts["purging"](keys=[mark], args=[-1, 60_000, *dests])  # it ended
         ctl.store._scripts["purging"](keys=[mark], args=[1, 1, *dests])  # one that died: 1 ms
-        until = int(r.hget(mark, f"x:{prefix}emails") or 0)  # (gone already: its 1 ms has passed)
+        busy = [f"{prefix}busy"]
+        ctl.store._scripts["purging"](keys=[mark], args=[1, 60_000, *busy])  # another, under way
+        until = int(r.hget(mark, f"x:{prefix}emails") or 0)
         wait_until(lambda: int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000 > until)
         assert ctl.purge("other") == 0  # renews the hash's expiry
         assert ctl.reschedule(sent.id, countdown=300) == 1
+        # The dead purger's fields went with the next purge's call, not with the hash, which
+        # the purges under way kept.
+        assert r.hmget(mark, f"c:{prefix}emails", f"x:{prefix}emails") == [None, None]
+        ctl.store._scripts["purging"](keys=[mark], args=[-1, 60_000, *busy])
         # A queue named x:emails: its count field was emails's deadline field, and a purge of
         # emails that began and ended meanwhile took its mark away.
         ctl.store._scripts["purging"](keys=[mark], args=[1, 60_000, f"{prefix}x:emails"])

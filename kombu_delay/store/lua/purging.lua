@@ -7,7 +7,7 @@ ARGV[1] step    "1" when a purge begins, "-1" when it ends, "0" to renew the mar
 ARGV[2] hold    ms: how long the mark holds past this call
 ARGV[3..] dest  the destination list keys of the purge
 Returns: 1.
-Bound: a constant number of commands per destination.
+Bound: a constant number of commands per destination, and one HGETALL of the marks under way.
 
 A purge walks the buckets over many calls (purge.lua). A reschedule meanwhile could take a
 message from a bucket the purge has not reached into one it has passed, and the message
@@ -15,7 +15,9 @@ would outlive the purge. reschedule.lua therefore refuses a message whose destin
 marked here (the caller raises EditConflict), so a reschedule comes wholly before or after the
 purge. The purge renews its marks between its calls: each destination's mark holds ARGV[2] ms
 past its latest renewal, so one left by a purger that died goes by itself, whatever other
-purges do meanwhile (a count whose time has passed starts again from 0).
+purges do meanwhile (a count whose time has passed starts again from 0), and each call drops
+such marks of other destinations: the key's expiry, renewed by every purge, kept them while
+another queue was purged at least once a minute.
 Under maxmemory the mark is still written (past_maxmemory): a purge is how an operator frees
 memory, and its calls, like a cancel's, grow it by no more than the mark.
 ]]
@@ -41,6 +43,13 @@ for i = 3, #ARGV do
     redis.call('HDEL', purging, count_field, until_field)
   else
     redis.call('HSET', purging, count_field, count, until_field, now + hold)
+  end
+end
+local marks = redis.call('HGETALL', purging)
+for i = 1, #marks, 2 do
+  local name = marks[i]
+  if string.sub(name, 1, 2) == 'x:' and (tonumber(marks[i + 1]) or 0) < now then
+    redis.call('HDEL', purging, name, 'c:' .. string.sub(name, 3))
   end
 end
 if redis.call('EXISTS', purging) == 1 then redis.call('PEXPIREAT', purging, now + hold) end
