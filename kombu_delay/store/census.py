@@ -50,7 +50,8 @@ class Counting(StoreBase):
 
         Reads each bucket's counts (an ``HGETALL`` of its meta hash), whether its sorted sets
         exist (one ``EXISTS`` per 1,000 of them) and, for a bucket that has started, one
-        ``ZCOUNT`` per destination; never a member. At most ``max_buckets`` buckets are
+        ``ZCOUNT`` per destination, unless its noted earliest due time is ahead; never a
+        member. At most ``max_buckets`` buckets are
         examined by a call, past which it is cut short; where every destination is read (more
         than :data:`CENSUS_DESTS_MAX`), a call stops after :data:`CENSUS_SETS_PER_CALL` sorted
         sets and the next goes on, :data:`CENSUS_CALLS` calls a space at most. Compressed

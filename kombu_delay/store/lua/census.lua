@@ -33,9 +33,11 @@ Returns: {truncated (1 if max_buckets cut the census), cursor, overdue, vanished
 Bound: ARGV[5] buckets, and without dests those whose sets reach ARGV[7] (and the one that
        passes it): one SORT_RO, or one HMGET or HGETALL of each meta hash (whose counts give
        the sizes); one EXISTS per 1000 sorted sets (one per set where some are gone); one
-       ZCOUNT per destination of a bucket that has started; members are never read.
+       ZCOUNT per destination of a bucket that has started (none where its noted earliest due
+       time is ahead, known_earliest in _earliest.lua); members are never read.
 ]]
 --- @include spaces
+--- @include earliest
 local index = KEYS[1]
 local ns = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -83,13 +85,23 @@ end
 
 -- First the counts, bucket by bucket: each destination's set, its size, its slot, and whether
 -- its bucket has started.
-local sets, sizes, slot_of, started = {}, {}, {}, {}
+-- A started bucket whose noted earliest due time is ahead (known_earliest) holds nothing due:
+-- its sets cost no ZCOUNT. One HMGET per started bucket.
+local sets, sizes, slot_of, started, quiet = {}, {}, {}, {}, {}
+local function nothing_due(start_s)
+  if quiet[start_s] == nil then
+    local known = known_earliest(s:meta(start_s))
+    quiet[start_s] = known ~= nil and known > now
+  end
+  return quiet[start_s]
+end
 local function add(start_s, start, dest, text)
   local size = tonumber(text)
   if size and size > 0 then
     local n, slot = #sets + 1, 0
     if start > now then slot = math.min(slots - 1, math.floor((start - now) / slot_ms)) end
-    sets[n], sizes[n], slot_of[n], started[n] = s:zset(start_s, dest), size, slot, start <= now
+    sets[n], sizes[n], slot_of[n] = s:zset(start_s, dest), size, slot
+    started[n] = start <= now and not nothing_due(start_s)
   end
 end
 -- A bucket's counts of the destinations asked for: values[offset + j] for dests[j] (false
