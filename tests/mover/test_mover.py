@@ -499,6 +499,10 @@ def test_a_started_bucket_with_nothing_due_is_read_once_until_a_message_in_it_is
     r.config_resetstat()
     assert store.overdue(clock.ms) == ({}, False)
     assert commands(r, "zcount", "hgetall") == 0  # the count of what is overdue reads none either
+    r.config_resetstat()
+    census = store.census(clock.ms, 60_000, 60)
+    assert (census.overdue, sum(census.slots)) == (0, 60)
+    assert commands(r, "zcount") == 2  # nor the census: each space's index, no queue's set
     store.schedule(Due(start + 900_000, task_id="later"), "q7", kombu_payload("later"), hour)
     assert move() == (min(dues), 0)
     store.schedule(Due(start + 300_000, task_id="early"), "q7", kombu_payload("early"), hour)
@@ -553,12 +557,13 @@ def test_a_bucket_whose_due_messages_wait_is_read_once_a_call_and_looked_at_a_sh
     assert store.move_due(100, max_queue_length=1, exact_ms=1000).moved == 1
 
 
-@pytest.mark.parametrize("damage", ["junk", "deleted"])
+@pytest.mark.parametrize("damage", ["junk", "deleted", "deleted, then 1.0.0"])
 def test_a_bucket_s_noted_earliest_goes_when_its_seq_counter_starts_again(r, damage):
     """The noted earliest holds while the bucket's seq counter reads what it read then: a counter
     deleted, or of text HINCRBY refuses (by hand), starts again at 1, and its first publish
     made it read as noted, with an earlier message stored: the move passed the bucket over and
-    the overdue count said nothing, the message late by up to the bucket's width."""
+    the overdue count said nothing, the message late by up to the bucket's width. A publish of
+    1.0.0, which keeps no note, is told by the wake mark it leaves, due before the noted time."""
     clock = FakeClock(r)
     store = Store(r, clock=clock)
     hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
@@ -572,11 +577,39 @@ def test_a_bucket_s_noted_earliest_goes_when_its_seq_counter_starts_again(r, dam
         r.hset(meta, "seq", "x")
     else:
         r.hdel(meta, "seq")
-    store.schedule(Due(start + 2000, task_id="b"), "qb", kombu_payload("b"), hour)
+    if damage == "deleted, then 1.0.0":  # its put: the counter, the set, the counts, the wake mark
+        r.hincrby(meta, "seq", 1)
+        r.zadd(keys.queue_set("", start, "qb"), {kombu_payload("b"): start + 2000})
+        r.hincrby(meta, "q:qb", 1)
+        r.hincrby(keys.counts(""), "qb", 1)
+        r.hset(meta, "w", start + 2000)
+        assert r.hmget(meta, "seq", "ls") == [b"1", b"1"]
+    else:
+        store.schedule(Due(start + 2000, task_id="b"), "qb", kombu_payload("b"), hour)
     clock.ms = start + 5000
     assert store.overdue(clock.ms)[0] == {"qb": (1, start + 2000)}
     assert store.move_due(100).moved == 1
     assert r.llen("qb") == 1
+
+
+def test_a_bucket_s_noted_earliest_that_its_end_or_wake_mark_contradicts_is_none(r):
+    """A note written by hand: one at or past the bucket's end, or after the wake mark of a
+    message still ahead, is read as none, and the bucket's queues are read."""
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
+    start = (clock() // 3_600_000 + 1) * 3_600_000
+    store.schedule(Due(start + 600_000, task_id="a"), "qa", kombu_payload("a"), hour)
+    store.schedule(Due(start + 2000, task_id="b"), "qb", kombu_payload("b"), hour)
+    clock.ms = start + 1000
+    assert store.move_due(100).next_due_ms == start + 2000
+    meta = keys.meta("", start)
+    r.hset(meta, "le", start + 3_600_000)  # at its end
+    assert store.move_due(100).next_due_ms == start + 2000
+    r.hset(meta, mapping={"le": start + 500_000, "w": start + 2000})  # after the mark
+    assert store.move_due(100).next_due_ms == start + 2000
+    clock.ms = start + 2000
+    assert store.move_due(100).moved == 1
 
 
 def test_a_bucket_s_noted_earliest_due_time_is_never_later_than_its_earliest_message(r):

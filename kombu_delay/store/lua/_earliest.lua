@@ -24,8 +24,13 @@ known_earliest(meta)
   counter reads ls, nothing in the bucket is due before le, and a caller reads these fields,
   not one ZCOUNT and one HGETALL field per queue (10,000 queues in a started bucket of an
   hour held Redis for 71 ms a move call with nothing due). A drained bucket's meta hash goes
-  with its fields. Returns le and the no-ETA mark n ('1' or false), or nil where they are
-  not known (a meta hash of another type, written by hand, included).
+  with its fields. A note the bucket's other fields contradict is none: an le at or past the
+  bucket's end (every message is due before it), or a wake mark w before le (the due time of
+  a message stored, which a move that takes it deletes: one due before le, as a publisher of
+  1.0.0, which keeps no note, stores where the counter was deleted by hand and counted up to
+  ls again; a mark a mover of 1.0.0 left, the visit that reads the bucket then deletes).
+  Returns le and the no-ETA mark n ('1' or false), or nil where they are not known (a meta
+  hash of another type, written by hand, included).
 ]]
 --- @include clock
 --- @const MAX_DUE_MS
@@ -62,8 +67,9 @@ local function head_due(zset, lo, hi)
 end
 
 local function known_earliest(meta)
-  local f = redis.pcall('HMGET', meta, 'seq', 'ls', 'le', 'n')
+  local f = redis.pcall('HMGET', meta, 'seq', 'ls', 'le', 'n', 'end', 'w')
   if f.err or not f[1] or f[1] ~= f[2] then return nil end
-  local le = ms_of(f[3])
-  if le then return le, f[4] end
+  local le, end_ms, mark = ms_of(f[3]), ms_of(f[5]), ms_of(f[6])
+  if not le or (end_ms and le >= end_ms) or (mark and mark < le) then return nil end
+  return le, f[4]
 end
