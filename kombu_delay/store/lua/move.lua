@@ -339,7 +339,9 @@ local function visit(start_s)
   -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
   -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).
   if wake_mark and wake_mark <= due_by then redis.call('HDEL', meta, 'w') end
-  if whole_visit and budget > 0 and waiting_first then waiting_due[start_s] = waiting_first + (due_by < reach and ahead or 0) end
+  if whole_visit and budget > 0 and waiting_first then
+    waiting_due[start_s] = waiting_first + (due_by < reach and ahead or 0)
+  end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
     -- its sorted sets hold members its counts missed (then counted again, moved next call).
