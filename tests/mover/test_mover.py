@@ -30,7 +30,7 @@ from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.faults import consistency
 from tests.support.procs import wait_until
-from tests.support.stored import ORDINARY, FakeClock, expires_at, kombu_payload, stored, tags_in
+from tests.support.stored import ORDINARY, FakeClock, calls, expires_at, kombu_payload, stored, tags_in
 
 # -- the move script on seeded buckets ---------------------------------------------------
 
@@ -415,8 +415,7 @@ def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_ne
 
 def commands(r: redis.Redis, *names: str) -> int:
     """How many of these commands Redis ran since its stats were last reset, scripts' included."""
-    stats = r.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in names)
+    return sum(calls(r, name) for name in names)
 
 
 def test_a_move_reads_no_queues_first_message_for_its_next_due_time(r):

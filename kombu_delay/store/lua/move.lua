@@ -228,17 +228,22 @@ local function move_due_head(meta, start_s, zset, dest, due_first, left, take, t
   return move_head(zset, dest, due_first, take)  -- (read again: past a handover that gave up)
 end
 
--- The earliest due time of a bucket whose visit looked at every queue and left due messages
--- waiting (held, refused, not a list): theirs, plus the look-ahead in a bucket marked no-ETA,
--- for earliest_in, which then reads no queue again: a mover polls such a bucket every 50 ms,
--- and each call read every queue twice (10,000 queues and one full list: Redis at 60 to 75 %).
-local waiting_due = {}
+-- The next due time of a bucket that its visit settled, for earliest_in, which then reads
+-- nothing of it again: one passed over by its noted earliest due time (known_earliest), or one
+-- whose visit looked at every queue and left due messages waiting (held, refused, not a list):
+-- theirs (a mover polls such a bucket every 50 ms, and each call read every queue twice:
+-- 10,000 queues and one full list, Redis at 60 to 75 %). Plus the look-ahead in a bucket
+-- marked no-ETA.
+local visited_due = {}
 
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
   local meta = s:meta(start_s)
-  local known = known_earliest(meta)
-  if known and known > reach then return end  -- nothing due, nothing drained since the last look
+  local known, no_eta = known_earliest(meta)
+  if known and known > reach then  -- nothing due, nothing drained since the last look
+    visited_due[start_s] = known + (no_eta and ahead or 0)
+    return
+  end
   local fields = redis.pcall('HGETALL', meta)
   if other_type(fields, 'HGETALL', meta) then
     -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
@@ -340,7 +345,7 @@ local function visit(start_s)
   -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).
   if wake_mark and wake_mark <= due_by then redis.call('HDEL', meta, 'w') end
   if whole_visit and budget > 0 and waiting_first then
-    waiting_due[start_s] = waiting_first + (due_by < reach and ahead or 0)
+    visited_due[start_s] = waiting_first + (due_by < reach and ahead or 0)
   end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
@@ -440,7 +445,7 @@ local horizon = tonumber(ARGV[8] or '') and now + ahead + tonumber(ARGV[8])
 local function earliest_in(start_s)
   local start = tonumber(start_s)
   if horizon and (start or -1) >= horizon then return start end
-  if waiting_due[start_s] then return waiting_due[start_s] end
+  if visited_due[start_s] then return visited_due[start_s] end
   local meta = s:meta(start_s)
   local known, no_eta = known_earliest(meta)
   -- (One in reach is a bound the visit has just passed, or a held message's: read again.)
