@@ -181,6 +181,14 @@ def test_an_unusable_delay_of_any_length_is_told_in_a_line(message):
     assert len(str(told.value)) < 400 and "100,002 characters" in str(told.value)
 
 
+@pytest.mark.parametrize("text", ["1" * 200_000 + "s", "1" * 200_000 + "e", "1." + "1" * 200_000 + "x"])
+def test_a_long_x_delay_that_is_no_number_is_refused_in_one_reading(text):
+    # It was matched in a time that grew with the square of its length: 16,000 digits and a
+    # letter took 7.5 s of the publisher's CPU, these about 20 minutes (the suite's timeout).
+    with pytest.raises(BadETA):
+        message_due(xd(text))
+
+
 def test_an_x_delay_of_more_digits_than_python_shows_is_too_long():
     with pytest.raises(DelayTooLong, match="int too long to show"):
         message_due(xd(10**5000))
