@@ -117,12 +117,11 @@ class DelayControl:
     def cancel(self, task_id: str) -> int:
         """Unschedule every pending message of ``task_id``; return how many were removed.
 
-        A retry reuses its task id, so one id can have several pending messages: all of
-        them are cancelled. 0 means nothing was scheduled under that id (never published
-        with an ETA, already moved to its queue, or already cancelled). Raises
-        :class:`~kombu_delay.EditConflict` where other edits kept moving its messages (other
-        threads rescheduling the same id over and over) and some are still scheduled.
-        """
+        A retry reuses its task id, so one id can have several pending messages: all of them are
+        cancelled. 0 means nothing was scheduled under that id (never published with an ETA, already
+        moved to its queue, or already cancelled). Raises :class:`~kombu_delay.EditConflict` where
+        other edits kept moving its messages (other threads rescheduling the same id over and over)
+        and some are still scheduled."""
         return self.store.cancel(task_id)
 
     @gated
@@ -134,18 +133,17 @@ class DelayControl:
     def reschedule(self, task_id: str, eta: datetime | None = None, countdown: float | None = None) -> int:
         """Move every pending message of ``task_id`` to a new due time; return how many.
 
-        Give ``eta`` (an aware datetime; naive ones raise :class:`~kombu_delay.BadETA`) or
-        ``countdown`` (seconds from now, by the Redis clock). The ETA carried inside a
-        Celery message is rewritten too, so a worker runs it at the new time. A new time
-        already past, however far, sends the message to its queue now (a time before 1970
-        is written into it as 1970-01-01). Raises :class:`~kombu_delay.DelayTooLong` past
-        ``delay_max_delay`` or the year-2109 ceiling (the message then stays as it was),
-        ``ValueError`` for a ``countdown`` that is not finite, and
-        :class:`~kombu_delay.RedisRefused` when a time already past would send it to a key
-        that is not a list (the message then stays as it was; each error says how many of the
-        id's messages in other queues it rescheduled before). Raises
-        :class:`~kombu_delay.EditConflict` where other edits kept moving its messages (other
-        threads rescheduling the same id over and over) and some are still at another time.
+        Give ``eta`` (an aware datetime; naive ones raise :class:`~kombu_delay.BadETA`) or ``countdown``
+        (seconds from now, by the Redis clock). The ETA carried inside a Celery message is rewritten
+        too, so a worker runs it at the new time. A new time already past, however far, sends the
+        message to its queue now (a time before 1970 is written into it as 1970-01-01). Raises
+        :class:`~kombu_delay.DelayTooLong` past ``delay_max_delay`` or the year-2109 ceiling (the
+        message then stays as it was), ``ValueError`` for a ``countdown`` that is not finite, and
+        :class:`~kombu_delay.RedisRefused` when a time already past would send it to a key that is
+        not a list (the message then stays as it was; each error says how many of the id's
+        messages in other queues it rescheduled before). Raises :class:`~kombu_delay.EditConflict`
+        where other edits kept moving its messages (other threads rescheduling the same id over and
+        over) and some are still at another time.
         """
         if (eta is None) == (countdown is None):
             raise TypeError("give exactly one of eta= or countdown=")
@@ -160,15 +158,18 @@ class DelayControl:
         # A message another edit rescheduled between the find and its own reschedule is in its
         # new bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the reschedule
         # that ends last wins. A look again reschedules every message not yet at the new time
-        # (one the other edit moved after this one had, too), but counts no more than were
-        # missed: each message once.
+        # (one the other edit moved after this one had, too), and counts those another edit put
+        # there (two editors, one time: the one whose claim the other took answered 0, "not
+        # scheduled"), but no more than were missed: each message once.
         done = self._reschedule_each(task_id, found, due_ms, 0)
         missed = len(found) - done
         for _ in range(EDIT_LOOKS - 1):
             if not missed:
                 return done
-            again = [stored for stored in store.find(task_id) if stored.due_ms != due_ms]
-            counted = min(missed, self._reschedule_each(task_id, again, due_ms, done))
+            now_found = store.find(task_id)
+            again = [stored for stored in now_found if stored.due_ms != due_ms]
+            there = max(0, len(now_found) - len(again) - done)  # (at the new time: not all this one's)
+            counted = min(missed, self._reschedule_each(task_id, again, due_ms, done) + there)
             done, missed = done + counted, missed - counted
         left = [stored for stored in store.find(task_id) if stored.due_ms != due_ms] if missed else []
         if left:
@@ -223,8 +224,7 @@ class DelayControl:
         return self.store.purge(self._dests_of(args.queue_name(queue)))
 
     def _dests_of(self, queue: str) -> set[str]:
-        """``queue``'s lists: those ``<ns>counts`` names, and one per priority step (``counts``
-        may have lost one: evicted, deleted by hand)."""
+        """``queue``'s lists: those ``<ns>counts`` names, and one per priority step (evicted from it too)."""
         store = self.store
         dests = {d for d in store.counts() if self.queue_of(d) == queue}
         return dests | {keys.destination(store.prefix, queue, p, store.sep) for p in store.steps}

@@ -1147,6 +1147,32 @@ def test_edits_that_keep_losing_their_message_say_so_instead_of_none_scheduled(
         assert control.cancel("busy") == 1 and control.cancel("busy") == 0
 
 
+def test_two_reschedules_of_one_id_to_one_time_both_count_it(r, redis_server, prefix, monkeypatch):
+    # Two editors (a form submitted twice, two operators) moving one id to one time: the one
+    # whose claim the other took found the message at that time, left it, and answered 0, "not
+    # scheduled", while it was, as asked (an app took that for "already sent", and sent it again).
+    store = Store(r, prefix)
+    now = store.time_ms()
+    store.schedule(Due(now + 600_000, task_id="twice"), f"{prefix}q", kombu_payload("twice"), ORDINARY)
+    target = datetime.fromtimestamp((now + 900_000) // 1000, UTC)
+    find = Store.find
+    with (
+        DelayControl(redis_server.url, options(prefix)) as control,
+        DelayControl(redis_server.url, options(prefix)) as other,
+    ):
+
+        def found_then_taken(self: Store, *args: Any, **kwargs: Any) -> Any:
+            found = find(self, *args, **kwargs)
+            monkeypatch.setattr(Store, "find", find)
+            assert other.reschedule("twice", eta=target) == 1  # the other editor, in between
+            return found
+
+        monkeypatch.setattr(Store, "find", found_then_taken)
+        assert control.reschedule("twice", eta=target) == 1
+        assert [m.due_ms for m in store.find("twice")] == [int(target.timestamp() * 1000)]
+        assert control.cancel("twice") == 1
+
+
 def test_a_control_given_a_kombu_connection_serves_more_threads_than_its_pool_holds(r, redis_server, prefix):
     # DelayControl(app.connection_for_write()), shared as the docs say it may be: its pool holds
     # 10 connections and refused the 11th, so calls failed with "Redis is unavailable: Too many
