@@ -13,7 +13,7 @@ from flask import Flask, Response, abort, redirect, render_template, request, ur
 from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.control import DelayControl
-from kombu_delay.errors import KombuDelayError, RedisUnavailable
+from kombu_delay.errors import EditConflict, KombuDelayError, RedisUnavailable
 from kombu_delay.web import guard
 
 #: Why a dead-letter offset or position is refused (HTTP 400).
@@ -97,14 +97,19 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
 
 @contextmanager
 def _logged_if_failed(action: str, target: str) -> Iterator[None]:
-    """Write the audit line of an action Redis failed (answered by the Redis error page, 503);
-    a bad request (a ``ValueError``) is the caller's to tell and log. Where Redis went away
-    the action may have been done all the same (its reply lost): said so, not "failed"."""
+    """Write the audit line of an action Redis failed (answered by the Redis error page, 503)
+    or another edit kept from being done (409); a bad request (a ``ValueError``) is the caller's
+    to tell and log. Where Redis went away the action may have been done all the same (its
+    reply lost): said so, not "failed"."""
     try:
         yield
     except KombuDelayError as exc:
         if not isinstance(exc, ValueError):
-            how = "may or may not have been done" if isinstance(exc, RedisUnavailable) else "failed"
+            how = "failed"
+            if isinstance(exc, RedisUnavailable):
+                how = "may or may not have been done"
+            elif isinstance(exc, EditConflict):
+                how = "refused, another edit first"
             guard.audit.warning("%s %r by %s %s: %r", action, target, guard.requester(), how, str(exc))
         raise
 

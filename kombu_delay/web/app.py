@@ -20,7 +20,7 @@ from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.cli.inspect import clipped, shown, span, when
 from kombu_delay.control import DeadLetter, DelayControl, Page
-from kombu_delay.errors import KombuDelayError
+from kombu_delay.errors import EditConflict, KombuDelayError
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present, surrogates
 from kombu_delay.web.actions import BAD_POSITION, add_actions, int_arg
@@ -150,6 +150,10 @@ def _install_guards(
     @app.errorhandler(KombuDelayError)
     def redis_error(exc: KombuDelayError) -> tuple[str | Response, int]:
         return _error("Redis error", str(exc)), 503
+
+    @app.errorhandler(EditConflict)  # Redis is well: another edit came first (a purge, say)
+    def edit_conflict(exc: EditConflict) -> tuple[str | Response, int]:
+        return _error("Not done: try again", str(exc)), 409
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[str | Response, int] | Response:

@@ -306,6 +306,25 @@ def test_reschedule_by_countdown_and_by_time(r, redis_server, control, prefix):
     assert bad.status_code == 400
 
 
+def test_a_reschedule_another_edit_refuses_is_told_so_not_as_a_redis_error(
+    r, redis_server, control, prefix, caplog
+):
+    # A reschedule refused while its queue was being purged was answered with the "Redis error"
+    # page (503, "Redis cannot be read") and audited as "failed", Redis being well all along.
+    [task_id] = publish(redis_server, prefix, ("tasks.a", (1,), {}, {"countdown": 600}))
+    mark, dests = keys.purging(prefix), [f"{prefix}celery"]
+    control.store._scripts["purging"](keys=[mark], args=[1, 60_000, *dests])  # a purge under way
+    client = client_of(control, allow_actions=True)
+    form = {"id": task_id, "countdown": "3600", "csrf": token(client)}
+    with caplog.at_level("WARNING", logger="kombu_delay.web.audit"):
+        refused = client.post("/task/reschedule", data=form)
+    page = refused.get_data(as_text=True)
+    assert refused.status_code == 409 and "try again" in page and "Redis error" not in page
+    assert any("refused, another edit first" in rec.getMessage() for rec in caplog.records)
+    control.store._scripts["purging"](keys=[mark], args=[-1, 60_000, *dests])  # it ended
+    assert client.post("/task/reschedule", data=form).status_code == 303
+
+
 def test_dead_letter_pages_and_removal(r, control, prefix):
     r.lpush(keys.dead(prefix), b"\x01\x05tid-1<b>bold</b>\x00\x01")
     client = client_of(control, allow_actions=True)
