@@ -236,6 +236,28 @@ def test_counts_written_by_hand_read_as_none_where_stats_and_listing_read_them(
     assert store.totals()["purged"] == 0
 
 
+@pytest.mark.parametrize("written", ["abc", "0"])
+def test_a_message_whose_count_was_written_by_hand_is_still_found_and_cancelled(
+    r: redis.Redis, prefix: str, written: str
+) -> None:
+    # find and cancel read the sets of the destinations a bucket counts: with its count junk or
+    # 0, a message a mover would deliver (counted again once the bucket looks drained) was
+    # "not scheduled" to them.
+    now, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}fq"
+    for task_id in ("m", "n"):
+        store.schedule(
+            Due(start + 1_000, task_id=task_id), dest, kombu_payload(task_id), ORDINARY, now_ms=now
+        )
+    r.hset(keys.meta(prefix, start), f"q:{dest}", written)
+    assert [(s.dest, s.due_ms) for s in store.find("m")] == [(dest, start + 1_000)]
+    assert store.cancel("m") == 1
+    assert store.find("m") == []
+    result = store.move_due(100, now_ms=start + 10_000)
+    assert result.moved + store.move_due(100, now_ms=start + 10_000).moved == 1
+    assert _delivered(r, dest) == ["n"]
+
+
 def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
     r: redis.Redis, prefix: str
 ) -> None:

@@ -10,7 +10,10 @@ Returns: {start, score, dest, member, start, score, dest, member, ...} for every
          moved message lingers until its bucket's clean-up, and another message due at the
          same millisecond may sit at its score once 2048 more publishes went into the bucket
          (seq is the bucket's publish counter modulo 2048).
-Bound: one HGETALL per ref, and one ZRANGEBYSCORE of a single score per destination.
+Bound: one HGETALL per ref, and one ZRANGEBYSCORE of a single score per destination its meta
+       hash counts; where those hold nothing at the ref's score, one more per destination it
+       names with no count (zero, or junk written by hand: a mover counts such a set again
+       once the bucket looks drained, and delivers it; it was "not scheduled" meanwhile).
 ]]
 --- @include spaces
 local ns, task_id = ARGV[1], ARGV[2]
@@ -23,16 +26,20 @@ for ref in string.gmatch(refs, '%S+') do
     local s = space(ns, sp)
     local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
     local fields = redis.call('HGETALL', s:meta(start_s))
-    for i = 1, #fields, 2 do
-      local name = fields[i]
-      if string.sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
-        local dest = string.sub(name, 3)
-        local members = redis.call('ZRANGEBYSCORE', s:zset(start_s, dest), score, score, 'WITHSCORES')
-        for j = 1, #members, 2 do
-          found[#found + 1] = sp .. start_s
-          found[#found + 1] = members[j + 1]
-          found[#found + 1] = dest
-          found[#found + 1] = members[j]
+    local before = #found
+    for counted = 1, 0, -1 do  -- the counted destinations, then, where they hold none, the rest
+      if counted == 0 and #found > before then break end
+      for i = 1, #fields, 2 do
+        local name = fields[i]
+        if string.sub(name, 1, 2) == 'q:' and ((tonumber(fields[i + 1]) or 0) > 0) == (counted == 1) then
+          local dest = string.sub(name, 3)
+          local members = redis.call('ZRANGEBYSCORE', s:zset(start_s, dest), score, score, 'WITHSCORES')
+          for j = 1, #members, 2 do
+            found[#found + 1] = sp .. start_s
+            found[#found + 1] = members[j + 1]
+            found[#found + 1] = dest
+            found[#found + 1] = members[j]
+          end
         end
       end
     end
