@@ -155,23 +155,23 @@ class DelayControl:
         found = store.find(task_id)
         if due_ms > keys.MAX_DUE_MS and found:
             raise self._too_far(task_id, due_ms)
-        # A message another edit rescheduled between the find and its own reschedule is in its
-        # new bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the reschedule
-        # that ends last wins. A look again reschedules every message not yet at the new time
-        # (one the other edit moved after this one had, too), and counts those another edit put
-        # there (two editors, one time: the one whose claim the other took answered 0, "not
-        # scheduled"), but no more than were missed: each message once.
+        # A message another edit rescheduled between the find and its own reschedule is in its new
+        # bucket: looked for again (EDIT_LOOKS in all), as a cancel does, so the reschedule that ends
+        # last wins. A look again reschedules every message not yet at the new time, counts those
+        # another edit put there (two editors, one time: one answered 0), but no more than were
+        # missed, and is made once more after it moved one (two editors, two messages: each moved
+        # the other's, and both answered 2, the times swapped).
         done = self._reschedule_each(task_id, found, due_ms, 0)
-        missed = len(found) - done
+        missed = contended = len(found) - done
         for _ in range(EDIT_LOOKS - 1):
-            if not missed:
+            if not contended:
                 return done
             now_found = store.find(task_id)
             again = [stored for stored in now_found if stored.due_ms != due_ms]
             there = max(0, len(now_found) - len(again) - done)  # (at the new time: not all this one's)
             counted = min(missed, self._reschedule_each(task_id, again, due_ms, done) + there)
-            done, missed = done + counted, missed - counted
-        left = [stored for stored in store.find(task_id) if stored.due_ms != due_ms] if missed else []
+            done, missed, contended = done + counted, missed - counted, len(again)
+        left = [stored for stored in store.find(task_id) if stored.due_ms != due_ms] if contended else []
         if left:
             raise EditConflict(
                 f"cannot reschedule {task_id!r}: other edits moved its messages each of {EDIT_LOOKS} "

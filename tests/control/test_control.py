@@ -1173,6 +1173,42 @@ def test_two_reschedules_of_one_id_to_one_time_both_count_it(r, redis_server, pr
         assert control.cancel("twice") == 1
 
 
+def test_two_reschedules_of_one_ids_two_messages_leave_both_at_the_time_of_the_last(
+    r, redis_server, prefix, monkeypatch
+):
+    # Two editors, two messages under one id (a retry's), two times: each took one message, lost
+    # the other, found it at the other's time and moved it to its own. Both answered 2, and the
+    # messages were left one at each time.
+    store = Store(r, prefix)
+    now = store.time_ms()
+    for n, body in ((1, "e30="), (2, "W10=")):  # (two messages: their bodies differ)
+        payload = kombu_payload("two", body=body)
+        store.schedule(Due(now + n * 600_000, task_id="two"), f"{prefix}q", payload, ORDINARY)
+    mine, theirs = now + 900_000, now + 1_500_000
+    with (
+        DelayControl(redis_server.url, options(prefix)) as control,
+        DelayControl(redis_server.url, options(prefix)) as other,
+    ):
+        real, calls = DelayControl._reschedule_one, []
+
+        def theirs_too(stored: Any) -> None:  # the other editor's own reschedule of that message
+            (now_stored,) = [s for s in other.store.find("two") if s.payload == stored.payload]
+            assert real(other, "two", now_stored, theirs)
+
+        def interleaved(self: DelayControl, task_id: str, stored: Any, due_ms: int) -> bool:
+            calls.append(stored)
+            if len(calls) == 2:  # the other took the second message first
+                theirs_too(stored)
+            done = real(self, task_id, stored, due_ms)
+            if len(calls) == 3:  # and, looking again, moved the first, this one's, to its time
+                theirs_too(calls[0])
+            return done
+
+        monkeypatch.setattr(DelayControl, "_reschedule_one", interleaved)
+        assert control.reschedule("two", eta=datetime.fromtimestamp(mine / 1000, UTC)) == 2
+        assert sorted(m.due_ms for m in store.find("two")) == [mine, mine]
+
+
 def test_a_control_given_a_kombu_connection_serves_more_threads_than_its_pool_holds(r, redis_server, prefix):
     # DelayControl(app.connection_for_write()), shared as the docs say it may be: its pool holds
     # 10 connections and refused the 11th, so calls failed with "Redis is unavailable: Too many
