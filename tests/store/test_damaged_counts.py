@@ -236,9 +236,9 @@ def test_counts_written_by_hand_read_as_none_where_stats_and_listing_read_them(
     assert store.totals()["purged"] == 0
 
 
-@pytest.mark.parametrize("written", ["abc", "0"])
+@pytest.mark.parametrize("written", ["abc", "0", None])
 def test_a_message_whose_count_was_written_by_hand_is_still_found_and_cancelled(
-    r: redis.Redis, prefix: str, written: str
+    r: redis.Redis, prefix: str, written: str | None
 ) -> None:
     # find and cancel read the sets of the destinations a bucket counts: with its count junk or
     # 0, a message a mover would deliver (counted again once the bucket looks drained) was
@@ -249,7 +249,10 @@ def test_a_message_whose_count_was_written_by_hand_is_still_found_and_cancelled(
         store.schedule(
             Due(start + 1_000, task_id=task_id), dest, kombu_payload(task_id), ORDINARY, now_ms=now
         )
-    r.hset(keys.meta(prefix, start), f"q:{dest}", written)
+    if written is None:  # the meta hash deleted (or evicted) whole
+        r.delete(keys.meta(prefix, start))
+    else:
+        r.hset(keys.meta(prefix, start), f"q:{dest}", written)
     assert [(s.dest, s.due_ms) for s in store.find("m")] == [(dest, start + 1_000)]
     assert store.cancel("m") == 1
     assert store.find("m") == []

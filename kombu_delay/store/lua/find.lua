@@ -13,7 +13,9 @@ Returns: {start, score, dest, member, start, score, dest, member, ...} for every
 Bound: one HGETALL per ref, and one ZRANGEBYSCORE of a single score per destination its meta
        hash counts; where those hold nothing at the ref's score, one more per destination it
        names with no count (zero, or junk written by hand: a mover counts such a set again
-       once the bucket looks drained, and delivers it; it was "not scheduled" meanwhile).
+       once the bucket looks drained, and delivers it; it was "not scheduled" meanwhile). A
+       bucket whose meta hash is gone (evicted, deleted by hand; a mover counts it again and
+       delivers what it holds) is looked for in every destination <ns>counts names.
 ]]
 --- @include spaces
 local ns, task_id = ARGV[1], ARGV[2]
@@ -26,6 +28,11 @@ for ref in string.gmatch(refs, '%S+') do
     local s = space(ns, sp)
     local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
     local fields = redis.call('HGETALL', s:meta(start_s))
+    if #fields == 0 then  -- (a drained bucket's meta hash stays a day: this is a lost one)
+      for _, dest in ipairs(redis.call('HKEYS', ns .. 'counts')) do
+        fields[#fields + 1], fields[#fields + 2] = 'q:' .. dest, ''
+      end
+    end
     local before = #found
     for counted = 1, 0, -1 do  -- the counted destinations, then, where they hold none, the rest
       if counted == 0 and #found > before then break end
