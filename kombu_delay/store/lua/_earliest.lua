@@ -30,10 +30,7 @@ known_earliest(meta)
   1.0.0, which keeps no note, stores where the counter was deleted by hand and counted up to
   ls again; a mark a mover of 1.0.0 left, the visit that reads the bucket then deletes).
   Returns le and the no-ETA mark n ('1' or false), or nil where they are not known (a meta
-  hash of another type, written by hand, included). While it is known, each queue's field
-  f:<dest> (where there is one) is likewise a time none of its messages is due before: the
-  call that notes le notes them, and a store of this version keeps its queue's (keep_noted
-  in _put.lua).
+  hash of another type, written by hand, included).
 ]]
 --- @include clock
 --- @const MAX_DUE_MS

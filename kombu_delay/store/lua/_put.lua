@@ -226,8 +226,7 @@ end
 
 -- The names put writes for a message of ``dest`` due in the bucket starting at ``start`` in
 -- k's space: {start_s (the start as text), meta, zset, tasks (nil in the cold space), q (the
--- meta field counting dest's messages), h (that of a herd of dest staged ahead), f (that of
--- the earliest due time of dest's messages, see keep_noted)}. Kept, as
+-- meta field counting dest's messages), h (that of a herd of dest staged ahead)}. Kept, as
 -- ms_of keeps its times, where a script's helpers outlive a call (a function: only the
 -- publish, whose k is kept too), at most 256 of them: the publishes into a bucket name the
 -- same keys, and making the names anew was a good part of a publish's Redis CPU.
@@ -241,7 +240,7 @@ local function put_names(k, start, dest)
   if names then return names end
   local start_s = string.format('%d', start)
   names = {start_s = start_s, meta = k.space:meta(start_s), zset = k.space:zset(start_s, dest),
-           tasks = k.space:tasks(start_s), q = 'q:' .. dest, h = 'h:' .. dest, f = 'f:' .. dest}
+           tasks = k.space:tasks(start_s), q = 'q:' .. dest, h = 'h:' .. dest}
   if memo then
     if put_names_count >= 256 then
       memo, put_names_count = {}, 0
@@ -265,30 +264,19 @@ local function counter_new(meta, n_seq, n_added)
   if n_seq == n_added then redis.call('HDEL', meta, 'ls', 'le') end
 end
 
--- A bucket whose earliest due time a move noted (le, with the seq counter then, ls, and each
--- queue's, f:<dest>: known_earliest in _earliest.lua): a store that finds the note true of the
--- counter before it (ls, le, f: the fields as it read them) keeps it true of the counter after,
--- with the earlier of le and ``first``, its earliest due time, and likewise of dest's f, so
+-- A bucket whose earliest due time a move noted (le, with the seq counter then, ls): a store
+-- that finds the note true of the counter before it (ls, le: the fields as it read them) keeps
+-- it true of the counter after, with the earlier of le and ``first``, its earliest due time, so
 -- that publishing into a started bucket does not have the next move call read every queue
--- again (10,000 queues in a bucket of an hour, one publish a second: 113 ms of Redis a second;
--- 1,000 queues, 100 publishes a second, each due 30 s later: 294 ms a second). Where dest has
--- no f, it is given one only when the bucket held none of its messages before (n_here, its
--- count now, is n_stored, the messages this store added): an f must never be later than a
--- message of dest there. One that finds the note untrue (a store of an earlier version came in
--- between) leaves it.
-local function keep_noted(meta, n_seq, n_added, first, ls, le, f_name, f, n_here, n_stored)
+-- again (10,000 queues in a bucket of an hour, one publish a second: 113 ms of Redis a second).
+-- One that finds it untrue (a store of an earlier version came in between) leaves it.
+local function keep_noted(meta, n_seq, n_added, first, ls, le)
   local noted = ms_of(le)
   if not (noted and ls == string.format('%d', n_seq - n_added)) then return end
-  local seq_s, first_s, was = string.format('%d', n_seq), string.format('%d', first), ms_of(f)
-  local lower = (was and first < was) or (not was and n_here == n_stored)
-  if first < noted and lower then
-    redis.call('HSET', meta, 'ls', seq_s, 'le', first_s, f_name, first_s)
-  elseif first < noted then
-    redis.call('HSET', meta, 'ls', seq_s, 'le', first_s)
-  elseif lower then
-    redis.call('HSET', meta, 'ls', seq_s, f_name, first_s)
+  if first < noted then
+    redis.call('HSET', meta, 'ls', string.format('%d', n_seq), 'le', string.format('%d', first))
   else
-    redis.call('HSET', meta, 'ls', seq_s)
+    redis.call('HSET', meta, 'ls', string.format('%d', n_seq))
   end
 end
 
@@ -305,9 +293,9 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
   add_ref(k, start, start_s, task_id, due, seq)
   -- The expiry, the mark of a herd staged ahead (_staged.lua), which this message would make
   -- wrong if it is due at the herd's millisecond, the wake mark (wake_if_first) and the end.
-  local known = redis.call('HMGET', meta, 'x', names.h, 'w', 'end', 'ls', 'le', names.f)
+  local known = redis.call('HMGET', meta, 'x', names.h, 'w', 'end', 'ls', 'le')
   local known_x, known_end = ms_of(known[1]), ms_of(known[4])
-  if known[5] then keep_noted(meta, n_seq, 1, due, known[5], known[6], names.f, known[7], n_here, 1) end
+  if known[5] then keep_noted(meta, n_seq, 1, due, known[5], known[6]) end
   if known[2] then drop_staged_for(k.space, meta, start_s, dest, due, mark_of(known[2])) end
   if not expiries_settled(k, start, known_x, known_end, n_here, 1, n_tasks, dest_new) then
     local late = 0

@@ -88,10 +88,8 @@ local function put_group(k, now, start, dest, msgs)
   b.n_added = #added
   b.n_here, b.dest_new, b.n_tasks = count_added(k, b.meta, dest, b.tasks, #added, task_ids)
   add_refs(k, start, start_s, added)
-  local known = redis.call('HMGET', b.meta, 'x', 'w', 'end', 'ls', 'le', 'f:' .. dest)
-  if known[4] then
-    keep_noted(b.meta, b.n_seq, #msgs, first.due, known[4], known[5], 'f:' .. dest, known[6], b.n_here, #added)
-  end
+  local known = redis.call('HMGET', b.meta, 'x', 'w', 'end', 'ls', 'le')
+  if known[4] then keep_noted(b.meta, b.n_seq, #msgs, first.due, known[4], known[5]) end
   set_expiries(k, now, b, ms_of(known[1]), ms_of(known[3]))
   if crossed(b.n_here, b.n_added, LARGE_RUN) or crossed(b.n_seq, #msgs, LARGE_BUCKET) then
     local expire_at = math.max(ms_of(known[1]) or 0, start + k.width + k.grace + b.late) + 86400000

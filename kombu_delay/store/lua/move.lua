@@ -236,43 +236,6 @@ end
 -- marked no-ETA.
 local visited_due = {}
 
--- ``command`` on ``key`` with the fields (and values) of ``list``, 1000 at a time (unpack's
--- limit), each a pcall: a note is a hint, and under maxmemory Redis refuses a script's first
--- write that may grow memory (an HSET), where the call must still move what is due.
-local function noted_sliced(command, key, list)
-  for first = 1, #list, 1000 do
-    redis.pcall(command, key, unpack(list, first, math.min(#list, first + 999)))
-  end
-end
-
--- Notes the earliest due times a visit read (fresh: a time, or false where the set is gone or
--- nothing of the queue is left) in the bucket's meta hash, and returns the bucket's, the least
--- of its queues', where the visit looked at every queue (whole) and each has one (else nil:
--- earliest_in reads them all). Each is a time no message of its queue is due before.
-local function note_queues(meta, bounds, fresh, left_of, whole)
-  local set, gone = {}, {}
-  for dest, due in pairs(fresh) do
-    if due and left_of[dest] then
-      bounds[dest] = due
-      set[#set + 1], set[#set + 2] = 'f:' .. dest, string.format('%d', due)
-    else
-      bounds[dest] = nil
-      gone[#gone + 1] = 'f:' .. dest
-    end
-  end
-  noted_sliced('HDEL', meta, gone)
-  noted_sliced('HSET', meta, set)
-  if not whole then return nil end
-  local best = nil
-  for dest in pairs(left_of) do
-    local due = bounds[dest]
-    if not due then return nil end
-    if not best or due < best then best = due end
-  end
-  if best then redis.pcall('HSET', meta, 'le', string.format('%d', best)) end
-  return best
-end
-
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
   local meta = s:meta(start_s)
@@ -281,10 +244,6 @@ local function visit(start_s)
     visited_due[start_s] = known + (no_eta and ahead or 0)
     return
   end
-  -- While the note is true (known), each queue's noted earliest due time (f:<dest>) is true
-  -- too: a queue whose own is later than due_by is not read (bounds), and one read is noted
-  -- again (fresh: its new earliest, or false where its set is gone).
-  local noted, bounds, fresh, left_of = known ~= nil, {}, {}, {}
   local fields = redis.pcall('HGETALL', meta)
   if other_type(fields, 'HGETALL', meta) then
     -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
@@ -296,98 +255,77 @@ local function visit(start_s)
   local expiry, pushed, marks, wake_mark = {}, {}, {}, nil
   local whole_visit, waiting_first = true, nil
   due_by, upper = reach, reach_upper
-  -- The marks first (of staged runs, the wake mark, no ETA, the queues' earliest due times),
-  -- and the end: the fields come in any order. (Each field's kind read once: a bucket of many
-  -- queues has as many fields, and each string made or matched costs Redis.)
+  -- The marks first (of staged runs, the wake mark, no ETA): the fields come in any order.
   for i = 1, #fields, 2 do
     local name = fields[i]
-    local kind = sub(name, 1, 2)
-    if kind == 'h:' then
+    if sub(name, 1, 2) == 'h:' then
       marks[sub(name, 3)] = mark_of(fields[i + 1])  -- (nil for junk written by hand)
-    elseif kind == 'f:' then
-      bounds[sub(name, 3)] = ms_of(fields[i + 1])
     elseif name == 'w' then
       wake_mark = ms_of(fields[i + 1])
     elseif name == 'n' then
       due_by, upper = now, now_upper
-    elseif name == 'end' then
-      end_ms = count_of(fields[i + 1])
     end
   end
-  local last_due = math.max(due_by + 1, (end_ms or MAX_DUE_MS) - 1)  -- (head_due's hi)
   for i = 1, #fields, 2 do
-    local name = fields[i]
-    local kind = sub(name, 1, 2)
-    if kind == 'e:' then
-      expiry[sub(name, 3)] = count_of(fields[i + 1])
-    elseif kind == 'q:' then
-      local n, dest = count_of(fields[i + 1]), sub(name, 3)
-      if (n or 0) <= 0 then  -- (counts nothing)
-      elseif budget <= 0 or stopped[dest] then
-        whole_visit = false
-      elseif noted and (bounds[dest] or due_by) > due_by then
-        left_of[dest] = n  -- nothing due by its noted earliest: not read
+    local name, n = fields[i], count_of(fields[i + 1])
+    if name == 'end' then
+      end_ms = n
+    elseif sub(name, 1, 2) == 'e:' then
+      expiry[sub(name, 3)] = n
+    elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and (budget <= 0 or stopped[sub(name, 3)]) then
+      whole_visit = false
+    elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 then
+      local dest = sub(name, 3)
+      local zset = s:zset(start_s, dest)
+      -- Nothing due in a set that is there: no message read (its first one, read for its due
+      -- time, cost a started bucket of 10,000 queues, or of messages of MBs, 0.1 s a call).
+      local waiting = redis.pcall('ZCOUNT', zset, '-inf', upper) == 0 and redis.call('EXISTS', zset) == 1
+      local head = not waiting and redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
+      if waiting then  -- (nothing due yet: left as it is)
+      elseif other_type(head, 'ZRANGE', zset) or not head[2] then
+        -- Gone while counted: expired after its grace, or deleted or replaced by hand (a key
+        -- of another type, left as it is: one such key must not stop every move).
+        expired = expired + n
+        settle_gone(meta, name, counts, dest, n)
+        n = 0
       else
-        local zset = s:zset(start_s, dest)
-        local moved_here = 0
-        -- Nothing due in a set that is there: no message read (its first one, read for its due
-        -- time, cost a started bucket of 10,000 queues, or of messages of MBs, 0.1 s a call).
-        local waiting = redis.pcall('ZCOUNT', zset, '-inf', upper) == 0 and redis.call('EXISTS', zset) == 1
-        local head = not waiting and redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
-        if waiting then  -- (nothing due yet: left as it is; its earliest noted, once read)
-          if noted then fresh[dest] = head_due(zset, due_by + 1, last_due) or false end
-        elseif other_type(head, 'ZRANGE', zset) or not head[2] then
-          -- Gone while counted: expired after its grace, or deleted or replaced by hand (a key
-          -- of another type, left as it is: one such key must not stop every move).
-          expired = expired + n
-          settle_gone(meta, name, counts, dest, n)
-          n = 0
-          if noted then fresh[dest] = false end
-        else
-          local due_first = floor(tonumber(head[2]))
-          if due_first <= due_by then
-            local left = room_of(dest)
-            if left <= 0 then
-              left_waiting(dest, left, redis.call('ZCOUNT', zset, '-inf', upper))
+        local due_first = floor(tonumber(head[2]))
+        if due_first <= due_by then
+          local left = room_of(dest)
+          if left <= 0 then
+            left_waiting(dest, left, redis.call('ZCOUNT', zset, '-inf', upper))
+            waiting_first = math.min(waiting_first or due_first, due_first)
+          else
+            local size = #head[1] + 64  -- with what each message costs beside its bytes
+            local fits, want = math.max(1, floor(bytes_left / size)), math.min(budget, left)
+            local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
+                                              math.min(want, fits), marks[dest], head)
+            -- One herd per call, and about CALL_BYTES (move_batch counts what it reads): the
+            -- next call goes on at once (more).
+            local cut = bytes_left <= 0 or (got == fits and fits < want)
+            budget = (handed or cut) and 0 or budget - got
+            if got > 0 then
+              pushed[#pushed + 1] = dest
+              room[dest] = left - got
+              moved = moved + got
+              n = n - got
+              uncount_meta(meta, name, got)
+              uncount(counts, dest, got, true)  -- (its lists entry: after the renewal below)
+            end
+            local still = 0
+            if room[dest] == 0 then  -- the list just filled up: what is still due is held
+              still = redis.call('ZCOUNT', zset, '-inf', upper)
+              held = held + still
+            end
+            if still > 0 or room[dest] < 0 then  -- (Redis 6: its push refused, see move_head)
               waiting_first = math.min(waiting_first or due_first, due_first)
-            else
-              local size = #head[1] + 64  -- with what each message costs beside its bytes
-              local fits, want = math.max(1, floor(bytes_left / size)), math.min(budget, left)
-              local got, handed = move_due_head(meta, start_s, zset, dest, due_first, left,
-                                                math.min(want, fits), marks[dest], head)
-              -- One herd per call, and about CALL_BYTES (move_batch counts what it reads): the
-              -- next call goes on at once (more).
-              local cut = bytes_left <= 0 or (got == fits and fits < want)
-              budget = (handed or cut) and 0 or budget - got
-              moved_here = got
-              if got > 0 then
-                pushed[#pushed + 1] = dest
-                room[dest] = left - got
-                moved = moved + got
-                n = n - got
-                uncount_meta(meta, name, got)
-                uncount(counts, dest, got, true)  -- (its lists entry: after the renewal below)
-              end
-              local still = 0
-              if room[dest] == 0 then  -- the list just filled up: what is still due is held
-                still = redis.call('ZCOUNT', zset, '-inf', upper)
-                held = held + still
-              end
-              if still > 0 or room[dest] < 0 then  -- (Redis 6: its push refused, see move_head)
-                waiting_first = math.min(waiting_first or due_first, due_first)
-              end
             end
           end
-          -- Its set's new head, after a move from it (none due before the head it had). One that
-          -- moved nothing (held) keeps its earliest, due: it is read again next call.
-          if noted and moved_here > 0 then fresh[dest] = head_due(zset, due_first, last_due) or false end
         end
-        if n > 0 then left_of[dest] = n end
       end
-      if (n or 0) > 0 then left_total = left_total + n end
     end
+    if n and sub(name, 1, 2) == 'q:' and n > 0 then left_total = left_total + n end
   end
-  local earliest = noted and note_queues(meta, bounds, fresh, left_of, whole_visit and budget > 0)
   -- A queue declared with x-expires: the push renews its list's expiry, as kombu's would.
   -- Best effort, as kombu's own renewal (a refusal, say an ACL without PEXPIRE, must not
   -- stop the mover: the next publish or read of the queue renews it). Only a positive one: a
@@ -406,9 +344,8 @@ local function visit(start_s)
   -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
   -- take it for one still waiting, whatever its own clock says (wake_if_first in _put.lua).
   if wake_mark and wake_mark <= due_by then redis.call('HDEL', meta, 'w') end
-  if whole_visit and budget > 0 and (waiting_first or earliest) then
-    local first = math.min(waiting_first or earliest, earliest or waiting_first)
-    visited_due[start_s] = first + (due_by < reach and ahead or 0)
+  if whole_visit and budget > 0 and waiting_first then
+    visited_due[start_s] = waiting_first + (due_by < reach and ahead or 0)
   end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
@@ -526,37 +463,21 @@ local function earliest_in(start_s)
       end_ms = ms_of(fields[i + 1])
     end
   end
-  -- Each queue's earliest is noted too (f:<dest>, for the visit): that found, or for a queue
-  -- with nothing before the earliest found so far, that one, which none of its messages is due
-  -- before. The old notes go first: one left later than a message stored since (by a publisher
-  -- of another version) would hide it.
-  local old, noted = {}, {}
   for i = 1, #fields, 2 do
     local name = fields[i]
-    if sub(name, 1, 2) == 'f:' then
-      old[#old + 1] = name
-    elseif sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
+    if sub(name, 1, 2) == 'q:' and (tonumber(fields[i + 1]) or 0) > 0 then
       local zset = s:zset(start_s, sub(name, 3))
       local earlier = redis.pcall('ZCOUNT', zset, '-inf', below_text or '+inf')
-      local bound = nil
       if type(earlier) == 'number' and earlier > 0 then  -- (a key of another type: the visit settles it)
         local due = head_due(zset, start, best and best - 1 or math.max(start, (end_ms or MAX_DUE_MS) - 1))
         if due and (not best or due < best) then
           best = due
           below_text = '(' .. string.format('%d', best)
         end
-        bound = due
-      elseif earlier == 0 then
-        bound = best
       end
-      if bound then noted[#noted + 1], noted[#noted + 2] = 'f:' .. sub(name, 3), string.format('%d', bound) end
     end
   end
-  if best and seq then
-    noted_sliced('HDEL', meta, old)
-    noted_sliced('HSET', meta, noted)
-    redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best))
-  end
+  if best and seq then redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best)) end
   return best and best + later
 end
 

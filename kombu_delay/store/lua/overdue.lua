@@ -21,8 +21,7 @@ Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, o
        one may be its oldest, the due time of its first member by about log2(now - start)
        ZCOUNT calls (head_due in _earliest.lua: the member itself, a message, is not read into
        Lua, but where its score was written by hand outside the span of due times). A bucket
-       whose known earliest due time is ahead (known_earliest) costs one HMGET instead, and
-       while it is known, a destination whose own (f:<dest>) is ahead costs no ZCOUNT.
+       whose known earliest due time is ahead (known_earliest) costs one HMGET instead.
 ]]
 --- @include spaces
 --- @include earliest
@@ -45,16 +44,8 @@ for i = 1, math.min(#starts, max_buckets) do
   end
   local known = known_earliest(s:meta(starts[i]))
   local fields = known and known > now and {} or redis.call('HGETALL', s:meta(starts[i]))
-  -- While the note is known, a queue whose own noted earliest is later holds nothing overdue.
-  local later = {}
-  for j = 1, known and #fields or 0, 2 do
-    if string.sub(fields[j], 1, 2) == 'f:' and (ms_of(fields[j + 1]) or now) > now then
-      later[string.sub(fields[j], 3)] = true
-    end
-  end
   for j = 1, #fields, 2 do
-    if string.sub(fields[j], 1, 2) == 'q:' and (tonumber(fields[j + 1]) or 0) > 0
-        and not later[string.sub(fields[j], 3)] then
+    if string.sub(fields[j], 1, 2) == 'q:' and (tonumber(fields[j + 1]) or 0) > 0 then
       local dest = string.sub(fields[j], 3)
       local zset = s:zset(starts[i], dest)
       local due = due_before(zset, now + 1)
