@@ -342,4 +342,6 @@ def page(
             return out, None
         if isinstance(got, Stored):
             out.append(got)
+    if not merge.heap and merge.buckets.peek() is None:  # the last page, exactly full: no next one
+        return out, None
     return out, merge.cursor()

@@ -430,6 +430,9 @@ def test_the_next_page_skips_nothing_when_the_last_one_listed_has_left(r, redis_
         assert ctl.cancel("m1") == 1
         third = ctl.scheduled(limit=5, cursor=second.cursor)
         assert [m.task_id for m in third.items] == ["m2", "m3"] and third.cursor is None
+        # A last page exactly full has no next one either (the CLI offered an empty one).
+        full = ctl.scheduled(limit=2, cursor=second.cursor)
+        assert [m.task_id for m in full.items] == ["m2", "m3"] and full.cursor is None
 
         # Members sharing one score (seq wraps after 2048 publishes into a bucket): cancel
         # the last one listed before every next page; none of the others is skipped.
