@@ -67,7 +67,7 @@ FANOUT_TOLD = (
 NO_MOVER_TOLD = (
     "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last %d s): delayed "
     "messages are stored but not delivered until one runs; start one with `celery -A <your app> delay "
-    "mover` or `kombu-delay --broker <broker URL> --prefix %r mover`"
+    "mover` or `kombu-delay --broker <broker URL> --prefix %r mover` (the same database number too)"
 )
 PURGE_REFUSED_TOLD = (
     "kombu-delay: queue %s: the messages on its lists were purged (%s), but none of its delayed messages, "

@@ -757,6 +757,7 @@ def test_a_delayed_publish_with_no_mover_warns_once_per_process_naming_the_names
     assert len(warnings) == 1, said
     assert f"key prefix {prefix!r}" in warnings[0] and "delay mover" in warnings[0]
     assert f"127.0.0.1:{redis_server.port}" in warnings[0]
+    assert "same database number" in warnings[0]  # a mover on another one serves nothing here
     assert "**" not in warnings[0]  # no password, so nothing masked
     assert len(publish_five(url, prefix).splitlines()) == 1  # the next process tells its own
     # With a mover's fresh heartbeat in the namespace, nothing to say.
