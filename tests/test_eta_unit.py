@@ -184,7 +184,8 @@ def test_an_unusable_delay_of_any_length_is_told_in_a_line(message):
 @pytest.mark.parametrize("text", ["1" * 200_000 + "s", "1" * 200_000 + "e", "1." + "1" * 200_000 + "x"])
 def test_a_long_x_delay_that_is_no_number_is_refused_in_one_reading(text):
     # It was matched in a time that grew with the square of its length: 16,000 digits and a
-    # letter took 7.5 s of the publisher's CPU, these about 20 minutes (the suite's timeout).
+    # letter took 7.5 s of the publisher's CPU, and these would take about 20 minutes, far past
+    # the suite's timeout of 300 s.
     with pytest.raises(BadETA):
         message_due(xd(text))
 
