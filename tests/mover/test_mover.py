@@ -546,7 +546,9 @@ def test_a_bucket_whose_due_messages_wait_is_read_once_a_call_and_looked_at_a_sh
 
     result, reads = move()
     assert (result.held, result.next_due_ms) == (1, start + 1000)
-    assert 61 * 2 <= reads < 61 * 3  # each queue's set once, with its ZCOUNT and EXISTS
+    # Each queue's set once, with one ZCOUNT: the first queue not due is searched for its due
+    # time, and the others hold nothing before it.
+    assert 61 <= reads < 61 + 40
     result, again = move()
     assert (result.held, result.next_due_ms, again) == (1, start + 1000, reads)
     assert pacing.sleep_after(result, hour, 0.001) == pacing.HELD_POLL_S

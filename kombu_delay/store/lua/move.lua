@@ -251,11 +251,12 @@ local function visit(start_s)
     expired = expired + let_go_unreadable(k, start_s)
     return
   end
-  local end_ms, left_total = nil, 0
+  local end_ms, seq, left_total = nil, nil, 0
   local expiry, pushed, marks, wake_mark = {}, {}, {}, nil
   local whole_visit, waiting_first = true, nil
   due_by, upper = reach, reach_upper
-  -- The marks first (of staged runs, the wake mark, no ETA): the fields come in any order.
+  -- The marks first (of staged runs, the wake mark, no ETA), the end and the seq counter: the
+  -- fields come in any order.
   for i = 1, #fields, 2 do
     local name = fields[i]
     if sub(name, 1, 2) == 'h:' then
@@ -264,13 +265,29 @@ local function visit(start_s)
       wake_mark = ms_of(fields[i + 1])
     elseif name == 'n' then
       due_by, upper = now, now_upper
+    elseif name == 'end' then
+      end_ms = count_of(fields[i + 1])
+    elseif name == 'seq' then
+      seq = fields[i + 1]
+    end
+  end
+  -- The bucket's next due time, found as its queues are looked at (as earliest_in does, which
+  -- then reads nothing of the bucket again): the earliest due time of a message not due yet,
+  -- ``best``, and the ZCOUNT bound of what lies before it. A queue with nothing before it has
+  -- nothing due either, and costs one ZCOUNT; only one with an earlier message is searched
+  -- (head_due, no message read), a few of them with queues in any order. (10,000 queues
+  -- in a started bucket: each move call read every queue in two passes, three commands each.)
+  local best, best_text = nil, '+inf'
+  local function lower_best(zset)  -- zset holds a message before best, none due by due_by
+    local lo = due_by + 1
+    local due = head_due(zset, lo, best and best - 1 or math.max(lo, (end_ms or MAX_DUE_MS) - 1))
+    if due and (not best or due < best) then
+      best, best_text = due, '(' .. string.format('%d', due)
     end
   end
   for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])
-    if name == 'end' then
-      end_ms = n
-    elseif sub(name, 1, 2) == 'e:' then
+    if sub(name, 1, 2) == 'e:' then
       expiry[sub(name, 3)] = n
     elseif sub(name, 1, 2) == 'q:' and (n or 0) > 0 and (budget <= 0 or stopped[sub(name, 3)]) then
       whole_visit = false
@@ -279,7 +296,13 @@ local function visit(start_s)
       local zset = s:zset(start_s, dest)
       -- Nothing due in a set that is there: no message read (its first one, read for its due
       -- time, cost a started bucket of 10,000 queues, or of messages of MBs, 0.1 s a call).
-      local waiting = redis.pcall('ZCOUNT', zset, '-inf', upper) == 0 and redis.call('EXISTS', zset) == 1
+      -- Nothing before best is nothing due; with no best yet, nothing at all is a set gone.
+      local before = redis.pcall('ZCOUNT', zset, '-inf', best_text)
+      local waiting = before == 0 and best
+      if type(before) == 'number' and before > 0 and redis.call('ZCOUNT', zset, '-inf', upper) == 0 then
+        waiting = true
+        lower_best(zset)
+      end
       local head = not waiting and redis.pcall('ZRANGE', zset, 0, 0, 'WITHSCORES')
       if waiting then  -- (nothing due yet: left as it is)
       elseif other_type(head, 'ZRANGE', zset) or not head[2] then
@@ -319,6 +342,13 @@ local function visit(start_s)
             end
             if still > 0 or room[dest] < 0 then  -- (Redis 6: its push refused, see move_head)
               waiting_first = math.min(waiting_first or due_first, due_first)
+            elseif redis.call('ZCOUNT', zset, '-inf', best_text) > 0 then  -- what the move left
+              if redis.call('ZCOUNT', zset, '-inf', upper) > 0 then
+                -- Still due: cut short (CALL_BYTES) or stopped before a staged run.
+                waiting_first = math.min(waiting_first or due_first, due_first)
+              else
+                lower_best(zset)
+              end
             end
           end
         end
@@ -346,6 +376,11 @@ local function visit(start_s)
   if wake_mark and wake_mark <= due_by then redis.call('HDEL', meta, 'w') end
   if whole_visit and budget > 0 and waiting_first then
     visited_due[start_s] = waiting_first + (due_by < reach and ahead or 0)
+  elseif whole_visit and budget > 0 and best and left_total > 0 then
+    -- Every queue looked at, nothing due left: best is the bucket's earliest due time, noted
+    -- for the next calls (known_earliest) as earliest_in would note it.
+    visited_due[start_s] = best + (due_by < reach and ahead or 0)
+    if seq then redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best)) end
   end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
