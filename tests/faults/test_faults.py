@@ -55,7 +55,7 @@ from tests.support.faults import (
 from tests.support.metrics import try_scrape
 from tests.support.procs import wait_for, wait_until
 from tests.support.servers import TLSRedisServer, running_tls_server
-from tests.support.stored import behind
+from tests.support.stored import behind, fill_to_maxmemory
 from tests.support.stored import stored as stored_messages
 
 #: Generous: the suite shares two cores with other work.
@@ -403,12 +403,8 @@ def test_maxmemory_refuses_publishes_clearly_while_the_mover_keeps_moving(tmp_pa
         movers.start(1)
         assert wait_for(lambda: store.heartbeats(), 60), movers.logs()
 
-        filler = 0
-        with pytest.raises(redis.exceptions.OutOfMemoryError):
-            client.config_set("maxmemory", client.info("memory")["used_memory"] + 200_000)
-            while True:
-                client.set(f"filler:{filler}", b"x" * 4096)
-                filler += 1
+        fill_to_maxmemory(client, 200_000)
+        filler = sum(1 for _ in client.scan_iter(match="filler:*", count=1000))
         # Firmly over the limit, not at its edge.
         client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import redis
 
 from kombu_delay.config import Settings
@@ -20,7 +19,7 @@ from kombu_delay.mover.loop import MoverStats
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer
-from tests.support.stored import FakeClock, kombu_payload
+from tests.support.stored import FakeClock, fill_to_maxmemory, kombu_payload
 
 JUST_COLD = Settings(compress_after_ms=2050, thaw_ahead_ms=2000)
 N = 60
@@ -43,11 +42,7 @@ def test_thaws_past_maxmemory_stop_a_share_past_where_they_began_and_go_on_as_me
         assert _cold(client) == N and client.info("memory")["used_memory"] < 10 * 2**20
         # A limit of some 100 MB, filled: its 25 % share lets the thaw go on past it for about
         # two calls of 16 MB.
-        client.config_set("maxmemory", client.info("memory")["used_memory"] + 100 * 2**20)
-        with pytest.raises(redis.exceptions.OutOfMemoryError):
-            for i in range(10_000):
-                client.set(f"filler:{i}", b"x" * 2**16)
-        limit = int(client.config_get("maxmemory")["maxmemory"])
+        limit = fill_to_maxmemory(client, 100 * 2**20, 2**16)
         clock.ms = due  # every message due, and Redis at its limit: the thaw ahead is refused
         told: list[BaseException] = []
         thawer = Thawer(store, JUST_COLD, "t", MoverStats(), monotonic=lambda: 1000.0, on_error=told.append)

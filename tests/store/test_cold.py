@@ -34,7 +34,7 @@ from kombu_delay.store.replies import Scheduled, ThawResult
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.e2e_app import QUEUE
 from tests.support.procs import wait_until
-from tests.support.stored import FakeClock, kombu_payload, stored, tags_in
+from tests.support.stored import FakeClock, fill_to_maxmemory, kombu_payload, stored, tags_in
 from tests.support.workers import records, start_worker, wait_worker_ready
 
 #: Short spans, so a test waits seconds, not the default minute.
@@ -738,10 +738,7 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
         store.schedule(Due(now + 300, task_id="w"), "q", kombu_payload("w"), JUST_COLD)
         assert len(cold_members(client)) == 1
         clock.advance(400)  # w is due, c within the thaw horizon
-        client.config_set("maxmemory", client.info("memory")["used_memory"] + 100_000)
-        with pytest.raises(redis.exceptions.OutOfMemoryError):
-            for i in range(10_000):
-                client.set(f"filler:{i}", b"x" * 4096)
+        fill_to_maxmemory(client, 100_000)
         client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
         with pytest.raises(RedisRefused, match="maxmemory"):
             store.thaw(2000, 10)
@@ -779,10 +776,7 @@ def test_past_maxmemory_a_cold_bucket_whose_counts_are_gone_is_recounted_and_tha
             store.schedule(Due(due, task_id=tag), "q", kombu_payload(tag), JUST_COLD)
         [(start, _, _, _), _] = cold_members(client)
         client.delete(keys.meta("", start, keys.COLD))
-        client.config_set("maxmemory", client.info("memory")["used_memory"] + 100_000)
-        with pytest.raises(redis.exceptions.OutOfMemoryError):
-            for i in range(10_000):
-                client.set(f"filler:{i}", b"x" * 4096)
+        fill_to_maxmemory(client, 100_000)
         client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
         clock.ms = due
         mover = Mover(store, JUST_COLD, watch=False)

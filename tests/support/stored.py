@@ -240,3 +240,16 @@ def expires_at(client: redis.Redis, key: str) -> int | None:
     if ttl < 0:
         return None
     return redis_ms(client) + ttl
+
+
+def fill_to_maxmemory(client: redis.Redis, room: int, value_bytes: int = 4096) -> int:
+    """Set ``maxmemory`` ``room`` bytes above what Redis uses now, and fill it with filler
+    strings of ``value_bytes`` until Redis refuses one (``noeviction``); return the limit."""
+    limit = int(client.info("memory")["used_memory"]) + room
+    client.config_set("maxmemory", limit)
+    try:
+        for i in range(10 * room // value_bytes + 1000):
+            client.set(f"filler:{i}", b"x" * value_bytes)
+    except redis.exceptions.OutOfMemoryError:
+        return limit
+    raise AssertionError(f"Redis took {room} bytes and more under maxmemory: is its policy noeviction?")
