@@ -165,3 +165,13 @@ def translated_errors() -> Iterator[None]:
                 f"Redis refused an argument over its limit for one string (proto-max-bulk-len): {text}"
             ) from exc
         raise
+
+
+def translated(exc: BaseException) -> BaseException:
+    """The kombu-delay error :func:`translated_errors` makes of ``exc``: ``exc`` itself where it
+    makes none (one of kombu-delay's own already, say)."""
+    try:
+        with translated_errors():
+            raise exc
+    except BaseException as made:  # (returned, whatever it is)
+        return made

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey
+from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey, translated
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter, sleep_after
 from kombu_delay.mover.stage import Stager
@@ -159,8 +159,13 @@ class Mover:
                 self.told(exc)
                 wake.close()
                 if isinstance(exc, FATAL_ERRORS):
-                    logger.error("mover %s: %s; stopping", self.name, exc)
-                    raise
+                    # In kombu-delay's words, which the CLI prints without a traceback: a password
+                    # refused on a reconnect (the wake-up subscription's, say) came raw.
+                    fatal = translated(exc)
+                    logger.error("mover %s: %s; stopping", self.name, fatal)
+                    if fatal is exc:
+                        raise
+                    raise fatal from exc
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
                     cause = str(exc).removeprefix("Redis is unavailable: ")  # (translated_errors' words)
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, cause)

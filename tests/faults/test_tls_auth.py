@@ -184,6 +184,26 @@ def test_mover_with_bad_credentials_exits_at_once_naming_authentication(
     assert "Traceback" not in output, output  # one line that names the problem
 
 
+def test_a_password_changed_under_a_running_mover_stops_it_with_one_line(
+    password_server: PasswordServer, spawn: Callable[..., Proc]
+) -> None:
+    """A password rotated while the mover runs: its reconnect is refused, and it stops as it
+    does at start-up, naming authentication. The wake-up subscription's reconnect, which reads
+    outside the store's calls, raised redis-py's error raw, and the CLI printed a traceback."""
+    url = f"delayredis://:{PASSWORD}@127.0.0.1:{password_server.port}/0"
+    mover = spawn([sys.executable, "-m", "kombu_delay", "--broker", url, "mover"], name="mover")
+    admin = password_server.client()
+    wait_until(lambda: admin.zcard("kombu_delay:movers") == 1, timeout=DEADLINE_S)  # running
+    admin.config_set("requirepass", "rotated")  # this admin connection stays logged in
+    # The subscription alone, so that its reconnect, not a store call's, meets the refusal.
+    admin.client_kill_filter(_type="pubsub")
+    wait_until(lambda: mover.popen.poll() is not None, timeout=DEADLINE_S)
+    output = mover.output()
+    assert mover.popen.returncode == 1, output
+    assert "authentication failed" in output.lower(), output
+    assert "Traceback" not in output, output
+
+
 @pytest.mark.parametrize("case", ["wrong-password", "no-password", "wrong-user"])
 def test_open_store_raises_an_authentication_error_not_an_outage(
     password_server: PasswordServer, case: str
