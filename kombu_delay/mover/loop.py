@@ -153,7 +153,9 @@ class Mover:
                 thaw_in = self.thaw()
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
-                backoff.reset()
+                failed_for = backoff.reset()
+                if failed_for is not None:  # the end of an outage, or of a refusal, told too
+                    logger.info("mover %s: Redis calls succeed again, after %.0f s", self.name, failed_for)
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in, self._beat_in()))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.told(exc)

@@ -39,6 +39,7 @@ class Backoff:
 
     def __init__(self, base: float = 0.1, cap: float = 5.0) -> None:
         self.base, self.cap, self.attempt = base, cap, 0
+        self.since: float | None = None  # monotonic: the first failure since the last reset
 
     def next(self) -> float:
         """Return the next delay, at most ``cap``; any number of calls is safe.
@@ -48,10 +49,15 @@ class Backoff:
         """
         delay = min(self.cap, self.base * 2 ** min(self.attempt, MAX_DOUBLINGS))
         self.attempt += 1
+        if self.since is None:
+            self.since = time.monotonic()
         return random.uniform(delay / 2, delay)
 
-    def reset(self) -> None:
-        self.attempt = 0
+    def reset(self) -> float | None:
+        """Start again from the base; return how long the failures went on, seconds (``None``
+        where there was none since the last reset)."""
+        since, self.attempt, self.since = self.since, 0, None
+        return None if since is None else time.monotonic() - since
 
 
 class RateLimiter:
