@@ -188,9 +188,10 @@ class Thawer:
                 self._past_until = now + PAST_MAXMEMORY_FOR_S
                 if now - self._refused_logged_at >= LOG_EVERY_S:
                     logger.warning(
-                        "mover %s: Redis is over maxmemory (%s): compressed messages are thawed only "
-                        "once due, past the limit, so that they reach their queues; raise maxmemory "
-                        "or free memory",
+                        "mover %s: Redis is over maxmemory (%s): publishes are refused until memory "
+                        "frees, moves go on, and compressed messages (if any) are thawed only once "
+                        "due, past the limit, so that they reach their queues; raise maxmemory or "
+                        "free memory",
                         self.name,
                         exc,
                     )
