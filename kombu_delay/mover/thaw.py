@@ -19,7 +19,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
 from kombu_delay.mover import thaw_plan
-from kombu_delay.store import Store, keys, spaces
+from kombu_delay.store import Store, spaces
 from kombu_delay.store.replies import BucketCounts, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -37,16 +37,6 @@ PAST_MAXMEMORY_LOOK_S = 0.25
 #: Seconds a mover refused a thaw ahead for maxmemory thaws only what is due, before it asks
 #: again whether Redis has room.
 PAST_MAXMEMORY_FOR_S = 1.0
-#: How far, as a share of ``maxmemory`` (and at least :data:`PAST_MAXMEMORY_MIN_BYTES`), the
-#: thaws of what is due may take Redis's memory past where it was when they began past
-#: maxmemory (or past ``maxmemory``, if higher); beyond it, what is due waits, compressed,
-#: until memory frees. A message expands when restored (300 very compressible ones of 1 MB,
-#: 1.4 MB compressed, took a Redis of 8 MB to 303 MB), and no publish it restores would have
-#: been let in so far.
-PAST_MAXMEMORY_GROWTH = 0.25
-#: The least of that growth, bytes: one thaw call's (a small maxmemory's share would be less
-#: than what Redis's own use moves by, its client buffers and scripts).
-PAST_MAXMEMORY_MIN_BYTES = keys.CALL_BYTES
 
 
 class ThawCounts(Protocol):
@@ -94,10 +84,6 @@ class Thawer:
         self._run: tuple[float, int] | None = None  # (began, thawed) of a step that left more
         self._refused_logged_at = float("-inf")
         self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
-        #: Redis's memory when the thaws past maxmemory began (or maxmemory, if higher): they
-        #: take it at most PAST_MAXMEMORY_GROWTH of maxmemory further. None: under maxmemory.
-        self._past_base: int | None = None
-        self._ceiling_logged_at = float("-inf")
 
     def wake(self) -> None:
         """Look at the next step: a publish may have stored a compressed message due soon."""
@@ -150,10 +136,6 @@ class Thawer:
             self._run = None
             self._next_look = now + DAMAGED_RETRY_S
             return DAMAGED_RETRY_S
-        if result is None:  # past the ceiling: what is due waits, compressed, for memory to free
-            self._run = None
-            self._next_look = now + PAST_MAXMEMORY_LOOK_S
-            return PAST_MAXMEMORY_LOOK_S
         self._account(result)
         # Only a step that left more is one of a run measured (the next step comes at once):
         # a trickle's few messages a step measured each step's own overhead, far below what a
@@ -165,24 +147,19 @@ class Thawer:
         self._next_look = now + wait
         return wait
 
-    def _thaw_batch(self, now: float) -> tuple[ThawResult | None, bool]:
+    def _thaw_batch(self, now: float) -> tuple[ThawResult, bool]:
         """Thaw one batch ahead; or, while Redis is over maxmemory, what is due now, past it
-        (then ``True``); or nothing (``None``), past :data:`PAST_MAXMEMORY_GROWTH`.
+        (then ``True``).
 
         A thaw grows memory and is refused over maxmemory; moves free it and go on. But where
         all that is due is compressed, nothing moves and nothing frees memory: what is due is
         thawed past maxmemory, to reach its queue (see thaw.lua), and for the next
-        :data:`PAST_MAXMEMORY_FOR_S` the steps do only that, without asking again first. Up to
-        :data:`PAST_MAXMEMORY_GROWTH` past where they began only (and one call's bytes past it,
-        about ``CALL_BYTES``): beyond, what is due waits until consumers free memory, late, not lost,
-        rather than take Redis to many times its limit (and the machine out of memory).
+        :data:`PAST_MAXMEMORY_FOR_S` the steps do only that, without asking again first.
         """
         limit = min(THAW_BATCH, self.settings.batch_size)
         if now >= self._past_until:
             try:
-                result = self.store.thaw(self.ahead_ms, limit)
-                self._past_base = None
-                return result, False
+                return self.store.thaw(self.ahead_ms, limit), False
             except OverMaxmemory as exc:
                 self.told(exc)
                 self._past_until = now + PAST_MAXMEMORY_FOR_S
@@ -196,32 +173,8 @@ class Thawer:
                         exc,
                     )
                     self._refused_logged_at = now
-        if self._past_full():
-            self.told(OverMaxmemory("thawed past maxmemory as far as a mover goes"))
-            if now - self._ceiling_logged_at >= LOG_EVERY_S:
-                logger.error(
-                    "mover %s: compressed messages due now, thawed past maxmemory, took Redis's "
-                    "memory as far past it as a mover goes (they expand when restored): the rest "
-                    "wait, compressed, until memory frees; raise maxmemory, or find what fills "
-                    "Redis (a queue no worker consumes)",
-                    self.name,
-                )
-                self._ceiling_logged_at = now
-            return None, True
         # Due by the move's look-ahead, to the end of this millisecond (a score's fraction).
         return self.store.thaw(self.settings.look_ahead_ms + 1, limit, past_maxmemory=True), True
-
-    def _past_full(self) -> bool:
-        """Whether the thaws past maxmemory have taken Redis's memory as far past where they
-        began as they may (:data:`PAST_MAXMEMORY_GROWTH`; false where it cannot be told: no
-        maxmemory, or an ACL that refuses ``INFO``)."""
-        memory = self.store.memory_use()
-        if memory is None or not memory[1]:
-            return False
-        used, limit = memory
-        if self._past_base is None:
-            self._past_base = max(used, limit)
-        return used >= self._past_base + max(PAST_MAXMEMORY_GROWTH * limit, PAST_MAXMEMORY_MIN_BYTES)
 
     def told(self, exc: BaseException) -> None:
         """Count a failed or refused thaw (the mover's :meth:`~kombu_delay.mover.loop.Mover.told`,

@@ -76,24 +76,18 @@ class ServerFacts(StoreBase):
         found = next((value for name, value in rules.items() if as_text(name) == "save"), None)
         return False, None if found is None else as_text(found)
 
-    def memory_use(self) -> tuple[int, int] | None:
-        """Redis's ``used_memory`` and ``maxmemory`` (0: none); ``None`` where the ACL refuses
-        ``INFO``."""
+    def memory_free(self, share: float) -> int | None:
+        """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
+        it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""
         try:
             with translated_errors():
                 info = self.client.info("memory")
         except redis.exceptions.NoPermissionError:
-            return None
-        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
-
-    def memory_free(self, share: float) -> int | None:
-        """Bytes Redis may still grow by before ``share`` of its ``maxmemory``; ``None`` when
-        it has no ``maxmemory``, 0 when the ACL refuses ``INFO`` (it cannot be told)."""
-        memory = self.memory_use()
-        if memory is None:
             return 0
-        used, limit = memory
-        return max(0, int(limit * share) - used) if limit else None
+        limit = int(info.get("maxmemory", 0))
+        if not limit:
+            return None
+        return max(0, int(limit * share) - int(info.get("used_memory", 0)))
 
     def set_memory(self, start_ms: int, dest: str) -> int | None:
         """Bytes of bucket ``start_ms``'s sorted set for ``dest`` (``MEMORY USAGE``, sampled);
