@@ -9,7 +9,6 @@ and a mover process that reads the option.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import redis
@@ -22,7 +21,7 @@ from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import MoveResult, Rescheduled, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
-from tests.support.stored import FakeClock, kombu_payload
+from tests.support.stored import FakeClock, LpushMonitor, kombu_payload
 
 WIDTH = 60_000
 AHEAD = 10_000
@@ -105,15 +104,19 @@ def test_a_mover_process_hands_a_message_over_the_look_ahead_before_due(
     r: redis.Redis, redis_server: RedisServer, start_mover: object
 ) -> None:
     """Due 40 s ahead with a 30 s window: it reaches the list long before it is due (the
-    10 s to the window plus 30 s of margin for a busy machine)."""
+    10 s to the window plus 30 s of margin for a busy machine), and not before the window
+    opens (by the Redis clock of the push, which MONITOR records)."""
     store = Store(r)
-    due = int(time.time() * 1000) + 40_000
-    stored = store.schedule_many([(Due(due, task_id="t"), "q", "payload")], Settings())
-    assert [x.outcome for x in stored] == [Scheduled.STORED]
-    mover = start_mover("-o", "delay_look_ahead=30")  # type: ignore[operator]
-    wait_until(lambda: r.llen("q") == 1, timeout=60)
-    assert time.time() * 1000 < due
+    due = store.time_ms() + 40_000
+    with LpushMonitor(redis_server.client(), r) as monitor:
+        stored = store.schedule_many([(Due(due, task_id="t"), "q", "payload")], Settings())
+        assert [x.outcome for x in stored] == [Scheduled.STORED]
+        mover = start_mover("-o", "delay_look_ahead=30")  # type: ignore[operator]
+        wait_until(lambda: r.llen("q") == 1, timeout=60)
+        assert store.time_ms() < due
     assert r.lrange("q", 0, -1) == [b"payload"]
+    [pushed_us] = monitor.first_push_us("payload")
+    assert pushed_us >= (due - 30_000) * 1000  # strict: not before the window opened
     assert mover.stop() == 0
 
 
