@@ -396,7 +396,8 @@ def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_ne
     hour = Settings(compress_after_ms=0, bucket_width_ms=3_600_000)
     second = Settings(compress_after_ms=0, bucket_width_ms=1000)
     now = store.time_ms()
-    wide_start = now - now % 3_600_000 + 3_600_000  # the next hour: both in the future
+    # An hour after the next: both in the future, however near the top of an hour this runs.
+    wide_start = now - now % 3_600_000 + 2 * 3_600_000
     store.schedule(Due(wide_start + 3_599_999, task_id="w"), "q", kombu_payload("w"), hour)
     assert store.move_due(100).next_due_ms == wide_start + 3_599_999
     pubsub = store.wake_subscription()

@@ -126,7 +126,7 @@ def test_the_estimate_is_read_again_after_the_refresh(r: redis.Redis) -> None:
     before = redis_ms(r)
     r.config_resetstat()
     first = estimate.estimate_ms()
-    assert first is not None and before <= first < before + 1000
+    assert first is not None and before <= first < before + 30_000  # (a stall between the lines)
     now[0] += clock.REFRESH_S / 2
     estimate.estimate_ms()
     assert calls(r, "time") == 1
@@ -141,7 +141,7 @@ def test_the_arguments_of_a_publish_well_ahead(r: redis.Redis, prefix: str) -> N
     due = Due(redis_ms(r) + 120_000, task_id="a")
     _, args = store._schedule_call(spaces.ORDINARY, due, f"{prefix}q", "{}", settings)
     assert len(args) == 8
-    assert abs(int(args[6]) - redis_ms(r)) < 1000 and args[7] == 1
+    assert abs(int(args[6]) - redis_ms(r)) < 30_000 and args[7] == 1  # (a stall between the lines)
 
 
 def test_the_estimate_is_read_again_when_the_machine_slept(r: redis.Redis) -> None:
