@@ -218,7 +218,11 @@ def test_a_copy_whose_herd_a_mover_of_1_0_moved_in_batches_goes_with_its_bucket(
     assert r.llen(dest) == 3000
 
 
-def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Redis, start_mover) -> None:
+def test_a_mover_delivers_a_herd_at_its_due_time_each_message_once(r: redis.Redis, start_mover) -> None:
+    """A herd a mover process copies ahead and hands over. Whether the copy is whole by the due
+    time depends on the machine's speed (the lead is a few seconds): a late one moves the herd
+    in batches, as correctly. The tests above, on a driven clock, show when the copy is made;
+    this one that a real mover delivers the herd on time and once either way."""
     n = stage.MIN_RUN + 2000
     store = Store(r)
     dest = "herd"
@@ -226,12 +230,7 @@ def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Re
     # A stager plans by bucket start: just past one, the copy would begin only 2 s before due.
     due += max(0, 5_000 - due % 60_000)
     schedule(store, dest, due, n)
-    renames = int(r.info("commandstats").get("cmdstat_rename", {}).get("calls", 0))
     mover = start_mover()
-    # Whole before due, which is when the handover needs it (a fixed 20 s, counted from here,
-    # ended a second or two after the copy usually does: 1 run in a few on a loaded machine).
-    wait_until(lambda: staged(r, "").get(dest) == n or redis_ms(r) >= due, timeout=60)
-    assert staged(r, "").get(dest) == n, "the copy was not whole by its due time"
     early = 0
     while True:  # LLEN first, Redis's clock after: a message seen before due is early
         length = r.llen(dest)
@@ -243,7 +242,6 @@ def test_a_mover_hands_a_herd_over_at_its_due_time_each_message_once(r: redis.Re
     assert early == 0
     delivered = Counter(tags_in(r, dest))
     assert set(delivered) == {f"h{i}" for i in range(n)} and set(delivered.values()) == {1}
-    assert int(r.info("commandstats")["cmdstat_rename"]["calls"]) > renames  # whole, not in batches
     assert store.counts() == {} and staged(r, "") == {}
     assert mover.stop() == 0, mover.output()
 
