@@ -10,6 +10,7 @@ memory by stock Celery, in the same run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -130,10 +131,11 @@ def e2e(ctx: Any) -> dict[str, Any]:
         "lateness": {
             "tasks": n,
             "started": len(late),
+            "not_started": n - len({task_id for task_id, _, _ in records}),
             "early": sum(1 for x in late if x < 0),
             "p50_ms": _pct(late, 50),
             "p99_ms": _pct(late, 99),
-            "max_ms": max(late, default=0.0),
+            "max_ms": max(late, default=math.nan),
         },
         "pending_tasks": pending,
         "delay_rss_mb": [base_delay, after_delay],

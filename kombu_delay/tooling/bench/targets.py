@@ -359,6 +359,7 @@ ROWS: list[Row] = [
         "= 0",
         lambda v: v == 0,
     ),
+    ("e2e", "tasks not started", ("e2e", "lateness", "not_started"), "{:.0f}", "= 0", lambda v: v == 0),
     ("e2e", "due -> task start p99, ms", ("e2e", "lateness", "p99_ms"), "{:.1f}", "", None),
     ("e2e", "early task starts", ("e2e", "lateness", "early"), "{:.0f}", "= 0", lambda v: v == 0),
     (
