@@ -236,6 +236,23 @@ end
 -- marked no-ETA.
 local visited_due = {}
 
+-- A bucket's earliest due time as its queues are read one by one (visit, earliest_in): the
+-- earlier of ``best`` (nil: none found yet) and the due time of the first member of ``zset``,
+-- which holds one before best and none due before ``lo`` (head_due, no message read), in a
+-- bucket that ends at ``end_ms`` (nil: not known).
+local function earlier_head(zset, lo, best, end_ms)
+  local due = head_due(zset, lo, best and best - 1 or math.max(lo, (end_ms or MAX_DUE_MS) - 1))
+  if due and (not best or due < best) then return due end
+  return best
+end
+
+-- Notes ``best``, a bucket's earliest due time found by reading every queue, for the next
+-- calls (known_earliest in _earliest.lua), with the seq counter ``seq`` as it read it; best
+-- effort (a write maxmemory may refuse).
+local function note_earliest(meta, seq, best)
+  if seq then redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best)) end
+end
+
 -- Moves what is due in one started bucket, within the budget; retires it once drained.
 local function visit(start_s)
   local meta = s:meta(start_s)
@@ -279,11 +296,8 @@ local function visit(start_s)
   -- in a started bucket: each move call read every queue in two passes, three commands each.)
   local best, best_text = nil, '+inf'
   local function lower_best(zset)  -- zset holds a message before best, none due by due_by
-    local lo = due_by + 1
-    local due = head_due(zset, lo, best and best - 1 or math.max(lo, (end_ms or MAX_DUE_MS) - 1))
-    if due and (not best or due < best) then
-      best, best_text = due, '(' .. string.format('%d', due)
-    end
+    best = earlier_head(zset, due_by + 1, best, end_ms)
+    if best then best_text = '(' .. string.format('%d', best) end
   end
   for i = 1, #fields, 2 do
     local name, n = fields[i], count_of(fields[i + 1])
@@ -380,7 +394,7 @@ local function visit(start_s)
     -- Every queue looked at, nothing due left: best is the bucket's earliest due time, noted
     -- for the next calls (known_earliest) as earliest_in would note it.
     visited_due[start_s] = best + (due_by < reach and ahead or 0)
-    if seq then redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best)) end
+    note_earliest(meta, seq, best)
   end
   if left_total == 0 then
     -- Drained (or only counted members that are gone): the bucket leaves the index, unless
@@ -504,15 +518,12 @@ local function earliest_in(start_s)
       local zset = s:zset(start_s, sub(name, 3))
       local earlier = redis.pcall('ZCOUNT', zset, '-inf', below_text or '+inf')
       if type(earlier) == 'number' and earlier > 0 then  -- (a key of another type: the visit settles it)
-        local due = head_due(zset, start, best and best - 1 or math.max(start, (end_ms or MAX_DUE_MS) - 1))
-        if due and (not best or due < best) then
-          best = due
-          below_text = '(' .. string.format('%d', best)
-        end
+        best = earlier_head(zset, start, best, end_ms)
+        below_text = best and '(' .. string.format('%d', best)
       end
     end
   end
-  if best and seq then redis.pcall('HSET', meta, 'ls', seq, 'le', string.format('%d', best)) end
+  if best then note_earliest(meta, seq, best) end
   return best and best + later
 end
 
