@@ -21,9 +21,9 @@ from kombu_delay.store import Store
 logger = logging.getLogger(__name__)
 
 
-#: Redis connections a mover holds at once: its moves, the subscription that wakes it, its checks
-#: and its walk of the id index (the Operations page's "Connections").
-CONNECTIONS = 4
+#: Connections of its pool a mover holds at once: its moves, its checks and its walk of the id
+#: index (the Operations page's "Connections"). The subscription that wakes it has its own.
+CONNECTIONS = 3
 
 
 def check_pool(target: Target) -> None:
@@ -37,8 +37,8 @@ def check_pool(target: Target) -> None:
     if isinstance(given, int) and given and given < CONNECTIONS:
         raise ConfigError(
             f"max_connections={given} is too few for a mover, which holds up to {CONNECTIONS} "
-            "Redis connections at once (its moves, the subscription that wakes it, its checks and "
-            f"its walk of the id index): give it at least {CONNECTIONS}, or leave kombu's default (10)"
+            "connections of its pool at once (its moves, its checks and its walk of the id index): "
+            f"give it at least {CONNECTIONS}, or leave kombu's default (10)"
         )
 
 

@@ -148,11 +148,11 @@ class Mover:
         wake = WakeUps(self.store, self.name)
         while not self._stop.is_set():
             try:
-                wake.open()
                 result = self.drain()
                 thaw_in = self.thaw()
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
+                wake.open()  # after the calls: at maxclients, the connection they need comes first
                 failed_for = backoff.reset()
                 if failed_for is not None:  # the end of an outage, or of a refusal, told too
                     logger.info("mover %s: Redis calls succeed again, after %.0f s", self.name, failed_for)

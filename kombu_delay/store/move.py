@@ -373,15 +373,6 @@ class Moving(StoreBase):
         with translated_errors():
             self.client.zrem(keys.movers(self.prefix), mover_id)
 
-    def wake_subscription(self) -> redis.client.PubSub:
-        """Return a pub/sub connection subscribed to the wake channel."""
-        with translated_errors():
-            pubsub: redis.client.PubSub = self.client.pubsub(  # type: ignore[no-untyped-call]
-                ignore_subscribe_messages=True
-            )
-            pubsub.subscribe(keys.wake_channel(self.prefix))
-        return pubsub
-
 
 def _due_ms(stored: Stored) -> int:
     """The due time of a cold member listed for its thaw; raises :class:`CorruptMember` when its

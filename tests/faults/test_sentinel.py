@@ -76,11 +76,16 @@ def test_publish_and_move_through_sentinel(sentinel_cluster, spawn):
         ],
         name="mover",
     )
+    client = sentinel_cluster.master.client()
+    # Its wake-up subscription is on the master too, found through the sentinels as its
+    # other connections are (a connection of its own, which must not take the defaults
+    # of a client that was never told where the master is).
+    channel = keys.wake_channel("").encode()
+    wait_until(lambda: dict(client.pubsub_numsub(channel))[channel] == 1, timeout=90)
     app = Celery("pub", broker=sentinel_cluster.url)
     app.conf.broker_transport_options = OPTIONS
     sent = app.send_task("eco.record", countdown=5)  # stored, however slow the publish
     app.close()
-    client = sentinel_cluster.master.client()
     raw = wait_until(lambda: client.rpop("celery"), timeout=90)
     assert json.loads(raw)["headers"]["id"] == sent.id
     assert client.hget(keys.totals(""), "moved") == b"1"  # held, then moved by the mover

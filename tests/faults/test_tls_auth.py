@@ -193,7 +193,10 @@ def test_a_password_changed_under_a_running_mover_stops_it_with_one_line(
     url = f"delayredis://:{PASSWORD}@127.0.0.1:{password_server.port}/0"
     mover = spawn([sys.executable, "-m", "kombu_delay", "--broker", url, "mover"], name="mover")
     admin = password_server.client()
-    wait_until(lambda: admin.zcard("kombu_delay:movers") == 1, timeout=DEADLINE_S)  # running
+    # Running, and subscribed (after its first round's calls): the subscription is what is cut.
+    wake = b"kombu_delay:wake"
+    wait_until(lambda: admin.zcard("kombu_delay:movers") == 1, timeout=DEADLINE_S)
+    wait_until(lambda: dict(admin.pubsub_numsub(wake))[wake] == 1, timeout=DEADLINE_S)
     admin.config_set("requirepass", "rotated")  # this admin connection stays logged in
     # The subscription alone, so that its reconnect, not a store call's, meets the refusal.
     admin.client_kill_filter(_type="pubsub")
