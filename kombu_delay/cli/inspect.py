@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -73,9 +74,31 @@ def shown(text: str, keep: str = "") -> str:
 NAME_COLUMN = 60
 
 
+def cells(text: str) -> int:
+    """The terminal columns ``text`` (already :func:`shown`) takes: two for a wide East Asian
+    character (CJK, most emoji), none for a combining mark, one for any other."""
+    return sum(
+        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        for char in text
+    )
+
+
+def padded(text: str, width: int) -> str:
+    """``text`` and the spaces that make it ``width`` terminal columns wide."""
+    return text + " " * (width - cells(text))
+
+
 def clipped(text: str) -> str:
-    """``text`` (already :func:`shown`) cut to :data:`NAME_COLUMN` characters, marked ``…``."""
-    return text if len(text) <= NAME_COLUMN else text[: NAME_COLUMN - 1] + "…"
+    """``text`` (already :func:`shown`) cut to :data:`NAME_COLUMN` terminal columns, marked ``…``."""
+    if cells(text) <= NAME_COLUMN:
+        return text
+    kept, used = [], 0
+    for char in text:
+        used += cells(char)
+        if used > NAME_COLUMN - 1:
+            break
+        kept.append(char)
+    return "".join(kept) + "…"
 
 
 def when(ms: int) -> str:
@@ -139,9 +162,9 @@ def render_stats(stats: Stats) -> str:
     if stats.by_queue:
         lines.append("queues")
         names = {name: clipped(shown(name)) for name in stats.by_queue}
-        width = max(len(q) for q in names.values())
+        width = max(cells(q) for q in names.values())
         for name, n in sorted(stats.by_queue.items()):
-            lines.append(f"  {names[name]:<{width}}  {n:,}")
+            lines.append(f"  {padded(names[name], width)}  {n:,}")
     if stats.histogram:
         lines.extend(_histogram_rows(stats))
     if stats.totals:
@@ -205,9 +228,9 @@ def stats(ctx: click.Context, hours: float, slot: float, as_json: bool) -> None:
 
 def table(heads: list[str], rows: list[list[str]]) -> list[str]:
     """``rows`` under ``heads``, each column as wide as its widest cell."""
-    widths = [max(len(row[i]) for row in [heads, *rows]) for i in range(len(heads))]
+    widths = [max(cells(row[i]) for row in [heads, *rows]) for i in range(len(heads))]
     return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [heads, *rows]
+        "  ".join(padded(c, w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [heads, *rows]
     ]
 
 

@@ -16,7 +16,7 @@ from kombu import Connection
 
 from kombu_delay import ConfigError, DelayControl
 from kombu_delay.cli import main
-from kombu_delay.cli.inspect import COMMANDS, render_stats, span
+from kombu_delay.cli.inspect import COMMANDS, NAME_COLUMN, cells, clipped, render_stats, span
 from kombu_delay.control import Slot, Stats
 from kombu_delay.store.listing import Cursor
 from kombu_delay.tooling.redis_server import free_port
@@ -368,3 +368,25 @@ def test_a_shared_key_of_another_type_is_named_once(r, redis_server, prefix, com
         r.delete(f"{prefix}kombu_delay:totals")
     assert code == 3, out
     assert out.count("holds a string, not a hash") == 1, out
+
+
+def test_stats_and_ls_align_their_columns_for_wide_characters(r, redis_server, prefix):
+    """A queue named in CJK takes two terminal columns a character: padded by characters, every
+    column after it stood out of line on that row."""
+    publish(redis_server, prefix, 1)
+    publish(redis_server, prefix, 1, queue="邮件队列")
+    code, out = kd(redis_server, prefix, "ls")
+    assert code == 0, out
+    rows = [line for line in out.splitlines() if "inspect.record" in line]
+    assert len(rows) == 2, out
+    # The terminal column where each row's ETA begins.
+    at = {cells(row[: re.search(r"\d{4}-\d\d-\d\d ", row).start()]) for row in rows}  # type: ignore[union-attr]
+    assert len(at) == 1, out
+    code, out = kd(redis_server, prefix, "stats")
+    counts = [line for line in out.splitlines() if line.startswith("  ") and line.endswith("  1")]
+    assert len(counts) == 2 and len({cells(line) for line in counts}) == 1, out
+
+
+def test_a_long_wide_name_is_clipped_to_the_columns_of_a_long_narrow_one():
+    assert cells(clipped("名" * 100)) <= NAME_COLUMN and cells(clipped("n" * 100)) == NAME_COLUMN
+    assert clipped("名" * 30) == "名" * 30  # 60 columns: whole
