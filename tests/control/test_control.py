@@ -120,6 +120,7 @@ def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server,
         old_early_due = ctl.find(early.id)[0].due_ms
         assert ctl.reschedule(early.id, countdown=4) == 1
         new_early_due = ctl.find(early.id)[0].due_ms
+        assert new_early_due < old_early_due
         new_late_due = ctl.find(late.id)[0].due_ms
         # A sentinel due after the old ETA of "earlier": when it has run, a copy left at
         # the old time would have run too.
@@ -131,8 +132,8 @@ def test_reschedule_earlier_and_later_runs_once_at_the_new_time(r, redis_server,
     assert ran_early["ran_ms"] >= new_early_due  # never before its new time
     assert ran_late["ran_ms"] >= new_late_due
     # The ETA inside the message was rewritten: a worker given the old one would have held
-    # "earlier" in memory until then.
-    assert ran_early["ran_ms"] < old_early_due
+    # "earlier" in memory until then. (Checked on the ETA the worker read, not by when it ran:
+    # how late a run comes is no test's to bound.)
     assert datetime.fromisoformat(ran_early["eta"]) == datetime.fromtimestamp(new_early_due / 1000, UTC)
     assert datetime.fromisoformat(ran_late["eta"]) == datetime.fromtimestamp(new_late_due / 1000, UTC)
     app.close()

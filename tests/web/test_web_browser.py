@@ -144,6 +144,7 @@ def stack(redis_server, browser, tmp_path_factory) -> Iterator[Stack]:
 def page(browser) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     tab = context.new_page()
+    tab.set_default_timeout(120_000)  # each page load, click or wait: generous on a busy machine
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(str(exc)))
     yield tab
@@ -172,7 +173,7 @@ def test_overview_shows_what_is_scheduled_and_refreshes_by_itself(stack, page, t
         send(stack, "eco.record", f"mail-{i}", countdown=900 + i * 1200, queue="emails")
     page.goto(stack.url + "/")
     total = page.locator("#total-scheduled")
-    wait_until(lambda: int(total.inner_text().replace(",", "")) >= 17, timeout=30)
+    wait_until(lambda: int(total.inner_text().replace(",", "")) >= 17, timeout=120)
     assert page.locator("#queues").get_by_text("emails").count() == 1
     heights = page.locator("#due-chart rect.bar").evaluate_all(
         "bars => bars.map(b => Number(b.getAttribute('height')))"
@@ -186,7 +187,7 @@ def test_overview_shows_what_is_scheduled_and_refreshes_by_itself(stack, page, t
     for i in range(3):
         send(stack, "eco.record", f"late-{i}", countdown=2400)
     # (polled from here: the page's Content-Security-Policy forbids evaluating a string in it)
-    wait_until(lambda: int(total.inner_text().replace(",", "")) >= before + 3, timeout=30, interval=0.2)
+    wait_until(lambda: int(total.inner_text().replace(",", "")) >= before + 3, timeout=120, interval=0.2)
     assert page.evaluate("window.__same_page") is True
 
 
@@ -204,9 +205,10 @@ def test_search_by_id_finds_the_task_and_the_list_shows_it(stack, page, tmp_path
 
 
 def test_cancel_from_the_page_means_the_worker_never_runs_it(stack, page):
-    # Seconds of room for the clicks on a busy machine; the witness is due 3 s after the victim.
-    victim = send(stack, "eco.record", "victim", countdown=20)
-    witness = send(stack, "eco.record", "witness", countdown=23)
+    # A minute of room for the page and the clicks on a busy machine; the witness is due 3 s after
+    # the victim. (Were the victim moved before the click, the page would not say it cancelled 1.)
+    victim = send(stack, "eco.record", "victim", countdown=60)
+    witness = send(stack, "eco.record", "witness", countdown=63)
     page.goto(f"{stack.url}/task?id={victim}")
     page.click("#cancel")
     page.click("#confirm")  # the confirmation page: nothing is cancelled before it
@@ -227,8 +229,9 @@ def test_reschedule_moves_the_task_and_the_worker_runs_it_then(stack, page):
     page.wait_for_url("**/task?id=*done=*")
     run = wait_until(lambda: next((x for x in stack.runs() if x["id"] == task_id), None), timeout=120)
     assert isinstance(run, dict)
-    # The ETA inside the message was rewritten to the new time: about 4 s after the click, not 2 h.
-    assert asked_ms + 4_000 <= run["eta_ms"] <= asked_ms + 60_000
+    # The ETA inside the message was rewritten to the new time: 4 s after the click (however late
+    # the click was, far from 2 h), not before it.
+    assert asked_ms + 4_000 <= run["eta_ms"] <= asked_ms + 600_000
     assert run["ran_ms"] >= run["eta_ms"] - 1  # not before due (the worker's ETA is in whole ms)
 
 
