@@ -1,16 +1,19 @@
 """``delaysentinel://`` against real Sentinel processes, including a failover during moving.
 
-The failover test keeps a ledger: every publish the broker acknowledged, every
-message a consumer popped from the queue list, and when the failover started
-and settled. It prints the figures (lost, duplicated) and asserts that every
-anomaly falls inside the failover window and that everything published after
-it is delivered exactly once.
+The failover test keeps a ledger: every publish the broker acknowledged or refused
+(only as Redis refuses during a failover: anything else fails the test), every
+message a consumer popped from the queue list, and when the failover started,
+settled, and the old master took no more writes. It prints the figures (lost,
+duplicated) and asserts that no message was delivered before its due time, that
+every anomaly falls inside the failover window, and that everything published
+after it is delivered exactly once.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import math
 import sys
 import threading
 import time
@@ -22,14 +25,29 @@ import redis
 import redis.sentinel
 from celery import Celery
 from kombu import Connection
+from kombu.exceptions import OperationalError
 
 from kombu_delay.connect import open_store
+from kombu_delay.errors import RedisRefused, RedisUnavailable, translated
 from kombu_delay.store import Store, keys
 from tests.support.procs import wait_until
 from tests.support.sentinel import MASTER_NAME, SentinelCluster
 
 OPTIONS = {"master_name": MASTER_NAME}
 RETRY = {"max_retries": 40, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
+
+
+def refusal(exc: Exception) -> str | None:
+    """What refused a publish, if it is a refusal a publisher can get while the master changes:
+    Redis unreachable or silent, or a refused write (a read-only replica, too few replicas), raw
+    or as kombu's ``OperationalError`` when Celery's retries ran out. ``None`` for anything else."""
+    cause = exc.__cause__ if isinstance(exc, OperationalError) else exc
+    if not isinstance(cause, Exception):
+        return None
+    made = translated(cause)  # redis-py's own errors in kombu-delay's words
+    if not isinstance(made, RedisUnavailable | RedisRefused):
+        return None
+    return f"{type(exc).__name__}/{type(cause).__name__}: {cause}"[:100]  # what the publisher saw
 
 
 #: Make an old master refuse writes as soon as its replica leaves it (see the failover test).
@@ -96,11 +114,25 @@ def test_publish_and_move_through_sentinel(sentinel_cluster, spawn):
 class Ledger:
     #: id -> (publish began, due time, publish returned)
     acked: dict[str, tuple[float, float, float]] = field(default_factory=dict)
-    refused: dict[str, float] = field(default_factory=dict)  #: id -> publish time (gave up)
+    refused: dict[str, tuple[float, float]] = field(default_factory=dict)  #: id -> (publish began, due)
+    refusals: collections.Counter[str] = field(default_factory=collections.Counter)  #: what refused
     popped: list[tuple[str, float]] = field(default_factory=list)  #: (id, time popped)
     fail_start: float = 0.0
     fail_done: float = 0.0  #: the sentinels agree on the new master
     old_master_gone: float = 0.0  #: the old master is a replica (or dead): it takes no more writes
+    old_master_refuses: float = 0.0  #: the old master refuses writes: no good replica (min-replicas)
+
+    @property
+    def old_master_closed(self) -> float:
+        """From when the old master took no write: no move, pop or publish made there later."""
+        return min(t for t in (self.old_master_refuses, self.old_master_gone) if t)
+
+    def early(self) -> list[tuple[str, float, float]]:
+        """Deliveries before their due time: (id, popped, due). A message's ETA is no earlier than
+        its publish's start plus its countdown; the mover pushes it at the ETA's millisecond or
+        later by Redis's clock, this host's; a pop is recorded after BRPOP returned."""
+        due = {i: d for i, (_, d, _) in self.acked.items()} | {i: d for i, (_, d) in self.refused.items()}
+        return [(i, at, due[i]) for i, at in self.popped if at * 1000 < math.floor(due[i] * 1000)]
 
     def figures(self) -> dict[str, object]:
         counts = collections.Counter(i for i, _ in self.popped)
@@ -114,12 +146,15 @@ class Ledger:
             "lost": len(lost),
             "duplicated": len(dups),
             "refused_but_delivered": len(set(self.refused) & set(counts)),
+            "early": len(self.early()),
             "failover_s": round(self.fail_done - self.fail_start, 2),
-            "old_master_writable_s": round(self.old_master_gone - self.fail_start, 2),
+            "old_master_writable_s": round(self.old_master_closed - self.fail_start, 2),
+            "old_master_replica_s": round(self.old_master_gone - self.fail_start, 2),
             # Where the anomalies sit, in seconds from the failover trigger.
             "dup_due_s": _span([self.acked[i][1] - self.fail_start for i in dups]),
             "lost_sent_s": _span([self.acked[i][0] - self.fail_start for i in lost]),
-            "refused_sent_s": _span([t - self.fail_start for t in self.refused.values()]),
+            "refused_sent_s": _span([t - self.fail_start for t, _ in self.refused.values()]),
+            "refusals": dict(self.refusals),
             "lost_ids": lost,
             "dup_ids": dups,
         }
@@ -164,19 +199,25 @@ def consume(cluster: SentinelCluster, ledger: Ledger, stop: threading.Event) -> 
 
 
 def watch_failover(cluster: SentinelCluster, old_port: int, ledger: Ledger, stop: threading.Event) -> None:
-    """Record when the sentinels agree on a new master, then when the old one stops being a master."""
-    while not stop.is_set() and not ledger.fail_done:
-        ports = {s.master_port() for s in cluster.sentinels}
-        if len(ports) == 1 and old_port not in ports and None not in ports:
-            ledger.fail_done = time.time()
-        time.sleep(0.05)
-    while not stop.is_set() and not ledger.old_master_gone:
-        try:
-            with cluster.master.client(socket_timeout=2) as client:
-                if client.info("replication")["role"] != "master":
-                    ledger.old_master_gone = time.time()
-        except (redis.RedisError, OSError):
-            ledger.old_master_gone = time.time()  # killed
+    """Record when the sentinels agree on a new master, and when the old master stops taking
+    writes: it refuses them (``min-replicas-to-write``: no replica acknowledges it), or it is a
+    replica, or dead. Each time is read after what it records was seen: no earlier than it."""
+    while not stop.is_set() and not (ledger.fail_done and ledger.old_master_gone):
+        if not ledger.fail_done:
+            ports = {s.master_port() for s in cluster.sentinels}
+            if len(ports) == 1 and old_port not in ports and None not in ports:
+                ledger.fail_done = time.time()
+        if not ledger.old_master_gone:  # (the test sets it when it kills the old master)
+            try:
+                with cluster.master.client(socket_timeout=2) as client:
+                    info = client.info("replication")
+                if info["role"] != "master":
+                    ledger.old_master_gone = ledger.old_master_gone or time.time()
+                elif info.get("min_slaves_good_slaves") == 0 and not ledger.old_master_refuses:
+                    # What Redis checks a write against (NOREPLICAS): no good replica left.
+                    ledger.old_master_refuses = time.time()
+            except (redis.RedisError, OSError):  # killed (maybe seen by the test, first)
+                ledger.old_master_gone = ledger.old_master_gone or time.time()
         time.sleep(0.05)
 
 
@@ -209,8 +250,12 @@ def test_failover_during_moving(cluster, spawn, how):
         task_id = f"t{i:05d}"
         try:
             app.send_task("eco.record", countdown=countdown, task_id=task_id, retry=True, retry_policy=RETRY)
-        except Exception:
-            ledger.refused[task_id] = sent_at
+        except Exception as exc:
+            kind = refusal(exc)
+            if kind is None:
+                raise  # not a refusal: a bug
+            ledger.refused[task_id] = (sent_at, sent_at + countdown)
+            ledger.refusals[kind] += 1
             return
         ledger.acked[task_id] = (sent_at, sent_at + countdown, time.time())
 
@@ -270,17 +315,21 @@ def test_failover_during_moving(cluster, spawn, how):
     if figures["lost"]:
         print("where the undelivered are:", json.dumps(where(cluster, figures["lost_ids"])))  # type: ignore[arg-type]
         print("mover log:", mover.output()[-4000:])
+    assert not ledger.early(), ledger.early()  # never before due, however the failover went
     post = collections.Counter(i for i, _ in ledger.popped if int(i[1:]) >= n)
     assert sorted(post) == sorted(f"t{i:05d}" for i in range(n, n + post_n))
     assert all(c == 1 for c in post.values()), post
     assert all(ledger.acked[i][0] >= post_from for i in post)
     # Any loss or duplicate comes from the failover window, judged by what the test saw happen
-    # (not by due times: a mover running late on a busy machine moves a message long after it
-    # was due). A message is lost when its publish wrote to the old master too late to be
-    # replicated: that publish ended after the window began and began before the old master
-    # stopped taking writes. A message comes twice when a move or a pop on the old master was
-    # not replicated: it was first popped after the window began, and due before its end.
-    low, high = ledger.fail_start - 5.0, max(ledger.fail_done, ledger.old_master_gone) + 3.0
+    # (not by how late a mover ran: on a busy machine it moves a message long after it was due).
+    # It ends when the old master took its last write: it refused writes once no replica
+    # acknowledged it (min-replicas-to-write), or was a replica, or dead; the watcher saw that
+    # no earlier than it happened. A message is lost when its publish wrote to the old master too
+    # late to be replicated: that publish ended after the window began and began before the old
+    # master took no more writes. A message comes twice when a move or a pop on the old master
+    # was not replicated: it was first popped after the window began, and the move came at its
+    # due time or later, so that due time is before the old master took no more writes.
+    low, high = ledger.fail_start - 5.0, ledger.old_master_closed
     first_pop = {}
     for task_id, at in ledger.popped:
         first_pop.setdefault(task_id, at)
@@ -288,8 +337,10 @@ def test_failover_during_moving(cluster, spawn, how):
         sent_at, _, acked_at = ledger.acked[task_id]
         assert acked_at >= low and sent_at <= high, (task_id, figures)
     for task_id in figures["dup_ids"]:  # type: ignore[attr-defined]
-        due = ledger.acked[task_id][1] if task_id in ledger.acked else low
+        due = ledger.acked[task_id][1] if task_id in ledger.acked else ledger.refused[task_id][1]
         assert first_pop[task_id] >= low and due <= high, (task_id, figures)
+    if cluster.data_args == MIN_REPLICAS:  # the old master refused writes before it was a replica
+        assert 0 < ledger.old_master_refuses < ledger.old_master_gone, figures
     # Nothing stays scheduled on the new master.
     with open_store(cluster.url, OPTIONS) as store:
         assert store.counts() == {}
