@@ -4,30 +4,44 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
+from kombu_delay.tooling.bench.arrivals import grace, ids_of, list_ids, tally
 from kombu_delay.tooling.bench.ctx import Ctx, sleep_until
-from kombu_delay.tooling.bench.env import now_ms
+from kombu_delay.tooling.bench.env import QUEUE, now_ms
 
 
 def _ramp(ctx: Ctx, extra: tuple[str, ...], consume_per_s: int, expected_per_s: int) -> dict[str, Any]:
+    """Messages due at one instant through a mover with ``extra``, a consumer taking
+    ``consume_per_s`` (0: none). Deliveries are counted by task id, from what the consumer took
+    and what is left on the list, after a grace period: ``lost`` (published, never delivered)
+    and ``doubled`` (delivered more than once); ``delivered`` counts every delivery."""
     ctx.fresh()
     n = ctx.sizes.backpressure
     mover = ctx.movers.start(*extra)
     due = int(now_ms() + ctx.lead_ms(n))
-    ctx.fill_celery(iter([due] * n))
+    _, _, payloads = ctx.fill_celery(iter([due] * n))
+    published = ids_of(payloads)
     sleep_until(due)
-    consumed, longest = 0, 0
+    taken: Counter[str] = Counter()
+    longest = 0
     intervals: list[int] = []
     last_total, next_mark = 0, time.monotonic() + 0.5
     tick = 0.05
+
+    def consume() -> int:
+        """Take what this tick's share allows; return the list's length after."""
+        if consume_per_s:
+            got = ctx.probe.client.rpop(QUEUE, int(consume_per_s * tick))
+            taken.update(ids_of(got or []))  # type: ignore[arg-type]
+        return ctx.probe.llen()
+
     deadline = time.monotonic() + 30 + 3 * n / max(1, expected_per_s)
     while time.monotonic() < deadline:
-        if consume_per_s:
-            consumed += ctx.probe.pop_many(int(consume_per_s * tick))
-        length = ctx.probe.llen()
+        length = consume()
         longest = max(longest, length)
-        total = consumed + length
+        total = sum(taken.values()) + length
         if time.monotonic() >= next_mark:
             intervals.append(total - last_total)
             last_total, next_mark = total, next_mark + 0.5
@@ -35,15 +49,17 @@ def _ramp(ctx: Ctx, extra: tuple[str, ...], consume_per_s: int, expected_per_s: 
             intervals.append(total - last_total)
             break
         time.sleep(tick)
+    longest_seen = [0]
+    grace(ctx, lambda: longest_seen.append(consume()))  # read on: a late duplicate is counted
     ctx.movers.stop(mover)
     left = sum(ctx.store.counts().values())
-    delivered = consumed + ctx.probe.llen()
+    counted = tally(taken + list_ids(ctx.probe.client), published)
     return {
         "messages": n,
-        "delivered": delivered,
+        **counted,
+        "delivered_minus_messages": counted["delivered"] - n,
         "still_scheduled": left,
-        "lost": n - delivered - left,
-        "longest_list": longest,
+        "longest_list": max(longest, *longest_seen),
         "peak_per_s": 2 * max(intervals, default=0),
         "moved_per_s_by_half_second": [2 * x for x in intervals],
     }

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import math
 import random
 import threading
 import time
+from collections import Counter
 from typing import Any
 
-from kombu_delay.message import parse_iso_ms
+from kombu_delay.tooling.bench.arrivals import PushMonitor, Sampler, grace, ids_of, list_ids, tally
 from kombu_delay.tooling.bench.ctx import Ctx, pct, sleep_until, wait_for
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
 
@@ -63,7 +64,12 @@ def publish(ctx: Ctx) -> dict[str, Any]:
 
 
 def precision(ctx: Ctx) -> dict[str, Any]:
-    """Messages due at random over a window, an idle mover, a BRPOP consumer: lateness."""
+    """Messages due at random over a window, an idle mover, a BRPOP consumer: lateness.
+
+    Each arrival is counted by task id and timed by Redis's clock when a script pushed it
+    (``MONITOR``); the consumer reads on for a grace period after the last one, so a late
+    duplicate is counted. The consumer's own times (after its BRPOP returned: later than the
+    push) are reported beside, as ``consumer_*``."""
     ctx.fresh()
     n, window_ms = ctx.sizes.precision, ctx.sizes.precision_window_s * 1000
     ctx.movers.start()
@@ -72,40 +78,60 @@ def precision(ctx: Ctx) -> dict[str, Any]:
     conn = ctx.probe.consumer()
 
     def consume() -> None:
-        while not stop.is_set() and len(arrivals) < n:
+        while not stop.is_set():
             item = conn.brpop([QUEUE], timeout=1)
             if item:
                 arrivals.append((now_ms(), item[1]))
 
-    thread = threading.Thread(target=consume, daemon=True)
-    thread.start()
     app = celery_app(ctx.delay_url)
     app.send_task(TASK, kwargs={"pad": ""}, countdown=3600, queue="warmup")
-    base = now_ms() + 2000
-    dues = [int(base + random.uniform(0, window_ms)) for _ in range(n)]
-    for due in dues:
-        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due), queue=QUEUE)
-    published_by = now_ms()
-    wait_for(lambda: len(arrivals) >= n, timeout=(base + window_ms - now_ms()) / 1000 + 60, interval=0.1)
-    stop.set()
-    thread.join(timeout=5)
+    with PushMonitor(ctx.url) as monitor:
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        base = now_ms() + 2000
+        dues = [int(base + random.uniform(0, window_ms)) for _ in range(n)]
+        published = [
+            app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due), queue=QUEUE).id
+            for due in dues
+        ]
+        published_by = now_ms()
+        wanted = set(published)
+
+        def all_in() -> bool:
+            return wanted <= set(ids_of(raw for _, raw in list(arrivals)))
+
+        wait_for(all_in, timeout=(base + window_ms - now_ms()) / 1000 + 60, interval=0.1)
+        grace(ctx, lambda: None)  # the consumer reads on meanwhile: a late duplicate is counted
+        stop.set()
+        thread.join(timeout=5)
     conn.close()
     app.close()
-    headers = [(at, json.loads(raw)["headers"]) for at, raw in arrivals]
-    late = [at - parse_iso_ms(h["eta"]) for at, h in headers]
-    distinct = len({h["id"] for _, h in headers})
+    etas = {task_id: float(due) for task_id, due in zip(published, dues, strict=True)}
+    pushed = [(at, task_id) for at, task_id in monitor.pushes if task_id in etas]
+    late = [at - etas[task_id] for at, task_id in pushed]
+    ids = ids_of(raw for _, raw in arrivals)
+    consumer_late = [
+        at - etas[task_id] for (at, _), task_id in zip(arrivals, ids, strict=True) if task_id in etas
+    ]
+    counted = tally(Counter(ids), published)
     return {
         "messages": n,
-        "arrived": len(late),
-        "lost": n - distinct,
-        "doubled": len(arrivals) - distinct,
+        "arrived": counted["distinct"],
+        "consumed": counted["delivered"],
+        "pushes": len(pushed),
+        "lost": counted["lost"],
+        "doubled": max(counted["doubled"], len(pushed) - len({task_id for _, task_id in pushed})),
+        "stray": counted["stray"],
         "window_s": ctx.sizes.precision_window_s,
         "publish_done_before_first_due_ms": base - published_by,
         "early": sum(1 for x in late if x < 0),
         "p50_ms": pct(late, 50),
         "p99_ms": pct(late, 99),
-        "max_ms": max(late, default=0.0),
-        "min_ms": min(late, default=0.0),
+        "max_ms": max(late, default=math.nan),
+        "min_ms": min(late, default=math.nan),
+        "consumer_p50_ms": pct(consumer_late, 50),
+        "consumer_p99_ms": pct(consumer_late, 99),
+        "consumer_early": sum(1 for x in consumer_late if x < 0),
         "lateness_ms": sorted(round(x, 3) for x in late),
     }
 
@@ -128,24 +154,29 @@ def burst(ctx: Ctx) -> dict[str, Any]:
     sleep_until(due - 200)
     ctx.probe.reset_stats(slower_than_us=0)
     cpu = ctx.probe.redis_cpu_s()
-    series: list[tuple[float, int]] = []
+    # Each sample is stamped by Redis's clock at the instant it read the list (see arrivals.py).
+    sample = Sampler(ctx, [("llen", QUEUE)])
+    samples: list[tuple[float, ...]] = []
     deadline = time.monotonic() + 120
-    done_at = 0.0
     while time.monotonic() < deadline:
-        length = ctx.probe.llen()
-        at = now_ms()
-        series.append((round(at - due, 2), length))
-        if length >= n:
-            done_at = at
+        samples.append(sample())
+        if samples[-1][1] >= n:
             break
         time.sleep(0.002)
     cpu = ctx.probe.redis_cpu_s() - cpu
     stats = ctx.probe.evalsha_stats()
     slowest = ctx.probe.slowest_script_ms()
     mover_rss = rss_mb(mover.pid)
-    total, distinct = ctx.probe.distinct_on_list()
+    grace(ctx, lambda: samples.append(sample()))  # read on: a late duplicate is counted
+    counted = tally(list_ids(ctx.probe.client), ids_of(payloads))
     ctx.movers.stop(mover)
+    series = [(round(at - due, 2), length) for at, length in samples]
     first = next((t for t, length in series if length > 0), None)
+    # All on the list: the first sample that held every delivery (duplicates too), when every
+    # id came; a duplicate standing in for a message never delivered is no end.
+    done_at = 0.0
+    if counted["lost"] == 0:
+        done_at = next((at for at, length in samples if length >= counted["delivered"]), 0.0)
     # On the list before the first due time: early (one due within the spread and moved before
     # its own millisecond is not seen here; the tests see to that).
     early = max((length for t, length in series if t < 0), default=0)
@@ -165,8 +196,9 @@ def burst(ctx: Ctx) -> dict[str, Any]:
         "fill_s": fill_s,
         "first_on_list_ms": first,
         "early": early,
-        "lost": n - distinct,
-        "doubled": total - distinct,
+        "lost": counted["lost"],
+        "doubled": counted["doubled"],
+        "delivered": counted["delivered"],
         "drain_s": drain_s,
         "moved_per_s": rate,
         "lpush_ceiling_per_s": ceiling,

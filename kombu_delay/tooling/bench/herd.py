@@ -22,6 +22,7 @@ from typing import Any
 from kombu_delay.config import Settings
 from kombu_delay.mover import thaw_plan
 from kombu_delay.store import cold, keys
+from kombu_delay.tooling.bench.arrivals import Sampler, grace, ids_of, list_ids, move_span, tally
 from kombu_delay.tooling.bench.ctx import Ctx
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill, now_ms, rss_mb
 
@@ -113,43 +114,46 @@ class VariedPayloads:
 
 
 def _watch(
-    ctx: Ctx, cold_set: str, stored: int, n: int, due: int, timeout_s: float, staged: str = ""
+    ctx: Ctx, cold_set: str, stored: int, ids: list[str], due: int, timeout_s: float, staged: str = ""
 ) -> dict[str, Any]:
-    """Sample the compressed set, the herd's staged copy (``staged``, its key) and the list
-    until all ``n`` are on the list: when the thaw began and ended, when the copy began and
-    was whole, how many were on the list before ``due`` (early), when the last came."""
-    client = ctx.probe.client
+    """Sample the compressed set, the herd's staged copy (``staged``, its key), the list and the
+    mover's ``moved`` counter, each sample stamped by Redis's clock (see arrivals.py), until all
+    ``n`` are on the list and for a grace period after; then count the list by id. Reports when
+    the thaw began and ended, when the copy began and was whole, how many were on the list
+    before ``due`` (early), when all were, and the move's span and rate by the mover's counter."""
+    n = len(ids)
     cpu = ctx.probe.redis_cpu_s()
     renames = ctx.probe.calls("rename")
-    series: list[tuple[float, int, int]] = []  # (ms after due, still compressed, on the list)
-    began_at = done_at = listed_at = staging_at = staged_at = 0.0
-    left_at_first, early, thaw_cpu, peak_memory, next_memory = 0, 0, 0.0, 0, 0.0
+    sample = Sampler(ctx, [("zcard", cold_set), ("llen", QUEUE), ("llen", staged or QUEUE), ("moved", "")])
+    samples: list[tuple[float, ...]] = []  # (Redis ms, still compressed, on the list, copied, moved)
+    began_at = done_at = staging_at = staged_at = 0.0
+    left_at_first, thaw_cpu, peak_memory, next_memory = 0, 0.0, 0, 0.0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pipe = client.pipeline(transaction=False)
-        pipe.zcard(cold_set)
-        pipe.llen(QUEUE)
-        pipe.llen(staged or QUEUE)
-        left, length, copied = (int(x) for x in pipe.execute())
-        at = now_ms()  # read after the sample, so a message is never taken for early
-        series.append((round(at - due, 2), left, length))
+        samples.append(sample())
+        at, left, length, copied, _ = samples[-1]
         if staged and copied and not staging_at:
             staging_at = at
         if staged and copied >= n and not staged_at:
             staged_at = at
-        if at < due:
-            early = max(early, length)
         if left < stored and not began_at:
-            began_at, left_at_first = at, left
+            began_at, left_at_first = at, int(left)
         if left == 0 and not done_at:
             done_at, thaw_cpu = at, ctx.probe.redis_cpu_s() - cpu
         if time.monotonic() >= next_memory:
             peak_memory, next_memory = max(peak_memory, ctx.probe.used_memory()), time.monotonic() + 0.5
         if length >= n:
-            listed_at = at
             break
         time.sleep(0.005 if abs(at - due) < 5000 or left else 0.1)
+    grace(ctx, lambda: samples.append(sample()))  # read on: a late duplicate is counted
+    counted = tally(list_ids(ctx.probe.client), ids)
     thaw_s = (done_at - began_at) / 1000 if done_at else float("nan")
+    # All on the list: the first sample holding every delivery (a duplicate standing in for a
+    # message never delivered is no end); early: on the list at a Redis time before due.
+    listed_at = 0.0
+    if counted["lost"] == 0:
+        listed_at = next((s[0] for s in samples if s[2] >= counted["delivered"]), 0.0)
+    series = [(round(s[0] - due, 2), int(s[1]), int(s[2])) for s in samples]
     return {
         "thaw_started_ms_before_due": due - began_at if began_at else float("nan"),
         "thaw_s": thaw_s,
@@ -163,8 +167,10 @@ def _watch(
         "staging_began_ms_before_due": due - staging_at if staging_at else float("nan"),
         "staged_ms_before_due": due - staged_at if staged_at else float("nan"),
         "renames": ctx.probe.calls("rename") - renames,
-        "early": early,
+        "early": max((s[2] for s in samples if s[0] < due), default=0),
+        **move_span(samples, 4, n),
         "series": series[:: max(1, len(series) // 400)] + series[-1:],
+        **counted,
     }
 
 
@@ -176,7 +182,7 @@ def thaw(ctx: Ctx) -> dict[str, Any]:
     # A short thaw horizon keeps the run short; a large herd is begun earlier (the plan).
     settings = replace(ctx.settings, compress_after_ms=11_000, thaw_ahead_ms=10_000)
     due = int(now_ms() + ctx.lead_ms(n) + settings.compress_after_ms + 1000)
-    count, fill_s, _ = ctx.fill_celery(iter([due] * n), settings)
+    count, fill_s, payloads = ctx.fill_celery(iter([due] * n), settings)
     if now_ms() > due - settings.compress_after_ms:
         raise RuntimeError("the fill ended too close to the due time to store it compressed; rerun")
     cold_set = keys.queue_set(ctx.store.prefix, due - due % settings.bucket_width_ms, QUEUE, keys.COLD)
@@ -185,9 +191,8 @@ def thaw(ctx: Ctx) -> dict[str, Any]:
         raise RuntimeError(f"only {stored_cold} of {count} messages were stored compressed")
     ctx.probe.reset_stats(slower_than_us=0)
     mover = ctx.movers.start("--thaw-ahead", str(settings.thaw_ahead_ms / 1000))
-    watched = _watch(ctx, cold_set, stored_cold, n, due, (due - now_ms()) / 1000 + 120)
+    watched = _watch(ctx, cold_set, stored_cold, ids_of(payloads), due, (due - now_ms()) / 1000 + 120)
     slowest = ctx.probe.slowest_script_ms()
-    total, distinct = ctx.probe.distinct_on_list()
     ctx.movers.stop(mover)
     ctx.probe.flush()
     ctx.probe.reset_stats()
@@ -201,9 +206,6 @@ def thaw(ctx: Ctx) -> dict[str, Any]:
         **watched,
         "largest_thaw_script_call_ms": slowest,
         "drain_s": drain_s,
-        "moved_per_s": n / drain_s if drain_s > 0 else 0.0,
-        "lost": n - distinct,
-        "doubled": total - distinct,
     }
 
 
@@ -233,10 +235,12 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
     due = int(now_ms() + fill_ms + lead + 10_000)
     sizes: list[int] = []
     members: list[int] = []
+    ids: list[str] = []
 
     def messages() -> Iterator[tuple[int, str, str]]:
         for i in range(n):
             task_id, payload = payloads.make(due)
+            ids.append(task_id)
             if i % 100 == 0:
                 sizes.append(len(payload))
                 members.append(len(cold.pack(payload, task_id) or b""))
@@ -249,8 +253,7 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
     totals = ctx.store.totals()
     cold_at_fill_end = int(ctx.probe.client.zcard(cold_set))
     staged = keys.staged(ctx.store.prefix, due - due % settings.bucket_width_ms, QUEUE)
-    watched = _watch(ctx, cold_set, cold_at_fill_end, n, due, (due - now_ms()) / 1000 + 300, staged)
-    total, distinct = ctx.probe.distinct_on_list()
+    watched = _watch(ctx, cold_set, cold_at_fill_end, ids, due, (due - now_ms()) / 1000 + 300, staged)
     left = sum(ctx.store.counts().values())
     rss = [rss_mb(p.pid) for p in procs]
     for proc in procs:
@@ -258,7 +261,6 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
     # The same run's floor: how fast a bare Lua move of this whole herd goes on this machine now.
     floor_n, floor_s, floor_cpu = ctx.probe.floor_move_list(ctx.movers.batch_size)
     ctx.probe.flush()
-    last = watched["all_on_list_s_after_due"]
     return {
         "messages": count,
         "movers": len(procs),
@@ -272,13 +274,10 @@ def _cold_herd(ctx: Ctx, n: int, ahead_s: float | None) -> dict[str, Any]:
         "still_compressed_at_fill_end": cold_at_fill_end,
         "used_memory_before_mb": before / 2**20,
         **watched,
-        "on_list": total,
-        "distinct_on_list": distinct,
-        "lost": n - distinct - left,
-        "doubled": total - distinct,
+        "on_list": watched["delivered"],
+        "distinct_on_list": watched["distinct"],
         "still_scheduled": left,
         "mover_rss_mb": max(rss, default=0.0),
-        "moved_per_s": n / last if last > 0 else float("nan"),
         "floor_move_s": floor_s,
         "floor_move_per_s": floor_n / floor_s if floor_s > 0 else float("nan"),
         "floor_move_redis_cpu_us": floor_cpu * 1e6 / max(floor_n, 1),

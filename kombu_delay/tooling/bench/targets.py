@@ -21,7 +21,9 @@ def _herd_rows(case: str, label: str) -> list[Row]:
         ("handed over whole: RENAME calls", "renames", "{:.0f}", "", None),
         ("peak used memory, MB", "peak_used_memory_mb", "{:,.0f}", "", None),
         ("all on list, s after due", "all_on_list_s_after_due", "{:.2f}", "<= 2", lambda v: v <= 2),
-        ("moved/s (due -> last on list)", "moved_per_s", "{:,.0f}", "", None),
+        ("moved/s (first -> last move, Redis clock)", "moved_per_s", "{:,.0f}", "", None),
+        ("move span, ms (resolution: the sample gap)", "move_span_ms", "{:.1f}", "", None),
+        ("largest sample gap in it, ms", "move_sample_gap_ms", "{:.1f}", "", None),
         ("floor: the whole herd by a bare Lua move, s", "floor_move_s", "{:.2f}", "", None),
         ("floor: bare Lua move/s, same run", "floor_move_per_s", "{:,.0f}", "", None),
         ("floor: Redis CPU µs per msg", "floor_move_redis_cpu_us", "{:.1f}", "", None),
@@ -30,6 +32,44 @@ def _herd_rows(case: str, label: str) -> list[Row]:
         ("doubled", "doubled", "{:.0f}", "= 0", lambda v: v == 0),
     ]
     return [("herd", f"{label}: {name}", ("herd", case, key), fmt, t, c) for name, key, fmt, t, c in rows]
+
+
+def _backpressure_rows() -> list[Row]:
+    """The rows of the backpressure scenario, each ramp's deliveries counted by task id."""
+    rows: list[Row] = []
+    for ramp, label in (("max_rate", "max-rate"), ("max_queue_length", "max-queue-length")):
+        figure = "peak_per_s" if ramp == "max_rate" else "longest_list"
+        shown = "peak moved/s" if ramp == "max_rate" else "longest list"
+        rows.append(
+            ("backpressure", f"{label}: {shown}", ("backpressure", ramp, figure), "{:,.0f}", "", None)
+        )
+        for name, key in (
+            ("lost", "lost"),
+            ("doubled", "doubled"),
+            ("delivered - published", "delivered_minus_messages"),
+        ):
+            path = ("backpressure", ramp, key)
+            rows.append(("backpressure", f"{label}: {name}", path, "{:.0f}", "= 0", lambda v: v == 0))
+    return rows
+
+
+def _e2e_rows() -> list[Row]:
+    """The rows of the end-to-end scenario."""
+
+    def zero(v: float) -> bool:
+        return v == 0
+
+    rows: list[tuple[str, tuple[str, ...], str, str, Callable[[float], bool] | None]] = [
+        ("tasks not started", ("lateness", "not_started"), "{:.0f}", "= 0", zero),
+        ("due -> task start p99, ms", ("lateness", "p99_ms"), "{:.1f}", "", None),
+        ("early task starts", ("lateness", "early"), "{:.0f}", "= 0", zero),
+        ("worker RSS growth, delay, MB", ("delay_rss_growth_mb",), "{:.1f}", "<= 5", lambda v: v <= 5),
+        ("worker RSS growth, stock, MB", ("stock_rss_growth_mb",), "{:.1f}", "", None),
+        ("pending, delay: not held in Redis", ("delay_not_held_in_redis",), "{:.0f}", "= 0", zero),
+        ("pending, delay: unacked by the worker", ("delay_unacked_by_worker",), "{:.0f}", "= 0", zero),
+        ("pending, stock: unacked by the worker", ("stock_unacked_by_worker",), "{:.0f}", "", None),
+    ]
+    return [("e2e", name, ("e2e", *path), fmt, t, c) for name, path, fmt, t, c in rows]
 
 
 def _scale_rows() -> list[Row]:
@@ -228,7 +268,9 @@ ROWS: list[Row] = [
     ("thaw", "largest script call, ms", ("thaw", "largest_thaw_script_call_ms"), "{:.1f}", "", None),
     ("thaw", "Redis CPU µs per thawed msg", ("thaw", "thaw_redis_cpu_us_per_msg"), "{:.1f}", "", None),
     ("thaw", "due -> all on list, s", ("thaw", "drain_s"), "{:.3f}", "", None),
-    ("thaw", "moved/s, one mover", ("thaw", "moved_per_s"), "{:,.0f}", "", None),
+    ("thaw", "moved/s, first -> last move, Redis clock", ("thaw", "moved_per_s"), "{:,.0f}", "", None),
+    ("thaw", "move span, ms", ("thaw", "move_span_ms"), "{:.1f}", "", None),
+    ("thaw", "largest sample gap in it, ms", ("thaw", "move_sample_gap_ms"), "{:.1f}", "", None),
     ("thaw", "early arrivals", ("thaw", "early"), "{:.0f}", "= 0", lambda v: v == 0),
     ("thaw", "lost", ("thaw", "lost"), "{:.0f}", "= 0", lambda v: v == 0),
     ("thaw", "doubled", ("thaw", "doubled"), "{:.0f}", "= 0", lambda v: v == 0),
@@ -327,48 +369,6 @@ ROWS: list[Row] = [
     *_herd_rows("default", "default settings"),
     *_herd_rows("short_ahead", "short thaw-ahead"),
     *_scale_rows(),
-    (
-        "backpressure",
-        "max-rate: peak moved/s",
-        ("backpressure", "max_rate", "peak_per_s"),
-        "{:,.0f}",
-        "",
-        None,
-    ),
-    (
-        "backpressure",
-        "max-rate: lost",
-        ("backpressure", "max_rate", "lost"),
-        "{:.0f}",
-        "= 0",
-        lambda v: v == 0,
-    ),
-    (
-        "backpressure",
-        "max-queue-length: longest list",
-        ("backpressure", "max_queue_length", "longest_list"),
-        "{:,.0f}",
-        "",
-        None,
-    ),
-    (
-        "backpressure",
-        "max-queue-length: lost",
-        ("backpressure", "max_queue_length", "lost"),
-        "{:.0f}",
-        "= 0",
-        lambda v: v == 0,
-    ),
-    ("e2e", "tasks not started", ("e2e", "lateness", "not_started"), "{:.0f}", "= 0", lambda v: v == 0),
-    ("e2e", "due -> task start p99, ms", ("e2e", "lateness", "p99_ms"), "{:.1f}", "", None),
-    ("e2e", "early task starts", ("e2e", "lateness", "early"), "{:.0f}", "= 0", lambda v: v == 0),
-    (
-        "e2e",
-        "worker RSS growth, delay, MB",
-        ("e2e", "delay_rss_growth_mb"),
-        "{:.1f}",
-        "<= 5",
-        lambda v: v <= 5,
-    ),
-    ("e2e", "worker RSS growth, stock, MB", ("e2e", "stock_rss_growth_mb"), "{:.1f}", "", None),
+    *_backpressure_rows(),
+    *_e2e_rows(),
 ]
