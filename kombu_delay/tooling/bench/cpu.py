@@ -16,12 +16,15 @@ sorted set Redis frees in a background thread; both are part of the move's cost.
 figure runs from the end of the publish until nothing is left compressed. Every delayed
 message goes into one-second buckets, so that the clean-up follows the due time closely.
 
-Redis spends CPU every second whatever is stored: its own timers, the idle mover's looks and
-heartbeat, and this scenario's polls. That is a cost per second, not per message, and each
-window here is seconds long (a move's window waits for the due time), so before anything is
-published the scenario measures it for :data:`IDLE_S` s, with the mover running and the same
-polls, and reports each figure net of it (the rate times the window's length), the plain
-side's as well as the delayed one's. The gross ratios, with nothing taken off, are reported
+Redis spends CPU every second whatever is stored: its own timers, and the idle mover's looks
+and heartbeat. That is a cost per second, not per message, and each window here is seconds
+long (a move's window waits for the due time), so before anything is published the scenario
+measures it for :data:`IDLE_S` s, with the mover running and nothing else (no poll of this
+scenario's), and reports each figure net of it (the rate times the window's length), the
+plain side's as well as the delayed one's. The polls by which the thaw's and the move's
+windows wait are counted, and what each costs Redis (measured by :func:`_poll_cost`, polls
+back to back) is taken off the window that made them, and only from it: a publish window
+makes none. The gross ratios, with nothing taken off, are reported
 beside the net ones.
 
 Almost all of a plain publish's Redis CPU is the kernel's share of one round trip, which moves
@@ -34,7 +37,8 @@ its ratios are not to be judged by.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kombu_delay.mover import thaw_plan
@@ -74,40 +78,69 @@ class Side:
     wall_s: float = 0.0
     #: Each round's CPU seconds, in order.
     rounds: list[float] = field(default_factory=list)
+    #: This scenario's polls of Redis during the window (see :func:`_poll`).
+    polls: int = 0
 
     def net(self, idle: Idle) -> Side:
         """This side less what Redis's main thread would have spent over its wall time anyway."""
         return Side(self.less(idle.main_per_s), self.user_s - idle.user_per_s * self.wall_s, self.wall_s)
 
-    def less(self, per_s: float) -> float:
-        """CPU seconds less ``per_s`` over this window's wall time."""
-        return self.cpu_s - per_s * self.wall_s
+    def less(self, per_s: float, per_poll: float = 0.0) -> float:
+        """CPU seconds less ``per_s`` over this window's wall time and ``per_poll`` per poll."""
+        return self.cpu_s - per_s * self.wall_s - per_poll * self.polls
 
 
 @dataclass
 class Idle:
-    """Redis's CPU per second with nothing to do but the idle mover's looks and this
-    scenario's polls: of its main thread (the publishes' and the thaw's figures; ``user``: in
-    user space) and of the whole process (a move's figure)."""
+    """Redis's CPU per second with nothing to do but the idle mover's looks: of its main
+    thread (the publishes' and the thaw's figures; ``user``: in user space) and of the whole
+    process (a move's figure); and what one of this scenario's polls costs it, main thread and
+    whole process (taken off the windows that polled, per poll)."""
 
     main_per_s: float
     user_per_s: float
     process_per_s: float
+    poll_main_s: float = 0.0
+    poll_process_s: float = 0.0
+
+
+#: Polls timed back to back to learn what one costs Redis.
+POLL_PROBE = 2000
 
 
 def _idle(ctx: Ctx) -> Idle:
-    """Measure :class:`Idle` over :data:`IDLE_S` seconds, polling as the waits here poll."""
+    """Measure :class:`Idle` over :data:`IDLE_S` seconds, with no poll (the bench only sleeps),
+    then the cost of a poll."""
     (user, system), process = ctx.probe.redis_cpu_split_s(), ctx.probe.redis_process_cpu_s()
     started = time.monotonic()
-    while time.monotonic() - started < IDLE_S:
-        ctx.probe.llen()
-        time.sleep(POLL_S)
+    time.sleep(IDLE_S)
     took = time.monotonic() - started
     user_after, system_after = ctx.probe.redis_cpu_split_s()
-    return Idle(
+    idle = Idle(
         (user_after + system_after - user - system) / took,
         (user_after - user) / took,
         (ctx.probe.redis_process_cpu_s() - process) / took,
+    )
+    return _poll_cost(ctx, idle)
+
+
+def _poll(polled: Side, read: Callable[[], int]) -> int:
+    """One poll of Redis by a waiting window (``read``), counted on ``polled``."""
+    polled.polls += 1
+    return read()
+
+
+def _poll_cost(ctx: Ctx, idle: Idle) -> Idle:
+    """What one poll (an ``LLEN``, a ``ZCARD`` or an ``EXISTS``: a round trip each) costs Redis,
+    main thread and whole process, net of ``idle``: :data:`POLL_PROBE` of them back to back."""
+    main, process, started = ctx.probe.redis_cpu_s(), ctx.probe.redis_process_cpu_s(), time.monotonic()
+    for _ in range(POLL_PROBE):
+        ctx.probe.llen()
+    took = time.monotonic() - started
+    main = ctx.probe.redis_cpu_s() - main - idle.main_per_s * took
+    process = ctx.probe.redis_process_cpu_s() - process - idle.process_per_s * took
+    return replace(
+        idle, poll_main_s=max(0.0, main / POLL_PROBE), poll_process_s=max(0.0, process / POLL_PROBE)
     )
 
 
@@ -138,11 +171,12 @@ def _interleaved(ctx: Ctx, n: int, due: int, options: dict[str, Any]) -> tuple[S
         delayed.send_task(TASK, kwargs=kwargs, queue="warmup", countdown=3600)
     sides = (Side(), Side())
     for _ in range(ROUNDS):
-        for side, app, eta in ((sides[0], plain, None), (sides[1], delayed, eta_of(due))):
+        # The same message on both sides, its ETA header too: plain redis:// pushes it at once.
+        for side, app in ((sides[0], plain), (sides[1], delayed)):
             user, system = ctx.probe.redis_cpu_split_s()
             started = time.perf_counter()
             for _ in range(n // ROUNDS):
-                app.send_task(TASK, kwargs=kwargs, eta=eta)
+                app.send_task(TASK, kwargs=kwargs, eta=eta_of(due))
             side.wall_s += time.perf_counter() - started
             user_after, system_after = ctx.probe.redis_cpu_split_s()
             side.user_s += user_after - user
@@ -168,16 +202,18 @@ def _moved(ctx: Ctx, due: int, n: int) -> Side:
     of a herd made ahead of its due time is part of its move, and so is the clean-up, in which
     a mover drops a drained bucket's id-index refs once the bucket has ended (one second after
     ``due``, in :data:`BUCKET_S` buckets), not left to fall into a later step's figure."""
+    side = Side()
     cpu, started = ctx.probe.redis_process_cpu_s(), time.monotonic()
-    while now_ms() < due - 200:  # polling as the idle measurement polled: its CPU is taken off
-        ctx.probe.llen()
-        time.sleep(POLL_S)
-    if not wait_for(lambda: ctx.probe.llen() >= n, timeout=120, interval=POLL_S):
+    while now_ms() < due - 200:  # no poll before the move can begin
+        time.sleep(min(1.0, max(0.0, (due - 200 - now_ms()) / 1000)))
+    if not wait_for(lambda: _poll(side, ctx.probe.llen) >= n, timeout=120, interval=POLL_S):
         raise RuntimeError("the messages did not all arrive")
     tasks = keys.task_ids(ctx.store.prefix, due - due % (BUCKET_S * 1000))
-    if not wait_for(lambda: not ctx.probe.client.exists(tasks), timeout=120, interval=POLL_S):
+    exists = lambda: int(ctx.probe.client.exists(tasks))  # noqa: E731
+    if not wait_for(lambda: not _poll(side, exists), timeout=120, interval=POLL_S):
         raise RuntimeError("the mover did not clean up the drained bucket")
-    return Side(cpu_s=ctx.probe.redis_process_cpu_s() - cpu, wall_s=time.monotonic() - started)
+    side.cpu_s, side.wall_s = ctx.probe.redis_process_cpu_s() - cpu, time.monotonic() - started
+    return side
 
 
 def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
@@ -202,10 +238,12 @@ def _compressed(ctx: Ctx, n: int, publish_s: float) -> dict[str, Any]:
     stored_cold = int(ctx.probe.client.zcard(cold_set))
     if stored_cold != n:
         raise RuntimeError(f"{stored_cold} of {n} messages were still compressed after the publish; rerun")
+    thaw = Side()
     cpu_before, started = ctx.probe.redis_cpu_s(), time.monotonic()
-    if not wait_for(lambda: int(ctx.probe.client.zcard(cold_set)) == 0, timeout=120, interval=POLL_S):
+    zcard = lambda: int(ctx.probe.client.zcard(cold_set))  # noqa: E731
+    if not wait_for(lambda: _poll(thaw, zcard) == 0, timeout=120, interval=POLL_S):
         raise RuntimeError("the thaw did not finish")
-    thaw = Side(cpu_s=ctx.probe.redis_cpu_s() - cpu_before, wall_s=time.monotonic() - started)
+    thaw.cpu_s, thaw.wall_s = ctx.probe.redis_cpu_s() - cpu_before, time.monotonic() - started
     thawed_before_due = now_ms() < due
     return {
         "plain": plain,
@@ -250,6 +288,9 @@ def cpu(ctx: Ctx) -> dict[str, Any]:
         "payload_bytes": ctx.payloads.size,
         "idle_redis_cpu_ms_per_s": idle.main_per_s * 1000,
         "idle_redis_process_cpu_ms_per_s": idle.process_per_s * 1000,
+        "poll_redis_cpu_us": idle.poll_main_s * 1e6,
+        "poll_redis_process_cpu_us": idle.poll_process_s * 1e6,
+        "plain_publish_has_eta": True,
         **figures,
         "floor_move_redis_cpu_us": floor_cpu * 1e6 / n,
         **_floors(n, figures["plain_redis_cpu_us_beside_schedule"], floor_publish, floor_cpu),
@@ -281,8 +322,9 @@ def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, A
     thaw_gross, cold_move_gross = cold["thaw"], cold["move"]
     plain, schedule = plain_gross.net(idle), schedule_gross.net(idle)
     plain_cold, cold_side = plain_cold_gross.net(idle), cold_gross.net(idle)
-    move, thaw = move_gross.less(idle.process_per_s), thaw_gross.less(idle.main_per_s)
-    cold_move = cold_move_gross.less(idle.process_per_s)
+    move = move_gross.less(idle.process_per_s, idle.poll_process_s)
+    thaw = thaw_gross.less(idle.main_per_s, idle.poll_main_s)
+    cold_move = cold_move_gross.less(idle.process_per_s, idle.poll_process_s)
     delayed_us = (schedule.cpu_s + move) * per
     compressed_us = (cold_side.cpu_s + thaw + cold_move) * per
     # The same plain publish, measured in each half: almost all of it is the kernel's share of
@@ -305,6 +347,7 @@ def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, A
         "schedule_redis_user_us": schedule.user_s * per,
         "move_redis_cpu_us": move * per,
         "move_window_s": move_gross.wall_s,
+        "move_polls": move_gross.polls,
         "delayed_redis_cpu_us": delayed_us,
         "delayed_minus_plain_us": delayed_us - plain.cpu_s * per,
         "delayed_ratio": delayed_us / (plain.cpu_s * per),
