@@ -110,18 +110,27 @@ def e2e(ctx: Any) -> dict[str, Any]:
         records = [json.loads(x) for x in ctx.probe.client.lrange(STARTS, 0, -1)]
         late = [start - parse_iso_ms(eta) for _, eta, start in records if eta]
 
+        # The pending tasks go through delayredis://, as an application sends them (apply_async
+        # with a countdown): were the transport to push one onto the list, the worker would
+        # fetch it and hold it in memory until its ETA, and its RSS would grow as stock's does.
         base_delay = _settled_rss(worker.pid)
-        due = int(now_ms()) + 3_600_000
-        ctx.fill_celery(iter([due] * pending))
+        held_before = sum(ctx.store.counts().values())
+        for _ in range(pending):
+            delayed.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, countdown=3600, queue=QUEUE)
         after_delay = _settled_rss(worker.pid)
+        delay_held = sum(ctx.store.counts().values()) - held_before
+        delay_unacked = int(ctx.probe.client.hlen("unacked"))
 
         stock = _worker(ctx.url, STOCK_QUEUE, f"{logdir}/worker-stock.log")
         procs.append(stock)
         _ready(ctx, plain, STOCK_QUEUE)
         base_stock = _settled_rss(stock.pid)
-        ctx.probe.lpush_ceiling([ctx.payloads.make(due)[1] for _ in range(pending)], key=STOCK_QUEUE)
+        # The same call through plain redis://: the ETA message goes onto the list at once.
+        for _ in range(pending):
+            plain.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, countdown=3600, queue=STOCK_QUEUE)
         _wait(lambda: ctx.probe.llen(STOCK_QUEUE) == 0, timeout=300, interval=0.2)
         after_stock = _settled_rss(stock.pid, seconds=5.0)
+        stock_unacked = int(ctx.probe.client.hlen("unacked")) - delay_unacked
     finally:
         for proc in procs:
             stop_process(proc)
@@ -138,6 +147,11 @@ def e2e(ctx: Any) -> dict[str, Any]:
             "max_ms": max(late, default=math.nan),
         },
         "pending_tasks": pending,
+        "pending_published_through": "delayredis://",
+        "delay_held_in_redis": delay_held,
+        "delay_not_held_in_redis": pending - delay_held,
+        "delay_unacked_by_worker": delay_unacked,
+        "stock_unacked_by_worker": stock_unacked,
         "delay_rss_mb": [base_delay, after_delay],
         "stock_rss_mb": [base_stock, after_stock],
         "delay_rss_growth_mb": after_delay - base_delay,
