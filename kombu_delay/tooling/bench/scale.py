@@ -107,7 +107,8 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     idle_cpu_ms_per_s = _idle_mover_cpu(ctx)
     # A round times a few milliseconds of Redis CPU, so one round is at the mercy of a cache
     # miss or a timer tick: the figures are the median of several rounds on the same fill.
-    rounds = [_scale_round(ctx, settings, options, mover) for _ in range(ctx.sizes.scale_rounds)]
+    filled = (base, span)
+    rounds = [_scale_round(ctx, settings, options, mover, filled) for _ in range(ctx.sizes.scale_rounds)]
     result: dict[str, Any] = {
         name: statistics.median(one[name] for one in rounds) for name in rounds[0] if name != "moved_all"
     }
@@ -174,17 +175,29 @@ def _paused(mover: subprocess.Popen[bytes]) -> Iterator[None]:
 
 
 def _scale_round(
-    ctx: Ctx, settings: Settings, options: dict[str, Any], mover: subprocess.Popen[bytes]
+    ctx: Ctx,
+    settings: Settings,
+    options: dict[str, Any],
+    mover: subprocess.Popen[bytes],
+    filled: tuple[int, int],
 ) -> dict[str, Any]:
-    """Publish ``scale_probe`` messages due at one instant (pipelined, then ``KOMBU_PROBE``
-    one by one through kombu) with the mover held, then time their move; the list is emptied
-    afterwards."""
+    """With the mover held, publish ``scale_probe`` messages (pipelined, then ``KOMBU_PROBE``
+    one by one through kombu) due among the fill (``filled``: its first due time and span),
+    as the fill's are: into its buckets, at its size; they stay scheduled. Then publish as
+    many due at one instant soon (untimed) and time their move; the list is emptied after."""
     k = ctx.sizes.scale_probe
-    due = int(now_ms() + ctx.lead_ms(k) + 500)
+    first, span = filled
     items = []
     for _ in range(k):
+        among = first + random.randrange(span)
+        task_id, payload = ctx.payloads.make(among)
+        items.append((Due(among, task_id=task_id), QUEUE, payload))
+    due = int(now_ms() + ctx.lead_ms(k + KOMBU_PROBE) + 500)
+    near = []
+    for _ in range(k + KOMBU_PROBE):
         task_id, payload = ctx.payloads.make(due)
-        items.append((Due(due, task_id=task_id), QUEUE, payload))
+        near.append((Due(due, task_id=task_id), QUEUE, payload))
+    landed_among = _bucket_members(ctx, settings, [when.ms for when, _, _ in items])
     with _paused(mover):
         ctx.probe.reset_stats()
         cpu, started = ctx.probe.redis_cpu_s(), time.perf_counter()
@@ -192,7 +205,8 @@ def _scale_round(
         publish_wall = time.perf_counter() - started
         publish_cpu = ctx.probe.redis_cpu_s() - cpu
         publish_stats = ctx.probe.evalsha_stats()
-        kombu_cpu, one_by_one = _kombu_publish(ctx, options, due)
+        kombu_cpu, one_by_one = _kombu_publish(ctx, options, filled)
+        ctx.store.schedule_many(near, settings)
     sleep_until(due - 100)
     ctx.probe.reset_stats()
     cpu = ctx.probe.redis_cpu_s()
@@ -209,20 +223,36 @@ def _scale_round(
         "publish_redis_cpu_us": publish_cpu / k * 1e6,
         "move_redis_cpu_us_per_msg": move_cpu / (k + KOMBU_PROBE) * 1e6,
         "moved_all": moved_all,
+        "publish_bucket_members_mean": landed_among,
     }
 
 
-def _kombu_publish(ctx: Ctx, options: dict[str, Any], due: int) -> tuple[float, list[float]]:
-    """Publish ``KOMBU_PROBE`` messages due at ``due`` through kombu, one at a time, as a
-    producer makes them; return (Redis CPU seconds, seconds per publish)."""
+def _bucket_members(ctx: Ctx, settings: Settings, dues: list[int]) -> float:
+    """How many messages, on average, the sorted set each of ``dues`` goes into already holds
+    (its bucket's, compressed or not): what a timed publish measures itself against."""
+    width = settings.bucket_width_ms
+    pipe = ctx.probe.client.pipeline(transaction=False)
+    for due in dues:
+        for space in ("", keys.COLD):
+            pipe.zcard(keys.queue_set(ctx.store.prefix, due - due % width, QUEUE, space))
+    counts = [int(x) for x in pipe.execute()]
+    return sum(counts) / max(len(dues), 1)
+
+
+def _kombu_publish(ctx: Ctx, options: dict[str, Any], filled: tuple[int, int]) -> tuple[float, list[float]]:
+    """Publish ``KOMBU_PROBE`` messages through kombu, one at a time, as a producer makes them,
+    each due at random among the fill (``filled``: its first due time and span), into its
+    buckets; return (Redis CPU seconds, seconds per publish)."""
+    first, span = filled
     app = celery_app(ctx.delay_url)
     app.conf.broker_transport_options = options
-    app.send_task(TASK, kwargs={"pad": ""}, eta=eta_of(due), queue="warmup")
+    app.send_task(TASK, kwargs={"pad": ""}, eta=eta_of(first), queue="warmup")
+    dues = [eta_of(first + random.randrange(span)) for _ in range(KOMBU_PROBE)]
     one_by_one = []
     cpu = ctx.probe.redis_cpu_s()
-    for _ in range(KOMBU_PROBE):
+    for eta in dues:
         started = time.perf_counter()
-        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta_of(due))
+        app.send_task(TASK, kwargs={"pad": ctx.payloads.pad}, eta=eta)
         one_by_one.append(time.perf_counter() - started)
     kombu_cpu = ctx.probe.redis_cpu_s() - cpu
     app.close()

@@ -95,6 +95,7 @@ def _scale_rows() -> list[Row]:
         ratio("kombu publish cost large / small", ("kombu_publish_ratio",), 1.2),
         *both("pipelined publish, Redis CPU µs", "publish_redis_cpu_us", "{:.1f}"),
         ratio("pipelined publish cost large / small", ("publish_ratio",), None),
+        *both("messages already in each timed publish's set", "publish_bucket_members_mean", "{:.1f}"),
         *both("move, Redis CPU µs/msg", "move_redis_cpu_us_per_msg", "{:.1f}"),
         ratio("move cost large / small", ("move_ratio",), 1.2),
         ratio("same, Redis wall µs: publish ratio", ("publish_server_ratio",), None),
