@@ -14,6 +14,7 @@ can pass for on time). So here:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -63,12 +64,12 @@ def tally(delivered: Counter[str], published: Iterable[str]) -> dict[str, int]:
     }
 
 
-def grace(ctx: Any, step: Callable[[], object], grace_s: float = GRACE_S) -> float:
-    """Call ``step`` (a read of the list) until nothing is left scheduled, then for ``grace_s``
-    more seconds; return how long it read."""
+def grace(ctx: Any, step: Callable[[], object], grace_s: float = GRACE_S, key: str = QUEUE) -> float:
+    """Call ``step`` (a read of the list) until nothing is left scheduled for the list ``key``
+    (at most :data:`SETTLE_LIMIT_S`), then for ``grace_s`` more seconds; return how long it read."""
     started = time.monotonic()
     limit = started + SETTLE_LIMIT_S
-    while time.monotonic() < limit and sum(ctx.store.counts().values()):
+    while time.monotonic() < limit and ctx.store.pending([key]):
         step()
         time.sleep(0.02)
     end = time.monotonic() + grace_s
@@ -102,18 +103,23 @@ class Sampler:
         return (sec * 1000 + usec / 1000, *(int(v or 0) for v in values))
 
 
-def move_span(samples: list[tuple[float, ...]], column: int, n: int) -> dict[str, float]:
+def move_span(samples: list[tuple[float, ...]], column: int, n: int) -> dict[str, Any]:
     """From samples ``(Redis ms, ...)`` whose ``column`` is the mover's ``moved`` counter:
     the Redis-clock span from the last sample before the first move to the first sample that
     saw ``n`` moved (an outer bound: never shorter than the move), its rate, and the largest
     gap between samples inside it (the resolution: a span of one or two gaps is not resolved)."""
+    unmeasured: dict[str, Any] = {
+        "move_span_ms": math.nan,
+        "moved_per_s": math.nan,
+        "move_sample_gap_ms": 0.0,
+    }
     if not samples:
-        return {"move_span_ms": float("nan"), "moved_per_s": float("nan"), "move_sample_gap_ms": 0.0}
+        return {**unmeasured, "move_resolved": False}
     start = samples[0][column]
     before = next((i for i, s in enumerate(samples) if s[column] > start), None)
     full = next((i for i, s in enumerate(samples) if s[column] - start >= n), None)
     if before is None or full is None:
-        return {"move_span_ms": float("nan"), "moved_per_s": float("nan"), "move_sample_gap_ms": 0.0}
+        return {**unmeasured, "move_resolved": False}
     first = max(0, before - 1)
     span = samples[full][0] - samples[first][0]
     gaps = [samples[i + 1][0] - samples[i][0] for i in range(first, full)]
@@ -121,8 +127,11 @@ def move_span(samples: list[tuple[float, ...]], column: int, n: int) -> dict[str
         "first_move_redis_ms": samples[first][0],
         "last_move_redis_ms": samples[full][0],
         "move_span_ms": span,
-        "moved_per_s": n / (span / 1000) if span > 0 else float("nan"),
+        "moved_per_s": n / (span / 1000) if span > 0 else math.nan,
         "move_sample_gap_ms": max(gaps, default=0.0),
+        # Seen under way by at least two samples; else the move fell between two samples (a
+        # herd handed over whole by one RENAME does) and its rate is a lower bound.
+        "move_resolved": full - first >= 3,
     }
 
 
