@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import traceback
+import unicodedata
 from collections.abc import Mapping, MutableMapping
 from typing import Any, TypeVar
 
@@ -310,3 +311,18 @@ class RedactingGroup(click.Group):
                 raise
             click.echo(LOG_FILTER.redactor(traceback.format_exc()).rstrip(), err=True)
             ctx.exit(1)
+
+
+def cells(text: str) -> int:
+    """The terminal columns ``text`` (made printable, as ``shown`` in inspect.py does) takes: two
+    for a wide East Asian character (CJK, most emoji), none for a combining mark, one for any
+    other."""
+    return sum(
+        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        for char in text
+    )
+
+
+def padded(text: str, width: int) -> str:
+    """``text`` and the spaces that make it ``width`` terminal columns wide."""
+    return text + " " * (width - cells(text))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -16,7 +15,7 @@ from datetime import UTC, datetime
 import click
 import redis
 
-from kombu_delay.cli.common import announce, global_options, target, utf8_text
+from kombu_delay.cli.common import announce, cells, global_options, padded, target, utf8_text
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError, WrongTypeKey
@@ -72,20 +71,6 @@ def shown(text: str, keep: str = "") -> str:
 #: task name, or task id, would push every row's figures off the screen (``--json`` gives
 #: them whole).
 NAME_COLUMN = 60
-
-
-def cells(text: str) -> int:
-    """The terminal columns ``text`` (already :func:`shown`) takes: two for a wide East Asian
-    character (CJK, most emoji), none for a combining mark, one for any other."""
-    return sum(
-        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
-        for char in text
-    )
-
-
-def padded(text: str, width: int) -> str:
-    """``text`` and the spaces that make it ``width`` terminal columns wide."""
-    return text + " " * (width - cells(text))
 
 
 def clipped(text: str) -> str:
