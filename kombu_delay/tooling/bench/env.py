@@ -201,16 +201,6 @@ class Probe:
     def llen(self, key: str = QUEUE) -> int:
         return int(self.client.llen(key))
 
-    def distinct_on_list(self, key: str = QUEUE, chunk: int = 20_000) -> tuple[int, int]:
-        """(messages on the list, distinct task ids among them): what is lost and doubled."""
-        seen: set[bytes] = set()
-        total = 0
-        for begin in range(0, self.llen(key), chunk):
-            raws: list[bytes] = self.client.lrange(key, begin, begin + chunk - 1)  # type: ignore[assignment]
-            total += len(raws)
-            seen.update(found.group(1) for found in map(TASK_ID.search, raws) if found)
-        return total, len(seen)
-
     def lpush_ceiling(self, payloads: list[str], key: str = QUEUE, chunk: int = 1000) -> float:
         """Push ``payloads`` with pipelined single-value LPUSH (as kombu does); return seconds."""
         started = time.perf_counter()
