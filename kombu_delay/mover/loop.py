@@ -48,6 +48,14 @@ SWEEP_PAGE = 500
 #: cycle that took ``t`` seconds of calls starts again ``t / SWEEP_SHARE`` later at the soonest.
 SWEEP_SHARE = 0.02
 
+#: The ERROR for buckets a move call or the sweep let go that had vanished whole.
+VANISHED = (
+    "mover %s: %d buckets vanished whole: their meta hash, which counts their messages, is gone, and "
+    "no sorted set of theirs was found for the queues the per-queue counts name (deleted by hand, "
+    "evicted, or expired after no mover ran for delay_grace plus a day); what they held is lost, "
+    "and cannot be counted (see Limitations)"
+)
+
 
 @dataclass
 class MoverStats:
@@ -285,6 +293,8 @@ class Mover:
                 self.name,
                 result.rebuilt,
             )
+        if result.vanished:  # (a bucket due later: the sweep reaches it before any move)
+            logger.error(VANISHED, self.name, result.vanished)
         if self._on_sweep is not None:
             self._on_sweep(result)
 
@@ -319,14 +329,7 @@ class Mover:
                 result.recounted,
             )
         if result.vanished:
-            logger.error(
-                "mover %s: %d buckets vanished whole: their meta hash, which counts their messages, is "
-                "gone, and no sorted set of theirs was found for the queues the per-queue counts name "
-                "(deleted by hand, evicted, or expired after no mover ran for delay_grace plus a day); "
-                "what they held is lost, and cannot be counted (see Limitations)",
-                self.name,
-                result.vanished,
-            )
+            logger.error(VANISHED, self.name, result.vanished)
         now = time.monotonic()
         # Polled every HELD_POLL_S (pacing.py) while they wait: said once per LOG_EVERY_S, not per poll.
         if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:

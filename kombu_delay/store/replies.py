@@ -271,6 +271,9 @@ class SweepResult:
     rebuilt: int
     #: Where the next page starts; ``""`` when the walk reached the end of both spaces.
     cursor: str
+    #: Buckets let go that had vanished whole: no meta hash, and no sorted set found for the
+    #: queues the per-queue counts name (what they held cannot be counted).
+    vanished: int = 0
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> SweepResult:
@@ -280,6 +283,7 @@ class SweepResult:
             int(reply[1]),
             int(reply[2]),
             cursor.decode() if isinstance(cursor, bytes) else cursor,
+            int(reply[4]),
         )
 
 

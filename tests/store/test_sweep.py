@@ -171,6 +171,35 @@ def test_a_bucket_deleted_whole_is_told_and_counted_when_the_move_lets_it_go(r, 
     assert r.llen(f"{prefix}x") == 1
 
 
+def test_a_bucket_deleted_whole_before_it_is_due_is_told_and_counted_by_the_sweep(r, prefix, caplog):
+    """The sweep reaches a bucket due later before any move does, and let it go in silence: its
+    messages vanished without a word, though the move tells the same loss (above)."""
+    clock = FakeClock(r)
+    store = Store(r, prefix, clock=clock)
+    due = clock() + 30 * 60_000
+    due -= due % 60_000
+    items = [
+        (Due(due + i, task_id=f"t{i}"), f"{prefix}{q}", kombu_payload(f"t{i}"))
+        for i in range(3)
+        for q in "xy"
+    ]
+    store.schedule_many(items, SHORT)
+    start = keys.bucket_start(due, SHORT.bucket_width_ms)
+    r.delete(keys.meta(prefix, start), *(keys.queue_set(prefix, start, f"{prefix}{q}") for q in "xy"))
+    mover = Mover(store, SHORT, name="m", watch=False)
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.loop"):
+        mover.sweep()
+    assert "mover m: 1 buckets vanished whole" in caplog.text
+    assert store.totals().get("vanished_buckets") == 1
+    assert r.zscore(keys.index(prefix), str(start)) is None  # let go
+    caplog.clear()
+    clock.advance(31 * 60_000)
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.loop"):
+        assert mover.drain().vanished == 0  # told once, not again
+        assert sweep_all(store) == (0, 0, 0)
+    assert "vanished" not in caplog.text and store.totals().get("vanished_buckets") == 1
+
+
 def test_a_sweep_under_maxmemory_still_pushes_the_expiry_out(tmp_path):
     """Over maxmemory (noeviction), a held message keeps its grace: the renewal's first writes
     cannot grow memory, so Redis lets the sweep run."""

@@ -13,12 +13,15 @@ ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through 
 ARGV[5] max_sets most sorted sets (a bucket's, one per destination it counts) looked at in this
         call, after the bucket that reaches it: with thousands of queues a bucket counts
         thousands, and ARGV[3] buckets held Redis for seconds (absent: no limit)
-Returns: {renewed, lost, rebuilt, cursor}: buckets whose expiry was pushed out, messages whose
-         sorted set was gone (expired or evicted; their counts are settled here and counted as
-         expired), buckets whose counts read zero while their sorted sets held members (a
-         meta hash evicted or deleted, members added by hand), counted again from the sets
-         (recount in _buckets.lua), and the cursor to pass next ('' when both indexes were
-         walked to the end).
+Returns: {renewed, lost, rebuilt, cursor, vanished}: buckets whose expiry was pushed out,
+         messages whose sorted set was gone (expired or evicted; their counts are settled here
+         and counted as expired), buckets whose counts read zero while their sorted sets held
+         members (a meta hash evicted or deleted, members added by hand), counted again from
+         the sets (recount in _buckets.lua), the cursor to pass next ('' when both indexes
+         were walked to the end), and buckets let go that had vanished whole (no meta hash,
+         and no sorted set found for a destination <ns>counts names: what they held cannot be
+         counted; counted in the totals field vanished_buckets, as move.lua counts those it
+         finds).
 Bound: ARGV[3] buckets, and those whose sets reach ARGV[5] (and the one that passes it), each
        one HGETALL and one EXISTS per destination (one whose counts read
        zero: one EXISTS of the sets of every destination its meta hash names or counts
@@ -58,7 +61,7 @@ local DEFAULT_GRACE = 7 * DAY
 local sub = string.sub
 local spaces = {space(ns, ''), space(ns, 'c')}  -- KEYS[1], KEYS[2]
 
-local renewed, lost, rebuilt, visited, seen = 0, 0, 0, 0, 0
+local renewed, lost, rebuilt, vanished, visited, seen = 0, 0, 0, 0, 0, 0
 local keep_shared = 0
 
 -- Returns the sorted sets it looked at (one per destination its meta hash counts).
@@ -95,6 +98,11 @@ local function visit(s, start_s)
     -- evicted or deleted, members added by hand): those are counted again (recount).
     if retire(in_space({ns = ns, gc = KEYS[6]}, s.tag), start_s, end_ms, now) > 0 then
       rebuilt = rebuilt + 1
+    elseif #fields == 0 and string.find(start_s, '^%d+$') and #start_s <= 15 then
+      -- No meta hash, and nothing found: vanished whole, told as move.lua's visit tells it (a
+      -- bucket due later reaches the sweep first). A member of the index that names no bucket
+      -- (by hand) is no bucket.
+      vanished = vanished + 1
     end
     return sets
   end
@@ -128,7 +136,8 @@ local function finish(cursor)
     if redis.pcall('EXISTS', lists) == 1 then pcall(keep_until, lists, now, keep_shared) end
   end
   if lost > 0 then count_up(KEYS[5], 'expired', lost) end
-  return {renewed, lost, rebuilt, cursor}
+  if vanished > 0 then count_up(KEYS[5], 'vanished_buckets', vanished) end
+  return {renewed, lost, rebuilt, cursor, vanished}
 end
 
 local first, lower = 1, '-inf'
