@@ -154,13 +154,14 @@ class Mover:
         """The loop of :meth:`run`, until :meth:`stop` or a fatal error (raised)."""
         backoff = Backoff()
         wake = WakeUps(self.store, self.name)
+        wake.open(quiet=True)  # before the first calls, so a publish made meanwhile wakes it
         while not self._stop.is_set():
             try:
                 result = self.drain()
                 thaw_in = self.thaw()
                 sweep_in = self.sweep()
                 stage_in = self.stager.step()
-                wake.open()  # after the calls: at maxclients, the connection they need comes first
+                wake.open()  # again after the calls: at maxclients, the connection they need first
                 failed_for = backoff.reset()
                 if failed_for is not None:  # the end of an outage, or of a refusal, told too
                     logger.info("mover %s: Redis calls succeed again, after %.0f s", self.name, failed_for)
@@ -190,9 +191,8 @@ class Mover:
         wake.close()
 
     def told(self, exc: BaseException) -> None:
-        """Count a failed or refused call of this mover: in its errors, and in the metrics
-        (``kombu_delay_redis_errors_total``, or ``kombu_delay_mover_errors_total`` for an error
-        that is not Redis's)."""
+        """Count a failed or refused call of this mover, in its errors and the metrics (Redis's
+        ``kombu_delay_redis_errors_total``, another's ``kombu_delay_mover_errors_total``)."""
         self.stats.errors += 1
         if self._on_error is not None:
             self._on_error(exc)

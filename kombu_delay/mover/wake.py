@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -13,6 +14,11 @@ from kombu_delay.errors import AUTH_ERRORS, RedisUnavailable, translated_errors
 from kombu_delay.store import Store, keys
 
 logger = logging.getLogger(__name__)
+
+#: After a subscription Redis refused, the mover tries again this long after, then twice as long
+#: after each refusal, up to RETRY_MAX_S: at Redis's ``maxclients`` each try is a connection
+#: refused (a TLS handshake, with rediss://), and every mover makes them.
+RETRY_MIN_S, RETRY_MAX_S = 1.0, 60.0
 
 
 class OwnConnection:
@@ -66,45 +72,52 @@ class WakeUps:
 
     Waking is an optimisation: where the ACL refuses the subscription (no ``+subscribe``, or
     not the channel), the mover goes on polling, says so once, and looks for the channel again
-    only when it starts anew. Where Redis takes no connection for it (at its ``maxclients``),
-    or drops it, the mover polls meanwhile and subscribes again at its next round."""
+    only when it starts anew. Where Redis drops it, the mover subscribes again after its next
+    round's calls; where Redis refuses it a connection (at its ``maxclients``), the mover polls
+    meanwhile and tries again less and less often (``RETRY_MIN_S`` to ``RETRY_MAX_S``)."""
 
-    def __init__(self, store: Store, name: str) -> None:
+    def __init__(self, store: Store, name: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.name = name
         self.refused = False
         self._pubsub: redis.client.PubSub | None = None
-        #: Why the last subscription failed or was lost, as told; None while subscribed.
-        self._lost: str | None = None
+        self._clock = clock
+        #: The cause of the refusal last told; None when none is (subscribed, or not yet refused).
+        self._told: str | None = None
+        self._retry_at, self._retry_s = 0.0, RETRY_MIN_S
 
-    def open(self) -> None:
-        """Subscribe, unless subscribed already or refused. A subscription Redis cannot take now
-        leaves the mover polling; what waiting cannot end (a password refused) is raised."""
-        if self._pubsub is not None or self.refused:
+    def open(self, quiet: bool = False) -> None:
+        """Subscribe, unless subscribed already, refused by the ACL, or waiting to try again.
+        What waiting cannot end (a password refused) is raised. Where Redis refuses the
+        connection, say so (once for each cause) and wait before the next try; ``quiet``: before
+        the first round's calls, which tell an outage themselves, try only."""
+        if self._pubsub is not None or self.refused or self._clock() < self._retry_at:
             return
         try:
             self._pubsub = subscribe(self.store)
         except RedisUnavailable as exc:  # (a refused password is a RedisAuthError: raised)
-            self._lose(exc)
+            if not quiet:
+                self._refused_now(str(exc).removeprefix("Redis is unavailable: "))
             return
-        if self._lost is not None:
+        self._retry_s = RETRY_MIN_S
+        if self._told is not None:
             logger.info("mover %s: subscribed to wake-ups again", self.name)
-            self._lost = None
+            self._told = None
 
-    def _lose(self, exc: BaseException) -> None:
-        """Poll without a subscription until the next :meth:`open`; tell the first of a run of
-        failures."""
-        self.close()
-        cause = str(exc).removeprefix("Redis is unavailable: ")  # (translated_errors' words)
-        if self._lost is None:
+    def _refused_now(self, cause: str) -> None:
+        """A subscription refused after calls that succeeded: poll until the next try."""
+        self._retry_at = self._clock() + self._retry_s
+        if cause != self._told:
             logger.warning(
                 "mover %s: no wake-up subscription (%s): it polls meanwhile, so a message published "
-                "due sooner than what it waits for is moved up to delay_max_sleep late, and "
-                "subscribes again at its next round",
+                "due sooner than what it waits for is moved up to delay_max_sleep late; it tries "
+                "again in %.0f s, then less often, down to once a minute",
                 self.name,
                 cause,
+                self._retry_s,
             )
-        self._lost = cause
+            self._told = cause
+        self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
 
     def wait(self, seconds: float) -> bool:
         """Wait at most ``seconds`` for a wake-up for this mover's database; true when one came
@@ -129,9 +142,10 @@ class WakeUps:
         except AUTH_ERRORS:  # a password refused on the subscription's reconnect: fatal
             raise
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # The subscription's connection alone failed or was refused again (the mover's next
-            # calls tell an outage): poll until the next round subscribes anew.
-            self._lose(exc)
+            # The subscription's connection dropped, and could not be made again: the mover's
+            # next calls tell an outage, and the subscription is made anew after them.
+            logger.debug("mover %s: wake-up subscription lost (%s)", self.name, exc)
+            self.close()
             return False
         except redis.exceptions.NoPermissionError as exc:
             # Redis answers a refused SUBSCRIBE only once the mover reads from it: here.

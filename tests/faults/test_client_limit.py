@@ -7,6 +7,7 @@ Each test starts its own redis-server, lowers its client limit, and stops what i
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator
 
@@ -14,7 +15,9 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
+from kombu_delay.connect import open_store
 from kombu_delay.message import Due
+from kombu_delay.mover.wake import WakeUps
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
@@ -73,3 +76,40 @@ def test_a_mover_at_maxclients_moves_with_what_it_has_and_subscribes_when_it_can
     assert "subscribed to wake-ups again" in mover.output()
     assert "Traceback" not in mover.output(), mover.output()
     assert mover.stop() == 0, mover.output()
+
+
+def rejected(admin: redis.Redis) -> int:
+    return int(admin.info("stats")["rejected_connections"])
+
+
+def test_a_refused_subscription_is_tried_again_less_and_less_often(server: RedisServer, caplog) -> None:
+    """Each try at Redis's maxclients is a connection it refuses (a TLS handshake, with
+    rediss://). They came once a round, as often as the mover moved: about 80 a second. Now
+    1 s after a refusal, then twice as long after each, up to a minute; and the lasting cause
+    is told, once."""
+    admin = server.client()
+    with (
+        open_store(server.delay_url) as store,
+        caplog.at_level(logging.INFO, logger="kombu_delay.mover.wake"),
+    ):
+        store.time_ms()  # its connection is made, as a mover's is: only the subscription's is to come
+        admin.config_set("maxclients", connected(admin))
+        now = [0.0]
+        wake = WakeUps(store, "m", clock=lambda: now[0])
+        before = rejected(admin)
+        wake.open()
+        each = rejected(admin) - before  # (redis-py may retry a connect: so many per try)
+        assert each >= 1 and not wake.subscribed
+        for _ in range(239):  # two minutes, a try asked for every half second
+            now[0] += 0.5
+            wake.open()
+        # At 0, 1, 3, 7, 15, 31 and 63 s.
+        assert rejected(admin) - before == 7 * each
+        told = [r.getMessage() for r in caplog.records if "no wake-up subscription" in r.getMessage()]
+        assert len(told) == 1 and "max number of clients reached" in told[0], told
+        admin.config_set("maxclients", 1000)
+        now[0] = 123.0  # the next try: 60 s after the one at 63 s
+        wake.open()
+        assert wake.subscribed
+        wake.close()
+    assert "subscribed to wake-ups again" in caplog.text
