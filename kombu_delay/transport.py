@@ -287,12 +287,14 @@ class DelayChannelMixin:
         try:
             return self.delay_store.pending(self._delay_dests(queue))
         except (RedisPermissionError, WrongTypeKey) as exc:
-            self._refused_once(
-                _size_refusal_told,
-                "queue sizes leave delayed messages out: %s (grant this user read access to "
-                "%skombu_delay:counts to count them)",
-                exc,
+            advice = (
+                "%skombu_delay:counts is no hash, written by hand? rename it out of the way, and "
+                "kombu-delay makes it anew"
+                if isinstance(exc, WrongTypeKey)
+                else "grant this user read access to %skombu_delay:counts to count them"
             )
+            told = f"queue sizes leave delayed messages out: %s ({advice})"
+            self._refused_once(_size_refusal_told, told, exc)
             return 0
 
     def _refused_once(self, told: threading.Event, message: str, exc: Exception) -> None:

@@ -121,13 +121,14 @@ class StoreBase:
         """Return the queue name of a destination list key."""
         return keys.queue_of(dest, self.prefix, self.sep, self.steps)
 
-    def misshapen(self) -> dict[str, str]:
+    def misshapen(self, also: dict[str, str] | None = None) -> dict[str, str]:
         """Each key this namespace shares (its indexes, id index, counts, totals, clean-up set, purge
         marks, heartbeats, alerts and dead letters) that holds a value of another type, written by
         hand, with a sentence that names it: every script that writes it fails on it. Also its
-        hints (:data:`HINTS`), which the scripts do without on such a key, with what is then lost.
-        One pipelined ``TYPE`` each."""
+        hints (:data:`HINTS`), which the scripts do without on such a key, with what is then lost,
+        and the keys ``also`` names, with their types (a bucket's). One pipelined ``TYPE`` each."""
         expected = {
+            **(also or {}),
             spaces.ORDINARY.index(self.prefix): "zset",
             spaces.COLD.index(self.prefix): "zset",
             self._gc: "zset",
@@ -157,12 +158,12 @@ class StoreBase:
                 )
         return told
 
-    def misshapen_told(self) -> str:
-        """``; <sentence>`` for each :meth:`misshapen` key, to follow an error that names none
-        (Redis's ``WRONGTYPE`` from a script); ``""`` where there is none, or where they cannot
-        be read (the error at hand is then the one to tell)."""
+    def misshapen_told(self, also: dict[str, str] | None = None) -> str:
+        """``; <sentence>`` for each :meth:`misshapen` key (and of ``also``), to follow an error
+        that names none (Redis's ``WRONGTYPE`` from a script); ``""`` where there is none, or
+        where they cannot be read (the error at hand is then the one to tell)."""
         with suppress(Exception):
-            return "".join(f"; {text}" for text in self.misshapen().values())
+            return "".join(f"; {text}" for text in self.misshapen(also).values())
         return ""
 
     def over_bulk_limit(self, size: int) -> str | None:

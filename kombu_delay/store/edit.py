@@ -140,7 +140,12 @@ class Editing(Inspecting, Publishing):
             self._may_publish([old.dest], edit=True)
             space = self._space_for(due, settings, now_ms)
             unchanged = f"{task_id!r} stays as it was"
-            reply = self._sent(payload, unchanged, lambda: spaces.placed(space, send(space), send, _too_soon))
+            reply = self._sent(
+                payload,
+                unchanged,
+                lambda: spaces.placed(space, send(space), send, _too_soon),
+                self._bucket_keys(due, old.dest, settings),
+            )
         return Rescheduled(int(reply[0]))
 
     def purge(self, dests: Iterable[str], limit: int = 1000, now_ms: int | None = None) -> int:

@@ -86,7 +86,10 @@ class Publishing(StoreBase):
             self._may_publish([dest])
             space = self._space_for(due, settings, now_ms)
             reply = self._sent(
-                payload, "nothing was stored", lambda: spaces.placed(space, send(space), send, _too_soon)
+                payload,
+                "nothing was stored",
+                lambda: spaces.placed(space, send(space), send, _too_soon),
+                self._bucket_keys(due, dest, settings),
             )
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
@@ -203,19 +206,34 @@ class Publishing(StoreBase):
             now_ms = None if estimate is None else int(estimate)
         return spaces.for_due(due, settings, now_ms)
 
-    def _sent(self, payload: str, unchanged: str, call: Callable[[], Any]) -> Any:
+    def _sent(
+        self, payload: str, unchanged: str, call: Callable[[], Any], bucket: dict[str, str] | None = None
+    ) -> Any:
         """``call()``, which sends ``payload``. Where Redis cuts the send off, its limit for one
         string is read again (:meth:`sending`): one lowered since it was read raises
         :class:`PayloadTooLarge` (ending with ``unchanged``) here and now. Redis's raw
-        ``WRONGTYPE`` from a script, which names no key, is told with the keys of another type."""
+        ``WRONGTYPE`` from a script, which names no key, is told with the keys of another type,
+        shared ones and those of ``bucket`` (:meth:`_bucket_keys`)."""
         try:
             with self.sending(_size(payload)):
                 return call()
         except (redis.ConnectionError, redis.ResponseError) as exc:
             self._must_fit(payload, unchanged)
             if isinstance(exc, redis.ResponseError) and "Operation against a key" in str(exc):
-                raise WrongTypeKey(f"{exc}{self.misshapen_told()}") from exc
+                raise WrongTypeKey(f"{exc}{self.misshapen_told(bucket)}") from exc
             raise
+
+    def _bucket_keys(self, due: Due, dest: str, settings: Settings) -> dict[str, str]:
+        """The keys, and their types, of the buckets of either space that a message due at ``due``
+        for ``dest`` goes into (none for a delay, whose due time Redis's clock sets)."""
+        if due.relative:
+            return {}
+        start = keys.bucket_start(due.ms, settings.bucket_width_ms)
+        found = {keys.task_ids(self.prefix, start): "list"}
+        for space in (spaces.ORDINARY, spaces.COLD):
+            found[space.meta(self.prefix, start)] = "hash"
+            found[space.queue_set(self.prefix, start, dest)] = "zset"
+        return found
 
     def _must_fit(self, payload: str, unchanged: str) -> None:
         """Raise :class:`PayloadTooLarge` (ending with ``unchanged``) for a message over Redis's

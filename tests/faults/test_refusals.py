@@ -303,6 +303,18 @@ def test_a_worker_user_with_only_kombus_keys_still_declares_and_sizes_its_queue(
     assert len(told) <= 1 and (not told or "kombu_delay:counts" in told[0]), told
 
 
+def test_a_counts_key_of_another_type_sizes_the_queue_and_says_what_to_do(
+    server: RedisServer, caplog, monkeypatch
+) -> None:
+    # Told to grant read access, for a key written over by hand.
+    monkeypatch.setattr("kombu_delay.transport._size_refusal_told", threading.Event())
+    server.client().set(keys.counts(""), "by hand")
+    with Connection(server.delay_url) as conn, caplog.at_level(logging.WARNING, logger="kombu_delay"):
+        assert conn.default_channel.queue_declare(QUEUE).message_count == 0
+    told = [rec.getMessage() for rec in caplog.records if "leave delayed messages out" in rec.getMessage()]
+    assert len(told) == 1 and "kombu_delay:counts is no hash" in told[0] and "grant" not in told[0], told
+
+
 def test_a_user_with_only_kombus_keys_delivers_a_message_with_a_bad_eta(server: RedisServer) -> None:
     # Its count (totals.bad_eta) was refused, and the refusal failed the publish: the message
     # was lost, and kombu's retry logged "delivering message ... now" each time. On redis://

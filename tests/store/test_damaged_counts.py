@@ -488,6 +488,29 @@ def test_a_publish_refused_on_a_shared_key_of_another_type_names_it(r: redis.Red
         )
 
 
+@pytest.mark.parametrize("kind", ["meta", "set", "task ids", "cold meta"])
+def test_a_publish_into_a_bucket_key_of_another_type_names_the_key(r, prefix, kind) -> None:
+    """A bucket's own key written over by hand before its first message: Redis's WRONGTYPE
+    from the script named no key, and every publish due in that bucket failed alike."""
+    now, start = _bucket(r)
+    store = Store(r, prefix)
+    dest = f"{prefix}celery"
+    cold = kind == "cold meta"  # (ten widths further: far enough ahead to be stored compressed)
+    due = Due(start + 1_000 + (10 * WIDTH if cold else 0), task_id="a")
+    at = keys.bucket_start(due.ms, WIDTH)
+    key = {
+        "meta": keys.meta(prefix, at),
+        "set": keys.queue_set(prefix, at, dest),
+        "task ids": keys.task_ids(prefix, at),
+        "cold meta": keys.meta(prefix, at, "c"),
+    }[kind]
+    r.set(key, "by hand")
+    settings = COLD if cold else ORDINARY
+    with pytest.raises(WrongTypeKey, match=f"'{key}' holds a string, not a"):
+        store.schedule(due, dest, kombu_payload("a"), settings, now_ms=now)
+    assert store.counts() == {} and store.find("a") == []  # nothing stored
+
+
 @pytest.mark.parametrize("settings", [ORDINARY, COLD], ids=["ordinary", "cold"])
 @pytest.mark.parametrize("shared", ["counts", "totals", "ids", "index"])
 def test_a_publish_refused_on_a_shared_key_of_another_type_stores_nothing(
