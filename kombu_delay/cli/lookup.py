@@ -40,9 +40,10 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
     """Show the pending messages of each TASK_ID: queue, ETA (UTC), time left, size.
 
     Exits 0 when every id has a pending message, 1 when some have none (never
-    scheduled, already moved to its queue, or cancelled). A compressed message
-    damaged in Redis is shown with no task name, and said so on stderr: a mover
-    will dead-letter it, and cancel removes it.
+    scheduled, already moved to its queue, cancelled, or dead-lettered: where
+    there are dead letters, it says how many). A compressed message damaged in
+    Redis is shown with no task name, and said so on stderr: a mover will
+    dead-letter it, and cancel removes it.
 
     \b
     Examples:
@@ -52,6 +53,7 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
     with control(ctx) as ctl:
         found = {i: [replace(m, task_id=i) for m in ctl.find(i, unreadable=True)] for i in task_ids}
         now = ctl.time_ms()
+        dead = ctl.dead_letters(0, 1)[0] if not all(found.values()) else 0
     if as_json:
         click.echo(json.dumps({i: [message_json(m, now) for m in ms] for i, ms in found.items()}, indent=2))
     else:
@@ -70,6 +72,9 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
     missing = [task_id for task_id, messages in found.items() if not messages]
     for task_id in missing:
         click.echo(f"{shown(task_id)}: not scheduled", err=True)
+    if missing and dead:  # (where a compressed message that could not be restored went)
+        kept = f"{dead:,} dead letter{'s' if dead != 1 else ''}"
+        click.echo(f"{kept} kept: `kombu-delay dead` lists them", err=True)
     if missing:
         ctx.exit(NOT_FOUND)
 

@@ -119,3 +119,13 @@ def test_dead_removes_a_digest_pasted_with_spaces_around_it(r, redis_server):
     digest = hashlib.sha256(b"\x07junk").hexdigest()
     assert kd(redis_server, "", "dead", "--remove", f" {digest}\n") == (0, f"{digest}: removed\n")
     assert not r.exists(keys.dead(""))
+
+
+def test_find_of_an_id_not_scheduled_points_to_the_dead_letters_where_there_are_some(r, redis_server, prefix):
+    # A compressed message a mover could not restore is dead-lettered: find said only "not
+    # scheduled", and nothing led to `dead`.
+    code, out = kd(redis_server, prefix, "find", "gone")
+    assert code == 1 and "dead letter" not in out, out
+    r.lpush(keys.dead(prefix), b"\x07not a member", b"\x07nor this")
+    code, out = kd(redis_server, prefix, "find", "gone")
+    assert code == 1 and "2 dead letters kept: `kombu-delay dead` lists them" in out, out
