@@ -15,11 +15,11 @@ import math
 import os
 import sys
 import traceback
-import unicodedata
 from collections.abc import Mapping, MutableMapping
 from typing import Any, TypeVar
 
 import click
+import wcwidth
 
 from kombu_delay.connect import Target
 from kombu_delay.message import is_text
@@ -314,13 +314,12 @@ class RedactingGroup(click.Group):
 
 
 def cells(text: str) -> int:
-    """The terminal columns ``text`` (made printable, as ``shown`` in inspect.py does) takes: two
-    for a wide East Asian character (CJK, most emoji), none for a combining mark, one for any
-    other."""
-    return sum(
-        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
-        for char in text
-    )
+    """The terminal columns ``text`` (made printable, as ``shown`` in inspect.py does) takes, as
+    wcwidth measures them: two for a wide character (CJK, an emoji), none for a mark drawn over
+    the one before (an accent, a Thai vowel, a variation selector, a skin tone); its length where
+    wcwidth finds a control character in it."""
+    width = int(wcwidth.wcswidth(text))
+    return width if width >= 0 else len(text)
 
 
 def padded(text: str, width: int) -> str:

@@ -77,13 +77,10 @@ def clipped(text: str) -> str:
     """``text`` (already :func:`shown`) cut to :data:`NAME_COLUMN` terminal columns, marked ``…``."""
     if cells(text) <= NAME_COLUMN:
         return text
-    kept, used = [], 0
-    for char in text:
-        used += cells(char)
-        if used > NAME_COLUMN - 1:
-            break
-        kept.append(char)
-    return "".join(kept) + "…"
+    end = 0  # the longest start of it that fits beside the mark (a mark stays with its character)
+    while end < len(text) and cells(text[: end + 1]) <= NAME_COLUMN - 1:
+        end += 1
+    return text[:end] + "…"
 
 
 def when(ms: int) -> str:

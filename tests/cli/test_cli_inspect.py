@@ -390,3 +390,6 @@ def test_stats_and_ls_align_their_columns_for_wide_characters(r, redis_server, p
 def test_a_long_wide_name_is_clipped_to_the_columns_of_a_long_narrow_one():
     assert cells(clipped("名" * 100)) <= NAME_COLUMN and cells(clipped("n" * 100)) == NAME_COLUMN
     assert clipped("名" * 30) == "名" * 30  # 60 columns: whole
+    # Marks drawn over the character before take no column: Thai vowels, a skin tone, VS16.
+    assert cells("ที่นี่") == 2 and cells("👍🏽") == 2 and cells("😀\ufe0f") == 2
+    assert clipped("ที่" * 100).endswith("…") and cells(clipped("ที่" * 100)) == NAME_COLUMN
