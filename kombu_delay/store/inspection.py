@@ -297,6 +297,11 @@ class Inspecting(Counting):
         with translated_errors():
             return listing.page(self, after, limit, None if dests is None else set(dests), examine)
 
+    def dead_count(self) -> int:
+        """How many dead letters there are (one ``LLEN``)."""
+        with translated_errors():
+            return int(self.client.llen(keys.dead(self.prefix)))
+
     def dead_letters(self, offset: int, limit: int) -> tuple[int, list[bytes]]:
         """Return how many dead letters there are and up to ``limit`` of them from ``offset``
         (newest first, as stored: what a mover could not restore)."""

@@ -129,3 +129,11 @@ def test_find_of_an_id_not_scheduled_points_to_the_dead_letters_where_there_are_
     r.lpush(keys.dead(prefix), b"\x07not a member", b"\x07nor this")
     code, out = kd(redis_server, prefix, "find", "gone")
     assert code == 1 and "2 dead letters kept: `kombu-delay dead` lists them" in out, out
+    code, out = kd(redis_server, prefix, "find", "gone", "--json")
+    assert code == 1 and "dead letter" not in out, out
+    # A hint only: a dead-letter list it cannot read (another type, by hand; an ACL) leaves
+    # "not scheduled" as it was, not an error.
+    r.delete(keys.dead(prefix))
+    r.set(keys.dead(prefix), "by hand")
+    code, out = kd(redis_server, prefix, "find", "gone")
+    assert code == 1 and out.strip() == "gone: not scheduled", out
