@@ -144,7 +144,7 @@ class Editing(Inspecting, Publishing):
                 payload,
                 unchanged,
                 lambda: spaces.placed(space, send(space), send, _too_soon),
-                self._bucket_keys(due, old.dest, settings),
+                lambda: self._bucket_keys(due, old.dest, settings),
             )
         return Rescheduled(int(reply[0]))
 

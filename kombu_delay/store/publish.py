@@ -89,7 +89,7 @@ class Publishing(StoreBase):
                 payload,
                 "nothing was stored",
                 lambda: spaces.placed(space, send(space), send, _too_soon),
-                self._bucket_keys(due, dest, settings),
+                lambda: self._bucket_keys(due, dest, settings),
             )
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
@@ -207,20 +207,24 @@ class Publishing(StoreBase):
         return spaces.for_due(due, settings, now_ms)
 
     def _sent(
-        self, payload: str, unchanged: str, call: Callable[[], Any], bucket: dict[str, str] | None = None
+        self,
+        payload: str,
+        unchanged: str,
+        call: Callable[[], Any],
+        bucket: Callable[[], dict[str, str]] | None = None,
     ) -> Any:
         """``call()``, which sends ``payload``. Where Redis cuts the send off, its limit for one
         string is read again (:meth:`sending`): one lowered since it was read raises
         :class:`PayloadTooLarge` (ending with ``unchanged``) here and now. Redis's raw
         ``WRONGTYPE`` from a script, which names no key, is told with the keys of another type,
-        shared ones and those of ``bucket`` (:meth:`_bucket_keys`)."""
+        shared ones and those ``bucket`` names (:meth:`_bucket_keys`), asked only then."""
         try:
             with self.sending(_size(payload)):
                 return call()
         except (redis.ConnectionError, redis.ResponseError) as exc:
             self._must_fit(payload, unchanged)
             if isinstance(exc, redis.ResponseError) and "Operation against a key" in str(exc):
-                raise WrongTypeKey(f"{exc}{self.misshapen_told(bucket)}") from exc
+                raise WrongTypeKey(f"{exc}{self.misshapen_told(bucket and bucket())}") from exc
             raise
 
     def _bucket_keys(self, due: Due, dest: str, settings: Settings) -> dict[str, str]:
