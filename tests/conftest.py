@@ -55,6 +55,14 @@ def r7(server7: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, for a test that reconfigures it (ACL users, its client
+    limit) or stops it."""
+    with RedisServer() as started:
+        yield started
+
+
+@pytest.fixture
 def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """A client on the session server, flushed before each test."""
     client = redis_server.client()

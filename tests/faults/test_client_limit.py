@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -26,12 +26,6 @@ from tests.support.stored import kombu_payload
 #: Generous: the suite shares two cores with other work.
 DEADLINE_S = 120.0
 QUEUE = "limited"
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as started:
-        yield started
 
 
 def connected(admin: redis.Redis) -> int:

@@ -54,13 +54,6 @@ DEADLINE_S = 120.0
 QUEUE = "refusals"
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A private server: these tests add ACL users and stop the process."""
-    with RedisServer() as started:
-        yield started
-
-
 def pid_of(server: RedisServer) -> int:
     assert server.process is not None
     return server.process.pid
