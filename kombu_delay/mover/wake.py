@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
-from kombu_delay.errors import AUTH_ERRORS, RedisUnavailable, translated_errors
+from kombu_delay.errors import AUTH_ERRORS, RedisUnavailable
 from kombu_delay.store import Store, keys
 
 logger = logging.getLogger(__name__)
@@ -19,52 +18,6 @@ logger = logging.getLogger(__name__)
 #: after each refusal, up to RETRY_MAX_S: at Redis's ``maxclients`` each try is a connection
 #: refused (a TLS handshake, with rediss://), and every mover makes them.
 RETRY_MIN_S, RETRY_MAX_S = 1.0, 60.0
-
-
-class OwnConnection:
-    """What a wake-up subscription draws its connection from: the store's pool, except that
-    the connection is a new one, never one the pool keeps, and is closed, not handed back,
-    when the subscription ends.
-
-    From the pool itself, a new subscription would take the idle connection of the mover's
-    calls, which then need another. At Redis's ``maxclients`` that one is refused, and no
-    round could move anything, for the sake of a subscription that only saves polling."""
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        # What the pool's own make_connection builds, without counting it among the pool's,
-        # connected as the pool connects one: a Sentinel-managed connection finds its master
-        # only in its own connect(), which a pub/sub's first command would not call.
-        connection = self._pool.connection_class(**self._pool.connection_kwargs)
-        try:
-            connection.connect()
-        except BaseException:
-            connection.disconnect()
-            raise
-        return connection
-
-    def release(self, connection: Any) -> None:
-        connection.disconnect()
-
-
-def subscribe(store: Store) -> redis.client.PubSub:
-    """A pub/sub connection of its own, subscribed to ``store``'s wake channel."""
-    with translated_errors():
-        pubsub: redis.client.PubSub = store.client.pubsub(  # type: ignore[no-untyped-call]
-            ignore_subscribe_messages=True
-        )
-        pubsub.connection_pool = OwnConnection(pubsub.connection_pool)
-        try:
-            pubsub.subscribe(keys.wake_channel(store.prefix))
-        except BaseException:
-            pubsub.close()
-            raise
-    return pubsub
 
 
 class WakeUps:
@@ -94,7 +47,7 @@ class WakeUps:
         if self._pubsub is not None or self.refused or self._clock() < self._retry_at:
             return
         try:
-            self._pubsub = subscribe(self.store)
+            self._pubsub = self.store.wake_subscription()
         except RedisUnavailable as exc:  # (a refused password is a RedisAuthError: raised)
             if not quiet:
                 self._refused_now(str(exc).removeprefix("Redis is unavailable: "))

@@ -330,3 +330,34 @@ def _db_of(client: redis.Redis) -> int:
         return int(kwargs.get("db") or 0)
     except (TypeError, ValueError):
         return 0
+
+
+class OwnConnection:
+    """What a wake-up subscription draws its connection from: the store's pool, except that
+    the connection is a new one, never one the pool keeps, and is closed, not handed back,
+    when the subscription ends.
+
+    From the pool itself, a new subscription would take the idle connection of the mover's
+    calls, which then need another. At Redis's ``maxclients`` that one is refused, and no
+    round could move anything, for the sake of a subscription that only saves polling."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        # What the pool's own make_connection builds, without counting it among the pool's,
+        # connected as the pool connects one: a Sentinel-managed connection finds its master
+        # only in its own connect(), which a pub/sub's first command would not call.
+        connection = self._pool.connection_class(**self._pool.connection_kwargs)
+        try:
+            connection.connect()
+        except BaseException:
+            connection.disconnect()
+            raise
+        return connection
+
+    def release(self, connection: Any) -> None:
+        connection.disconnect()

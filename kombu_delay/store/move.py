@@ -11,7 +11,7 @@ import redis
 
 from kombu_delay.errors import CorruptMember, RedisPermissionError, is_wrong_type, translated_errors
 from kombu_delay.store import keys, spaces
-from kombu_delay.store.base import StoreBase, as_text, format_must_be, whole
+from kombu_delay.store.base import OwnConnection, StoreBase, as_text, format_must_be, whole
 from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Stored, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -372,6 +372,20 @@ class Moving(StoreBase):
         """Remove a mover's heartbeat (on a clean shutdown)."""
         with translated_errors():
             self.client.zrem(keys.movers(self.prefix), mover_id)
+
+    def wake_subscription(self) -> redis.client.PubSub:
+        """A pub/sub connection of its own (:class:`OwnConnection`), subscribed to the wake channel."""
+        with translated_errors():
+            pubsub: redis.client.PubSub = self.client.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=True
+            )
+            pubsub.connection_pool = OwnConnection(pubsub.connection_pool)
+            try:
+                pubsub.subscribe(keys.wake_channel(self.prefix))
+            except BaseException:
+                pubsub.close()
+                raise
+        return pubsub
 
 
 def _due_ms(stored: Stored) -> int:

@@ -25,7 +25,6 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import pacing
 from kombu_delay.mover.loop import Mover
-from kombu_delay.mover.wake import subscribe
 from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
@@ -401,7 +400,7 @@ def test_an_earlier_message_in_a_narrower_bucket_is_announced_and_reported_as_ne
     wide_start = now - now % 3_600_000 + 2 * 3_600_000
     store.schedule(Due(wide_start + 3_599_999, task_id="w"), "q", kombu_payload("w"), hour)
     assert store.move_due(100).next_due_ms == wide_start + 3_599_999
-    pubsub = subscribe(store)
+    pubsub = store.wake_subscription()
     narrow_due = wide_start + 1500
     store.schedule(Due(narrow_due, task_id="n"), "q2", kombu_payload("n"), second)
     woken = None
