@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import redis
 
@@ -23,6 +22,7 @@ from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey, transla
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter, sleep_after
 from kombu_delay.mover.stage import Stager
+from kombu_delay.mover.tally import Tally
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.mover.wake import WakeUps
@@ -32,8 +32,6 @@ from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
 logger = logging.getLogger(__name__)
 
-#: How often, at most, a mover logs its progress at INFO, seconds.
-LOG_EVERY_S = 10.0
 #: Longest single wait slice, so a stop request is seen promptly, seconds.
 STOP_SLICE_S = 0.25
 #: Longest a stopping mover waits for Redis to take its heartbeat away, seconds.
@@ -47,32 +45,6 @@ SWEEP_PAGE = 500
 #: A sweep takes at most this share of a mover's time, however many buckets there are: a
 #: cycle that took ``t`` seconds of calls starts again ``t / SWEEP_SHARE`` later at the soonest.
 SWEEP_SHARE = 0.02
-
-#: The ERROR for buckets a move call or the sweep let go that had vanished whole.
-VANISHED = (
-    "mover %s: %d buckets vanished whole: their meta hash, which counts their messages, is gone, and "
-    "no sorted set of theirs was found for the queues the per-queue counts name (deleted by hand, "
-    "evicted, or expired after no mover ran for delay_grace plus a day); what they held is lost, "
-    "and cannot be counted (see Limitations)"
-)
-
-
-@dataclass
-class MoverStats:
-    """Running totals of one mover, for logs and metrics."""
-
-    moved: int = 0
-    dead: int = 0
-    expired: int = 0
-    held: int = 0
-    wrongtype: int = 0
-    refused: int = 0  #: due messages whose destination this user's ACL refuses
-    thawed: int = 0  #: compressed messages restored into the ordinary buckets
-    renewed: int = 0  #: buckets whose expiry a sweep pushed out
-    errors: int = 0
-    calls: int = 0
-    last_move_at: float = 0.0  #: Redis's clock (epoch s) at the last call that moved something
-    lag_ms: int = 0  #: Redis now minus the oldest due message still waiting (0 if none)
 
 
 class Mover:
@@ -95,18 +67,15 @@ class Mover:
         self.store = store
         self.settings = settings
         self.name = name or mover_id()
-        self.stats = MoverStats()
+        #: Its totals (``stats``) and the log lines of its results.
+        self.tally = Tally(self.name, settings.batch_size, on_result, on_sweep)
+        self.stats = self.tally.stats
         self._stop = threading.Event()
-        self._on_result = on_result
         self._on_error = on_error
-        self._on_sweep = on_sweep
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
         self._last_beat = float("-inf")
         self._called_at = time.monotonic()
         self._call_s = 0.0  # how long the last move call took
-        self._last_log = time.monotonic()
-        self._stuck_logged_at = float("-inf")
-        self._logged_moved = 0
         #: The thaw of compressed messages, planned from what the cold space holds.
         self.thawer = Thawer(store, settings, self.name, self.stats, on_thaw, on_error=self.told)
         #: The copy of each herd, ahead of its due time, that a move hands over whole.
@@ -268,106 +237,13 @@ class Mover:
             self._sweep_cursor, self._next_sweep = None, now + SWEEP_EVERY_S
             return SWEEP_EVERY_S
         self._sweep_busy += time.monotonic() - now
-        self._account_sweep(result)
+        self.tally.sweep(result)
         if result.cursor:
             self._sweep_cursor = result.cursor
             return 0.0
         self._sweep_cursor = None
         self._next_sweep = self._sweep_began + max(SWEEP_EVERY_S, self._sweep_busy / SWEEP_SHARE)
         return max(0.0, self._next_sweep - time.monotonic())
-
-    def _account_sweep(self, result: SweepResult) -> None:
-        self.stats.renewed += result.renewed
-        self.stats.expired += result.lost
-        if result.lost:
-            logger.warning(
-                "mover %s: %d scheduled messages were lost: their bucket expired or was evicted "
-                "(see Redis's maxmemory-policy) or deleted",
-                self.name,
-                result.lost,
-            )
-        if result.rebuilt:
-            logger.error(
-                "mover %s: %d buckets held messages their counts missed (a meta hash evicted or "
-                "deleted, or members added by hand); counted again from their sorted sets",
-                self.name,
-                result.rebuilt,
-            )
-        if result.vanished:  # (a bucket due later: the sweep reaches it before any move)
-            logger.error(VANISHED, self.name, result.vanished)
-        if self._on_sweep is not None:
-            self._on_sweep(result)
-
-    def _account(self, result: MoveResult) -> None:
-        stats = self.stats
-        stats.calls += 1
-        self._limiter.spend(result.moved)
-        stats.moved += result.moved
-        stats.expired += result.expired
-        stats.held += result.held
-        stats.wrongtype += result.wrongtype
-        stats.refused += result.refused
-        if result.moved:
-            stats.last_move_at = result.now_ms / 1000
-        if result.moved > self.settings.batch_size:  # only a herd handed over whole moves more
-            # (the call's count: other queues' messages moved in the same call are in it too)
-            logger.info("mover %s: moved %d messages in one call, a herd whole", self.name, result.moved)
-        waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
-        stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
-        if result.expired:
-            logger.warning(
-                "mover %s: %d scheduled messages were lost: their bucket expired or "
-                "was deleted before it was moved",
-                self.name,
-                result.expired,
-            )
-        if result.recounted:
-            logger.error(
-                "mover %s: %d scheduled messages were missing from their bucket's counts (a meta "
-                "hash evicted or deleted, or members added by hand); counted again, and moved",
-                self.name,
-                result.recounted,
-            )
-        if result.vanished:
-            logger.error(VANISHED, self.name, result.vanished)
-        now = time.monotonic()
-        # Polled every HELD_POLL_S (pacing.py) while they wait: said once per LOG_EVERY_S, not per poll.
-        if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:
-            self._tell_stuck(result)
-            self._stuck_logged_at = now
-        logger.debug("mover %s: %s", self.name, result)
-        if self._on_result is not None:
-            self._on_result(result)
-        if now - self._last_log >= LOG_EVERY_S:
-            moved = stats.moved - self._logged_moved
-            if moved or stats.lag_ms:
-                logger.info(
-                    "mover %s: moved %d messages in the last %.0f s; lag %d ms",
-                    self.name,
-                    moved,
-                    now - self._last_log,
-                    stats.lag_ms,
-                )
-            self._last_log, self._logged_moved = now, stats.moved
-
-    def _tell_stuck(self, result: MoveResult) -> None:
-        """Say which due messages stay scheduled, and why (the other queues' messages move on)."""
-        if result.wrongtype:
-            logger.warning(
-                "mover %s: %d due messages stay scheduled: their destination key is not a list: %s "
-                "(rename it out of the way, and they move)",
-                self.name,
-                result.wrongtype,
-                ", ".join(map(repr, result.wrongtype_dests)),  # (a key name may hold a newline)
-            )
-        if result.refused:
-            logger.warning(
-                "mover %s: %d due messages stay scheduled: this user's ACL refuses LPUSH onto %s "
-                "(grant it those keys, `ACL SETUSER <user> ~<key>`); the other queues' messages move",
-                self.name,
-                result.refused,
-                ", ".join(map(repr, result.refused_dests)),
-            )
 
     def _sleep_for(self, result: MoveResult) -> float:
         return sleep_after(result, self.settings, self._call_s)
@@ -398,3 +274,7 @@ class Mover:
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
             self.store.heartbeat(self.name)
             self._last_beat = now
+
+    def _account(self, result: MoveResult) -> None:
+        self._limiter.spend(result.moved)
+        self.tally.move(result)

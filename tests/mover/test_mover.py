@@ -881,7 +881,7 @@ def test_a_stuck_destination_is_named_escaped_in_the_log(r, caplog):
         0, None, 0, 0, 0, 0, 1, False, refused=1, refused_dests=[forged], wrongtype_dests=[forged]
     )
     with caplog.at_level(logging.WARNING, logger="kombu_delay.mover.loop"):
-        Mover(Store(r), Settings(), name="m", watch=False)._tell_stuck(result)
+        Mover(Store(r), Settings(), name="m", watch=False).tally.tell_stuck(result)
     assert len(caplog.records) == 2
     for record in caplog.records:
         text = record.getMessage()

@@ -14,7 +14,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import thaw_plan
-from kombu_delay.mover.loop import MoverStats
+from kombu_delay.mover.tally import MoverStats
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.store import Store, cold, keys
 from kombu_delay.store.replies import BucketCounts
