@@ -147,6 +147,7 @@ class Mover:
                         raise
                     raise fatal from exc
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                    self.store.close_idle()  # (the next round's connect may need their place)
                     cause = str(exc).removeprefix("Redis is unavailable: ")  # (translated_errors' words)
                     logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, cause)
                 elif isinstance(exc, RedisRefused):  # a read-only replica, maxmemory, a failing

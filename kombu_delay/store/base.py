@@ -286,6 +286,13 @@ class StoreBase:
             if cursor == 0 or (stopping is not None and stopping()):
                 return
 
+    def close_idle(self) -> None:
+        """Close the connections the pool holds idle, after a call that could not connect.
+        redis-py hands out the connection its pool got back last, and one whose connect Redis
+        refused goes back on top: at Redis's ``maxclients``, every call took that one again
+        and was refused, while an idle one below it, still connected, held the last place."""
+        self.client.connection_pool.disconnect(inuse_connections=False)
+
     def time_ms(self, reader: Any = None) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one), read
         through ``reader`` (a connection in hand, a pipeline watching keys) when given."""

@@ -17,10 +17,13 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.connect import open_store
 from kombu_delay.message import Due
+from kombu_delay.mover.loop import Mover
+from kombu_delay.mover.threads import start_daemon
 from kombu_delay.mover.wake import WakeUps
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc, wait_until
+from tests.support.servers import full_but_for_an_idle_connection
 from tests.support.stored import kombu_payload
 
 #: Generous: the suite shares two cores with other work.
@@ -108,3 +111,27 @@ def test_a_refused_subscription_is_tried_again_less_and_less_often(server: Redis
         assert wake.subscribed
         wake.close()
     assert "subscribed to wake-ups again" in caplog.text
+
+
+def test_at_maxclients_an_idle_connection_on_the_last_place_is_let_go_for_the_calls(
+    server: RedisServer,
+) -> None:
+    """redis-py hands out the connection its pool got back last, and one whose connect Redis
+    refused goes back on top. So where a mover's watch thread gave its connection back while
+    the loop's was being refused, every round took the refused one again, and was refused,
+    while the idle one below it held the last place: nothing moved until a client went away
+    (the ``every-connection`` case above failed so, now and then). After a failed round the
+    mover closes its idle connections, and the next round's connect finds the place free."""
+    admin = server.client()
+    with open_store(server.delay_url) as store:
+        store.schedule(Due(store.time_ms() + 1000, task_id="t"), QUEUE, kombu_payload("t", QUEUE), Settings())
+        full_but_for_an_idle_connection(admin, store.client.connection_pool)
+        mover = Mover(store, Settings(), name="m", watch=False)
+        thread = start_daemon(mover.run, "mover")
+        try:
+            raw = wait_until(lambda: admin.lpop(QUEUE), timeout=DEADLINE_S)
+        finally:
+            mover.stop()
+            thread.join(DEADLINE_S)
+    assert json.loads(raw)["properties"]["delivery_tag"] == "t"
+    assert mover.stats.moved == 1 and mover.stats.errors >= 1

@@ -110,3 +110,18 @@ def binary_before(major: int) -> str:
         if int(version) < major:
             return binary
     pytest.skip(f"no redis-server older than {major} here (found: {binaries() or 'none'})")
+
+
+def full_but_for_an_idle_connection(admin: redis.Redis, pool: redis.ConnectionPool) -> None:
+    """Put Redis at its ``maxclients`` with ``pool`` holding the last place idle, under a
+    connection of the pool that Redis dropped and that the pool hands out next: the state a
+    connect refused while another thread gave its connection back leaves (redis-py hands out
+    the connection its pool got back last, a refused one too). Only ``admin`` and the idle
+    connection stay connected."""
+    idle, dropped = pool.get_connection(), pool.get_connection()
+    dropped.send_command("CLIENT", "ID")
+    dropped_id = dropped.read_response()
+    pool.release(idle)
+    pool.release(dropped)  # on top: handed out next
+    admin.client_kill_filter(_id=dropped_id)
+    admin.config_set("maxclients", int(admin.info("clients")["connected_clients"]))
