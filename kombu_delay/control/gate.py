@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import redis
+
 #: kombu's pool size where the transport options give no ``max_connections``.
 KOMBU_POOL = 10
 
@@ -66,11 +68,19 @@ class Gate:
 
 
 def gated(method: Call) -> Call:
-    """Run ``method`` of an object with a ``_gate`` (:class:`Gate`) through it."""
+    """Run ``method`` of an object with a ``_gate`` (:class:`Gate`) through it. Where it could
+    not reach Redis, the idle connections of the object's ``_store`` (once opened) are closed:
+    at Redis's ``maxclients`` the next call's connect may need the place one of them holds
+    (see :meth:`~kombu_delay.store.Store.close_idle`)."""
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         with self._gate.passed():
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except redis.ConnectionError:
+                if self._store is not None:
+                    self._store.close_idle()
+                raise
 
     return run  # type: ignore[return-value]

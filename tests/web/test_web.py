@@ -40,7 +40,7 @@ from kombu_delay.web.guard import (
     url_host,
 )
 from tests.support.procs import ROOT, wait_until
-from tests.support.servers import running_tls_server
+from tests.support.servers import full_but_for_an_idle_connection, running_tls_server
 from tests.support.stored import behind, kombu_payload
 
 
@@ -578,6 +578,19 @@ def test_a_json_route_answers_errors_as_json():
         assert reply.get_json()["error"].startswith("Redis is unavailable: ")
         page = client.get("/")  # a page still answers with the error page
         assert page.status_code == 503 and page.mimetype == "text/html"
+
+
+def test_after_a_refused_connect_the_next_page_gets_the_place_an_idle_connection_held(server):
+    # At Redis's maxclients, a page whose connect was refused left the connection on top of the
+    # pool, and every page after took it again and was refused, while an idle connection of
+    # the dashboard's held the last place: Redis errors until a client of another went away.
+    with DelayControl(server.delay_url) as ctl:
+        client = client_of(ctl)
+        assert client.get("/dead").status_code == 200
+        admin = server.client()  # (kept: its connection is one of the places)
+        full_but_for_an_idle_connection(admin, ctl.store.client.connection_pool)
+        assert client.get("/dead").status_code == 503
+        assert client.get("/dead").status_code == 200
 
 
 def test_path_prefix_serves_and_links_under_it(control):
