@@ -60,6 +60,8 @@ class Tally:
         self._on_sweep = on_sweep
         self._last_log = time.monotonic()
         self._stuck_logged_at = float("-inf")
+        #: The destinations whose due messages it said stay scheduled, until none do.
+        self._held: set[str] = set()
         self._logged_moved = 0
 
     def sweep(self, result: SweepResult) -> None:
@@ -122,6 +124,16 @@ class Tally:
         if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:
             self.tell_stuck(result)
             self._stuck_logged_at = now
+            self._held.update(result.wrongtype_dests, result.refused_dests)
+        elif self._held and not (result.wrongtype or result.refused or result.more):
+            # A call that looked at every due bucket and found none held: the end is told too.
+            logger.info(
+                "mover %s: no due message stays scheduled for %s any more: moved, or removed",
+                self.name,
+                ", ".join(map(repr, sorted(self._held))),
+            )
+            self._held.clear()
+            self._stuck_logged_at = float("-inf")  # (a new cause is told at once)
         logger.debug("mover %s: %s", self.name, result)
         if self._on_result is not None:
             self._on_result(result)

@@ -25,6 +25,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import pacing
 from kombu_delay.mover.loop import Mover
+from kombu_delay.mover.tally import Tally
 from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
@@ -897,11 +898,29 @@ def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover)
     wait_until(lambda: "destination key is not a list: 'blocked' (rename" in mover.output())
     assert sorted(s.envelope.task_id for s in stored(r)) == [tags[0], tags[2]]
     assert Store(r).counts() == {"blocked": 2}
+    assert "any more" not in mover.output()
     r.delete("blocked")  # fixed by the operator: the mover delivers on its next look
     wait_until(lambda: r.llen("blocked") == 2)
     assert stored(r) == []
+    wait_until(lambda: "no due message stays scheduled for 'blocked' any more" in mover.output())
     assert mover.stop() == 0, mover.output()
     assert "WARNING" in mover.output()
+
+
+def test_the_end_of_held_messages_is_told_once_after_a_call_that_looked_at_every_due_bucket(caplog):
+    # Held messages were told every 10 s while they lasted, and their end not at all: a log
+    # read after the fix could not tell whether they had moved.
+    tally = Tally("m", 100)
+    held = MoveResult(0, None, 0, 0, 0, 0, 2, False, wrongtype_dests=["blocked"])
+    cut_short = MoveResult(5, None, 0, 0, 0, 0, 0, True)  # (the rest of what is due unread)
+    clear = MoveResult(2, None, 0, 0, 0, 0, 0, False)
+    with caplog.at_level(logging.INFO, logger="kombu_delay.mover.loop"):
+        for result in (held, held, cut_short, clear, clear, held):
+            tally.move(result)
+    told = [r.getMessage() for r in caplog.records if "stay" in r.getMessage()]
+    assert len(told) == 3, told  # held; its end after the call that read everything; held again at once
+    assert "not a list: 'blocked'" in told[0] and "not a list: 'blocked'" in told[2]
+    assert told[1] == "mover m: no due message stays scheduled for 'blocked' any more: moved, or removed"
 
 
 def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_late(r, monkeypatch):
