@@ -28,11 +28,13 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
     def acting(action: str, target: str) -> None:
         """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
         if not allow_actions:
-            guard.audit.warning("refused %s %r by %s: actions are off", action, target, who())
+            guard.audit.warning(
+                "refused %s %s by %s: actions are off", action, guard.printable(target), who()
+            )
             abort(403, READ_ONLY)
         problem = guard.csrf_problem(request)
         if problem is not None:
-            guard.audit.warning("refused %s %r by %s: %s", action, target, who(), problem)
+            guard.audit.warning("refused %s %s by %s: %s", action, guard.printable(target), who(), problem)
             abort(403, f"Refused: {problem}.")
 
     def action_id() -> str:
@@ -49,7 +51,7 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
             return render_template("confirm.html", action="cancel", task_id=task_id, found=found)
         with _logged_if_failed("cancel", task_id):
             n = control.cancel(task_id)
-        guard.audit.warning("cancel %r by %s: %d message(s) cancelled", task_id, who(), n)
+        guard.audit.warning("cancel %s by %s: %d message(s) cancelled", guard.printable(task_id), who(), n)
         return render_template("done.html", title="Cancelled", task_id=task_id, count=n, action="cancel")
 
     @app.post("/task/reschedule")
@@ -73,10 +75,12 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
             with _logged_if_failed("reschedule", task_id):
                 n = control.reschedule(task_id, eta=eta, countdown=countdown)
         except ValueError as exc:  # a bad time, or one Redis refuses (too far, say)
-            guard.audit.warning("reschedule %r by %s failed: %r", task_id, who(), str(exc))
+            guard.audit.warning("reschedule %s by %s failed: %r", guard.printable(task_id), who(), str(exc))
             return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
         new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
-        guard.audit.warning("reschedule %r to %s by %s: %d message(s) rescheduled", task_id, new, who(), n)
+        guard.audit.warning(
+            "reschedule %s to %s by %s: %d message(s) rescheduled", guard.printable(task_id), new, who(), n
+        )
         return redirect(url_for("task", id=task_id, done=n), 303)
 
     @app.post("/dead/remove")
@@ -89,9 +93,11 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
             with _logged_if_failed("remove dead letter", digest):
                 n = control.remove_dead_letter(digest, near)
         except ValueError:
-            guard.audit.warning("remove dead letter %r by %s failed: %s", digest, who(), BAD_POSITION)
+            guard.audit.warning(
+                "remove dead letter %s by %s failed: %s", guard.printable(digest), who(), BAD_POSITION
+            )
             abort(400, BAD_POSITION)
-        guard.audit.warning("remove dead letter %r by %s: %d removed", digest, who(), n)
+        guard.audit.warning("remove dead letter %s by %s: %d removed", guard.printable(digest), who(), n)
         return render_template("done.html", title="Removed", task_id=digest, count=n, action="remove")
 
 
@@ -110,7 +116,9 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
                 how = "may or may not have been done"
             elif isinstance(exc, EditConflict):
                 how = "refused, another edit first"
-            guard.audit.warning("%s %r by %s %s: %r", action, target, guard.requester(), how, str(exc))
+            guard.audit.warning(
+                "%s %s by %s %s: %r", action, guard.printable(target), guard.requester(), how, str(exc)
+            )
         raise
 
 

@@ -32,6 +32,9 @@ PAGE_ROWS = 50
 MAX_ROWS = 500
 #: How far either side of where a page showed a dead letter its own page looks for it.
 DEAD_REACH = 10_000
+#: The largest request body read, bytes: the waitress server refuses a longer one before it
+#: reads it (its own default is 1 GiB, written to a file before the app sees the request).
+MAX_BODY = 64 * 1024
 #: The routes that answer JSON, errors included.
 JSON_ENDPOINTS = frozenset({"overview_json"})
 #: The ``done`` of a task page: a count of messages rescheduled, as the reschedule action
@@ -67,7 +70,7 @@ def create_app(
     if not (math.isfinite(refresh_s) and 0 <= refresh_s <= MAX_REFRESH_S):
         raise ValueError(f"refresh_s {refresh_s} is not a number of seconds from 0 to {MAX_REFRESH_S}")
     app = Dashboard(__name__)
-    app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
+    app.config.update(MAX_CONTENT_LENGTH=MAX_BODY)
     app.url_defaults(surrogates.encode_query)
     shared = Shared(control, max_buckets, share_s)
     hosts = frozenset(
@@ -120,6 +123,9 @@ def _install_guards(
                 "(behind a reverse proxy, say), start it with --allowed-host NAME\n"
             )
             return guard.refused_early(request, 400, text, "host not allowed")
+        if guard.from_another_page(request):
+            text = "this dashboard serves no part of another site's page\n"
+            return guard.refused_early(request, 403, text, "made by another site's page")
         if credentials is not None:
             if not credentials.check(request.headers.get("Authorization")):
                 challenge = {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'}
@@ -139,7 +145,10 @@ def _install_guards(
                 guard.CSRF_COOKIE,
                 g.csrf,
                 httponly=True,
-                samesite="Strict",
+                # Lax, not Strict: a link from another site to the dashboard sent no cookie, so
+                # it was given a new token, and the forms of the tabs already open were refused.
+                # A POST from another site still sends none (and needs the token besides).
+                samesite="Lax",
                 secure=request.is_secure,
                 path=request.script_root or "/",
             )

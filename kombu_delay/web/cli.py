@@ -99,7 +99,7 @@ def web(
     try:
         import waitress
 
-        from kombu_delay.web.app import PathPrefix, create_app
+        from kombu_delay.web.app import MAX_BODY, PathPrefix, create_app
         from kombu_delay.web.guard import ANY_HOST, url_host
     except ImportError as exc:
         raise click.ClickException(
@@ -147,6 +147,7 @@ def web(
             threads=threads,
             ident="kombu-delay",
             clear_untrusted_proxy_headers=False,
+            max_request_body_size=MAX_BODY,
         )
     except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc

@@ -396,6 +396,52 @@ def test_basic_auth_guards_every_path(control):
         Credentials.parse("no-password")
 
 
+@pytest.mark.parametrize(
+    ("site", "mode", "status"),
+    [
+        ("cross-site", "no-cors", 403),  # an <img> of any page of the web
+        ("same-site", "cors", 403),  # a fetch by a page on another port of the same host
+        ("cross-site", "navigate", 200),  # a link followed from another site
+        ("same-origin", "cors", 200),  # the dashboard's own refresh
+        ("none", "navigate", 200),  # typed in, a bookmark
+        (None, None, 200),  # no browser, or one that sends no Sec-Fetch headers
+    ],
+)
+def test_a_part_of_another_sites_page_is_refused_before_it_costs_redis_anything(
+    r, control, site, mode, status
+):
+    # Three <img> tags on any page made the browser of whoever opened it run the dashboard's
+    # costliest reads (a listing of every bucket for a queue with none, a dead-letter search).
+    client = client_of(control)
+    headers = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": mode} if site else {}
+    before = int(r.info("stats")["total_commands_processed"])
+    reply = client.get("/scheduled?queue=none", headers=headers)
+    commands = int(r.info("stats")["total_commands_processed"]) - before - 1  # (less the INFO)
+    assert reply.status_code == status
+    assert commands == 0 if status == 403 else commands > 0
+
+
+def test_an_action_on_a_huge_task_id_writes_an_audit_line_cut_as_documented(control, caplog):
+    # Refused POSTs were cut, but a done action wrote the id whole: 60,103 characters a line.
+    client = client_of(control, allow_actions=True)
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    reply = client.post(f"/task/cancel?id={'x' * 60_000}", data={"confirm": "yes", "csrf": token(client)})
+    assert reply.status_code == 200
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith("cancel 'xxx") and line.endswith(
+        "... (60,002 characters) by -@127.0.0.1: 0 message(s) cancelled"
+    )
+    assert len(line) < 400
+
+
+def test_the_csrf_cookie_is_lax_so_a_link_from_another_site_keeps_the_token(control):
+    # Strict: a link from another site sent no cookie, so the page it opened set a new token,
+    # and the forms of the tabs already open were refused ("token does not match").
+    reply = client_of(control).get("/")
+    cookie = reply.headers["Set-Cookie"]
+    assert "SameSite=Lax" in cookie and "HttpOnly" in cookie
+
+
 #: What a page that rebound its own name to the dashboard's address sends (DNS rebinding).
 REBOUND = "attacker.example:26001"
 

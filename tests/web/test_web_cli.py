@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -188,3 +189,26 @@ def test_only_a_loopback_address_is_taken_for_one_others_cannot_reach():
     assert all(map(loopback_only, ["127.0.0.1", "127.0.0.2", "localhost", "localhost.", "::1", "[::1]"]))
     assert loopback_only("::ffff:127.0.0.1") and not loopback_only("::ffff:192.0.2.1")
     assert not any(map(loopback_only, ["0.0.0.0", "::", "", "192.0.2.1", "dash.internal", "[::1]:80"]))
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(redis_server, spawn):
+    # The app reads no more than 64 KB, but waitress took up to 1 GiB first, into a file, before
+    # the Host check or basic auth: one client with no password could fill the disk.
+    port = free_port()
+    args = [sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "web", "--port", str(port)]
+    proc = spawn([*args, "--auth", "ops:s3cret", "--allow-actions"], name="web")
+
+    def up() -> bool:
+        try:
+            return status_of(f"http://127.0.0.1:{port}/") == 401
+        except OSError:
+            assert proc.popen.poll() is None, proc.output()
+            return False
+
+    wait_until(up, timeout=BOUND_S)
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND_S) as sock:
+        head = (
+            f"POST /task/cancel?id=x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 1000000000\r\n\r\n"
+        )
+        sock.sendall(head.encode())  # and no byte of the body: the answer must not wait for it
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
