@@ -112,6 +112,8 @@ def _install_guards(
             "ranges": RANGES,
         }
 
+    logins = guard.RefusedLogins()
+
     @app.before_request
     def before() -> Response | None:
         g.started = time.perf_counter()
@@ -128,6 +130,8 @@ def _install_guards(
             return guard.refused_early(request, 403, text, "made by another site's page")
         if credentials is not None:
             if not credentials.check(request.headers.get("Authorization")):
+                if "Authorization" in request.headers and request.method != "POST":  # (told below)
+                    logins.refused(request)
                 challenge = {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'}
                 text = "authentication required\n"
                 return guard.refused_early(request, 401, text, "authentication failed", challenge)

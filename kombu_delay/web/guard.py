@@ -7,7 +7,8 @@ and ``web`` refuses actions there without it (:func:`loopback_only`).
   host the dashboard answers to (see :func:`allowed_hosts_of`); others are refused with 400. A
   page of another site that rebinds its own name to the dashboard's address (DNS rebinding)
   sends its own name, so it can neither read the pages nor pass the ``Origin`` check below.
-* Basic auth (optional): every request, static files included, needs the one user and password.
+* Basic auth (optional): every request, static files included, needs the one user and password;
+  a wrong one is told on the audit log (:class:`RefusedLogins`).
 * Other pages: a request another origin's page makes for a part of its own (an image, a
   fetch), as the browser says in ``Sec-Fetch-Site``, is refused with 403 before it costs
   Redis anything (:func:`from_another_page`); a link followed from another site is served.
@@ -28,7 +29,9 @@ import ipaddress
 import logging
 import re
 import secrets
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -37,6 +40,8 @@ from flask import Request, Response
 
 from kombu_delay.message import shown
 
+#: How often, at most, refused logins are told, seconds (see :class:`RefusedLogins`).
+LOGINS_TOLD_EVERY_S = 10.0
 #: Name of the cookie that carries the CSRF token.
 CSRF_COOKIE = "kombu_delay_csrf"
 #: Name of the form field every POST must carry the token in.
@@ -235,6 +240,31 @@ def who(request: Request, user: str | None) -> str:
 def requester() -> str:
     """:func:`who` made the request in hand, the user only where basic auth checked it."""
     return who(flask.request, flask.g.get("user"))
+
+
+class RefusedLogins:
+    """Requests whose basic-auth user or password was wrong (not one that sent none, as a
+    browser's first does), told on the audit log: the first at once, then at most one line
+    each :data:`LOGINS_TOLD_EVERY_S` with how many came meanwhile, so a client guessing
+    passwords (some thousand a second over one connection) is seen, and floods no log."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._told_at, self._untold = float("-inf"), 0
+
+    def refused(self, request: Request) -> None:
+        with self._lock:
+            self._untold += 1
+            now = self._clock()
+            if now - self._told_at < LOGINS_TOLD_EVERY_S:
+                return
+            count, self._untold, self._told_at = self._untold, 0, now
+        audit.warning(
+            "refused login by %s: wrong user or password (%d such request(s) since the last line)",
+            who(request, None),
+            count,
+        )
 
 
 def refused_early(

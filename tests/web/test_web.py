@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery import Celery
+from flask import Request
 from kombu import Connection
 
 from kombu_delay import DeadLetter, DelayControl, RedisUnavailable
@@ -34,6 +35,7 @@ from kombu_delay.web.guard import (
     CSRF_COOKIE,
     LOOPBACK_HOSTS,
     Credentials,
+    RefusedLogins,
     allowed_hosts_of,
     host_allowed,
     host_name,
@@ -440,6 +442,33 @@ def test_the_csrf_cookie_is_lax_so_a_link_from_another_site_keeps_the_token(cont
     reply = client_of(control).get("/")
     cookie = reply.headers["Set-Cookie"]
     assert "SameSite=Lax" in cookie and "HttpOnly" in cookie
+
+
+def test_wrong_passwords_are_told_on_the_audit_log_and_flood_it_not(control, caplog):
+    # 300 wrong passwords at some 900 a second left no trace.
+    client = client_of(control, credentials=Credentials.parse("ops:s3cret"))
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    assert client.get("/").status_code == 401  # a browser's first request: no password sent, none told
+    assert caplog.records == []
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"ops:guess").decode()}
+    for _ in range(300):
+        assert client.get("/", headers=wrong).status_code == 401
+    (line,) = [record.getMessage() for record in caplog.records]  # the first; the rest within 10 s
+    assert (
+        line == "refused login by -@127.0.0.1: wrong user or password (1 such request(s) since the last line)"
+    )
+
+
+def test_refused_logins_are_told_at_most_every_ten_seconds_with_their_count(caplog):
+    now = [0.0]
+    logins = RefusedLogins(clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    request = Request.from_values("/", headers={"Authorization": "Basic eDp5"})
+    for step in range(60):  # 30 s, a refusal every half second
+        now[0] = step * 0.5
+        logins.refused(request)
+    counts = [int(re.findall(r"\((\d+) such", r.getMessage())[0]) for r in caplog.records]
+    assert counts == [1, 20, 20]  # at 0, 10 and 20 s; the 19 since are told at the next
 
 
 #: What a page that rebound its own name to the dashboard's address sends (DNS rebinding).
