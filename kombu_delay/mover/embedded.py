@@ -127,7 +127,9 @@ class EmbeddedMoverStep(bootsteps.StartStopStep):  # type: ignore[misc]
     """Worker bootstep: an :class:`EmbeddedMover` for the worker's app, started after the pool."""
 
     label = "kombu-delay mover"
-    # After the pool, so prefork children are forked before the thread opens sockets.
+    # After the pool, so its first children are forked before the thread opens sockets. A child
+    # forked later (recycled, autoscaled, replacing one killed) inherits them, as it inherits
+    # the consumer's: it never uses them, nor does the mover thread, which is not forked.
     requires = ("celery.worker.components:Pool",)
 
     def create(self, worker: Any) -> EmbeddedMover:
