@@ -359,7 +359,12 @@ def open_store(
     """Yield the :class:`Store` of the kombu-delay data behind ``url``."""
     conn = connection(url, transport_options, ssl)
     try:
-        yield store_of(default_channel(conn, at_once=True))
+        channel = default_channel(conn, at_once=True)
+        # kombu checked the server on a connection of the pool it publishes and consumes from,
+        # which a store never uses: it held one of Redis's maxclients places, idle, for the
+        # life of each mover.
+        channel.async_pool.disconnect(inuse_connections=False)
+        yield store_of(channel)
     finally:
         conn.release()
 

@@ -135,3 +135,16 @@ def test_at_maxclients_an_idle_connection_on_the_last_place_is_let_go_for_the_ca
             thread.join(DEADLINE_S)
     assert json.loads(raw)["properties"]["delivery_tag"] == "t"
     assert mover.stats.moved == 1 and mover.stats.errors >= 1
+
+
+def test_a_mover_keeps_no_idle_connection_of_kombus_server_check(server: RedisServer, spawn) -> None:
+    """kombu checks the server with a PING on a connection of the pool it publishes and consumes
+    from, which a mover never uses: it stayed open, idle, for the mover's life, one place of
+    Redis's ``maxclients`` that no call of the mover's could have."""
+    admin = server.client()
+    mover = spawn([sys.executable, "-m", "kombu_delay", "--broker", server.delay_url, "mover"], name="mover")
+    wait_until(lambda: admin.zcard(keys.movers("")) == 1 and subscribed(admin) == 1, timeout=DEADLINE_S)
+    me = admin.client_id()
+    theirs = [client["cmd"] for client in admin.client_list() if int(client["id"]) != me]
+    assert "ping" not in theirs and len(theirs) <= 4, theirs  # its pool's (up to 3) and its subscription
+    assert mover.stop() == 0, mover.output()
