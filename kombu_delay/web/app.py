@@ -117,24 +117,10 @@ def _install_guards(
     @app.before_request
     def before() -> Response | None:
         g.started = time.perf_counter()
-        # First: a page that rebound its own name to this address gets nothing, not even the
-        # basic-auth prompt (for its own origin, in the browser of someone who may fill it in).
-        if not guard.host_allowed(request.host, hosts):
-            text = (
-                f"this dashboard does not answer to the host {request.host!r}: if that is its name "
-                "(behind a reverse proxy, say), start it with --allowed-host NAME\n"
-            )
-            return guard.refused_early(request, 400, text, "host not allowed")
-        if guard.from_another_page(request):
-            text = "this dashboard serves no part of another site's page\n"
-            return guard.refused_early(request, 403, text, "made by another site's page")
+        refused = guard.refusal(request, hosts, credentials, logins)
+        if refused is not None:
+            return refused
         if credentials is not None:
-            if not credentials.check(request.headers.get("Authorization")):
-                if "Authorization" in request.headers and request.method != "POST":  # (told below)
-                    logins.refused(request)
-                challenge = {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'}
-                text = "authentication required\n"
-                return guard.refused_early(request, 401, text, "authentication failed", challenge)
             g.user = credentials.user  # checked: the audit log may name it
         g.csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_token()
         return None

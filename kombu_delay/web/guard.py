@@ -267,6 +267,30 @@ class RefusedLogins:
         )
 
 
+def refusal(
+    request: Request, hosts: frozenset[str], credentials: Credentials | None, logins: RefusedLogins
+) -> Response | None:
+    """The answer to a request refused before any page, else ``None``. First the Host
+    allow-list: a page that rebound its own name to this address gets nothing, not even the
+    basic-auth prompt (for its own origin, in the browser of someone who may fill it in). Then
+    a part of another origin's page (:func:`from_another_page`), then basic auth."""
+    if not host_allowed(request.host, hosts):
+        text = (
+            f"this dashboard does not answer to the host {request.host!r}: if that is its name "
+            "(behind a reverse proxy, say), start it with --allowed-host NAME\n"
+        )
+        return refused_early(request, 400, text, "host not allowed")
+    if from_another_page(request):
+        text = "this dashboard serves no part of another site's page\n"
+        return refused_early(request, 403, text, "made by another site's page")
+    if credentials is not None and not credentials.check(request.headers.get("Authorization")):
+        if "Authorization" in request.headers and request.method != "POST":  # (a POST: told below)
+            logins.refused(request)
+        challenge = {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'}
+        return refused_early(request, 401, "authentication required\n", "authentication failed", challenge)
+    return None
+
+
 def refused_early(
     request: Request, status: int, text: str, problem: str, headers: dict[str, str] | None = None
 ) -> Response:
