@@ -147,7 +147,9 @@ def web(
             threads=threads,
             ident="kombu-delay",
             clear_untrusted_proxy_headers=False,
-            max_request_body_size=MAX_BODY,
+            # Refused before it is read, so not in the audit log; waitress refuses a body of
+            # its limit too, the app one over it.
+            max_request_body_size=MAX_BODY + 1,
         )
     except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc

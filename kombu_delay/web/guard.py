@@ -160,17 +160,24 @@ def url_host(bound: str) -> str:
 
 
 def from_another_page(request: Request) -> bool:
-    """Whether the browser says another origin's page made this request for one of its own
-    parts (an image, a script, a fetch), not to open the dashboard: its ``Sec-Fetch-Site`` is
-    ``cross-site`` or ``same-site`` (another port of the same host is that), and it is no
-    navigation. Such a request cannot read the reply, but each made Redis work: three images
-    on any page of the web made the browser of whoever opened it run a listing of every
-    bucket, twice, and read a hundred megabytes of dead letters. A browser too old to send
-    the header, and a client that is no browser, are let through (the Host allow-list and
-    basic auth still apply); so is a link followed from another site."""
-    site = request.headers.get("Sec-Fetch-Site")
-    navigating = request.headers.get("Sec-Fetch-Mode") == "navigate" and request.method == "GET"
-    return site in ("cross-site", "same-site") and not navigating
+    """Whether the browser says another origin's page made this request, other than to open
+    the dashboard in a window or tab of its own: its ``Sec-Fetch-Site`` is ``cross-site`` or
+    ``same-site`` (another port of the same host is that), and it is no GET of a top-level
+    document (an image, a script, a fetch, a frame, a form's POST). Such a request cannot
+    read the reply, but each made Redis work: three images or frames on any page of the web
+    made the browser of whoever opened it run a listing of every bucket, and read a hundred
+    megabytes of dead letters. A prefetch or prerender (``Sec-Purpose``) is refused too,
+    wherever it comes from: no one asked to see that page yet. A browser that sends no such
+    header (an old one, or any over plain HTTP to a name other than loopback), and a client
+    that is no browser, are let through: the Host allow-list and basic auth still apply."""
+    if "prefetch" in request.headers.get("Sec-Purpose", ""):
+        return True
+    opening = (
+        request.method == "GET"
+        and request.headers.get("Sec-Fetch-Mode") == "navigate"
+        and request.headers.get("Sec-Fetch-Dest") == "document"
+    )
+    return request.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site") and not opening
 
 
 def host_allowed(host: str, allowed: frozenset[str]) -> bool:
@@ -261,7 +268,8 @@ class RefusedLogins:
                 return
             count, self._untold, self._told_at = self._untold, 0, now
         audit.warning(
-            "refused login by %s: wrong user or password (%d such request(s) since the last line)",
+            "refused login by %s: wrong user or password; %d refused, from any address, since the "
+            "last such line (this one included)",
             who(request, None),
             count,
         )
@@ -281,8 +289,8 @@ def refusal(
         )
         return refused_early(request, 400, text, "host not allowed")
     if from_another_page(request):
-        text = "this dashboard serves no part of another site's page\n"
-        return refused_early(request, 403, text, "made by another site's page")
+        text = "this dashboard answers no request of another site's page, nor a prefetch\n"
+        return refused_early(request, 403, text, "made by another site's page, or a prefetch")
     if credentials is not None and not credentials.check(request.headers.get("Authorization")):
         if "Authorization" in request.headers and request.method != "POST":  # (a POST: told below)
             logins.refused(request)
