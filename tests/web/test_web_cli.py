@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from kombu_delay.cli import main
 from kombu_delay.tooling.redis_server import RedisServer, free_port
+from kombu_delay.web.app import MAX_BODY
 from kombu_delay.web.guard import AUTH_ENV, loopback_only
 from tests.support.procs import wait_until
 
@@ -212,3 +213,9 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(redis_server, spawn)
         )
         sock.sendall(head.encode())  # and no byte of the body: the answer must not wait for it
         assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
+    # A body of the app's limit, whole, is the app's to answer (here: no password given).
+    with socket.create_connection(("127.0.0.1", port), timeout=BOUND_S) as sock:
+        body = b"x" * MAX_BODY
+        head = f"POST /task/cancel?id=x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
+        sock.sendall(head.encode() + b"\r\n" + body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 401 ")
