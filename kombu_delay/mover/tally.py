@@ -62,6 +62,9 @@ class Tally:
         self._stuck_logged_at = float("-inf")
         #: The destinations whose due messages it said stay scheduled, until none do.
         self._held: set[str] = set()
+        #: Whether the next call scans the due buckets from the first: a call goes on after
+        #: where the last stopped (``scan_after``) when held buckets used up its visits.
+        self._from_first = True
         self._logged_moved = 0
 
     def sweep(self, result: SweepResult) -> None:
@@ -120,13 +123,15 @@ class Tally:
         if result.vanished:
             logger.error(VANISHED, self.name, result.vanished)
         now = time.monotonic()
+        from_first, self._from_first = self._from_first, result.scan_after is None
         # Polled every HELD_POLL_S (pacing.py) while they wait: said once per LOG_EVERY_S, not per poll.
         if (result.wrongtype or result.refused) and now - self._stuck_logged_at >= LOG_EVERY_S:
             self.tell_stuck(result)
             self._stuck_logged_at = now
             self._held.update(result.wrongtype_dests, result.refused_dests)
-        elif self._held and not (result.wrongtype or result.refused or result.more):
-            # A call that looked at every due bucket and found none held: the end is told too.
+        elif self._held and from_first and not (result.wrongtype or result.refused or result.more):
+            # A call that looked at every due bucket, from the first, and found none held: the
+            # end is told too. (One that went on after held buckets saw none of them.)
             logger.info(
                 "mover %s: no due message stays scheduled for %s any more: moved, or removed",
                 self.name,

@@ -907,15 +907,42 @@ def test_wrong_type_destination_is_reported_and_kept_until_fixed(r, start_mover)
     assert "WARNING" in mover.output()
 
 
+def test_held_messages_in_more_buckets_than_a_call_visits_are_not_told_ended_while_held(r, caplog):
+    # Held buckets used up a call's visits, and the next call went on after them: it saw none
+    # held, and the end was told, then the warning again, some 20 times a second.
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    r.set("blocked", "not a list")
+    seed(store, 4, ["blocked"], due_ms=[clock() + 1000 * i for i in range(1, 5)], width_ms=1000)
+    clock.advance(6000)  # four buckets of held messages; a call visits two
+    mover = Mover(store, Settings(batch_size=2), watch=False)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="kombu_delay.mover.loop"):
+        runner.start()
+        try:
+            wait_until(lambda: mover.stats.calls >= 40)
+            assert "any more" not in caplog.text
+            r.delete("blocked")
+            wait_until(lambda: r.llen("blocked") == 4)
+            wait_until(lambda: "any more" in caplog.text)
+        finally:
+            mover.stop()
+            runner.join(30)
+    told = [rec.getMessage() for rec in caplog.records if "stay" in rec.getMessage()]
+    assert len(told) == 2 and "any more" in told[1], told
+
+
 def test_the_end_of_held_messages_is_told_once_after_a_call_that_looked_at_every_due_bucket(caplog):
     # Held messages were told every 10 s while they lasted, and their end not at all: a log
     # read after the fix could not tell whether they had moved.
     tally = Tally("m", 100)
     held = MoveResult(0, None, 0, 0, 0, 0, 2, False, wrongtype_dests=["blocked"])
     cut_short = MoveResult(5, None, 0, 0, 0, 0, 0, True)  # (the rest of what is due unread)
+    visits_spent = MoveResult(0, None, 0, 0, 0, 0, 2, True, scan_after=1000, wrongtype_dests=["blocked"])
+    went_on = MoveResult(0, None, 0, 0, 0, 0, 0, False)  # after the held buckets: saw none of them
     clear = MoveResult(2, None, 0, 0, 0, 0, 0, False)
     with caplog.at_level(logging.INFO, logger="kombu_delay.mover.loop"):
-        for result in (held, held, cut_short, clear, clear, held):
+        for result in (held, visits_spent, went_on, held, cut_short, clear, clear, held):
             tally.move(result)
     told = [r.getMessage() for r in caplog.records if "stay" in r.getMessage()]
     assert len(told) == 3, told  # held; its end after the call that read everything; held again at once
