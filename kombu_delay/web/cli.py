@@ -147,8 +147,8 @@ def web(
             threads=threads,
             ident="kombu-delay",
             clear_untrusted_proxy_headers=False,
-            # Refused before it is read, so not in the audit log; waitress refuses a body of
-            # its limit too, the app one over it.
+            # A longer body is refused before it is read (so it is not in the audit log). The
+            # 1: waitress refuses a body of exactly its limit, the app only one over its own.
             max_request_body_size=MAX_BODY + 1,
         )
     except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host

@@ -9,9 +9,10 @@ and ``web`` refuses actions there without it (:func:`loopback_only`).
   sends its own name, so it can neither read the pages nor pass the ``Origin`` check below.
 * Basic auth (optional): every request, static files included, needs the one user and password;
   a wrong one is told on the audit log (:class:`RefusedLogins`).
-* Other pages: a request another origin's page makes for a part of its own (an image, a
-  fetch), as the browser says in ``Sec-Fetch-Site``, is refused with 403 before it costs
-  Redis anything (:func:`from_another_page`); a link followed from another site is served.
+* Other pages: a request another origin's page makes (an image, a fetch, a frame, a form), as
+  the browser says in its ``Sec-Fetch-*`` headers, and a prefetch, are refused with 403 before
+  they cost Redis anything (:func:`from_another_page`); a link followed from another site is
+  served.
 * CSRF: a random token in a ``SameSite=Lax``, ``HttpOnly`` cookie, which every POST must also
   carry as the form field ``csrf`` (a page of another site can make the browser send the cookie,
   but cannot read it to fill in the field); a POST whose ``Origin`` names another host, or is
@@ -281,7 +282,8 @@ def refusal(
     """The answer to a request refused before any page, else ``None``. First the Host
     allow-list: a page that rebound its own name to this address gets nothing, not even the
     basic-auth prompt (for its own origin, in the browser of someone who may fill it in). Then
-    a part of another origin's page (:func:`from_another_page`), then basic auth."""
+    a request of another origin's page, or a prefetch (:func:`from_another_page`), then basic
+    auth."""
     if not host_allowed(request.host, hosts):
         text = (
             f"this dashboard does not answer to the host {request.host!r}: if that is its name "
