@@ -32,8 +32,10 @@ PAGE_ROWS = 50
 MAX_ROWS = 500
 #: How far either side of where a page showed a dead letter its own page looks for it.
 DEAD_REACH = 10_000
-#: The largest request body read, bytes: the waitress server refuses a longer one before it
-#: reads it (its own default is 1 GiB, written to a file before the app sees the request).
+#: The largest request body read, bytes: the waitress server of ``web`` refuses a longer one
+#: before it reads it, so it is not in the audit log (waitress's own default is 1 GiB, written
+#: to a file before the app sees the request). ``web`` gives waitress one byte more: waitress
+#: refuses a body of exactly its limit, the app only one over its own.
 MAX_BODY = 64 * 1024
 #: The routes that answer JSON, errors included.
 JSON_ENDPOINTS = frozenset({"overview_json"})

@@ -147,9 +147,7 @@ def web(
             threads=threads,
             ident="kombu-delay",
             clear_untrusted_proxy_headers=False,
-            # A longer body is refused before it is read (so it is not in the audit log). The
-            # 1: waitress refuses a body of exactly its limit, the app only one over its own.
-            max_request_body_size=MAX_BODY + 1,
+            max_request_body_size=MAX_BODY + 1,  # (see MAX_BODY)
         )
     except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
