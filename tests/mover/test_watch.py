@@ -60,8 +60,9 @@ def test_an_evicting_policy_is_an_error_in_the_log_stats_health_and_metrics(evic
     wait_until(lambda: "maxmemory-policy is volatile-ttl" in proc.output(), timeout=DEADLINE_S)
     line = next(x for x in proc.output().splitlines() if "maxmemory-policy is volatile-ttl" in x)
     assert " ERROR " in line and "set maxmemory-policy noeviction" in line
-    samples = wait_until(lambda: try_scrape(port), timeout=DEADLINE_S)
-    assert samples[("kombu_delay_eviction_policy_unsafe", ())] == 1  # type: ignore[index]
+    # The gauge is set once the watch has made all its checks, after this line: waited for.
+    unsafe = ("kombu_delay_eviction_policy_unsafe", ())
+    wait_until(lambda: (try_scrape(port) or {}).get(unsafe) == 1, timeout=DEADLINE_S)
 
     probe = cli(url, "health")
     assert probe.returncode == 1 and "maxmemory-policy is volatile-ttl" in probe.stdout, probe
@@ -174,8 +175,8 @@ def test_a_stranded_prefix_is_found_among_a_million_keys_and_told_while_it_lasts
         # A SCAN of a million keys: seconds here, over a minute on a machine at a load of 14.
         wait_until(lambda: "stranded under key prefix 'app2:'" in proc.output(), timeout=3 * DEADLINE_S)
         assert "kombu-delay --prefix 'app2:' mover" in proc.output()
-        samples = wait_until(lambda: try_scrape(port), timeout=DEADLINE_S)
-        assert samples[("kombu_delay_stranded_messages", ())] == 1  # type: ignore[index]
+        stranded = ("kombu_delay_stranded_messages", ())  # (set after the line: waited for)
+        wait_until(lambda: (try_scrape(port) or {}).get(stranded) == 1, timeout=DEADLINE_S)
         probe = cli(server.delay_url, "health")
         assert probe.returncode == 1 and "stranded under key prefix 'app2:'" in probe.stdout, probe
         assert "or give the publishers the global_keyprefix of the movers that run" in probe.stdout, probe
