@@ -120,7 +120,8 @@ def test_at_maxclients_an_idle_connection_on_the_last_place_is_let_go_for_the_ca
     refused goes back on top. So where a mover's watch thread gave its connection back while
     the loop's was being refused, every round took the refused one again, and was refused,
     while the idle one below it held the last place: nothing moved until a client went away
-    (the ``every-connection`` case above failed so, now and then). After a failed round the
+    (the likeliest cause of the ``every-connection`` case's rare failure above: its race is too
+    narrow to bring about on demand, so the state is built here). After a failed round the
     mover closes its idle connections, and the next round's connect finds the place free."""
     admin = server.client()
     with open_store(server.delay_url) as store:
