@@ -7,6 +7,8 @@ suite starts is stopped by its PID.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 # pytest's hook for exceptions raised where none can propagate (a finalizer, during garbage
@@ -60,6 +62,20 @@ def server() -> Iterator[RedisServer]:
     limit) or stops it."""
     with RedisServer() as started:
         yield started
+
+
+@pytest.fixture
+def silent_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own that accepts connections but never answers (SIGSTOP);
+    continued and stopped by its PID afterwards."""
+    server = RedisServer().start()
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield server
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.cleanup()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ is a thin layer over it. Every operation goes through the id index or per-bucket
 from __future__ import annotations
 
 import re
-import threading
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
@@ -17,7 +16,7 @@ from kombu.connection import Connection
 from kombu_delay.config import Settings
 from kombu_delay.connect import SOCKET_TIMEOUT_S, check_options, connection, default_channel, store_of
 from kombu_delay.control import args
-from kombu_delay.control.gate import gate_of, gated
+from kombu_delay.control.gate import Once, gate_of, gated
 from kombu_delay.control.results import DeadLetter, Page, ScheduledMessage, Slot, Stats, histogram_slots
 from kombu_delay.errors import CorruptMember, DelayTooLong, EditConflict, RedisRefused
 from kombu_delay.message import carries_eta, index_id, task_name, to_ms, with_eta
@@ -78,17 +77,13 @@ class DelayControl:
                 f"app.connection_for_write()), not {type(broker).__name__}"
             )
         self._gate = gate_of(self._conn)  # each call holds one connection at a time
-        self._lock = threading.Lock()
-        self._store: Store | None = None
+        self._opened: Once[Store] = Once()
         self._settings = Settings.from_options(self._conn.transport_options)
 
     @property
     def store(self) -> Store:
         """The :class:`~kombu_delay.store.Store` behind this control (opened on first use)."""
-        with self._lock:
-            if self._store is None:
-                self._store = store_of(default_channel(self._conn, at_once=self._owned))
-            return self._store
+        return self._opened.get(lambda: store_of(default_channel(self._conn, at_once=self._owned)))
 
     def close(self) -> None:
         """Release the connection, if this control opened it."""

@@ -1,5 +1,6 @@
-"""How many calls of one :class:`~kombu_delay.DelayControl` run at once: no more than its
-connection pool holds, which refuses one more ("Too many connections") rather than wait."""
+"""How calls of one :class:`~kombu_delay.DelayControl` share its connection: no more run at once
+than its pool holds, which refuses one more ("Too many connections") rather than wait, and its
+store is opened once, for every thread (:class:`Once`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -16,6 +17,7 @@ import redis
 KOMBU_POOL = 10
 
 Call = TypeVar("Call", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def pool_size(transport_options: dict[str, Any]) -> int:
@@ -67,11 +69,44 @@ class Gate:
                 self._inside.depth = 0
 
 
+class Once(Generic[T]):
+    """What ``make`` (of :meth:`get`) returns, made on first use, once for every thread. (Not
+    kept: a control's own method would make a cycle, and a control kept until the garbage
+    collector runs could release its connection, which sends Redis a command, into a later
+    server on its port.) Where making it fails,
+    the threads that waited for that attempt get its failure, not an attempt each in turn:
+    against a Redis that accepts connections and never answers, six requests of a dashboard
+    would otherwise end 10, 20, ... 60 s later (the socket timeout each). A call that comes
+    after the failure tries again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.made: T | None = None
+        self._failed = 0  # attempts failed so far
+        self._failure: Exception | None = None
+
+    def get(self, make: Callable[[], T]) -> T:
+        made = self.made
+        if made is not None:
+            return made
+        failed = self._failed
+        with self._lock:
+            if self.made is None:
+                if self._failed != failed and self._failure is not None:
+                    raise self._failure  # (as concurrent.futures raises a failed future's)
+                try:
+                    self.made = make()
+                except Exception as exc:
+                    self._failure, self._failed = exc, self._failed + 1
+                    raise
+            return self.made
+
+
 def gated(method: Call) -> Call:
     """Run ``method`` of an object with a ``_gate`` (:class:`Gate`) through it. Where it could
-    not reach Redis, the idle connections of the object's ``_store`` (once opened) are closed:
-    at Redis's ``maxclients`` the next call's connect may need the place one of them holds
-    (see :meth:`~kombu_delay.store.Store.close_idle`)."""
+    not reach Redis, the idle connections of the object's store (``_opened``, a :class:`Once`,
+    once opened) are closed: at Redis's ``maxclients`` the next call's connect may need the
+    place one of them holds (see :meth:`~kombu_delay.store.Store.close_idle`)."""
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -79,8 +114,8 @@ def gated(method: Call) -> Call:
             try:
                 return method(self, *args, **kwargs)
             except redis.ConnectionError:
-                if self._store is not None:
-                    self._store.close_idle()
+                if self._opened.made is not None:
+                    self._opened.made.close_idle()
                 raise
 
     return run  # type: ignore[return-value]

@@ -6,38 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from celery import Celery
 
 from kombu_delay.cli.inspect import shown
 from kombu_delay.connect import SOCKET_TIMEOUT_S, Target, with_socket_timeouts
-from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.cli import kd
 from tests.support.procs import ROOT
 from tests.support.workers import ECOSYSTEM_APP
 
 #: A command against a silent Redis must end well within this, s (it hung for ever before).
 BOUND_S = 120
-
-
-@pytest.fixture
-def silent_server() -> Iterator[RedisServer]:
-    """A redis-server of this test's own that accepts connections but never answers (SIGSTOP);
-    continued and stopped by its PID afterwards."""
-    server = RedisServer().start()
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
-    try:
-        yield server
-    finally:
-        os.kill(server.process.pid, signal.SIGCONT)
-        server.cleanup()
 
 
 def test_commands_against_a_silent_redis_fail_in_bounded_time(silent_server):

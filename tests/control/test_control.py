@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from kombu.exceptions import ChannelError
 
 import kombu_delay
-from kombu_delay import BadETA, DelayControl, EditConflict
+from kombu_delay import BadETA, DelayControl, EditConflict, RedisUnavailable
 from kombu_delay.config import MAX_DURATION_MS, Settings
 from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, keys
@@ -1272,3 +1273,25 @@ def test_a_reschedule_keeps_the_grace_of_a_narrow_publisher_in_a_wider_ones_buck
         (stored,) = ctl.store.find(sent.id)
         kept_ms = r.pttl(stored.space.queue_set(prefix, stored.start_ms, stored.dest))
         assert kept_ms >= stored.due_ms + month_ms - redis_ms(r) - 60_000
+
+
+def test_threads_waiting_for_the_first_open_share_its_failure(silent_server):
+    # Against a Redis that accepts connections and never answers, the first open of the store
+    # fails after the socket timeout. The threads that waited for it then took their turn at it,
+    # one after another: six of a dashboard's requests failed 5, 10, ... 30 s later. Now they
+    # fail with the attempt they waited for, within moments of each other.
+    timeout_s = 5
+    options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+
+    def call(control: DelayControl) -> tuple[str, float]:
+        try:
+            control.time_ms()
+        except RedisUnavailable as exc:
+            return type(exc).__name__, time.monotonic()
+        return "answered", time.monotonic()
+
+    with DelayControl(silent_server.delay_url, options) as control, ThreadPoolExecutor(6) as pool:
+        ends = list(pool.map(call, [control] * 6))
+    assert [name for name, _ in ends] == ["RedisUnavailable"] * 6
+    times = [at for _, at in ends]
+    assert max(times) - min(times) < timeout_s

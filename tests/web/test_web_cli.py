@@ -69,7 +69,7 @@ def test_a_refresh_out_of_range_is_refused_before_serving(redis_server, refresh)
 
 
 @pytest.fixture
-def silent_server() -> Iterator[RedisServer]:
+def silenced_later() -> Iterator[RedisServer]:
     """A redis-server of this test's own that accepts connections but never answers (SIGSTOP
     once the dashboard is up); continued and stopped by its PID afterwards."""
     server = RedisServer().start()
@@ -89,9 +89,9 @@ def status_of(url: str) -> int:
         return int(exc.code)
 
 
-def test_a_silent_redis_fails_dashboard_requests_in_bounded_time(silent_server, spawn):
+def test_a_silent_redis_fails_dashboard_requests_in_bounded_time(silenced_later, spawn):
     port = free_port()
-    args = [sys.executable, "-m", "kombu_delay", "-b", silent_server.delay_url, "--log-level", "warning"]
+    args = [sys.executable, "-m", "kombu_delay", "-b", silenced_later.delay_url, "--log-level", "warning"]
     proc = spawn([*args, "web", "--port", str(port), "--threads", "1"], name="web")
     base = f"http://127.0.0.1:{port}"
 
@@ -103,8 +103,8 @@ def test_a_silent_redis_fails_dashboard_requests_in_bounded_time(silent_server, 
             return False
 
     wait_until(up, timeout=BOUND_S)
-    assert silent_server.process is not None
-    os.kill(silent_server.process.pid, signal.SIGSTOP)
+    assert silenced_later.process is not None
+    os.kill(silenced_later.process.pid, signal.SIGSTOP)
     # Before: no socket timeout, so the request waited for ever (and held the only thread).
     assert status_of(base + "/scheduled") >= 500
     assert status_of(base + "/static/dashboard.css") == 200  # the thread is free again
