@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import CorruptMember, EditConflict, translated_errors
+from kombu_delay.errors import CorruptMember, EditConflict, KombuDelayError, translated_errors
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import as_text
@@ -157,19 +157,26 @@ class Editing(Inspecting, Publishing):
         self._check_format_once()
         limit = max(2, limit)  # a call's first bucket costs one: with 1 it would remove none, ever
         total = 0
-        with translated_errors(), self._purging(wanted) as renew:
-            for space in spaces.ALL:
-                cursor: Any = 0
-                while True:
-                    reply = self._scripts["purge"](
-                        keys=[space.index(self.prefix), self._counts, self._totals, self._gc, self._ids],
-                        args=[self.ns, limit, cursor, space.tag, self._now(now_ms), *wanted],
-                    )
-                    total += int(reply[0])
-                    if int(reply[1]):
-                        break
-                    cursor = as_text(reply[2])
-                    renew()
+        try:
+            with translated_errors(), self._purging(wanted) as renew:
+                for space in spaces.ALL:
+                    cursor: Any = 0
+                    while True:
+                        reply = self._scripts["purge"](
+                            keys=[space.index(self.prefix), self._counts, self._totals, self._gc, self._ids],
+                            args=[self.ns, limit, cursor, space.tag, self._now(now_ms), *wanted],
+                        )
+                        total += int(reply[0])
+                        if int(reply[1]):
+                            break
+                        cursor = as_text(reply[2])
+                        renew()
+        except KombuDelayError as exc:
+            if not total:
+                raise
+            # The failed call speaks for itself only ("nothing was changed"): the calls before it
+            # removed messages (the compressed space's are purged first), which are told too.
+            raise type(exc)(f"{exc}; before this, {total} of their messages were purged") from exc
         return total
 
     @contextmanager

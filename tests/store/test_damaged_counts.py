@@ -447,6 +447,24 @@ def test_a_key_of_another_type_stops_a_purge_with_what_it_removed_counted(
     assert store.counts() == {} and totals["purged"] == totals["scheduled"] == 2
 
 
+def test_a_purge_that_fails_after_purging_compressed_messages_says_how_many(
+    r: redis.Redis, prefix: str
+) -> None:
+    # The compressed space is purged first: an ordinary index of another type then failed the
+    # purge with "nothing was changed", the compressed messages gone.
+    now, _ = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    for tag in ("c1", "c2"):
+        store.schedule(Due(now + 7_200_000, task_id=tag), dest, kombu_payload(tag), COLD, now_ms=now)
+    assert r.zcard(keys.index(prefix, keys.COLD)) == 1 and r.exists(keys.index(prefix)) == 0
+    r.set(keys.index(prefix), "written by hand")
+    with pytest.raises(
+        WrongTypeKey, match=r"nothing was changed.*; before this, 2 of their messages were purged"
+    ):
+        store.purge([dest], now_ms=now)
+    assert store.find("c1") == [] and int(store.totals()["purged"]) == 2
+
+
 @pytest.mark.parametrize("written", ["0", "-1"])
 def test_a_queue_expiry_written_by_hand_as_none_deletes_no_list(r, prefix, written) -> None:
     # The move renewed the list's expiry with PEXPIRE of whatever e:<dest> held: 0 or less
