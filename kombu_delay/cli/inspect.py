@@ -134,6 +134,9 @@ def render_stats(stats: Stats) -> str:
             f"vanished   {stats.vanished:,} counted messages are gone from Redis (expired or evicted); "
             "a mover settles them as expired"
         )
+    if stats.dead_letters:
+        kept = f"{stats.dead_letters:,} compressed message{'s' if stats.dead_letters != 1 else ''}"
+        lines.append(f"dead       {kept} could not be restored: `kombu-delay dead` lists them")
     if stats.movers:
         beat = stats.last_heartbeat_ms  # (None: only one ahead of Redis's clock, written by hand)
         told = movers_told(*movers_heard(stats.movers.values(), now))

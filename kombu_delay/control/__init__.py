@@ -294,6 +294,7 @@ class DelayControl:
             truncated=census.truncated,
             movers=movers,
             totals=store.totals(),
+            dead_letters=store.dead_count(),
             vanished=census.vanished,
             warnings=list(dangers(store)),
         )

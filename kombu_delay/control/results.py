@@ -117,6 +117,8 @@ class Stats:
     movers: dict[str, int]
     #: Lifetime counters: scheduled, moved, cancelled, rescheduled, purged, expired, dead, ...
     totals: dict[str, int] = field(default_factory=dict)
+    #: Dead letters kept now, until removed (``dead`` in ``totals`` counts every one there was).
+    dead_letters: int = 0
     #: Messages still counted in ``by_destination`` whose sorted set is gone (expired or
     #: evicted) and that no mover has settled yet; not in ``scheduled``.
     vanished: int = 0

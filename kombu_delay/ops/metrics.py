@@ -189,6 +189,10 @@ class MoverMetrics:
             "kombu_delay_stranded_messages",
             "Messages in this database under another key prefix that no mover serves.",
         )
+        self.dead_kept = gauge(
+            "kombu_delay_dead_letters_kept",
+            "Dead letters in the dead-letter list now, until removed (kombu-delay dead lists them).",
+        )
         self.stranded_prefixes = gauge(
             "kombu_delay_stranded_prefixes",
             "Other key prefixes in this database holding messages that no mover serves.",
@@ -243,11 +247,13 @@ class MoverMetrics:
             logger.debug("metrics: reading the compressed space failed", exc_info=True)
 
     def collect_scheduled(self) -> None:
-        """Re-read the per-queue scheduled counts (bounded series: :class:`QueueSeries`)."""
+        """Re-read the per-queue scheduled counts (bounded series: :class:`QueueSeries`) and
+        how many dead letters are kept."""
         if self.store is None:
             return
         try:
             current = self.store.counts()
+            self.dead_kept.set(self.store.dead_count())
         except Exception as exc:
             self.on_error(exc)
             logger.debug("metrics: reading counts failed", exc_info=True)

@@ -69,10 +69,15 @@ def test_dead_lists_newest_first_pages_and_removes_by_digest(r, redis_server, pr
     assert code == 1
     assert f"{junk}: removed" in out and f"{'0' * 64}: no such dead letter" in out
     assert r.lrange(dead, 0, -1) == [letters[2], letters[0]]
+    # stats tells how many are kept (its lifetime count says how many there ever were)
+    code, out = kd(redis_server, prefix, "stats")
+    assert code == 0 and "dead       2 compressed messages could not be restored: `kombu-delay dead`" in out
+    assert json.loads(kd(redis_server, prefix, "stats", "--json")[1])["dead_letters"] == 2
 
 
 def test_dead_says_when_there_are_none(r, redis_server, prefix):
     assert kd(redis_server, prefix, "dead") == (0, "0 dead letters\n")
+    assert "dead  " not in kd(redis_server, prefix, "stats")[1]
     assert json.loads(kd(redis_server, prefix, "dead", "--json")[1]) == {"total": 0, "items": []}
 
 

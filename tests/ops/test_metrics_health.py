@@ -427,6 +427,13 @@ def test_dead_lettered_messages_count_as_expired_in_the_metrics_as_in_the_totals
     }
     assert samples[("kombu_delay_dead_letters_total", ())] == 1
     assert samples[("kombu_delay_expired_total", ())] == store.totals()["expired"] == 1
+    # How many are kept now: the counter restarts with the mover, and the list keeps them until
+    # they are removed, which nothing but `kombu-delay dead` showed.
+    metrics.collect_scheduled()
+    assert metrics.dead_kept._value.get() == 1
+    r.delete(keys.dead(""))
+    metrics.collect_scheduled()
+    assert metrics.dead_kept._value.get() == 0
 
 
 def test_a_mover_killed_an_hour_ago_is_not_counted_as_running(r, redis_server, prefix):
