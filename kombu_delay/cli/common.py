@@ -13,6 +13,7 @@ import importlib
 import logging
 import math
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Mapping, MutableMapping
@@ -302,6 +303,12 @@ class RedactingGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (`kombu-delay ls | head`): exit as a command that SIGPIPE ends
+            # does (141), not with click's 1, which means "not found" here. stdout is pointed at
+            # /dev/null first, so the interpreter's last flush does not fail on it again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(128 + signal.SIGPIPE)
         except click.ClickException as exc:
             # click marks ``message`` final for type checkers; it is a plain attribute, printed later.
             setattr(exc, "message", LOG_FILTER.redactor(exc.message))  # noqa: B010

@@ -15,8 +15,11 @@ from celery import Celery
 
 from kombu_delay.cli.inspect import shown
 from kombu_delay.connect import SOCKET_TIMEOUT_S, Target, with_socket_timeouts
+from kombu_delay.message import Due
+from kombu_delay.store import Store
 from tests.support.cli import kd
 from tests.support.procs import ROOT
+from tests.support.stored import ORDINARY
 from tests.support.workers import ECOSYSTEM_APP
 
 #: A command against a silent Redis must end well within this, s (it hung for ever before).
@@ -142,3 +145,18 @@ def test_a_metrics_port_out_of_range_is_a_usage_error(redis_server):
         )
         assert done.returncode == 2, done.stdout + done.stderr
         assert "Traceback" not in done.stderr and "70000 is not in the range" in done.stderr, done.stderr
+
+
+def test_a_listing_whose_reader_went_away_exits_as_sigpipe_would(r, redis_server):
+    # `kombu-delay ls | head -1` exited 1, which means "not found" to a script under pipefail.
+    store = Store(r)
+    due = store.time_ms() + 3_600_000
+    store.schedule_many([(Due(due, task_id=f"t{i}"), "q", f"m{i}") for i in range(3000)], ORDINARY)
+    command = [sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "ls", "--limit", "3000"]
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().split()[:2] == [b"TASK", b"ID"]
+        proc.stdout.close()  # with far more than a pipe holds still to write
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=BOUND_S) == 141, err
+    assert "Traceback" not in err and "Error" not in err, err
