@@ -29,6 +29,7 @@ from kombu_delay.errors import (
     RedisUnavailable,
     coded_text,
     translated_errors,
+    unavailable_text,
 )
 from kombu_delay.redact import (
     Redactor,
@@ -271,7 +272,7 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
                 raise RedisPermissionError(f"Redis's ACL refused this user: {exc}") from exc
             if isinstance(cause, redis.ResponseError):
                 raise RedisRefused(f"Redis refused the connection: {coded_text(cause)}") from exc
-            raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+            raise RedisUnavailable(f"Redis is unavailable: {unavailable_text(exc)}") from exc
         except ConfigError:
             raise
         except (ValueError, TypeError, ImportError) as exc:  # redis-py setting up a socket, say

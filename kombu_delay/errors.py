@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -116,6 +117,27 @@ def waits_out(exc: BaseException) -> bool:
     return isinstance(exc, RedisRefused) and any(m in str(exc) for m in _WAIT_REFUSALS)
 
 
+#: A redis-py client as its ``str`` shows it (every setting of its connection, about 1,000
+#: characters), as a Sentinel failure names each sentinel it asked.
+_CLIENT_REPR = re.compile(
+    r"<redis\.client\.Redis\(<redis\.connection\.\w+\(<redis\.connection\.\w+\((.*?)\)>\)>\)>"
+)
+_ADDRESS = re.compile(r"(?:^|,)host=([^,]*),port=(\d+)|(?:^|,)path=([^,]*)")
+
+
+def unavailable_text(exc: BaseException) -> str:
+    """``exc``'s text, each redis-py client it names shown by its address only: "No master found
+    for 'mymaster' : <redis.client.Redis(...)> - ..." told 1,500 characters of settings."""
+
+    def address(match: re.Match[str]) -> str:
+        found = _ADDRESS.search(match[1])
+        if found is None:
+            return "<a Redis client>"
+        return found[3] if found[3] is not None else f"{found[1]}:{found[2]}"
+
+    return _CLIENT_REPR.sub(address, str(exc))
+
+
 def coded_text(exc: redis.ResponseError) -> str:
     """``exc``'s text with the error code redis-py strips into its class put back, where a
     refusal that waiting may end is told by it."""
@@ -136,7 +158,7 @@ def translated_errors() -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         if isinstance(exc, RedisUnavailable):
             raise
-        raise RedisUnavailable(f"Redis is unavailable: {exc}") from exc
+        raise RedisUnavailable(f"Redis is unavailable: {unavailable_text(exc)}") from exc
     except redis.ResponseError as exc:
         if isinstance(exc, RedisRefused | RedisPermissionError):
             raise

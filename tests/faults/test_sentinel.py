@@ -30,6 +30,7 @@ from kombu.exceptions import OperationalError
 from kombu_delay.connect import open_store
 from kombu_delay.errors import RedisRefused, RedisUnavailable, translated
 from kombu_delay.store import Store, keys
+from kombu_delay.tooling.redis_server import free_port
 from tests.support.procs import wait_until
 from tests.support.sentinel import MASTER_NAME, SentinelCluster
 
@@ -345,3 +346,15 @@ def test_failover_during_moving(cluster, spawn, how):
     with open_store(cluster.url, OPTIONS) as store:
         assert store.counts() == {}
     assert mover.stop() == 0, mover.output()
+
+
+def test_no_sentinel_answering_is_told_by_their_addresses():
+    # redis-py names each sentinel it asked by its client's str(): about 1,000 characters of
+    # connection settings each, which `health` printed whole.
+    ports = [free_port(), free_port()]
+    url = ";".join(f"sentinel://127.0.0.1:{port}" for port in ports)
+    with pytest.raises(RedisUnavailable) as caught, open_store(url, {**OPTIONS, "socket_connect_timeout": 5}):
+        pass
+    text = str(caught.value)
+    assert f"127.0.0.1:{ports[0]} - " in text and "No master found for" in text, text
+    assert "redis.client" not in text and "socket_keepalive" not in text and len(text) < 600, text
