@@ -125,6 +125,7 @@ class Mover:
         wake = WakeUps(self.store, self.name)
         wake.open(quiet=True)  # before the first calls, so a publish made meanwhile wakes it
         while not self._stop.is_set():
+            began = time.monotonic()
             try:
                 result = self.drain()
                 thaw_in = self.thaw()
@@ -157,7 +158,9 @@ class Mover:
                     logger.error("mover %s: %s%s; retrying", self.name, exc, self.store.misshapen_told())
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
-                self._stop.wait(backoff.next())
+                # (Timed from the round's last move call, or the round's start: a call may wait
+                # long on a Redis that stopped answering before it fails.)
+                self._stop.wait(backoff.next(max(began, self._called_at)))
         wake.close()
 
     def told(self, exc: BaseException) -> None:

@@ -41,8 +41,11 @@ class Backoff:
         self.base, self.cap, self.attempt = base, cap, 0
         self.since: float | None = None  # monotonic: the first failure since the last reset
 
-    def next(self) -> float:
-        """Return the next delay, at most ``cap``; any number of calls is safe.
+    def next(self, began: float | None = None) -> float:
+        """Return the next delay, at most ``cap``; any number of calls is safe. ``began``: when
+        the attempt that failed began (monotonic), where it may have waited long to fail (a
+        call on a Redis that stopped answering): the failures are timed from there, not from
+        when it told.
 
         The exponent is bounded: an unbounded one overflows a float after about 1024
         failures (an hour of outage), and the error would kill the mover it protects.
@@ -50,7 +53,7 @@ class Backoff:
         delay = min(self.cap, self.base * 2 ** min(self.attempt, MAX_DOUBLINGS))
         self.attempt += 1
         if self.since is None:
-            self.since = time.monotonic()
+            self.since = time.monotonic() if began is None else began
         return random.uniform(delay / 2, delay)
 
     def reset(self) -> float | None:

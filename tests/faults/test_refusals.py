@@ -1182,3 +1182,20 @@ def test_a_mover_is_not_kept_waiting_by_a_refusal_no_wait_ends(server):
         open_when_reachable(target, threading.Event(), "x"),
     ):
         pass
+
+
+def test_the_end_of_an_outage_is_timed_from_the_call_that_waited_on_it(
+    server: RedisServer, spawn: Callable[..., Proc]
+) -> None:
+    # A call that waited its socket timeout on a Redis that stopped answering, and failed, was
+    # timed from its failure: "Redis calls succeed again, after 0 s" after 10 s of outage.
+    mover = spawn([*mover_args(server.delay_url)[:-1], "-o", "socket_timeout=6", "mover"], name="mover")
+    with server.client() as client:
+        wait_until(lambda: client.zcard(keys.movers("")) == 1, timeout=DEADLINE_S)
+    silence(server, mover)
+    try:
+        wait_until(lambda: "Redis unavailable" in mover.output(), timeout=DEADLINE_S)
+    finally:
+        os.kill(pid_of(server), signal.SIGCONT)
+    ended = wait_until(lambda: re.search(r"succeed again, after (\d+) s", mover.output()), timeout=DEADLINE_S)
+    assert isinstance(ended, re.Match) and int(ended[1]) >= 6, mover.output()
