@@ -24,17 +24,16 @@ READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cance
 def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
     """Cancel, reschedule and remove a dead letter: POSTs, off unless ``allow_actions``."""
     who = guard.requester
+    refusals: guard.Refusals = app.extensions["kombu_delay.refusals"]
 
     def acting(action: str, target: str) -> None:
         """Refuse a state-changing request that is off or fails the CSRF check (logged)."""
         if not allow_actions:
-            guard.audit.warning(
-                "refused %s %s by %s: actions are off", action, guard.printable(target), who()
-            )
+            refusals.post(f"{action} {guard.printable(target)}", who(), "actions are off")
             abort(403, READ_ONLY)
         problem = guard.csrf_problem(request)
         if problem is not None:
-            guard.audit.warning("refused %s %s by %s: %s", action, guard.printable(target), who(), problem)
+            refusals.post(f"{action} {guard.printable(target)}", who(), problem)
             abort(403, f"Refused: {problem}.")
 
     def action_id() -> str:

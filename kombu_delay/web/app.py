@@ -114,12 +114,12 @@ def _install_guards(
             "ranges": RANGES,
         }
 
-    logins = guard.RefusedLogins()
+    refusals = app.extensions["kombu_delay.refusals"] = guard.Refusals()
 
     @app.before_request
     def before() -> Response | None:
         g.started = time.perf_counter()
-        refused = guard.refusal(request, hosts, credentials, logins)
+        refused = guard.refusal(request, hosts, credentials, refusals)
         if refused is not None:
             return refused
         if credentials is not None:
@@ -162,7 +162,7 @@ def _install_guards(
             allow = {"Allow": ", ".join(exc.valid_methods or ())}
             return Response(f"{exc.code} {exc.name}\n", exc.code, allow, mimetype="text/plain")
         if isinstance(exc, RequestEntityTooLarge) and request.method == "POST":
-            guard.refused_post(request, guard.requester(), "request too large")
+            guard.refused_post(request, guard.requester(), "request too large", refusals)
         return _error(exc.name, exc.description or ""), exc.code or 500
 
 

@@ -8,7 +8,7 @@ and ``web`` refuses actions there without it (:func:`loopback_only`).
   page of another site that rebinds its own name to the dashboard's address (DNS rebinding)
   sends its own name, so it can neither read the pages nor pass the ``Origin`` check below.
 * Basic auth (optional): every request, static files included, needs the one user and password;
-  a wrong one is told on the audit log (:class:`RefusedLogins`).
+  a wrong one is told on the audit log (:class:`Refusals`).
 * Other pages: a request another origin's page makes (an image, a fetch, a frame, a form), as
   the browser says in its ``Sec-Fetch-*`` headers, and a prefetch, are refused with 403 before
   they cost Redis anything (:func:`from_another_page`); a link followed from another site is
@@ -19,7 +19,8 @@ and ``web`` refuses actions there without it (:func:`loopback_only`).
   ``null``, is refused as well.
 * Audit: every state-changing request is logged on ``kombu_delay.web.audit`` at WARNING, with
   who (the basic-auth user, else ``-``), from where, what, and the outcome; what the request
-  chose is escaped (``%r``), so no value can start a line of its own.
+  chose is escaped (``%r``), so no value can start a line of its own. Refusals are paced, each
+  reason apart (:class:`Refusals`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ from flask import Request, Response
 
 from kombu_delay.message import shown
 
-#: How often, at most, refused logins are told, seconds (see :class:`RefusedLogins`).
-LOGINS_TOLD_EVERY_S = 10.0
+#: How often, at most, refusals of one kind are told, seconds (see :class:`Refusals`).
+TOLD_EVERY_S = 10.0
+#: Kinds of refusal paced apart (logins, and refused POSTs by reason); past these many, the
+#: others share one pace.
+MAX_REASONS = 32
 #: Name of the cookie that carries the CSRF token.
 CSRF_COOKIE = "kombu_delay_csrf"
 #: Name of the form field every POST must carry the token in.
@@ -250,34 +254,53 @@ def requester() -> str:
     return who(flask.request, flask.g.get("user"))
 
 
-class RefusedLogins:
-    """Requests whose basic-auth user or password was wrong (not one that sent none, as a
-    browser's first does), told on the audit log: the first at once, then at most one line
-    each :data:`LOGINS_TOLD_EVERY_S` with how many came meanwhile, so a client guessing
-    passwords (some thousand a second over one connection) is seen, and floods no log."""
+class Refusals:
+    """Refusals told on a dashboard's audit log, each kind paced apart: the first at once, then
+    at most one line each :data:`TOLD_EVERY_S` with how many came meanwhile, so a client that
+    guesses passwords or loops refused POSTs (some thousand a second over one connection) is
+    seen, and floods no log. The kinds: a wrong basic-auth user or password (not none, as a
+    browser's first request sends), and a refused POST, by its reason (what a reason quotes,
+    an origin, left out; past :data:`MAX_REASONS` kinds, the others share one pace)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._told_at, self._untold = float("-inf"), 0
+        self._paces: dict[str, tuple[float, int]] = {}  # kind -> (told at, refused since)
 
-    def refused(self, request: Request) -> None:
+    def _count(self, kind: str) -> int:
+        """Count a refusal of ``kind``; return how many to tell now (this one included), or 0."""
         with self._lock:
-            self._untold += 1
+            if kind not in self._paces and len(self._paces) >= MAX_REASONS:
+                kind = "others"
+            told_at, untold = self._paces.get(kind, (float("-inf"), 0))
             now = self._clock()
-            if now - self._told_at < LOGINS_TOLD_EVERY_S:
-                return
-            count, self._untold, self._told_at = self._untold, 0, now
-        audit.warning(
-            "refused login by %s: wrong user or password; %d refused, from any address, since the "
-            "last such line (this one included)",
-            who(request, None),
-            count,
-        )
+            if now - told_at < TOLD_EVERY_S:
+                self._paces[kind] = (told_at, untold + 1)
+                return 0
+            self._paces[kind] = (now, 0)
+            return untold + 1
+
+    def login(self, request: Request) -> None:
+        """Tell a request whose basic-auth user or password was wrong."""
+        count = self._count("login")
+        if count:
+            audit.warning(
+                "refused login by %s: wrong user or password; %d refused, from any address, since the "
+                "last such line (this one included)",
+                who(request, None),
+                count,
+            )
+
+    def post(self, what: str, by: str, problem: str) -> None:
+        """Tell a refused POST: ``what`` it asked for (escaped), ``by`` whom, and why."""
+        count = self._count("post: " + problem.split(" (", 1)[0])
+        if count:
+            more = f"; {count} refused for this reason since the last such line (this one included)"
+            audit.warning("refused %s by %s: %s%s", what, by, problem, more if count > 1 else "")
 
 
 def refusal(
-    request: Request, hosts: frozenset[str], credentials: Credentials | None, logins: RefusedLogins
+    request: Request, hosts: frozenset[str], credentials: Credentials | None, refusals: Refusals
 ) -> Response | None:
     """The answer to a request refused before any page, else ``None``. First the Host
     allow-list: a page that rebound its own name to this address gets nothing, not even the
@@ -289,33 +312,39 @@ def refusal(
             f"this dashboard does not answer to the host {request.host!r}: if that is its name "
             "(behind a reverse proxy, say), start it with --allowed-host NAME\n"
         )
-        return refused_early(request, 400, text, "host not allowed")
+        return refused_early(request, 400, text, "host not allowed", refusals)
     if from_another_page(request):
         text = "this dashboard answers no request of another site's page, nor a prefetch\n"
-        return refused_early(request, 403, text, "made by another site's page, or a prefetch")
+        return refused_early(request, 403, text, "made by another site's page, or a prefetch", refusals)
     if credentials is not None and not credentials.check(request.headers.get("Authorization")):
         if "Authorization" in request.headers and request.method != "POST":  # (a POST: told below)
-            logins.refused(request)
+            refusals.login(request)
         challenge = {"WWW-Authenticate": 'Basic realm="kombu-delay", charset="UTF-8"'}
-        return refused_early(request, 401, "authentication required\n", "authentication failed", challenge)
+        text = "authentication required\n"
+        return refused_early(request, 401, text, "authentication failed", refusals, challenge)
     return None
 
 
 def refused_early(
-    request: Request, status: int, text: str, problem: str, headers: dict[str, str] | None = None
+    request: Request,
+    status: int,
+    text: str,
+    problem: str,
+    refusals: Refusals,
+    headers: dict[str, str] | None = None,
 ) -> Response:
     """The plain-text refusal of a request refused before any page (by the Host allow-list or
     basic auth); a state-changing one is written to the audit log, its path and query naming
     the action and its target."""
     if request.method == "POST":
-        refused_post(request, who(request, None), problem)
+        refused_post(request, who(request, None), problem, refusals)
     return Response(text, status, headers, mimetype="text/plain")
 
 
-def refused_post(request: Request, by: str, problem: str) -> None:
-    """Write a refused POST to the audit log, its path and query naming the action and its
-    target (an action refused before its own code reads them: by the checks above, or as too
-    large to read)."""
+def refused_post(request: Request, by: str, problem: str, refusals: Refusals) -> None:
+    """Write a refused POST to the audit log (paced: :class:`Refusals`), its path and query
+    naming the action and its target (an action refused before its own code reads them: by the
+    checks above, or as too large to read)."""
     query = request.query_string.decode(errors="backslashreplace")  # (any bytes a client sent)
     target = f"{request.path}?{query}" if query else request.path
-    audit.warning("refused POST %r by %s: %s", target[:300], by, problem)
+    refusals.post(f"POST {target[:300]!r}", by, problem)

@@ -34,8 +34,9 @@ from kombu_delay.web.app import PathPrefix, create_app
 from kombu_delay.web.guard import (
     CSRF_COOKIE,
     LOOPBACK_HOSTS,
+    MAX_REASONS,
     Credentials,
-    RefusedLogins,
+    Refusals,
     allowed_hosts_of,
     host_allowed,
     host_name,
@@ -459,18 +460,53 @@ def test_wrong_passwords_are_told_on_the_audit_log_and_flood_it_not(control, cap
         "refused login by -@127.0.0.1: wrong user or password; 1 refused, from any address, since the "
         "last such line (this one included)"
     )
+    caplog.clear()  # and POSTs: one line each before
+    for _ in range(300):
+        assert client.post("/task/cancel?id=x", data={"csrf": "t"}, headers=wrong).status_code == 401
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line == "refused POST '/task/cancel?id=x' by -@127.0.0.1: authentication failed"
 
 
 def test_refused_logins_are_told_at_most_every_ten_seconds_with_their_count(caplog):
     now = [0.0]
-    logins = RefusedLogins(clock=lambda: now[0])
+    refusals = Refusals(clock=lambda: now[0])
     caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
     request = Request.from_values("/", headers={"Authorization": "Basic eDp5"})
     for step in range(60):  # 30 s, a refusal every half second
         now[0] = step * 0.5
-        logins.refused(request)
+        refusals.login(request)
     counts = [int(re.findall(r"; (\d+) refused", r.getMessage())[0]) for r in caplog.records]
     assert counts == [1, 20, 20]  # at 0, 10 and 20 s; the 19 since are told at the next
+
+
+def test_refused_posts_are_paced_each_reason_apart(caplog):
+    # 2,000 POSTs with a wrong password wrote 2,000 lines; a page looping refused POSTs, 672
+    # lines in 3 s. Each reason is paced apart, so one flood hides no refusal of another kind.
+    now = [0.0]
+    refusals = Refusals(clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    for step in range(40):  # 20 s, a refusal of each kind every half second
+        now[0] = step * 0.5
+        refusals.post("POST '/task/cancel?id=a'", "-@127.0.0.1", "authentication failed")
+        origin = f"the request comes from another origin ('https://evil{step}.example')"
+        refusals.post("cancel 'a'", "ops@127.0.0.1", origin)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        "refused POST '/task/cancel?id=a' by -@127.0.0.1: authentication failed",
+        "refused cancel 'a' by ops@127.0.0.1: the request comes from another origin ('https://evil0.example')",
+        "refused POST '/task/cancel?id=a' by -@127.0.0.1: authentication failed; 20 refused for this "
+        "reason since the last such line (this one included)",
+        "refused cancel 'a' by ops@127.0.0.1: the request comes from another origin "
+        "('https://evil20.example'); 20 refused for this reason since the last such line (this one included)",
+    ]
+
+
+def test_refusal_reasons_past_the_limit_share_one_pace(caplog):
+    refusals = Refusals(clock=lambda: 0.0)
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    for i in range(100):
+        refusals.post("POST '/x'", "-@127.0.0.1", f"reason {i}")
+    assert len(caplog.records) == MAX_REASONS + 1  # each reason up to the limit, then one for the rest
 
 
 #: What a page that rebound its own name to the dashboard's address sends (DNS rebinding).
