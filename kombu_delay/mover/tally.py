@@ -145,12 +145,16 @@ class Tally:
         if now - self._last_log >= LOG_EVERY_S:
             moved = stats.moved - self._logged_moved
             if moved or stats.lag_ms:
+                # (How late the moves were is the lateness metric's; this is what waits now.)
+                waits = (
+                    f"the oldest due message waits {stats.lag_ms:,} ms" if stats.lag_ms else "none due waits"
+                )
                 logger.info(
-                    "mover %s: moved %d messages in the last %.0f s; lag %d ms",
+                    "mover %s: moved %d messages in the last %.0f s; %s",
                     self.name,
                     moved,
                     now - self._last_log,
-                    stats.lag_ms,
+                    waits,
                 )
             self._last_log, self._logged_moved = now, stats.moved
 

@@ -25,7 +25,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.mover import pacing
 from kombu_delay.mover.loop import Mover
-from kombu_delay.mover.tally import Tally
+from kombu_delay.mover.tally import LOG_EVERY_S, Tally
 from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
@@ -948,6 +948,23 @@ def test_the_end_of_held_messages_is_told_once_after_a_call_that_looked_at_every
     assert len(told) == 3, told  # held; its end after the call that read everything; held again at once
     assert "not a list: 'blocked'" in told[0] and "not a list: 'blocked'" in told[2]
     assert told[1] == "mover m: no due message stays scheduled for 'blocked' any more: moved, or removed"
+
+
+def test_the_periodic_line_says_what_waits_now_not_a_lag(caplog, monkeypatch):
+    # "moved 30 messages in the last 10 s; lag 0 ms" read as how late they had moved (42 s).
+    now = [1000.0]
+    monkeypatch.setattr("kombu_delay.mover.tally.time.monotonic", lambda: now[0])
+    tally = Tally("m", 100)
+    with caplog.at_level(logging.INFO, logger="kombu_delay.mover.loop"):
+        now[0] += LOG_EVERY_S
+        tally.move(MoveResult(30, None, 50_000, 0, 0, 0, 0, False, lateness_ms=[42_000] * 30))
+        now[0] += LOG_EVERY_S
+        tally.move(MoveResult(1, 48_000, 50_000, 0, 0, 0, 0, False))
+    told = [r.getMessage() for r in caplog.records if "in the last" in r.getMessage()]
+    assert told == [
+        "mover m: moved 30 messages in the last 10 s; none due waits",
+        "mover m: moved 1 messages in the last 10 s; the oldest due message waits 2,000 ms",
+    ]
 
 
 def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_late(r, monkeypatch):
