@@ -122,6 +122,9 @@ def _install_guards(
         refused = guard.refusal(request, hosts, credentials, refusals)
         if refused is not None:
             return refused
+        outside = request.environ.get(OUTSIDE_PREFIX)
+        if outside is not None:  # (told after the checks: only to whom they let in)
+            return Response(f"not found: the dashboard is under {outside}/\n", 404, mimetype="text/plain")
         if credentials is not None:
             g.user = credentials.user  # checked: the audit log may name it
         g.csrf = request.cookies.get(guard.CSRF_COOKIE) or guard.new_token()
@@ -289,6 +292,10 @@ SECURITY_HEADERS = (
 )
 
 
+#: The WSGI environ key :class:`PathPrefix` marks a request outside its prefix with.
+OUTSIDE_PREFIX = "kombu_delay.outside_prefix"
+
+
 class PathPrefix:
     """WSGI middleware that serves an app under ``prefix`` (a reverse proxy that passes the path on
     unchanged): ``/prefix/x`` is the app's ``/x``, and links it makes start with ``/prefix``."""
@@ -300,9 +307,10 @@ class PathPrefix:
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         path = environ.get("PATH_INFO", "")
         if self.prefix and not (path == self.prefix or path.startswith(self.prefix + "/")):
-            headers = [("Content-Type", "text/plain; charset=utf-8"), *SECURITY_HEADERS]
-            start_response("404 Not Found", headers)
-            return [f"not found: the dashboard is under {self.prefix}/\n".encode()]
+            # Answered 404 by the app, once the Host check and basic auth have let it in: this
+            # answered before them, naming the prefix to anyone.
+            environ[OUTSIDE_PREFIX] = self.prefix
+            return self.app(environ, start_response)
         environ["SCRIPT_NAME"] = environ.get("SCRIPT_NAME", "") + self.prefix
         environ["PATH_INFO"] = path[len(self.prefix) :] or "/"
         return self.app(environ, start_response)

@@ -727,6 +727,20 @@ def test_path_prefix_serves_and_links_under_it(control):
     assert elsewhere.status_code == 404 and elsewhere.headers["X-Frame-Options"] == "DENY"
     guarded = ("Content-Security-Policy", "Cache-Control")
     assert all(elsewhere.headers[name] == page.headers[name] for name in guarded)
+    assert elsewhere.get_data(as_text=True) == "not found: the dashboard is under /ops/delay/\n"
+    assert client.get("/scheduled").status_code == 404  # a page's path, outside the prefix
+
+
+def test_a_path_outside_the_prefix_is_told_only_to_whom_the_checks_let_in(control):
+    # It was answered before the Host check and basic auth, naming the prefix to anyone.
+    app = create_app(control, credentials=Credentials.parse("ops:pw"))
+    app.wsgi_app = PathPrefix(app.wsgi_app, "/ops/delay/")  # type: ignore[method-assign]
+    client = app.test_client()
+    right = {"Authorization": "Basic " + base64.b64encode(b"ops:pw").decode()}
+    assert client.get("/elsewhere").status_code == 401
+    assert client.get("/elsewhere", headers={**right, "Host": REBOUND}).status_code == 400
+    found = client.get("/elsewhere", headers=right)
+    assert found.status_code == 404 and "/ops/delay/" in found.get_data(as_text=True)
 
 
 def test_previews_are_clipped_and_plain_messages_show_their_body():
