@@ -70,14 +70,15 @@ class Gate:
 
 
 class Once(Generic[T]):
-    """What ``make`` (of :meth:`get`) returns, made on first use, once for every thread. (Not
-    kept: a control's own method would make a cycle, and a control kept until the garbage
-    collector runs could release its connection, which sends Redis a command, into a later
-    server on its port.) Where making it fails,
-    the threads that waited for that attempt get its failure, not an attempt each in turn:
-    against a Redis that accepts connections and never answers, six requests of a dashboard
-    would otherwise end 10, 20, ... 60 s later (the socket timeout each). A call that comes
-    after the failure tries again."""
+    """What ``make`` returns (given to :meth:`get`), made on first use, once for every thread.
+    Where making it fails, the threads that waited for that attempt get its failure, not an
+    attempt each in turn: against a Redis that accepts connections and never answers, six
+    requests of a dashboard would otherwise end 10, 20, ... 60 s later (a socket timeout
+    each). A call that comes after the failure tries again.
+
+    ``make`` is not kept: a control's own method would make a reference cycle, and a control
+    left for the garbage collector releases its connection late, sending Redis a command then
+    (a test's later server on the same port took it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
