@@ -77,8 +77,7 @@ class Once(Generic[T]):
     each). A call that comes after the failure tries again.
 
     ``make`` is not kept: a control's own method would make a reference cycle, and a control
-    left for the garbage collector releases its connection late, sending Redis a command then
-    (a test's later server on the same port took it)."""
+    left to the garbage collector would hold its connections until the collector runs."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
