@@ -53,10 +53,9 @@ logger = logging.getLogger(__name__)
 #: in the first delayed publish's own script call (a forked child asks again).
 _asked: set[tuple[int, str, str]] = set()
 _asked_lock = threading.Lock()
-#: Set once a queue size could not read the delayed counts, and said so (once per process).
-_size_refusal_told = threading.Event()
-#: Set once a deleted queue's delayed messages could not be deleted with it, and said so.
-_delete_refusal_told = threading.Event()
+#: Set once a queue size could not read the delayed counts, and once a deleted queue's delayed
+#: messages could not be deleted with it, each said so (once per process).
+_size_refusal_told, _delete_refusal_told = threading.Event(), threading.Event()
 #: The fanout exchanges told of (FANOUT_TOLD): at most 1,000, then begun afresh (told again).
 _fanouts_told: set[str] = set()
 FANOUT_TOLD = (
@@ -145,6 +144,10 @@ class DelayChannelMixin:
                 self._count("fanout_at_once")
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        if self.connection is None:  # type: ignore[attr-defined]
+            # Closed by a retry that gave up (in a failover), and kept by its producer: kombu's own
+            # _put fails with an AttributeError, not retried; a connection error is, on a new channel.
+            raise redis.ConnectionError("kombu-delay: a publish on a closed channel")
         try:
             due, bad = message_due(spent_delay_removed(message)), None
         except BadETA as exc:
@@ -212,8 +215,7 @@ class DelayChannelMixin:
             self._count("bad_eta")
 
     def _count(self, counter: str) -> None:
-        """Count one in ``totals``: a counter never fails the publish it counts (a user with
-        kombu's keys only, say)."""
+        """Count one in ``totals``, never failing the publish it counts (a user of kombu's keys only)."""
         try:
             self.delay_store.count(counter)
         except KombuDelayError:
@@ -298,8 +300,7 @@ class DelayChannelMixin:
             return 0
 
     def _refused_once(self, told: threading.Event, message: str, exc: Exception) -> None:
-        """Log ``message`` (formatted with ``exc`` and the key prefix) as a WARNING, once per
-        process for each ``told``."""
+        """Log ``message`` (with ``exc`` and the key prefix) at WARNING, once a process per ``told``."""
         if not told.is_set():
             told.set()
             logger.warning("kombu-delay: " + message, exc, self.global_keyprefix)  # type: ignore[attr-defined]

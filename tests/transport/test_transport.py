@@ -198,6 +198,22 @@ def test_topic_routing_to_two_queues_stores_two_members(r, redis_server, prefix)
     assert lists(r) == {}
 
 
+@pytest.mark.parametrize("headers", [{}, {"x-delay": 30_000}], ids=["due", "delayed"])
+def test_a_producer_whose_channel_was_closed_publishes_on_a_new_one(r, redis_server, headers):
+    # A retry of kombu's that gave up during a Sentinel failover closed the producer's channel;
+    # the next publish on it failed with an AttributeError, which kombu does not retry (on
+    # redis:// too). It is now a connection error: retried on a new channel, or told as one.
+    with Connection(redis_server.delay_url) as conn:
+        producer = Producer(conn, routing_key="q")
+        producer.publish({"n": 0})
+        producer.channel.close()
+        with pytest.raises(redis.ConnectionError):  # (as a publish to a Redis that is down)
+            producer.publish({"n": 1}, headers=headers)
+        producer.publish({"n": 2}, headers=headers, retry=True)
+    assert len(stored(r)) == (1 if headers else 0)
+    assert r.llen("q") == (1 if headers else 2)
+
+
 def test_x_delay_header_is_milliseconds_from_the_redis_clock(r, redis_server):
     store = Store(r)
     before = store.time_ms()
