@@ -13,7 +13,13 @@ from typing import Any
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import CorruptMember, EditConflict, KombuDelayError, translated_errors
+from kombu_delay.errors import (
+    CorruptMember,
+    EditConflict,
+    KombuDelayError,
+    RedisUnavailable,
+    translated_errors,
+)
 from kombu_delay.message import Due, id_arg
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.base import as_text
@@ -172,11 +178,16 @@ class Editing(Inspecting, Publishing):
                         cursor = as_text(reply[2])
                         renew()
         except KombuDelayError as exc:
-            if not total:
-                raise
             # The failed call speaks for itself only ("nothing was changed"): the calls before it
-            # removed messages (the compressed space's are purged first), which are told too.
-            raise type(exc)(f"{exc}; before this, {total} of their messages were purged") from exc
+            # (the compressed space's first) are told too, and that one whose reply was lost may
+            # have removed some.
+            lost = isinstance(exc, RedisUnavailable)
+            if not (total or lost):
+                raise
+            told = [f"earlier calls of this purge removed {total:,}"] if total else []
+            if lost:
+                told.append(f"the call that failed may have removed {'more' if total else 'some'}")
+            raise type(exc)(f"{str(exc).rstrip('.')}; {', and '.join(told)}") from exc
         return total
 
     @contextmanager
