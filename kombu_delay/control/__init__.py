@@ -294,7 +294,7 @@ class DelayControl:
             truncated=census.truncated,
             movers=movers,
             totals=store.totals(),
-            dead_letters=store.dead_count(),
+            dead_letters=store.dead_count(or_none=True),
             vanished=census.vanished,
             warnings=list(dangers(store)),
         )

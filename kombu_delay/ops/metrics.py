@@ -253,7 +253,7 @@ class MoverMetrics:
             return
         try:
             current = self.store.counts()
-            self.dead_kept.set(self.store.dead_count())
+            self.dead_kept.set(self.store.dead_count(or_none=True))
         except Exception as exc:
             self.on_error(exc)
             logger.debug("metrics: reading counts failed", exc_info=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from kombu_delay.errors import CorruptMember, is_wrong_type, translated_errors
+from kombu_delay.errors import CorruptMember, WrongTypeKey, is_wrong_type, translated_errors
 from kombu_delay.message import as_read, id_arg, index_id
 from kombu_delay.store import cold, keys, listing, spaces
 from kombu_delay.store.base import as_text, whole
@@ -297,10 +297,18 @@ class Inspecting(Counting):
         with translated_errors():
             return listing.page(self, after, limit, None if dests is None else set(dests), examine)
 
-    def dead_count(self) -> int:
-        """How many dead letters there are (one ``LLEN``)."""
-        with translated_errors():
-            return int(self.client.llen(keys.dead(self.prefix)))
+    def dead_count(self, or_none: bool = False) -> int:
+        """How many dead letters there are (one ``LLEN``). ``or_none``: 0 where the key is of
+        another type (written by hand: no list holds any; :meth:`misshapen` tells of it), not
+        :class:`~kombu_delay.errors.WrongTypeKey`, for what reads it beside other counts
+        (``stats``, the metrics)."""
+        try:
+            with translated_errors():
+                return int(self.client.llen(keys.dead(self.prefix)))
+        except WrongTypeKey:
+            if or_none:
+                return 0
+            raise
 
     def dead_letters(self, offset: int, limit: int) -> tuple[int, list[bytes]]:
         """Return how many dead letters there are and up to ``limit`` of them from ``offset``

@@ -79,6 +79,10 @@ def test_dead_says_when_there_are_none(r, redis_server, prefix):
     assert kd(redis_server, prefix, "dead") == (0, "0 dead letters\n")
     assert "dead  " not in kd(redis_server, prefix, "stats")[1]
     assert json.loads(kd(redis_server, prefix, "dead", "--json")[1]) == {"total": 0, "items": []}
+    # A dead-letter key of another type (by hand) is a warning of stats, not its failure.
+    r.set(keys.dead(prefix), "written by hand")
+    code, out = kd(redis_server, prefix, "stats")
+    assert code == 0 and "WARNING" in out and keys.dead(prefix) in out, out
 
 
 def test_find_shows_a_damaged_compressed_message_and_says_so(r, redis_server, prefix):

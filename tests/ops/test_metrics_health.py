@@ -434,6 +434,12 @@ def test_dead_lettered_messages_count_as_expired_in_the_metrics_as_in_the_totals
     r.delete(keys.dead(""))
     metrics.collect_scheduled()
     assert metrics.dead_kept._value.get() == 0
+    # A dead-letter key of another type (by hand) leaves the other counts read, and no error.
+    r.set(keys.dead(""), "written by hand")
+    store.schedule(Due(clock() + 60_000, task_id="later"), "q2", kombu_payload("later"), settings)
+    errors = metrics.errors._value.get()
+    metrics.collect_scheduled()
+    assert metrics.scheduled.labels(queue="q2")._value.get() == 1 and metrics.errors._value.get() == errors
 
 
 def test_a_mover_killed_an_hour_ago_is_not_counted_as_running(r, redis_server, prefix):
