@@ -4,6 +4,7 @@ store is opened once, for every thread (:class:`Once`)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import weakref
@@ -83,7 +84,7 @@ class Once(Generic[T]):
         self._lock = threading.Lock()
         self.made: T | None = None
         self._failed = 0  # attempts failed so far
-        self._failure: Exception | None = None
+        self._failure: Exception | None = None  # the last one's, until one succeeds
 
     def get(self, make: Callable[[], T]) -> T:
         made = self.made
@@ -93,13 +94,26 @@ class Once(Generic[T]):
         with self._lock:
             if self.made is None:
                 if self._failed != failed and self._failure is not None:
-                    raise self._failure  # (as concurrent.futures raises a failed future's)
+                    raise _fresh(self._failure)
                 try:
                     self.made = make()
                 except Exception as exc:
-                    self._failure, self._failed = exc, self._failed + 1
+                    self._failure, self._failed = _fresh(exc), self._failed + 1
                     raise
+                self._failure = None
             return self.made
+
+
+def _fresh(failure: Exception) -> Exception:
+    """A copy of ``failure`` with its cause and no traceback: kept, the exception its caller
+    raises would hold every frame it passes through (a dashboard request's, with its
+    credentials), and raised by each thread that waited, it would gather all their frames."""
+    try:
+        fresh = copy.copy(failure)
+    except Exception:  # an exception that cannot be made again from its arguments
+        return failure
+    fresh.__cause__ = failure.__cause__
+    return fresh
 
 
 def gated(method: Call) -> Call:

@@ -24,6 +24,7 @@ from kombu.exceptions import ChannelError
 import kombu_delay
 from kombu_delay import BadETA, DelayControl, EditConflict, RedisUnavailable
 from kombu_delay.config import MAX_DURATION_MS, Settings
+from kombu_delay.control.gate import Once
 from kombu_delay.message import Due, index_id
 from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
@@ -1295,3 +1296,18 @@ def test_threads_waiting_for_the_first_open_share_its_failure(silent_server):
     assert [name for name, _ in ends] == ["RedisUnavailable"] * 6
     times = [at for _, at in ends]
     assert max(times) - min(times) < timeout_s
+
+
+def test_a_first_open_failure_is_kept_without_its_callers_frames_until_an_open_succeeds():
+    # The exception raised was kept for the control's life, with every frame it went through: a
+    # dashboard request's, its Authorization header among their locals.
+    once: Once[str] = Once()
+
+    def fail() -> str:
+        raise RedisUnavailable("Redis is unavailable: refused")
+
+    with pytest.raises(RedisUnavailable) as raised:
+        once.get(fail)
+    kept = once._failure
+    assert kept is not None and kept is not raised.value and kept.__traceback__ is None
+    assert once.get(lambda: "store") == "store" and once._failure is None
