@@ -48,11 +48,11 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
         with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
             try:
                 yield ctl
-            except WrongTypeKey as exc:  # from a script, it names no key: name the shared ones
-                named = ctl.store.misshapen_told()
-                if not named or named in str(exc):  # (named already: the format check's)
+            except WrongTypeKey as exc:  # (where a call of the store's own made it)
+                named = ctl.store.keys_named(exc)
+                if named is exc:
                     raise
-                raise WrongTypeKey(f"{exc}{named}") from exc
+                raise named from exc
     except (KombuDelayError, redis.RedisError) as exc:  # (an error kombu-delay names none for: a
         # command renamed away, say)
         raise InspectError(tgt.redact(str(exc))) from exc

@@ -14,6 +14,8 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
+from kombu_delay.errors import WrongTypeKey
+
 #: kombu's pool size where the transport options give no ``max_connections``.
 KOMBU_POOL = 10
 
@@ -93,8 +95,9 @@ class Once(Generic[T]):
         failed = self._failed
         with self._lock:
             if self.made is None:
-                if self._failed != failed and self._failure is not None:
-                    raise _fresh(self._failure)
+                shared = self._failure if self._failed != failed else None
+                if shared is not None:
+                    raise _fresh(shared) or shared
                 try:
                     self.made = make()
                 except Exception as exc:
@@ -104,15 +107,17 @@ class Once(Generic[T]):
             return self.made
 
 
-def _fresh(failure: Exception) -> Exception:
-    """A copy of ``failure`` with its cause and no traceback: kept, the exception its caller
-    raises would hold every frame it passes through (a dashboard request's, with its
-    credentials), and raised by each thread that waited, it would gather all their frames."""
+def _fresh(failure: Exception) -> Exception | None:
+    """A copy of ``failure``, its text and type, with no traceback and no cause (whose traceback
+    holds the frames below): kept, the exception its caller raises would hold every frame it
+    passes through (a dashboard request's, with its credentials), and raised by each thread
+    that waited, it would gather all their frames. ``None`` where it cannot be copied: the
+    threads that waited then try again each."""
     try:
         fresh = copy.copy(failure)
     except Exception:  # an exception that cannot be made again from its arguments
-        return failure
-    fresh.__cause__ = failure.__cause__
+        return None
+    fresh.__cause__, fresh.__suppress_context__ = None, True
     return fresh
 
 
@@ -120,7 +125,8 @@ def gated(method: Call) -> Call:
     """Run ``method`` of an object with a ``_gate`` (:class:`Gate`) through it. Where it could
     not reach Redis, the idle connections of the object's store (``_opened``, a :class:`Once`,
     once opened) are closed: at Redis's ``maxclients`` the next call's connect may need the
-    place one of them holds (see :meth:`~kombu_delay.store.Store.close_idle`)."""
+    place one of them holds (see :meth:`~kombu_delay.store.Store.close_idle`). Redis's
+    ``WRONGTYPE``, which names no key, is told with the shared keys of another type named."""
 
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -131,5 +137,10 @@ def gated(method: Call) -> Call:
                 if self._opened.made is not None:
                     self._opened.made.close_idle()
                 raise
+            except WrongTypeKey as exc:  # the keys of another type named, for the dashboard too
+                named = exc if self._opened.made is None else self._opened.made.keys_named(exc)
+                if named is exc:
+                    raise
+                raise named from exc
 
     return run  # type: ignore[return-value]

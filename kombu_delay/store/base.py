@@ -166,6 +166,14 @@ class StoreBase:
             return "".join(f"; {text}" for text in self.misshapen(also).values())
         return ""
 
+    def keys_named(self, exc: WrongTypeKey) -> WrongTypeKey:
+        """``exc`` (Redis's ``WRONGTYPE``, from a script or a pipeline: it names no key) with
+        the shared keys of another type named (:meth:`misshapen_told`), where it names none."""
+        named = self.misshapen_told()
+        if not named or named in str(exc):  # (named already: the format check's)
+            return exc
+        return WrongTypeKey(f"{exc}{named}")
+
     def over_bulk_limit(self, size: int) -> str | None:
         """Redis's limit for one string argument (``proto-max-bulk-len``), as text, when ``size``
         bytes are over it, else ``None``. Redis drops the connection on a longer argument, which

@@ -1304,10 +1304,14 @@ def test_a_first_open_failure_is_kept_without_its_callers_frames_until_an_open_s
     once: Once[str] = Once()
 
     def fail() -> str:
-        raise RedisUnavailable("Redis is unavailable: refused")
+        try:
+            raise ConnectionRefusedError("refused")
+        except ConnectionRefusedError as exc:  # (as every error of default_channel: with a cause)
+            raise RedisUnavailable("Redis is unavailable: refused") from exc
 
     with pytest.raises(RedisUnavailable) as raised:
         once.get(fail)
     kept = once._failure
     assert kept is not None and kept is not raised.value and kept.__traceback__ is None
+    assert kept.__cause__ is None and str(kept) == "Redis is unavailable: refused"
     assert once.get(lambda: "store") == "store" and once._failure is None

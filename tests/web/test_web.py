@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import json
 import logging
 import re
@@ -100,6 +101,14 @@ def test_overdue_per_queue_counts_only_due_messages_and_the_oldest(r, control, p
     assert by_queue == {"emails": (2, start + 1_000), "celery": (2, start + 40_000)}
     # A bucket limit says the count is cut short.
     assert store.overdue(now, max_buckets=1)[1] is True
+
+
+def test_a_dead_letter_key_of_another_type_is_named_with_what_to_do(r, control, prefix):
+    # The page said only Redis's "Command # 1 (LLEN ...) of pipeline caused error: WRONGTYPE".
+    r.set(keys.dead(prefix), "written by hand")
+    page = client_of(control).get("/dead")
+    assert page.status_code == 503
+    assert f"{keys.dead(prefix)!r} holds a string, not a list" in html.unescape(page.get_data(as_text=True))
 
 
 def test_dead_letters_list_newest_first_and_remove_by_digest(r, control, prefix):
