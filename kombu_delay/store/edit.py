@@ -184,9 +184,11 @@ class Editing(Inspecting, Publishing):
             lost = isinstance(exc, RedisUnavailable)
             if not (total or lost):
                 raise
-            told = [f"earlier calls of this purge removed {total:,}"] if total else []
+            told = [f"{total:,} were purged before it"] if total else []
             if lost:
-                told.append(f"the call that failed may have removed {'more' if total else 'some'}")
+                told.append(
+                    f"its last step may have removed {'more' if total else 'some'} before Redis went away"
+                )
             raise type(exc)(f"{str(exc).rstrip('.')}; {', and '.join(told)}") from exc
         return total
 

@@ -437,7 +437,7 @@ def test_a_key_of_another_type_stops_a_purge_with_what_it_removed_counted(
     with pytest.raises(WrongTypeKey, match=key) as caught:
         store.purge([dest], now_ms=now)
     left = 2 if damaged == "gc" else 1  # the shared key: nothing taken; a bucket's: what came before
-    told = "nothing was changed" if damaged == "gc" else "stopped there, after this call removed 1 (counted)"
+    told = "nothing was changed" if damaged == "gc" else "stopped there, after removing 1 here (counted)"
     assert told in str(caught.value)
     assert store.counts() == {dest: left}
     assert int(store.totals().get("purged", 0)) == 2 - left
@@ -460,7 +460,7 @@ def test_a_purge_that_fails_after_purging_compressed_messages_says_how_many(
         store.schedule(Due(now + 7_200_000, task_id=tag), dest, kombu_payload(tag), COLD, now_ms=now)
     assert r.zcard(keys.index(prefix, keys.COLD)) == 1 and r.exists(keys.index(prefix)) == 0
     r.set(keys.index(prefix), "written by hand")
-    with pytest.raises(WrongTypeKey, match=r"nothing was changed.*; earlier calls of this purge removed 2$"):
+    with pytest.raises(WrongTypeKey, match=r"nothing was changed.*; 2 were purged before it$"):
         store.purge([dest], now_ms=now)
     assert store.find("c1") == [] and int(store.totals()["purged"]) == 2
 

@@ -67,7 +67,7 @@ refused = redis.acl_check_cmd and mover_refused(ns, false, false, true)
 if refused then return refusal_reply(refused, 'purge', 'nothing was purged by this call') end
 local function refused_at(key, wanted)
   counted_up()
-  local told = string.format('the purge stopped there, after this call removed %d (counted)', removed)
+  local told = string.format('the purge stopped there, after removing %d here (counted)', removed)
   return wrong_types({{key, wanted}}, told)
     or redis.error_reply('ERR ' .. key .. ' could not be read as a ' .. wanted)
 end
