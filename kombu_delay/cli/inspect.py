@@ -18,7 +18,7 @@ import redis
 from kombu_delay.cli.common import announce, cells, global_options, padded, target, utf8_text
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
-from kombu_delay.errors import KombuDelayError, WrongTypeKey
+from kombu_delay.errors import KombuDelayError
 from kombu_delay.ops.checks import movers_heard, movers_told
 from kombu_delay.store.listing import Cursor
 
@@ -46,13 +46,7 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
     announce(ctx)
     try:
         with DelayControl(tgt.url, tgt.transport_options, ssl=tgt.ssl) as ctl:
-            try:
-                yield ctl
-            except WrongTypeKey as exc:  # (where a call of the store's own made it)
-                named = ctl.store.keys_named(exc)
-                if named is exc:
-                    raise
-                raise named from exc
+            yield ctl  # (each call names the keys of another type behind a WRONGTYPE: gated)
     except (KombuDelayError, redis.RedisError) as exc:  # (an error kombu-delay names none for: a
         # command renamed away, say)
         raise InspectError(tgt.redact(str(exc))) from exc
