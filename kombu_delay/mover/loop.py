@@ -26,7 +26,8 @@ from kombu_delay.mover.tally import Tally
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.mover.wake import WakeUps
-from kombu_delay.mover.watch import Findings, Watch
+from kombu_delay.mover.watch import Watch
+from kombu_delay.ops.checks import Findings
 from kombu_delay.store import Store
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 

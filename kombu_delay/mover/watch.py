@@ -1,8 +1,8 @@
-"""A mover's background checks: Redis's eviction policy and persistence, other key prefixes'
-stranded messages, buckets that left their index (evicted or deleted), which are put back,
+"""A mover's background checks: Redis's eviction policy, memory and persistence, other key
+prefixes' stranded messages, buckets that left their index (evicted or deleted), which are put back,
 and id-index refs that name no bucket, which are dropped (every :data:`FORGET_EVERY_S`).
 They run in a thread of their own, so a scan of a large database never delays a move: at the
-mover's start, then the policy and persistence every :data:`POLICY_CHECK_EVERY_S`, the scans every
+mover's start, then the policy, memory and persistence every :data:`POLICY_CHECK_EVERY_S`, the scans every
 :data:`PREFIX_CHECK_EVERY_S`, and the prefixes a scan found stranded every
 :data:`STRANDED_RECHECK_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
 it lasts), handed to the metrics, and recorded in the namespace's alerts hash, which ``stats``
@@ -16,7 +16,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import redis
 
@@ -24,6 +23,7 @@ from kombu_delay.errors import RedisPermissionError, WrongTypeKey
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.ops.checks import (
     FRESH_HEARTBEAT_MS,
+    Findings,
     eviction_problem,
     persistence_problem,
     snapshot_note,
@@ -34,7 +34,7 @@ from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
 
-#: How often the eviction policy and persistence are read, seconds (``INFO memory``, ``INFO
+#: How often the eviction policy, memory and persistence are read, seconds (``INFO memory``, ``INFO
 #: persistence``, and ``CONFIG GET save`` while the AOF is off).
 POLICY_CHECK_EVERY_S = 60.0
 #: How often the database is scanned for other key prefixes, seconds (a full ``SCAN``).
@@ -74,6 +74,7 @@ ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
 #: What is logged when a problem is gone.
 RESOLVED = {
     "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
+    "memory": "Redis is within its maxmemory again: it accepts publishes",
     "stranded": "no messages are stranded under other key prefixes any more",
     "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
     "forget": "the id index is walked again",
@@ -86,29 +87,6 @@ REPLICATED = (
     "what was replicated to it (what the former server took after its last replicated write is "
     "not: a publish made there is lost, a move made there is made again)"
 )
-
-
-@dataclass
-class Findings:
-    """What the last checks found."""
-
-    #: The server's ``maxmemory-policy``, when it could be read.
-    policy: str | None = None
-    #: Other key prefixes holding messages no mover serves: prefix -> messages.
-    stranded: dict[str, int] = field(default_factory=dict)
-    #: Whether Redis's AOF is on, and its RDB save rules (read only while the AOF is off),
-    #: when they could be read.
-    aof_enabled: bool | None = None
-    save_rules: str | None = None
-
-    @property
-    def evicting(self) -> bool:
-        return eviction_problem(self.policy) is not None
-
-    @property
-    def volatile(self) -> bool:
-        """Redis keeps nothing on disk: a restart loses every scheduled message."""
-        return persistence_problem(self.aof_enabled, self.save_rules) is not None
 
 
 class Watch:
@@ -197,12 +175,14 @@ class Watch:
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
     def check_policy(self) -> None:
-        """Read the eviction policy; log an ERROR while it lets Redis delete messages."""
-        self.findings.policy = self.store.eviction_policy()
+        """Read the eviction policy and memory; log an ERROR while the policy lets Redis delete
+        messages, a WARNING while Redis is over its maxmemory (it refuses publishes)."""
+        self.findings.policy, self.findings.over_maxmemory = self.store.memory_state()
         if self.findings.policy is None and "unknown" not in self._logged:
             logger.warning("mover %s: %s", self.name, unread_policy(None))
             self._logged["unknown"] = ("", time.monotonic())
         self._tell("policy", eviction_problem(self.findings.policy), logging.ERROR)
+        self._tell("memory", self.findings.memory_problem, logging.WARNING)
         self._report()
 
     def check_persistence(self) -> None:

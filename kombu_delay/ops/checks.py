@@ -8,6 +8,7 @@ facts from Redis and words them here, so they never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 #: A mover heartbeat younger than this means a mover serves its namespace, ms. ``health``
 #: uses 30 s by default too, and a mover beats every 2 s.
@@ -50,6 +51,20 @@ def eviction_problem(policy: str | None) -> str | None:
     return (
         f"Redis's maxmemory-policy is {policy}: under memory pressure Redis deletes scheduled "
         f"messages without a trace; set maxmemory-policy {SAFE_POLICY} (CONFIG SET and redis.conf)"
+    )
+
+
+def memory_problem(policy: str | None, over: tuple[int, int] | None) -> str | None:
+    """Return what it means that Redis uses more memory than its ``maxmemory`` (``over``: what it
+    uses and the limit, bytes; ``None``: it does not), under ``policy``. Only under ``noeviction``,
+    which refuses writes then; an evicting policy deletes keys instead (:func:`eviction_problem`)."""
+    if over is None or policy != SAFE_POLICY:
+        return None
+    used, limit = (f"{size / 2**20:,.1f} MB" for size in over)
+    return (
+        f"Redis is over maxmemory ({used} used of {limit}): it refuses every publish, and "
+        "workers fail as they fetch (kombu records what they fetch: a write); movers go on "
+        "moving; free memory or raise maxmemory"
     )
 
 
@@ -100,3 +115,32 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
         f"that global_keyprefix (kombu-delay --prefix {first!r} mover), or give the publishers "
         "the global_keyprefix of the movers that run"
     )
+
+
+@dataclass
+class Findings:
+    """What the last checks found."""
+
+    #: The server's ``maxmemory-policy``, when it could be read, and while it uses more than its
+    #: ``maxmemory``, what it uses and the limit, bytes (:meth:`Store.memory_state`).
+    policy: str | None = None
+    over_maxmemory: tuple[int, int] | None = None
+    #: Other key prefixes holding messages no mover serves: prefix -> messages.
+    stranded: dict[str, int] = field(default_factory=dict)
+    #: Whether Redis's AOF is on, and its RDB save rules (read only while the AOF is off),
+    #: when they could be read.
+    aof_enabled: bool | None = None
+    save_rules: str | None = None
+
+    @property
+    def evicting(self) -> bool:
+        return eviction_problem(self.policy) is not None
+
+    @property
+    def memory_problem(self) -> str | None:
+        return memory_problem(self.policy, self.over_maxmemory)
+
+    @property
+    def volatile(self) -> bool:
+        """Redis keeps nothing on disk: a restart loses every scheduled message."""
+        return persistence_problem(self.aof_enabled, self.save_rules) is not None

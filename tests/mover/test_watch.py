@@ -23,7 +23,13 @@ from kombu_delay.errors import RedisUnavailable
 from kombu_delay.message import Due
 from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, persistence_problem, snapshot_note, unread_policy
+from kombu_delay.ops.checks import (
+    FRESH_HEARTBEAT_MS,
+    memory_problem,
+    persistence_problem,
+    snapshot_note,
+    unread_policy,
+)
 from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.metrics import try_scrape
@@ -75,6 +81,47 @@ def test_an_evicting_policy_is_an_error_in_the_log_stats_health_and_metrics(evic
     evicting.client().config_set("maxmemory-policy", "noeviction")
     assert cli(url, "health").returncode == 0
     assert "maxmemory-policy" not in cli(url, "stats").stdout
+
+
+def test_redis_over_maxmemory_is_a_warning_in_the_log_stats_health_and_metrics(spawn, caplog):
+    """Under noeviction, Redis over its maxmemory refuses every publish: the mover told it only
+    from its thaw, and only with compressed messages near their due time (with none stored,
+    health said OK, stats nothing, for minutes)."""
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        client, url, port = server.client(), server.delay_url, free_port()
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+        proc = mover(spawn, url, "--metrics-port", str(port))
+        wait_until(lambda: "Redis is over maxmemory (" in proc.output(), timeout=DEADLINE_S)
+        line = next(x for x in proc.output().splitlines() if "Redis is over maxmemory (" in x)
+        assert " WARNING " in line and "it refuses every publish" in line, line
+        over = ("kombu_delay_redis_over_maxmemory", ())
+        wait_until(lambda: (try_scrape(port) or {}).get(over) == 1, timeout=DEADLINE_S)
+        probe = cli(url, "health")
+        assert probe.returncode == 1 and "UNHEALTHY: Redis is over maxmemory (" in probe.stdout, probe
+        assert cli(url, "health", "--liveness").returncode == 0  # a restart cannot fix it
+        assert "WARNING    Redis is over maxmemory (" in cli(url, "stats").stdout
+        with DelayControl(url) as ctl:
+            assert any("over maxmemory" in w for w in ctl.stats().warnings)
+
+        # Told again once it ends (a watch of this process's own), and no longer shown.
+        caplog.set_level(logging.INFO, logger="kombu_delay.mover.watch")
+        watch = Watch(Store(client), "mem")
+        watch.check_policy()
+        assert watch.findings.memory_problem and said(caplog)[0][0] == logging.WARNING
+        caplog.clear()
+        client.config_set("maxmemory", 0)
+        watch.check_policy()
+        assert watch.findings.memory_problem is None
+        assert said(caplog) == [(logging.INFO, f"mover mem: {watch_module.RESOLVED['memory']}")]
+        assert cli(url, "health").returncode == 0 and "maxmemory" not in cli(url, "stats").stdout
+
+
+def test_over_maxmemory_is_said_only_under_noeviction() -> None:
+    # An evicting policy deletes keys to make room (that is its own problem, said as such).
+    assert memory_problem("noeviction", (3 * 2**20, 2**20)) is not None
+    assert "(3.0 MB used of 1.0 MB)" in (memory_problem("noeviction", (3 * 2**20, 2**20)) or "")
+    assert memory_problem("allkeys-lru", (3 * 2**20, 2**20)) is None
+    assert memory_problem("noeviction", None) is None and memory_problem(None, None) is None
 
 
 def test_a_policy_that_cannot_be_read_is_said_by_the_mover_health_and_stats(evicting, caplog):
