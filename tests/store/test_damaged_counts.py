@@ -699,3 +699,23 @@ def test_a_queues_entry_of_its_other_lists_goes_however_its_last_message_goes(
     assert sorted(r.hkeys(keys.lists(prefix))) == [dests["ahead"].encode(), dests["not last"].encode()]
     assert 0 < r.pttl(others["now"][0]) <= 30_000  # renewed with the push, as kombu's publish would
     assert r.llen(dests["now"]) == 1
+
+
+def test_a_queues_entry_of_its_other_lists_goes_when_its_bucket_lost_its_meta_hash(
+    r: redis.Redis, prefix: str
+) -> None:
+    """A bucket whose meta hash was lost (evicted, deleted) is counted again from its sets, with
+    no note of the queue's expiry: its last message's move left the queue's entry in <ns>lists,
+    which every later publish of another such queue renewed."""
+    _, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}q-lost-meta"
+    others = [f"{dest}{keys.KOMBU_PRIORITY_SEP}3"]
+    for n in range(3):
+        due = Due(start + 10 + n, task_id=f"lost-{n}")
+        store.schedule(due, dest, kombu_payload(due.task_id), ORDINARY, 30_000, siblings=others)
+    assert r.hexists(keys.lists(prefix), dest)
+    r.delete(keys.meta(prefix, start))
+    for _ in range(3):  # counted again, then moved
+        store.move_due(10, now_ms=start + 20)
+    assert r.llen(dest) == 3 and not store.counts()
+    assert not r.hexists(keys.lists(prefix), dest)

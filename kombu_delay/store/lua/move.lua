@@ -374,15 +374,17 @@ local function visit(start_s)
   -- Best effort, as kombu's own renewal (a refusal, say an ACL without PEXPIRE, must not
   -- stop the mover: the next publish or read of the queue renews it). Only a positive one: a
   -- publish writes no other, and PEXPIRE of 0 or less (written by hand) deletes the list.
+  -- A queue's last scheduled message: its entry in <ns>lists goes (the next publish, first in
+  -- its bucket, writes it again), or one for every such queue that ever was would stay; also
+  -- where this bucket's meta hash notes no expiry for it (one lost, and counted again since),
+  -- looked for only where <ns>lists exists (one EXISTS a call).
+  local lists, lists_kept = ns .. 'lists', nil
   for _, dest in ipairs(pushed) do
     local ttl = expiry[dest]
-    if ttl and ttl > 0 then
-      renew_lists(ns .. 'lists', dest, ttl)
-      -- Its last scheduled message: its entry goes (the next publish, first in its bucket,
-      -- writes it again), or one for every such queue that ever was would stay.
-      if (tonumber(redis.call('HGET', counts, dest)) or 0) <= 0 then
-        redis.pcall('HDEL', ns .. 'lists', dest)
-      end
+    if ttl and ttl > 0 then renew_lists(lists, dest, ttl) end
+    if not ttl and lists_kept == nil then lists_kept = redis.call('EXISTS', lists) == 1 end
+    if (ttl or lists_kept) and (tonumber(redis.call('HGET', counts, dest)) or 0) <= 0 then
+      redis.pcall('HDEL', lists, dest)
     end
   end
   -- The bucket's wake mark, once its message is due (moved, or held): a later publish must not
