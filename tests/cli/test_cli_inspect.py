@@ -15,8 +15,9 @@ from click.testing import CliRunner
 from kombu import Connection
 
 from kombu_delay import ConfigError, DelayControl
+from kombu_delay.cli import inspect as inspect_module
 from kombu_delay.cli import main
-from kombu_delay.cli.inspect import COMMANDS, NAME_COLUMN, cells, clipped, render_stats, span
+from kombu_delay.cli.inspect import COMMANDS, NAME_CHARS, NAME_COLUMN, cells, clipped, render_stats, span
 from kombu_delay.control import Slot, Stats
 from kombu_delay.store.listing import Cursor
 from kombu_delay.tooling.redis_server import free_port
@@ -393,3 +394,21 @@ def test_a_long_wide_name_is_clipped_to_the_columns_of_a_long_narrow_one():
     # Marks drawn over the character before take no column: Thai vowels, a skin tone, VS16.
     assert cells("ที่นี่") == 2 and cells("👍🏽") == 2 and cells("😀\ufe0f") == 2
     assert clipped("ที่" * 100).endswith("…") and cells(clipped("ที่" * 100)) == NAME_COLUMN
+
+
+def test_a_name_of_marks_is_cut_too_and_a_long_one_is_measured_a_few_times(monkeypatch):
+    """An accent repeated takes no column: such a name was shown whole, and the cut of a long
+    one measured a longer start at each character (60,000 of them: seconds a name, a listing
+    of them minutes, on the dashboard too)."""
+    marks = "a" + "\u0301" * 30_000
+    assert clipped(marks) == marks[: NAME_CHARS - 1] + "…"
+    measured: list[int] = []
+
+    def counted(text: str) -> int:
+        measured.append(len(text))
+        return cells(text)
+
+    monkeypatch.setattr(inspect_module, "cells", counted)
+    long = "n" * 58 + "\u0301" * 30_000 + "end"
+    assert clipped(long) == long[: NAME_CHARS - 1] + "…"  # the marks stay with their n
+    assert len(measured) <= 12 and max(measured) <= NAME_CHARS, measured
