@@ -104,6 +104,14 @@ FATAL_ERRORS = (*AUTH_ERRORS, redis.exceptions.NoPermissionError, StorageFormatE
 #: How an ACL refusal reads when Redis 7 reports it from inside a script, where redis-py
 #: sees a plain error (Redis 6 keeps the ``NOPERM`` code in the text).
 _SCRIPT_NOPERM = ("NOPERM", "The user executing the script can't")
+#: Where a script's error was raised, as Redis words it around the error's own text: Redis 6's
+#: "Error running script (call to f_<sha>): @user_script:136: user_script:136: " before it,
+#: Redis 7's " script: <sha>, on @user_script:136." after it. Left out of an ACL refusal's text,
+#: which it would otherwise bury.
+_SCRIPT_PLACE = re.compile(
+    r"^Error running script \(call to \w+\): (?:@?\w+: ?\d+: )+|^(?:@?user_script: ?\d+: )+"
+    r"| script: \w+, on @?\w+:\d+\.?$"
+)
 
 
 #: Refusals that waiting may end (and that write nothing), besides a read-only replica's (its
@@ -164,7 +172,9 @@ def translated_errors() -> Iterator[None]:
             raise
         text = coded_text(exc)
         if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
-            raise RedisPermissionError(f"Redis's ACL refused this user: {text}") from exc
+            raise RedisPermissionError(
+                f"Redis's ACL refused this user: {_SCRIPT_PLACE.sub('', text)}"
+            ) from exc
         # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
         # script's refusal in a plain error that keeps it in the text.
         if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:

@@ -7,12 +7,13 @@ ACL first (Redis 7), and refuses, writing nothing."""
 from __future__ import annotations
 
 import pytest
+import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import RedisPermissionError
+from kombu_delay.errors import RedisPermissionError, translated_errors
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
-from kombu_delay.store.replies import Scheduled
+from kombu_delay.store.replies import Rescheduled, Scheduled
 from tests.support.stored import calls, kombu_payload, redis_ms
 
 ORDINARY = Settings(compress_after_ms=0)
@@ -98,3 +99,61 @@ def test_a_reschedule_the_acl_would_refuse_halfway_changes_nothing(server7, r7, 
     with pytest.raises(RedisPermissionError, match=f"{refused.upper()} on .*the message stays as it was"):
         store.reschedule(stored, "a", kombu_payload("a"), now + 7_200_000, ORDINARY)
     assert Store(r7, prefix).find("a") == [stored] and Store(r7, prefix).counts() == {f"{prefix}q": 1}
+
+
+def test_a_count_the_acl_refuses_fails_the_publish_or_reschedule_and_changes_nothing(server7, r7, prefix):
+    """Redis 6 cannot be asked beforehand, as Redis 7 cannot where the ACL narrowed after the
+    ask: a publish whose HINCRBY the ACL refused returned as stored, its message in its set but
+    counted nowhere, where no mover delivered it and neither ls nor find saw it."""
+    r7.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all")
+    # Two stores: a refusal makes a store ask again, and each must meet the refusal in its script.
+    store, editor = (Store(server7.client(username="pub", password="pw"), prefix) for _ in range(2))
+    base = redis_ms(r7) + 600_000
+    assert store.schedule(Due(base, task_id="a"), f"{prefix}q", kombu_payload("a"), ORDINARY).outcome is (
+        Scheduled.STORED
+    )
+    [stored] = store.find("a")
+    assert (
+        editor.reschedule(stored, "a", kombu_payload("a"), base + 60_000, ORDINARY) is Rescheduled.RESCHEDULED
+    )
+    [stored] = store.find("a")
+    r7.execute_command("ACL", "SETUSER", "pub", "-hincrby")  # after both asked: as Redis 6
+    admin = Store(r7, prefix)
+    refused = (
+        r"^Redis's ACL refused this user: (NOPERM )?this user has no permissions to run the 'hincrby' "
+        r"command on '[^']+'$"
+    )
+    with pytest.raises(RedisPermissionError, match=refused):
+        store.schedule(Due(base + 3_600_000, task_id="b"), f"{prefix}q", kombu_payload("b"), ORDINARY)
+    assert admin.find("b") == [] and admin.counts() == {f"{prefix}q": 1}
+    assert not r7.exists(keys.queue_set(prefix, keys.bucket_start(base + 3_600_000, 60_000), f"{prefix}q"))
+    with pytest.raises(RedisPermissionError, match=refused):
+        editor.reschedule(stored, "a", kombu_payload("a"), base + 7_200_000, ORDINARY)
+    assert admin.find("a") == [stored] and admin.counts() == {f"{prefix}q": 1}
+
+
+@pytest.mark.parametrize(
+    ("told", "shown"),
+    [
+        (
+            "Error running script (call to f_80fa): @user_script:136: user_script:136: NOPERM this user "
+            "has no permissions to run the 'hincrby' command on 'kombu_delay:m:1'",
+            "NOPERM this user has no permissions to run the 'hincrby' command on 'kombu_delay:m:1'",
+        ),
+        (
+            "Error running script (call to f_3f5f): @user_script:715: user_script:715: @user_script: 419: "
+            "The user executing the script can't run this command or subcommand",
+            "The user executing the script can't run this command or subcommand",
+        ),
+        (
+            "The user executing the script can't run this command or subcommand script: 42507f0c, on "
+            "@user_script:702.",
+            "The user executing the script can't run this command or subcommand",
+        ),
+    ],
+)
+def test_an_acl_refusal_from_a_script_is_told_without_where_the_script_raised_it(told, shown):
+    # Redis 6's prefix and Redis 7's suffix buried the refusal (the only part that names anything).
+    with pytest.raises(RedisPermissionError) as raised, translated_errors():
+        raise redis.ResponseError(told)
+    assert str(raised.value) == f"Redis's ACL refused this user: {shown}"

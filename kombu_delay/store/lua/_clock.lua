@@ -19,11 +19,14 @@ ms_of(text)
   would otherwise keep for ever and a PEXPIREAT refuse after a script's first writes.
   Kept by text in a memo where a script's helpers outlive a call (see below).
 
-count_up(key, field, n)
+count_up(key, field, n, strict)
   HINCRBY key field n (n: a number, or text such as '1'); returns the count after. Where the
   field holds text HINCRBY refuses (written by hand), it becomes n: a count made after a
   script's first write must not fail the script, since Redis takes back none of the writes
-  before the failure (a message stored, a retry storing it again).
+  before the failure (a message stored, a retry storing it again). Where the ACL refuses it
+  (Redis 6, which cannot be asked beforehand), it is left as it is, or with ``strict`` raises
+  a NOPERM error naming the command and the key: a publish's counts (put in _put.lua), which
+  it takes back, since a message stored uncounted is one no mover delivers.
 ]]
 local function clock(at)
   if at and at ~= '' then return math.floor(tonumber(at)), 0 end
@@ -61,11 +64,16 @@ local function ms_of(text)
   return n or nil
 end
 
-local function count_up(key, field, n)
+local function count_up(key, field, n, strict)
   local after = redis.pcall('HINCRBY', key, field, n)
   if type(after) == 'number' then return after end
   -- Refused by the ACL (NOPERM; Redis 6's words in a script): left as it is, not overwritten.
   if string.sub(after.err, 1, 6) == 'NOPERM' or string.find(after.err, "user executing the script can't", 1, true) then
+    if strict then
+      local text = "NOPERM this user has no permissions to run the 'hincrby' command on '" .. key .. "'"
+      if redis.acl_check_cmd then error({err = text}) end  -- Redis 7+ keeps the error code
+      error(text)  -- Redis 6 raises strings only
+    end
     return tonumber(n)
   end
   redis.call('HSET', key, field, n)

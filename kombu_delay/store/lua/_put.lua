@@ -204,12 +204,12 @@ end
 -- as they are made.
 local function count_added(k, meta, dest, tasks, n, task_ids, q, done)
   local n_arg = count_arg(n)
-  local n_here = count_up(meta, q or 'q:' .. dest, n_arg)
+  local n_here = count_up(meta, q or 'q:' .. dest, n_arg, k.strict)
   if done then done.meta = true end
   if k.expires and k.expires > 0 then redis.call('HSET', meta, 'e:' .. dest, k.expires) end
-  local dest_new = not k.counted and count_up(k.counts, dest, n_arg) == n
+  local dest_new = not k.counted and count_up(k.counts, dest, n_arg, k.strict) == n
   if done then done.counts = not k.counted end
-  if k.counter then count_up(k.totals, k.counter, n_arg) end
+  if k.counter then count_up(k.totals, k.counter, n_arg, k.strict) end
   if done then done.counter = k.counter end
   if not tasks then return n_here, dest_new, 0 end
   if type(task_ids) == 'table' then return n_here, dest_new, redis.call('RPUSH', tasks, unpack(task_ids)) end
@@ -335,7 +335,7 @@ end
 local function put(k, now, due, task_id, dest, payload, estimated, keep)
   local start = due - due % k.width
   local names = put_names(k, start, dest)
-  local n_seq = count_up(names.meta, 'seq', '1')
+  local n_seq = count_up(names.meta, 'seq', '1', k.strict)
   counter_new(names.meta, n_seq, 1)
   local seq = (n_seq - 1) % 2048
   if redis.call('ZADD', names.zset, 'NX', due + seq / 2048, payload) == 0 then return 2 end
