@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 import redis
@@ -719,3 +720,32 @@ def test_a_queues_entry_of_its_other_lists_goes_when_its_bucket_lost_its_meta_ha
         store.move_due(10, now_ms=start + 20)
     assert r.llen(dest) == 3 and not store.counts()
     assert not r.hexists(keys.lists(prefix), dest)
+
+
+def test_a_queues_entry_of_its_other_lists_is_written_again_by_a_publish_not_first_in_its_bucket(
+    r: redis.Redis, prefix: str
+) -> None:
+    """Two publishers of one x-expires queue, one that knows its expiry and one that does not:
+    the move of the last message of the one that does not deleted the entry, and a publish of
+    the one that does, behind the other's in a bucket, did not write it again. The push then
+    renewed its own list only, and the queue's other lists expired with what they held."""
+    _, start = _bucket(r)
+    store, dest = Store(r, prefix), f"{prefix}q-mixed"
+    others = [f"{dest}{keys.KOMBU_PRIORITY_SEP}9"]
+    r.rpush(others[0], "a message of the other list")
+    r.pexpire(others[0], 30_000)
+    aware = {"expires_ms": 30_000, "siblings": others}
+
+    def publish(due: int, task_id: str, **options: Any) -> None:
+        store.schedule(Due(due, task_id=task_id), dest, kombu_payload(task_id), ORDINARY, **options)
+
+    publish(start + 10, "unaware-1")
+    assert store.move_due(10, now_ms=start + 10).moved == 1
+    assert not r.hexists(keys.lists(prefix), dest)
+    later = start + WIDTH
+    publish(later + 10, "unaware-2")
+    publish(later + 20, "aware", **aware)  # not first in its bucket
+    assert r.hexists(keys.lists(prefix), dest)
+    r.pexpire(others[0], 5_000)
+    assert store.move_due(10, now_ms=later + 20).moved == 2
+    assert 5_000 < r.pttl(others[0]) <= 30_000  # renewed with the push, as kombu's publish would

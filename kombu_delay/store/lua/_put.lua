@@ -145,8 +145,8 @@ end
 -- which its publisher gives), whose expiry a push renews with its own, as kombu's publish
 -- renews every list of the queue (renew_lists in _push.lua), are kept in <ns>lists under
 -- dest: a property of the queue, not of a bucket (whose meta hash a 1.0.0 mover reads as
--- numbers). Written with the first message of dest's set in a bucket, and kept as long as the
--- bucket's meta hash (expire_at, ms) at least. A hint, as the wake is: a refusal (a key of
+-- numbers). Written with the first message of dest's set in a bucket, or one that finds it
+-- missing, and kept as long as that bucket's meta hash (expire_at, ms) at least. A hint, as the wake is: a refusal (a key of
 -- another type, by hand) is passed over, and the push then renews its own list only.
 local function note_lists(k, now, dest, expire_at)
   if type(redis.pcall('HSET', k.lists, dest, k.siblings)) == 'number' then
@@ -307,7 +307,11 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
                           zset = zset, tasks = tasks, n_tasks = n_tasks, dest_new = dest_new,
                           n_seq = n_seq, n_added = 1, n_here = n_here, late = late}, known_x, known_end)
   end
-  local large, lists = n_here == LARGE_RUN or n_seq == LARGE_BUCKET, n_here == 1 and k.siblings
+  -- The queue's entry in <ns>lists: with its first message in the bucket, or where it is missing
+  -- (a publisher that does not know the queue's x-expires was first here, and its last message's
+  -- move may have deleted the entry: the other lists would go unrenewed, and expire).
+  local large = n_here == LARGE_RUN or n_seq == LARGE_BUCKET
+  local lists = k.siblings and (n_here == 1 or redis.pcall('HEXISTS', k.lists, dest) == 0)
   if large or lists then  -- hints, kept a day past the bucket's meta hash
     local expire_at = math.max(known_x or 0, start + k.width + k.grace) + 86400000
     if large then note_large(k, now, start, start_s, expire_at) end

@@ -376,8 +376,10 @@ local function visit(start_s)
   -- publish writes no other, and PEXPIRE of 0 or less (written by hand) deletes the list.
   -- A queue's last scheduled message: its entry in <ns>lists goes (the next publish, first in
   -- its bucket, writes it again), or one for every such queue that ever was would stay; also
-  -- where this bucket's meta hash notes no expiry for it (one lost, and counted again since),
-  -- looked for only where <ns>lists exists (one EXISTS a call).
+  -- where this bucket's meta hash notes no expiry for it (one lost, and counted again since, or
+  -- one whose publishers did not know the queue's x-expires: the next publish that does writes
+  -- the entry again, see put_counted in _put.lua), looked for only where <ns>lists exists (one
+  -- EXISTS a bucket visited).
   local lists, lists_kept = ns .. 'lists', nil
   for _, dest in ipairs(pushed) do
     local ttl = expiry[dest]
