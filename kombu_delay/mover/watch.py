@@ -22,9 +22,11 @@ import redis
 from kombu_delay.errors import RedisPermissionError, WrongTypeKey
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.ops.checks import (
+    AT_MAXMEMORY_BYTES,
     FRESH_HEARTBEAT_MS,
     Findings,
     eviction_problem,
+    memory_problem,
     persistence_problem,
     snapshot_note,
     stranded_problem,
@@ -74,7 +76,7 @@ ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
 #: What is logged when a problem is gone.
 RESOLVED = {
     "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
-    "memory": "Redis is within its maxmemory again: it accepts publishes",
+    "memory": "Redis is no longer at its maxmemory: it accepts publishes",
     "stranded": "no messages are stranded under other key prefixes any more",
     "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
     "forget": "the id index is walked again",
@@ -176,13 +178,16 @@ class Watch:
 
     def check_policy(self) -> None:
         """Read the eviction policy and memory; log an ERROR while the policy lets Redis delete
-        messages, a WARNING while Redis is over its maxmemory (it refuses publishes)."""
-        self.findings.policy, self.findings.over_maxmemory = self.store.memory_state()
+        messages, a WARNING while Redis is at its maxmemory (it refuses publishes): told again
+        every LOG_REPEAT_S, whatever its figures, and over only with twice the margin left."""
+        self.findings.policy, self.findings.memory = self.store.memory_state()
         if self.findings.policy is None and "unknown" not in self._logged:
             logger.warning("mover %s: %s", self.name, unread_policy(None))
             self._logged["unknown"] = ("", time.monotonic())
         self._tell("policy", eviction_problem(self.findings.policy), logging.ERROR)
-        self._tell("memory", self.findings.memory_problem, logging.WARNING)
+        margin = AT_MAXMEMORY_BYTES * (2 if "memory" in self._logged else 1)
+        problem = memory_problem(self.findings.policy, self.findings.memory, margin)
+        self._tell("memory", problem, logging.WARNING, gist="at maxmemory")
         self._report()
 
     def check_persistence(self) -> None:
@@ -353,17 +358,18 @@ class Watch:
         found = self.store.run_id()
         return None if found is None else found[0]
 
-    def _tell(self, what: str, problem: str | None, level: int) -> None:
-        """Log ``problem`` when it is new, or once per LOG_REPEAT_S while it lasts."""
+    def _tell(self, what: str, problem: str | None, level: int, gist: str = "") -> None:
+        """Log ``problem`` when it is new, or once per LOG_REPEAT_S while it lasts (``gist``: what
+        makes it new, where not its whole text, whose figures change from look to look)."""
         if problem is None:
             if self._logged.pop(what, None) is not None:
                 logger.info("mover %s: %s", self.name, RESOLVED[what])
             return
         said, at = self._logged.get(what, ("", float("-inf")))
         now = time.monotonic()
-        if said != problem or now - at >= LOG_REPEAT_S:
+        if said != (gist or problem) or now - at >= LOG_REPEAT_S:
             logger.log(level, "mover %s: %s", self.name, problem)
-            self._logged[what] = (problem, now)
+            self._logged[what] = (gist or problem, now)
 
     def _failed(self, what: str, exc: Exception) -> None:
         """Log a failed check: Redis away at debug level (the mover's own loop reports it), any

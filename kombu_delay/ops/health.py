@@ -38,7 +38,7 @@ class Health:
     #: not read (a liveness probe: its cost grows with the queues of the earliest bucket).
     overdue_ms: int | None
     #: What endangers scheduled messages whatever the movers do (an evicting
-    #: ``maxmemory-policy``, Redis over its ``maxmemory``, messages stranded under another key
+    #: ``maxmemory-policy``, Redis at its ``maxmemory``, messages stranded under another key
     #: prefix).
     warnings: tuple[str, ...] = ()
     #: What endangers scheduled messages but is no reason to call this unhealthy, as many run
@@ -97,8 +97,8 @@ def check(store: Store, host: str | None = None, notes: bool = True, overdue: bo
     if misshapen.keys() & read:
         # What the probe reads: an error from Redis, as its WRONGTYPE would be, naming the key.
         raise WrongTypeKey("WRONGTYPE " + "; ".join(misshapen.values()))
-    policy, over = store.memory_state()
-    warnings = (*misshapen.values(), *threats(store, policy, over))
+    policy, memory = store.memory_state()
+    warnings = (*misshapen.values(), *threats(store, policy, memory))
     told = cautions(store, policy) if notes else ()
     earliest = store.earliest_due_ms() if overdue else None
     now = store.time_ms()
@@ -124,15 +124,15 @@ def dangers(store: Store) -> tuple[str, ...]:
     """What endangers the scheduled messages of ``store`` now, whatever the movers do, as
     ``stats`` shows it: the shared keys of another type (:meth:`Store.misshapen`), then
     :func:`threats` and :func:`cautions`. One sentence each, saying what to do."""
-    policy, over = store.memory_state()
-    return (*store.misshapen().values(), *threats(store, policy, over), *cautions(store, policy))
+    policy, memory = store.memory_state()
+    return (*store.misshapen().values(), *threats(store, policy, memory), *cautions(store, policy))
 
 
-def threats(store: Store, policy: str | None, over: tuple[int, int] | None) -> tuple[str, ...]:
-    """What ``health`` fails on: Redis's eviction policy ``policy`` (``None``: unread), Redis over
-    its ``maxmemory`` (``over``, see :meth:`Store.memory_state`), and what movers recorded in the
+def threats(store: Store, policy: str | None, memory: tuple[int, int] | None) -> tuple[str, ...]:
+    """What ``health`` fails on: Redis's eviction policy ``policy`` (``None``: unread), Redis at
+    its ``maxmemory`` (``memory``, see :meth:`Store.memory_state`), and what movers recorded in the
     alerts hash (stranded key prefixes)."""
-    found = (eviction_problem(policy), memory_problem(policy, over), *store.alerts(ALERT_KEEP_MS).values())
+    found = (eviction_problem(policy), memory_problem(policy, memory), *store.alerts(ALERT_KEEP_MS).values())
     return tuple(text for text in found if text)
 
 

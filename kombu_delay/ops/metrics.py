@@ -21,8 +21,8 @@ Series (counters carry the ``_total`` suffix on the wire):
 * ``kombu_delay_thawed_total``: counter, compressed messages restored ahead of their due time.
 * ``kombu_delay_eviction_policy_unsafe``: gauge, 1 while Redis's ``maxmemory-policy`` lets it
   delete scheduled messages (anything but ``noeviction``).
-* ``kombu_delay_redis_over_maxmemory``: gauge, 1 while Redis, under ``noeviction``, uses more
-  than its ``maxmemory``, so refuses every publish (read with the policy, every minute).
+* ``kombu_delay_redis_at_maxmemory``: gauge, 1 while Redis, under ``noeviction``, has less than
+  64 KB left below its ``maxmemory``, so refuses publishes (read with the policy, every minute).
 * ``kombu_delay_redis_persistence_off``: gauge, 1 while Redis keeps nothing on disk (no AOF, no
   RDB save rules), so a Redis restart loses every scheduled message.
 * ``kombu_delay_stranded_messages``, ``kombu_delay_stranded_prefixes``: gauges, messages (and
@@ -182,9 +182,10 @@ class MoverMetrics:
             "kombu_delay_eviction_policy_unsafe",
             "1 while Redis's maxmemory-policy lets it delete scheduled messages (set noeviction).",
         )
-        self.over_memory = gauge(
-            "kombu_delay_redis_over_maxmemory",
-            "1 while Redis (under noeviction) uses more than its maxmemory, so refuses publishes.",
+        self.at_memory = gauge(
+            "kombu_delay_redis_at_maxmemory",
+            "1 while Redis (under noeviction) has less than 64 KB left below its maxmemory, so "
+            "refuses publishes.",
         )
         self.volatile = gauge(
             "kombu_delay_redis_persistence_off",
@@ -288,7 +289,7 @@ class MoverMetrics:
 
     def on_findings(self, findings: Findings) -> None:
         self.unsafe.set(1 if findings.evicting else 0)
-        self.over_memory.set(1 if findings.memory_problem else 0)
+        self.at_memory.set(1 if findings.memory_problem else 0)
         self.volatile.set(1 if findings.volatile else 0)
         self.stranded.set(sum(findings.stranded.values()))
         self.stranded_prefixes.set(len(findings.stranded))

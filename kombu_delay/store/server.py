@@ -22,10 +22,10 @@ class ServerFacts(StoreBase):
         return self.memory_state()[0]
 
     def memory_state(self) -> tuple[str | None, tuple[int, int] | None]:
-        """Return the ``maxmemory-policy`` (as :meth:`eviction_policy`) and, while Redis uses
-        more than its ``maxmemory``, what it uses and the limit, bytes (else ``None``): what it
-        counts against the limit, its replication and AOF buffers left out, as Redis does before
-        it refuses a write that may grow it, a publish among them. One ``INFO memory``."""
+        """Return the ``maxmemory-policy`` (as :meth:`eviction_policy`) and, where Redis has a
+        ``maxmemory``, what it uses and the limit, bytes (else ``None``): what it counts against
+        the limit, its replication and AOF buffers left out, as Redis does before it refuses a
+        write that may grow it, a publish among them. One ``INFO memory``."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("memory")
@@ -33,7 +33,7 @@ class ServerFacts(StoreBase):
                 return None, None
         policy, limit = info.get("maxmemory_policy"), int(info.get("maxmemory", 0))
         used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
-        return None if policy is None else as_text(policy), (used, limit) if 0 < limit < used else None
+        return None if policy is None else as_text(policy), (used, limit) if limit > 0 else None
 
     def in_cluster(self) -> bool | None:
         """Whether the server is a node of a Redis Cluster (``INFO cluster``), ``None`` where it
