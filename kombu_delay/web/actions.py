@@ -105,14 +105,16 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
     """Write the audit line of an action Redis failed (answered by the Redis error page, 503)
     or another edit kept from being done (409); a bad request (a ``ValueError``) is the caller's
     to tell and log. Where Redis went away the action may have been done all the same (its
-    reply lost): said so, not "failed"."""
+    reply lost): said so, not "failed"; but where it could not be reached at all (a connection
+    refused or timed out as it was made), nothing was sent."""
     try:
         yield
     except KombuDelayError as exc:
         if not isinstance(exc, ValueError):
             how = "failed"
             if isinstance(exc, RedisUnavailable):
-                how = "may or may not have been done"
+                unsent = "connecting to" in str(exc)  # redis-py's words for a connection not made
+                how = "failed: Redis not reached, nothing sent" if unsent else "may or may not have been done"
             elif isinstance(exc, EditConflict):
                 how = "refused, another edit first"
             guard.audit.warning(
@@ -122,8 +124,11 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
 
 
 def int_arg(text: str | None, default: int) -> int:
-    """A whole number a request gives, or ``default`` where it gives none or no number."""
-    try:
-        return int(text) if text else default
-    except ValueError:
+    """A whole number a request gives, or ``default`` where it gives none; anything else (``abc``,
+    ``1e3``, 5,000 digits) is a bad request, 400, as a bad ``limit`` is: not taken for 0."""
+    if not text:
         return default
+    try:
+        return int(text)
+    except ValueError:
+        abort(400, "an offset or position that is not a whole number")
