@@ -272,12 +272,21 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
                 raise RedisPermissionError(f"Redis's ACL refused this user: {exc}") from exc
             if isinstance(cause, redis.ResponseError):
                 raise RedisRefused(f"Redis refused the connection: {coded_text(cause)}") from exc
-            raise RedisUnavailable(f"Redis is unavailable: {unavailable_text(exc)}") from exc
+            raise RedisUnavailable(
+                f"Redis is unavailable: {unavailable_text(exc)}{_tls_hint(conn, exc)}"
+            ) from exc
         except ConfigError:
             raise
         except (ValueError, TypeError, ImportError) as exc:  # redis-py setting up a socket, say
             # ``socket_timeout=abc``; kombu importing a ``queue_order_strategy`` by its name
             raise ConfigError(f"bad broker URL or option: {_not_numbers(conn)}{exc}") from exc
+
+
+def _tls_hint(conn: Connection, exc: BaseException) -> str:
+    """What a TLS connection's timeout may mean (a port without TLS leaves its handshake unanswered)."""
+    if (conn.ssl or str(conn.transport_cls).endswith("rediss")) and "Timeout connecting" in str(exc):
+        return " (over TLS: a port that does not speak TLS leaves the handshake unanswered)"
+    return ""
 
 
 #: kombu's and redis-py's transport options that take a number (or none).

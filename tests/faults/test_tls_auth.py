@@ -26,7 +26,7 @@ from kombu_delay.connect import app_target, open_store
 from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
 from kombu_delay.mover import open_when_reachable
 from kombu_delay.mover.loop import Mover
-from kombu_delay.tooling.redis_server import RedisServer
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.procs import Proc, wait_until
 from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server
 from tests.support.stored import calls, stored
@@ -267,3 +267,21 @@ def test_publisher_sees_an_authentication_error_from_a_held_message(
     finally:
         conn.release()
         admin.close()
+
+
+def test_a_tls_url_at_a_port_without_tls_says_what_its_timeout_may_mean(
+    password_server: PasswordServer,
+) -> None:
+    # The handshake goes unanswered, and the connection timed out as a Redis away would, saying
+    # only "Timeout connecting to server".
+    url = f"delayrediss://127.0.0.1:{password_server.port}/0"
+    timeouts = {"socket_connect_timeout": 2, "socket_timeout": 2}
+    with (
+        pytest.raises(RedisUnavailable, match="over TLS: a port that does not speak TLS"),
+        open_store(url, timeouts),
+    ):
+        pass
+    closed = f"delayredis://127.0.0.1:{free_port()}/0"  # a plain URL at a closed port: no such hint
+    with pytest.raises(RedisUnavailable) as raised, open_store(closed, timeouts):
+        pass
+    assert "TLS" not in str(raised.value)
