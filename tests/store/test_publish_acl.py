@@ -157,3 +157,22 @@ def test_an_acl_refusal_from_a_script_is_told_without_where_the_script_raised_it
     with pytest.raises(RedisPermissionError) as raised, translated_errors():
         raise redis.ResponseError(told)
     assert str(raised.value) == f"Redis's ACL refused this user: {shown}"
+
+
+@pytest.mark.parametrize("refused", ["hset", "zadd", "rpush"])
+def test_what_a_refused_publish_leaves_expires_with_its_bucket(server7, r7, prefix, refused):
+    """Redis 6 cannot be asked, as Redis 7 cannot where the ACL narrowed after the ask: a publish
+    refused HSET or ZADD into a new bucket, before its expiries were set, left the bucket's meta
+    hash, task-id list and the id index's ref without an expiry, for ever."""
+    r7.execute_command("ACL", "SETUSER", "pub", "reset", "on", ">pw", "~*", "&*", "+@all")
+    store = Store(server7.client(username="pub", password="pw"), f"{prefix}fresh:")
+    due = redis_ms(r7) + 600_000
+    assert (
+        store.schedule(Due(due, task_id="a"), "q", kombu_payload("a"), ORDINARY).outcome is Scheduled.STORED
+    )
+    r7.execute_command("ACL", "SETUSER", "pub", f"-{refused}")
+    with pytest.raises(RedisPermissionError):  # a new bucket: its expiries not set yet
+        store.schedule(Due(due + 3_600_000, task_id="b"), "q", kombu_payload("b"), ORDINARY)
+    left = {key: r7.pttl(key) for key in r7.keys(keys.ns(f"{prefix}fresh:") + "*")}
+    assert left and all(ttl > 0 for ttl in left.values()), left
+    assert Store(r7, f"{prefix}fresh:").find("b") == []

@@ -336,17 +336,32 @@ local function taken_back(k, names, dest, payload, done)
   if done.counter then redis.pcall('HINCRBY', k.totals, done.counter, -1) end
 end
 
+-- What a refused call wrote and keeps (a step of the bucket's seq, a task id in its list, a ref
+-- in the id index, the totals) expires with the bucket, as far as the ACL lets: where the
+-- refusal came before the bucket's expiries were set (its first message, on Redis 6, which
+-- cannot be asked beforehand), they had none, and stayed for ever. Then raises ``err`` again.
+local function refused_after(k, names, start, now, err)
+  local at = start + k.width + k.grace + 86400000
+  for _, key in ipairs({names.meta, names.tasks or names.meta, k.ids, k.totals}) do
+    pcall(keep_until, key, now, at)
+  end
+  if type(err) == 'table' and not redis.acl_check_cmd then error(err.err) end  -- Redis 6: strings
+  error(err)
+end
+
 local function put(k, now, due, task_id, dest, payload, estimated, keep)
   local start = due - due % k.width
   local names = put_names(k, start, dest)
   local n_seq = count_up(names.meta, 'seq', '1', k.strict)
   counter_new(names.meta, n_seq, 1)
   local seq = (n_seq - 1) % 2048
-  if redis.call('ZADD', names.zset, 'NX', due + seq / 2048, payload) == 0 then return 2 end
+  local added = redis.pcall('ZADD', names.zset, 'NX', due + seq / 2048, payload)
+  if type(added) == 'table' then refused_after(k, names, start, now, added) end
+  if added == 0 then return 2 end
   if keep then return put_counted(k, now, due, task_id, dest, estimated, start, names, n_seq, seq, {}) end
   local done = {}
   local ok, stored, refused = pcall(put_counted, k, now, due, task_id, dest, estimated, start, names, n_seq, seq, done)
   if ok then return stored, refused end
   taken_back(k, names, dest, payload, done)
-  error(stored)
+  refused_after(k, names, start, now, stored)
 end
