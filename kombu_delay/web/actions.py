@@ -84,8 +84,9 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
 
     @app.post("/dead/remove")
     def dead_remove() -> str | Response:
-        digest, near = request.form.get("digest", ""), max(0, int_arg(request.form.get("near"), 0))
-        acting("remove dead letter", digest)
+        digest = request.form.get("digest", "")
+        acting("remove dead letter", digest)  # its checks (and their audit) before any other refusal
+        near = int_arg(request.form.get("near"), 0)
         if request.form.get("confirm") != "yes":
             return render_template("confirm.html", action="remove", digest=digest, near=near)
         try:
@@ -105,16 +106,15 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
     """Write the audit line of an action Redis failed (answered by the Redis error page, 503)
     or another edit kept from being done (409); a bad request (a ``ValueError``) is the caller's
     to tell and log. Where Redis went away the action may have been done all the same (its
-    reply lost): said so, not "failed"; but where it could not be reached at all (a connection
-    refused or timed out as it was made), nothing was sent."""
+    reply lost): said so, not "failed" (also where it could not be reached: an action of several
+    calls may have made some before)."""
     try:
         yield
     except KombuDelayError as exc:
         if not isinstance(exc, ValueError):
             how = "failed"
             if isinstance(exc, RedisUnavailable):
-                unsent = "connecting to" in str(exc)  # redis-py's words for a connection not made
-                how = "failed: Redis not reached, nothing sent" if unsent else "may or may not have been done"
+                how = "may or may not have been done"
             elif isinstance(exc, EditConflict):
                 how = "refused, another edit first"
             guard.audit.warning(
@@ -124,11 +124,15 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
 
 
 def int_arg(text: str | None, default: int) -> int:
-    """A whole number a request gives, or ``default`` where it gives none; anything else (``abc``,
-    ``1e3``, 5,000 digits) is a bad request, 400, as a bad ``limit`` is: not taken for 0."""
+    """A whole number of 0 or more a request gives, or ``default`` where it gives none; anything
+    else (``abc``, ``1e3``, ``-5``, 5,000 digits) is a bad request, 400, as a bad ``limit`` is:
+    not taken for 0."""
     if not text:
         return default
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
-        abort(400, "an offset or position that is not a whole number")
+        number = -1
+    if number < 0:
+        abort(400, "an offset or position that is not a whole number of 0 or more")
+    return number

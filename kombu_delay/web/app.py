@@ -253,14 +253,14 @@ def _add_detail_pages(app: Flask, control: DelayControl) -> None:
 
     @app.get("/dead")
     def dead() -> str:
-        offset = max(0, int_arg(request.args.get("offset"), 0))
+        offset = int_arg(request.args.get("offset"), 0)
         total, letters = _dead_letters(control, offset, PAGE_ROWS)
         rows = [(letter, letter.preview(160)) for letter in letters]
         return render_template("dead.html", total=total, rows=rows, offset=offset, page_rows=PAGE_ROWS)
 
     @app.get("/dead/letter")
     def dead_letter() -> tuple[str, int]:
-        digest, near = request.args.get("digest", ""), max(0, int_arg(request.args.get("near"), 0))
+        digest, near = request.args.get("digest", ""), int_arg(request.args.get("near"), 0)
         try:  # around where a page showed it, then further (bounded: a GET reads no list whole)
             letter = control.dead_letter(digest, near, reach=DEAD_REACH)
         except ValueError:
