@@ -730,7 +730,15 @@ def test_a_queues_entry_of_its_other_lists_is_written_again_by_a_publish_not_fir
     the one that does, behind the other's in a bucket, did not write it again. The push then
     renewed its own list only, and the queue's other lists expired with what they held."""
     _, start = _bucket(r)
-    store, dest = Store(r, prefix), f"{prefix}q-mixed"
+    # A user of the documented ACL line, which grants no HEXISTS: its refusal read as an entry.
+    r.execute_command("ACL", "SETUSER", "mixed", "reset", "on", ">pw", "~*", "&*", "+@all", "-hexists")
+    user = redis.Redis(
+        host=r.connection_pool.connection_kwargs["host"],
+        port=r.connection_pool.connection_kwargs["port"],
+        username="mixed",
+        password="pw",
+    )
+    store, dest = Store(user, prefix), f"{prefix}q-mixed"
     others = [f"{dest}{keys.KOMBU_PRIORITY_SEP}9"]
     r.rpush(others[0], "a message of the other list")
     r.pexpire(others[0], 30_000)

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import RedisPermissionError, translated_errors
+from kombu_delay.errors import RedisPermissionError, WrongTypeKey, translated_errors
 from kombu_delay.message import Due
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Rescheduled, Scheduled
@@ -121,7 +121,7 @@ def test_a_count_the_acl_refuses_fails_the_publish_or_reschedule_and_changes_not
     admin = Store(r7, prefix)
     refused = (
         r"^Redis's ACL refused this user: (NOPERM )?this user has no permissions to run the 'hincrby' "
-        r"command on '[^']+'$"
+        r"command on '[^']+', or to access that key$"
     )
     with pytest.raises(RedisPermissionError, match=refused):
         store.schedule(Due(base + 3_600_000, task_id="b"), f"{prefix}q", kombu_payload("b"), ORDINARY)
@@ -176,3 +176,17 @@ def test_what_a_refused_publish_leaves_expires_with_its_bucket(server7, r7, pref
     left = {key: r7.pttl(key) for key in r7.keys(keys.ns(f"{prefix}fresh:") + "*")}
     assert left and all(ttl > 0 for ttl in left.values()), left
     assert Store(r7, f"{prefix}fresh:").find("b") == []
+
+
+def test_a_shared_key_of_another_type_keeps_no_expiry_from_a_refused_publish(r7, prefix):
+    # The error tells an operator to set such a key aside (RENAME): an expiry given it here went
+    # with it, and the copy set aside was gone a day after the bucket.
+    ids = keys.ids(prefix)
+    r7.set(ids, "written by hand")
+    with pytest.raises(WrongTypeKey):
+        Store(r7, prefix).schedule(
+            Due(redis_ms(r7) + 600_000, task_id="a"), f"{prefix}q", kombu_payload("a"), ORDINARY
+        )
+    assert r7.pttl(ids) == -1
+    assert r7.pttl(keys.totals(prefix)) > 0  # its own kind: given the bucket's expiry
+    r7.delete(ids)

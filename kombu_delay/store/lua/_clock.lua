@@ -70,7 +70,8 @@ local function count_up(key, field, n, strict)
   -- Refused by the ACL (NOPERM; Redis 6's words in a script): left as it is, not overwritten.
   if string.sub(after.err, 1, 6) == 'NOPERM' or string.find(after.err, "user executing the script can't", 1, true) then
     if strict then
-      local text = "NOPERM this user has no permissions to run the 'hincrby' command on '" .. key .. "'"
+      local text = "NOPERM this user has no permissions to run the 'hincrby' command on '" .. key
+        .. "', or to access that key"
       if redis.acl_check_cmd then error({err = text}) end  -- Redis 7+ keeps the error code
       error(text)  -- Redis 6 raises strings only
     end

@@ -77,7 +77,8 @@ local function pushed(dest, values)
 end
 
 local function keep_lists(lists, dest, now, at)
-  if redis.pcall('HEXISTS', lists, dest) == 1 then pcall(keep_until, lists, now, at) end
+  -- (HGET: the ACL line grants it, not HEXISTS, whose refusal read as no entry)
+  if type(redis.pcall('HGET', lists, dest)) == 'string' then pcall(keep_until, lists, now, at) end
 end
 
 local function renew_lists(lists, dest, ttl)

@@ -311,7 +311,8 @@ local function put_counted(k, now, due, task_id, dest, estimated, start, names, 
   -- (a publisher that does not know the queue's x-expires was first here, and its last message's
   -- move may have deleted the entry: the other lists would go unrenewed, and expire).
   local large = n_here == LARGE_RUN or n_seq == LARGE_BUCKET
-  local lists = k.siblings and (n_here == 1 or redis.pcall('HEXISTS', k.lists, dest) == 0)
+  -- (HGET: the publisher's ACL line grants it, not HEXISTS; false where the entry is missing)
+  local lists = k.siblings and (n_here == 1 or redis.pcall('HGET', k.lists, dest) == false)
   if large or lists then  -- hints, kept a day past the bucket's meta hash
     local expire_at = math.max(known_x or 0, start + k.width + k.grace) + 86400000
     if large then note_large(k, now, start, start_s, expire_at) end
@@ -339,11 +340,17 @@ end
 -- What a refused call wrote and keeps (a step of the bucket's seq, a task id in its list, a ref
 -- in the id index, the totals) expires with the bucket, as far as the ACL lets: where the
 -- refusal came before the bucket's expiries were set (its first message, on Redis 6, which
--- cannot be asked beforehand), they had none, and stayed for ever. Then raises ``err`` again.
-local function refused_after(k, names, start, now, err)
+-- cannot be asked beforehand), they had none, and stayed for ever. Only keys of their own
+-- type (one of another, written by hand, an operator is told to set aside, and keeps), and by
+-- Redis's clock (a publisher's estimate may be behind it). Then raises ``err`` again.
+local function refused_after(k, names, start, err)
   local at = start + k.width + k.grace + 86400000
-  for _, key in ipairs({names.meta, names.tasks or names.meta, k.ids, k.totals}) do
-    pcall(keep_until, key, now, at)
+  local ok, now = pcall(clock, '')
+  local kinds = {[names.meta] = 'hash', [k.ids] = 'hash', [k.totals] = 'hash'}
+  if names.tasks then kinds[names.tasks] = 'list' end
+  for key, kind in pairs(ok and kinds or {}) do
+    local found = redis.pcall('TYPE', key)
+    if type(found) == 'table' and found.ok == kind then pcall(keep_until, key, now, at) end
   end
   if type(err) == 'table' and not redis.acl_check_cmd then error(err.err) end  -- Redis 6: strings
   error(err)
@@ -356,12 +363,12 @@ local function put(k, now, due, task_id, dest, payload, estimated, keep)
   counter_new(names.meta, n_seq, 1)
   local seq = (n_seq - 1) % 2048
   local added = redis.pcall('ZADD', names.zset, 'NX', due + seq / 2048, payload)
-  if type(added) == 'table' then refused_after(k, names, start, now, added) end
+  if type(added) == 'table' then refused_after(k, names, start, added) end
   if added == 0 then return 2 end
   if keep then return put_counted(k, now, due, task_id, dest, estimated, start, names, n_seq, seq, {}) end
   local done = {}
   local ok, stored, refused = pcall(put_counted, k, now, due, task_id, dest, estimated, start, names, n_seq, seq, done)
   if ok then return stored, refused end
   taken_back(k, names, dest, payload, done)
-  refused_after(k, names, start, now, stored)
+  refused_after(k, names, start, stored)
 end
