@@ -122,10 +122,9 @@ class Stats:
     #: Messages still counted in ``by_destination`` whose sorted set is gone (expired or
     #: evicted) and that no mover has settled yet; not in ``scheduled``.
     vanished: int = 0
-    #: What endangers scheduled messages now (an evicting ``maxmemory-policy``, Redis over its
+    #: What endangers scheduled messages now (an evicting ``maxmemory-policy``, Redis at its
     #: ``maxmemory``, messages stranded under another key prefix, a Redis that keeps nothing on
-    #: disk): one sentence
-    #: each, saying what to do.
+    #: disk): one sentence each, saying what to do.
     warnings: list[str] = field(default_factory=list)
 
     @property

@@ -5,8 +5,8 @@ publish_k(ns, cold, width, grace, expires, db)
   cold space or the ordinary one, and a publisher's bucket width, grace and queue x-expires
   (ARGV text, as given; expires '0' = none), and the number of its database, which its
   wake-up names (wake_if_first in _put.lua). Its counts are strict (count_up in _clock.lua):
-  one the ACL refuses fails the publish, which put takes back. It is the same for every publish with the same
-  settings, and put only reads it: where a script's helpers outlive a call (a Redis 7
+  one the ACL refuses fails the publish, which put takes back. It is the same for every
+  publish with the same settings, and put only reads it: where a script's helpers outlive a call (a Redis 7
   function: scripts.py turns the memo below on) it is made once per settings, and a publish
   builds no key name; as a script, on each call, with nothing kept. At most 64 are kept: a
   caller whose settings kept changing would only make them anew.

@@ -146,8 +146,9 @@ end
 -- renews every list of the queue (renew_lists in _push.lua), are kept in <ns>lists under
 -- dest: a property of the queue, not of a bucket (whose meta hash a 1.0.0 mover reads as
 -- numbers). Written with the first message of dest's set in a bucket, or one that finds it
--- missing, and kept as long as that bucket's meta hash (expire_at, ms) at least. A hint, as the wake is: a refusal (a key of
--- another type, by hand) is passed over, and the push then renews its own list only.
+-- missing, and kept as long as that bucket's meta hash (expire_at, ms) at least. A hint, as
+-- the wake is: a refusal (a key of another type, by hand) is passed over, and the push then
+-- renews its own list only.
 local function note_lists(k, now, dest, expire_at)
   if type(redis.pcall('HSET', k.lists, dest, k.siblings)) == 'number' then
     pcall(keep_until, k.lists, now, expire_at)

@@ -106,8 +106,10 @@ local k = {ns = ARGV[1], index = KEYS[1], ids = KEYS[2], counts = KEYS[3], total
            expires = expires, keep_lists = true}  -- (the lists entry: see below)
 -- A user the ACL refuses HINCRBY (Redis 6, which cannot be asked beforehand) would take the old
 -- message and store the new one uncounted, where no mover delivers it: refused first, by an
--- HINCRBY that changes nothing (count_up's strict NOPERM, naming the key).
-count_up(k.totals, 'rescheduled', 0, true)
+-- HINCRBY that changes nothing (count_up's strict NOPERM, naming the key). Where the totals are
+-- gone, so is every stored message (the take finds none): no probe, which would make them anew
+-- without an expiry.
+if redis.call('EXISTS', k.totals) == 1 then count_up(k.totals, 'rescheduled', 0, true) end
 if due <= now then
   -- Push, then take, as the move does (move_head in move.lua): a refused LPUSH (an ACL that
   -- Redis 6 cannot check beforehand) then takes nothing. So only once the old message is
