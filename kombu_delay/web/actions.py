@@ -18,6 +18,8 @@ from kombu_delay.web import guard
 
 #: Why a dead-letter offset or position is refused (HTTP 400).
 BAD_POSITION = "the offset or position is past any list"
+#: Why an offset or position that is no whole number is refused (HTTP 400).
+BAD_NUMBER = "an offset or position that is not a whole number of 0 or more"
 READ_ONLY = "This dashboard is read-only: start it with --allow-actions to cancel, reschedule or remove."
 
 
@@ -86,7 +88,13 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
     def dead_remove() -> str | Response:
         digest = request.form.get("digest", "")
         acting("remove dead letter", digest)  # its checks (and their audit) before any other refusal
-        near = int_arg(request.form.get("near"), 0)
+        try:
+            near = int_arg(request.form.get("near"), 0, refuse=False)
+        except ValueError:
+            guard.audit.warning(
+                "remove dead letter %s by %s failed: %s", guard.printable(digest), who(), BAD_NUMBER
+            )
+            abort(400, BAD_NUMBER)
         if request.form.get("confirm") != "yes":
             return render_template("confirm.html", action="remove", digest=digest, near=near)
         try:
@@ -123,16 +131,15 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
         raise
 
 
-def int_arg(text: str | None, default: int) -> int:
-    """A whole number of 0 or more a request gives, or ``default`` where it gives none; anything
-    else (``abc``, ``1e3``, ``-5``, 5,000 digits) is a bad request, 400, as a bad ``limit`` is:
-    not taken for 0."""
+def int_arg(text: str | None, default: int, refuse: bool = True) -> int:
+    """A whole number of 0 or more a request gives, in ASCII digits, or ``default`` where it gives
+    none; anything else (``abc``, ``1e3``, ``-5``, ``+3``, ``1_0``, 5,000 digits) is a bad
+    request, 400, as a bad ``limit`` is: not taken for 0 (``refuse`` false: a ``ValueError``,
+    for the caller to tell)."""
     if not text:
         return default
-    try:
-        number = int(text)
-    except ValueError:
-        number = -1
-    if number < 0:
-        abort(400, "an offset or position that is not a whole number of 0 or more")
-    return number
+    if text.isascii() and text.isdigit() and len(text) <= 4000:
+        return int(text)
+    if refuse:
+        abort(400, BAD_NUMBER)
+    raise ValueError(BAD_NUMBER)

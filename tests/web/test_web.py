@@ -366,7 +366,7 @@ def test_a_cursor_out_of_range_is_a_bad_request(control, cursor):
     assert client_of(control).get(f"/scheduled?cursor={cursor}").status_code == 400
 
 
-def test_dead_letter_positions_past_any_list_are_a_bad_request(r, control, prefix):
+def test_dead_letter_positions_past_any_list_are_a_bad_request(r, control, prefix, caplog):
     r.lpush(keys.dead(prefix), b"\x01\x05junk")
     client = client_of(control, allow_actions=True)
     csrf = token(client)
@@ -381,11 +381,15 @@ def test_dead_letter_positions_past_any_list_are_a_bad_request(r, control, prefi
     # No whole number: refused, as a bad limit is, not taken for 0 (the first page, or letter).
     # Its checks first: actions off, a bad position is refused as any action is (403, audited).
     assert client_of(control).post("/dead/remove", data={**form, "near": "abc"}).status_code == 403
-    for bad in ("abc", "1e3", "-5", "9" * 5000):
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    bad_ones = ("abc", "1e3", "-5", "+3", "1_0", " 7", "\u0667", "9" * 5000)
+    for bad in bad_ones:
         assert client.get(f"/dead?offset={bad}").status_code == 400
         assert client.get(f"/dead/letter?digest={digest}&near={bad}").status_code == 400
         assert client.post("/dead/remove", data={**form, "near": bad}).status_code == 400
     assert r.llen(keys.dead(prefix)) == 1
+    refused = [rec for rec in caplog.records if "not a whole number" in rec.getMessage()]
+    assert len(refused) == len(bad_ones)  # each refused removal audited, as any refused action
     with pytest.raises(ValueError, match="past any list position"):
         control.dead_letters(int(HUGE), 50)
 

@@ -343,13 +343,15 @@ end
 -- refusal came before the bucket's expiries were set (its first message, on Redis 6, which
 -- cannot be asked beforehand), they had none, and stayed for ever. Only keys of their own
 -- type (one of another, written by hand, an operator is told to set aside, and keeps), and by
--- Redis's clock (a publisher's estimate may be behind it). Then raises ``err`` again.
-local function refused_after(k, names, start, err)
+-- Redis's clock (a publisher's estimate ``now`` may be behind it; taken where TIME is refused).
+-- Then raises ``err`` again.
+local function refused_after(k, names, start, now, err)
   local at = start + k.width + k.grace + 86400000
-  local ok, now = pcall(clock, '')
+  local ok, redis_now = pcall(clock, '')
+  if ok then now = redis_now end
   local kinds = {[names.meta] = 'hash', [k.ids] = 'hash', [k.totals] = 'hash'}
   if names.tasks then kinds[names.tasks] = 'list' end
-  for key, kind in pairs(ok and kinds or {}) do
+  for key, kind in pairs(kinds) do
     local found = redis.pcall('TYPE', key)
     if type(found) == 'table' and found.ok == kind then pcall(keep_until, key, now, at) end
   end
@@ -364,12 +366,12 @@ local function put(k, now, due, task_id, dest, payload, estimated, keep)
   counter_new(names.meta, n_seq, 1)
   local seq = (n_seq - 1) % 2048
   local added = redis.pcall('ZADD', names.zset, 'NX', due + seq / 2048, payload)
-  if type(added) == 'table' then refused_after(k, names, start, added) end
+  if type(added) == 'table' then refused_after(k, names, start, now, added) end
   if added == 0 then return 2 end
   if keep then return put_counted(k, now, due, task_id, dest, estimated, start, names, n_seq, seq, {}) end
   local done = {}
   local ok, stored, refused = pcall(put_counted, k, now, due, task_id, dest, estimated, start, names, n_seq, seq, done)
   if ok then return stored, refused end
   taken_back(k, names, dest, payload, done)
-  refused_after(k, names, start, stored)
+  refused_after(k, names, start, now, stored)
 end
