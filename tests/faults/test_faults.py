@@ -13,6 +13,8 @@ import json
 import os
 import random
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -831,6 +833,60 @@ def test_publisher_and_mover_work_under_a_least_privilege_acl_user(tmp_path: Pat
             user.get("someone-else:key")
         with pytest.raises(redis.exceptions.NoPermissionError):
             user.flushall()
+
+
+#: A user that may only read: ``stats``, ``ls``, ``find``, ``dead``, ``health`` and the dashboard
+#: without ``--allow-actions``. docs/security.md quotes this line; this test is its proof.
+READ_ONLY_RULES = (
+    "on >s3cret resetkeys resetchannels ~app1:kombu_delay:* ~app1:celery* "
+    "-@all +@read +ping +info +time +evalsha +script|load"
+)
+
+
+def test_inspection_works_under_a_read_only_acl_user_whose_edits_change_nothing() -> None:
+    with RedisServer() as server:
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "kombu-delay", *ACL_RULES.split())
+        admin.execute_command("ACL", "SETUSER", "kd-read", *READ_ONLY_RULES.split())
+        options = {"global_keyprefix": "app1:"}
+        app = Celery("faults", broker=f"delayredis://kombu-delay:s3cret@127.0.0.1:{server.port}/0")
+        app.conf.broker_transport_options = options
+        eta = datetime.now(UTC) + timedelta(hours=1)
+        for task_id in ("a", "b"):
+            app.send_task("faults.noop", task_id=task_id, eta=eta)
+        admin.lpush(keys.dead("app1:"), b"damaged")
+        url = f"delayredis://kd-read:s3cret@127.0.0.1:{server.port}/0"
+        with DelayControl(url, options) as control:
+            assert control.stats().scheduled == 2 and control.dead_letters()[0] == 1
+            assert {item.task_id for item in control.scheduled().items} == {"a", "b"}
+            assert [found.task_id for found in control.find("a")] == ["a"]
+            edits = (
+                lambda: control.cancel("a"),
+                lambda: control.reschedule("b", countdown=60),
+                lambda: control.purge("celery"),
+            )
+            for edit in edits:
+                with pytest.raises(RedisPermissionError):
+                    edit()
+            assert control.stats().scheduled == 2
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kombu_delay",
+                "--broker",
+                url,
+                "--prefix",
+                "app1:",
+                "health",
+                "--max-heartbeat-age",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert probe.returncode == 0 and probe.stdout.startswith("OK"), probe
 
 
 def test_operators_act_under_the_acl_user_with_lrem_for_dead_letters() -> None:
