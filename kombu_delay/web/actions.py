@@ -88,13 +88,7 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
     def dead_remove() -> str | Response:
         digest = request.form.get("digest", "")
         acting("remove dead letter", digest)  # its checks (and their audit) before any other refusal
-        try:
-            near = int_arg(request.form.get("near"), 0, refuse=False)
-        except ValueError:
-            guard.audit.warning(
-                "remove dead letter %s by %s failed: %s", guard.printable(digest), who(), BAD_NUMBER
-            )
-            abort(400, BAD_NUMBER)
+        near = _audited_position(request.form.get("near"), digest)
         if request.form.get("confirm") != "yes":
             return render_template("confirm.html", action="remove", digest=digest, near=near)
         try:
@@ -129,6 +123,17 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
                 "%s %s by %s %s: %r", action, guard.printable(target), guard.requester(), how, str(exc)
             )
         raise
+
+
+def _audited_position(text: str | None, digest: str) -> int:
+    """A dead letter's removal's position (:func:`int_arg`), its refusal audited as any is."""
+    try:
+        return int_arg(text, 0, refuse=False)
+    except ValueError:
+        guard.audit.warning(
+            "remove dead letter %s by %s failed: %s", guard.printable(digest), guard.requester(), BAD_NUMBER
+        )
+        abort(400, BAD_NUMBER)
 
 
 def int_arg(text: str | None, default: int, refuse: bool = True) -> int:
