@@ -15,17 +15,13 @@ from kombu_delay.store.base import StoreBase, as_text
 class ServerFacts(StoreBase):
     """The server's facts that the mover's checks, ``health`` and staging read."""
 
-    def eviction_policy(self) -> str | None:
-        """Return the server's ``maxmemory-policy``, or ``None`` when it cannot be read. ``INFO
-        memory`` carries it and is allowed where ``CONFIG`` is not (managed Redis, ACL users):
-        a policy other than ``noeviction`` lets Redis delete scheduled messages."""
-        return self.memory_state()[0]
-
     def memory_state(self) -> tuple[str | None, tuple[int, int] | None]:
-        """Return the ``maxmemory-policy`` (as :meth:`eviction_policy`) and, where Redis has a
-        ``maxmemory``, what it uses and the limit, bytes (else ``None``): what it counts against
-        the limit, its replication and AOF buffers left out, as Redis does before it refuses a
-        write that may grow it, a publish among them. One ``INFO memory``."""
+        """Return the server's ``maxmemory-policy`` (``None`` when it cannot be read: ``INFO
+        memory`` carries it and is allowed where ``CONFIG`` is not, for managed Redis and ACL
+        users; a policy other than ``noeviction`` lets Redis delete scheduled messages) and,
+        where Redis has a ``maxmemory``, what it uses and the limit, bytes (else ``None``): what
+        it counts against the limit, its replication and AOF buffers left out, as Redis does
+        before it refuses a write that may grow it, a publish among them. One ``INFO memory``."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("memory")
