@@ -67,9 +67,11 @@ FORGET_PAGE = 250
 FORGET_PAUSE = 5.0
 #: How often a problem that lasts is logged again, seconds.
 LOG_REPEAT_S = 600.0
-#: How often the prefixes found stranded are looked at again, seconds (two reads each, no
-#: ``SCAN``): movers of several prefixes started together find each other's messages before
-#: their heartbeats, and ``health`` must not report them for the minutes to the next scan.
+#: How often the prefixes found stranded, by this mover or another of its prefix, are looked at
+#: again, seconds (two reads each, no ``SCAN``): movers of several prefixes started together find
+#: each other's messages before their heartbeats, and ``health`` must not report them for the
+#: minutes to the next scan; nor a mover's log and metrics say nothing for those minutes of what
+#: another's scan recorded since its own.
 STRANDED_RECHECK_S = 15.0
 #: How long an alert recorded for ``stats`` and ``health`` stays valid without a new check, ms.
 ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
@@ -168,12 +170,12 @@ class Watch:
                     self.check_prefixes()
                     next_prefixes = now + PREFIX_CHECK_EVERY_S
                     next_recheck = now + STRANDED_RECHECK_S
-                elif now >= next_recheck and self.findings.stranded:
+                elif now >= next_recheck:  # whatever this mover's scan found: another's too
                     next_recheck = now + STRANDED_RECHECK_S  # a failure waits as long: no SCAN
                     self.recheck_stranded()
             except Exception as exc:  # the top of this loop
                 self._failed("a background check", exc)
-            due = [next_policy, next_prefixes, *([next_recheck] if self.findings.stranded else [])]
+            due = [next_policy, next_prefixes, next_recheck]
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
     def check_policy(self) -> None:

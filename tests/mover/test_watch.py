@@ -403,6 +403,32 @@ def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatc
             watch.stop()
 
 
+def test_a_mover_whose_scan_found_nothing_takes_up_what_another_mover_recorded(monkeypatch):
+    # Only a mover whose own scan had found a stranded prefix looked again between scans: one
+    # whose scan came before the messages did said nothing in its log and showed 0 in its
+    # gauge for the five minutes to its next scan, while health reported them.
+    monkeypatch.setattr(watch_module, "PREFIX_CHECK_EVERY_S", 3600.0)
+    monkeypatch.setattr(watch_module, "POLICY_CHECK_EVERY_S", 3600.0)
+    monkeypatch.setattr(watch_module, "STRANDED_RECHECK_S", 0.1)
+    with RedisServer() as server:
+        r = server.client()
+        store = Store(r)
+        seen: list[dict[str, int]] = []
+        watch = Watch(store, "first", on_findings=lambda found: seen.append(dict(found.stranded)))
+        watch.start()
+        try:
+            wait_until(lambda: seen, timeout=DEADLINE_S)  # its scan: nothing stranded yet
+            assert r.exists(keys.stranded("")) == 0
+            other = Store(r, "late:")
+            due = Due(600_000, relative=True, task_id="late-1")
+            other.schedule(due, "late:celery", kombu_payload("late-1"), Settings())
+            Watch(Store(r), "second").check_prefixes()  # another mover's scan records it
+            wait_until(lambda: watch.findings.stranded == {"late:": 1}, timeout=DEADLINE_S)
+            assert seen[-1] == {"late:": 1}  # what its metrics show
+        finally:
+            watch.stop()
+
+
 #: How the warning for a Redis that keeps nothing on disk starts, everywhere.
 NOTHING_KEPT = "Redis keeps nothing on disk"
 
