@@ -5,8 +5,8 @@ one datetime-to-ms helper. A message's due time is read, in this order, from:
 
 1. Celery protocol 2: the ``eta`` header, ISO-8601. With an offset it is
    taken as written; without one it is UTC, as the Celery worker reads it.
-2. Celery protocol 1: ``eta`` inside a JSON body (``application/json``), for a message of
-   protocol 1's full shape only (:func:`protocol1_body`); other JSON bodies are app data.
+2. Celery protocol 1: ``eta`` inside a JSON or msgpack body, for a message of protocol 1's
+   full shape only (:func:`protocol1_body`); other such bodies are app data.
 3. Plain kombu: an ``x-delay`` header in milliseconds from now, judged by the
    Redis clock (the RabbitMQ delayed-message convention), on any message that is no
    Celery protocol 2 task with an ETA: an ``eta`` header counts only beside a ``task``
@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kombu.compression
+import kombu.serialization
 from dateutil.parser import isoparse
 
 from kombu_delay.errors import BadETA, DelayTooLong
@@ -109,9 +110,15 @@ def iso_utc(ms: int) -> str:
 
 # -- a decoded kombu message (a dict) -----------------------------------------------------------
 
-#: Keys every Celery protocol 1 body has, as they appear in its JSON: a cheap test of the raw
-#: bytes, so that a plain kombu body is decoded only when it could be a Celery task at all.
-_PROTOCOL1_KEYS = (b'"task"', b'"id"', b'"args"', b'"kwargs"', b'"eta"')
+#: The serializers of a Celery protocol 1 body that are read, by content type: those that
+#: decode to data only (never pickle or YAML, which may run code as they load; msgpack where it
+#: is installed, as it is for its publisher), with the keys every such body has, as they appear
+#: in its bytes: a cheap test, so that a plain kombu body is decoded only when it could be a
+#: Celery task at all.
+_PROTOCOL1_BODIES = {
+    "application/json": ("json", (b'"task"', b'"id"', b'"args"', b'"kwargs"', b'"eta"')),
+    "application/x-msgpack": ("msgpack", (b"\xa4task", b"\xa2id", b"\xa4args", b"\xa6kwargs", b"\xa3eta")),
+}
 
 
 #: The parts of a kombu message that are JSON objects when present.
@@ -134,14 +141,16 @@ def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     """Return the decoded body of a Celery protocol 1 task message, else ``None``.
 
     Recognised by its full shape, as Celery's ``as_task_v1`` builds it and its worker reads it:
-    no ``task`` header, and a JSON object body (compressed, where Celery's ``task_compression``
-    had kombu compress it) with ``task`` and ``id`` strings, an ``args``
+    no ``task`` header, and a JSON or msgpack object body (compressed, where Celery's
+    ``task_compression`` had kombu compress it) with ``task`` and ``id`` strings, an ``args``
     list, a ``kwargs`` mapping and an ``eta`` key. Application data that merely has ``task`` and
     ``eta`` keys is not a Celery task, and plain kombu delivers it as it is.
     """
     headers = _part(message, "headers")
-    if "task" in headers or message.get("content-type") != "application/json":
+    content_type = message.get("content-type")
+    if "task" in headers or not isinstance(content_type, str) or content_type not in _PROTOCOL1_BODIES:
         return None
+    serializer, marks = _PROTOCOL1_BODIES[content_type]
     raw = _body_bytes(message)
     compression = headers.get("compression")
     if raw is not None and compression:  # Celery's task_compression: kombu compressed the body
@@ -149,12 +158,9 @@ def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
             raw = kombu.compression.decompress(raw, compression)
         except Exception:  # an unknown or damaged compression: not a task this can read
             return None
-    if raw is None or not all(key in raw for key in _PROTOCOL1_KEYS):
+    if raw is None or not all(key in raw for key in marks):
         return None
-    try:
-        decoded = json.loads(raw)
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
-        return None
+    decoded = _decoded(raw, serializer, content_type)
     if (
         isinstance(decoded, dict)
         and isinstance(decoded.get("task"), str)
@@ -165,6 +171,19 @@ def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
     ):
         return decoded
     return None
+
+
+def _decoded(raw: bytes, serializer: str, content_type: str) -> Any:
+    """A protocol 1 body decoded, or ``None`` where it cannot be: JSON by :mod:`json`, msgpack
+    by kombu's own decoder, as the worker decodes it (not installed: not read)."""
+    try:
+        if serializer == "json":
+            return json.loads(raw)
+        return kombu.serialization.loads(raw, content_type, "binary", accept={content_type})
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
+        return None
+    except Exception:  # msgpack's own errors (ExtraData, FormatError...), or none installed
+        return None
 
 
 def _body_bytes(message: dict[str, Any]) -> bytes | None:
@@ -355,9 +374,9 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
 
     A worker holds a message in memory until the ETA it carries, whatever time it
     was delivered, so a message rescheduled earlier must carry its new ETA too.
-    Protocol 2: the ``eta`` header; protocol 1: ``eta`` in the JSON body (base64
-    ``body_encoding`` kept). Other messages (``x-delay``) are returned unchanged:
-    their delivery time is the stored score alone.
+    Protocol 2: the ``eta`` header; protocol 1: ``eta`` in the body, encoded as it was
+    (JSON or msgpack, compressed or not, base64 ``body_encoding`` kept). Other messages
+    (``x-delay``) are returned unchanged: their delivery time is the stored score alone.
     """
     text = payload.decode("utf-8") if isinstance(payload, bytes) else payload
     message = load_stored(text)
@@ -374,7 +393,10 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     if body is None:
         return text
     body["eta"] = eta
-    encoded = json.dumps(body).encode("utf-8")
+    if message.get("content-type") == "application/json":
+        encoded = json.dumps(body).encode("utf-8")
+    else:  # msgpack (protocol1_body read it): as its publisher's kombu encoded it
+        encoded = kombu.serialization.dumps(body, serializer=_PROTOCOL1_BODIES[message["content-type"]][0])[2]
     if headers.get("compression"):  # compressed as it was (protocol1_body read it decompressed)
         encoded = kombu.compression.compress(encoded, headers["compression"])[0]
     props = message.get("properties") or {}

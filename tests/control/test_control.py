@@ -198,6 +198,25 @@ def test_reschedule_keeps_a_compressed_protocol_1_body_compressed(r, redis_serve
         app.close()
 
 
+def test_reschedule_rewrites_a_msgpack_protocol_1_body_in_msgpack(r, redis_server, prefix):
+    # Held since its body is read in msgpack too: a reschedule earlier must write its new ETA
+    # into it, as msgpack, or its worker would wait for the old one.
+    import msgpack
+
+    new_eta = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    with DelayControl(redis_server.url, options(prefix)) as ctl:
+        app = publisher(redis_server, prefix, task_protocol=1, task_serializer="msgpack")
+        sent = app.send_task("inspect.record", ("p",), countdown=600)
+        assert ctl.reschedule(sent.id, eta=new_eta) == 1
+        message = _stored_payload(ctl, sent.id)
+        assert message["content-type"] == "application/x-msgpack"
+        body = msgpack.unpackb(base64.b64decode(message["body"]), raw=False)  # type: ignore[arg-type]
+        assert datetime.fromisoformat(body["eta"]) == new_eta and body["args"] == ["p"]
+        (item,) = ctl.scheduled().items
+        assert (item.task_id, item.task) == (sent.id, "inspect.record")
+        app.close()
+
+
 def test_reschedule_keeps_an_x_delay_message_as_it_is(r, redis_server, prefix):
     with Connection(redis_server.delay_url, transport_options=options(prefix)) as conn:
         queue = Queue("plain", Exchange("plain", "direct"), "plain")

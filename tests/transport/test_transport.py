@@ -351,11 +351,18 @@ def test_app_data_that_looks_like_a_celery_body_passes_untouched(r, redis_server
     assert not caplog.records  # nothing taken for a bad ETA either
 
 
-@pytest.mark.parametrize("compression", [None, "zlib", "bzip2"])
-def test_celery_protocol_1_countdowns_are_still_held(r, make_app, redis_server, prefix, compression):
+@pytest.mark.parametrize(
+    "compression, serializer",
+    [(None, "json"), ("zlib", "json"), ("bzip2", "json"), (None, "msgpack"), ("zlib", "msgpack")],
+)
+def test_celery_protocol_1_countdowns_are_still_held(
+    r, make_app, redis_server, prefix, compression, serializer
+):
+    # msgpack: went onto the list at once, unwarned, and its worker held it (only JSON was read)
     app = make_app(prefix)
     app.conf.task_protocol = 1
     app.conf.task_compression = compression  # kombu compresses the body; the ETA is inside it
+    app.conf.task_serializer = serializer
     before = time.time()
     task_id = app.send_task("t.add", (1, 2), countdown=30).id
     after = time.time()
