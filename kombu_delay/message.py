@@ -1,4 +1,4 @@
-"""What a kombu message says: when it is due, its id, its task name, its protocol-1 body.
+"""What a kombu message says: when it is due, its id, its task name (a protocol-1 body: protocol1.py).
 
 Time is integer epoch milliseconds (UTC) everywhere in kombu-delay; :func:`to_ms` is the
 one datetime-to-ms helper. A message's due time is read, in this order, from:
@@ -18,7 +18,6 @@ here too, in Python: Lua never decodes a payload (a Lua decode and re-encode cor
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import math
@@ -27,11 +26,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import kombu.compression
-import kombu.serialization
 from dateutil.parser import isoparse
 
 from kombu_delay.errors import BadETA, DelayTooLong
+from kombu_delay.protocol1 import part, protocol1_body, rewrite_body
 from kombu_delay.store.keys import MAX_DUE_MS, MAX_DUE_TEXT
 
 
@@ -110,26 +108,8 @@ def iso_utc(ms: int) -> str:
 
 # -- a decoded kombu message (a dict) -----------------------------------------------------------
 
-#: The serializers of a Celery protocol 1 body that are read, by content type: those that
-#: decode to data only (never pickle or YAML, which may run code as they load; msgpack where it
-#: is installed, as it is for its publisher), with the keys every such body has, as they appear
-#: in its bytes: a cheap test, so that a plain kombu body is decoded only when it could be a
-#: Celery task at all.
-_PROTOCOL1_BODIES = {
-    "application/json": ("json", (b'"task"', b'"id"', b'"args"', b'"kwargs"', b'"eta"')),
-    "application/x-msgpack": ("msgpack", (b"\xa4task", b"\xa2id", b"\xa4args", b"\xa6kwargs", b"\xa3eta")),
-}
-
-
 #: The parts of a kombu message that are JSON objects when present.
 _OBJECT_PARTS = ("headers", "properties")
-
-
-def _part(message: dict[str, Any], name: str) -> dict[str, Any]:
-    """``message[name]`` when it is an object, else ``{}`` (absent, damaged in Redis, or
-    published so: kombu sends what it is given)."""
-    part = message.get(name)
-    return part if isinstance(part, dict) else {}
 
 
 def _parts_are_objects(message: dict[str, Any]) -> bool:
@@ -137,73 +117,10 @@ def _parts_are_objects(message: dict[str, Any]) -> bool:
     return all(isinstance(message.get(part) or {}, dict) for part in _OBJECT_PARTS)
 
 
-def protocol1_body(message: dict[str, Any]) -> dict[str, Any] | None:
-    """Return the decoded body of a Celery protocol 1 task message, else ``None``.
-
-    Recognised by its full shape, as Celery's ``as_task_v1`` builds it and its worker reads it:
-    no ``task`` header, and a JSON or msgpack object body (compressed, where Celery's
-    ``task_compression`` had kombu compress it) with ``task`` and ``id`` strings, an ``args``
-    list, a ``kwargs`` mapping and an ``eta`` key. Application data that merely has ``task`` and
-    ``eta`` keys is not a Celery task, and plain kombu delivers it as it is.
-    """
-    headers = _part(message, "headers")
-    content_type = message.get("content-type")
-    if "task" in headers or not isinstance(content_type, str) or content_type not in _PROTOCOL1_BODIES:
-        return None
-    serializer, marks = _PROTOCOL1_BODIES[content_type]
-    raw = _body_bytes(message)
-    compression = headers.get("compression")
-    if raw is not None and compression:  # Celery's task_compression: kombu compressed the body
-        try:
-            raw = kombu.compression.decompress(raw, compression)
-        except Exception:  # an unknown or damaged compression: not a task this can read
-            return None
-    if raw is None or not all(key in raw for key in marks):
-        return None
-    decoded = _decoded(raw, serializer, content_type)
-    if (
-        isinstance(decoded, dict)
-        and isinstance(decoded.get("task"), str)
-        and isinstance(decoded.get("id"), str)
-        and isinstance(decoded.get("args"), list)
-        and isinstance(decoded.get("kwargs"), dict)
-        and "eta" in decoded
-    ):
-        return decoded
-    return None
-
-
-def _decoded(raw: bytes, serializer: str, content_type: str) -> Any:
-    """A protocol 1 body decoded, or ``None`` where it cannot be: JSON by :mod:`json`, msgpack
-    by kombu's own decoder, as the worker decodes it (not installed: not read)."""
-    try:
-        if serializer == "json":
-            return json.loads(raw)
-        return kombu.serialization.loads(raw, content_type, "binary", accept={content_type})
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
-        return None
-    except Exception:  # msgpack's own errors (ExtraData, FormatError...), or none installed
-        return None
-
-
-def _body_bytes(message: dict[str, Any]) -> bytes | None:
-    """The body of ``message`` as bytes (base64 ``body_encoding`` undone), or ``None``."""
-    body = message.get("body")
-    if isinstance(body, bytes):
-        return body
-    if not isinstance(body, str):
-        return None
-    props = _part(message, "properties")
-    try:
-        return base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
-    except ValueError:  # not base64 after all (binascii.Error), or a lone surrogate
-        return None
-
-
 def message_id(message: dict[str, Any], body: dict[str, Any] | None = None) -> str:
     """Return the id a message is indexed under: task id, message id or delivery tag (``""``
     when it has none; headers or properties that are not objects hold none)."""
-    headers, props = _part(message, "headers"), _part(message, "properties")
+    headers, props = part(message, "headers"), part(message, "properties")
     for candidate in (headers.get("id"), (body or {}).get("id"), props.get("message_id")):
         if isinstance(candidate, str) and candidate:
             return candidate
@@ -251,7 +168,7 @@ def message_due(message: dict[str, Any]) -> Due | None:
     """
     if not _parts_are_objects(message):
         return None
-    headers = _part(message, "headers")
+    headers = part(message, "headers")
     if "task" in headers:  # Celery protocol 2
         eta = headers.get("eta")
         if isinstance(eta, datetime):  # a raw kombu publish: kombu's JSON carries it, and the
@@ -392,18 +309,7 @@ def with_eta(payload: bytes | str, due_ms: int) -> str:
     body = protocol1_body(message)
     if body is None:
         return text
-    body["eta"] = eta
-    if message.get("content-type") == "application/json":
-        encoded = json.dumps(body).encode("utf-8")
-    else:  # msgpack (protocol1_body read it): as its publisher's kombu encoded it
-        encoded = kombu.serialization.dumps(body, serializer=_PROTOCOL1_BODIES[message["content-type"]][0])[2]
-    if headers.get("compression"):  # compressed as it was (protocol1_body read it decompressed)
-        encoded = kombu.compression.compress(encoded, headers["compression"])[0]
-    props = message.get("properties") or {}
-    if props.get("body_encoding") == "base64":
-        message["body"] = base64.b64encode(encoded).decode("ascii")
-    else:
-        message["body"] = encoded.decode("utf-8")
+    rewrite_body(message, body, eta)
     return json.dumps(message)
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from kombu_delay.cli.inspect import shown
 from kombu_delay.control import Slot
-from kombu_delay.message import load_stored, protocol1_body
+from kombu_delay.message import load_stored
+from kombu_delay.protocol1 import protocol1_body
 
 #: Longest args/kwargs preview in a listing row, characters.
 PREVIEW_CHARS = 120
