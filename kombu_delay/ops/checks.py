@@ -112,7 +112,8 @@ def snapshot_note(aof_enabled: bool | None, save_rules: str | None) -> str | Non
         return None
     return (
         f"Redis persists by RDB snapshots only (save {rules}): a crash loses the messages "
-        "scheduled since the last snapshot; appendonly yes keeps them"
+        "scheduled since the last snapshot and moves again those moved since (a worker that "
+        "took one runs it twice); appendonly yes keeps them"
     )
 
 
