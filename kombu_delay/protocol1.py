@@ -13,6 +13,7 @@ from typing import Any
 
 import kombu.compression
 import kombu.serialization
+import kombu.utils.json
 
 
 def part(message: dict[str, Any], name: str) -> dict[str, Any]:
@@ -87,6 +88,11 @@ def _body_bytes(message: dict[str, Any]) -> bytes | None:
     body = message.get("body")
     if isinstance(body, bytes):
         return body
+    if _kombu_bytes(body):  # a body_encoding of None: bytes, as kombu's JSON wrote them
+        try:
+            return kombu.utils.json.loads(json.dumps(body))  # type: ignore[no-any-return]
+        except ValueError:  # not base64 after all, or a lone surrogate
+            return None
     if not isinstance(body, str):
         return None
     props = part(message, "properties")
@@ -94,6 +100,17 @@ def _body_bytes(message: dict[str, Any]) -> bytes | None:
         return base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
     except ValueError:  # not base64 after all (binascii.Error), or a lone surrogate
         return None
+
+
+def _kombu_bytes(body: Any) -> bool:
+    """Whether ``body`` is bytes as kombu's JSON writes them: ``{"__type__": "bytes"}`` (UTF-8)
+    or ``"base64"``, with the text as ``__value__``."""
+    return (
+        isinstance(body, dict)
+        and body.keys() == {"__type__", "__value__"}
+        and body["__type__"] in ("bytes", "base64")
+        and isinstance(body["__value__"], str)
+    )
 
 
 def rewrite_body(message: dict[str, Any], body: dict[str, Any], eta: str) -> None:
@@ -108,7 +125,9 @@ def rewrite_body(message: dict[str, Any], body: dict[str, Any], eta: str) -> Non
     if headers.get("compression"):  # compressed as it was (protocol1_body read it decompressed)
         encoded = kombu.compression.compress(encoded, headers["compression"])[0]
     props = part(message, "properties")
-    if props.get("body_encoding") == "base64":
+    if _kombu_bytes(message.get("body")):  # as it was: bytes, which kombu's JSON writes so
+        message["body"] = json.loads(kombu.utils.json.dumps(encoded))
+    elif props.get("body_encoding") == "base64":
         message["body"] = base64.b64encode(encoded).decode("ascii")
     else:
         message["body"] = encoded.decode("utf-8")
