@@ -290,7 +290,9 @@ class Watch:
             self._tell("record", told, logging.ERROR)
             return
         self._tell("record", None, logging.ERROR)
-        self._tell("stranded", stranded_problem(self.findings.stranded), logging.WARNING)
+        # New when another prefix is, not when a count moves (every 15 s while one publishes)
+        gist = " ".join(sorted(self.findings.stranded))
+        self._tell("stranded", stranded_problem(self.findings.stranded), logging.WARNING, gist=gist)
         self._report()
 
     def check_index(self) -> None:

@@ -403,6 +403,32 @@ def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatc
             watch.stop()
 
 
+def test_a_stranded_warning_is_new_with_a_prefix_not_with_a_count(caplog):
+    # Its text holds the count: every look (every 15 s, on every mover) while a publisher of the
+    # other prefix went on logged it again, where the docs promise once per 10 minutes.
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+
+        def strand(other_prefix: str, task_id: str) -> None:
+            due = Due(600_000, relative=True, task_id=task_id)
+            Store(r, other_prefix).schedule(due, f"{other_prefix}celery", kombu_payload(task_id), Settings())
+
+        def warned() -> list[str]:
+            return [text for level, text in said(caplog) if level == logging.WARNING and "stranded" in text]
+
+        watch = Watch(Store(r), "test")
+        with caplog.at_level(logging.INFO, logger=watch_module.__name__):
+            strand("other:", "o1")
+            watch.check_prefixes()
+            strand("other:", "o2")
+            watch.recheck_stranded()
+            assert watch.findings.stranded == {"other:": 2}
+            assert len(warned()) == 1, warned()
+            strand("third:", "t1")
+            watch.check_prefixes()
+            assert len(warned()) == 2 and "'third:'" in warned()[-1], warned()
+
+
 def test_a_mover_whose_scan_found_nothing_takes_up_what_another_mover_recorded(monkeypatch):
     # Only a mover whose own scan had found a stranded prefix looked again between scans: one
     # whose scan came before the messages did said nothing in its log and showed 0 in its
