@@ -243,6 +243,8 @@ def _run(
             begun = time.monotonic()
             try:
                 results[name] = available[name](ctx)
+                if results[name].get("failed"):  # it ran to its end, and reports what went wrong
+                    errors[name] = str(results[name]["failed"])
             except Exception as exc:  # one failed scenario must not hide the others
                 errors[name] = f"{exc.__class__.__name__}: {exc}"
                 click.echo(traceback.format_exc(), err=True)

@@ -154,6 +154,7 @@ def _variant(ctx: Any, name: str, worker_url: str, look_ahead_s: float | None) -
     stock = look_ahead_s is None and name == "stock"
     worker = Worker(ctx, worker_url, ctx.movers.log_dir / f"worker-{name}.log")
     sampler: Sampler | None = None
+    exited: int | None = None
     try:
         worker.wait_ready(ctx)
         base_mb = tree_rss_mb(worker.proc.pid)
@@ -173,33 +174,51 @@ def _variant(ctx: Any, name: str, worker_url: str, look_ahead_s: float | None) -
         sampler = Sampler(ctx, worker.proc.pid, due, delayed=not stock)
         sampler.start()
         _wait_for(ctx, n, due, worker)
+        exited = worker.proc.poll()  # it died before every task ran (None: still running)
     finally:
         if sampler is not None:
             sampler.stopping.set()
             sampler.join()
         worker.stop()
     records = [json.loads(x) for x in ctx.probe.client.lrange(STARTS, 0, -1)]
-    counts = Counter(task_id for task_id, _, _ in records)
-    starts = [start for task_id, _, start in records if task_id in ids]
-    early = sum(1 for task_id, eta, start in records if task_id in ids and start < parse_iso_ms(eta))
-    finish_s = (max(starts) - due) / 1000 if starts else None
     assert sampler is not None
     moved_s = None if sampler.moved_all_at is None else max(0.0, (sampler.moved_all_at - due) / 1000)
     return {
         "tasks": n,
         "worker": worker_url.partition("://")[0] + "://",
         "look_ahead_s": look_ahead_s or 0,
-        "started": len(starts),
-        "finish_after_due_s": finish_s,
-        "worker_drain_per_s": round(n / finish_s) if finish_s and finish_s > 0 else None,
+        **outcome(n, ids, records, due, sampler.cpu_last - sampler.cpu_first),
+        "worker_exit": exited,
         "mover_done_after_due_s": None if stock else moved_s,
         "on_list_at_due": sampler.on_list_at_due,
-        "worker_main_cpu_ms_per_task": round((sampler.cpu_last - sampler.cpu_first) * 1000 / n, 3),
         "rss_base_mb": round(base_mb, 1),
         "rss_growth_mb": round(sampler.peak_mb - base_mb, 1),
+    }
+
+
+def outcome(n: int, ids: set[str], records: list[Any], due: int, cpu_used_s: float) -> dict[str, Any]:
+    """What a variant's ``n`` tasks did, from the starts recorded ``(task id, ETA, start ms)``:
+    how many ran once, more than once, never, or early; and its rates, over the tasks that ran
+    (a worker killed partway finished its few tasks sooner than a whole herd, and divided by
+    the herd that was a win)."""
+    counts = Counter(task_id for task_id, _, _ in records if task_id in ids)
+    starts = [start for task_id, _, start in records if task_id in ids]
+    early = sum(1 for task_id, eta, start in records if task_id in ids and start < parse_iso_ms(eta))
+    finish_s = (max(starts) - due) / 1000 if starts else None
+    ran = len(counts)
+    ran_once = sum(1 for c in counts.values() if c == 1)
+    return {
+        "started": len(starts),
+        "ran": ran,
+        "ran_once": ran_once,
+        "ran_more_than_once": ran - ran_once,
+        "all_ran_once": ran_once == n and not early,
+        "finish_after_due_s": finish_s,
+        "worker_drain_per_s": round(ran / finish_s) if finish_s and finish_s > 0 else None,
+        "worker_main_cpu_ms_per_task": round(cpu_used_s * 1000 / ran, 3) if ran else None,
         "early": early,
-        "duplicates": sum(c - 1 for task_id, c in counts.items() if task_id in ids),
-        "lost": len(ids - set(counts)),
+        "duplicates": sum(c - 1 for c in counts.values()),
+        "lost": n - ran,
     }
 
 
@@ -224,20 +243,31 @@ def drain(ctx: Any) -> dict[str, Any]:
         if not only or name in only or name == "stock":
             results[name] = _variant(ctx, name, url, ahead)
     ctx.fresh()
-    stock = results["stock"]
-    for result in results.values():
-        if stock["finish_after_due_s"] and result["finish_after_due_s"] is not None:
-            result["finish_vs_stock"] = round(result["finish_after_due_s"] / stock["finish_after_due_s"], 2)
-        if stock["rss_growth_mb"] > 0:
-            result["rss_vs_stock"] = round(result["rss_growth_mb"] / stock["rss_growth_mb"], 2)
     report = {
         "tasks": ctx.sizes.drain,
         "worker_procs": ctx.sizes.drain_procs,
         "prefetch_multiplier": ctx.sizes.drain_prefetch,
-        "variants": results,
+        "variants": compare(results),
     }
+    failed = [name for name, result in results.items() if not result["all_ran_once"]]
+    if failed:
+        report["failed"] = f"not every task ran exactly once, none early: {', '.join(failed)}"
     click.echo(table(report))
     return report
+
+
+def compare(results: dict[str, Any]) -> dict[str, Any]:
+    """Give each variant its ratios to stock, where both ran every task exactly once: a
+    variant that lost tasks has no speed to compare."""
+    stock = results["stock"]
+    for result in results.values():
+        if not (stock["all_ran_once"] and result["all_ran_once"]):
+            continue
+        if stock["finish_after_due_s"] and result["finish_after_due_s"] is not None:
+            result["finish_vs_stock"] = round(result["finish_after_due_s"] / stock["finish_after_due_s"], 2)
+        if stock["rss_growth_mb"] > 0:
+            result["rss_vs_stock"] = round(result["rss_growth_mb"] / stock["rss_growth_mb"], 2)
+    return results
 
 
 def table(report: dict[str, Any]) -> str:
@@ -252,14 +282,23 @@ def table(report: dict[str, Any]) -> str:
         f"  {'variant':<18} {'worker':<14} {'finish':>8} {'x stock':>8} {'drain/s':>8} "
         f"{'mover':>7} {'cpu ms':>7} {'RSS +MB':>8} {'x stock':>8} {'early':>6} {'dup':>5} {'lost':>5}",
     ]
+    failed = []
     for name, r in report["variants"].items():
         lines.append(
             f"  {name:<18} {r['worker']:<14} {shown(r['finish_after_due_s'], '{:.1f} s'):>8} "
             f"{shown(r.get('finish_vs_stock'), '{:.2f}'):>8} {shown(r['worker_drain_per_s'], '{:,}'):>8} "
             f"{shown(r['mover_done_after_due_s'], '{:.1f} s'):>7} "
-            f"{r['worker_main_cpu_ms_per_task']:>7.2f} {r['rss_growth_mb']:>8.1f} "
+            f"{shown(r['worker_main_cpu_ms_per_task'], '{:.2f}'):>7} {r['rss_growth_mb']:>8.1f} "
             f"{shown(r.get('rss_vs_stock'), '{:.2f}'):>8} {r['early']:>6} {r['duplicates']:>5} {r['lost']:>5}"
         )
+        if not r["all_ran_once"]:
+            exit_note = "" if r.get("worker_exit") is None else f"; its worker exited with {r['worker_exit']}"
+            failed.append(
+                f"  FAILED {name}: {r['ran_once']:,} of {r['tasks']:,} tasks ran once, "
+                f"{r['ran_more_than_once']:,} more than once, {r['lost']:,} never, {r['early']:,} early"
+                f"{exit_note}; its figures are over the tasks that ran, and not compared with stock"
+            )
+    lines += failed
     lines.append(
         "  finish: due -> last task start; mover: due -> all on the list; cpu ms: the worker's "
         "main process per task\n  (reading, recording, acking, handing to the pool); RSS: peak "

@@ -40,6 +40,19 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(row.get(op), dict) and "median_ms" in row[op]:
                 value = float(row[op]["median_ms"])
                 rows.append(_row("inspect", f"{op} median ms at {int(size):,}", value, "{:.2f}", "", None))
+    return rows + _drain_rows(results)
+
+
+def _drain_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each drain variant's tasks that ran exactly once (target: all of them) and its early
+    starts (target: none)."""
+    rows = []
+    for name, variant in ((results.get("drain") or {}).get("variants") or {}).items():
+        n = int(variant["tasks"])
+        once = float(variant["ran_once"])
+        rows.append(_row("drain", f"{name}: tasks that ran once", once, "{:,.0f}", f"all {n:,}", once == n))
+        early = float(variant["early"])
+        rows.append(_row("drain", f"{name}: early starts", early, "{:.0f}", "= 0", early == 0))
     return rows
 
 
