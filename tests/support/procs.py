@@ -72,3 +72,23 @@ class Proc:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log else ""
+
+
+def stat_of(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command's name (state, ppid, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    stats = {int(entry): stat_of(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+    return [child for child, stat in stats.items() if stat and int(stat[1]) == pid and stat[0] != "Z"]
+
+
+def alive(pid: int) -> bool:
+    stat = stat_of(pid)
+    return stat is not None and stat[0] != "Z"

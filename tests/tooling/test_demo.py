@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, alive, children_of
 
 pytestmark = pytest.mark.slow  # CI runs it (-m slow); the default run leaves it out
 
@@ -77,26 +77,6 @@ def test_demo_in_a_terminal_redraws_a_live_table():
     assert f"fired {TASKS}/{TASKS}, exactly once {TASKS}/{TASKS}, 0 early" in out
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command's name (state, ppid, ...), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    """The live processes whose parent is ``pid``."""
-    stats = {int(entry): _stat(entry) for entry in os.listdir("/proc") if entry.isdigit()}
-    return [child for child, stat in stats.items() if stat and int(stat[1]) == pid and stat[0] != "Z"]
-
-
-def _alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
 @contextlib.contextmanager
 def _demo_running(
     env: dict[str, str] | None = None, **popen: Any
@@ -111,7 +91,7 @@ def _demo_running(
     children: list[int] = []
     try:
         found = wait_until(
-            lambda: _children(proc.pid) if len(_children(proc.pid)) >= 3 else None, timeout=120
+            lambda: children_of(proc.pid) if len(children_of(proc.pid)) >= 3 else None, timeout=120
         )
         children.extend(found)  # type: ignore[call-overload]
         yield proc, children
@@ -119,7 +99,7 @@ def _demo_running(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in filter(_alive, children):  # only on failure: ours to stop, by PID
+        for pid in filter(alive, children):  # only on failure: ours to stop, by PID
             os.kill(pid, 9)
 
 
@@ -131,7 +111,7 @@ def test_a_demo_killed_outright_leaves_none_of_its_processes_running():
     with _demo_running() as (proc, children):
         proc.kill()
         proc.wait()
-        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+        wait_until(lambda: not any(map(alive, children)), timeout=120)
 
 
 def test_a_demo_whose_terminal_closes_stops_everything_and_leaves_no_directory(tmp_path):
@@ -143,7 +123,7 @@ def test_a_demo_whose_terminal_closes_stops_everything_and_leaves_no_directory(t
         assert next(p.name for p in tmp_path.iterdir()).startswith("kombu-delay-demo-")
         proc.send_signal(signal.SIGHUP)
         assert proc.wait(timeout=120) == 130
-        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+        wait_until(lambda: not any(map(alive, children)), timeout=120)
         assert list(tmp_path.iterdir()) == []
 
 
@@ -171,7 +151,7 @@ def test_a_demo_whose_redis_dies_says_so_and_stops_the_rest():
         out = b"".join(seen) + out
         assert proc.returncode == 1, out
         assert b"\ndemo failed: " in out and b"Traceback" not in out, out
-        wait_until(lambda: not any(map(_alive, children)), timeout=120)
+        wait_until(lambda: not any(map(alive, children)), timeout=120)
 
 
 def test_a_demo_that_ignores_sigint_runs_on_through_one_sent_to_its_group():

@@ -14,13 +14,15 @@ import importlib.util
 import json
 import os
 import platform
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import celery
 import click
@@ -35,6 +37,7 @@ from kombu_delay.tooling.bench import report as bench_report
 from kombu_delay.tooling.bench.env import Movers, Payloads, Probe
 from kombu_delay.tooling.bench.scenarios import SCENARIOS, Ctx, Sizes
 from kombu_delay.tooling.redis_server import RedisServer
+from kombu_delay.tooling.stopping import terminated_as_interrupted
 
 Scenario = Callable[[Ctx], dict[str, Any]]
 
@@ -202,7 +205,14 @@ def bench(
     if unknown:
         raise click.UsageError(f"unknown scenario(s) {unknown}; known: {sorted(available)}")
     sizes = Sizes(**{_SIZE_FIELDS.get(k, k.removeprefix("n_")): v for k, v in size_options.items()})
-    results, errors, meta = _run(broker, chosen, available, sizes, batch_size, payload_bytes)
+    try:
+        with terminated_as_interrupted():  # SIGTERM and SIGHUP stop it as Ctrl-C does
+            results, errors, meta = _run(broker, chosen, available, sizes, batch_size, payload_bytes)
+    except KeyboardInterrupt:  # before the first scenario, or while stopping
+        _interrupted("")
+    if meta.get("interrupted"):
+        _write_json(results, errors, meta, json_out)
+        _interrupted(f" during {meta['interrupted']}; what it measured before is in {json_out}")
     _report(results, errors, meta, json_out, plot_out)
     if errors:
         raise click.ClickException(f"scenario(s) failed: {', '.join(errors)}")
@@ -218,7 +228,9 @@ def _run(
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
     """Run the ``chosen`` scenarios against ``broker`` (else a private Redis); return their
     results, the errors of those that failed, and the run's machine and versions."""
-    server = None if broker else RedisServer().start()
+    # Stopped by Linux too if the bench is killed outright; outside the bench's process group, so
+    # that Ctrl-C reaches the bench only, which stops it once it has read what it measured.
+    server = None if broker else RedisServer(dies_with_parent=True, own_session=True).start()
     url = _plain_url(broker) if broker else server.url  # type: ignore[union-attr]
     probe = Probe(url)
     workdir = tempfile.TemporaryDirectory(prefix="kombu-delay-bench-")
@@ -226,6 +238,7 @@ def _run(
     started = time.monotonic()
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    interrupted = ""
     try:
         probe.flush()
         ctx = Ctx(
@@ -245,6 +258,10 @@ def _run(
                 results[name] = available[name](ctx)
                 if results[name].get("failed"):  # it ran to its end, and reports what went wrong
                     errors[name] = str(results[name]["failed"])
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP: stop everything, keep what was measured
+                interrupted = name
+                threading.excepthook = _quiet  # a reader of the Redis about to stop need not say so
+                break
             except Exception as exc:  # one failed scenario must not hide the others
                 errors[name] = f"{exc.__class__.__name__}: {exc}"
                 click.echo(traceback.format_exc(), err=True)
@@ -263,6 +280,7 @@ def _run(
             "kombu_delay": __version__,
             "batch_size": batch_size,
             "sizes": vars(sizes),
+            "interrupted": interrupted,
         }
     finally:
         movers.stop_all()
@@ -273,14 +291,31 @@ def _run(
     return results, errors, meta
 
 
-def _report(
-    results: dict[str, Any], errors: dict[str, str], meta: dict[str, Any], json_out: Path, plot_out: Path
+def _quiet(args: threading.ExceptHookArgs) -> None:
+    """A thread's exception, left unsaid: the run is being stopped."""
+
+
+def _interrupted(where: str) -> NoReturn:
+    click.echo(f"bench: interrupted{where}; every process it started is stopped", err=True)
+    sys.exit(130)
+
+
+def _write_json(
+    results: dict[str, Any], errors: dict[str, str], meta: dict[str, Any], json_out: Path
 ) -> None:
-    """Print the targets table and the charts, and write the JSON (and the PNG if it can)."""
+    """Write the results, the errors, the run's machine and versions, and the targets table."""
     rows = bench_report.evaluate(results)
     report = {"meta": meta, "results": results, "errors": errors, "targets": rows}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1, default=str))
+
+
+def _report(
+    results: dict[str, Any], errors: dict[str, str], meta: dict[str, Any], json_out: Path, plot_out: Path
+) -> None:
+    """Print the targets table and the charts, and write the JSON (and the PNG if it can)."""
+    _write_json(results, errors, meta, json_out)
+    rows = bench_report.evaluate(results)
     click.echo(bench_report.table(rows))
     click.echo("\n" + bench_report.terminal_charts(results))
     if bench_report.plot(results, plot_out):

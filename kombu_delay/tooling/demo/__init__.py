@@ -11,7 +11,6 @@ worker before it was due.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
@@ -31,6 +29,7 @@ from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store import Store
 from kombu_delay.tooling.redis_server import RedisServer, dying_with_parent, stop_process
+from kombu_delay.tooling.stopping import terminated_as_interrupted
 
 #: Countdowns of the demo's tasks, seconds.
 COUNTDOWNS = (1.0, 2.0, 3.0, 4.0, 5.5, 7.0, 8.5, 10.0)
@@ -284,10 +283,6 @@ def summary(view: View, tasks: list[Task], held: int) -> bool:
     return ok
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # so the cleanup in run() stops every child
-
-
 @click.command()
 @click.option(
     "--live/--no-live",
@@ -315,12 +310,11 @@ def demo(live: bool | None) -> None:
     if live is None:
         live = sys.stdout.isatty() and os.environ.get("TERM", "") != "dumb"
     view = View(live)
-    # A closed terminal (SIGHUP) stops the demo as Ctrl-C does: its processes and its directory go.
-    previous = {signum: signal.signal(signum, _terminate) for signum in (signal.SIGTERM, signal.SIGHUP)}
     if live:
         sys.stdout.write("\x1b[?25l")  # hide the cursor while redrawing
     try:
-        with tempfile.TemporaryDirectory(prefix="kombu-delay-demo-") as workdir:
+        # A closed terminal (SIGHUP) stops the demo as Ctrl-C does: its processes and its directory go.
+        with terminated_as_interrupted(), tempfile.TemporaryDirectory(prefix="kombu-delay-demo-") as workdir:
             ok = run(view, Path(workdir))
     except KeyboardInterrupt:
         view.say("\ninterrupted: every process the demo started is stopped")
@@ -338,6 +332,4 @@ def demo(live: bool | None) -> None:
         if live:
             sys.stdout.write("\x1b[?25h")
             sys.stdout.flush()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     sys.exit(0 if ok else 1)
