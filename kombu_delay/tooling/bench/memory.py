@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import click
+
 from kombu_delay.store import cold
 from kombu_delay.tooling.bench.ctx import Ctx
 from kombu_delay.tooling.bench.env import QUEUE, fill, now_ms
@@ -66,14 +68,17 @@ def memory(ctx: Ctx) -> dict[str, Any]:
             "uncompressed_overhead_per_msg": per - payload,
             "uncompressed_ids_index_per_msg": ids_bytes / count,
             "uncompressed_buckets_per_msg": bucket_bytes / count,
+            "uncompressed_buckets_beyond_member_per_msg": bucket_bytes / count - plain_member,
             "uncompressed_task_id_lists_per_msg": task_list_bytes / count,
-            # jemalloc hands out size classes: a member of this length is stored in the next
-            # one. (Compressed members vary in length, so one class says nothing about them.)
-            "uncompressed_allocator_rounding_bytes": _size_class(plain_member + 6) - plain_member,
-            "uncompressed_sorted_set_structure_bytes": bucket_bytes / count - _size_class(plain_member + 6),
             "uncompressed_other_per_msg": per - (ids_bytes + bucket_bytes + task_list_bytes) / count,
         }
     )
+    allocator = str(ctx.probe.info("memory").get("mem_allocator", "unknown"))
+    split, note = rounding_split(allocator, plain_member, bucket_bytes / count)
+    result.update({"allocator": allocator, **split})
+    if note:
+        result["allocator_note"] = note
+        click.echo(f"memory: {note}")
     # For scale, the same payloads in the structures a layout can be made of: the list plain
     # kombu pushes them onto; a bare sorted set of them (the floor of any layout that keeps
     # the message itself as a sorted-set member); and a sorted set of task ids alone (the
@@ -103,6 +108,32 @@ def _grown(ctx: Ctx, fill: Callable[[], object]) -> int:
     before = ctx.probe.used_memory()
     fill()
     return ctx.probe.used_memory() - before
+
+
+def rounding_split(allocator: str, member: float, buckets_per_msg: float) -> tuple[dict[str, float], str]:
+    """Split the uncompressed buckets' bytes per message (measured) into the allocator's
+    rounding of the member and the sorted-set entry: computed, from jemalloc's size classes,
+    so only where Redis uses jemalloc (``INFO memory``'s ``mem_allocator``), and only where
+    the rest is not below zero. Returns the figures, and else a note that says why none."""
+    if not allocator.startswith("jemalloc"):
+        return {}, (
+            f"Redis's allocator is {allocator}, not jemalloc: the uncompressed sorted sets are not "
+            "split into allocator rounding and sorted-set entry (that split is computed from "
+            "jemalloc's size classes)"
+        )
+    # jemalloc hands out size classes: a member of this length is stored in the next one.
+    # (Compressed members vary in length, so one class says nothing about them.)
+    size_class = _size_class(member + 6)
+    entry = buckets_per_msg - size_class
+    if entry < 0:
+        return {}, (
+            f"the uncompressed sorted sets hold {buckets_per_msg:.0f} bytes per message, less than "
+            f"jemalloc's size class of the member ({size_class}): not split"
+        )
+    return {
+        "uncompressed_allocator_rounding_bytes": size_class - member,
+        "uncompressed_sorted_set_structure_bytes": entry,
+    }, ""
 
 
 def _size_class(size: float) -> int:

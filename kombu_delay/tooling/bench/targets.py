@@ -215,7 +215,15 @@ ROWS: list[Row] = [
     ),
     (
         "memory",
-        "uncompressed: of which allocator rounding",
+        "uncompressed: of which sorted sets (beyond the member)",
+        ("memory", "uncompressed_buckets_beyond_member_per_msg"),
+        "{:.0f}",
+        "",
+        None,
+    ),
+    (
+        "memory",
+        "uncompressed: sorted sets, of which jemalloc rounding (computed)",
         ("memory", "uncompressed_allocator_rounding_bytes"),
         "{:.0f}",
         "",
@@ -223,7 +231,7 @@ ROWS: list[Row] = [
     ),
     (
         "memory",
-        "uncompressed: of which sorted-set entry",
+        "uncompressed: sorted sets, of which entry (computed: the rest)",
         ("memory", "uncompressed_sorted_set_structure_bytes"),
         "{:.0f}",
         "",
