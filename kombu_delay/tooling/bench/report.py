@@ -61,7 +61,7 @@ def _row(scenario: str, label: str, value: float, fmt: str, target: str, met: bo
         "scenario": scenario,
         "metric": label,
         "value": value,
-        "shown": fmt.format(value),
+        "shown": "not measured" if math.isnan(value) else fmt.format(value),
         "target": target,
         "met": met,
     }

@@ -10,6 +10,7 @@ the worst case for the O(log n) parts, which no default setting makes.
 
 from __future__ import annotations
 
+import math
 import random
 import signal
 import statistics
@@ -109,16 +110,15 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     # miss or a timer tick: the figures are the median of several rounds on the same fill.
     filled = (base, span)
     rounds = [_scale_round(ctx, settings, options, mover, filled) for _ in range(ctx.sizes.scale_rounds)]
-    result: dict[str, Any] = {
-        name: statistics.median(one[name] for one in rounds) for name in rounds[0] if name != "moved_all"
-    }
+    result = summary(rounds)
     result.update(
         layout=ctx.sizes.scale_layout,
         scheduled=size,
         fill_s=fill_s,
-        moved_all=all(one["moved_all"] for one in rounds),
         rounds=rounds,
-        mover_rss_mb=rss_mb(mover.pid),
+        # A mover that died has no RSS: 0.0 MB read as a small one.
+        mover_rss_mb=rss_mb(mover.pid) if mover.poll() is None else math.nan,
+        mover_exit=mover.poll(),
         walk_s=walk_s,
         mover_idle_redis_cpu_ms_per_s=idle_cpu_ms_per_s,
         used_memory_mb=int(memory["used_memory"]) / 2**20,
@@ -129,6 +129,20 @@ def _scale_one(ctx: Ctx, size: int) -> dict[str, Any]:
     ctx.movers.stop(mover)
     _flush(ctx)
     return result
+
+
+def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure of the rounds, and the timed messages they did not move, in
+    all; a figure that a round could not measure (NaN: its move never ended) is NaN."""
+    found: dict[str, Any] = {}
+    for name in rounds[0]:
+        values = [one[name] for one in rounds]
+        if name in ("moved_all", "not_moved"):
+            continue
+        found[name] = math.nan if any(math.isnan(v) for v in values) else statistics.median(values)
+    found["not_moved"] = sum(one["not_moved"] for one in rounds)
+    found["moved_all"] = found["not_moved"] == 0
+    return found
 
 
 def _flush(ctx: Ctx) -> None:
@@ -210,19 +224,24 @@ def _scale_round(
     sleep_until(due - 100)
     ctx.probe.reset_stats()
     cpu = ctx.probe.redis_cpu_s()
-    moved_all = wait_for(lambda: ctx.probe.llen() >= k + KOMBU_PROBE, timeout=120)
+    moving = k + KOMBU_PROBE
+    wait_for(lambda: ctx.probe.llen() >= moving or mover.poll() is not None, timeout=120)
+    not_moved = max(0, moving - ctx.probe.llen())
     move_cpu = ctx.probe.redis_cpu_s() - cpu
     move_stats = ctx.probe.evalsha_stats()
     ctx.probe.client.delete(QUEUE)
+    # A move that never ended has no cost: its CPU was the wait's polls (196x the small size's).
+    moved = not_moved == 0
     return {
         "publish_server_us": publish_stats["usec"] / max(publish_stats["calls"], 1),
         "publish_pipelined_client_us": publish_wall / k * 1e6,
         "publish_kombu_us_p50": statistics.median(one_by_one) * 1e6,
         "publish_kombu_redis_cpu_us": kombu_cpu / KOMBU_PROBE * 1e6,
-        "move_server_us_per_msg": move_stats["usec"] / (k + KOMBU_PROBE),
+        "move_server_us_per_msg": move_stats["usec"] / moving if moved else math.nan,
         "publish_redis_cpu_us": publish_cpu / k * 1e6,
-        "move_redis_cpu_us_per_msg": move_cpu / (k + KOMBU_PROBE) * 1e6,
-        "moved_all": moved_all,
+        "move_redis_cpu_us_per_msg": move_cpu / moving * 1e6 if moved else math.nan,
+        "moved_all": moved,
+        "not_moved": not_moved,
         "publish_bucket_members_mean": landed_among,
     }
 
@@ -271,7 +290,15 @@ def scale(ctx: Ctx) -> dict[str, Any]:
     def per_msg(side: dict[str, Any]) -> float:
         return float(side["used_memory_per_msg"])
 
+    sides = {"small": small, "middle": middle, "large": large}
+    broken = [
+        f"{name}: {side['not_moved']:,} not moved"
+        + ("" if side["mover_exit"] is None else f", its mover exited with {side['mover_exit']}")
+        for name, side in sides.items()
+        if side and (side["not_moved"] or side["mover_exit"] is not None)
+    ]
     return {
+        **({"failed": f"the mover did not move every timed message ({'; '.join(broken)})"} if broken else {}),
         "small": small,
         **({"middle": middle} if middle else {}),
         "large": large,

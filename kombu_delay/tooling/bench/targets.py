@@ -8,6 +8,11 @@ from collections.abc import Callable
 Row = tuple[str, str, tuple[str, ...], str, str, Callable[[float], bool] | None]
 
 
+def zero(v: float) -> bool:
+    """The check of a count that must be none."""
+    return v == 0
+
+
 def _herd_rows(case: str, label: str) -> list[Row]:
     """The rows of one case of the herd scenario."""
     rows: list[tuple[str, str, str, str, Callable[[float], bool] | None]] = [
@@ -56,9 +61,6 @@ def _backpressure_rows() -> list[Row]:
 def _e2e_rows() -> list[Row]:
     """The rows of the end-to-end scenario."""
 
-    def zero(v: float) -> bool:
-        return v == 0
-
     rows: list[tuple[str, tuple[str, ...], str, str, Callable[[float], bool] | None]] = [
         ("tasks not started", ("lateness", "not_started"), "{:.0f}", "= 0", zero),
         ("due -> task start p99, ms", ("lateness", "p99_ms"), "{:.1f}", "", None),
@@ -96,6 +98,17 @@ def _scale_rows() -> list[Row]:
         *both("pipelined publish, Redis CPU µs", "publish_redis_cpu_us", "{:.1f}"),
         ratio("pipelined publish cost large / small", ("publish_ratio",), None),
         *both("messages already in each timed publish's set", "publish_bucket_members_mean", "{:.1f}"),
+        *(
+            (
+                "scale",
+                f"timed messages not moved, {size}",
+                ("scale", size, "not_moved"),
+                "{:,.0f}",
+                "= 0",
+                zero,
+            )
+            for size in ("small", "large")
+        ),
         *both("move, Redis CPU µs/msg", "move_redis_cpu_us_per_msg", "{:.1f}"),
         ratio("move cost large / small", ("move_ratio",), 1.2),
         ratio("same, Redis wall µs: publish ratio", ("publish_server_ratio",), None),
