@@ -39,3 +39,21 @@ def test_a_scenario_that_reports_a_failure_fails_the_run(
     assert "scenario(s) failed: drain" in result.output
     assert report["errors"] == {"drain": "not every task ran exactly once, none early: delay"}
     assert report["results"]["drain"]["failed"] and report["results"]["burst"] == {"ok": 1}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--prefix", "myapp:"],
+        ["--prefix", "myapp:", "bench"],
+        ["bench", "-o", "delay_bucket_width=1"],
+        ["-o", "delay_bucket_width=1", "bench"],
+    ],
+)
+def test_bench_refuses_a_prefix_or_transport_options(args: list[str]) -> None:
+    # They were taken and ignored: the run used the prefix '' and the default settings, unsaid.
+    from kombu_delay.cli import main
+
+    result = CliRunner().invoke(main, [*args, "--only", "no-such-scenario"])
+    assert result.exit_code == 2, result.output
+    assert "bench does not take --prefix or -o" in result.output

@@ -31,7 +31,7 @@ import kombu
 from kombu_delay import __version__
 from kombu_delay.cli.common import forget_celery_servers
 from kombu_delay.config import Settings
-from kombu_delay.connect import delay_url
+from kombu_delay.connect import Target, delay_url
 from kombu_delay.store import Store
 from kombu_delay.tooling.bench import report as bench_report
 from kombu_delay.tooling.bench.env import Movers, Payloads, Probe
@@ -171,9 +171,9 @@ def bench(
 
     A full run at the default sizes takes about half an hour (the herd of a
     million compressed messages, ten minutes); --e2e adds stock Celery
-    workers. The group's --broker, --prefix and -o are not used, nor the
-    KOMBU_DELAY_* variables (the figures are those of the defaults): without
-    this command's own --broker, a private redis-server is started.
+    workers. The group's --broker is not used, nor the KOMBU_DELAY_* variables
+    (the figures are those of the defaults), and --prefix and -o are refused:
+    without this command's own --broker, a private redis-server is started.
 
     \b
     Examples:
@@ -185,6 +185,12 @@ def bench(
       kombu-delay bench --only drain --drain 20000   # stock vs kombu-delay workers
       kombu-delay bench --broker redis://127.0.0.1:7000/5   # FLUSHES db 5
     """
+    target = click.get_current_context().find_object(Target)
+    if target is not None and target.transport_options:  # --prefix or -o, before or after "bench"
+        raise click.UsageError(
+            "bench does not take --prefix or -o: it measures the default settings, on its own "
+            "Redis (or its own --broker)"
+        )
     ignored = forget_celery_servers()  # Celery reads them before an app's own broker= argument
     # The movers it starts read these: a KOMBU_DELAY_MAX_RATE=2 made the precision's p99 6 s.
     ignored += [
