@@ -15,3 +15,19 @@ def test_a_figure_that_could_not_be_measured_misses_its_target() -> None:
     assert rows["moved/s, one mover"]["met"] is False
     assert rows["due -> all on list, s"]["met"] is None  # no target: nothing to miss
     assert rows_of({"burst": {"moved_per_s": 250_000.0}})["moved/s, one mover"]["met"] is True
+
+
+def test_the_web_pages_and_the_inspect_ls_are_in_the_table() -> None:
+    # The web scenario had no rows (its figures only in the JSON), and inspect's rows left out ls.
+    page = {"median_ms": 14.25, "p99_ms": 102.0, "max_ms": 102.0, "runs": 100}
+    timed = {"median_ms": 26.4, "p99_ms": 60.5, "runs": 20}
+    results = {
+        "web": {"scheduled": 3000, "pages": {"overview_hours": page}},
+        "inspect": {"sizes": {"1000": {"stats": timed, "ls_page_100": timed, "ls_queue_page_100": timed}}},
+    }
+    shown = {(row["scenario"], row["metric"]): row["shown"] for row in evaluate(results)}
+    assert shown[("web", "overview_hours: median server ms, 3,000 scheduled")] == "14.25"
+    assert shown[("web", "overview_hours: p99 server ms, 3,000 scheduled")] == "102.00"
+    assert shown[("inspect", "ls (a page of 100) median ms at 1,000")] == "26.40"
+    assert shown[("inspect", "ls --queue (a page of 100) median ms at 1,000")] == "26.40"
+    assert shown[("inspect", "stats median ms at 1,000")] == "26.40"

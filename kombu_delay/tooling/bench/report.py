@@ -33,14 +33,43 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         # misses it: it is no "met" left blank.
         met = None if check is None else not math.isnan(value) and bool(check(value))
         rows.append(_row(scenario, label, value, fmt, target, met))
-    for size, row in sorted(
-        ((results.get("inspect") or {}).get("sizes") or {}).items(), key=lambda item: int(item[0])
-    ):
-        for op in ("cancel", "find", "reschedule", "stats"):
+    return rows + _inspect_rows(results) + _web_rows(results) + _drain_rows(results)
+
+
+#: The inspect scenario's operations, as its rows name them.
+INSPECT_OPS = {
+    "cancel": "cancel",
+    "find": "find",
+    "reschedule": "reschedule",
+    "stats": "stats",
+    "ls_page_100": "ls (a page of 100)",
+    "ls_queue_page_100": "ls --queue (a page of 100)",
+}
+
+
+def _inspect_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The median latency of each inspection at each size."""
+    rows = []
+    sizes = ((results.get("inspect") or {}).get("sizes") or {}).items()
+    for size, row in sorted(sizes, key=lambda item: int(item[0])):
+        for op, label in INSPECT_OPS.items():
             if isinstance(row.get(op), dict) and "median_ms" in row[op]:
                 value = float(row[op]["median_ms"])
-                rows.append(_row("inspect", f"{op} median ms at {int(size):,}", value, "{:.2f}", "", None))
-    return rows + _drain_rows(results)
+                rows.append(_row("inspect", f"{label} median ms at {int(size):,}", value, "{:.2f}", "", None))
+    return rows
+
+
+def _web_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's server time of each page: median and p99."""
+    web = results.get("web") or {}
+    rows = []
+    for page, figures in (web.get("pages") or {}).items():
+        at = f"{int(web.get('scheduled') or 0):,} scheduled"
+        for key, name in (("median_ms", "median"), ("p99_ms", "p99")):
+            if isinstance(figures, dict) and key in figures:
+                label = f"{page}: {name} server ms, {at}"
+                rows.append(_row("web", label, float(figures[key]), "{:.2f}", "", None))
+    return rows
 
 
 def _drain_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
