@@ -23,12 +23,21 @@ from tests.support.procs import ROOT, alive, children_of, wait_until
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
+#: ``python -m kombu_delay`` with Python's own SIGINT handler, whatever its parent left.
+INTERRUPTIBLE = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'kombu-delay'; runpy.run_module('kombu_delay', run_name='__main__', alter_sys=True)"
+)
+
+
 @contextlib.contextmanager
 def bench_running(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[int], Path]]:
     """A bench in a process group of its own, and its Redis and mover once both are up; whatever of
     them a failed test left running is stopped on the way out, by PID."""
     out = tmp_path / "bench.json"
-    args = [sys.executable, "-m", "kombu_delay", "bench", "--only", "precision", "--precision", "5"]
+    # SIGINT as a terminal leaves it: a test runner's worker may ignore it, and an ignored
+    # signal stays ignored across exec (Python then installs no handler of its own).
+    args = [sys.executable, "-c", INTERRUPTIBLE, "bench", "--only", "precision", "--precision", "5"]
     args += ["--precision-window", "20", "--json-out", str(out), "--plot-out", str(tmp_path / "b.png")]
     temp = tmp_path / "tmp"
     temp.mkdir()
