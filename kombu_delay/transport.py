@@ -16,12 +16,7 @@ Capabilities
   and counts them in the number purged.
 * Options (``broker_transport_options``): kombu's Redis options (``global_keyprefix`` names
   every key kombu-delay creates too), and the ``delay_*`` options of the Configuration page.
-
-ETA sources, in this order
-==========================
-1. Celery protocol 2: the ``eta`` header, ISO-8601 (an offset is honoured; none means UTC).
-2. Celery protocol 1: ``eta`` in a JSON body of protocol 1's full shape (other JSON is app data).
-3. Plain kombu: header ``x-delay``, ms from now by the Redis clock, on a message with no ``eta``.
+* Where a message's ETA is read from, in which order: :mod:`kombu_delay.message`.
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ from kombu_delay import resend
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, glob_escaped, shell_word
 from kombu_delay.poller import DeliveringTransportMixin
 from kombu_delay.redact import masked_uri
 from kombu_delay.store import Store, keys
@@ -66,7 +61,7 @@ FANOUT_TOLD = (
 NO_MOVER_TOLD = (
     "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last %d s): delayed "
     "messages are stored but not delivered until one runs; start one with `celery -A <your app> delay "
-    "mover` or `kombu-delay --broker <broker URL> --prefix %r mover` (the same database number too)"
+    "mover` or `kombu-delay --broker <broker URL> --prefix %s mover` (the same database number too)"
 )
 PURGE_REFUSED_TOLD = (
     "kombu-delay: queue %s: the messages on its lists were purged (%s), but none of its delayed messages, "
@@ -231,7 +226,7 @@ class DelayChannelMixin:
             _asked.add(where)
         if movers == 0:
             _, broker, prefix = where
-            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, prefix)
+            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, shell_word(prefix))
 
     def _tell_wake_refused(self) -> None:
         """Warn once per connection that Redis's ACL refuses this user the channel that wakes
@@ -249,7 +244,7 @@ class DelayChannelMixin:
             "late); grant the channel to this user: `ACL SETUSER <user> &%skombu_delay:*` "
             "(see the security docs)",
             keys.wake_channel(prefix),
-            prefix,
+            glob_escaped(prefix),
         )
 
     def _purge(self, queue: str) -> int:
@@ -299,11 +294,15 @@ class DelayChannelMixin:
             self._refused_once(_size_refusal_told, told, exc)
             return 0
 
-    def _refused_once(self, told: threading.Event, message: str, exc: Exception) -> None:
-        """Log ``message`` (with ``exc`` and the key prefix) at WARNING, once a process per ``told``."""
+    def _refused_once(
+        self, told: threading.Event, message: str, exc: Exception, pattern: bool = False
+    ) -> None:
+        """Log ``message`` (with ``exc`` and the key prefix, as a glob's literal part with
+        ``pattern``) at WARNING, once a process per ``told``."""
         if not told.is_set():
             told.set()
-            logger.warning("kombu-delay: " + message, exc, self.global_keyprefix)  # type: ignore[attr-defined]
+            prefix = self.global_keyprefix  # type: ignore[attr-defined]
+            logger.warning("kombu-delay: " + message, exc, glob_escaped(prefix) if pattern else prefix)
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
@@ -336,6 +335,7 @@ class DelayChannelMixin:
                 "a deleted queue's delayed messages, if any, were left: %s (grant this user "
                 "the keys %skombu_delay:* to delete them with it)",
                 exc,
+                pattern=True,
             )
 
     def _delay_dests(self, queue: str) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import redis
 
 from kombu_delay.errors import AUTH_ERRORS, RedisUnavailable
+from kombu_delay.ops.checks import glob_escaped
 from kombu_delay.store import Store, keys
 
 logger = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class WakeUps:
                 self.name,
                 keys.wake_channel(self.store.prefix),
                 exc,
-                self.store.prefix,
+                glob_escaped(self.store.prefix),
             )
             return False
 

@@ -7,6 +7,7 @@ facts from Redis and words them here, so they never disagree.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,29 @@ FRESH_HEARTBEAT_MS = 30_000
 #: How far ahead of Redis's clock a heartbeat may be and still count, ms: a mover writes its own
 #: by that clock, so only one written by hand, or a clock set back, is ahead of it.
 FUTURE_BEAT_MS = 60_000
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a shell command an operator may paste: in single quotes, or, where
+    it holds what no terminal shows (a tab, a control or a direction mark), as bash's ``$'...'``
+    with those escaped."""
+    if text.isprintable():
+        return "'" + text.replace("'", "'\\''") + "'"
+    escaped = "".join(
+        c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else _escape(c) for c in text
+    )
+    return f"$'{escaped}'"
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def glob_escaped(text: str) -> str:
+    """``text`` as a literal part of a Redis glob (``SCAN MATCH``, ``--pattern``, an ACL key or
+    channel pattern): each of ``*?[]\\`` and ``^`` behind a backslash."""
+    return re.sub(r"([*?\[\]\\^])", r"\\\1", text)
 
 
 def heard(age_ms: int) -> bool:
@@ -126,7 +150,7 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     first = sorted(stranded)[0]
     return (
         f"messages are stranded under key prefix {parts}, which no mover serves: run a mover with "
-        f"that global_keyprefix (kombu-delay --prefix {first!r} mover), or give the publishers "
+        f"that global_keyprefix (kombu-delay --prefix {shell_word(first)} mover), or give the publishers "
         "the global_keyprefix of the movers that run"
     )
 

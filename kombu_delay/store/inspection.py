@@ -59,6 +59,10 @@ class Inspecting(Counting):
                     served = reader.zcount(keys.movers(other), now - fresh_ms, now + keys.FUTURE_BEAT_MS) > 0
                 except redis.exceptions.NoPermissionError:  # another app's (an ACL per app): its own
                     continue  # movers' business
+                except redis.ResponseError as exc:  # a key of another type: no kombu-delay prefix (a
+                    if is_wrong_type(exc):  # queue named "x.kombu_delay:index"), or one damaged by
+                        continue  # hand, its own movers' to tell; either way not this check's end
+                    raise
                 if waiting > 0 and not served:
                     found[other] = waiting
         return found

@@ -23,6 +23,7 @@ from kombu_delay.errors import RedisUnavailable
 from kombu_delay.message import Due
 from kombu_delay.mover import watch as watch_module
 from kombu_delay.mover.watch import Watch
+from kombu_delay.ops import checks
 from kombu_delay.ops.checks import (
     AT_MAXMEMORY_BYTES,
     FRESH_HEARTBEAT_MS,
@@ -401,6 +402,49 @@ def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatc
             wait_until(lambda: store.alerts(kept) == {} and watch.findings.stranded == {}, timeout=DEADLINE_S)
         finally:
             watch.stop()
+
+
+def test_keys_of_another_type_under_a_found_prefix_do_not_end_the_stranded_check():
+    # Queues named like kombu-delay's keys ("reports.kombu_delay:index"), or another prefix's
+    # counts written by hand as a string: the first WRONGTYPE ended the whole check, and what
+    # was truly stranded went untold (health OK, the gauge 0).
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+        for name in ("index", "counts"):
+            r.rpush(f"reports.kombu_delay:{name}", "a message")
+        damaged = Store(r, "damaged:")
+        due = Due(600_000, relative=True, task_id="d1")
+        damaged.schedule(due, "damaged:celery", kombu_payload("d1"), Settings())
+        r.delete(keys.counts("damaged:"))
+        r.set(keys.counts("damaged:"), "by hand")
+        late = Store(r, "late:")
+        late.schedule(
+            Due(600_000, relative=True, task_id="l1"), "late:celery", kombu_payload("l1"), Settings()
+        )
+        watch = Watch(Store(r), "test")
+        watch.check_prefixes()
+        assert watch.findings.stranded == {"late:": 1}
+
+
+def test_commands_told_to_operators_name_the_prefix_as_a_shell_and_a_glob_read_it():
+    # `--prefix 'q\\*'` (Python's repr) started a mover of another, empty prefix in a shell;
+    # an ACL pattern or a --pattern with the prefix as it is matched other prefixes' keys.
+    for prefix in ["app2:", "", "q\\*", "\x06\x16", "a\u200fb:", "it's", "tab\there", "é😀\\'x"]:
+        word = checks.shell_word(prefix)
+        echoed = subprocess.run(
+            ["bash", "-c", f"printf %s {word}"], capture_output=True, text=True, check=True
+        )
+        assert echoed.stdout == prefix, (prefix, word)
+        assert word.isprintable()
+    assert checks.shell_word("app2:") == "'app2:'"
+    assert "--prefix 'q\\*' mover" in str(checks.stranded_problem({"q\\*": 4}))
+    with RedisServer() as server:
+        r = server.client()
+        for key in ["[ab]:kombu_delay:h", "a:kombu_delay:h", "p*:kombu_delay:h", "pq:kombu_delay:h"]:
+            r.set(key, 1)
+        for prefix in ["[ab]:", "p*:"]:
+            found = {k.decode() for k in r.scan_iter(match=checks.glob_escaped(prefix) + "kombu_delay:*")}
+            assert found == {f"{prefix}kombu_delay:h"}, (prefix, found)
 
 
 def test_a_stranded_warning_is_new_with_a_prefix_not_with_a_count(caplog):
