@@ -77,10 +77,8 @@ def _decoded(raw: bytes, serializer: str, content_type: str) -> Any:
         if serializer == "json":
             return json.loads(raw)
         return kombu.serialization.loads(raw, content_type, "binary", accept={content_type})
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to be a Celery body
-        return None
-    except Exception:  # msgpack's own errors (ExtraData, FormatError...), or none installed
-        return None
+    except Exception:  # not JSON or msgpack (its own errors: ExtraData...), nested too deep to be a
+        return None  # Celery body, or no msgpack installed
 
 
 def _body_bytes(message: dict[str, Any]) -> bytes | None:
