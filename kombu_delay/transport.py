@@ -36,7 +36,7 @@ from kombu_delay import resend
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, glob_escaped, shell_word
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, glob_escaped, mover_command
 from kombu_delay.poller import DeliveringTransportMixin
 from kombu_delay.redact import masked_uri
 from kombu_delay.store import Store, keys
@@ -61,7 +61,7 @@ FANOUT_TOLD = (
 NO_MOVER_TOLD = (
     "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last %d s): delayed "
     "messages are stored but not delivered until one runs; start one with `celery -A <your app> delay "
-    "mover` or `kombu-delay --broker <broker URL> --prefix %s mover` (the same database number too)"
+    "mover` or `%s` (the same database number too)"
 )
 PURGE_REFUSED_TOLD = (
     "kombu-delay: queue %s: the messages on its lists were purged (%s), but none of its delayed messages, "
@@ -226,7 +226,7 @@ class DelayChannelMixin:
             _asked.add(where)
         if movers == 0:
             _, broker, prefix = where
-            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, shell_word(prefix))
+            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, mover_command(prefix))
 
     def _tell_wake_refused(self) -> None:
         """Warn once per connection that Redis's ACL refuses this user the channel that wakes

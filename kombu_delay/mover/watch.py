@@ -291,7 +291,7 @@ class Watch:
             return
         self._tell("record", None, logging.ERROR)
         # New when another prefix is, not when a count moves (every 15 s while one publishes)
-        gist = " ".join(sorted(self.findings.stranded))
+        gist = repr(sorted(self.findings.stranded))
         self._tell("stranded", stranded_problem(self.findings.stranded), logging.WARNING, gist=gist)
         self._report()
 

@@ -19,21 +19,24 @@ FRESH_HEARTBEAT_MS = 30_000
 FUTURE_BEAT_MS = 60_000
 
 
-def shell_word(text: str) -> str:
-    """``text`` as one word of a shell command an operator may paste: in single quotes, or, where
-    it holds what no terminal shows (a tab, a control or a direction mark), as bash's ``$'...'``
-    with those escaped."""
-    if text.isprintable():
-        return "'" + text.replace("'", "'\\''") + "'"
-    escaped = "".join(
-        c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else _escape(c) for c in text
-    )
-    return f"$'{escaped}'"
+def shell_word(text: str) -> str | None:
+    """``text`` as one word of a command an operator may paste into any POSIX shell (sh, dash,
+    bash, zsh): in single quotes. ``None`` where it holds what no terminal shows (a tab, a
+    control or a direction mark), which no pasted text carries for sure: a key prefix is read
+    from key names in Redis, and a form only some shells read (bash's ``$'...'``) runs what
+    follows a quote in the others."""
+    if not text.isprintable():
+        return None
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _escape(char: str) -> str:
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+def mover_command(prefix: str) -> str:
+    """The command an operator is told to run for a mover of key prefix ``prefix``: where the
+    prefix cannot be typed (:func:`shell_word`), through the Celery app that publishes there."""
+    typed = shell_word(prefix)
+    if typed is None:
+        return "celery -A <the app that publishes there> delay mover: its prefix cannot be typed"
+    return f"kombu-delay --broker <broker URL> --prefix {typed} mover"
 
 
 def glob_escaped(text: str) -> str:
@@ -147,11 +150,10 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     if not stranded:
         return None
     parts = ", ".join(f"{prefix!r} ({n:,})" for prefix, n in sorted(stranded.items()))
-    first = sorted(stranded)[0]
     return (
         f"messages are stranded under key prefix {parts}, which no mover serves: run a mover with "
-        f"that global_keyprefix (kombu-delay --prefix {shell_word(first)} mover), or give the publishers "
-        "the global_keyprefix of the movers that run"
+        f"that global_keyprefix ({mover_command(sorted(stranded)[0])}; the same database number), or "
+        "give the publishers the global_keyprefix of the movers that run"
     )
 
 

@@ -54,14 +54,14 @@ class Inspecting(Counting):
             now = self.time_ms(reader)
             found: dict[str, int] = {}
             for other in sorted(prefixes):
-                try:  # (a heartbeat far ahead of Redis's clock, written by hand, is none)
+                try:
                     waiting = sum(max(0, whole(n)) for n in reader.hvals(keys.counts(other)))
-                    served = reader.zcount(keys.movers(other), now - fresh_ms, now + keys.FUTURE_BEAT_MS) > 0
+                    served = self._served(reader, other, now, fresh_ms)
                 except redis.exceptions.NoPermissionError:  # another app's (an ACL per app): its own
                     continue  # movers' business
-                except redis.ResponseError as exc:  # a key of another type: no kombu-delay prefix (a
-                    if is_wrong_type(exc):  # queue named "x.kombu_delay:index"), or one damaged by
-                        continue  # hand, its own movers' to tell; either way not this check's end
+                except redis.ResponseError as exc:  # counts of another type: no kombu-delay prefix (a
+                    if is_wrong_type(exc):  # queue named "x.kombu_delay:index"), or damaged by hand,
+                        continue  # its own movers' to tell; either way not this check's end
                     raise
                 if waiting > 0 and not served:
                     found[other] = waiting
@@ -106,6 +106,19 @@ class Inspecting(Counting):
                     continue
             raw = self.client.hgetall(key)
         return {as_text(name): whole(n) for name, n in raw.items()}
+
+    @staticmethod
+    def _served(reader: Any, prefix: str, now: int, fresh_ms: int) -> bool:
+        """Whether a mover of ``prefix`` has a heartbeat younger than ``fresh_ms`` (one far ahead
+        of Redis's clock, written by hand, is none; a heartbeat key of another type, written by
+        hand too, is no mover's: none can beat there)."""
+        try:
+            fresh: int = reader.zcount(keys.movers(prefix), now - fresh_ms, now + keys.FUTURE_BEAT_MS)
+            return fresh > 0
+        except redis.ResponseError as exc:
+            if is_wrong_type(exc):
+                return False
+            raise
 
     def alerts(self, max_age_ms: int) -> dict[str, str]:
         """Return the alerts recorded within ``max_age_ms``: name -> text."""

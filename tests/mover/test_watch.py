@@ -235,7 +235,7 @@ def test_a_stranded_prefix_is_found_among_a_million_keys_and_told_while_it_lasts
         proc = mover(spawn, server.delay_url, "--metrics-port", str(port))
         # A SCAN of a million keys: seconds here, over a minute on a machine at a load of 14.
         wait_until(lambda: "stranded under key prefix 'app2:'" in proc.output(), timeout=3 * DEADLINE_S)
-        assert "kombu-delay --prefix 'app2:' mover" in proc.output()
+        assert "kombu-delay --broker <broker URL> --prefix 'app2:' mover" in proc.output()
         stranded = ("kombu_delay_stranded_messages", ())  # (set after the line: waited for)
         wait_until(lambda: (try_scrape(port) or {}).get(stranded) == 1, timeout=DEADLINE_S)
         probe = cli(server.delay_url, "health")
@@ -421,23 +421,35 @@ def test_keys_of_another_type_under_a_found_prefix_do_not_end_the_stranded_check
         late.schedule(
             Due(600_000, relative=True, task_id="l1"), "late:celery", kombu_payload("l1"), Settings()
         )
+        beatless = Store(r, "beatless:")  # its heartbeats' key written by hand: no mover beats there
+        due = Due(600_000, relative=True, task_id="b1")
+        beatless.schedule(due, "beatless:celery", kombu_payload("b1"), Settings())
+        r.set(keys.movers("beatless:"), "by hand")
         watch = Watch(Store(r), "test")
         watch.check_prefixes()
-        assert watch.findings.stranded == {"late:": 1}
+        assert watch.findings.stranded == {"late:": 1, "beatless:": 1}
 
 
 def test_commands_told_to_operators_name_the_prefix_as_a_shell_and_a_glob_read_it():
     # `--prefix 'q\\*'` (Python's repr) started a mover of another, empty prefix in a shell;
     # an ACL pattern or a --pattern with the prefix as it is matched other prefixes' keys.
-    for prefix in ["app2:", "", "q\\*", "\x06\x16", "a\u200fb:", "it's", "tab\there", "é😀\\'x"]:
+    # bash's $'...' for what no terminal shows ran what followed a quote in sh (dash): none now.
+    for prefix in ["app2:", "", "q\\*", "it's", "é😀\\'x", "a'; touch x; '", '$(touch x)`x`"$y']:
         word = checks.shell_word(prefix)
-        echoed = subprocess.run(
-            ["bash", "-c", f"printf %s {word}"], capture_output=True, text=True, check=True
+        assert word is not None
+        for shell in ("sh", "bash"):
+            echoed = subprocess.run(
+                [shell, "-c", f"printf %s {word}"], capture_output=True, text=True, check=True
+            )
+            assert echoed.stdout == prefix, (shell, prefix, word)
+    for prefix in ["\x06\x16", "a\u200fb:", "tab\there", "q'\t; touch x; #", "new\nline"]:
+        assert checks.shell_word(prefix) is None
+        assert "cannot be typed" in checks.mover_command(prefix) and prefix not in checks.mover_command(
+            prefix
         )
-        assert echoed.stdout == prefix, (prefix, word)
-        assert word.isprintable()
     assert checks.shell_word("app2:") == "'app2:'"
-    assert "--prefix 'q\\*' mover" in str(checks.stranded_problem({"q\\*": 4}))
+    told = str(checks.stranded_problem({"q\\*": 4}))
+    assert "kombu-delay --broker <broker URL> --prefix 'q\\*' mover" in told
     with RedisServer() as server:
         r = server.client()
         for key in ["[ab]:kombu_delay:h", "a:kombu_delay:h", "p*:kombu_delay:h", "pq:kombu_delay:h"]:
