@@ -8,6 +8,7 @@ facts from Redis and words them here, so they never disagree.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,13 +22,25 @@ FUTURE_BEAT_MS = 60_000
 
 def shell_word(text: str) -> str | None:
     """``text`` as one word of a command an operator may paste into any POSIX shell (sh, dash,
-    bash, zsh): in single quotes. ``None`` where it holds what no terminal shows (a tab, a
-    control or a direction mark), which no pasted text carries for sure: a key prefix is read
-    from key names in Redis, and a form only some shells read (bash's ``$'...'``) runs what
-    follows a quote in the others."""
-    if not text.isprintable():
+    bash, zsh): in single quotes. ``None`` where it holds what no terminal shows, or shows as
+    nothing or a blank (a tab, a control or a direction mark; a combining mark, a variation
+    selector, a filler, a space other than ASCII's), which a command read off the screen would
+    lose: a key prefix is read from key names in Redis, and a form only some shells read
+    (bash's ``$'...'``) runs what follows a quote in the others."""
+    if not all(_shown(c) for c in text):
         return None
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+#: Printable characters that show as nothing or a blank: Hangul fillers, the blank Braille pattern.
+_BLANKS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def _shown(char: str) -> bool:
+    """Whether ``char`` shows as itself in a terminal (:func:`shell_word`)."""
+    if char == " ":
+        return True
+    return char.isprintable() and char not in _BLANKS and unicodedata.category(char) not in ("Mn", "Me", "Zs")
 
 
 def mover_command(prefix: str) -> str:
@@ -144,6 +157,14 @@ def snapshot_note(aof_enabled: bool | None, save_rules: str | None) -> str | Non
     )
 
 
+def _to_type(stranded: Mapping[str, int]) -> str:
+    """The prefix whose mover command the stranded warning gives: of those that can be typed,
+    the one that strands the most messages (one written by hand to come first sorted does not
+    take it), else the first."""
+    ranked = sorted(stranded, key=lambda prefix: (-stranded[prefix], prefix))
+    return next((prefix for prefix in ranked if shell_word(prefix) is not None), ranked[0])
+
+
 def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     """Return what to do about other key prefixes whose messages no mover serves (prefix ->
     messages), or ``None`` when there are none."""
@@ -152,7 +173,7 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     parts = ", ".join(f"{prefix!r} ({n:,})" for prefix, n in sorted(stranded.items()))
     return (
         f"messages are stranded under key prefix {parts}, which no mover serves: run a mover with "
-        f"that global_keyprefix ({mover_command(sorted(stranded)[0])}; the same database number), or "
+        f"that global_keyprefix ({mover_command(_to_type(stranded))}; the same database number), or "
         "give the publishers the global_keyprefix of the movers that run"
     )
 

@@ -442,7 +442,8 @@ def test_commands_told_to_operators_name_the_prefix_as_a_shell_and_a_glob_read_i
                 [shell, "-c", f"printf %s {word}"], capture_output=True, text=True, check=True
             )
             assert echoed.stdout == prefix, (shell, prefix, word)
-    for prefix in ["\x06\x16", "a\u200fb:", "tab\there", "q'\t; touch x; #", "new\nline"]:
+    blanks = ["app\ufe0f:", "cafe\u0301", "a\u3000b", "\u3164", "\u2800"]  # shown as nothing or a blank
+    for prefix in ["\x06\x16", "a\u200fb:", "tab\there", "q'\t; touch x; #", "new\nline", *blanks]:
         assert checks.shell_word(prefix) is None
         assert "cannot be typed" in checks.mover_command(prefix) and prefix not in checks.mover_command(
             prefix
@@ -450,6 +451,10 @@ def test_commands_told_to_operators_name_the_prefix_as_a_shell_and_a_glob_read_i
     assert checks.shell_word("app2:") == "'app2:'"
     told = str(checks.stranded_problem({"q\\*": 4}))
     assert "kombu-delay --broker <broker URL> --prefix 'q\\*' mover" in told
+    # The command is for the prefix that strands the most of those that can be typed: one
+    # written to come first sorted, or one that cannot be typed, does not take it.
+    told = str(checks.stranded_problem({"!x:": 1, "app2:": 500, "\x06": 900}))
+    assert "--prefix 'app2:' mover" in told
     with RedisServer() as server:
         r = server.client()
         for key in ["[ab]:kombu_delay:h", "a:kombu_delay:h", "p*:kombu_delay:h", "pq:kombu_delay:h"]:
