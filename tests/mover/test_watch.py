@@ -381,12 +381,18 @@ def test_a_stranded_record_is_written_only_as_it_was_read(prefix, monkeypatch, c
         assert f"'{keys.stranded(prefix)}' holds a string" in caplog.text, caplog.text
 
 
-def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(monkeypatch):
-    # The look again was scheduled with the next scan, so it never ran: the alert stayed the
-    # five minutes to that scan. With scans an hour apart, only the look clears it.
+@pytest.fixture
+def quick_looks(monkeypatch):
+    """Scans and policy reads an hour apart, looks at the stranded record every 0.1 s: what a
+    running watch finds between its scans is found by the look."""
     monkeypatch.setattr(watch_module, "PREFIX_CHECK_EVERY_S", 3600.0)
     monkeypatch.setattr(watch_module, "POLICY_CHECK_EVERY_S", 3600.0)
     monkeypatch.setattr(watch_module, "STRANDED_RECHECK_S", 0.1)
+
+
+def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(quick_looks):
+    # The look again was scheduled with the next scan, so it never ran: the alert stayed the
+    # five minutes to that scan. With scans an hour apart, only the look clears it.
     with RedisServer() as server:
         r = server.client()
         other = Store(r, "late:")
@@ -490,13 +496,10 @@ def test_a_stranded_warning_is_new_with_a_prefix_not_with_a_count(caplog):
             assert len(warned()) == 2 and "'third:'" in warned()[-1], warned()
 
 
-def test_a_mover_whose_scan_found_nothing_takes_up_what_another_mover_recorded(monkeypatch):
+def test_a_mover_whose_scan_found_nothing_takes_up_what_another_mover_recorded(quick_looks):
     # Only a mover whose own scan had found a stranded prefix looked again between scans: one
     # whose scan came before the messages did said nothing in its log and showed 0 in its
     # gauge for the five minutes to its next scan, while health reported them.
-    monkeypatch.setattr(watch_module, "PREFIX_CHECK_EVERY_S", 3600.0)
-    monkeypatch.setattr(watch_module, "POLICY_CHECK_EVERY_S", 3600.0)
-    monkeypatch.setattr(watch_module, "STRANDED_RECHECK_S", 0.1)
     with RedisServer() as server:
         r = server.client()
         store = Store(r)
