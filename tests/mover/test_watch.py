@@ -470,6 +470,20 @@ def test_commands_told_to_operators_name_the_prefix_as_a_shell_and_a_glob_read_i
             assert found == {f"{prefix}kombu_delay:h"}, (prefix, found)
 
 
+def test_an_alert_written_by_hand_reaches_no_terminal_as_escape_sequences():
+    # stats and health printed the alerts hash as stored: whoever may write it could send an
+    # operator's terminal escape sequences (clear the screen, rewrite what it shows).
+    with RedisServer() as server:
+        r = server.client()
+        now = Store(r).time_ms()
+        r.hset(keys.alerts(""), "stranded\x1b[2J", f"{now} all clear\x1b[1A\x1b[2K\rOK")
+        assert Store(r).alerts(60_000) == {"stranded\\x1b[2J": "all clear\\x1b[1A\\x1b[2K\\rOK"}
+        shown = cli(server.url, "health")
+        assert (
+            "\x1b" not in shown.stdout + shown.stderr and "all clear\\x1b[1A" in shown.stdout + shown.stderr
+        )
+
+
 def test_a_stranded_warning_is_new_with_a_prefix_not_with_a_count(caplog):
     # Its text holds the count: every look (every 15 s, on every mover) while a publisher of the
     # other prefix went on logged it again, where the docs promise once per 10 minutes.
