@@ -14,6 +14,7 @@ import click
 import redis
 
 from kombu_delay.cli.common import announce, global_options, target
+from kombu_delay.cli.inspect import shown
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.errors import KombuDelayError, RedisUnavailable
 from kombu_delay.ops.health import check
@@ -115,7 +116,7 @@ def health(
     if problems or not quiet:
         announce(ctx)
     if problems:
-        click.echo(f"UNHEALTHY: {'; '.join(problems)} ({seen.summary()})")
+        click.echo(f"UNHEALTHY: {shown('; '.join(problems))} ({seen.summary()})")
         warn(seen.notes)
         ctx.exit(UNHEALTHY)
     if not quiet:
@@ -126,4 +127,4 @@ def health(
 def warn(notes: tuple[str, ...]) -> None:
     """Print what endangers scheduled messages but is no verdict, one line each after it."""
     for note in notes:
-        click.echo(f"WARNING: {note}")
+        click.echo(f"WARNING: {shown(note)}")

@@ -116,7 +116,7 @@ def bar(count: int, peak: int) -> str:
 
 def render_stats(stats: Stats) -> str:
     now = stats.now_ms
-    lines = [f"WARNING    {text}" for text in stats.warnings]
+    lines = [f"WARNING    {shown(text)}" for text in stats.warnings]  # (an alert, say, written by hand)
     earliest = "nothing scheduled"
     if stats.earliest_due_ms is not None:
         left = stats.earliest_due_ms - now

@@ -23,13 +23,6 @@ FIRST_DUE_READS = 3
 HEADS_PER_TRIP = 100
 
 
-def _shown(text: str) -> str:
-    """``text`` with what no terminal shows as Python escapes it (a control: ``\\x1b``)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 class Inspecting(Counting):
     """What inspection (DelayControl, the CLI, health and metrics) reads."""
 
@@ -128,9 +121,7 @@ class Inspecting(Counting):
             raise
 
     def alerts(self, max_age_ms: int) -> dict[str, str]:
-        """Return the alerts recorded within ``max_age_ms``: name -> text, where what no terminal
-        shows is escaped (``\\x1b``): ``stats`` and ``health`` print it, and anyone who may write
-        the hash could otherwise send an operator's terminal escape sequences."""
+        """Return the alerts recorded within ``max_age_ms``: name -> text."""
         with translated_errors():
             raw = self.client.hgetall(keys.alerts(self.prefix))
         now = self.time_ms()
@@ -138,7 +129,7 @@ class Inspecting(Counting):
         for name, value in raw.items():
             at, _, text = as_text(value).partition(" ")
             if at.isdigit() and now - int(at) <= max_age_ms:
-                found[_shown(as_text(name))] = _shown(text)
+                found[as_text(name)] = text
         return found
 
     def counts(self) -> dict[str, int]:
