@@ -88,7 +88,7 @@ def _body_bytes(message: dict[str, Any]) -> bytes | None:
         return body
     if _kombu_bytes(body):  # a body_encoding of None: bytes, as kombu's JSON wrote them
         try:
-            return kombu.utils.json.loads(json.dumps(body))  # type: ignore[no-any-return]
+            return kombu.utils.json.object_hook(body)  # type: ignore[no-any-return]
         except ValueError:  # not base64 after all, or a lone surrogate
             return None
     if not isinstance(body, str):
@@ -124,7 +124,7 @@ def rewrite_body(message: dict[str, Any], body: dict[str, Any], eta: str) -> Non
         encoded = kombu.compression.compress(encoded, headers["compression"])[0]
     props = part(message, "properties")
     if _kombu_bytes(message.get("body")):  # as it was: bytes, which kombu's JSON writes so
-        message["body"] = json.loads(kombu.utils.json.dumps(encoded))
+        message["body"] = kombu.utils.json.JSONEncoder().default(encoded)
     elif props.get("body_encoding") == "base64":
         message["body"] = base64.b64encode(encoded).decode("ascii")
     else:
