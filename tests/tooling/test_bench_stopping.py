@@ -99,3 +99,12 @@ def test_ctrl_c_stops_the_bench_in_one_line_and_writes_what_it_measured(tmp_path
         assert report["meta"]["interrupted"] == "precision" and report["results"] == {}
         wait_until(lambda: not any(map(alive, children)), timeout=60)
         assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_bench_killed_takes_its_redis_and_its_mover_with_it(tmp_path: Path) -> None:
+    # SIGKILL (the OOM killer, `kill -9`) runs no handler: its Redis stopped, its mover ran on.
+    with bench_running(tmp_path) as (proc, children, _):
+        assert len(children) == 2  # its Redis and its mover
+        proc.kill()
+        proc.wait(timeout=60)
+        wait_until(lambda: not any(map(alive, children)), timeout=60)

@@ -38,7 +38,7 @@ from kombu_delay.cli.common import without_celery_servers
 from kombu_delay.message import parse_iso_ms
 from kombu_delay.tooling.bench.e2e import BROKER_ENV, RECORD_ENV, STARTS
 from kombu_delay.tooling.bench.env import QUEUE, TASK, now_ms, rss_mb
-from kombu_delay.tooling.redis_server import stop_process
+from kombu_delay.tooling.redis_server import dying_with_us, stop_process
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -79,7 +79,7 @@ class Worker:
         args += ["--without-heartbeat", "--without-mingle", "--without-gossip"]
         env = {**without_celery_servers(os.environ), BROKER_ENV: broker, RECORD_ENV: ctx.url}
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(dying_with_us(args), stdout=out, stderr=subprocess.STDOUT, env=env)
         self.log = log
 
     def wait_ready(self, ctx: Any, timeout: float = 120) -> None:

@@ -23,7 +23,7 @@ from celery import Celery
 
 from kombu_delay.cli.common import without_celery_servers
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
-from kombu_delay.tooling.redis_server import stop_process
+from kombu_delay.tooling.redis_server import dying_with_us, stop_process
 
 #: The queue of the stock worker (ETA messages straight onto its list).
 STOCK_QUEUE = "bench-stock"
@@ -54,7 +54,7 @@ def _worker(url: str, queue: str, log: str) -> subprocess.Popen[bytes]:
     args += ["-Q", queue, "-l", "warning", "--without-heartbeat", "--without-mingle", "--without-gossip"]
     out = open(log, "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        args,
+        dying_with_us(args),
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**without_celery_servers(os.environ), BROKER_ENV: url},

@@ -32,7 +32,7 @@ from kombu_delay.config import Settings
 from kombu_delay.message import Due
 from kombu_delay.store import Store, scripts
 from kombu_delay.store.replies import Scheduled
-from kombu_delay.tooling.redis_server import stop_process
+from kombu_delay.tooling.redis_server import dying_with_us, stop_process
 
 #: The queue every scenario publishes to (kombu's list key for priority 0).
 QUEUE = "bench"
@@ -348,8 +348,8 @@ class Movers:
         args = [sys.executable, "-m", "kombu_delay", "--broker", self.delay_url, "--log-level", "warning"]
         args += ["mover", "--batch-size", str(self.batch_size), *extra]
         log = open(self.log_dir / f"mover-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env=without_celery_servers(os.environ)
+        proc = subprocess.Popen(  # stopped too if the bench is killed (SIGKILL)
+            dying_with_us(args), stdout=log, stderr=subprocess.STDOUT, env=without_celery_servers(os.environ)
         )
         log.close()
         self.procs.append(proc)
