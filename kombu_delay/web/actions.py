@@ -76,7 +76,9 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
             with _logged_if_failed("reschedule", task_id):
                 n = control.reschedule(task_id, eta=eta, countdown=countdown)
         except ValueError as exc:  # a bad time, or one Redis refuses (too far, say)
-            guard.audit.warning("reschedule %s by %s failed: %r", guard.printable(task_id), who(), str(exc))
+            guard.audit.warning(
+                "reschedule %s by %s failed: %s", guard.printable(task_id), who(), guard.printable(str(exc))
+            )
             return render_template("error.html", title="Not rescheduled", message=str(exc)), 400
         new = eta.isoformat() if eta is not None else f"countdown {countdown:g} s"
         guard.audit.warning(

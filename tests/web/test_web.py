@@ -459,6 +459,19 @@ def test_an_action_on_a_huge_task_id_writes_an_audit_line_cut_as_documented(cont
     assert len(line) < 400
 
 
+@pytest.mark.parametrize("field", ["eta", "countdown"])
+def test_a_reschedule_to_a_huge_bad_time_writes_an_audit_line_cut_as_documented(control, caplog, field):
+    # Its refusal's reason quoted the value whole: 60,134 characters a line.
+    client = client_of(control, allow_actions=True)
+    caplog.set_level(logging.WARNING, logger="kombu_delay.web.audit")
+    reply = client.post(
+        "/task/reschedule", data={"id": "t1", field: "9" * 60_000 + "x", "csrf": token(client)}
+    )
+    assert reply.status_code == 400
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith("reschedule 't1' by -@127.0.0.1 failed: ") and len(line) < 400, line[:500]
+
+
 def test_the_csrf_cookie_is_lax_so_a_link_from_another_site_keeps_the_token(control):
     # Strict: a link from another site sent no cookie, so the page it opened set a new token,
     # and the forms of the tabs already open were refused ("token does not match").
