@@ -79,12 +79,11 @@ class Overview:
         return sorted(self.queues, key=lambda q: (-q.overdue, -q.scheduled, q.name))[:QUEUE_ROWS]
 
     @property
-    def hidden_queues(self) -> tuple[int, int]:
-        """How many queues the table leaves out, and how many messages they hold."""
-        shown = self.shown_queues
-        return len(self.queues) - len(shown), sum(q.scheduled for q in self.queues) - sum(
-            q.scheduled for q in shown
-        )
+    def hidden_queues(self) -> tuple[int, int, int]:
+        """How many queues the table leaves out, and how many messages they hold and have overdue."""
+        shown = {id(q) for q in self.shown_queues}
+        hidden = [q for q in self.queues if id(q) not in shown]
+        return len(hidden), sum(q.scheduled for q in hidden), sum(q.overdue for q in hidden)
 
 
 def build(control: DelayControl, range_name: str, max_buckets: int) -> Overview:

@@ -1036,10 +1036,33 @@ def test_past_its_row_limit_the_queue_table_shows_the_busiest_and_sums_the_rest(
     table = html.split('id="queues"')[1].split("</table>")[0]
     assert re.findall(r">(q\d)</a>", table) == ["q3", "q2"]
     assert "(the 2 busiest of 4)" in html
-    more = r'2 more queues \(<a href="[^"]*overview.json">all in JSON</a>\)</td><td class="num">3<'
-    assert re.search(more, table)
+    more = r'2 more queues \(<a href="[^"]*overview.json">all in JSON</a>\)</td><td class="num">3</td>'
+    assert re.search(more + r'\s*<td class="num">0</td>', table)
     data = client_of(control).get("/overview.json").get_json()
     assert sorted(q["name"] for q in data["queues"]) == ["q0", "q1", "q2", "q3"]
+
+
+def test_the_queue_table_counts_the_overdue_messages_of_the_queues_it_leaves_out(
+    r, control, prefix, monkeypatch
+):
+    # Its "N more queues" row summed what they held and left their overdue blank: 30 of 294
+    # overdue were in no row.
+    monkeypatch.setattr(overview, "QUEUE_ROWS", 1)
+    store = control.store
+    store.clock = behind(r)  # due soon by it: overdue by Redis's clock
+    start = store.clock()
+    sizes = {"a": 3, "b": 2, "c": 1}
+    items = [
+        (Due(start + 1_000, task_id=f"{q}{i}"), f"{prefix}{q}", kombu_payload(f"{q}{i}", q))
+        for q, n in sizes.items()
+        for i in range(n)
+    ]
+    store.schedule_many(items, Settings())
+    store.clock = None
+    table = client_of(control).get("/").get_data(as_text=True).split('id="queues"')[1].split("</table>")[0]
+    assert re.findall(r">([abc])</a>", table) == ["a"]
+    more = r'2 more queues .*?</td><td class="num">3</td>\s*<td class="num bad">3</td>'
+    assert re.search(more, table), table
 
 
 #: The content type of a browser's form.
