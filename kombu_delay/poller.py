@@ -13,13 +13,29 @@ Here a reply is read as soon as it comes: the message is delivered, and kombu re
 unacked hash at once, from which it is restored if the worker dies (after the visibility
 timeout), as every other prefetched message is. The worker then holds one message past its
 prefetch limit, as it holds a prefetched one.
+
+That record is a command of its own, after the ``BRPOP``: where Redis goes away between the
+two (a restart, a failover), kombu drops the message, which no list holds any more (one task
+lost in each of three Redis restarts under a worker taking due messages). Here the record is
+tried again while Redis does not answer, for :data:`RECORD_RETRY_S`; once it is written, the
+message is delivered, and restored from there if the worker dies, as any other.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+
+from kombu_delay.message import message_id, shown
+
+logger = logging.getLogger(__name__)
+
+#: How long a worker tries to record a message it has taken while Redis does not answer, s (a
+#: restart's time, with room): given up, the message is lost, as kombu would lose it at once.
+RECORD_RETRY_S = 60.0
 
 
 class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
@@ -33,6 +49,46 @@ class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
         if owner is not None and owner[1] == "BRPOP" and owner[0]._in_poll:
             return owner[0].handlers["BRPOP"]()  # a BRPOP sent, and its reply here: deliver it
         return super().on_readable(fileno)
+
+
+class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
+    """kombu's acknowledgement emulation, whose record of a message taken (the unacked hash,
+    from which it is restored) is tried again while Redis does not answer."""
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        deadline, pause = time.monotonic() + RECORD_RETRY_S, 0.1
+        while True:
+            try:
+                super().append(message, delivery_tag)
+            except self.channel.connection_errors as exc:
+                taken = shown(message_id(message._raw))
+                if time.monotonic() + pause > deadline:
+                    logger.error(
+                        "kombu-delay: message %s, taken from its list, could not be recorded as taken "
+                        "for %g s (%s): it is lost",
+                        taken,
+                        RECORD_RETRY_S,
+                        exc,
+                    )
+                    raise
+                if pause == 0.1:
+                    logger.warning(
+                        "kombu-delay: message %s, taken from its list, is not recorded as taken yet (%s); "
+                        "trying again for up to %g s",
+                        taken,
+                        exc,
+                        RECORD_RETRY_S,
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+            else:
+                return
+
+
+class RecordingChannelMixin:
+    """A Redis channel whose record of each message taken is :class:`RecordingQoS`'s."""
+
+    QoS = RecordingQoS
 
 
 class DeliveringTransportMixin:

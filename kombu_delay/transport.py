@@ -4,7 +4,7 @@ Capabilities
 ============
 * Selected by URL: ``delayredis://[user:pass@]host[:port][/db]``, ``delayrediss://`` (TLS)
   and ``delaysentinel://host:port;delaysentinel://host2:port`` (option ``master_name``).
-  Everything else (consuming, acks, visibility timeout, restores) is kombu's, unchanged.
+  Everything else (consuming, acks, visibility timeout, restores) is kombu's, but for kombu_delay.poller.
 * A message whose ETA is in the future is stored in a time-bucketed sorted set, score =
   due time in epoch ms, until a mover (``kombu-delay mover``) pushes it onto the very
   list key plain kombu would have used. Workers never see it before it is due.
@@ -37,7 +37,7 @@ from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, glob_escaped, mover_command
-from kombu_delay.poller import DeliveringTransportMixin
+from kombu_delay.poller import DeliveringTransportMixin, RecordingChannelMixin
 from kombu_delay.redact import masked_uri
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
@@ -75,7 +75,7 @@ SCHEMES = {
 }
 
 
-class DelayChannelMixin:
+class DelayChannelMixin(RecordingChannelMixin):
     """What changes in kombu's channel: ``_put`` of a message due in the future, and the
     queue operations that must see the messages held for a queue (size, purge, delete)."""
 

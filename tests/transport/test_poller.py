@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import threading
+from pathlib import Path
 
+import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
 
 
@@ -36,3 +42,32 @@ def test_a_message_popped_while_the_consumer_has_no_credit_is_delivered_and_reco
         worker.drain_events(timeout=30)
         assert got == ["A", "B"]
         assert r.hlen(f"{prefix}unacked") == 2  # both restored, if this worker died now
+
+
+def test_a_message_taken_as_redis_goes_away_is_recorded_once_it_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # kombu records a message taken (its unacked hash) by a command after the BRPOP that took it:
+    # where Redis went away between the two (a restart), the message, on no list any more, was
+    # lost (one task in each of three restarts under a worker taking due messages).
+    queue = Queue("q", Exchange("q"), "q")
+    with RedisServer(directory=str(tmp_path), persistence=True, appendfsync="always") as server:
+        r = server.client()
+        with Connection(server.delay_url) as worker, Connection(server.delay_url) as publisher:
+            Producer(publisher.channel(), exchange=queue.exchange, routing_key="q").publish(
+                "A", declare=[queue], headers={"id": "task-a"}
+            )
+            channel = worker.channel()
+            raw = json.loads(r.rpop("q"))  # what the BRPOP's reply holds: on no list now
+            message = channel.Message(raw, channel=channel)
+            server.stop()
+            back = threading.Timer(5, server.start)  # a restart's time, seconds
+            back.start()
+            try:
+                with caplog.at_level(logging.WARNING, logger="kombu_delay.poller"):
+                    channel.qos.append(message, message.delivery_tag)
+            finally:
+                back.join()
+            assert r.hexists("unacked", message.delivery_tag)  # restored from there if the worker dies
+            [told] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.poller"]
+            assert "message 'task-a', taken from its list, is not recorded as taken yet" in told
