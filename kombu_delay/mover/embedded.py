@@ -63,10 +63,21 @@ class EmbeddedMover:
         check_pool(self.target)
         connection(self.target.url, self.target.transport_options, self.target.ssl).release()
         self._thread = start_daemon(self._run, "kombu-delay-mover")
+        signals.worker_shutting_down.connect(self._shutting_down, weak=False)
         logger.info("kombu-delay: embedded mover %s started", self.name)
+
+    def _shutting_down(self, **kwargs: Any) -> None:
+        """The worker was told to stop (TERM, QUIT, Ctrl-C): the mover stops now. Its step's
+        stop comes after the consumer's, which may wait for ever on a Redis that does not answer
+        (the mover kept retrying it as long). From a signal handler: no lock taken."""
+        self._stopping.set()
+        mover = self._mover
+        if mover is not None:
+            mover.stop()
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Ask the mover to finish its batch in hand, and wait for the thread."""
+        signals.worker_shutting_down.disconnect(self._shutting_down)
         with self._lock:
             self._stopping.set()
             if self._mover is not None:

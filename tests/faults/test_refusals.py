@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import signals
 from click.testing import CliRunner
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.exceptions import ChannelError
@@ -762,6 +763,19 @@ def test_an_embedded_mover_given_an_option_its_connection_cannot_use_stops_and_s
     (told,) = [r for r in caplog.records if "stopped" in r.getMessage()]
     assert told.levelno == logging.ERROR and "No module named 'bogus'" in told.getMessage()
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]
+
+
+def test_an_embedded_mover_stops_when_its_worker_is_told_to_stop(server):
+    # Its step's stop comes after the consumer's, which waits for ever on a Redis that does not
+    # answer: the mover went on retrying that Redis for as long (65 s in one run).
+    embedded = EmbeddedMover(Target(server.delay_url))
+    embedded.start()
+    try:
+        wait_until(lambda: embedded.mover is not None, timeout=DEADLINE_S)
+        signals.worker_shutting_down.send(sender="w@host", sig="SIGTERM", how="Warm", exitcode=0)
+        wait_until(lambda: not embedded._thread.is_alive(), timeout=DEADLINE_S)  # type: ignore[union-attr]
+    finally:
+        embedded.stop()
 
 
 # -- connecting -------------------------------------------------------------------------------
