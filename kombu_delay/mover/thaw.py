@@ -200,11 +200,11 @@ class Thawer:
         if planned.horizon_ms > self.horizon_ms:
             if planned.horizon_ms > now_ms + look_ahead + minimum:
                 logger.info(
-                    "mover %s: thawing up to %d ms ahead (%d compressed messages waiting, %.0f/s)",
+                    "mover %s: thawing up to %d ms ahead (%d compressed messages waiting, at %s)",
                     self.name,
                     planned.horizon_ms - now_ms,
                     sum(b.count for b in buckets),
-                    self.rate.per_s,
+                    self.rate.told(),
                 )
             self.horizon_ms = planned.horizon_ms
         self.ahead_ms = max(minimum + look_ahead, self.horizon_ms - now_ms)

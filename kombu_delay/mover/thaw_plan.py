@@ -115,6 +115,8 @@ class Rate:
         #: The current estimate, messages/s: ``per_s`` until a window has been measured.
         self.per_s = per_s
         self.measured = False
+        #: The estimate without :data:`MIN_RATE` under it, as measured (damped the same way).
+        self.measured_per_s = per_s
         self._count = 0
         self._seconds = 0.0
 
@@ -128,5 +130,15 @@ class Rate:
         # Half the weight to the newest window: it follows a change of load within seconds,
         # and one odd window moves the estimate by half at most.
         self.per_s = max(MIN_RATE, window if not self.measured else (self.per_s + window) / 2)
+        self.measured_per_s = window if not self.measured else (self.measured_per_s + window) / 2
         self.measured = True
         self._count, self._seconds = 0, 0.0
+
+    def told(self) -> str:
+        """The rate a plan assumes, as a log line tells it: assumed, measured, or the floor
+        under a slower measurement (a plan's lead is then shorter than that rate would ask)."""
+        if not self.measured:
+            return f"{self.per_s:.0f}/s, assumed until measured"
+        if self.measured_per_s < MIN_RATE:
+            return f"{self.per_s:.0f}/s, the lowest a plan assumes; measured {self.measured_per_s:.0f}/s"
+        return f"{self.per_s:.0f}/s measured"

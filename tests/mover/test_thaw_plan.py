@@ -66,10 +66,11 @@ def test_the_lead_grows_with_the_herd_and_never_falls_below_the_margin() -> None
 def test_the_rate_is_measured_over_windows_and_damped() -> None:
     rate = thaw_plan.Rate()
     assert rate.per_s == thaw_plan.DEFAULT_RATE and not rate.measured
+    assert rate.told() == "5000/s, assumed until measured"
     rate.add(1000, 0.1)  # shorter than a window: not yet a measurement
     assert rate.per_s == thaw_plan.DEFAULT_RATE
     rate.add(9000, 0.4)  # 10,000 in 0.5 s
-    assert rate.measured and rate.per_s == 20_000
+    assert rate.measured and rate.per_s == 20_000 and rate.told() == "20000/s measured"
     rate.add(5000, 0.5)  # a window at 10,000/s moves the estimate half way
     assert rate.per_s == 15_000
     rate.add(1, 10.0)  # the machine paused: the estimate halves at most, and never below MIN_RATE
@@ -77,6 +78,8 @@ def test_the_rate_is_measured_over_windows_and_damped() -> None:
     for _ in range(30):
         rate.add(0, 1.0)
     assert rate.per_s == thaw_plan.MIN_RATE
+    # A log line must not show the floor as measured (it showed 1000/s where 130/s was).
+    assert rate.told().startswith("1000/s, the lowest a plan assumes; measured 0/s")
 
 
 # -- against Redis -------------------------------------------------------------------------
