@@ -32,6 +32,7 @@ Series (counters carry the ``_total`` suffix on the wire):
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -71,6 +72,10 @@ class QueueSeries:
         #: Queue -> when it last held something (monotonic), for the queues shown.
         self._shown: dict[str, float] = {}
         self._other = False
+
+    def labels(self) -> list[str]:
+        """The labels of the series shown now."""
+        return [*self._shown, *([OTHER_QUEUES] if self._other else [])]
 
     def values(self, per_queue: dict[str, int], now: float) -> tuple[dict[str, int], list[str]]:
         """Return the series to set (label -> value) and the labels to drop."""
@@ -127,6 +132,7 @@ class MoverMetrics:
         self.registry = prom.CollectorRegistry()
         self._series = QueueSeries()
         self._last_refresh = float("-inf")
+        self._reading = False  # (a failed read tells on_error, which must not read again)
         #: The due time of the oldest compressed message overdue (epoch ms), as last read
         #: (:meth:`read_cold_overdue`, every :data:`COLD_REFRESH_S`); ``None``: none.
         self._cold_overdue_ms: int | None = None
@@ -236,9 +242,16 @@ class MoverMetrics:
             d for d in (result.next_due_ms, self._cold_overdue_ms) if d is not None and d <= result.now_ms
         ]
         self.overdue_age.set((result.now_ms - min(dues)) / 1000 if dues else 0)
-        if now - self._last_refresh >= SCHEDULED_REFRESH_S:
-            self._last_refresh = now
-            self.collect_scheduled()
+        self._refresh_when_due()
+
+    def _refresh_when_due(self) -> None:
+        now = time.monotonic()
+        if now - self._last_refresh >= SCHEDULED_REFRESH_S and not self._reading:
+            self._last_refresh, self._reading = now, True
+            try:
+                self.collect_scheduled()
+            finally:
+                self._reading = False
 
     def read_cold_overdue(self, now_ms: int) -> None:
         """Re-read the due time of the oldest compressed message due by ``now_ms`` (Redis's
@@ -264,6 +277,10 @@ class MoverMetrics:
         except Exception as exc:
             self.on_error(exc)
             logger.debug("metrics: reading counts failed", exc_info=True)
+            # Unknown (NaN), not the last value read: a Redis gone, or emptied by a failover,
+            # read on as holding what it held.
+            for gauge in (self.dead_kept, self.overdue_age, *map(self._queue_gauge, self._series.labels())):
+                gauge.set(math.nan)
             return
         per_queue: dict[str, int] = {}
         for dest, n in current.items():
@@ -294,5 +311,12 @@ class MoverMetrics:
         self.stranded.set(sum(findings.stranded.values()))
         self.stranded_prefixes.set(len(findings.stranded))
 
+    def _queue_gauge(self, queue: str) -> Any:
+        return self.scheduled.labels(queue=queue)
+
     def on_error(self, exc: BaseException) -> None:
         (self.errors if isinstance(exc, redis.RedisError) else self.other_errors).inc()
+        if isinstance(exc, redis.RedisError):
+            # No result comes to refresh the gauges from: they are read here (a Redis that
+            # refuses writes still answers), or set unknown where they cannot be.
+            self._refresh_when_due()

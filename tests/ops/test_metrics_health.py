@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 from celery import Celery
 
 from kombu_delay.config import Settings
@@ -511,3 +513,30 @@ def test_the_liveness_gauges_carry_redis_s_clock_not_the_mover_host_s(host_off_s
     sample = metrics.registry.get_sample_value
     assert sample("kombu_delay_last_pass_timestamp_seconds") == redis_ms / 1000
     assert sample("kombu_delay_last_move_timestamp_seconds") == (redis_ms + 3) / 1000
+
+
+def test_the_gauges_read_from_redis_are_unknown_while_it_cannot_be_read(private_server, monkeypatch):
+    # They were re-read after a move call that succeeded only: with Redis gone (or failed over
+    # to an empty master that refused the mover's writes) they read on as holding what it held.
+    prom = pytest.importorskip("prometheus_client")
+    from kombu_delay.ops import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "SCHEDULED_REFRESH_S", 0.0)
+    store = Store(private_server.client(socket_timeout=5))
+    store.schedule(Due(store.time_ms() + 600_000, task_id="t"), "q", kombu_payload("t"), Settings())
+    metrics = MoverMetrics(store, prom)
+    metrics.on_result(store.move_due(100))
+
+    def gauges() -> list[float]:
+        return [
+            g._value.get()
+            for g in (metrics.scheduled.labels(queue="q"), metrics.dead_kept, metrics.overdue_age)
+        ]
+
+    assert gauges() == [1, 0, 0]
+    private_server.stop()
+    metrics.on_error(redis.ConnectionError("gone"))  # as a failed move call tells it
+    assert all(math.isnan(v) for v in gauges())
+    private_server.start()  # empty: it keeps nothing on disk
+    metrics.on_error(redis.ReadOnlyError("READONLY"))  # a call refused, Redis answering reads
+    assert gauges()[:2] == [0, 0]
