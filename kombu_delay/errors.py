@@ -187,6 +187,11 @@ def translated_errors() -> Iterator[None]:
             raise RedisRefused(f"Redis refused the write: {text}") from exc
         if is_wrong_type(exc):
             raise WrongTypeKey(text) from exc
+        if "unknown command" in text:  # (the checks that can do without one have caught it)
+            raise RedisRefused(
+                f"Redis does not know a command kombu-delay needs (renamed or disabled by "
+                f"rename-command?): {text}"
+            ) from exc
         if isinstance(exc, redis.exceptions.NoScriptError):  # lost again at each of its tries
             raise RedisRefused(
                 f"Redis lost kombu-delay's script as it was called, at each try (SCRIPT FLUSH in a "

@@ -765,6 +765,29 @@ def test_an_embedded_mover_given_an_option_its_connection_cannot_use_stops_and_s
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]
 
 
+@pytest.mark.parametrize("command", ["EVALSHA", "SCRIPT"])
+def test_a_command_renamed_away_is_named_and_the_mover_retries_without_a_traceback(command, caplog):
+    # The mover logged "unexpected error; retrying" with a traceback at each try.
+    with RedisServer(extra_args=["--rename-command", command, ""]) as renamed:
+        store = Store(renamed.client())
+        with pytest.raises(
+            RedisRefused, match=rf"(?i)renamed or disabled by rename-command\?\): unknown command .{command}"
+        ):
+            store.move_due(100)
+        caplog.set_level(logging.WARNING, logger="kombu_delay.mover.loop")
+        mover = Mover(store, Settings())
+        thread = threading.Thread(target=mover.run)
+        thread.start()
+        try:
+            wait_until(
+                lambda: any("renamed or disabled" in r.getMessage() for r in caplog.records), DEADLINE_S
+            )
+        finally:
+            mover.stop()
+            thread.join(DEADLINE_S)
+        assert not [r for r in caplog.records if r.exc_info or "unexpected" in r.getMessage()]
+
+
 def test_an_embedded_mover_stops_when_its_worker_is_told_to_stop(server):
     # Its step's stop comes after the consumer's, which waits for ever on a Redis that does not
     # answer: the mover went on retrying that Redis for as long (65 s in one run).
