@@ -171,7 +171,12 @@ def _option(name: str) -> str:
 
 def _shown(settings: Settings, name: str) -> str:
     value = getattr(settings, name)
-    return f"{value / 1000:g} s" if name.endswith("_ms") else str(value)
+    return seconds_shown(value) if name.endswith("_ms") else str(value)
+
+
+def seconds_shown(ms: int) -> str:
+    """A duration of ``ms`` as an error tells it: "2,592,000 s", "0.25 s" (not "2.592e+06 s")."""
+    return f"{ms / 1000:,.3f}".rstrip("0").rstrip(".") + " s"
 
 
 def _convert(name: str, raw: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kombu.connection import Connection
 
-from kombu_delay.config import Settings
+from kombu_delay.config import Settings, seconds_shown
 from kombu_delay.connect import SOCKET_TIMEOUT_S, check_options, connection, default_channel, store_of
 from kombu_delay.control import args
 from kombu_delay.control.gate import Once, gate_of, gated
@@ -370,7 +370,7 @@ class DelayControl:
             where, limit = f"after {keys.MAX_DUE_TEXT}", "the latest supported ETA"
         else:
             where = datetime.fromtimestamp(due_ms / 1000, UTC).isoformat(timespec="milliseconds")
-            limit = f"delay_max_delay ({self._settings.max_delay_ms / 1000:g} s from now)"
+            limit = f"delay_max_delay ({seconds_shown(self._settings.max_delay_ms)} from now)"
         return DelayTooLong(f"cannot reschedule {task_id!r} to {where}: past {limit}; it stays as it was")
 
     def _message(self, stored: Stored) -> ScheduledMessage:

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from kombu_delay.config import Settings
+from kombu_delay.config import Settings, seconds_shown
 from kombu_delay.errors import (
     DelayTooLong,
     KombuDelayError,
@@ -94,7 +94,7 @@ class Publishing(StoreBase):
         result = ScheduleResult.from_reply(reply, due.ms)
         if result.outcome is Scheduled.TOO_FAR:  # a refusal's reply is whole: it has the clock
             limit = (
-                f"delay_max_delay is {settings.max_delay_ms / 1000:g} s"
+                f"delay_max_delay is {seconds_shown(settings.max_delay_ms)}"
                 if settings.max_delay_ms
                 else f"the latest supported ETA is {keys.MAX_DUE_TEXT}"
             )

@@ -424,6 +424,13 @@ def test_max_delay_guard_refuses_and_writes_nothing(r, make_app, prefix):
         app.send_task("t.add", (1, 2), headers={"x-delay": 60_400})
 
 
+def test_a_limit_of_days_is_told_in_seconds_a_reader_can_read(r, make_app, prefix):
+    # It read "delay_max_delay is 2.592e+06 s".
+    app = make_app(prefix, delay_max_delay=30 * 86_400)
+    with pytest.raises(DelayTooLong, match=r"; delay_max_delay is 2,592,000 s$"):
+        app.send_task("t.add", (1, 2), countdown=31 * 86_400)
+
+
 def test_year_2109_ceiling_is_always_enforced(r, make_app):
     with pytest.raises(DelayTooLong, match="2109"):
         make_app().send_task("t.add", (1, 2), eta=datetime(2200, 1, 1, tzinfo=UTC))
