@@ -143,7 +143,8 @@ def unavailable_text(exc: BaseException) -> str:
             return "<a Redis client>"
         return found[3] if found[3] is not None else f"{found[1]}:{found[2]}"
 
-    return _CLIENT_REPR.sub(address, str(exc))
+    # (redis-py ends a sentence with a full stop: "... Connection refused.", read inside ours)
+    return _CLIENT_REPR.sub(address, str(exc)).removesuffix(".")
 
 
 def coded_text(exc: redis.ResponseError) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import redis
 
-from kombu_delay.errors import AUTH_ERRORS, RedisUnavailable
+from kombu_delay.errors import AUTH_ERRORS, RedisUnavailable, unavailable_text
 from kombu_delay.ops.checks import glob_escaped
 from kombu_delay.store import Store, keys
 
@@ -98,7 +98,7 @@ class WakeUps:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # The subscription's connection dropped, and could not be made again: the mover's
             # next calls tell an outage, and the subscription is made anew after them.
-            logger.debug("mover %s: wake-up subscription lost (%s)", self.name, exc)
+            logger.debug("mover %s: wake-up subscription lost (%s)", self.name, unavailable_text(exc))
             self.close()
             return False
         except redis.exceptions.NoPermissionError as exc:

@@ -862,6 +862,8 @@ def test_redis_outage_mover_resumes_by_itself(persistent_server, spawn):
         store = Store(client)
         wait_until(lambda: client.llen("o") == 250, timeout=120)
         assert "Redis unavailable (Redis is unavailable" not in mover.output()  # said once a line
+        told = [line for line in mover.output().splitlines() if ".)" in line or ".;" in line]
+        assert not told, told  # redis-py's full stop, inside ours
         # And its end told, once a whole round of the loop has succeeded (after the move).
         wait_until(lambda: "Redis calls succeed again, after" in mover.output(), timeout=60)
         fresh = seed(store, 1, ["o2"], delay_ms=300, name="fresh")  # and it keeps serving new work
