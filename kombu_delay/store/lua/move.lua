@@ -26,7 +26,7 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           scan stopped short, or members were recounted), scan_after (-1, or the start to
           pass as ARGV[4] next), recounted (members found in a bucket whose counts read zero:
           added by hand, or counted in a meta hash that is gone; see recount in
-          _buckets.lua), refused (due messages left where they are because this user's ACL
+          _buckets.lua; and those a move took past its bucket's count), refused (due messages left where they are because this user's ACL
           refuses LPUSH onto their destination), vanished (buckets let go that had lost their
           meta hash, with no sorted set found for any destination <ns>counts names: deleted by
           hand, evicted, or expired after no mover ran for their grace plus a day; what they
@@ -107,6 +107,9 @@ local k = in_space({ns = ns, gc = gc}, '')  -- movers push from the ordinary spa
 local s = k.space
 
 local moved, held, expired, wrong, recounted, refused, vanished = 0, 0, 0, 0, 0, 0, 0
+-- Members a move took past what the bucket's meta hash counted (added by hand, or counted in
+-- a meta hash made anew since): recounted as they go, as recount counts those it finds.
+local missed = 0
 -- The destinations refused, or no list, named in the reply for the mover's warnings: a few
 -- are enough.
 local MAX_NAMED = 10
@@ -341,6 +344,7 @@ local function visit(start_s)
             -- next call goes on at once (more).
             local cut = bytes_left <= 0 or (got == fits and fits < want)
             budget = (handed or cut) and 0 or budget - got
+            if got > n then missed = missed + got - n end
             if got > 0 then
               pushed[#pushed + 1] = dest
               room[dest] = left - got
@@ -479,6 +483,10 @@ end
 if moved > 0 then count_up(totals, 'moved', moved) end
 if expired > 0 then count_up(totals, 'expired', expired) end
 if vanished > 0 then count_up(totals, 'vanished_buckets', vanished) end
+if missed > 0 then
+  count_up(totals, 'recounted', missed)
+  recounted = recounted + missed
+end
 
 -- The earliest due time still scheduled. With one bucket width the first bucket holds it;
 -- publishers with different widths may leave a narrower bucket that starts after a wider
