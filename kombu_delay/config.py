@@ -8,6 +8,8 @@ fields are milliseconds. Counts (messages, messages per second) are whole number
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -17,7 +19,11 @@ from typing import Any
 from kombu_delay.errors import ConfigError
 from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS
 
+logger = logging.getLogger(__name__)
+
 DAY_MS = 86_400_000
+#: The ``KOMBU_DELAY_*`` variables told as likely misspellings of a setting's (once a process).
+_misspelt_told: set[str] = set()
 #: The shortest ``delay_grace`` accepted, ms. The grace is how long scheduled messages survive
 #: with no mover running (a live mover renews the expiry of everything it holds), so it must
 #: outlast a restart or a deploy with room to spare.
@@ -143,10 +149,11 @@ class Settings:
                 values[known[key]] = raw
         settings = cls().with_values(**values)
         overrides = {}
-        for option, name in known.items():
-            var = "KOMBU_DELAY_" + option[len("delay_") :].upper()
+        variables = {"KOMBU_DELAY_" + option[len("delay_") :].upper(): name for option, name in known.items()}
+        for var, name in variables.items():
             if env.get(var, "") != "":
                 overrides[name] = env[var]
+        _tell_misspelt(env, variables)
         return settings.with_values(**overrides)
 
     def with_values(self, **values: Any) -> Settings:
@@ -162,6 +169,18 @@ class Settings:
             if raw is not None:
                 converted[field_name] = _convert(field_name, raw)
         return replace(self, **converted)
+
+
+def _tell_misspelt(env: Mapping[str, str], variables: Mapping[str, str]) -> None:
+    """Warn of a ``KOMBU_DELAY_*`` variable that is no setting's but spelled nearly as one is
+    (``KOMBU_DELAY_MAXRATE``): read by nothing, it would change nothing, unsaid. Others of the
+    prefix (``KOMBU_DELAY_BROKER``, say) are left alone."""
+    for var in env:
+        if var.startswith("KOMBU_DELAY_") and var not in variables and var not in _misspelt_told:
+            near = difflib.get_close_matches(var, list(variables), n=1, cutoff=0.9)
+            if near:
+                _misspelt_told.add(var)
+                logger.warning("kombu-delay: %s is no setting's variable, and is ignored: %s?", var, near[0])
 
 
 def _option(name: str) -> str:

@@ -252,3 +252,17 @@ def test_delay_control_checks_the_options_of_a_connection_it_is_given(options):
         connection("delayredis://127.0.0.1:1/0", options)
     with pytest.raises(ConfigError, match=r"socket_timeout|socket_connect_timeout|global_keyprefix"):
         DelayControl(Connection("delayredis://127.0.0.1:1/0", transport_options=options))
+
+
+def test_a_variable_spelled_nearly_as_a_setting_s_is_told_once_and_others_are_left_alone(monkeypatch, caplog):
+    # KOMBU_DELAY_MAXRATE=5 left the mover at full speed, unsaid (the same typo as an option is refused).
+    from kombu_delay import config
+
+    monkeypatch.setattr(config, "_misspelt_told", set())
+    env = {"KOMBU_DELAY_MAXRATE": "5", "KOMBU_DELAY_BROKER": "redis://h", "KOMBU_DELAY_WEB_AUTH": "a:b"}
+    with caplog.at_level("WARNING", logger="kombu_delay.config"):
+        assert Settings.from_options({}, env).max_rate == 0
+        Settings.from_options({}, env)
+    assert [r.getMessage() for r in caplog.records] == [
+        "kombu-delay: KOMBU_DELAY_MAXRATE is no setting's variable, and is ignored: KOMBU_DELAY_MAX_RATE?"
+    ]
