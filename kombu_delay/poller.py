@@ -29,6 +29,7 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
+from kombu_delay.errors import unavailable_text
 from kombu_delay.message import message_id, shown
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
                         "for %g s (%s): it is lost",
                         taken,
                         RECORD_RETRY_S,
-                        exc,
+                        unavailable_text(exc),
                     )
                     raise
                 if pause == 0.1:
@@ -76,7 +77,7 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
                         "kombu-delay: message %s, taken from its list, is not recorded as taken yet (%s); "
                         "trying again for up to %g s",
                         taken,
-                        exc,
+                        unavailable_text(exc),
                         RECORD_RETRY_S,
                     )
                 time.sleep(pause)

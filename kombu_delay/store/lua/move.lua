@@ -25,9 +25,10 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, the
           scan stopped short, or members were recounted), scan_after (-1, or the start to
           pass as ARGV[4] next), recounted (members found in a bucket whose counts read zero:
-          added by hand, or counted in a meta hash that is gone; see recount in
-          _buckets.lua; and those a move took past its bucket's count), refused (due messages left where they are because this user's ACL
-          refuses LPUSH onto their destination), vanished (buckets let go that had lost their
+          added by hand, or counted in a meta hash that is gone, see recount in
+          _buckets.lua; and those a move took past its bucket's count), refused (due
+          messages left where they are because this user's ACL refuses LPUSH onto their
+          destination), vanished (buckets let go that had lost their
           meta hash, with no sorted set found for any destination <ns>counts names: deleted by
           hand, evicted, or expired after no mover ran for their grace plus a day; what they
           held is lost, and nothing is left to count it by, nor, with <ns>counts lost too, to
