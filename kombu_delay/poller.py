@@ -18,15 +18,19 @@ That record is a command of its own, after the ``BRPOP``: where Redis goes away 
 two (a restart, a failover), kombu drops the message, which no list holds any more (one task
 lost in each of three Redis restarts under a worker taking due messages). Here the record is
 tried again while Redis does not answer, for :data:`RECORD_RETRY_S`; once it is written, the
-message is delivered, and restored from there if the worker dies, as any other.
+message is delivered, and restored from there if the worker dies, as any other. Only Redis
+not answering is tried again, and not once the worker is told to stop.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
+import redis
+from celery import signals
 from kombu.transport import redis as kombu_redis
 
 from kombu_delay.errors import unavailable_text
@@ -37,6 +41,8 @@ logger = logging.getLogger(__name__)
 #: How long a worker tries to record a message it has taken while Redis does not answer, s (a
 #: restart's time, with room): given up, the message is lost, as kombu would lose it at once.
 RECORD_RETRY_S = 60.0
+#: Set once Celery tells this process's worker to stop.
+WORKER_STOPPING = threading.Event()
 
 
 class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
@@ -61,15 +67,18 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
         while True:
             try:
                 super().append(message, delivery_tag)
-            except self.channel.connection_errors as exc:
-                taken = shown(message_id(message._raw))
-                if time.monotonic() + pause > deadline:
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # only Redis not answering
+                taken, why = shown(message_id(message._raw)), unavailable_text(exc)
+                stopping = WORKER_STOPPING.is_set()
+                if stopping or time.monotonic() + pause > deadline:
+                    after = "the worker is stopping" if stopping else f"tried for {RECORD_RETRY_S:g} s"
                     logger.error(
-                        "kombu-delay: message %s, taken from its list, could not be recorded as taken "
-                        "for %g s (%s): it is lost",
+                        "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s; "
+                        "%s): it is lost",
                         taken,
-                        RECORD_RETRY_S,
-                        unavailable_text(exc),
+                        why,
+                        after,
                     )
                     raise
                 if pause == 0.1:
@@ -77,13 +86,26 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
                         "kombu-delay: message %s, taken from its list, is not recorded as taken yet (%s); "
                         "trying again for up to %g s",
                         taken,
-                        unavailable_text(exc),
+                        why,
                         RECORD_RETRY_S,
                     )
-                time.sleep(pause)
+                _nap(pause)
                 pause = min(pause * 2, 2.0)
-            else:
-                return
+
+
+def _nap(seconds: float) -> None:
+    """Sleep ``seconds``, or less once the worker is told to stop (looked at every 0.1 s: a wait
+    on the event would take its lock, which the signal handler that sets it takes too)."""
+    end = time.monotonic() + seconds
+    while not WORKER_STOPPING.is_set() and time.monotonic() < end:
+        time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+
+
+@signals.worker_shutting_down.connect(dispatch_uid="kombu_delay.poller")  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _worker_stopping(**kwargs: Any) -> None:
+    # Celery sends it from its TERM, QUIT or INT handler: a record not made yet is given up at
+    # once, rather than hold the shutdown (and a supervisor's kill would lose it unsaid).
+    WORKER_STOPPING.set()
 
 
 class RecordingChannelMixin:

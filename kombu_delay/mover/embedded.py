@@ -46,8 +46,11 @@ HEALTHY_S = 60.0
 class EmbeddedMover:
     """A :class:`Mover` in a daemon thread; it reopens its connection after any failure."""
 
-    def __init__(self, target: Target, name: str | None = None) -> None:
+    def __init__(self, target: Target, name: str | None = None, hostname: str | None = None) -> None:
         self.target = target
+        #: Its worker's node name, as Celery's ``worker_shutting_down`` names the worker told to
+        #: stop (another worker in the same process, rare, stops its own); ``None``: any.
+        self.hostname = hostname
         self.name = name or "embedded:" + mover_id()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -66,10 +69,12 @@ class EmbeddedMover:
         signals.worker_shutting_down.connect(self._shutting_down, weak=False)
         logger.info("kombu-delay: embedded mover %s started", self.name)
 
-    def _shutting_down(self, **kwargs: Any) -> None:
+    def _shutting_down(self, sender: Any = None, **kwargs: Any) -> None:
         """The worker was told to stop (TERM, QUIT, Ctrl-C): the mover stops now. Its step's
         stop comes after the consumer's, which may wait for ever on a Redis that does not answer
         (the mover kept retrying it as long). From a signal handler: no lock taken."""
+        if self.hostname is not None and sender != self.hostname:
+            return
         self._stopping.set()
         mover = self._mover
         if mover is not None:
@@ -144,7 +149,7 @@ class EmbeddedMoverStep(bootsteps.StartStopStep):  # type: ignore[misc]
     requires = ("celery.worker.components:Pool",)
 
     def create(self, worker: Any) -> EmbeddedMover:
-        return EmbeddedMover(app_target(worker.app))
+        return EmbeddedMover(app_target(worker.app), hostname=worker.hostname)
 
 
 def install(app: Any) -> None:

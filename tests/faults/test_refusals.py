@@ -791,10 +791,12 @@ def test_a_command_renamed_away_is_named_and_the_mover_retries_without_a_traceba
 def test_an_embedded_mover_stops_when_its_worker_is_told_to_stop(server):
     # Its step's stop comes after the consumer's, which waits for ever on a Redis that does not
     # answer: the mover went on retrying that Redis for as long (65 s in one run).
-    embedded = EmbeddedMover(Target(server.delay_url))
+    embedded = EmbeddedMover(Target(server.delay_url), hostname="w@host")
     embedded.start()
     try:
         wait_until(lambda: embedded.mover is not None, timeout=DEADLINE_S)
+        signals.worker_shutting_down.send(sender="other@host", sig="SIGTERM", how="Warm", exitcode=0)
+        assert not embedded.mover.stopping  # type: ignore[union-attr]  # another worker's
         signals.worker_shutting_down.send(sender="w@host", sig="SIGTERM", how="Warm", exitcode=0)
         wait_until(lambda: not embedded._thread.is_alive(), timeout=DEADLINE_S)  # type: ignore[union-attr]
     finally:

@@ -7,10 +7,14 @@ import json
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+from celery import signals
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
+from kombu_delay import poller
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
 
@@ -44,8 +48,14 @@ def test_a_message_popped_while_the_consumer_has_no_credit_is_delivered_and_reco
         assert r.hlen(f"{prefix}unacked") == 2  # both restored, if this worker died now
 
 
+@pytest.fixture
+def running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker not told to stop (another test may have sent Celery's signal in this process)."""
+    monkeypatch.setattr(poller, "WORKER_STOPPING", threading.Event())
+
+
 def test_a_message_taken_as_redis_goes_away_is_recorded_once_it_is_back(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, running: None
 ) -> None:
     # kombu records a message taken (its unacked hash) by a command after the BRPOP that took it:
     # where Redis went away between the two (a restart), the message, on no list any more, was
@@ -71,3 +81,61 @@ def test_a_message_taken_as_redis_goes_away_is_recorded_once_it_is_back(
             assert r.hexists("unacked", message.delivery_tag)  # restored from there if the worker dies
             [told] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.poller"]
             assert "message 'task-a', taken from its list, is not recorded as taken yet" in told
+
+
+def test_a_message_taken_is_given_up_at_once_when_the_worker_is_told_to_stop(
+    redis_server, caplog: pytest.LogCaptureFixture, running: None
+) -> None:
+    # The retry held a worker's shutdown for its whole minute (a supervisor's kill in between
+    # lost the message unsaid).
+    with RedisServer() as server, Connection(server.delay_url) as worker:
+        channel = worker.channel()
+        message = channel.Message(taken_message("task-b"), channel=channel)
+        server.stop()
+        told = threading.Timer(
+            3, signals.worker_shutting_down.send, kwargs={"sender": "w@h", "sig": "SIGTERM"}
+        )
+        told.start()
+        try:
+            with (
+                caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
+                pytest.raises(redis.ConnectionError),
+            ):
+                channel.qos.append(message, message.delivery_tag)
+        finally:
+            told.join()
+    [_, lost] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.poller"]
+    assert lost.startswith("kombu-delay: message 'task-b', taken from its list, could not be recorded")
+    assert lost.endswith("; the worker is stopping): it is lost")
+
+
+def test_a_message_kombu_cannot_record_fails_at_once_not_as_redis_not_answering(
+    redis_server, caplog: pytest.LogCaptureFixture, running: None
+) -> None:
+    # kombu counts a KeyError among its connection errors: a message with no exchange in its
+    # delivery info was tried again for a minute, Redis well, the worker running nothing.
+    with Connection(redis_server.delay_url) as worker:
+        channel = worker.channel()
+        raw = taken_message("task-c")
+        del raw["properties"]["delivery_info"]["exchange"]
+        message = channel.Message(raw, channel=channel)
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.poller"), pytest.raises(KeyError):
+            channel.qos.append(message, message.delivery_tag)
+    assert not [rec for rec in caplog.records if rec.name == "kombu_delay.poller"]
+
+
+def taken_message(task_id: str) -> dict[str, Any]:
+    """A message as kombu's BRPOP reply holds it."""
+    return {
+        "body": "e30=",
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"id": task_id},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": "q", "routing_key": "q"},
+            "delivery_mode": 2,
+            "delivery_tag": f"tag-{task_id}",
+            "priority": 0,
+        },
+    }
