@@ -30,7 +30,6 @@ import time
 from typing import Any
 
 import redis
-from celery import signals
 from kombu.transport import redis as kombu_redis
 
 from kombu_delay.errors import unavailable_text
@@ -41,7 +40,8 @@ logger = logging.getLogger(__name__)
 #: How long a worker tries to record a message it has taken while Redis does not answer, s (a
 #: restart's time, with room): given up, the message is lost, as kombu would lose it at once.
 RECORD_RETRY_S = 60.0
-#: Set once Celery tells this process's worker to stop.
+#: Set once Celery tells this process's worker to stop (by kombu_delay.mover.embedded, which
+#: Celery loads at start through the ``delay`` command; importing kombu_delay loads no Celery).
 WORKER_STOPPING = threading.Event()
 
 
@@ -99,13 +99,6 @@ def _nap(seconds: float) -> None:
     end = time.monotonic() + seconds
     while not WORKER_STOPPING.is_set() and time.monotonic() < end:
         time.sleep(min(0.1, max(0.0, end - time.monotonic())))
-
-
-@signals.worker_shutting_down.connect(dispatch_uid="kombu_delay.poller")  # type: ignore[misc,untyped-decorator,unused-ignore]
-def _worker_stopping(**kwargs: Any) -> None:
-    # Celery sends it from its TERM, QUIT or INT handler: a record not made yet is given up at
-    # once, rather than hold the shutdown (and a supervisor's kill would lose it unsaid).
-    WORKER_STOPPING.set()
 
 
 class RecordingChannelMixin:

@@ -24,6 +24,7 @@ from typing import Any
 
 from celery import bootsteps, signals
 
+from kombu_delay import poller
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, app_target, connection
 from kombu_delay.errors import ConfigError, KombuDelayError
@@ -171,6 +172,14 @@ def enabled(app: Any) -> bool:
         return Settings.from_options(asked, {variable: os.environ.get(variable, "")}).embedded_mover
     except ConfigError:
         return True
+
+
+@signals.worker_shutting_down.connect(dispatch_uid="kombu_delay.poller")  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _worker_stopping(**kwargs: Any) -> None:
+    # Celery sends it from its TERM, QUIT or INT handler: a worker's record of a message it took,
+    # not made yet for Redis not answering (kombu_delay.poller), is given up at once rather than
+    # hold the shutdown a minute (and a supervisor's kill then would lose it unsaid).
+    poller.WORKER_STOPPING.set()
 
 
 @signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]

@@ -15,6 +15,7 @@ from celery import signals
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from kombu_delay import poller
+from kombu_delay.mover import embedded  # noqa: F401  (what Celery loads: it sets WORKER_STOPPING)
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
 
