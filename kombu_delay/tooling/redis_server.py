@@ -6,17 +6,14 @@ The binary is ``redis-server`` from ``PATH``, else the real one bundled by the
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -35,27 +32,6 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
         proc.wait()
 
 
-def dying_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` after which Linux sends the child SIGTERM when the process that started
-    it dies, SIGKILL included (``prctl(PR_SET_PDEATHSIG)``), so that nothing it started outlives
-    it; ``None`` elsewhere. For a process with no other threads when it starts children (a
-    ``preexec_fn`` is not safe beside threads): the demo's."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def set_signal() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # it died before the signal was set
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return set_signal
-
-
 #: Run by a fresh Python: the signal set, then the command in its place (the signal survives exec).
 _DYING_WITH = (
     "import ctypes, os, signal, sys\n"
@@ -67,8 +43,9 @@ _DYING_WITH = (
 
 def dying_with_us(args: list[str]) -> list[str]:
     """``args`` run so that Linux sends the command SIGTERM when this process dies, SIGKILL
-    included, as :func:`dying_with_parent` does, but safe beside threads: the signal is set by a
-    Python of its own before it execs the command. Start the process from the main thread (the
+    included (``prctl(PR_SET_PDEATHSIG)``), so that nothing the demo or a benchmark started
+    outlives it: the signal is set by a Python of its own before it execs the command, which is
+    safe beside threads (a ``preexec_fn`` is not). Start the process from the main thread (the
     signal follows the thread that started it). ``args`` as they are elsewhere."""
     if not sys.platform.startswith("linux"):
         return args
@@ -132,7 +109,7 @@ class RedisServer:
         own_session: bool = False,
     ) -> None:
         self.binary = binary or find_binary()
-        #: Stopped by Linux when the process that started it dies (:func:`dying_with_parent`).
+        #: Stopped by Linux when the process that started it dies (:func:`dying_with_us`).
         self.dies_with_parent = dies_with_parent
         #: In a session of its own: a signal to its starter's process group (Ctrl-C) does not
         #: reach it, and only its starter decides when it stops.
@@ -180,12 +157,10 @@ class RedisServer:
         # Startup errors (a bad directive, say "tls-port" on a build without TLS) go to
         # stdout, not to the log file: keep them for the error message.
         with open(self.dir / "redis-server.out", "wb") as out:
-            preexec = dying_with_parent() if self.dies_with_parent else None
             self.process = subprocess.Popen(
-                self.args(),
+                dying_with_us(self.args()) if self.dies_with_parent else self.args(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=preexec,
                 start_new_session=self.own_session,
             )
         deadline = time.monotonic() + timeout

@@ -28,7 +28,7 @@ from kombu.exceptions import OperationalError
 from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store import Store
-from kombu_delay.tooling.redis_server import RedisServer, dying_with_parent, stop_process
+from kombu_delay.tooling.redis_server import RedisServer, dying_with_us, stop_process
 from kombu_delay.tooling.stopping import terminated_as_interrupted
 
 #: Countdowns of the demo's tasks, seconds.
@@ -54,14 +54,13 @@ class Child:
     def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.name, self.log = name, log
         with open(log, "wb") as out:
-            self.popen = subprocess.Popen(
-                args,
+            self.popen = subprocess.Popen(  # stopped too if the demo is killed (SIGKILL)
+                dying_with_us(args),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=without_celery_servers({**os.environ, **(env or {})}),
                 start_new_session=True,
-                preexec_fn=dying_with_parent(),  # stopped too if the demo is killed (SIGKILL)
             )
 
     def check(self) -> None:
