@@ -72,17 +72,19 @@ class Overview:
     truncated: bool = False
 
     @cached_property
+    def _busiest(self) -> list[QueueRow]:
+        """The queues, most overdue first, then the busiest."""
+        return sorted(self.queues, key=lambda q: (-q.overdue, -q.scheduled, q.name))
+
+    @property
     def shown_queues(self) -> list[QueueRow]:
         """The table's rows: every queue by name, or past :data:`QUEUE_ROWS` the busiest."""
-        if len(self.queues) <= QUEUE_ROWS:
-            return self.queues
-        return sorted(self.queues, key=lambda q: (-q.overdue, -q.scheduled, q.name))[:QUEUE_ROWS]
+        return self.queues if len(self.queues) <= QUEUE_ROWS else self._busiest[:QUEUE_ROWS]
 
     @property
     def hidden_queues(self) -> tuple[int, int, int]:
         """How many queues the table leaves out, and how many messages they hold and have overdue."""
-        shown = {id(q) for q in self.shown_queues}
-        hidden = [q for q in self.queues if id(q) not in shown]
+        hidden = self._busiest[QUEUE_ROWS:] if len(self.queues) > QUEUE_ROWS else []
         return len(hidden), sum(q.scheduled for q in hidden), sum(q.overdue for q in hidden)
 
 
