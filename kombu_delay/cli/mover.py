@@ -31,17 +31,20 @@ logger = logging.getLogger(__name__)
 
 def tuning_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The mover's flags for its ``delay_*`` settings, shared by ``kombu-delay mover`` and
-    ``celery -A proj delay mover``; each overrides its option and ``KOMBU_DELAY_*``."""
+    ``celery -A proj delay mover``; each overrides its option and ``KOMBU_DELAY_*``.
+
+    A count is taken as text and read as its variable and its option are (``--max-rate 1e3``
+    is 1000 there too; click's integer refused it), and refused with their words."""
+    count: dict[str, Any] = {"type": str, "metavar": "INTEGER", "default": None}
     flags = [
-        click.option("--batch-size", type=int, default=None, help="Messages per move call (default 500)."),
+        click.option("--batch-size", **count, help="Messages per move call (default 500)."),
         click.option(
             "--max-sleep", type=float, default=None, help="Longest sleep without looking, s (default 1)."
         ),
-        click.option("--max-rate", type=int, default=None, help="Moves per second cap, 0 = none (default)."),
+        click.option("--max-rate", **count, help="Moves per second cap, 0 = none (default)."),
         click.option(
             "--max-queue-length",
-            type=int,
-            default=None,
+            **count,
             help="Hold messages while their list is this long, 0 = never (default).",
         ),
         click.option(

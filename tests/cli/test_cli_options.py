@@ -171,6 +171,16 @@ def test_a_fractional_count_in_o_is_refused_not_switched_off(r, redis_server):
     assert result.exit_code == 3 and "delay_max_queue_length must be a whole number" in result.output
 
 
+@pytest.mark.parametrize("flag", ["--max-rate", "--batch-size", "--max-queue-length"])
+def test_a_count_flag_reads_a_number_as_its_variable_does(r, redis_server, flag):
+    # KOMBU_DELAY_MAX_RATE=1e3 and -o delay_max_rate=1e3 are 1000; the flag refused "1e3".
+    # (The pool refused after the settings are read: the mover gets that far, and no further.)
+    result = invoke(redis_server, "-o", "max_connections=1", "mover", flag, "1e3")
+    assert result.exit_code == 2 and "too few for a mover" in result.output, result.output
+    result = invoke(redis_server, "mover", flag, "2.5")
+    assert result.exit_code == 2 and "must be a whole number, got '2.5'" in result.output, result.output
+
+
 def test_a_duration_too_large_for_a_float_is_one_line_of_error(r, redis_server, monkeypatch):
     # Seconds * 1000 overflowed to infinity: OverflowError and a traceback, from every command.
     argv = [sys.executable, "-m", "kombu_delay", "--broker", redis_server.delay_url, "--log-level", "warning"]
