@@ -22,6 +22,7 @@ import pytest
 import redis
 
 import kombu_delay  # noqa: F401  (registers the delay* schemes)
+from kombu_delay.store import cold
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import Proc
 from tests.support.sentinel import SentinelCluster
@@ -112,6 +113,13 @@ def _parametrizes(metafunc: pytest.Metafunc, name: str) -> bool:
         if name in names:
             return True
     return False
+
+
+@pytest.fixture
+def large_cold_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publishes compress a message of any size, as 1.0.0's did: the cold space still meets
+    such members, which publishers now store as they are (``cold.MAX_PACKED_BYTES``)."""
+    monkeypatch.setattr(cold, "MAX_PACKED_BYTES", cold.MAX_MESSAGE_BYTES)
 
 
 @pytest.fixture

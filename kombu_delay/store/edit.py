@@ -144,7 +144,7 @@ class Editing(Inspecting, Publishing):
             # command refused after the take would leave the new one unindexed, or the old one
             # taken with nothing stored. So the ACL is asked first (Redis 7; 6 cannot be asked).
             self._may_publish([old.dest], edit=True)
-            space = self._space_for(due, settings, now_ms)
+            space = self._space_for(due, settings, now_ms, payload)
             unchanged = f"{task_id!r} stays as it was"
             reply = self._sent(
                 payload,

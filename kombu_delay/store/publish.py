@@ -84,7 +84,7 @@ class Publishing(StoreBase):
         with self._asked_again_if_refused(), translated_errors():
             self._must_fit(payload, "nothing was stored")
             self._may_publish([dest])
-            space = self._space_for(due, settings, now_ms)
+            space = self._space_for(due, settings, now_ms, payload)
             reply = self._sent(
                 payload,
                 "nothing was stored",
@@ -123,7 +123,8 @@ class Publishing(StoreBase):
         refused: list[Exception] = []
         with self._asked_again_if_refused(), translated_errors():
             batch = [
-                (self._space_for(due, settings, now_ms), due, dest, payload) for due, dest, payload in items
+                (self._space_for(due, settings, now_ms, payload), due, dest, payload)
+                for due, dest, payload in items
             ]
             for _, _, _, payload in batch:  # before anything is written
                 self._must_fit(payload, "nothing was stored")
@@ -194,7 +195,7 @@ class Publishing(StoreBase):
             self._publish_allowed.clear()
             raise
 
-    def _space_for(self, due: Due, settings: Settings, now_ms: int | None) -> spaces.Space:
+    def _space_for(self, due: Due, settings: Settings, now_ms: int | None, payload: str) -> spaces.Space:
         """The space a message goes to, judged by this store's clock, else by its estimate of
         Redis's (see :func:`spaces.for_due`): this machine's wall clock, where it is wrong,
         would store a message compressed that the script then refuses as due too soon, and
@@ -204,7 +205,7 @@ class Publishing(StoreBase):
         if now_ms is None and settings.compress_after_ms and not due.relative:  # (a delay needs none)
             estimate = self.redis_clock.estimate_ms()
             now_ms = None if estimate is None else int(estimate)
-        return spaces.for_due(due, settings, now_ms)
+        return spaces.for_due(due, settings, now_ms, len(payload))
 
     def _sent(
         self,

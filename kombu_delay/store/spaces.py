@@ -121,17 +121,22 @@ def prefix_of_index(key: str) -> str | None:
     return None
 
 
-def for_due(due: Due, settings: Settings, now_ms: float | None) -> Space:
+def for_due(due: Due, settings: Settings, now_ms: float | None, size: int) -> Space:
     """The space a message due at ``due`` goes to: the cold one when due further ahead than
     ``compress_after_ms`` and than the thaw horizon (the script refuses a cold member within it),
-    whose task id a cold member can carry.
+    whose task id a cold member can carry, and whose ``size`` (bytes, or characters: the JSON
+    of a message is almost all ASCII) is at most :data:`cold.MAX_PACKED_BYTES`.
 
     ``now_ms``: the publisher's estimate of Redis's clock (``None``: this machine's wall clock,
     where there is no estimate). It is good enough here: the script checks against Redis's
     clock, and :func:`placed` handles a refusal.
     """
     carried = due.task_id.encode("utf-8", "surrogatepass")  # as cold.pack carries it
-    if not settings.compress_after_ms or len(carried) > cold.MAX_TASK_ID_BYTES:
+    if (
+        not settings.compress_after_ms
+        or len(carried) > cold.MAX_TASK_ID_BYTES
+        or size > cold.MAX_PACKED_BYTES
+    ):
         return ORDINARY
     now = time.time() * 1000 if now_ms is None else now_ms
     ahead = due.ms if due.relative else due.ms - now

@@ -48,9 +48,9 @@ def test_spaces_are_defined_once() -> None:
 )
 def test_where_a_new_message_goes(ahead_ms: int, settings: Settings, expected: spaces.Space) -> None:
     now = 1_000_000
-    assert spaces.for_due(Due(now + ahead_ms, task_id="t"), settings, now) is expected
-    assert spaces.for_due(Due(ahead_ms, relative=True, task_id="t"), settings, None) is expected
-    assert spaces.for_due(Due(now + ahead_ms, task_id="x" * 300), settings, now) is spaces.ORDINARY
+    assert spaces.for_due(Due(now + ahead_ms, task_id="t"), settings, now, 100) is expected
+    assert spaces.for_due(Due(ahead_ms, relative=True, task_id="t"), settings, None, 100) is expected
+    assert spaces.for_due(Due(now + ahead_ms, task_id="x" * 300), settings, now, 100) is spaces.ORDINARY
 
 
 def test_a_refusal_of_the_cold_space_falls_back_once() -> None:
@@ -199,6 +199,7 @@ def _reads_of_members(r: redis.Redis) -> int:
     return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("zrange", "zrangebyscore"))
 
 
+@pytest.mark.usefixtures("large_cold_members")
 @pytest.mark.parametrize("space", spaces.ALL, ids=lambda s: s.name)
 def test_the_oldest_overdue_is_found_without_reading_the_messages_into_lua(
     r: redis.Redis, prefix: str, space: spaces.Space
