@@ -121,7 +121,7 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
                 return
             hooks: dict[str, Any] = {}
             if metrics is not None:
-                metrics.store = store
+                metrics.attach(store, settings.max_sleep_ms / 1000)
                 hooks = metrics.hooks()
             running.append(Mover(store, settings, name=name, **hooks))
             if not stopping.is_set():

@@ -53,6 +53,11 @@ SCHEDULED_REFRESH_S = 1.0
 COLD_REFRESH_S = 5.0
 #: Most compressed buckets begun by now that the read looks at (a mover that keeps up leaves one).
 COLD_BUCKETS = 100
+#: How long past its longest sleep a mover may go without a move call's result or error before
+#: the gauges read from Redis are unknown (NaN), seconds: a call that waits on a Redis that
+#: does not answer (stopped, paused, cut off) reports nothing until its socket timeout, and the
+#: gauges read on as they were meanwhile (0 overdue while messages fell due).
+SILENT_S = 5.0
 #: Most queues with a ``kombu_delay_scheduled_messages`` series of their own.
 MAX_QUEUE_SERIES = 200
 #: How long a queue that emptied keeps reading 0 before its series is dropped, seconds.
@@ -137,8 +142,30 @@ class MoverMetrics:
         #: (:meth:`read_cold_overdue`, every :data:`COLD_REFRESH_S`); ``None``: none.
         self._cold_overdue_ms: int | None = None
         self._last_cold_read = float("-inf")
+        #: When the mover last told a move call's result or error (:data:`SILENT_S`).
+        self._heard = time.monotonic()
+        #: Its longest sleep, seconds (:meth:`attach`).
+        self._max_sleep_s = 1.0
+        # Registered before the series, so each scrape runs it first (a registry collects in
+        # the order its collectors came).
+        self.registry.register(_SilenceCheck(self))
         self._define_counters(prom)
         self._define_gauges(prom)
+
+    def attach(self, store: Store, max_sleep_s: float) -> None:
+        """Read the counts from ``store``, for a mover that sleeps at most ``max_sleep_s``."""
+        self.store, self._max_sleep_s = store, max_sleep_s
+        self._heard = time.monotonic()
+
+    def unknown_while_silent(self) -> None:
+        """Set the gauges read from Redis unknown (NaN) where the mover has told nothing for
+        longer than its longest sleep and :data:`SILENT_S`: its call waits on Redis."""
+        if self.store is not None and time.monotonic() - self._heard > self._max_sleep_s + SILENT_S:
+            self._unknown()
+
+    def _unknown(self) -> None:
+        for gauge in (self.dead_kept, self.overdue_age, *map(self._queue_gauge, self._series.labels())):
+            gauge.set(math.nan)
 
     def _define_counters(self, prom: Any) -> None:
         def counter(name: str, doc: str) -> Any:
@@ -226,6 +253,7 @@ class MoverMetrics:
         # and an alert that takes these from Prometheus's clock would page for a healthy mover
         # whose host is behind, or stay quiet for one ahead.
         redis_s = result.now_ms / 1000
+        self._heard = time.monotonic()
         self.last_pass.set(redis_s)
         if result.moved:
             self.moved.inc(result.moved)
@@ -279,8 +307,7 @@ class MoverMetrics:
             logger.debug("metrics: reading counts failed", exc_info=True)
             # Unknown (NaN), not the last value read: a Redis gone, or emptied by a failover,
             # read on as holding what it held.
-            for gauge in (self.dead_kept, self.overdue_age, *map(self._queue_gauge, self._series.labels())):
-                gauge.set(math.nan)
+            self._unknown()
             return
         per_queue: dict[str, int] = {}
         for dest, n in current.items():
@@ -315,8 +342,21 @@ class MoverMetrics:
         return self.scheduled.labels(queue=queue)
 
     def on_error(self, exc: BaseException) -> None:
+        self._heard = time.monotonic()
         (self.errors if isinstance(exc, redis.RedisError) else self.other_errors).inc()
         if isinstance(exc, redis.RedisError):
             # No result comes to refresh the gauges from: they are read here (a Redis that
             # refuses writes still answers), or set unknown where they cannot be.
             self._refresh_when_due()
+
+
+class _SilenceCheck:
+    """A collector that yields no series: it runs :meth:`MoverMetrics.unknown_while_silent` as
+    a scrape begins."""
+
+    def __init__(self, metrics: MoverMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> list[Any]:
+        self._metrics.unknown_while_silent()
+        return []

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -540,3 +543,33 @@ def test_the_gauges_read_from_redis_are_unknown_while_it_cannot_be_read(private_
     private_server.start()  # empty: it keeps nothing on disk
     metrics.on_error(redis.ReadOnlyError("READONLY"))  # a call refused, Redis answering reads
     assert gauges()[:2] == [0, 0]
+
+
+def test_the_gauges_read_from_redis_are_unknown_while_a_call_waits_on_it(private_server):
+    # A Redis stopped, paused or cut off answers nothing: the mover's call waits its socket
+    # timeout, and told nothing meanwhile, so the gauges read on as they were (0 overdue while
+    # messages fell due, for as long as the timeout).
+    prom = pytest.importorskip("prometheus_client")
+    store = Store(private_server.client(socket_timeout=300))
+    store.schedule(Due(store.time_ms() + 600_000, task_id="t"), "q", kombu_payload("t"), Settings())
+    metrics = MoverMetrics(None, prom)
+    metrics.attach(store, 1.0)
+    mover = Mover(store, Settings(), name="waits", **metrics.hooks())
+    thread = threading.Thread(target=mover.run, daemon=True)
+    thread.start()
+
+    def scheduled() -> float | None:
+        return metrics.registry.get_sample_value("kombu_delay_scheduled_messages", {"queue": "q"})
+
+    wait_until(lambda: scheduled() == 1, timeout=120)
+    assert private_server.process is not None
+    os.kill(private_server.process.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: math.isnan(scheduled() or 0), timeout=120)  # silent 6 s, not 300
+        assert math.isnan(metrics.registry.get_sample_value("kombu_delay_oldest_overdue_seconds") or 0)
+    finally:
+        os.kill(private_server.process.pid, signal.SIGCONT)
+    wait_until(lambda: scheduled() == 1, timeout=120)
+    mover.stop()
+    thread.join(120)
+    assert not thread.is_alive()
