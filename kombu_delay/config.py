@@ -12,7 +12,7 @@ import difflib
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -147,6 +147,9 @@ class Settings:
                 if key not in known:
                     raise ConfigError(f"unknown transport option {key!r}; known: {sorted(known)}")
                 values[known[key]] = raw
+            elif f"delay_{key}" in known and key not in _misspelt_told:  # -o max_rate=5: no cap, unsaid
+                _misspelt_told.add(key)
+                logger.warning("kombu-delay: transport option %r is not read: delay_%s?", key, key)
         settings = cls().with_values(**values)
         overrides = {}
         variables = {"KOMBU_DELAY_" + option[len("delay_") :].upper(): name for option, name in known.items()}
@@ -172,15 +175,28 @@ class Settings:
 
 
 def _tell_misspelt(env: Mapping[str, str], variables: Mapping[str, str]) -> None:
-    """Warn of a ``KOMBU_DELAY_*`` variable that is no setting's but spelled nearly as one is
-    (``KOMBU_DELAY_MAXRATE``): read by nothing, it would change nothing, unsaid. Others of the
-    prefix (``KOMBU_DELAY_BROKER``, say) are left alone."""
+    """Warn of a ``KOMBU_DELAY_*`` variable that is no setting's but looks meant for one: read
+    by nothing, it would change nothing, unsaid. Others of the prefix (``KOMBU_DELAY_BROKER``,
+    say) are left alone."""
     for var in env:
-        if var.startswith("KOMBU_DELAY_") and var not in variables and var not in _misspelt_told:
-            near = difflib.get_close_matches(var, list(variables), n=1, cutoff=0.9)
+        if var.upper().startswith("KOMBU_DELAY_") and var not in variables and var not in _misspelt_told:
+            near = _meant(var.upper(), variables)
             if near:
                 _misspelt_told.add(var)
-                logger.warning("kombu-delay: %s is no setting's variable, and is ignored: %s?", var, near[0])
+                logger.warning("kombu-delay: %s is no setting's variable, and is ignored: %s?", var, near)
+
+
+def _meant(var: str, variables: Iterable[str]) -> str | None:
+    """The setting's variable ``var`` (upper case) looks meant for: the same in another case,
+    one whose words hold all of its words or all of whose words it holds (``..._EMBEDDED``,
+    ``..._RATE``, ``..._MAX_RATE_LIMIT``; the closest spelled of several), else one spelled
+    nearly as it is (``..._MAXRATE``); ``None`` for none."""
+    words = set(var.removeprefix("KOMBU_DELAY_").split("_")) - {""}
+    by_words = [
+        v for v in variables if words and (words <= set(v.split("_")[2:]) or set(v.split("_")[2:]) <= words)
+    ]
+    near = difflib.get_close_matches(var, by_words or list(variables), n=1, cutoff=0.0 if by_words else 0.9)
+    return near[0] if near else None
 
 
 def _option(name: str) -> str:

@@ -266,3 +266,38 @@ def test_a_variable_spelled_nearly_as_a_setting_s_is_told_once_and_others_are_le
     assert [r.getMessage() for r in caplog.records] == [
         "kombu-delay: KOMBU_DELAY_MAXRATE is no setting's variable, and is ignored: KOMBU_DELAY_MAX_RATE?"
     ]
+
+
+@pytest.mark.parametrize(
+    ("var", "meant"),
+    [
+        ("KOMBU_DELAY_EMBEDDED", "KOMBU_DELAY_EMBEDDED_MOVER"),  # a worker ran with no mover, unsaid
+        ("KOMBU_DELAY_RATE", "KOMBU_DELAY_MAX_RATE"),  # was "KOMBU_DELAY_GRACE?"
+        ("KOMBU_DELAY_MAX_RATE_LIMIT", "KOMBU_DELAY_MAX_RATE"),
+        ("kombu_delay_max_rate", "KOMBU_DELAY_MAX_RATE"),
+    ],
+)
+def test_a_variable_meant_for_a_setting_is_told_with_the_one_meant(monkeypatch, caplog, var, meant):
+    from kombu_delay import config
+
+    monkeypatch.setattr(config, "_misspelt_told", set())
+    others = ("BROKER", "WEB_AUTH", "DEMO_BROKER", "CHAOS", "BENCH_BROKER", "REQUIRE_BROWSER", "X")
+    env = {var: "5", **{f"KOMBU_DELAY_{other}": "1" for other in others}}
+    with caplog.at_level("WARNING", logger="kombu_delay.config"):
+        Settings.from_options({}, env)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"kombu-delay: {var} is no setting's variable, and is ignored: {meant}?"
+    ]
+
+
+def test_a_delay_option_given_without_its_prefix_is_told_once(monkeypatch, caplog):
+    # -o max_rate=5 ran the mover with no cap, unsaid: kombu takes any transport option.
+    from kombu_delay import config
+
+    monkeypatch.setattr(config, "_misspelt_told", set())
+    with caplog.at_level("WARNING", logger="kombu_delay.config"):
+        assert Settings.from_options({"max_rate": 5, "visibility_timeout": 60}, {}).max_rate == 0
+        Settings.from_options({"max_rate": 5}, {})
+    assert [r.getMessage() for r in caplog.records] == [
+        "kombu-delay: transport option 'max_rate' is not read: delay_max_rate?"
+    ]

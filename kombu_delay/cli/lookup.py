@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import click
 import redis
+from click.core import ParameterSource
 
 from kombu_delay.cli.common import global_options
 from kombu_delay.cli.inspect import (
@@ -166,8 +167,9 @@ def dead(ctx: click.Context, offset: int, limit: int, as_json: bool, digests: tu
       kombu-delay dead --remove 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
     """
     if digests:
-        if as_json or offset:
-            raise click.UsageError("--remove lists nothing: give it without --json and --offset")
+        listing = ("as_json", "offset", "limit")
+        if any(ctx.get_parameter_source(name) is not ParameterSource.DEFAULT for name in listing):
+            raise click.UsageError("--remove lists nothing: give it without --json, --offset and --limit")
         _remove(ctx, tuple(_digest(d) for d in digests))
         return
     with control(ctx) as ctl:

@@ -89,7 +89,8 @@ def mover(ctx: click.Context, /, **flags: Any) -> None:
 
     Reads the same options as the publisher: from flags, from KOMBU_DELAY_*
     variables, or from -o delay_*=VALUE transport options. Run two or more for
-    availability; they need no leader and never deliver a message twice.
+    availability: they need no leader, and one message is moved by one of them
+    only (a Redis failover can deliver one twice: see Guarantees in the docs).
 
     \b
     Examples:

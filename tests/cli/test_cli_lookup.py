@@ -115,8 +115,16 @@ def test_find_shows_a_damaged_compressed_message_and_says_so(r, redis_server, pr
         (["--remove", "x\ny" + "0" * 61], "is not a digest"),
         (["--remove", "0" * 64, "--json"], "--remove lists nothing"),
         (["--remove", "0" * 64, "--offset", "3"], "--remove lists nothing"),
+        (["--remove", "0" * 64, "--limit", "3"], "--remove lists nothing"),  # was ignored, unsaid
     ],
-    ids=["offset-past-any-position", "short-digest", "not-hex", "remove-json", "remove-offset"],
+    ids=[
+        "offset-past-any-position",
+        "short-digest",
+        "not-hex",
+        "remove-json",
+        "remove-offset",
+        "remove-limit",
+    ],
 )
 def test_dead_refuses_what_it_cannot_do_as_a_usage_error(r, redis_server, args, message):
     code, out = kd(redis_server, "", "dead", *args)
