@@ -18,8 +18,10 @@ That record is a command of its own, after the ``BRPOP``: where Redis goes away 
 two (a restart, a failover), kombu drops the message, which no list holds any more (one task
 lost in each of three Redis restarts under a worker taking due messages). Here the record is
 tried again while Redis does not answer, for :data:`RECORD_RETRY_S`; once it is written, the
-message is delivered, and restored from there if the worker dies, as any other. Only Redis
-not answering is tried again, and not once the worker is told to stop.
+message is delivered, and restored from there if the worker dies, as any other. Its
+acknowledgement, which takes the record away, is tried again the same way: one lost to a
+restart left the record, and the task, run already, ran again after the visibility timeout.
+Only Redis not answering is tried again, and not once the worker is told to stop.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -37,8 +40,9 @@ from kombu_delay.message import message_id, shown
 
 logger = logging.getLogger(__name__)
 
-#: How long a worker tries to record a message it has taken while Redis does not answer, s (a
-#: restart's time, with room): given up, the message is lost, as kombu would lose it at once.
+#: How long a worker tries to record a message it has taken, or to acknowledge one, while Redis
+#: does not answer, s (a restart's time, with room): given up, a message taken is lost, and one
+#: acknowledged runs again after the visibility timeout, as kombu would have them at once.
 RECORD_RETRY_S = 60.0
 #: Set once Celery tells this process's worker to stop (by kombu_delay.mover.embedded, which
 #: Celery loads at start through the ``delay`` command; importing kombu_delay loads no Celery).
@@ -60,37 +64,51 @@ class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
 
 class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
     """kombu's acknowledgement emulation, whose record of a message taken (the unacked hash,
-    from which it is restored) is tried again while Redis does not answer."""
+    from which it is restored) and whose acknowledgement, which takes the record away, are tried
+    again while Redis does not answer."""
 
     def append(self, message: Any, delivery_tag: Any) -> None:
-        deadline, pause = time.monotonic() + RECORD_RETRY_S, 0.1
-        while True:
-            try:
-                super().append(message, delivery_tag)
-                return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # only Redis not answering
-                taken, why = shown(message_id(message._raw)), unavailable_text(exc)
-                stopping = WORKER_STOPPING.is_set()
-                if stopping or time.monotonic() + pause > deadline:
-                    after = "the worker is stopping" if stopping else f"tried for {RECORD_RETRY_S:g} s"
-                    logger.error(
-                        "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s; "
-                        "%s): it is lost",
-                        taken,
-                        why,
-                        after,
-                    )
-                    raise
-                if pause == 0.1:
-                    logger.warning(
-                        "kombu-delay: message %s, taken from its list, is not recorded as taken yet (%s); "
-                        "trying again for up to %g s",
-                        taken,
-                        why,
-                        RECORD_RETRY_S,
-                    )
-                _nap(pause)
-                pause = min(pause * 2, 2.0)
+        _tried_again(lambda: super(RecordingQoS, self).append(message, delivery_tag), message, _RECORD)
+
+    def ack(self, delivery_tag: Any) -> None:
+        message = self._delivered.get(delivery_tag)
+        _tried_again(lambda: super(RecordingQoS, self).ack(delivery_tag), message, _ACK)
+
+
+#: What :func:`_tried_again` tells of a record and of an acknowledgement: while it tries, and
+#: when it gives up (with the cause, and why it gave up).
+_RECORD = (
+    "kombu-delay: message %s, taken from its list, is not recorded as taken yet (%s); "
+    "trying again for up to %g s",
+    "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s; %s): it is lost",
+)
+_ACK = (
+    "kombu-delay: message %s is not acknowledged yet (%s); trying again for up to %g s",
+    "kombu-delay: message %s could not be acknowledged (%s; %s): kombu restores it after the visibility "
+    "timeout, and it runs again",
+)
+
+
+def _tried_again(call: Callable[[], None], message: Any, told: tuple[str, str]) -> None:
+    """``call()``, tried again while Redis does not answer, for :data:`RECORD_RETRY_S` at most
+    and until the worker is told to stop; ``message``: what it records or acknowledges."""
+    deadline, pause = time.monotonic() + RECORD_RETRY_S, 0.1
+    while True:
+        try:
+            call()
+            return
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # only Redis not answering
+            taken = shown(message_id(message._raw)) if message is not None else "(unknown)"
+            why = unavailable_text(exc)
+            stopping = WORKER_STOPPING.is_set()
+            if stopping or time.monotonic() + pause > deadline:
+                after = "the worker is stopping" if stopping else f"tried for {RECORD_RETRY_S:g} s"
+                logger.error(told[1], taken, why, after)
+                raise
+            if pause == 0.1:
+                logger.warning(told[0], taken, why, RECORD_RETRY_S)
+            _nap(pause)
+            pause = min(pause * 2, 2.0)
 
 
 def _nap(seconds: float) -> None:

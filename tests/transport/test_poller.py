@@ -84,6 +84,32 @@ def test_a_message_taken_as_redis_goes_away_is_recorded_once_it_is_back(
             assert "message 'task-a', taken from its list, is not recorded as taken yet" in told
 
 
+def test_an_acknowledgement_lost_to_a_restart_is_written_once_redis_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, running: None
+) -> None:
+    # A task acknowledged as Redis restarted ("Couldn't ack ... network:ConnectionError") kept its
+    # record in kombu's unacked hash, and ran again after the visibility timeout.
+    with RedisServer(directory=str(tmp_path), persistence=True, appendfsync="always") as server:
+        r = server.client()
+        with Connection(server.delay_url) as worker:
+            channel = worker.channel()
+            message = channel.Message(taken_message("task-d"), channel=channel)
+            channel.qos.append(message, message.delivery_tag)
+            assert r.hexists("unacked", message.delivery_tag)
+            server.stop()
+            back = threading.Timer(5, server.start)  # a restart's time, seconds
+            back.start()
+            try:
+                with caplog.at_level(logging.WARNING, logger="kombu_delay.poller"):
+                    channel.basic_ack(message.delivery_tag)
+            finally:
+                back.join()
+            assert not r.hexists("unacked", message.delivery_tag)  # not restored: it ran once
+            assert not r.zscore("unacked_index", message.delivery_tag)
+            [told] = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.poller"]
+            assert "message 'task-d' is not acknowledged yet" in told
+
+
 def test_a_message_taken_is_given_up_at_once_when_the_worker_is_told_to_stop(
     redis_server, caplog: pytest.LogCaptureFixture, running: None
 ) -> None:
