@@ -85,7 +85,7 @@ _RECORD = (
 _ACK = (
     "kombu-delay: message %s is not acknowledged yet (%s); trying again for up to %g s",
     "kombu-delay: message %s could not be acknowledged (%s; %s): kombu restores it after the visibility "
-    "timeout, and it runs again",
+    "timeout, and it is delivered again",
 )
 
 
