@@ -226,6 +226,8 @@ def _convert(name: str, raw: Any) -> Any:
     except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{option} must be a number, got {raw!r}") from exc
     if not name.endswith("_ms"):
+        if type(raw) is int or (isinstance(raw, str) and raw.strip().lstrip("+-").isdecimal()):
+            return int(raw)  # whole, as given: through a float, past 2**53 it is another number
         # A count (messages, messages/s): int() would turn 0.5 into 0, which means "no limit".
         if not number.is_integer():
             raise ConfigError(f"{option} must be a whole number, got {raw!r}")

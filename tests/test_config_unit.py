@@ -301,3 +301,12 @@ def test_a_delay_option_given_without_its_prefix_is_told_once(monkeypatch, caplo
     assert [r.getMessage() for r in caplog.records] == [
         "kombu-delay: transport option 'max_rate' is not read: delay_max_rate?"
     ]
+
+
+@pytest.mark.parametrize("raw", ["99999999999999999999999", 99999999999999999999999])
+def test_a_whole_count_is_read_as_given_not_through_a_float(raw):
+    # "got 99999999999999991611392": a number no one gave, as a float rounds it past 2**53.
+    with pytest.raises(ConfigError, match=r"at most 5000, got 99999999999999999999999$"):
+        Settings.from_options({"delay_batch_size": raw}, {})
+    assert Settings.from_options({"delay_max_rate": raw}, {}).max_rate == 99999999999999999999999
+    assert Settings.from_options({}, {"KOMBU_DELAY_MAX_RATE": " +9007199254740993 "}).max_rate == 2**53 + 1
