@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from typing import Any
 
@@ -134,7 +135,10 @@ class MoverMetrics:
     def __init__(self, store: Store | None, prom: Any) -> None:
         #: Where the per-queue counts are read; ``None`` until Redis has answered.
         self.store = store
-        self.registry = prom.CollectorRegistry()
+        # Held while a result's series change together (moved and the lateness count), and while
+        # a scrape reads them: one scrape read 8 moved and 9 latenesses, a move between the two.
+        self._lock = threading.Lock()
+        self.registry = _snapshot_registry(prom, self._lock)
         self._series = QueueSeries()
         self._last_refresh = float("-inf")
         self._reading = False  # (a failed read tells on_error, which must not read again)
@@ -254,14 +258,15 @@ class MoverMetrics:
         # whose host is behind, or stay quiet for one ahead.
         redis_s = result.now_ms / 1000
         self._heard = time.monotonic()
-        self.last_pass.set(redis_s)
-        if result.moved:
-            self.moved.inc(result.moved)
-            self.last_move.set(redis_s)
-            for ms in result.lateness_ms:
-                self.lateness.observe(ms / 1000)
-        if result.expired:
-            self.expired.inc(result.expired)
+        with self._lock:
+            self.last_pass.set(redis_s)
+            if result.moved:
+                self.moved.inc(result.moved)
+                self.last_move.set(redis_s)
+                for ms in result.lateness_ms:
+                    self.lateness.observe(ms / 1000)
+            if result.expired:
+                self.expired.inc(result.expired)
         now = time.monotonic()
         if now - self._last_cold_read >= COLD_REFRESH_S:
             self._last_cold_read = now
@@ -320,12 +325,13 @@ class MoverMetrics:
             self.scheduled.labels(queue=queue).set(n)
 
     def on_thaw(self, result: ThawResult) -> None:
-        if result.thawed:
-            self.thawed.inc(result.thawed)
-        if result.dead:  # lost to delivery too, as the totals count them (thaw.lua)
-            self.dead.inc(result.dead)
-        if result.expired or result.dead:
-            self.expired.inc(result.expired + result.dead)
+        with self._lock:
+            if result.thawed:
+                self.thawed.inc(result.thawed)
+            if result.dead:  # lost to delivery too, as the totals count them (thaw.lua)
+                self.dead.inc(result.dead)
+            if result.expired or result.dead:
+                self.expired.inc(result.expired + result.dead)
 
     def on_sweep(self, result: SweepResult) -> None:
         if result.lost:
@@ -360,3 +366,16 @@ class _SilenceCheck:
     def collect(self) -> list[Any]:
         self._metrics.unknown_while_silent()
         return []
+
+
+def _snapshot_registry(prom: Any, lock: threading.Lock) -> Any:
+    """A registry whose scrape reads every series under ``lock``, at one instant of the
+    mover's (read whole, then sent: a scrape cut short must not keep the lock)."""
+
+    class Snapshot(prom.CollectorRegistry):  # type: ignore[misc,name-defined]
+        def collect(self) -> Any:
+            with lock:
+                families = list(super().collect())
+            yield from families
+
+    return Snapshot()

@@ -518,6 +518,43 @@ def test_the_liveness_gauges_carry_redis_s_clock_not_the_mover_host_s(host_off_s
     assert sample("kombu_delay_last_move_timestamp_seconds") == (redis_ms + 3) / 1000
 
 
+def test_a_scrape_reads_the_moved_count_and_the_latenesses_of_one_instant():
+    # A scrape read kombu_delay_moved_total, then the lateness count a move had raised meanwhile:
+    # 8 moved, 9 latenesses.
+    import prometheus_client
+
+    metrics = MoverMetrics(None, prometheus_client)
+    inside, go_on = threading.Event(), threading.Event()
+    observe = metrics.lateness.observe
+
+    def observed_slowly(seconds: float) -> None:  # a move's result, counted, not yet observed
+        inside.set()
+        go_on.wait(60)
+        observe(seconds)
+
+    metrics.lateness.observe = observed_slowly
+    result = MoveResult(1, None, int(time.time() * 1000), 0, 0, 0, 0, False, lateness_ms=[3])
+    mover = threading.Thread(target=metrics.on_result, args=(result,), daemon=True)
+    mover.start()
+    assert inside.wait(60)
+    scraped: list[tuple[float | None, float | None]] = []
+
+    def scrape_now() -> None:
+        families = list(metrics.registry.collect())
+        samples = {s.name: s.value for family in families for s in family.samples}
+        scraped.append(
+            (samples.get("kombu_delay_moved_total"), samples.get("kombu_delay_lateness_seconds_count"))
+        )
+
+    scraper = threading.Thread(target=scrape_now, daemon=True)
+    scraper.start()
+    scraper.join(2)  # waits for the result's series, or reads them before it: either is whole
+    go_on.set()
+    scraper.join(60)
+    mover.join(60)
+    assert scraped == [(1.0, 1.0)]
+
+
 def test_the_gauges_read_from_redis_are_unknown_while_it_cannot_be_read(private_server, monkeypatch):
     # They were re-read after a move call that succeeded only: with Redis gone (or failed over
     # to an empty master that refused the mover's writes) they read on as holding what it held.
