@@ -67,6 +67,9 @@ class Inspecting(Counting):
                     found[other] = waiting
         return found
 
+    #: True once the ACL refused this store ``WATCH`` (:meth:`renew_stranded`).
+    _watch_refused = False
+
     def renew_stranded(
         self, found: Iterable[str], fresh_ms: int, keep_ms: int, told: Callable[[dict[str, int]], str | None]
     ) -> dict[str, int]:
@@ -82,9 +85,13 @@ class Inspecting(Counting):
             for _ in range(3):
                 try:
                     try:
-                        pipe.watch(key)  # type: ignore[no-untyped-call]
+                        if not self._watch_refused:
+                            pipe.watch(key)  # type: ignore[no-untyped-call]
                     except redis.exceptions.NoPermissionError:  # an ACL without WATCH: unwatched, its
-                        pipe.reset()  # connection let go (the reads below take one of their own)
+                        pipe.reset()  # connection let go (the reads below take one of their own),
+                        # and not asked again: each refusal is an entry of Redis's ACL LOG, which
+                        # a mover filled every 15 s (pushing out the refusals worth reading)
+                        self._watch_refused = True
                     reader = pipe if pipe.watching else self.client
                     recorded = {as_text(name) for name in reader.hkeys(key)}
                     # (on the watching connection: another from the pool is one more held)
