@@ -153,6 +153,18 @@ def coded_text(exc: redis.ResponseError) -> str:
     return f"MASTERDOWN {exc}" if isinstance(exc, redis.exceptions.MasterDownError) else str(exc)
 
 
+def refusal_text(text: str) -> str:
+    """An ACL refusal's text without where in a script it was raised; one from inside a script,
+    which names neither the command nor its key, says so and where to look."""
+    text = _SCRIPT_PLACE.sub("", text)
+    if _SCRIPT_NOPERM[1] not in text:
+        return text
+    return (
+        f"{text.rstrip('.')} (a command of one of kombu-delay's scripts: Redis does not say which, "
+        f"nor on which key; the docs' Security page lists what each user needs)"
+    )
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn redis-py's connection failures and refusals into kombu-delay errors."""
@@ -173,9 +185,7 @@ def translated_errors() -> Iterator[None]:
             raise
         text = coded_text(exc)
         if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
-            raise RedisPermissionError(
-                f"Redis's ACL refused this user: {_SCRIPT_PLACE.sub('', text)}"
-            ) from exc
+            raise RedisPermissionError(f"Redis's ACL refused this user: {refusal_text(text)}") from exc
         # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
         # script's refusal in a plain error that keeps it in the text.
         if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:

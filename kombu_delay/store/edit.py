@@ -51,16 +51,25 @@ class Editing(Inspecting, Publishing):
         edits moved one each time and it is still scheduled.
         """
         done = 0
-        with translated_errors():
-            for _ in range(EDIT_LOOKS):
-                missed = False
-                for stored in self.find(task_id, unreadable=True):
-                    removed = self._cancel_one(task_id, stored, now_ms)
-                    done += removed
-                    missed = missed or not removed
-                if not missed:
-                    return done
-            left = len(self.find(task_id, unreadable=True))
+        try:
+            with translated_errors():
+                for _ in range(EDIT_LOOKS):
+                    missed = False
+                    for stored in self.find(task_id, unreadable=True):
+                        removed = self._cancel_one(task_id, stored, now_ms)
+                        done += removed
+                        missed = missed or not removed
+                    if not missed:
+                        return done
+                left = len(self.find(task_id, unreadable=True))
+        except KombuDelayError as exc:
+            # The failed call speaks for itself only: the messages of the id cancelled before it
+            # are told too (one whose reply was lost may have been cancelled as well).
+            if not done:
+                raise
+            raise type(exc)(
+                f"{str(exc).rstrip('.')}; {done} of its messages were cancelled before it"
+            ) from exc
         if left:
             raise EditConflict(
                 f"cannot cancel {task_id!r}: other edits moved its messages each of {EDIT_LOOKS} times "

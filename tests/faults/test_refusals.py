@@ -259,6 +259,45 @@ def test_a_reschedule_to_the_past_refused_lpush_keeps_the_message(server: RedisS
     assert "LPUSH" in str(refused.value)
 
 
+def test_a_cancel_refused_inside_its_script_says_where_to_look_and_keeps_the_message(
+    server: RedisServer,
+) -> None:
+    # Redis names neither the command nor the key a script was refused: the text said only
+    # "The user executing the script can't run this command or subcommand".
+    admin = server.client()
+    url = add_user(admin, "nozrem", "-zrem")
+    with Connection(server.delay_url) as conn:
+        conn.Producer().publish({"n": 1}, routing_key=QUEUE, headers={"x-delay": 600_000, "id": "t-1"})
+    [before] = stored(admin)
+    result = CliRunner().invoke(main, ["-b", url, "cancel", "t-1"])
+    assert result.exit_code == 3, result.output
+    assert "can't run this command" in result.output and "Security page" in result.output, result.output
+    assert stored(admin) == [before]
+
+
+def test_a_cancel_refused_after_some_of_its_messages_tells_how_many_it_cancelled(
+    server: RedisServer,
+) -> None:
+    admin = server.client()
+    if int(admin.info("server")["redis_version"].split(".")[0]) < 7:
+        pytest.skip("Redis 6 has no read-only key patterns (%R~)")
+    # May write every key of kombu-delay's but the sorted sets of queue "cb" (both are held
+    # compressed, 500 and 700 s ahead).
+    name, rules = (
+        "notcb",
+        ["resetkeys", "%R~*", "~kombu_delay:[^c]*", "~kombu_delay:c[^z]*", "~kombu_delay:cz:*:ca"],
+    )
+    admin.execute_command("ACL", "SETUSER", name, "on", ">pw", "&*", "+@all", *rules)
+    with Connection(server.delay_url) as conn:
+        for queue, delay in (("ca", 500_000), ("cb", 700_000)):
+            conn.Producer().publish({"n": 1}, routing_key=queue, headers={"x-delay": delay, "id": "same"})
+    url = f"delayredis://{name}:pw@127.0.0.1:{server.port}/0"
+    told = "1 of its messages were cancelled before it"
+    with DelayControl(url) as control, pytest.raises(RedisPermissionError, match=told):
+        control.cancel("same")
+    assert [s.envelope.dest for s in stored(admin)] == ["cb"]
+
+
 @pytest.mark.parametrize("rule", ["-subscribe", "resetchannels"])
 def test_a_mover_refused_the_wake_channel_polls_and_says_so(
     server: RedisServer, spawn: Callable[..., Proc], rule: str
