@@ -189,12 +189,14 @@ def _tell_misspelt(env: Mapping[str, str], variables: Mapping[str, str]) -> None
 def _meant(var: str, variables: Iterable[str]) -> str | None:
     """The setting's variable ``var`` (upper case) looks meant for: the same in another case,
     one whose words hold all of its words or all of whose words it holds (``..._EMBEDDED``,
-    ``..._RATE``, ``..._MAX_RATE_LIMIT``; the closest spelled of several), else one spelled
-    nearly as it is (``..._MAXRATE``); ``None`` for none."""
+    ``..._RATE``, ``..._MAX_RATE_LIMIT``; where several do, all of them: ``..._MAX`` may mean
+    any of three), else one spelled nearly as it is (``..._MAXRATE``); ``None`` for none."""
     words = set(var.removeprefix("KOMBU_DELAY_").split("_")) - {""}
-    by_words = [
+    by_words = sorted(
         v for v in variables if words and (words <= set(v.split("_")[2:]) or set(v.split("_")[2:]) <= words)
-    ]
+    )
+    if len(by_words) > 1:
+        return f"one of {', '.join(by_words[:-1])} or {by_words[-1]}"
     near = difflib.get_close_matches(var, by_words or list(variables), n=1, cutoff=0.0 if by_words else 0.9)
     return near[0] if near else None
 

@@ -275,6 +275,12 @@ def test_a_variable_spelled_nearly_as_a_setting_s_is_told_once_and_others_are_le
         ("KOMBU_DELAY_RATE", "KOMBU_DELAY_MAX_RATE"),  # was "KOMBU_DELAY_GRACE?"
         ("KOMBU_DELAY_MAX_RATE_LIMIT", "KOMBU_DELAY_MAX_RATE"),
         ("kombu_delay_max_rate", "KOMBU_DELAY_MAX_RATE"),
+        # was "KOMBU_DELAY_MAX_RATE?" alone
+        (
+            "KOMBU_DELAY_MAX",
+            "one of KOMBU_DELAY_MAX_DELAY, KOMBU_DELAY_MAX_QUEUE_LENGTH, KOMBU_DELAY_MAX_RATE "
+            "or KOMBU_DELAY_MAX_SLEEP",
+        ),
     ],
 )
 def test_a_variable_meant_for_a_setting_is_told_with_the_one_meant(monkeypatch, caplog, var, meant):
