@@ -142,7 +142,10 @@ class DelayChannelMixin(RecordingChannelMixin):
         if self.connection is None:  # type: ignore[attr-defined]
             # Closed by a retry that gave up (in a failover), and kept by its producer: kombu's own
             # _put fails with an AttributeError, not retried; a connection error is, on a new channel.
-            raise redis.ConnectionError("kombu-delay: a publish on a closed channel")
+            raise redis.ConnectionError(
+                "kombu-delay: the producer's channel was closed, as kombu closes it when its retry gives up "
+                "on a Redis it could not reach; nothing was sent (a publish with retry=True takes a new one)"
+            )
         try:
             due, bad = message_due(spent_delay_removed(message)), None
         except BadETA as exc:
