@@ -21,7 +21,7 @@ import pytest
 from celery import Celery
 
 from kombu_delay import DelayControl
-from kombu_delay.tooling.redis_server import free_port
+from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.ecosystem_app import LEDGER_KEY
 from tests.support.procs import ROOT, Proc, wait_until
 
@@ -56,6 +56,28 @@ def browser() -> Iterator[Any]:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         yield chromium
         chromium.close()
+
+
+def serve_web(cli: list[str], log: Path, *extra: str) -> tuple[Proc, str]:
+    """A ``kombu-delay web`` refreshing its overview every second, once it answers; and its URL."""
+    port = free_port()
+    proc = Proc([*cli, "web", "--port", str(port), "--refresh", "1", *extra], None, log)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.popen.poll() is None, proc.output()
+        try:
+            with urllib.request.urlopen(url + "/overview.json", timeout=5) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, timeout=60, interval=0.1)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
 
 
 class Stack:
@@ -101,19 +123,8 @@ class Stack:
         return proc
 
     def serve(self, name: str, *extra: str) -> str:
-        port = free_port()
-        proc = self.start(name, [*self.cli(), "web", "--port", str(port), "--refresh", "1", *extra])
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert proc.popen.poll() is None, proc.output()
-            try:
-                with urllib.request.urlopen(url + "/overview.json", timeout=5) as reply:
-                    return bool(reply.status == 200)
-            except OSError:
-                return False
-
-        wait_until(up, timeout=60, interval=0.1)
+        proc, url = serve_web(self.cli(), self.tmp / f"{name}.log", *extra)
+        self.procs.append(proc)
         return url
 
     def runs(self) -> list[dict[str, Any]]:
@@ -189,6 +200,26 @@ def test_overview_shows_what_is_scheduled_and_refreshes_by_itself(stack, page, t
     # (polled from here: the page's Content-Security-Policy forbids evaluating a string in it)
     wait_until(lambda: int(total.inner_text().replace(",", "")) >= before + 3, timeout=120, interval=0.2)
     assert page.evaluate("window.__same_page") is True
+
+
+def test_the_overview_says_when_it_cannot_refresh_and_why(page, tmp_path):
+    # With Redis gone, the open page only dimmed its figures: they read as current.
+    with RedisServer() as own:
+        proc, url = serve_web(
+            [sys.executable, "-m", "kombu_delay", "-b", own.delay_url], tmp_path / "web.log"
+        )
+        try:
+            page.goto(url + "/")
+            notice = page.locator("#stale")
+            assert notice.is_hidden()
+            own.stop(kill=True)
+            wait_until(notice.is_visible, timeout=120, interval=0.2)
+            told = notice.inner_text()
+            assert told.startswith("Not refreshed since ") and "Redis is unavailable" in told, told
+            own.start()
+            wait_until(notice.is_hidden, timeout=120, interval=0.2)
+        finally:
+            proc.stop()
 
 
 def test_search_by_id_finds_the_task_and_the_list_shows_it(stack, page, tmp_path):

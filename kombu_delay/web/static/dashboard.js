@@ -11,24 +11,43 @@
     });
   }
 
+  // Why a refresh failed: the error page's own message (Redis unavailable, say), else the status.
+  function failure(response) {
+    return response.text().then(function (html) {
+      var told = new DOMParser().parseFromString(html, "text/html").getElementById("error");
+      var text = told && told.textContent.trim();
+      throw new Error(text || "the dashboard answered HTTP " + response.status);
+    });
+  }
+
   function refresh(box, every) {
     var busy = false;
+    var since = new Date();
+    var notice = document.getElementById("stale");
     setInterval(function () {
       if (busy || document.hidden) return; // one request at a time, none for a hidden tab
       busy = true;
       fetch(box.getAttribute("data-src"), { credentials: "same-origin", cache: "no-store" })
         .then(function (response) {
-          if (!response.ok) throw new Error("HTTP " + response.status);
-          return response.text();
+          return response.ok ? response.text() : failure(response);
+        }, function () {
+          throw new Error("the dashboard did not answer");
         })
         .then(function (html) {
           box.innerHTML = html; // the server's own template, every message field escaped there
           localTimes(box);
-          box.setAttribute("data-refreshed", String(Date.now()));
+          since = new Date();
+          box.setAttribute("data-refreshed", String(since.getTime()));
           document.body.classList.remove("stale");
+          if (notice) notice.hidden = true;
         })
-        .catch(function () {
+        .catch(function (error) {
+          // The figures stay, dimmed, and say how old they are and why.
           document.body.classList.add("stale");
+          if (!notice) return;
+          notice.textContent = "Not refreshed since " + since.toLocaleTimeString() + ": " + error.message +
+            ". The figures below are from then.";
+          notice.hidden = false;
         })
         .finally(function () {
           busy = false;
