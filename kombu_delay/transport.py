@@ -140,8 +140,7 @@ class DelayChannelMixin(RecordingChannelMixin):
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         if self.connection is None:  # type: ignore[attr-defined]
-            # Closed by a retry that gave up (in a failover), and kept by its producer: kombu's own
-            # _put fails with an AttributeError, not retried; a connection error is, on a new channel.
+            # (kombu's own _put fails with an AttributeError, not retried; a connection error is)
             raise redis.ConnectionError(
                 "kombu-delay: the producer's channel was closed, as kombu closes it when its retry gives up "
                 "on a Redis it could not reach; nothing was sent (a publish with retry=True takes a new one)"
@@ -310,13 +309,10 @@ class DelayChannelMixin(RecordingChannelMixin):
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any
     ) -> None:
-        # A deleted queue's delayed messages go with it: left behind, they would recreate its
-        # list when due, a queue nobody consumes. Only where kombu deletes the queue: it
-        # deletes nothing for a queue this channel holds no binding of; ``if_empty`` counts
-        # the delayed messages too (``_size``; ``exchange_delete`` deletes its queues only if
-        # they are empty).
-        # The delayed messages go first, so that one a mover moves meanwhile is on the list
-        # when kombu deletes it (the other way round, it recreated the deleted queue's list).
+        # A deleted queue's delayed messages go with it (left behind, they would recreate its list
+        # when due), first (one a mover moves meanwhile is then on the list kombu deletes), and only
+        # where kombu deletes the queue: it deletes nothing for a queue this channel holds no binding
+        # of. ``if_empty`` counts the delayed messages too (``_size``; ``exchange_delete`` uses it).
         dests = self._delay_dests(queue)
         if if_empty and self._size(queue):
             return
