@@ -17,7 +17,16 @@ from kombu import Connection
 from kombu_delay import ConfigError, DelayControl
 from kombu_delay.cli import inspect as inspect_module
 from kombu_delay.cli import main
-from kombu_delay.cli.inspect import COMMANDS, NAME_CHARS, NAME_COLUMN, cells, clipped, render_stats, span
+from kombu_delay.cli.inspect import (
+    COMMANDS,
+    NAME_CHARS,
+    NAME_COLUMN,
+    cells,
+    clipped,
+    render_stats,
+    shown,
+    span,
+)
 from kombu_delay.control import Slot, Stats
 from kombu_delay.store.listing import Cursor
 from kombu_delay.tooling.redis_server import free_port
@@ -412,3 +421,22 @@ def test_a_name_of_marks_is_cut_too_and_a_long_one_is_measured_a_few_times(monke
     long = "n" * 58 + "\u0301" * 30_000 + "end"
     assert clipped(long) == long[: NAME_CHARS - 1] + "…"  # the marks stay with their n
     assert len(measured) <= 12 and max(measured) <= NAME_CHARS, measured
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ("a\u202eb", "a\\u202eb"),  # an RTL override, and an id written with a backslash
+        ("a\\\x07", "a\\x07", "a\x07"),  # a backslash before an escape
+        ("q\nx", "q\\nx"),
+        ("\U000e0001", "\\U000e0001"),  # a language tag: not printable
+    ],
+)
+def test_no_two_names_show_alike(texts):
+    # An id holding the six characters \u202e showed as an RTL override does: one id could
+    # pass for another, in `ls` and on the dashboard.
+    assert len({shown(text) for text in texts}) == len(texts), [shown(text) for text in texts]
+
+
+def test_a_backslash_that_starts_no_escape_shows_as_it_is():
+    assert shown("C:\\dir\\file") == "C:\\dir\\file" and shown("plain") == "plain"
