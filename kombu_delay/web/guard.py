@@ -346,5 +346,6 @@ def refused_post(request: Request, by: str, problem: str, refusals: Refusals) ->
     naming the action and its target (an action refused before its own code reads them: by the
     checks above, or as too large to read)."""
     query = request.query_string.decode(errors="backslashreplace")  # (any bytes a client sent)
-    target = f"{request.path}?{query}" if query else request.path
+    path = request.script_root + request.path  # (under --url-prefix, the path a browser asked for)
+    target = f"{path}?{query}" if query else path
     refusals.post(f"POST {target[:300]!r}", by, problem)

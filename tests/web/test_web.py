@@ -499,6 +499,12 @@ def test_wrong_passwords_are_told_on_the_audit_log_and_flood_it_not(control, cap
         assert client.post("/task/cancel?id=x", data={"csrf": "t"}, headers=wrong).status_code == 401
     (line,) = [record.getMessage() for record in caplog.records]
     assert line == "refused POST '/task/cancel?id=x' by -@127.0.0.1: authentication failed"
+    caplog.clear()  # under --url-prefix, the path asked for (it was told without the prefix)
+    client = client_of(control, credentials=Credentials.parse("ops:s3cret"))  # (its own pace)
+    kd = client.post("/task/cancel?id=y", data={"csrf": "t"}, headers=wrong, base_url="http://localhost/kd")
+    assert kd.status_code == 401
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith("refused POST '/kd/task/cancel?id=y' by"), line
 
 
 def test_refused_logins_are_told_at_most_every_ten_seconds_with_their_count(caplog):
