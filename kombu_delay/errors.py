@@ -153,6 +153,12 @@ def coded_text(exc: redis.ResponseError) -> str:
     return f"MASTERDOWN {exc}" if isinstance(exc, redis.exceptions.MasterDownError) else str(exc)
 
 
+def over_maxmemory(exc: redis.ResponseError) -> bool:
+    """Whether ``exc`` is Redis refusing a write at its ``maxmemory`` (redis-py strips the "OOM"
+    into the class; Redis 6 wraps a script's refusal in a plain error that keeps it in the text)."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in str(exc)
+
+
 def refusal_text(text: str) -> str:
     """An ACL refusal's text without where in a script it was raised; one from inside a script,
     which names neither the command nor its key, says so and where to look."""
@@ -186,9 +192,9 @@ def translated_errors() -> Iterator[None]:
         text = coded_text(exc)
         if isinstance(exc, redis.exceptions.NoPermissionError) or any(m in text for m in _SCRIPT_NOPERM):
             raise RedisPermissionError(f"Redis's ACL refused this user: {refusal_text(text)}") from exc
-        # redis-py strips the "OOM"/"READONLY" prefix into the class; Redis 6 wraps a
-        # script's refusal in a plain error that keeps it in the text.
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in text:
+        # redis-py strips the "READONLY" prefix into the class; Redis 6 wraps a script's refusal
+        # in a plain error that keeps it in the text.
+        if over_maxmemory(exc):
             raise OverMaxmemory(
                 f"Redis refused the write: maxmemory is reached ({text}); nothing was written"
             ) from exc

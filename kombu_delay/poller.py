@@ -21,7 +21,12 @@ tried again while Redis does not answer, for :data:`RECORD_RETRY_S`; once it is 
 message is delivered, and restored from there if the worker dies, as any other. Its
 acknowledgement, which takes the record away, is tried again the same way: one lost to a
 restart left the record, and the task, run already, ran again after the visibility timeout.
-Only Redis not answering is tried again, and not once the worker is told to stop.
+Only Redis not answering is tried again, and not once the worker is told to stop. A record
+Redis refuses at its ``maxmemory`` (``noeviction``) cannot be written until memory is freed,
+and the message is in this worker's memory alone: it is delivered unrecorded, with an ERROR,
+rather than dropped with the worker stopped (kombu's way). It runs; where it is given back
+unrun (a warm shutdown, a reject with requeue), it is pushed back onto its list from memory,
+as kombu would from its record; it is lost only if the worker dies before either.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Any
 import redis
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay.errors import unavailable_text
+from kombu_delay.errors import over_maxmemory, unavailable_text
 from kombu_delay.message import message_id, shown
 
 logger = logging.getLogger(__name__)
@@ -65,14 +70,66 @@ class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
 class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
     """kombu's acknowledgement emulation, whose record of a message taken (the unacked hash,
     from which it is restored) and whose acknowledgement, which takes the record away, are tried
-    again while Redis does not answer."""
+    again while Redis does not answer; and which delivers a message Redis refuses to record at
+    its maxmemory, as the module says."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The messages delivered with no record (Redis at its maxmemory), by delivery tag.
+        self._unrecorded: dict[Any, Any] = {}
 
     def append(self, message: Any, delivery_tag: Any) -> None:
-        _tried_again(lambda: super(RecordingQoS, self).append(message, delivery_tag), message, _RECORD)
+        try:
+            _tried_again(lambda: super(RecordingQoS, self).append(message, delivery_tag), message, _RECORD)
+        except redis.ResponseError as exc:
+            if not over_maxmemory(exc):
+                raise
+            logger.error(_UNRECORDED, shown(message_id(message._raw)), exc)
+            self._unrecorded[delivery_tag] = message
+            super(kombu_redis.QoS, self).append(message, delivery_tag)  # kept in memory only
 
     def ack(self, delivery_tag: Any) -> None:
+        if self._unrecorded.pop(delivery_tag, None) is not None:  # no record to take away
+            super(kombu_redis.QoS, self).ack(delivery_tag)
+            return
         message = self._delivered.get(delivery_tag)
-        _tried_again(lambda: super(RecordingQoS, self).ack(delivery_tag), message, _ACK)
+        _tried_again(lambda: self._ack_recorded(delivery_tag), message, _ACK)
+
+    def _ack_recorded(self, delivery_tag: Any) -> None:
+        try:
+            super().ack(delivery_tag)
+        except redis.ResponseError as exc:
+            if not over_maxmemory(exc):
+                raise
+            # At its maxmemory Redis refuses every command of a MULTI, deletions too (kombu's
+            # ack): the record is taken away one command at a time, which it allows.
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                pipe.zrem(self.unacked_index_key, delivery_tag).hdel(self.unacked_key, delivery_tag).execute()
+            super(kombu_redis.QoS, self).ack(delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        # As kombu's, through this class's ack and restore.
+        if not requeue:
+            self.ack(delivery_tag)
+            return
+        self.restore_by_tag(delivery_tag, leftmost=True)
+        super(kombu_redis.QoS, self).ack(delivery_tag)
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        """Give a message back to its list: kombu's way, from its record; one delivered with none,
+        from memory (its record is missing: kombu's way would drop it)."""
+        message = self._unrecorded.pop(tag, None)
+        if message is None:
+            super().restore_by_tag(tag, client, leftmost)
+            return
+        delivery = message.delivery_info
+        with self.channel.conn_or_acquire(client) as conn:
+            pipe = conn.pipeline()
+            self.channel._do_restore_message(
+                message._raw, delivery["exchange"], delivery["routing_key"], pipe, leftmost
+            )
+            pipe.execute()
 
 
 #: What :func:`_tried_again` tells of a record and of an acknowledgement: while it tries, and
@@ -81,6 +138,11 @@ _RECORD = (
     "kombu-delay: message %s, taken from its list, is not recorded as taken yet (%s); "
     "trying again for up to %g s",
     "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s; %s): it is lost",
+)
+_UNRECORDED = (
+    "kombu-delay: message %s, taken from its list, could not be recorded as taken: Redis is at its "
+    "maxmemory (%s); it is delivered unrecorded: it runs, and is lost only if this worker dies before it "
+    "is acknowledged or given back"
 )
 _ACK = (
     "kombu-delay: message %s is not acknowledged yet (%s); trying again for up to %g s",

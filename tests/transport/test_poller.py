@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -166,3 +167,44 @@ def taken_message(task_id: str) -> dict[str, Any]:
             "priority": 0,
         },
     }
+
+
+def test_a_message_taken_as_redis_is_at_its_maxmemory_is_delivered_not_lost(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis refused the record (OOM, noeviction): kombu raised, the worker stopped ("Unrecoverable
+    # error: OutOfMemoryError"), and the message it had taken, on no list any more, was lost.
+    admin = server.client()
+    with Connection(server.delay_url) as worker:
+        queue = worker.SimpleQueue("full")
+        queue.put({"n": 1})
+        queue.put({"n": 2})
+        admin.config_set("maxmemory", 1)  # every write that may grow memory is refused now
+        with caplog.at_level(logging.ERROR, logger="kombu_delay.poller"):
+            first, second = queue.get(timeout=30), queue.get(timeout=30)
+        assert (first.payload, second.payload) == ({"n": 1}, {"n": 2})
+        assert admin.hlen("unacked") == 0 and admin.llen("full") == 0  # in this worker's memory only
+        told = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.poller"]
+        assert len(told) == 2 and "delivered unrecorded" in told[0] and "maxmemory" in told[0], told
+        first.ack()  # (deleting needs no memory)
+        admin.config_set("maxmemory", 0)
+        second.requeue()  # given back unrun: from memory, as there is no record to restore it from
+        back = [json.loads(base64.b64decode(json.loads(m)["body"])) for m in admin.lrange("full", 0, -1)]
+        assert back == [{"n": 2}]
+        queue.close()
+
+
+def test_a_message_recorded_is_acknowledged_while_redis_is_at_its_maxmemory(server: RedisServer) -> None:
+    # Redis refuses every command of a MULTI at its maxmemory, deletions too: kombu's ack raised,
+    # and the worker stopped, its record left to run the task again after the visibility timeout.
+    admin = server.client()
+    with Connection(server.delay_url) as worker:
+        queue = worker.SimpleQueue("full")
+        queue.put({"n": 1})
+        message = queue.get(timeout=30)
+        assert admin.hlen("unacked") == 1
+        admin.config_set("maxmemory", 1)
+        message.ack()
+        assert admin.hlen("unacked") == 0 and admin.zcard("unacked_index") == 0
+        admin.config_set("maxmemory", 0)
+        queue.close()
