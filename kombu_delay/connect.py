@@ -19,6 +19,7 @@ from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 from kombu.transport import redis as kombu_redis
 
+from kombu_delay import tls
 from kombu_delay.config import Settings
 from kombu_delay.errors import (
     AUTH_ERRORS,
@@ -258,6 +259,7 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
     tell; for connections of kombu-delay's own, whose callers retry (a mover, with its
     back-off) or report (the CLI)."""
     with _redactor(conn).scrubbing(), translated_errors():
+        tls.check_files(conn.ssl)
         try:
             if not issubclass(conn.transport.Channel, kombu_redis.Channel):
                 raise ConfigError(f"a kombu connection of transport {conn.transport_cls!r}: {_NEEDS_REDIS}")
@@ -273,20 +275,13 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
             if isinstance(cause, redis.ResponseError):
                 raise RedisRefused(f"Redis refused the connection: {coded_text(cause)}") from exc
             raise RedisUnavailable(
-                f"Redis is unavailable: {unavailable_text(exc)}{_tls_hint(conn, exc)}"
+                f"Redis is unavailable: {unavailable_text(exc)}{tls.hint(conn, exc)}"
             ) from exc
         except ConfigError:
             raise
         except (ValueError, TypeError, ImportError) as exc:  # redis-py setting up a socket, say
             # ``socket_timeout=abc``; kombu importing a ``queue_order_strategy`` by its name
             raise ConfigError(f"bad broker URL or option: {_not_numbers(conn)}{exc}") from exc
-
-
-def _tls_hint(conn: Connection, exc: BaseException) -> str:
-    """What a TLS connection's timeout may mean (a port without TLS leaves its handshake unanswered)."""
-    if (conn.ssl or str(conn.transport_cls).endswith("rediss")) and "Timeout connecting" in str(exc):
-        return " (over TLS: a port that does not speak TLS leaves the handshake unanswered)"
-    return ""
 
 
 #: kombu's and redis-py's transport options that take a number (or none).

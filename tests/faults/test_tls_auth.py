@@ -28,7 +28,7 @@ from kombu_delay.mover import open_when_reachable
 from kombu_delay.mover.loop import Mover
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.procs import Proc, wait_until
-from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server
+from tests.support.servers import PasswordServer, TLSRedisServer, running_tls_server, tls_files
 from tests.support.stored import calls, stored
 
 PASSWORD = "s3cret"
@@ -285,3 +285,30 @@ def test_a_tls_url_at_a_port_without_tls_says_what_its_timeout_may_mean(
     with pytest.raises(RedisUnavailable) as raised, open_store(closed, timeouts):
         pass
     assert "TLS" not in str(raised.value)
+
+
+def test_a_tls_file_that_cannot_be_read_is_a_configuration_error_naming_it(
+    tls_server: TLSRedisServer, spawn: Callable[..., Proc]
+) -> None:
+    # redis-py told it as "Error 2 connecting to 127.0.0.1:PORT. No such file or directory.":
+    # Redis unavailable, which a mover tried again for ever.
+    url = (
+        f"delayrediss://127.0.0.1:{tls_server.port}/0?ssl_cert_reqs=required&ssl_ca_certs=/nonexistent/ca.pem"
+    )
+    told = "ssl_ca_certs '/nonexistent/ca.pem' (no readable file)"
+    for command, code in ((["stats"], 3), (["health"], 2)):
+        result = CliRunner().invoke(main, ["-b", url, *command])
+        assert result.exit_code == code and told in result.output, result.output
+    mover = spawn([sys.executable, "-m", "kombu_delay", "-b", url, "mover"], name="mover")
+    assert mover.popen.wait(timeout=DEADLINE_S) == 1
+    assert told in mover.output() and "Traceback" not in mover.output(), mover.output()
+
+
+def test_a_refused_certificate_is_told_as_one(tls_server: TLSRedisServer, tmp_path: Path) -> None:
+    # A wrong CA read "Redis is unavailable: ... certificate verify failed", with nothing to check.
+    (tmp_path / "other").mkdir()
+    stranger, _, _ = tls_files(tmp_path / "other")  # a CA that signed no certificate of this server
+    url = f"delayrediss://127.0.0.1:{tls_server.port}/0?ssl_cert_reqs=required&ssl_ca_certs={stranger}"
+    refused = "TLS certificate was refused: check ssl_ca_certs"
+    with pytest.raises(RedisUnavailable, match=refused), open_store(url, MUST_FAIL):
+        pass

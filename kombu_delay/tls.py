@@ -1,0 +1,60 @@
+"""What a TLS connection's options may get wrong, told as what it is rather than as a Redis
+that cannot be reached: a file they name that cannot be read (a configuration error, which
+trying again cannot mend), and a server certificate refused (which the server may yet renew)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+from kombu_delay.errors import ConfigError
+
+#: The options of redis-py's TLS connections that name a file (or, the last, a directory).
+FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+
+
+def check_files(options: Any) -> None:
+    """Raise :class:`ConfigError` naming each file of the TLS ``options`` (kombu's ``ssl``:
+    Celery's ``broker_use_ssl``, or the URL's query) that this process cannot read. redis-py
+    told a missing CA file as "Error 2 connecting to host:port. No such file or directory.", a
+    Redis that cannot be reached, and a mover tried again for ever."""
+    if not isinstance(options, Mapping):
+        return
+    unread = []
+    for name in FILE_OPTIONS:
+        path = options.get(name)
+        if not isinstance(path, str | bytes | os.PathLike) or not os.fspath(path):
+            continue
+        want_dir = name == "ssl_ca_path"
+        found = os.path.isdir(path) if want_dir else os.path.isfile(path)
+        if not (found and os.access(path, os.R_OK)):
+            what = "no readable directory" if want_dir else "no readable file"
+            unread.append(f"{name} {os.fsdecode(path)!r} ({what})")
+    if unread:
+        raise ConfigError(f"bad TLS option: {'; '.join(unread)}")
+
+
+def hint(conn: Any, exc: BaseException) -> str:
+    """What the failure ``exc`` of the kombu connection ``conn`` may mean over TLS: a timeout, a
+    port without TLS (which leaves the handshake unanswered); a certificate refused, options to
+    check (tried again all the same: the server may renew it)."""
+    if certificate_refused(exc):
+        return " (the server's TLS certificate was refused: check ssl_ca_certs, and its name and dates)"
+    if (conn.ssl or str(conn.transport_cls).endswith("rediss")) and "Timeout connecting" in str(exc):
+        return " (over TLS: a port that does not speak TLS leaves the handshake unanswered)"
+    return ""
+
+
+def certificate_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (kombu's or redis-py's connection error) comes of the server's certificate
+    refused: an unknown CA, a wrong name, an expired certificate."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a chain of causes is short; one made into a loop must not hang)
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
