@@ -19,7 +19,7 @@ from kombu_delay.cli.common import announce, cells, global_options, padded, targ
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError
-from kombu_delay.ops.checks import movers_heard, movers_told
+from kombu_delay.ops.checks import evicted_beats, movers_heard, movers_told
 from kombu_delay.store.listing import Cursor
 
 NOT_FOUND = 1
@@ -39,9 +39,8 @@ class InspectError(click.ClickException):
 
 @contextmanager
 def control(ctx: click.Context) -> Iterator[DelayControl]:
-    """Yield a :class:`DelayControl` for the command's broker, turning errors into exit 3.
-    Says first, on stderr, which broker it reads. Redis gets the mover's socket timeouts
-    unless the transport options set their own, so a silent server fails the command."""
+    """Yield a :class:`DelayControl` for the command's broker (named first, on stderr), errors
+    turned into exit 3, with the mover's socket timeouts unless the options set their own."""
     tgt = with_socket_timeouts(target(ctx))
     announce(ctx)
     try:
@@ -155,7 +154,8 @@ def render_stats(stats: Stats) -> str:
         last = "none heard" if beat is None else f"{span(now - beat)} ago"
         lines.append(f"movers     {told}, last heartbeat {last}")
     else:
-        lines.append("movers     none running (no heartbeat kept; is `kombu-delay mover` running?)")
+        why = evicted_beats(stats.warnings)
+        lines.append(f"movers     none running (no heartbeat kept; is `kombu-delay mover` running?){why}")
     if stats.by_queue:
         lines.append("queues")
         names = {name: clipped(shown(name)) for name in stats.by_queue}

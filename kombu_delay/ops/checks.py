@@ -89,9 +89,20 @@ def eviction_problem(policy: str | None) -> str | None:
     if policy is None or policy == SAFE_POLICY:
         return None
     return (
-        f"Redis's maxmemory-policy is {policy}: under memory pressure Redis deletes scheduled "
+        f"{_POLICY_TOLD}{policy}: under memory pressure Redis deletes scheduled "
         f"messages without a trace; set maxmemory-policy {SAFE_POLICY} (CONFIG SET and redis.conf)"
     )
+
+
+_POLICY_TOLD = "Redis's maxmemory-policy is "
+#: What "no mover heartbeat" adds beside an evicting policy (among ``warnings``): movers may be
+#: running, their heartbeats deleted by Redis as they are written.
+EVICTED_BEATS = " (or deleted: the maxmemory-policy above evicts the movers' heartbeats too)"
+
+
+def evicted_beats(warnings: Iterable[str]) -> str:
+    """:data:`EVICTED_BEATS` where ``warnings`` tell an evicting policy, else nothing."""
+    return EVICTED_BEATS if any(w.startswith(_POLICY_TOLD) for w in warnings) else ""
 
 
 #: Bytes short of its ``maxmemory`` within which Redis is taken to be at it. Redis judges a

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.mover.watch import ALERT_KEEP_MS
 from kombu_delay.ops.checks import (
+    evicted_beats,
     eviction_problem,
     memory_problem,
     movers_heard,
@@ -56,7 +57,7 @@ class Health:
         found = list(self.warnings) if redis_checks else []
         if max_heartbeat_age_ms:
             if self.heartbeat_age_ms is None:
-                found.append("no mover heartbeat")
+                found.append("no mover heartbeat" + evicted_beats(self.warnings))
             elif self.heartbeat_age_ms > max_heartbeat_age_ms:
                 found.append(
                     f"no mover heartbeat within {max_heartbeat_age_ms / 1000:g} s "

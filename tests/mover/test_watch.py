@@ -85,6 +85,17 @@ def test_an_evicting_policy_is_an_error_in_the_log_stats_health_and_metrics(evic
     assert "maxmemory-policy" not in cli(url, "stats").stdout
 
 
+def test_no_heartbeat_beside_an_evicting_policy_says_it_may_have_been_evicted(evicting):
+    # "no mover heartbeat", "is `kombu-delay mover` running?": with movers running, whose
+    # heartbeats the policy deleted as they were written, that advice would restart them.
+    url = evicting.delay_url
+    probe = cli(url, "health")
+    assert probe.returncode == 1 and "no mover heartbeat (or deleted: the maxmemory-policy" in probe.stdout
+    assert "evicts the movers' heartbeats too" in cli(url, "stats").stdout
+    evicting.client().config_set("maxmemory-policy", "noeviction")
+    assert "evicts" not in cli(url, "health").stdout + cli(url, "stats").stdout
+
+
 def test_redis_at_maxmemory_is_a_warning_in_the_log_stats_health_and_metrics(spawn, caplog):
     """Under noeviction, Redis at its maxmemory refuses every publish: the mover told it only
     from its thaw, and only with compressed messages near their due time (with none stored,
