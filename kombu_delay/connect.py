@@ -220,6 +220,10 @@ def app_target(app: Any) -> Target:
     return Target(str(url), dict(conf.broker_transport_options or {}), ssl=conf.broker_use_ssl, source=source)
 
 
+#: Where redis-py's refusal of a keyword comes from: the URL's query, passed on as it is.
+_QUERY_HINT = " (a URL's query goes to redis-py's connection as it is: give options with -o NAME=VALUE)"
+
+
 def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl: Any = None) -> Connection:
     """Return a kombu :class:`~kombu.Connection` to the kombu-delay transport of ``url``
     (not yet connected); a URL kombu cannot read, or would misread, raises :class:`ConfigError`.
@@ -235,7 +239,8 @@ def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl
                 ssl=False if ssl is None else ssl,
             )
         except (KeyError, ValueError, TypeError) as exc:  # an unknown scheme, a bad port or database
-            raise ConfigError(f"bad broker URL {mask_url(url)}: {exc}") from exc
+            hint = _QUERY_HINT if "keyword argument" in str(exc) else ""
+            raise ConfigError(f"bad broker URL {mask_url(url)}: {exc}{hint}") from exc
 
 
 def _redactor(conn: Connection) -> Redactor:

@@ -441,8 +441,15 @@ def test_health_tells_an_error_from_an_unreachable_redis(server: RedisServer) ->
             ConfigError,
             "No module named 'bogus'",
         ),
+        # was redis-py's "unexpected keyword argument 'socket_timeout'" alone
+        (
+            "delayredis://127.0.0.1:{port}/0?socket_timeout=5",
+            [],
+            ConfigError,
+            "give options with -o NAME=VALUE",
+        ),
     ],
-    ids=["port", "database", "scheme", "option", "database-range", "imported-option"],
+    ids=["port", "database", "scheme", "option", "database-range", "imported-option", "url-query"],
 )
 def test_a_bad_url_or_option_is_a_clear_error_everywhere(
     redis_server: RedisServer,
