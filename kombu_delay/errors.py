@@ -153,6 +153,17 @@ def coded_text(exc: redis.ResponseError) -> str:
     return f"MASTERDOWN {exc}" if isinstance(exc, redis.exceptions.MasterDownError) else str(exc)
 
 
+def write_waits_out(exc: redis.ResponseError) -> bool:
+    """Whether ``exc`` is Redis refusing a write for now: a failover's ``NOREPLICAS``,
+    ``MASTERDOWN`` or ``READONLY`` (a master demoted), a failing disk's ``MISCONF``, a script
+    running past its time (``BUSY``). (In a pipeline, redis-py words it "Command # 1 (...) of
+    pipeline caused error: NOREPLICAS ...".)"""
+    text = coded_text(exc)
+    return isinstance(exc, redis.exceptions.ReadOnlyError) or any(
+        text.startswith(m) or f"caused error: {m}" in text for m in _WAIT_REFUSALS
+    )
+
+
 def over_maxmemory(exc: redis.ResponseError) -> bool:
     """Whether ``exc`` is Redis refusing a write at its ``maxmemory`` (redis-py strips the "OOM"
     into the class; Redis 6 wraps a script's refusal in a plain error that keeps it in the text)."""

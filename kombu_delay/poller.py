@@ -17,16 +17,19 @@ prefetch limit, as it holds a prefetched one.
 That record is a command of its own, after the ``BRPOP``: where Redis goes away between the
 two (a restart, a failover), kombu drops the message, which no list holds any more (one task
 lost in each of three Redis restarts under a worker taking due messages). Here the record is
-tried again while Redis does not answer, for :data:`RECORD_RETRY_S`; once it is written, the
-message is delivered, and restored from there if the worker dies, as any other. Its
-acknowledgement, which takes the record away, is tried again the same way: one lost to a
-restart left the record, and the task, run already, ran again after the visibility timeout.
-Only Redis not answering is tried again, and not once the worker is told to stop. A record
-Redis refuses at its ``maxmemory`` (``noeviction``) cannot be written until memory is freed,
-and the message is in this worker's memory alone: it is delivered unrecorded, with an ERROR,
-rather than dropped with the worker stopped (kombu's way). It runs; where it is given back
-unrun (a warm shutdown, a reject with requeue), it is pushed back onto its list from memory,
-as kombu would from its record; it is lost only if the worker dies before either.
+tried again while Redis does not answer, or refuses writes for a while (a failover's
+``NOREPLICAS``, ``READONLY`` or ``MASTERDOWN``, a failing disk's ``MISCONF``), for
+:data:`RECORD_RETRY_S`; once it is written, the message is delivered, and restored from there if
+the worker dies, as any other. Its acknowledgement, which takes the record away, is tried again
+the same way: one lost to a restart left the record, and the task, run already, ran again
+after the visibility timeout. Nothing is tried again once the worker is told to stop.
+
+A record still not written then, or refused at Redis's ``maxmemory`` (``noeviction``: freed
+memory, not a wait, ends that), leaves the message in this worker's memory alone: it is
+delivered unrecorded, with an ERROR, rather than dropped with the worker stopped (kombu's way).
+It runs; where it is given back unrun (a warm shutdown, a reject with requeue), it is pushed
+back onto its list from memory, as kombu would from its record; it is lost only if the worker
+dies before either, or is told to stop while its record is tried.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any
 import redis
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay.errors import over_maxmemory, unavailable_text
+from kombu_delay.errors import coded_text, over_maxmemory, unavailable_text, write_waits_out
 from kombu_delay.message import message_id, shown
 
 logger = logging.getLogger(__name__)
@@ -81,10 +84,14 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
     def append(self, message: Any, delivery_tag: Any) -> None:
         try:
             _tried_again(lambda: super(RecordingQoS, self).append(message, delivery_tag), message, _RECORD)
-        except redis.ResponseError as exc:
-            if not over_maxmemory(exc):
+        except _RETRIED as exc:
+            if isinstance(exc, redis.ResponseError) and not (over_maxmemory(exc) or write_waits_out(exc)):
                 raise
-            logger.error(_UNRECORDED, shown(message_id(message._raw)), exc)
+            taken, why = shown(message_id(message._raw)), _why(exc)
+            if WORKER_STOPPING.is_set():
+                logger.error(_RECORD[1], taken, why, "the worker is stopping")
+                raise
+            logger.error(_UNRECORDED, taken, why)
             self._unrecorded[delivery_tag] = message
             super(kombu_redis.QoS, self).append(message, delivery_tag)  # kept in memory only
 
@@ -140,10 +147,11 @@ _RECORD = (
     "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s; %s): it is lost",
 )
 _UNRECORDED = (
-    "kombu-delay: message %s, taken from its list, could not be recorded as taken: Redis is at its "
-    "maxmemory (%s); it is delivered unrecorded: it runs, and is lost only if this worker dies before it "
-    "is acknowledged or given back"
+    "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s); it is delivered "
+    "unrecorded: it runs, and is lost only if this worker dies before it is acknowledged or given back"
 )
+#: What is tried again: Redis not answering, and a write it refuses for now (:func:`write_waits_out`).
+_RETRIED = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError)
 _ACK = (
     "kombu-delay: message %s is not acknowledged yet (%s); trying again for up to %g s",
     "kombu-delay: message %s could not be acknowledged (%s; %s): kombu restores it after the visibility "
@@ -152,25 +160,36 @@ _ACK = (
 
 
 def _tried_again(call: Callable[[], None], message: Any, told: tuple[str, str]) -> None:
-    """``call()``, tried again while Redis does not answer, for :data:`RECORD_RETRY_S` at most
-    and until the worker is told to stop; ``message``: what it records or acknowledges."""
+    """``call()``, tried again while Redis does not answer or refuses the write for now, for
+    :data:`RECORD_RETRY_S` at most and until the worker is told to stop; ``message``: what it
+    records or acknowledges. Given up, an acknowledgement is told (``told[1]``), a record left
+    to its caller."""
     deadline, pause = time.monotonic() + RECORD_RETRY_S, 0.1
     while True:
         try:
             call()
             return
-        except (redis.ConnectionError, redis.TimeoutError) as exc:  # only Redis not answering
+        except _RETRIED as exc:
+            if isinstance(exc, redis.ResponseError) and not write_waits_out(exc):
+                raise
             taken = shown(message_id(message._raw)) if message is not None else "(unknown)"
-            why = unavailable_text(exc)
+            why = _why(exc)
             stopping = WORKER_STOPPING.is_set()
             if stopping or time.monotonic() + pause > deadline:
-                after = "the worker is stopping" if stopping else f"tried for {RECORD_RETRY_S:g} s"
-                logger.error(told[1], taken, why, after)
+                if told is _ACK:
+                    after = "the worker is stopping" if stopping else f"tried for {RECORD_RETRY_S:g} s"
+                    logger.error(told[1], taken, why, after)
                 raise
             if pause == 0.1:
                 logger.warning(told[0], taken, why, RECORD_RETRY_S)
             _nap(pause)
             pause = min(pause * 2, 2.0)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, redis.ResponseError):
+        return f"Redis refused the write: {coded_text(exc)}"
+    return unavailable_text(exc)
 
 
 def _nap(seconds: float) -> None:
@@ -181,10 +200,35 @@ def _nap(seconds: float) -> None:
         time.sleep(min(0.1, max(0.0, end - time.monotonic())))
 
 
+#: How long a channel waits before it asks again for a message that Redis refused to pop for
+#: now (:func:`write_waits_out`), s; and how often it says so, at most.
+REFUSED_POP_WAIT_S, REFUSED_POP_TOLD_S = 1.0, 60.0
+
+
 class RecordingChannelMixin:
-    """A Redis channel whose record of each message taken is :class:`RecordingQoS`'s."""
+    """A Redis channel whose record of each message taken is :class:`RecordingQoS`'s, and whose
+    ``BRPOP``, a write, waits while Redis refuses writes for now (a failover's ``NOREPLICAS``):
+    kombu raised the refusal, and the worker stopped, where a moment later it could go on."""
 
     QoS = RecordingQoS
+    _pop_refused_told = 0.0
+
+    def _brpop_read(self, **options: Any) -> Any:
+        try:
+            return super()._brpop_read(**options)  # type: ignore[misc]
+        except redis.ResponseError as exc:
+            if not write_waits_out(exc):
+                raise
+            now = time.monotonic()
+            if now - self._pop_refused_told >= REFUSED_POP_TOLD_S:
+                self._pop_refused_told = now
+                logger.warning(
+                    "kombu-delay: Redis refuses to hand out messages for now (%s); asking again every %g s",
+                    _why(exc),
+                    REFUSED_POP_WAIT_S,
+                )
+            _nap(REFUSED_POP_WAIT_S)  # (nothing was popped: nothing is held meanwhile)
+            raise kombu_redis.Empty() from exc
 
 
 class DeliveringTransportMixin:

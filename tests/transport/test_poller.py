@@ -208,3 +208,88 @@ def test_a_message_recorded_is_acknowledged_while_redis_is_at_its_maxmemory(serv
         assert admin.hlen("unacked") == 0 and admin.zcard("unacked_index") == 0
         admin.config_set("maxmemory", 0)
         queue.close()
+
+
+def refusing_writes(admin: redis.Redis, on: bool) -> None:
+    """Make a standalone Redis refuse every write (NOREPLICAS), as a master does that lost its
+    replicas under ``min-replicas-to-write``, or accept them again."""
+    admin.config_set("min-replicas-to-write", 1 if on else 0)
+
+
+def taken(admin: redis.Redis, channel: Any) -> Any:
+    """A message popped off list ``refusing`` as kombu's BRPOP does: on no list any more."""
+    return channel.Message(json.loads(admin.rpop("refusing")), channel=channel)
+
+
+def test_a_record_refused_for_a_while_is_written_once_redis_takes_writes_again(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Taken just before a master refused writes in a failover (NOREPLICAS): kombu raised, the
+    # worker stopped, and the message it had taken was lost.
+    admin = server.client()
+    with (
+        Connection(server.delay_url) as worker,
+        caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
+    ):
+        worker.SimpleQueue("refusing").put({"n": 1})
+        channel = worker.channel()
+        message = taken(admin, channel)
+        refusing_writes(admin, True)
+        for step, said in (
+            (lambda: channel.qos.append(message, message.delivery_tag), "not recorded as taken yet"),
+            (lambda: channel.basic_ack(message.delivery_tag), "not acknowledged yet"),
+        ):
+            done = threading.Thread(target=step)
+            done.start()
+            wait_until(lambda said=said: any(said in r.getMessage() for r in caplog.records), timeout=60)
+            refusing_writes(admin, False)
+            done.join()
+            if said.startswith("not recorded"):
+                assert admin.hexists(
+                    "unacked", message.delivery_tag
+                )  # restored from there if the worker dies
+                refusing_writes(admin, True)
+        assert not admin.hexists("unacked", message.delivery_tag)  # acknowledged: not run again
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_record_refused_past_the_retry_is_delivered_unrecorded(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(poller, "RECORD_RETRY_S", 2.0)
+    admin = server.client()
+    with (
+        Connection(server.delay_url) as worker,
+        caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
+    ):
+        worker.SimpleQueue("refusing").put({"n": 1})
+        channel = worker.channel()
+        message = taken(admin, channel)
+        refusing_writes(admin, True)
+        channel.qos.append(message, message.delivery_tag)
+        assert message.delivery_tag in channel.qos._delivered and not admin.hexists(
+            "unacked", message.delivery_tag
+        )
+        refusing_writes(admin, False)
+    told = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(told) == 1 and "NOREPLICAS" in told[0] and "delivered unrecorded" in told[0], told
+
+
+def test_a_consumer_waits_while_redis_refuses_to_hand_out_messages(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # kombu's BRPOP, a write, refused (NOREPLICAS) raised out of drain_events: a worker stopped.
+    admin = server.client()
+    with (
+        Connection(server.delay_url) as worker,
+        caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
+    ):
+        queue = worker.SimpleQueue("refusing")
+        queue.put({"n": 1})
+        refusing_writes(admin, True)
+        with pytest.raises(queue.Empty):
+            queue.get(timeout=3)
+        assert admin.llen("refusing") == 1  # nothing taken meanwhile
+        refusing_writes(admin, False)
+        assert queue.get(timeout=30).payload == {"n": 1}
+    assert any("refuses to hand out messages" in r.getMessage() for r in caplog.records)
