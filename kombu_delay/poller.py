@@ -28,8 +28,10 @@ A record still not written then, or refused at Redis's ``maxmemory`` (``noevicti
 memory, not a wait, ends that), leaves the message in this worker's memory alone: it is
 delivered unrecorded, with an ERROR, rather than dropped with the worker stopped (kombu's way).
 It runs; where it is given back unrun (a warm shutdown, a reject with requeue), it is pushed
-back onto its list from memory, as kombu would from its record; it is lost only if the worker
-dies before either, or is told to stop while its record is tried.
+back onto its list from memory, as kombu would from its record, tried again while Redis refuses
+the push (at its maxmemory too: other workers taking messages free memory) for a minute, 10 s
+once the worker is told to stop. It is lost, with an ERROR, if that push is still refused then,
+or the worker is told to stop while its record is tried; and, unsaid, if the worker dies first.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ logger = logging.getLogger(__name__)
 #: does not answer, s (a restart's time, with room): given up, a message taken is lost, and one
 #: acknowledged runs again after the visibility timeout, as kombu would have them at once.
 RECORD_RETRY_S = 60.0
+#: How long a worker told to stop still tries to give back a message delivered unrecorded (its
+#: only copy, in this worker's memory), s.
+GIVE_BACK_STOPPING_S = 10.0
 #: Set once Celery tells this process's worker to stop (by kombu_delay.mover.embedded, which
 #: Celery loads at start through the ``delay`` command; importing kombu_delay loads no Celery).
 WORKER_STOPPING = threading.Event()
@@ -126,17 +131,30 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """Give a message back to its list: kombu's way, from its record; one delivered with none,
         from memory (its record is missing: kombu's way would drop it)."""
-        message = self._unrecorded.pop(tag, None)
+        message = self._unrecorded.get(tag)
         if message is None:
             super().restore_by_tag(tag, client, leftmost)
             return
         delivery = message.delivery_info
-        with self.channel.conn_or_acquire(client) as conn:
-            pipe = conn.pipeline()
-            self.channel._do_restore_message(
-                message._raw, delivery["exchange"], delivery["routing_key"], pipe, leftmost
-            )
-            pipe.execute()
+
+        def give_back() -> None:
+            with self.channel.conn_or_acquire(client) as conn:
+                pipe = conn.pipeline()
+                self.channel._do_restore_message(
+                    message._raw, delivery["exchange"], delivery["routing_key"], pipe, leftmost
+                )
+                pipe.execute()
+
+        # Redis at its maxmemory refuses the push too, until memory is freed (by other workers
+        # taking messages): waited for, for a while at a warm shutdown as well.
+        try:
+            _tried_again(give_back, message, _GIVEN_BACK, _refused_for_now, stopping_s=GIVE_BACK_STOPPING_S)
+        except _RETRIED as exc:  # (kombu's restore of every other message goes on)
+            if isinstance(exc, redis.ResponseError) and not _refused_for_now(exc):
+                raise
+            logger.error(_GIVEN_BACK[1], shown(message_id(message._raw)), _why(exc))
+        finally:
+            self._unrecorded.pop(tag, None)
 
 
 #: What :func:`_tried_again` tells of a record and of an acknowledgement: while it tries, and
@@ -148,10 +166,16 @@ _RECORD = (
 )
 _UNRECORDED = (
     "kombu-delay: message %s, taken from its list, could not be recorded as taken (%s); it is delivered "
-    "unrecorded: it runs, and is lost only if this worker dies before it is acknowledged or given back"
+    "unrecorded: it runs, and is lost if this worker dies before it is acknowledged or given back"
 )
 #: What is tried again: Redis not answering, and a write it refuses for now (:func:`write_waits_out`).
 _RETRIED = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError)
+_GIVEN_BACK = (
+    "kombu-delay: message %s, delivered unrecorded and given back unrun, is not on its list yet (%s); "
+    "trying again for up to %g s",
+    "kombu-delay: message %s, delivered unrecorded and given back unrun, could not be put back onto its "
+    "list (%s): it is lost",
+)
 _ACK = (
     "kombu-delay: message %s is not acknowledged yet (%s); trying again for up to %g s",
     "kombu-delay: message %s could not be acknowledged (%s; %s): kombu restores it after the visibility "
@@ -159,36 +183,52 @@ _ACK = (
 )
 
 
-def _tried_again(call: Callable[[], None], message: Any, told: tuple[str, str]) -> None:
-    """``call()``, tried again while Redis does not answer or refuses the write for now, for
-    :data:`RECORD_RETRY_S` at most and until the worker is told to stop; ``message``: what it
-    records or acknowledges. Given up, an acknowledgement is told (``told[1]``), a record left
-    to its caller."""
+def _tried_again(
+    call: Callable[[], None],
+    message: Any,
+    told: tuple[str, str],
+    waits: Callable[[redis.ResponseError], bool] = write_waits_out,
+    stopping_s: float = 0.0,
+) -> None:
+    """``call()``, tried again while Redis does not answer or refuses the write for now
+    (``waits``), for :data:`RECORD_RETRY_S` at most, and once the worker is told to stop for
+    ``stopping_s`` more at most; ``message``: what it records, acknowledges or gives back. Given
+    up, an acknowledgement is told (``told[1]``), a record or a giving back left to its caller."""
     deadline, pause = time.monotonic() + RECORD_RETRY_S, 0.1
     while True:
         try:
             call()
             return
         except _RETRIED as exc:
-            if isinstance(exc, redis.ResponseError) and not write_waits_out(exc):
+            if isinstance(exc, redis.ResponseError) and not waits(exc):
                 raise
             taken = shown(message_id(message._raw)) if message is not None else "(unknown)"
             why = _why(exc)
             stopping = WORKER_STOPPING.is_set()
-            if stopping or time.monotonic() + pause > deadline:
+            if stopping:
+                deadline = min(deadline, time.monotonic() + stopping_s)
+                stopping_s = 0.0  # (counted from the first failure seen while stopping)
+            if time.monotonic() + pause > deadline:
                 if told is _ACK:
                     after = "the worker is stopping" if stopping else f"tried for {RECORD_RETRY_S:g} s"
                     logger.error(told[1], taken, why, after)
                 raise
             if pause == 0.1:
                 logger.warning(told[0], taken, why, RECORD_RETRY_S)
-            _nap(pause)
+            time.sleep(pause) if stopping else _nap(pause)
             pause = min(pause * 2, 2.0)
 
 
+def _refused_for_now(exc: redis.ResponseError) -> bool:
+    """A write refused for now (:func:`write_waits_out`), or until memory is freed."""
+    return write_waits_out(exc) or over_maxmemory(exc)
+
+
 def _why(exc: BaseException) -> str:
+    """``exc`` told: a refusal without the pipelined command redis-py puts before it, which shows
+    the start of the message ("Command # 1 (RPUSH q {"body": ...) of pipeline caused error: ")."""
     if isinstance(exc, redis.ResponseError):
-        return f"Redis refused the write: {coded_text(exc)}"
+        return f"Redis refused the write: {coded_text(exc).rpartition(' of pipeline caused error: ')[2]}"
     return unavailable_text(exc)
 
 

@@ -187,11 +187,39 @@ def test_a_message_taken_as_redis_is_at_its_maxmemory_is_delivered_not_lost(
         told = [rec.getMessage() for rec in caplog.records if rec.name == "kombu_delay.poller"]
         assert len(told) == 2 and "delivered unrecorded" in told[0] and "maxmemory" in told[0], told
         first.ack()  # (deleting needs no memory)
-        admin.config_set("maxmemory", 0)
-        second.requeue()  # given back unrun: from memory, as there is no record to restore it from
+        # Given back unrun: from memory, as there is no record to restore it from; Redis refuses
+        # the push too until memory is freed, and it was dropped at the first refusal.
+        requeued = threading.Thread(target=second.requeue)
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.poller"):
+            requeued.start()
+            wait_until(lambda: any("is not on its list yet" in r.getMessage() for r in caplog.records))
+            admin.config_set("maxmemory", 0)
+            requeued.join()
         back = [json.loads(base64.b64decode(json.loads(m)["body"])) for m in admin.lrange("full", 0, -1)]
         assert back == [{"n": 2}]
         queue.close()
+
+
+def test_a_message_delivered_unrecorded_that_cannot_be_given_back_at_shutdown_is_told_lost(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, running: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A warm shutdown gives back what a worker took and did not run: at maxmemory, refused, those
+    # delivered unrecorded were dropped with nothing said.
+    monkeypatch.setattr(poller, "GIVE_BACK_STOPPING_S", 1.0)
+    admin = server.client()
+    with Connection(server.delay_url) as worker:
+        queue = worker.SimpleQueue("full")
+        queue.put({"n": 1})
+        admin.config_set("maxmemory", 1)
+        message = queue.get(timeout=30)
+        signals.worker_shutting_down.send(sender="w@h", sig="SIGTERM")
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.poller"):
+            worker.default_channel.qos.restore_unacked()  # (kombu's, as its channel closes)
+        admin.config_set("maxmemory", 0)
+        assert admin.llen("full") == 0 and message.delivery_tag not in worker.default_channel.qos._unrecorded
+        told = [r.getMessage() for r in caplog.records if "given back unrun" in r.getMessage()]
+        assert "could not be put back onto its list" in told[-1] and "it is lost" in told[-1], told
+        assert all("eyJ" not in line for line in told)  # (nor the message's start, as redis-py quotes it)
 
 
 def test_a_message_recorded_is_acknowledged_while_redis_is_at_its_maxmemory(server: RedisServer) -> None:
