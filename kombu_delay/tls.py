@@ -34,6 +34,28 @@ def check_files(options: Any) -> None:
             unread.append(f"{name} {os.fsdecode(path)!r} ({what})")
     if unread:
         raise ConfigError(f"bad TLS option: {'; '.join(unread)}")
+    _check_loads(options)
+
+
+def _check_loads(options: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` where the files are there but OpenSSL cannot use them, as
+    redis-py will load them: a CA file with no certificate in it, a key that is not the
+    certificate's (told as a Redis that cannot be reached, and tried again for ever)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca_certs, ca_path = options.get("ssl_ca_certs"), options.get("ssl_ca_path")
+    certfile, keyfile = options.get("ssl_certfile"), options.get("ssl_keyfile")
+    try:
+        if ca_certs or ca_path:
+            context.load_verify_locations(cafile=ca_certs or None, capath=ca_path or None)
+        if certfile:
+            # (A key that needs a password and has none is refused here, not asked for.)
+            password = options.get("ssl_password") or (lambda: b"")
+            context.load_cert_chain(certfile, keyfile or None, password=password)
+    except (ssl.SSLError, OSError, TypeError, ValueError) as exc:
+        files = ", ".join(
+            f"{name} {os.fsdecode(options[name])!r}" for name in FILE_OPTIONS if options.get(name)
+        )
+        raise ConfigError(f"bad TLS option: OpenSSL cannot use {files}: {exc}") from exc
 
 
 def hint(conn: Any, exc: BaseException) -> str:

@@ -32,7 +32,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from kombu_delay import resend
+from kombu_delay import resend, tls
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
@@ -84,9 +84,9 @@ class DelayChannelMixin(RecordingChannelMixin):
     _delay_broker: str | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        tls.check_files(args[0].client.ssl)  # a TLS file it cannot use, told as one, not retried for ever
         super().__init__(*args, **kwargs)
-        # Validated when the channel opens: a bad delay_* option (a grace too short to be
-        # safe, say) fails the publisher at its start, not at its first delayed message.
+        # A bad delay_* option fails the publisher as its channel opens, not at its first delayed message.
         _ = self.delay_settings
 
     @property

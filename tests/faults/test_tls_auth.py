@@ -23,7 +23,7 @@ from kombu.exceptions import OperationalError
 
 from kombu_delay.cli import main
 from kombu_delay.connect import app_target, open_store
-from kombu_delay.errors import KombuDelayError, RedisAuthError, RedisUnavailable
+from kombu_delay.errors import ConfigError, KombuDelayError, RedisAuthError, RedisUnavailable
 from kombu_delay.mover import open_when_reachable
 from kombu_delay.mover.loop import Mover
 from kombu_delay.tooling.redis_server import RedisServer, free_port
@@ -312,3 +312,32 @@ def test_a_refused_certificate_is_told_as_one(tls_server: TLSRedisServer, tmp_pa
     refused = "TLS certificate was refused: check ssl_ca_certs"
     with pytest.raises(RedisUnavailable, match=refused), open_store(url, MUST_FAIL):
         pass
+
+
+@pytest.mark.parametrize("damage", ["no certificate in the CA file", "a key not the certificate's"])
+def test_a_tls_file_openssl_cannot_use_is_a_configuration_error_for_publishers_too(
+    tls_server: TLSRedisServer, tmp_path: Path, damage: str
+) -> None:
+    # Told as "Redis is unavailable", and tried again for ever; a worker's own consumer and
+    # apply_async said "Error 2 connecting ..." even for a file not there.
+    (tmp_path / "other").mkdir()
+    _, other_cert, _ = tls_files(tmp_path / "other")  # a certificate, and (below) our server's key
+    ssl_options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": tls_server.ca}
+    if damage.startswith("no certificate"):
+        empty = tmp_path / "empty.pem"
+        empty.write_text("not a certificate\n")
+        ssl_options["ssl_ca_certs"] = str(empty)
+    else:
+        ssl_options.update(ssl_certfile=other_cert, ssl_keyfile=str(tmp_path / "key.pem"))
+        (tmp_path / "key.pem").write_text(Path(tls_server.ca).with_name("s.key").read_text())
+    url = f"delayrediss://127.0.0.1:{tls_server.port}/0"
+    with (
+        pytest.raises(ConfigError, match="bad TLS option: OpenSSL cannot use"),
+        open_store(url, MUST_FAIL, ssl_options),
+    ):
+        pass
+    with (
+        Connection(url, ssl=ssl_options, transport_options=MUST_FAIL) as publisher,
+        pytest.raises(ConfigError, match="bad TLS option"),
+    ):
+        publisher.Producer().publish({"n": 1}, routing_key="tls", headers={"x-delay": 30_000}, retry=False)
