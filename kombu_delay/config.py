@@ -147,9 +147,9 @@ class Settings:
                 if key not in known:
                     raise ConfigError(f"unknown transport option {key!r}; known: {sorted(known)}")
                 values[known[key]] = raw
-            elif f"delay_{key}" in known and key not in _misspelt_told:  # -o max_rate=5: no cap, unsaid
+            elif key not in _misspelt_told and (hint := _option_hint(key, known)):  # -o max_rate=5: unsaid
                 _misspelt_told.add(key)
-                logger.warning("kombu-delay: transport option %r is not read: delay_%s?", key, key)
+                logger.warning("kombu-delay: transport option %r is not read: %s", key, hint)
         settings = cls().with_values(**values)
         overrides = {}
         variables = {"KOMBU_DELAY_" + option[len("delay_") :].upper(): name for option, name in known.items()}
@@ -184,6 +184,26 @@ def _tell_misspelt(env: Mapping[str, str], variables: Mapping[str, str]) -> None
             if near:
                 _misspelt_told.add(var)
                 logger.warning("kombu-delay: %s is no setting's variable, and is ignored: %s?", var, near)
+
+
+#: The transport options kombu reads beside its Redis channel's (``from_transport_options``).
+_KOMBU_OPTIONS = ("max_retries", "interval_start", "interval_step", "interval_max", "polling_interval")
+
+
+def _option_hint(key: str, known: Iterable[str]) -> str | None:
+    """What a transport option that is not kombu-delay's was likely meant as, where it is read
+    by no one: one of kombu-delay's without its ``delay_``, a TLS option (kombu reads those from
+    Celery's ``broker_use_ssl`` or the URL's query, never from here), or a close misspelling of
+    one of kombu's (``socket_timout``); ``None`` for none (kombu takes any name)."""
+    from kombu.transport import redis as kombu_redis
+
+    if f"delay_{key}" in known:
+        return f"delay_{key}?"
+    if key.startswith("ssl_"):
+        return f"TLS options go in Celery's broker_use_ssl, or the broker URL's query (?{key}=...)"
+    kombus = {*kombu_redis.SentinelChannel.from_transport_options, *_KOMBU_OPTIONS}
+    near = difflib.get_close_matches(key, kombus, n=1, cutoff=0.85) if key not in kombus else []
+    return f"{near[0]}?" if near else None
 
 
 def _meant(var: str, variables: Iterable[str]) -> str | None:

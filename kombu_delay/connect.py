@@ -220,8 +220,8 @@ def app_target(app: Any) -> Target:
     return Target(str(url), dict(conf.broker_transport_options or {}), ssl=conf.broker_use_ssl, source=source)
 
 
-#: Where redis-py's refusal of a keyword comes from: the URL's query, passed on as it is.
-_QUERY_HINT = " (a URL's query goes to redis-py's connection as it is: give options with -o NAME=VALUE)"
+#: Where kombu's refusal of a keyword comes from: the URL's query, which it takes as its own arguments.
+_QUERY_HINT = " (a URL's query takes kombu's connection arguments only: give options with -o NAME=VALUE)"
 
 
 def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl: Any = None) -> Connection:

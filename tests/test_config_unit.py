@@ -309,6 +309,32 @@ def test_a_delay_option_given_without_its_prefix_is_told_once(monkeypatch, caplo
     ]
 
 
+def test_an_option_no_one_reads_is_told_with_what_was_meant(monkeypatch, caplog):
+    # -o socket_timout=5 and -o ssl_ca_certs=... were taken without a word, and read by no one.
+    from kombu_delay import config
+
+    monkeypatch.setattr(config, "_misspelt_told", set())
+    real = {
+        "socket_timeout": 5,
+        "visibility_timeout": 60,
+        "global_keyprefix": "a:",
+        "master_name": "m",
+        "max_retries": 3,
+        "polling_interval": 1,
+        "unacked_restore_limit": 10,
+        "my_own_option": 1,
+    }
+    with caplog.at_level("WARNING", logger="kombu_delay.config"):
+        Settings.from_options(real, {})
+        assert caplog.records == []  # kombu's own, and a name nothing resembles: kombu takes any
+        Settings.from_options({"socket_timout": 5, "ssl_ca_certs": "/ca.pem"}, {})
+    assert [r.getMessage() for r in caplog.records] == [
+        "kombu-delay: transport option 'socket_timout' is not read: socket_timeout?",
+        "kombu-delay: transport option 'ssl_ca_certs' is not read: TLS options go in Celery's "
+        "broker_use_ssl, or the broker URL's query (?ssl_ca_certs=...)",
+    ]
+
+
 @pytest.mark.parametrize("raw", ["99999999999999999999999", 99999999999999999999999])
 def test_a_whole_count_is_read_as_given_not_through_a_float(raw):
     # "got 99999999999999991611392": a number no one gave, as a float rounds it past 2**53.
