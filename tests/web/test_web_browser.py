@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -217,6 +218,14 @@ def test_the_overview_says_when_it_cannot_refresh_and_why(page, tmp_path):
             told = notice.inner_text()
             assert told.startswith("Not refreshed since ") and "Redis is unavailable" in told, told
             own.start()
+            wait_until(notice.is_hidden, timeout=120, interval=0.2)
+            # A dashboard that hangs answers nothing at all: its figures looked current for ever.
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                wait_until(notice.is_visible, timeout=120, interval=0.2)
+                assert "the dashboard did not answer within 20 s" in notice.inner_text(), notice.inner_text()
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
             wait_until(notice.is_hidden, timeout=120, interval=0.2)
         finally:
             proc.stop()

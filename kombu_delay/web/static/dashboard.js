@@ -20,6 +20,10 @@
     });
   }
 
+  // How long a refresh waits for the dashboard: longer than its own wait on Redis (10 s), so that
+  // its error page, which says why, comes first; a dashboard that hangs says nothing at all.
+  var WAIT_MS = 20000;
+
   function refresh(box, every) {
     var busy = false;
     var since = new Date();
@@ -27,11 +31,16 @@
     setInterval(function () {
       if (busy || document.hidden) return; // one request at a time, none for a hidden tab
       busy = true;
-      fetch(box.getAttribute("data-src"), { credentials: "same-origin", cache: "no-store" })
+      var waiting = new AbortController();
+      var timer = setTimeout(function () { waiting.abort(); }, WAIT_MS);
+      fetch(box.getAttribute("data-src"), { credentials: "same-origin", cache: "no-store", signal: waiting.signal })
         .then(function (response) {
           return response.ok ? response.text() : failure(response);
-        }, function () {
-          throw new Error("the dashboard did not answer");
+        })
+        .catch(function (error) {
+          if (waiting.signal.aborted) throw new Error("the dashboard did not answer within " + WAIT_MS / 1000 + " s");
+          if (error instanceof TypeError) throw new Error("the dashboard did not answer");
+          throw error;
         })
         .then(function (html) {
           box.innerHTML = html; // the server's own template, every message field escaped there
@@ -50,6 +59,7 @@
           notice.hidden = false;
         })
         .finally(function () {
+          clearTimeout(timer);
           busy = false;
         });
     }, every);
