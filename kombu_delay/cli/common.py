@@ -332,3 +332,41 @@ def cells(text: str) -> int:
 def padded(text: str, width: int) -> str:
     """``text`` and the spaces that make it ``width`` terminal columns wide."""
     return text + " " * (width - cells(text))
+
+
+#: What the escapes :func:`shown` writes start with after their backslash (``\\x1b``, ``\\\\``).
+_ESCAPE_STARTS = frozenset("\\nrtxuU")
+#: Printable characters that show as nothing, or as a cut name's end: Unicode's default-ignorable
+#: ones that Python calls printable (variation selectors, the combining grapheme joiner, Hangul
+#: fillers), and the ellipsis :func:`~kombu_delay.cli.inspect.clipped` ends a cut name with.
+_UNSEEN = frozenset(
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u3164\uffa0\u2026"
+    + "".join(map(chr, [*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)]))
+)
+
+
+def shown(text: str, keep: str = "") -> str:
+    """``text`` for a terminal: every character that is not printable (a newline, an escape
+    sequence's ESC, an RTL override), or shows as nothing (:data:`_UNSEEN`), as its Python
+    escape, and a space at either end as ``\\x20``, so a task or queue name cannot forge rows,
+    pass for another or steer the terminal; but those in ``keep``. A backslash of the text that
+    would read as the start of such an escape is doubled: the id ``a\\u202e``, written with a
+    backslash, shows as ``a\\\\u202e``, not as the RTL override's escape."""
+    if text.isprintable() and "\\" not in text and _UNSEEN.isdisjoint(text) and text.strip(" ") == text:
+        return text
+    parts = [
+        char if (char.isprintable() and char not in _UNSEEN) or char in keep else _escaped(char)
+        for char in text
+    ]
+    for end in {0, len(parts) - 1} if parts else ():
+        if parts[end] == " ":
+            parts[end] = "\\x20"
+    for i, part in enumerate(parts[:-1]):
+        if part == "\\" and parts[i + 1][0] in _ESCAPE_STARTS:
+            parts[i] = "\\\\"
+    return "".join(parts)
+
+
+def _escaped(char: str) -> str:
+    # (repr leaves a printable character as it is, an unseen one included)
+    return repr(char)[1:-1] if not char.isprintable() else char.encode("unicode_escape").decode("ascii")

@@ -13,8 +13,7 @@ import socket
 import click
 import redis
 
-from kombu_delay.cli.common import announce, global_options, target
-from kombu_delay.cli.inspect import shown
+from kombu_delay.cli.common import announce, global_options, shown, target
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.errors import KombuDelayError, RedisUnavailable
 from kombu_delay.ops.health import check

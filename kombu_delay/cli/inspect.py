@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import click
 import redis
 
-from kombu_delay.cli.common import announce, cells, global_options, padded, target, utf8_text
+from kombu_delay.cli.common import announce, cells, global_options, padded, shown, target, utf8_text
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError
@@ -49,25 +49,6 @@ def control(ctx: click.Context) -> Iterator[DelayControl]:
     except (KombuDelayError, redis.RedisError) as exc:  # (an error kombu-delay names none for: a
         # command renamed away, say)
         raise InspectError(tgt.redact(str(exc))) from exc
-
-
-#: What the escapes :func:`shown` writes start with after their backslash (``\\x1b``, ``\\\\``).
-_ESCAPE_STARTS = frozenset("\\nrtxuU")
-
-
-def shown(text: str, keep: str = "") -> str:
-    """``text`` for a terminal: every character that is not printable (a newline, an escape
-    sequence's ESC, an RTL override) as its Python escape, so a task or queue name cannot
-    forge rows, pass for another or steer the terminal; but those in ``keep``. A backslash of
-    the text that would read as the start of such an escape is doubled: the id ``a\\u202e``,
-    written with a backslash, shows as ``a\\\\u202e``, not as the RTL override's escape."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    parts = [char if char.isprintable() or char in keep else repr(char)[1:-1] for char in text]
-    for i, part in enumerate(parts[:-1]):
-        if part == "\\" and parts[i + 1][0] in _ESCAPE_STARTS:
-            parts[i] = "\\\\"
-    return "".join(parts)
 
 
 #: The widest a name or task id is shown in a table, characters: past it, one long queue or

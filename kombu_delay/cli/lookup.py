@@ -17,14 +17,13 @@ import click
 import redis
 from click.core import ParameterSource
 
-from kombu_delay.cli.common import global_options
+from kombu_delay.cli.common import global_options, shown
 from kombu_delay.cli.inspect import (
     NOT_FOUND,
     clipped,
     control,
     message_json,
     message_table,
-    shown,
     table,
 )
 from kombu_delay.control import DeadLetter, DelayControl

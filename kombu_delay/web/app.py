@@ -18,7 +18,8 @@ from flask import Flask, Response, abort, g, jsonify, redirect, render_template,
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 from werkzeug.wrappers import Response as Redirect
 
-from kombu_delay.cli.inspect import clipped, shown, span, when
+from kombu_delay.cli.common import shown
+from kombu_delay.cli.inspect import clipped, span, when
 from kombu_delay.control import DeadLetter, DelayControl, Page
 from kombu_delay.errors import EditConflict, KombuDelayError
 from kombu_delay.store.listing import Cursor

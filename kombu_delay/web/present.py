@@ -15,7 +15,7 @@ import pprint
 from dataclasses import dataclass
 from typing import Any
 
-from kombu_delay.cli.inspect import shown
+from kombu_delay.cli.common import shown
 from kombu_delay.control import Slot
 from kombu_delay.message import load_stored
 from kombu_delay.protocol1 import protocol1_body

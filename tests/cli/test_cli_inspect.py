@@ -17,6 +17,7 @@ from kombu import Connection
 from kombu_delay import ConfigError, DelayControl
 from kombu_delay.cli import inspect as inspect_module
 from kombu_delay.cli import main
+from kombu_delay.cli.common import shown
 from kombu_delay.cli.inspect import (
     COMMANDS,
     NAME_CHARS,
@@ -24,7 +25,6 @@ from kombu_delay.cli.inspect import (
     cells,
     clipped,
     render_stats,
-    shown,
     span,
 )
 from kombu_delay.control import Slot, Stats
@@ -440,3 +440,16 @@ def test_no_two_names_show_alike(texts):
 
 def test_a_backslash_that_starts_no_escape_shows_as_it_is():
     assert shown("C:\\dir\\file") == "C:\\dir\\file" and shown("plain") == "plain"
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ("dup", "dup ", " dup"),  # a space at an end shows as nothing in a table
+        ("dup", "dup\ufe0f", "dup\u034f", "dup\U000e0101"),  # printable, and shown as nothing
+        ("abc…", "abc\\u2026"),  # a name ending in the ellipsis a cut one ends with
+    ],
+)
+def test_no_two_names_show_alike_in_a_table(texts):
+    assert len({shown(text) for text in texts}) == len(texts), [shown(text) for text in texts]
+    assert all(shown(text).strip(" ") == shown(text) for text in texts)

@@ -13,7 +13,7 @@ import time
 import pytest
 from celery import Celery
 
-from kombu_delay.cli.inspect import shown
+from kombu_delay.cli.common import shown
 from kombu_delay.connect import SOCKET_TIMEOUT_S, Target, with_socket_timeouts
 from kombu_delay.message import Due
 from kombu_delay.store import Store
