@@ -157,10 +157,11 @@ def write_waits_out(exc: redis.ResponseError) -> bool:
     """Whether ``exc`` is Redis refusing a write for now: a failover's ``NOREPLICAS``,
     ``MASTERDOWN`` or ``READONLY`` (a master demoted), a failing disk's ``MISCONF``, a script
     running past its time (``BUSY``). (In a pipeline, redis-py words it "Command # 1 (...) of
-    pipeline caused error: NOREPLICAS ...".)"""
+    pipeline caused error: NOREPLICAS ...", or "Transaction discarded because of: BUSY ...".)"""
     text = coded_text(exc)
     return isinstance(exc, redis.exceptions.ReadOnlyError) or any(
-        text.startswith(m) or f"caused error: {m}" in text for m in _WAIT_REFUSALS
+        text.startswith(m) or f"caused error: {m}" in text or f"because of: {m}" in text
+        for m in _WAIT_REFUSALS
     )
 
 

@@ -96,9 +96,14 @@ class WakeUps:
         except AUTH_ERRORS:  # a password refused on the subscription's reconnect: fatal
             raise
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # The subscription's connection dropped, and could not be made again: the mover's
-            # next calls tell an outage, and the subscription is made anew after them.
-            logger.debug("mover %s: wake-up subscription lost (%s)", self.name, unavailable_text(exc))
+            # The subscription's connection dropped, and could not be made again: made anew after
+            # the mover's next calls, which tell an outage; told here too, for one Redis closed
+            # alone (a client-output-buffer-limit for pub/sub clients, a CLIENT KILL).
+            logger.info(
+                "mover %s: wake-up subscription lost (%s); it subscribes again, and polls meanwhile",
+                self.name,
+                unavailable_text(exc),
+            )
             self.close()
             return False
         except redis.exceptions.NoPermissionError as exc:

@@ -16,6 +16,7 @@ from celery import signals
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from kombu_delay import poller
+from kombu_delay.errors import write_waits_out
 from kombu_delay.mover import embedded  # noqa: F401  (what Celery loads: it sets WORKER_STOPPING)
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.procs import wait_until
@@ -321,3 +322,65 @@ def test_a_consumer_waits_while_redis_refuses_to_hand_out_messages(
         refusing_writes(admin, False)
         assert queue.get(timeout=30).payload == {"n": 1}
     assert any("refuses to hand out messages" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("error", "waits"),
+    [
+        (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), True),
+        (redis.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"), True),
+        (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots, but ..."), True),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), True),
+        (redis.exceptions.MasterDownError("Link with MASTER is down"), True),
+        (
+            redis.ResponseError(
+                "Command # 1 (ZADD unacked_index 1 t) of pipeline caused error: NOREPLICAS Not"
+            ),
+            True,
+        ),
+        (
+            redis.exceptions.ExecAbortError("Transaction discarded because of: BUSY Redis is busy running"),
+            True,
+        ),
+        (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
+        (redis.ResponseError("ERR a task named BUSY NOREPLICAS"), False),
+    ],
+)
+def test_the_refusals_a_worker_waits_out(error: redis.ResponseError, waits: bool) -> None:
+    # BUSY (a script past busy-reply-threshold) stopped a worker on its acknowledgement.
+    assert write_waits_out(error) is waits
+
+
+def test_an_acknowledgement_answered_busy_is_written_once_the_script_ends(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = server.client()
+    admin.config_set("busy-reply-threshold" if server_major(admin) >= 7 else "lua-time-limit", 100)
+    busy_loop = (
+        "local t = redis.call('TIME') local s = t[1] repeat t = redis.call('TIME') until t[1] - s >= 5"
+    )
+    with (
+        Connection(server.delay_url) as worker,
+        caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
+    ):
+        worker.SimpleQueue("busy").put({"n": 1})
+        message = worker.SimpleQueue("busy").get(timeout=30)
+        running_script = threading.Thread(target=lambda: server.client().eval(busy_loop, 0))
+        running_script.start()
+        wait_until(lambda: answered_busy(admin), timeout=60)
+        message.ack()  # answered BUSY until the script ends (5 s): it stopped the worker
+        running_script.join()
+    assert not admin.hexists("unacked", message.delivery_tag)
+    assert any("not acknowledged yet" in r.getMessage() and "BUSY" in r.getMessage() for r in caplog.records)
+
+
+def server_major(admin: redis.Redis) -> int:
+    return int(admin.info("server")["redis_version"].split(".")[0])
+
+
+def answered_busy(admin: redis.Redis) -> bool:
+    try:
+        admin.exists("x")
+    except redis.ResponseError as exc:
+        return "BUSY" in str(exc)
+    return False
