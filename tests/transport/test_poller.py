@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,16 +246,13 @@ def refusing_writes(admin: redis.Redis, on: bool) -> None:
     admin.config_set("min-replicas-to-write", 1 if on else 0)
 
 
-def taken(admin: redis.Redis, channel: Any) -> Any:
-    """A message popped off list ``refusing`` as kombu's BRPOP does: on no list any more."""
-    return channel.Message(json.loads(admin.rpop("refusing")), channel=channel)
-
-
-def test_a_record_refused_for_a_while_is_written_once_redis_takes_writes_again(
+@contextlib.contextmanager
+def taken_then_refused(
     server: RedisServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    # Taken just before a master refused writes in a failover (NOREPLICAS): kombu raised, the
-    # worker stopped, and the message it had taken was lost.
+) -> Iterator[tuple[Any, Any, Any]]:
+    """A message popped off list ``refusing`` as kombu's BRPOP pops one (on no list any more),
+    and then every write refused (NOREPLICAS), with the poller's warnings captured: Redis (as
+    an admin), the worker's channel and the message."""
     admin = server.client()
     with (
         Connection(server.delay_url) as worker,
@@ -262,8 +260,20 @@ def test_a_record_refused_for_a_while_is_written_once_redis_takes_writes_again(
     ):
         worker.SimpleQueue("refusing").put({"n": 1})
         channel = worker.channel()
-        message = taken(admin, channel)
+        message = channel.Message(json.loads(admin.rpop("refusing")), channel=channel)
         refusing_writes(admin, True)
+        try:
+            yield admin, channel, message
+        finally:
+            refusing_writes(admin, False)
+
+
+def test_a_record_refused_for_a_while_is_written_once_redis_takes_writes_again(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Taken just before a master refused writes in a failover (NOREPLICAS): kombu raised, the
+    # worker stopped, and the message it had taken was lost.
+    with taken_then_refused(server, caplog) as (admin, channel, message):
         for step, said in (
             (lambda: channel.qos.append(message, message.delivery_tag), "not recorded as taken yet"),
             (lambda: channel.basic_ack(message.delivery_tag), "not acknowledged yet"),
@@ -273,10 +283,8 @@ def test_a_record_refused_for_a_while_is_written_once_redis_takes_writes_again(
             wait_until(lambda said=said: any(said in r.getMessage() for r in caplog.records), timeout=60)
             refusing_writes(admin, False)
             done.join()
-            if said.startswith("not recorded"):
-                assert admin.hexists(
-                    "unacked", message.delivery_tag
-                )  # restored from there if the worker dies
+            if said.startswith("not recorded"):  # recorded: restored from there if the worker dies
+                assert admin.hexists("unacked", message.delivery_tag)
                 refusing_writes(admin, True)
         assert not admin.hexists("unacked", message.delivery_tag)  # acknowledged: not run again
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -286,20 +294,10 @@ def test_a_record_refused_past_the_retry_is_delivered_unrecorded(
     server: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(poller, "RECORD_RETRY_S", 2.0)
-    admin = server.client()
-    with (
-        Connection(server.delay_url) as worker,
-        caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
-    ):
-        worker.SimpleQueue("refusing").put({"n": 1})
-        channel = worker.channel()
-        message = taken(admin, channel)
-        refusing_writes(admin, True)
+    with taken_then_refused(server, caplog) as (admin, channel, message):
         channel.qos.append(message, message.delivery_tag)
-        assert message.delivery_tag in channel.qos._delivered and not admin.hexists(
-            "unacked", message.delivery_tag
-        )
-        refusing_writes(admin, False)
+        assert message.delivery_tag in channel.qos._delivered
+        assert not admin.hexists("unacked", message.delivery_tag)
     told = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(told) == 1 and "NOREPLICAS" in told[0] and "delivered unrecorded" in told[0], told
 
