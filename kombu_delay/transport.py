@@ -143,7 +143,7 @@ class DelayChannelMixin(RecordingChannelMixin):
             # (kombu's own _put fails with an AttributeError, not retried; a connection error is)
             raise redis.ConnectionError(
                 "kombu-delay: the producer's channel was closed, as kombu closes it when its retry gives up "
-                "on a Redis it could not reach; nothing was sent (a publish with retry=True takes a new one)"
+                "on a Redis it could not reach; nothing was sent"
             )
         try:
             due, bad = message_due(spent_delay_removed(message)), None
