@@ -36,6 +36,7 @@ or the worker is told to stop while its record is tried; and, unsaid, if the wor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
 from kombu_delay.errors import coded_text, over_maxmemory, unavailable_text, write_waits_out
 from kombu_delay.message import message_id, shown
@@ -105,7 +107,15 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
             super(kombu_redis.QoS, self).ack(delivery_tag)
             return
         message = self._delivered.get(delivery_tag)
-        _tried_again(lambda: self._ack_recorded(delivery_tag), message, _ACK)
+        try:
+            _tried_again(lambda: self._ack_recorded(delivery_tag), message, _ACK)
+        except _RETRIED as exc:
+            # Told (_ACK): its record stays, and it runs again after the visibility timeout. A
+            # refusal raised, or anything at a warm shutdown, stopped the worker with a traceback.
+            stopping = WORKER_STOPPING.is_set()
+            if not (stopping or (isinstance(exc, redis.ResponseError) and _refused_for_now(exc))):
+                raise
+            super(kombu_redis.QoS, self).ack(delivery_tag)
 
     def _ack_recorded(self, delivery_tag: Any) -> None:
         try:
@@ -128,6 +138,15 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
         self.restore_by_tag(delivery_tag, leftmost=True)
         super(kombu_redis.QoS, self).ack(delivery_tag)
 
+    def restore_unacked(self, client: Any = None) -> None:
+        # Those delivered unrecorded first, each told where it cannot be given back: kombu's loop
+        # over all ends at the first recorded one whose restore Redis refuses (its record stays,
+        # and it comes back after the visibility timeout), and they have no record to come back from.
+        for tag in list(self._unrecorded):
+            self.restore_by_tag(tag, client)
+            self._delivered.pop(tag, None)  # (done: kombu's restore would look for its record)
+        super().restore_unacked(client)
+
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """Give a message back to its list: kombu's way, from its record; one delivered with none,
         from memory (its record is missing: kombu's way would drop it)."""
@@ -135,14 +154,23 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
         if message is None:
             super().restore_by_tag(tag, client, leftmost)
             return
-        delivery = message.delivery_info
+        delivery, channel = message.delivery_info, self.channel
 
         def give_back() -> None:
-            with self.channel.conn_or_acquire(client) as conn:
-                pipe = conn.pipeline()
-                self.channel._do_restore_message(
-                    message._raw, delivery["exchange"], delivery["routing_key"], pipe, leftmost
+            # As kombu's _do_restore_message, whose look-up of the bindings logs a refusal (BUSY)
+            # and pushes nothing, the message then gone: here a refusal is raised, and waited out.
+            payload = message._raw
+            with contextlib.suppress(KeyError, TypeError):  # (kombu's marks, where the message has them)
+                payload["headers"]["redelivered"] = payload["properties"]["delivery_info"]["redelivered"] = (
+                    True
                 )
+            priority = channel._get_message_priority(payload, reverse=False)
+            with channel.conn_or_acquire(client) as conn:
+                pipe = conn.pipeline()
+                for queue in channel._lookup(delivery["exchange"], delivery["routing_key"]):
+                    (pipe.lpush if leftmost else pipe.rpush)(
+                        channel._q_for_pri(queue, priority), dumps(payload)
+                    )
                 pipe.execute()
 
         # Redis at its maxmemory refuses the push too, until memory is freed (by other workers
