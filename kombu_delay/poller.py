@@ -22,7 +22,7 @@ tried again while Redis does not answer, or refuses writes for a while (a failov
 :data:`RECORD_RETRY_S`; once it is written, the message is delivered, and restored from there if
 the worker dies, as any other. Its acknowledgement, which takes the record away, is tried again
 the same way: one lost to a restart left the record, and the task, run already, ran again
-after the visibility timeout. Nothing is tried again once the worker is told to stop.
+after the visibility timeout. Neither is tried again once the worker is told to stop.
 
 A record still not written then, or refused at Redis's ``maxmemory`` (``noeviction``: freed
 memory, not a wait, ends that), leaves the message in this worker's memory alone: it is
@@ -80,8 +80,8 @@ class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
 class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
     """kombu's acknowledgement emulation, whose record of a message taken (the unacked hash,
     from which it is restored) and whose acknowledgement, which takes the record away, are tried
-    again while Redis does not answer; and which delivers a message Redis refuses to record at
-    its maxmemory, as the module says."""
+    again while Redis does not answer or refuses writes for now; and which delivers a message
+    whose record cannot be written unrecorded, and gives it back from memory, as the module says."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
