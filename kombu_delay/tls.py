@@ -1,6 +1,7 @@
 """What a TLS connection's options may get wrong, told as what it is rather than as a Redis
 that cannot be reached: a file they name that cannot be read, or that OpenSSL cannot use (a
-configuration error, which trying again cannot mend), and a server certificate refused (which the server may yet renew)."""
+configuration error, which trying again cannot mend), and a server certificate refused (which
+the server may yet renew)."""
 
 from __future__ import annotations
 
