@@ -52,9 +52,10 @@ def test_a_message_popped_while_the_consumer_has_no_credit_is_delivered_and_reco
         assert r.hlen(f"{prefix}unacked") == 2  # both restored, if this worker died now
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def running(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker not told to stop (another test may have sent Celery's signal in this process)."""
+    """A worker not told to stop (another test may have sent Celery's signal in this process):
+    for every test here, each of which tells what a worker does as it runs, or is told to stop."""
     monkeypatch.setattr(poller, "WORKER_STOPPING", threading.Event())
 
 
