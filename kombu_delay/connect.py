@@ -264,7 +264,6 @@ def default_channel(conn: Connection, at_once: bool = False) -> Any:
     tell; for connections of kombu-delay's own, whose callers retry (a mover, with its
     back-off) or report (the CLI)."""
     with _redactor(conn).scrubbing(), translated_errors():
-        tls.check_files(conn.ssl)
         try:
             if not issubclass(conn.transport.Channel, kombu_redis.Channel):
                 raise ConfigError(f"a kombu connection of transport {conn.transport_cls!r}: {_NEEDS_REDIS}")

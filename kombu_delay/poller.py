@@ -92,7 +92,7 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
         try:
             _tried_again(lambda: super(RecordingQoS, self).append(message, delivery_tag), message, _RECORD)
         except _RETRIED as exc:
-            if isinstance(exc, redis.ResponseError) and not (over_maxmemory(exc) or write_waits_out(exc)):
+            if isinstance(exc, redis.ResponseError) and not _refused_for_now(exc):
                 raise
             taken, why = shown(message_id(message._raw)), _why(exc)
             if WORKER_STOPPING.is_set():
