@@ -67,6 +67,21 @@ class WrongTypeKey(KombuDelayError, redis.ResponseError):
     ``redis.ResponseError``, as redis-py raises it."""
 
 
+#: What each optional extra installs (setup.cfg's ``extras_require``), for a message that needs
+#: one: kombu-delay is installed from a checkout or a git URL as often as from an index, so
+#: ``pip install 'kombu-delay[web]'`` is no command every user can run, and the packages are.
+EXTRAS = {
+    "metrics": ("prometheus-client>=0.17",),
+    "web": ("flask>=3.0", "waitress>=3.0"),
+    "plot": ("matplotlib>=3.7",),
+}
+
+
+def needs_extra(what: str, extra: str) -> str:
+    """``<what> needs the <extra> extra: pip install '<package>' ...``."""
+    return f"{what} needs the {extra} extra: pip install " + " ".join(f"'{p}'" for p in EXTRAS[extra])
+
+
 def is_wrong_type(error: redis.ResponseError) -> bool:
     """True for Redis's ``WRONGTYPE`` refusal, raw (also in a script's error text) or translated."""
     return isinstance(error, WrongTypeKey) or "WRONGTYPE" in str(error)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import ConfigError
+from kombu_delay.errors import EXTRAS, ConfigError, needs_extra
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -163,6 +163,18 @@ def test_install_hints_name_extras_that_exist() -> None:
         for hint in re.findall(r"(?:kombu-delay|'\.|\"\.)\[([a-z,]+)\]", text):
             for extra in hint.split(","):
                 assert extra in extras, f"{name}: an install hint names [{extra}], which setup.cfg lacks"
+
+
+def test_the_packages_an_error_names_for_an_extra_are_setup_cfgs() -> None:
+    # An error needing an extra names its packages ("pip install 'kombu-delay[web]'" fails until
+    # the package is on an index): they must be the ones the extra installs.
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(ROOT / "setup.cfg")
+    for extra, packages in EXTRAS.items():
+        assert config["options.extras_require"][extra].split() == list(packages), extra
+    assert needs_extra("--metrics-port", "metrics") == (
+        "--metrics-port needs the metrics extra: pip install 'prometheus-client>=0.17'"
+    )
 
 
 def test_every_extra_is_listed_in_the_readme_and_the_install_table() -> None:

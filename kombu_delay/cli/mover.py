@@ -19,7 +19,7 @@ import click
 
 from kombu_delay.cli.common import global_options, target
 from kombu_delay.connect import Target
-from kombu_delay.errors import KombuDelayError
+from kombu_delay.errors import KombuDelayError, needs_extra
 from kombu_delay.mover import check_pool, mover_id, open_when_reachable
 from kombu_delay.mover.loop import Mover
 
@@ -176,7 +176,7 @@ def serve_metrics_on(port: int | None, addr: str) -> MoverMetrics | None:
     if port is None:
         return None
     if importlib.util.find_spec("prometheus_client") is None:  # a flag this install cannot serve
-        raise click.UsageError("--metrics-port needs the metrics extra: pip install 'kombu-delay[metrics]'")
+        raise click.UsageError(needs_extra("--metrics-port", "metrics"))
     from kombu_delay.ops.metrics import serve_metrics
 
     try:

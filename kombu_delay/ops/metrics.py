@@ -39,6 +39,7 @@ from typing import Any
 
 import redis
 
+from kombu_delay.errors import needs_extra
 from kombu_delay.mover.threads import stop_signals_blocked
 from kombu_delay.ops.checks import Findings
 from kombu_delay.store import Store, spaces
@@ -117,9 +118,7 @@ def serve_metrics(store: Store | None, port: int, addr: str = "127.0.0.1") -> Mo
     try:
         import prometheus_client as prom
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise SystemExit(
-            "--metrics-port needs the metrics extra: pip install 'kombu-delay[metrics]'"
-        ) from exc
+        raise SystemExit(needs_extra("--metrics-port", "metrics")) from exc
 
     metrics = MoverMetrics(store, prom)
     with stop_signals_blocked():  # its threads leave SIGTERM and SIGINT to the main one

@@ -226,7 +226,7 @@ def test_a_mover_told_to_serve_metrics_it_cannot_is_a_usage_error(r, redis_serve
     )
     result = invoke(redis_server, "mover", "--metrics-port", str(free_port()))
     assert result.exit_code == 2, (result.output, result.exception)
-    assert "pip install 'kombu-delay[metrics]'" in result.output
+    assert "needs the metrics extra: pip install 'prometheus-client>=0.17'" in result.output
 
 
 @pytest.mark.parametrize("countdown", ["nan", "inf", "-inf"])

@@ -32,6 +32,7 @@ from kombu_delay import __version__
 from kombu_delay.cli.common import forget_celery_servers
 from kombu_delay.config import Settings
 from kombu_delay.connect import Target, delay_url
+from kombu_delay.errors import needs_extra
 from kombu_delay.store import Store
 from kombu_delay.tooling.bench import report as bench_report
 from kombu_delay.tooling.bench.env import Movers, Payloads, Probe
@@ -327,7 +328,7 @@ def _report(
     if bench_report.plot(results, plot_out):
         click.echo(f"\nplot: {plot_out}")
     else:
-        click.echo("\n(no PNG: pip install 'kombu-delay[plot]' for one)")
+        click.echo(f"\n(no PNG: {needs_extra('a PNG', 'plot')})")
     click.echo(
         f"\nresults: {json_out}  ({meta['duration_s']} s, Redis {meta['redis']}, {meta['nproc']} cores)"
     )
