@@ -15,10 +15,13 @@ import click
 from kombu_delay.cli.common import announce, target
 from kombu_delay.cli.inspect import InspectError
 from kombu_delay.connect import with_socket_timeouts
-from kombu_delay.errors import KombuDelayError
+from kombu_delay.errors import KombuDelayError, needs_extra
 from kombu_delay.web.overview import MAX_REFRESH_S
 
 if TYPE_CHECKING:
+    from flask import Flask
+    from waitress.server import BaseWSGIServer, MultiSocketServer
+
     from kombu_delay.web.guard import Credentials
 
 DEFAULT_PORT = 9809
@@ -87,7 +90,7 @@ def web(
     """Serve the dashboard: overview, scheduled messages, task detail, dead letters.
 
     Read-only unless --allow-actions. It reads the broker and key prefix as every other
-    command does. Needs the web extra: pip install 'kombu-delay[web]'.
+    command does. Needs the web extra (Flask and waitress).
 
     \b
     Examples:
@@ -97,14 +100,12 @@ def web(
       celery -A proj delay web --allow-actions
     """
     try:
-        import waitress
+        import waitress  # noqa: F401 - the extra's other half, told here when missing
 
-        from kombu_delay.web.app import MAX_BODY, PathPrefix, create_app
+        from kombu_delay.web.app import PathPrefix, create_app
         from kombu_delay.web.guard import ANY_HOST, url_host
     except ImportError as exc:
-        raise click.ClickException(
-            f"the dashboard needs the web extra ({exc.name} is missing): pip install 'kombu-delay[web]'"
-        ) from exc
+        raise click.ClickException(f"{needs_extra('the dashboard', 'web')} ({exc.name} is missing)") from exc
     from kombu_delay.control import DelayControl
 
     tgt = with_socket_timeouts(target(ctx))
@@ -123,12 +124,6 @@ def web(
         where=tgt.describe(),
     )
     prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
-    mode = "actions allowed" if allow_actions else "read-only"
-    click.echo(
-        f"kombu-delay web: http://{url_host(host)}:{port}{prefix}/ ({mode}, "
-        f"{'basic auth' if credentials else 'no auth'})",
-        err=True,
-    )
     if reachable:
         click.echo(f"warning: {host} without --auth: anyone who can reach it reads the schedule", err=True)
     if ANY_HOST in hosts and credentials is None:
@@ -137,10 +132,29 @@ def web(
         )
     if prefix:
         app.wsgi_app = PathPrefix(app.wsgi_app, prefix)  # type: ignore[method-assign]
+    mode = "actions allowed" if allow_actions else "read-only"
+    try:
+        server = _bound(app, host, port, threads)
+        # Said once the port is bound: a port in use is told alone.
+        auth_mode = "basic auth" if credentials else "no auth"
+        click.echo(
+            f"kombu-delay web: http://{url_host(host)}:{port}{prefix}/ ({mode}, {auth_mode})", err=True
+        )
+        server.run()
+    finally:
+        control.close()
+
+
+def _bound(app: Flask, host: str, port: int, threads: int) -> BaseWSGIServer | MultiSocketServer:
+    """A waitress server for ``app``, its port bound; one line of error where it cannot be."""
+    import waitress
+
+    from kombu_delay.web.app import MAX_BODY
+
     try:
         # clear_untrusted_proxy_headers: waitress would drop X-Forwarded-For, which the audit
         # log records (as sent, marked as such: it does not replace the peer's address).
-        waitress.serve(
+        return waitress.create_server(
             app,
             host=host,
             port=port,
@@ -151,8 +165,6 @@ def web(
         )
     except (OSError, ValueError) as exc:  # ValueError: waitress cannot resolve --host
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
-    finally:
-        control.close()
 
 
 def _access(

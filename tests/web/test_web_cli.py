@@ -150,12 +150,24 @@ def test_an_allowed_host_that_is_no_name_is_refused_before_serving(redis_server,
 
 
 def test_any_host_without_auth_is_warned_about(redis_server):
-    # On an address nobody can serve on: it says what it would serve, then fails.
+    # On an address nobody can serve on: it warns, then fails to serve.
     args = ["--host", "256.0.0.1", "--port", str(free_port()), "--allowed-host", "*"]
     result = web(redis_server, *args, env={AUTH_ENV: None})
     assert "warning: --allowed-host '*' without --auth" in result.output, result.output
     result = web(redis_server, *args, "--auth", "ops:a-long-password")
-    assert "kombu-delay web: http" in result.output and "warning" not in result.output, result.output
+    assert "cannot serve on 256.0.0.1" in result.output and "warning" not in result.output, result.output
+
+
+def test_a_port_in_use_is_told_alone(redis_server):
+    # It said "kombu-delay web: http://...:PORT/" first, as if it served there.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = web(redis_server, "--port", str(port))
+    assert result.exit_code == 1, result.output
+    assert f"Error: cannot serve on 127.0.0.1:{port}:" in result.output, result.output
+    assert "kombu-delay web: http" not in result.output, result.output
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "dash.internal"])
@@ -169,9 +181,9 @@ def test_actions_others_can_reach_need_auth_and_reading_is_warned_about(redis_se
     assert "--allow-actions on" in result.output and "needs --auth" in result.output, result.output
     assert "kombu-delay web: http" not in result.output
     # Read-only there is served, with a warning; actions with --auth too, without one. (On an
-    # address nobody can serve on: it says what it would serve, then fails.)
+    # address nobody can serve on: it gets as far as serving, then fails.)
     result = web(redis_server, "--host", "256.0.0.1", "--port", str(free_port()), env={AUTH_ENV: None})
-    assert "kombu-delay web: http" in result.output, result.output
+    assert "cannot serve on 256.0.0.1" in result.output, result.output
     assert "warning: 256.0.0.1 without --auth" in result.output, result.output
     args = [
         "--host",
@@ -183,7 +195,7 @@ def test_actions_others_can_reach_need_auth_and_reading_is_warned_about(redis_se
         "ops:a-long-password",
     ]
     result = web(redis_server, *args)
-    assert "kombu-delay web: http" in result.output and "warning" not in result.output, result.output
+    assert "cannot serve on 256.0.0.1" in result.output and "warning" not in result.output, result.output
 
 
 def test_only_a_loopback_address_is_taken_for_one_others_cannot_reach():
