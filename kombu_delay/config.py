@@ -145,7 +145,9 @@ class Settings:
         for key, raw in (options or {}).items():
             if key.startswith("delay_"):
                 if key not in known:
-                    raise ConfigError(f"unknown transport option {key!r}; known: {sorted(known)}")
+                    near = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+                    meant = f" ({near[0]}?)" if near else ""
+                    raise ConfigError(f"unknown transport option {key!r}{meant}; known: {sorted(known)}")
                 values[known[key]] = raw
             elif key not in _misspelt_told and (hint := _option_hint(key, known)):  # -o max_rate=5: unsaid
                 _misspelt_told.add(key)

@@ -46,7 +46,12 @@ def test_from_options(name, options, env, expected):
 
 
 BAD_CASES: list[tuple[str, dict[str, Any], str]] = [
-    ("unknown-option", {"delay_bucket_wdith": 1}, "unknown transport option"),
+    (
+        "unknown-option",
+        {"delay_bucket_wdith": 1},
+        "unknown transport option 'delay_bucket_wdith' .delay_bucket_width..",
+    ),
+    ("unknown-unlike-any", {"delay_colour": 1}, "unknown transport option 'delay_colour'; known: "),
     ("zero-width", {"delay_bucket_width": 0}, "delay_bucket_width must be positive"),
     # A grace shorter than a mover restart deletes what no mover is there to renew.
     ("negative-grace", {"delay_grace": -1}, "delay_grace must be at least 3600 s .1 hour., got -1 s"),
