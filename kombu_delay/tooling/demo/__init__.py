@@ -26,6 +26,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from kombu_delay.cli.common import forget_celery_servers, without_celery_servers
+from kombu_delay.connect import Target
 from kombu_delay.errors import KombuDelayError
 from kombu_delay.store import Store
 from kombu_delay.tooling.redis_server import RedisServer, dying_with_us, stop_process
@@ -300,7 +301,14 @@ def demo(live: bool | None) -> None:
       python -m kombu_delay demo
       python -m kombu_delay demo --no-live > demo.log
     """
-    ignored = forget_celery_servers()
+    given = click.get_current_context().find_object(Target)  # kombu-delay's own --broker, --prefix, -o
+    ignored = ["--broker"] if given is not None and given.source == "--broker" else []
+    if given is not None and given.transport_options:
+        options = set(given.transport_options)
+        ignored += ["--prefix"] * ("global_keyprefix" in options) + ["-o"] * bool(
+            options - {"global_keyprefix"}
+        )
+    ignored += forget_celery_servers()
     ignored += [name for name in sorted(os.environ) if name.startswith("KOMBU_DELAY_")]
     for name in ignored:
         os.environ.pop(name, None)
