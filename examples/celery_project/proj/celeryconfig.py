@@ -1,6 +1,7 @@
 """Celery settings. Moving delayed tasks into Redis is the one-line broker change below.
 
-``CELERY_BROKER_URL`` in the environment overrides ``broker_url``, as always in Celery.
+``CELERY_BROKER_URL`` in the environment overrides ``broker_url``, as always in Celery: give it
+the ``delayredis://`` scheme too (a ``redis://`` one publishes countdowns straight to the workers).
 """
 
 # was: broker_url = "redis://localhost:6379/0"
