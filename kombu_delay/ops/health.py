@@ -130,10 +130,16 @@ def dangers(store: Store) -> tuple[str, ...]:
 
 
 def threats(store: Store, policy: str | None, memory: tuple[int, int] | None) -> tuple[str, ...]:
-    """What ``health`` fails on: Redis's eviction policy ``policy`` (``None``: unread), Redis at
-    its ``maxmemory`` (``memory``, see :meth:`Store.memory_state`), and what movers recorded in the
+    """What ``health`` fails on: Redis refusing every write (a replica, too few replicas in time:
+    :meth:`Store.write_refusal`), its eviction policy ``policy`` (``None``: unread), Redis at its
+    ``maxmemory`` (``memory``, see :meth:`Store.memory_state`), and what movers recorded in the
     alerts hash (stranded key prefixes)."""
-    found = (eviction_problem(policy), memory_problem(policy, memory), *store.alerts(ALERT_KEEP_MS).values())
+    found = (
+        store.write_refusal(),
+        eviction_problem(policy),
+        memory_problem(policy, memory),
+        *store.alerts(ALERT_KEEP_MS).values(),
+    )
     return tuple(text for text in found if text)
 
 

@@ -375,6 +375,27 @@ def test_a_liveness_probe_reads_no_queue_head_and_health_still_reads_the_overdue
     r.delete(keys.movers(prefix))
 
 
+def test_health_and_stats_say_when_redis_refuses_every_write(server: RedisServer) -> None:
+    # health said OK while the master refused every write (NOREPLICAS), then blamed the mover's
+    # heartbeat; and OK on a replica, whose every move is refused.
+    admin = server.client()
+    admin.config_set("min-replicas-to-write", 1)
+    done = health(server, "")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("UNHEALTHY: Redis refuses every write (NOREPLICAS)"), done.stdout
+    admin.config_set("min-replicas-to-write", 0)
+    admin.replicaof("127.0.0.1", str(free_port()))  # (a master not there)
+    try:
+        done = health(server, "")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert done.stdout.startswith("UNHEALTHY: Redis here is a replica (of 127.0.0.1:"), done.stdout
+        with DelayControl(server.delay_url) as control:
+            assert any("is a replica" in w for w in control.stats().warnings)
+    finally:
+        admin.replicaof("NO", "ONE")
+    assert "refuses every write" not in health(server, "").stdout
+
+
 def test_a_heartbeat_ahead_of_redis_is_no_sign_of_life(redis_server, r, prefix):
     # Scored inf by hand, it was read as a heartbeat 0 s old for ever: OK, with no mover.
     r.zadd(keys.movers(prefix), {mover_id(): "inf"})
