@@ -24,6 +24,12 @@ the worker dies, as any other. Its acknowledgement, which takes the record away,
 the same way: one lost to a restart left the record, and the task, run already, ran again
 after the visibility timeout. Neither is tried again once the worker is told to stop.
 
+kombu's writes as a worker connects wait too (a worker started or reconnecting in a failover
+stopped on them): its sweep of messages unacknowledged past the visibility timeout, refused for
+now, is told and left to its next run, and a worker's record of a queue's binding is tried
+again every second, for :data:`RECORD_RETRY_S`. A ``BRPOP`` answered ``UNBLOCKED`` (its master demoted to a
+replica) asks again, as one refused does.
+
 A record still not written then, or refused at Redis's ``maxmemory`` (``noeviction``: freed
 memory, not a wait, ends that), leaves the message in this worker's memory alone: it is
 delivered unrecorded, with an ERROR, rather than dropped with the worker stopped (kombu's way).
@@ -62,6 +68,10 @@ GIVE_BACK_STOPPING_S = 10.0
 #: Set once Celery tells this process's worker to stop (by kombu_delay.mover.embedded, which
 #: Celery loads at start through the ``delay`` command; importing kombu_delay loads no Celery).
 WORKER_STOPPING = threading.Event()
+#: Set as Celery starts a worker in this process (kombu_delay.mover.embedded, as above): a
+#: publisher's first write of a queue's binding is refused at once, as kombu's is, a worker's
+#: waited out (see RecordingChannelMixin._queue_bind).
+WORKER_STARTED = threading.Event()
 
 
 class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
@@ -146,6 +156,22 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
             self.restore_by_tag(tag, client)
             self._delivered.pop(tag, None)  # (done: kombu's restore would look for its record)
         super().restore_unacked(client)
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """kombu's sweep of the records past the visibility timeout, run as a worker connects and
+        every so often after: one Redis refuses for now (a failover's ``NOREPLICAS`` as workers
+        reconnect, ``maxmemory``) is told and left to the next sweep (kombu raised it as the
+        worker connected, and the worker stopped)."""
+        try:
+            super().restore_visible(start, num, interval)
+        except redis.ResponseError as exc:
+            if not _refused_for_now(exc):
+                raise
+            logger.warning(
+                "kombu-delay: messages unacknowledged past the visibility timeout are not restored "
+                "now (%s); the next sweep tries again",
+                _why(exc),
+            )
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """Give a message back to its list: kombu's way, from its record; one delivered with none,
@@ -275,8 +301,9 @@ REFUSED_POP_WAIT_S, REFUSED_POP_TOLD_S = 1.0, 60.0
 
 class RecordingChannelMixin:
     """A Redis channel whose record of each message taken is :class:`RecordingQoS`'s, and whose
-    ``BRPOP``, a write, waits while Redis refuses writes for now (a failover's ``NOREPLICAS``):
-    kombu raised the refusal, and the worker stopped, where a moment later it could go on."""
+    ``BRPOP``, a write, waits while Redis refuses writes for now (a failover's ``NOREPLICAS``, a
+    master demoted): kombu raised the refusal, and the worker stopped, where a moment later it
+    could go on."""
 
     QoS = RecordingQoS
     _pop_refused_told = 0.0
@@ -285,7 +312,9 @@ class RecordingChannelMixin:
         try:
             return super()._brpop_read(**options)  # type: ignore[misc]
         except redis.ResponseError as exc:
-            if not write_waits_out(exc):
+            # UNBLOCKED: a BRPOP waiting as its master became a replica (REPLICAOF, as Sentinel
+            # demotes an old master), which refuses the next one (READONLY) until it is a master again.
+            if not write_waits_out(exc) and not str(exc).startswith("UNBLOCKED"):
                 raise
             now = time.monotonic()
             if now - self._pop_refused_told >= REFUSED_POP_TOLD_S:
@@ -297,6 +326,34 @@ class RecordingChannelMixin:
                 )
             _nap(REFUSED_POP_WAIT_S)  # (nothing was popped: nothing is held meanwhile)
             raise kombu_redis.Empty() from exc
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        """kombu's record of a queue's binding (a ``SADD``, as a worker starts), tried again
+        in a worker every second while Redis refuses writes for now, for :data:`RECORD_RETRY_S`
+        at most: kombu raised the refusal, and a worker started in a failover stopped. (A
+        publisher's is raised at once, as kombu's: its publish would be refused as well.)"""
+        deadline = time.monotonic() + RECORD_RETRY_S
+        while True:
+            try:
+                super()._queue_bind(exchange, routing_key, pattern, queue)  # type: ignore[misc]
+                return
+            except redis.ResponseError as exc:
+                if not (WORKER_STARTED.is_set() and write_waits_out(exc)):
+                    raise
+                if time.monotonic() + REFUSED_POP_WAIT_S > deadline:
+                    raise
+                if deadline - time.monotonic() > RECORD_RETRY_S - REFUSED_POP_WAIT_S:  # the first refusal
+                    logger.warning(
+                        "kombu-delay: Redis refuses for now to record the binding of queue %s (%s); "
+                        "trying again every %g s for up to %g s",
+                        shown(queue),
+                        _why(exc),
+                        REFUSED_POP_WAIT_S,
+                        RECORD_RETRY_S,
+                    )
+                _nap(REFUSED_POP_WAIT_S)
+                if WORKER_STOPPING.is_set():
+                    raise
 
 
 class DeliveringTransportMixin:

@@ -182,6 +182,13 @@ def _worker_stopping(**kwargs: Any) -> None:
     poller.WORKER_STOPPING.set()
 
 
+@signals.worker_init.connect(dispatch_uid="kombu_delay.poller.started")  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _worker_started(**kwargs: Any) -> None:
+    # A worker started in a failover waits for Redis to take its queues' bindings
+    # (kombu_delay.poller); a publisher is told at once, as kombu tells it.
+    poller.WORKER_STARTED.set()
+
+
 @signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]
 def _install_when_enabled(sender: Any = None, **kwargs: Any) -> None:
     # worker_init fires in every WorkController just before its blueprint reads

@@ -745,6 +745,37 @@ def test_too_few_replicas_is_a_refusal_that_waiting_ends(server: RedisServer) ->
     client.close()
 
 
+def test_a_worker_started_in_a_failover_waits_for_writes_and_for_its_master(r, redis_server, server, spawn):
+    # A worker started (or reconnecting) while Redis refused writes (a failover's NOREPLICAS)
+    # stopped at kombu's first writes: its sweep of unacknowledged messages, its queue's binding.
+    # One whose master was demoted (REPLICAOF) stopped on the UNBLOCKED answer to its BRPOP.
+    from celery import Celery
+
+    from tests.support.e2e_app import QUEUE
+    from tests.support.workers import records, start_worker, wait_worker_ready
+
+    admin = server.client()
+    admin.config_set("min-replicas-to-write", 1)
+    worker = start_worker(spawn, server.delay_url, redis_server.url, "failover")
+    wait_until(lambda: "to record the binding of queue" in worker.output(), timeout=120)
+    assert worker.popen.poll() is None, worker.output()
+    assert "not restored now" in worker.output()
+    admin.config_set("min-replicas-to-write", 0)
+    wait_worker_ready(r, server.delay_url, worker)
+    told_before = worker.output().count("refuses to hand out")
+    admin.replicaof("127.0.0.1", str(free_port()))  # (a master not there: its data stays)
+    wait_until(lambda: worker.output().count("refuses to hand out") > told_before, timeout=120)
+    admin.replicaof("NO", "ONE")
+    app = Celery("failover-publisher", broker=server.delay_url)
+    try:
+        app.send_task("e2e.record", ("after",), queue=QUEUE)
+    finally:
+        app.close()
+    wait_until(lambda: records(r, "after"), timeout=120)
+    assert worker.popen.poll() is None, worker.output()
+    assert "Unrecoverable error" not in worker.output()
+
+
 def watch_threads() -> int:
     names = ("kombu-delay-watch", "kombu-delay-walk")
     return sum(1 for t in threading.enumerate() if t.name in names and t.is_alive())

@@ -57,6 +57,7 @@ def running(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker not told to stop (another test may have sent Celery's signal in this process):
     for every test here, each of which tells what a worker does as it runs, or is told to stop."""
     monkeypatch.setattr(poller, "WORKER_STOPPING", threading.Event())
+    monkeypatch.setattr(poller, "WORKER_STARTED", threading.Event())
 
 
 def test_a_message_taken_as_redis_goes_away_is_recorded_once_it_is_back(
@@ -309,6 +310,32 @@ def test_a_consumer_waits_while_redis_refuses_to_hand_out_messages(
         refusing_writes(admin, False)
         assert queue.get(timeout=30).payload == {"n": 1}
     assert any("refuses to hand out messages" in r.getMessage() for r in caplog.records)
+
+
+def test_a_workers_binding_refused_for_now_is_waited_out_and_a_publishers_raised(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker started in a failover (NOREPLICAS) stopped at kombu's write of its queue's binding.
+    admin = server.client()
+    with (
+        Connection(server.delay_url) as conn,
+        caplog.at_level(logging.WARNING, logger="kombu_delay.poller"),
+    ):
+        refusing_writes(admin, True)
+        try:
+            with pytest.raises(redis.ResponseError, match="NOREPLICAS"):  # a publisher: as kombu
+                Queue("published", Exchange("published"), "published")(conn.channel()).declare()
+            poller.WORKER_STARTED.set()
+            binding = threading.Thread(
+                target=Queue("consumed", Exchange("consumed"), "consumed")(conn.channel()).declare
+            )
+            binding.start()
+            wait_until(lambda: any("binding of queue" in r.getMessage() for r in caplog.records), timeout=60)
+        finally:
+            refusing_writes(admin, False)
+        binding.join(timeout=60)
+    assert admin.smembers("_kombu.binding.consumed") == {b"consumed\x06\x16\x06\x16consumed"}
+    assert not admin.exists("_kombu.binding.published")
 
 
 @pytest.mark.parametrize(
