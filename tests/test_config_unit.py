@@ -201,6 +201,24 @@ def test_a_look_ahead_not_shorter_than_the_visibility_timeout_is_refused(options
 
 
 @pytest.mark.parametrize(
+    ("options", "source", "told"),
+    [
+        ({}, "--broker", True),  # it ran every task moved ahead three times, unsaid
+        ({"visibility_timeout": 20}, "--broker", False),
+        ({}, "the Celery app's broker_url", False),  # the workers' own settings
+    ],
+)
+def test_a_look_ahead_checked_against_kombus_default_timeout_is_told(options, source, told):
+    from kombu_delay.cli.mover import look_ahead_unchecked
+
+    target = Target("delayredis://127.0.0.1:1/0", options, source=source)
+    said = look_ahead_unchecked(target, 30_000)
+    assert (said is not None) is told
+    assert said is None or "checked against kombu's default visibility_timeout (3600 s)" in said
+    assert look_ahead_unchecked(target, 0) is None
+
+
+@pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"global_keyprefix": 5}, "global_keyprefix must be text, got 5"),  # a traceback at its first key

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
+from kombu.transport import redis as kombu_redis
 
 from kombu_delay.cli.common import global_options, target
 from kombu_delay.connect import Target
@@ -102,6 +103,21 @@ def mover(ctx: click.Context, /, **flags: Any) -> None:
     run_tuned(target(ctx), **flags)
 
 
+def look_ahead_unchecked(tgt: Target, look_ahead_ms: int) -> str | None:
+    """What to tell of a look-ahead checked against kombu's default ``visibility_timeout`` (an
+    hour) for want of the workers' own: a mover given a broker URL, not a Celery app's settings,
+    may not share them (a mover with a look-ahead of 30 s, its workers' timeout 10 s: every
+    task moved ahead ran three times, unsaid)."""
+    if not look_ahead_ms or "visibility_timeout" in tgt.transport_options or "Celery app" in tgt.source:
+        return None
+    return (
+        f"a look-ahead of {look_ahead_ms / 1000:g} s is checked against kombu's default "
+        f"visibility_timeout ({kombu_redis.Channel.visibility_timeout:g} s), as none is given here: a worker "
+        "whose visibility_timeout is not far longer runs each message moved ahead again before it is "
+        "due; give the workers' (-o visibility_timeout=N) to have it checked"
+    )
+
+
 def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = "127.0.0.1") -> None:
     """Run a mover in the foreground with signal handling; shared by both CLIs."""
     logger.info("kombu-delay: %s", tgt.describe())
@@ -110,6 +126,8 @@ def run_mover(tgt: Target, metrics_port: int | None = None, metrics_addr: str = 
         check_pool(tgt)
     except KombuDelayError as exc:
         raise click.UsageError(tgt.redact(str(exc))) from exc
+    if unchecked := look_ahead_unchecked(tgt, settings.look_ahead_ms):
+        logger.warning("kombu-delay: %s", unchecked)
     name = mover_id()
     stopping = threading.Event()
     running: list[Mover] = []
