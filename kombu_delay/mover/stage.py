@@ -89,6 +89,8 @@ class Stager:
         self._capped = False
         #: The run (its due ms and size) each destination's set held when last looked at.
         self._seen: dict[tuple[int, str], tuple[int, int]] = {}
+        #: Runs told as not copied for Redis's memory (told once each).
+        self._unfit: set[tuple[int, str]] = set()
         self._next_plan = float("-inf")
         self._refused_logged_at = float("-inf")
         #: This mover's copy rate, measured over its back-to-back copy steps.
@@ -195,12 +197,32 @@ class Stager:
             return min(RATE, self.thaw_rate.per_s)
         return RATE
 
+    def _tell_unfit(self, run: tuple[int, str], size: int | None, free: int) -> None:
+        """Say once that ``run`` is not copied for Redis's memory: its herd moves in batches."""
+        if run in self._unfit:
+            return
+        self._unfit.add(run)
+        why = (
+            "its size cannot be read (MEMORY USAGE refused)"
+            if size is None
+            else f"its copy ({size / 2**20:,.1f} MB) would take Redis past {MEMORY_SHARE:.0%} of its "
+            f"maxmemory ({free / 2**20:,.1f} MB free below it)"
+        )
+        logger.info(
+            "mover %s: a herd of %d messages for %r is not copied ahead, as %s: it moves in batches",
+            self.name,
+            self._count_of.get(run, 0),
+            run[1],
+            why,
+        )
+
     def _plan(self) -> None:
         """Read the first ordinary buckets' counts and list the runs to copy now."""
         now_ms, buckets = self.store.ordinary_buckets(PLAN_BUCKETS)
         counts = {(b.start_ms, dest): n for b in buckets for dest, n in b.dests}
         self._settled = {run: n for run, n in self._settled.items() if counts.get(run) == n}
         self._seen = {run: seen for run, seen in self._seen.items() if run in counts}
+        self._unfit &= counts.keys()
         self._count_of = counts
         rate = self.assumed_rate()
 
@@ -224,6 +246,7 @@ class Stager:
             if free is not None:
                 size = self.store.set_memory(start_ms, dest)
                 if size is None or size > free:
+                    self._tell_unfit((start_ms, dest), size, free)
                     continue
                 free -= size
             self._work.append((start_ms, dest))

@@ -3,10 +3,12 @@ whole path through a real mover process: a herd handed over at its due time, eac
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
 import redis
 
 from kombu_delay.config import Settings
@@ -115,7 +117,9 @@ def test_a_herds_set_of_another_type_is_passed_over_and_the_others_are_copied(
     assert r.get(bad) == b"by hand"
 
 
-def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.Redis, prefix: str) -> None:
+def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(
+    r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = FakeClock(r)
     store = Store(r, prefix, clock=clock)
     due = next_start(clock) + 10
@@ -138,8 +142,12 @@ def test_no_copy_with_a_rate_cap_a_queue_cap_or_too_little_free_memory(r: redis.
     r.config_set("maxmemory", str(limit))
     try:
         told: list[BaseException] = []
-        run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN, told=told.append))
+        with caplog.at_level(logging.INFO, logger="kombu_delay.mover.stage"):
+            run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN, told=told.append))
         assert staged(r, prefix) == {} and told == []
+        # Said, once (a herd moved in batches, late by their time, said nothing of why).
+        said = [rec.getMessage() for rec in caplog.records if "is not copied ahead" in rec.getMessage()]
+        assert len(said) == 1 and "a herd of 3000 messages" in said[0] and "maxmemory" in said[0], said
         r.config_set("maxmemory", str(2**31))
         run_steps(Stager(store, ORDINARY, "t", monotonic=ticking(), min_run=MIN_RUN))
         assert staged(r, prefix) == {"q": 3000}
