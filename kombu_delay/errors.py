@@ -172,11 +172,13 @@ def write_waits_out(exc: redis.ResponseError) -> bool:
     """Whether ``exc`` is Redis refusing a write for now: a failover's ``NOREPLICAS``,
     ``MASTERDOWN`` or ``READONLY`` (a master demoted), a failing disk's ``MISCONF``, a script
     running past its time (``BUSY``). (In a pipeline, redis-py words it "Command # 1 (...) of
-    pipeline caused error: NOREPLICAS ...", or "Transaction discarded because of: BUSY ...".)"""
-    text = coded_text(exc)
+    pipeline caused error: NOREPLICAS ...", or "Transaction discarded because of: BUSY ...";
+    Redis 6 words one inside a script "Error running script (call to f_...): @user_script:2:
+    ... -NOREPLICAS ...", a read-only replica's "-READONLY ...".)"""
+    text = _SCRIPT_PLACE.sub("", coded_text(exc)).removeprefix("-")
     return isinstance(exc, redis.exceptions.ReadOnlyError) or any(
         text.startswith(m) or f"caused error: {m}" in text or f"because of: {m}" in text
-        for m in _WAIT_REFUSALS
+        for m in (*_WAIT_REFUSALS, "READONLY ")
     )
 
 

@@ -53,7 +53,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from kombu_delay.errors import coded_text, over_maxmemory, unavailable_text, write_waits_out
+from kombu_delay.errors import coded_text, over_maxmemory, refusal_text, unavailable_text, write_waits_out
 from kombu_delay.message import message_id, shown
 
 logger = logging.getLogger(__name__)
@@ -68,10 +68,15 @@ GIVE_BACK_STOPPING_S = 10.0
 #: Set once Celery tells this process's worker to stop (by kombu_delay.mover.embedded, which
 #: Celery loads at start through the ``delay`` command; importing kombu_delay loads no Celery).
 WORKER_STOPPING = threading.Event()
-#: Set as Celery starts a worker in this process (kombu_delay.mover.embedded, as above): a
-#: publisher's first write of a queue's binding is refused at once, as kombu's is, a worker's
-#: waited out (see RecordingChannelMixin._queue_bind).
+#: Set in a Celery worker's main process, where it consumes (kombu_delay.mover.embedded, as
+#: above), and cleared in its pool's child processes, which run tasks: a worker's write of a
+#: queue's binding is waited out (RecordingChannelMixin._queue_bind), a publisher's (a task's
+#: too, in a prefork child) refused at once, as kombu's is.
 WORKER_STARTED = threading.Event()
+#: What a worker told to stop does where a wait above ends for it (set by
+#: kombu_delay.mover.embedded: Celery's own stop, raised as Celery raises it; none: the refusal
+#: itself is raised).
+stop_worker: Callable[[], None] | None = None
 
 
 class DeliveringPoller(kombu_redis.MultiChannelPoller):  # type: ignore[misc]
@@ -282,7 +287,8 @@ def _why(exc: BaseException) -> str:
     """``exc`` told: a refusal without the pipelined command redis-py puts before it, which shows
     the start of the message ("Command # 1 (RPUSH q {"body": ...) of pipeline caused error: ")."""
     if isinstance(exc, redis.ResponseError):
-        return f"Redis refused the write: {coded_text(exc).rpartition(' of pipeline caused error: ')[2]}"
+        told = refusal_text(coded_text(exc).rpartition(" of pipeline caused error: ")[2]).removeprefix("-")
+        return f"Redis refused the write: {told}"
     return unavailable_text(exc)
 
 
@@ -353,6 +359,8 @@ class RecordingChannelMixin:
                     )
                 _nap(REFUSED_POP_WAIT_S)
                 if WORKER_STOPPING.is_set():
+                    if stop_worker is not None:  # a stop asked for, not an error
+                        stop_worker()
                     raise
 
 

@@ -185,8 +185,26 @@ def _worker_stopping(**kwargs: Any) -> None:
 @signals.worker_init.connect(dispatch_uid="kombu_delay.poller.started")  # type: ignore[misc,untyped-decorator,unused-ignore]
 def _worker_started(**kwargs: Any) -> None:
     # A worker started in a failover waits for Redis to take its queues' bindings
-    # (kombu_delay.poller); a publisher is told at once, as kombu tells it.
+    # (kombu_delay.poller); a publisher is told at once, as kombu tells it. Told to stop during
+    # that wait, it stops as Celery stops (Celery's own "Unrecoverable error" read as a crash).
+    from celery.worker import state
+
     poller.WORKER_STARTED.set()
+    poller.stop_worker = state.maybe_shutdown
+    global _worker_pid
+    _worker_pid = os.getpid()
+
+
+#: The process that started the worker: the solo and threads pools send worker_process_init in it.
+_worker_pid = 0
+
+
+@signals.worker_process_init.connect(dispatch_uid="kombu_delay.poller.child")  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _pool_child(**kwargs: Any) -> None:
+    # A prefork child runs tasks, which publish: a task's binding refused is raised at once, as
+    # kombu raises it (it waited two minutes, past a warm shutdown, which a child never hears).
+    if os.getpid() != _worker_pid:
+        poller.WORKER_STARTED.clear()
 
 
 @signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]

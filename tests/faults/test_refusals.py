@@ -776,6 +776,35 @@ def test_a_worker_started_in_a_failover_waits_for_writes_and_for_its_master(r, r
     assert "Unrecoverable error" not in worker.output()
 
 
+def test_a_worker_told_to_stop_while_it_waits_to_bind_its_queue_stops_cleanly(r, redis_server, server, spawn):
+    # It stopped with "Unrecoverable error" and exit status 1: a stop asked for read as a crash.
+    from tests.support.workers import start_worker
+
+    server.client().config_set("min-replicas-to-write", 1)
+    worker = start_worker(spawn, server.delay_url, redis_server.url, "stopped")
+    wait_until(lambda: "to record the binding of queue" in worker.output(), timeout=120)
+    worker.popen.send_signal(signal.SIGTERM)
+    assert wait_for_exit(worker, timeout=120) == 0, worker.output()
+    assert "Unrecoverable error" not in worker.output()
+
+
+def test_a_tasks_binding_in_a_pool_child_is_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A prefork child inherited the worker's wait: a task publishing to a queue not yet bound
+    # waited two minutes (a warm shutdown, which a child never hears, did not end it).
+    from celery import signals
+
+    from kombu_delay import poller
+    from kombu_delay.mover import embedded
+
+    monkeypatch.setattr(embedded, "_worker_pid", -1)  # another process started the worker
+    poller.WORKER_STARTED.set()
+    try:
+        signals.worker_process_init.send(sender=None)  # (from this process: a child's pid)
+        assert not poller.WORKER_STARTED.is_set()
+    finally:
+        poller.WORKER_STARTED.clear()
+
+
 def watch_threads() -> int:
     names = ("kombu-delay-watch", "kombu-delay-walk")
     return sum(1 for t in threading.enumerate() if t.name in names and t.is_alive())

@@ -356,6 +356,20 @@ def test_a_workers_binding_refused_for_now_is_waited_out_and_a_publishers_raised
             redis.exceptions.ExecAbortError("Transaction discarded because of: BUSY Redis is busy running"),
             True,
         ),
+        (  # Redis 6, from inside a script (kombu binds a queue with x-expires by one)
+            redis.ResponseError(
+                "Error running script (call to f_2b70): @user_script:325: user_script:325: "
+                "@user_script: 329: -NOREPLICAS Not enough good replicas to write."
+            ),
+            True,
+        ),
+        (
+            redis.ResponseError(
+                "Error running script (call to f_fb5e): @user_script:289: @user_script: 289: "
+                "-READONLY You can't write against a read only replica."
+            ),
+            True,
+        ),
         (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
         (redis.ResponseError("ERR a task named BUSY NOREPLICAS"), False),
     ],
