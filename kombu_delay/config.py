@@ -199,8 +199,12 @@ def _option_hint(key: str, known: Iterable[str]) -> str | None:
     one of kombu's (``socket_timout``); ``None`` for none (kombu takes any name)."""
     from kombu.transport import redis as kombu_redis
 
-    if f"delay_{key}" in known:
-        return f"delay_{key}?"
+    lowered = key.lower()
+    if f"delay_{lowered}" in known or lowered in known:  # (-o DELAY_MAX_RATE=5: the case differs)
+        return f"{lowered if lowered in known else 'delay_' + lowered}?"
+    near = difflib.get_close_matches(f"delay_{lowered.removeprefix('delay_')}", known, n=1, cutoff=0.85)
+    if near:  # -o max_rat=3, -o Delay_max_rat=3
+        return f"{near[0]}?"
     if key.startswith("ssl_"):
         return f"TLS options go in Celery's broker_use_ssl, or the broker URL's query (?{key}=...)"
     kombus = {*kombu_redis.SentinelChannel.from_transport_options, *_KOMBU_OPTIONS}

@@ -358,6 +358,28 @@ def test_an_option_no_one_reads_is_told_with_what_was_meant(monkeypatch, caplog)
     ]
 
 
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("DELAY_MAX_RATE", "delay_max_rate"),
+        ("Delay_max_rat", "delay_max_rate"),
+        ("max_rat", "delay_max_rate"),
+    ],
+)
+def test_a_delay_option_in_another_case_or_misspelt_without_its_prefix_is_told(
+    given, meant, monkeypatch, caplog
+):
+    # -o DELAY_MAX_RATE=5, -o Delay_max_rate=5 and -o max_rat=3 were ignored without a word.
+    from kombu_delay import config
+
+    monkeypatch.setattr(config, "_misspelt_told", set())
+    with caplog.at_level("WARNING", logger="kombu_delay.config"):
+        assert Settings.from_options({given: 5}, {}).max_rate == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"kombu-delay: transport option {given!r} is not read: {meant}?"
+    ]
+
+
 @pytest.mark.parametrize("raw", ["99999999999999999999999", 99999999999999999999999])
 def test_a_whole_count_is_read_as_given_not_through_a_float(raw):
     # "got 99999999999999991611392": a number no one gave, as a float rounds it past 2**53.
