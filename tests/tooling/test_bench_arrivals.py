@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from kombu_delay.tooling.bench.arrivals import ids_of, move_span, tally
+from kombu_delay.tooling.bench.arrivals import early_seen, ids_of, move_span, tally
 from kombu_delay.tooling.bench.report import evaluate
 
 
@@ -45,3 +45,28 @@ def test_a_move_span_is_taken_from_the_counter_not_from_the_due_time() -> None:
     assert whole["move_span_ms"] == 7.0 and not whole["move_resolved"]
     # Never all moved: no rate.
     assert math.isnan(move_span(samples, 1, 301)["moved_per_s"])
+
+
+def test_early_is_judged_against_each_messages_own_due_time_and_the_blind_gap_told() -> None:
+    # A burst judged early only against its first due time missed one due 19 ms on, pushed at
+    # +1 ms; and a push in the last gap before the due time went unseen, unsaid.
+    dues = [1000, 1000, 1019]
+    on_time = [(990.0, 0), (1000.5, 2), (1019.2, 3)]
+    assert early_seen(on_time, dues, 1) == {"early": 0, "early_blind_ms": 18.5}  # 1019 after 1000.5
+    pushed_ahead = [(990.0, 0), (1001.0, 3), (1019.2, 3)]  # the third, due at 1019, on at 1001
+    assert early_seen(pushed_ahead, dues, 1)["early"] == 1
+    assert early_seen([(1001.0, 3)], dues, 1)["early_blind_ms"] == math.inf  # none before the first
+
+
+def test_backpressure_misses_its_target_when_a_cap_is_passed() -> None:
+    # No row judged either cap: a mover moving 1,000,000/s under a 10,000/s cap read "yes".
+    ramp = {"lost": 0, "doubled": 0, "delivered_minus_messages": 0}
+    results = {
+        "backpressure": {
+            "max_rate": {**ramp, "rate_over_cap": 100.0},
+            "max_queue_length": {**ramp, "longest_over_cap": 1.0},
+        }
+    }
+    met = {row["metric"]: row["met"] for row in evaluate(results) if row["scenario"] == "backpressure"}
+    assert met["max-rate: highest half-second after the first / cap"] is False
+    assert met["max-queue-length: longest list / cap"] is True

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 from kombu_delay.tooling.bench.report import evaluate
 
 
@@ -31,3 +34,23 @@ def test_the_web_pages_and_the_inspect_ls_are_in_the_table() -> None:
     assert shown[("inspect", "ls (a page of 100) median ms at 1,000")] == "26.40"
     assert shown[("inspect", "ls --queue (a page of 100) median ms at 1,000")] == "26.40"
     assert shown[("inspect", "stats median ms at 1,000")] == "26.40"
+
+
+def test_a_cpu_part_net_of_idle_at_or_below_zero_is_not_measured() -> None:
+    # Net of an idle rate measured higher than the move's own, the move read -23.6 µs, and the
+    # ratios it entered read "met".
+    from kombu_delay.tooling.bench.cpu import _measured
+
+    assert _measured(0.002) == 0.002
+    assert math.isnan(_measured(0.0)) and math.isnan(_measured(-0.001))
+    rows = {r["metric"]: r for r in evaluate({"cpu": {"delayed_ratio": 0.001 + _measured(-1.0)}})}
+    assert rows["delayed (schedule + move) / plain"]["met"] is False
+
+
+def test_the_json_holds_null_for_a_figure_not_measured() -> None:
+    # A bare NaN, which strict JSON readers (Node's JSON.parse) refuse.
+    from kombu_delay.tooling.bench import _finite
+
+    assert json.loads(json.dumps(_finite({"a": [math.nan, 1.0, {"b": math.inf}]}), allow_nan=False)) == {
+        "a": [None, 1.0, {"b": None}]
+    }

@@ -9,9 +9,11 @@ table with the project's targets, writes the results as JSON, and draws charts
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import sys
@@ -27,6 +29,7 @@ from typing import Any, NoReturn
 import celery
 import click
 import kombu
+import redis
 
 from kombu_delay import __version__
 from kombu_delay.cli.common import forget_celery_servers
@@ -223,6 +226,14 @@ def bench(
     _report(results, errors, meta, json_out, plot_out)
     if errors:
         raise click.ClickException(f"scenario(s) failed: {', '.join(errors)}")
+    # A message lost, doubled or early is no slow figure: the run fails on it, as a test would.
+    missed = [
+        f"{row['scenario']}: {row['metric']}"
+        for row in bench_report.evaluate(results)
+        if row["target"] == "= 0" and row["met"] is False
+    ]
+    if missed:
+        raise click.ClickException(f"counts that must be none were not: {'; '.join(missed)}")
 
 
 def _run(
@@ -242,10 +253,12 @@ def _run(
     probe = Probe(url)
     workdir = tempfile.TemporaryDirectory(prefix="kombu-delay-bench-")
     movers = Movers(delay_url(url), batch_size, Path(workdir.name))
-    started = time.monotonic()
+    started, started_at = time.monotonic(), datetime.now(UTC)
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     interrupted = ""
+    # The slow log's settings are the server's, for every database: a --broker run puts them back.
+    slowlog = probe.slowlog_settings()
     try:
         probe.flush()
         ctx = Ctx(
@@ -276,7 +289,7 @@ def _run(
                 movers.stop_all()
             click.echo(f"   {name} took {time.monotonic() - begun:.1f} s", err=True)
         meta = {
-            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "started": started_at.isoformat(timespec="seconds"),
             "duration_s": round(time.monotonic() - started, 1),
             "nproc": os.cpu_count(),
             "machine": platform.machine(),
@@ -291,6 +304,11 @@ def _run(
         }
     finally:
         movers.stop_all()
+        if server is None:  # (the database given is the bench's: it leaves it empty)
+            with contextlib.suppress(redis.RedisError):
+                probe.client.config_set("slowlog-log-slower-than", slowlog[0])
+                probe.client.config_set("slowlog-max-len", slowlog[1])
+                probe.flush()
         probe.close()
         if server is not None:
             server.cleanup()
@@ -314,7 +332,19 @@ def _write_json(
     rows = bench_report.evaluate(results)
     report = {"meta": meta, "results": results, "errors": errors, "targets": rows}
     json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(report, indent=1, default=str))
+    # A figure not measured (NaN) is null: JSON has no NaN, and strict readers refuse it.
+    json_out.write_text(json.dumps(_finite(report), indent=1, default=str, allow_nan=False))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite made ``None``, in its lists and dicts too."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _report(

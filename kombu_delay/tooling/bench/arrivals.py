@@ -14,12 +14,13 @@ can pass for on time). So here:
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
@@ -77,6 +78,35 @@ def grace(ctx: Any, step: Callable[[], object], grace_s: float = GRACE_S, key: s
         step()
         time.sleep(0.02)
     return time.monotonic() - started
+
+
+#: How close to a due time a scenario reads the list without a pause between samples, ms: a
+#: push between the last sample before a due time and that due time goes unseen, so that gap
+#: is kept to a round trip where it matters, and told (:func:`early_seen`).
+CLOSE_MS = 25.0
+
+
+def pause_s(at_ms: float, dues: Sequence[int], far_s: float) -> float:
+    """The pause before the next sample taken at Redis ms ``at_ms``: none within
+    :data:`CLOSE_MS` before one of ``dues`` (sorted), else ``far_s``."""
+    nxt = bisect.bisect_right(dues, at_ms)
+    return 0.0 if nxt < len(dues) and dues[nxt] - at_ms <= CLOSE_MS else far_s
+
+
+def early_seen(samples: Sequence[tuple[float, ...]], dues: Sequence[int], column: int) -> dict[str, float]:
+    """Messages seen on the list before their due time: at each sample ``(Redis ms, ...)``, what
+    its ``column`` (the list's length) holds beyond the messages due by then (``dues``, sorted,
+    each message's own), the most of any sample; and ``early_blind_ms``, the longest a due time
+    came after the last sample before it: a push within that gap before its due time is not seen
+    (precision times each push by ``MONITOR`` instead, which a herd's pushes would slow)."""
+    early, blind = 0, 0.0
+    times = [s[0] for s in samples]
+    for sample in samples:
+        early = max(early, int(sample[column]) - bisect.bisect_right(dues, sample[0]))
+    for due in sorted(set(dues)):
+        before = bisect.bisect_left(times, due) - 1  # (samples are in time order)
+        blind = max(blind, due - times[before] if before >= 0 else math.inf)
+    return {"early": early, "early_blind_ms": blind}
 
 
 class Sampler:

@@ -9,7 +9,16 @@ import time
 from collections import Counter
 from typing import Any
 
-from kombu_delay.tooling.bench.arrivals import PushMonitor, Sampler, grace, ids_of, list_ids, tally
+from kombu_delay.tooling.bench.arrivals import (
+    PushMonitor,
+    Sampler,
+    early_seen,
+    grace,
+    ids_of,
+    list_ids,
+    pause_s,
+    tally,
+)
 from kombu_delay.tooling.bench.ctx import Ctx, pct, sleep_until, wait_for
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, now_ms, rss_mb
 
@@ -148,7 +157,8 @@ def burst(ctx: Ctx) -> dict[str, Any]:
     n = ctx.sizes.burst
     mover = ctx.movers.start()
     due = int(now_ms() + ctx.lead_ms(n))
-    count, fill_s, payloads = ctx.fill_celery(due + i % BURST_SPREAD_MS for i in range(n))
+    dues = sorted(due + i % BURST_SPREAD_MS for i in range(n))
+    count, fill_s, payloads = ctx.fill_celery(iter(dues))
     if now_ms() > due - 300:
         raise RuntimeError("the fill ended too close to the due time; rerun")
     sleep_until(due - 200)
@@ -162,7 +172,7 @@ def burst(ctx: Ctx) -> dict[str, Any]:
         samples.append(sample())
         if samples[-1][1] >= n:
             break
-        time.sleep(0.002)
+        time.sleep(pause_s(samples[-1][0], dues, 0.002))
     cpu = ctx.probe.redis_cpu_s() - cpu
     stats = ctx.probe.evalsha_stats()
     slowest = ctx.probe.slowest_script_ms()
@@ -177,9 +187,7 @@ def burst(ctx: Ctx) -> dict[str, Any]:
     done_at = 0.0
     if counted["lost"] == 0:
         done_at = next((at for at, length in samples if length >= counted["delivered"]), 0.0)
-    # On the list before the first due time: early (one due within the spread and moved before
-    # its own millisecond is not seen here; the tests see to that).
-    early = max((length for t, length in series if t < 0), default=0)
+    early = early_seen(samples, dues, 1)  # each message against its own due time
     drain_s = (done_at - due) / 1000 if done_at else float("nan")
     ctx.probe.flush()
     ctx.probe.reset_stats()
@@ -195,7 +203,7 @@ def burst(ctx: Ctx) -> dict[str, Any]:
         "batch_size": ctx.movers.batch_size,
         "fill_s": fill_s,
         "first_on_list_ms": first,
-        "early": early,
+        **early,
         "lost": counted["lost"],
         "doubled": counted["doubled"],
         "delivered": counted["delivered"],

@@ -36,6 +36,7 @@ its ratios are not to be judged by.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -314,6 +315,11 @@ def _floors(n: int, plain_us: float, publish: dict[str, float], move_s: float) -
     }
 
 
+def _measured(cpu_s: float) -> float:
+    """``cpu_s``, a part's CPU net of idle, where it is above zero; else NaN (not measured)."""
+    return cpu_s if cpu_s > 0 else math.nan
+
+
 def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, Any]) -> dict[str, Any]:
     """The per-message figures, net of ``idle``, and the gross ratios beside them."""
     per = 1e6 / n
@@ -322,11 +328,13 @@ def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, A
     thaw_gross, cold_move_gross = cold["thaw"], cold["move"]
     plain, schedule = plain_gross.net(idle), schedule_gross.net(idle)
     plain_cold, cold_side = plain_cold_gross.net(idle), cold_gross.net(idle)
-    move = move_gross.less(idle.process_per_s, idle.poll_process_s)
-    thaw = thaw_gross.less(idle.main_per_s, idle.poll_main_s)
-    cold_move = cold_move_gross.less(idle.process_per_s, idle.poll_process_s)
-    delayed_us = (schedule.cpu_s + move) * per
-    compressed_us = (cold_side.cpu_s + thaw + cold_move) * per
+    # Net of idle, a part at or below zero was not measured (the idle taken off was more than
+    # it): NaN, which misses every target it enters, where it read as a cheap part, and "met".
+    move = _measured(move_gross.less(idle.process_per_s, idle.poll_process_s))
+    thaw = _measured(thaw_gross.less(idle.main_per_s, idle.poll_main_s))
+    cold_move = _measured(cold_move_gross.less(idle.process_per_s, idle.poll_process_s))
+    delayed_us = (_measured(schedule.cpu_s) + move) * per
+    compressed_us = (_measured(cold_side.cpu_s) + thaw + cold_move) * per
     # The same plain publish, measured in each half: almost all of it is the kernel's share of
     # a round trip, which moves with whatever else the machine runs, and the delayed side's
     # does not move with it. Where its rounds or its halves disagree, so would the ratios.
@@ -350,7 +358,7 @@ def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, A
         "move_polls": move_gross.polls,
         "delayed_redis_cpu_us": delayed_us,
         "delayed_minus_plain_us": delayed_us - plain.cpu_s * per,
-        "delayed_ratio": delayed_us / (plain.cpu_s * per),
+        "delayed_ratio": delayed_us / (_measured(plain.cpu_s) * per),
         "delayed_ratio_gross": gross_delayed / plain_gross.cpu_s,
         "stored_compressed": n,
         "schedule_compressed_redis_cpu_us": cold_side.cpu_s * per,
@@ -358,7 +366,7 @@ def _figures(n: int, idle: Idle, hot: tuple[Side, Side, Side], cold: dict[str, A
         "thawed_before_due": bool(cold["thawed_before_due"]),
         "move_after_thaw_redis_cpu_us": cold_move * per,
         "compressed_redis_cpu_us": compressed_us,
-        "compressed_ratio": compressed_us / (plain_cold.cpu_s * per),
+        "compressed_ratio": compressed_us / (_measured(plain_cold.cpu_s) * per),
         "compressed_ratio_gross": gross_compressed / plain_cold_gross.cpu_s,
         "plain_per_s": 2 * n / (plain.wall_s + plain_cold.wall_s),
         "delayed_per_s": n / schedule.wall_s,

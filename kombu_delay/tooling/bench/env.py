@@ -163,6 +163,11 @@ class Probe:
     def flush(self) -> None:
         self.client.flushdb()
 
+    def slowlog_settings(self) -> tuple[str, str]:
+        """The server's ``slowlog-log-slower-than`` and ``slowlog-max-len``, as ``CONFIG GET`` gives them."""
+        got = self.client.config_get("slowlog-*")
+        return str(got["slowlog-log-slower-than"]), str(got["slowlog-max-len"])
+
     def info(self, section: str) -> dict[str, Any]:
         return dict(self.client.info(section))
 

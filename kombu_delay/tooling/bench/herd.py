@@ -22,7 +22,16 @@ from typing import Any
 from kombu_delay.config import Settings
 from kombu_delay.mover import thaw_plan
 from kombu_delay.store import cold, keys
-from kombu_delay.tooling.bench.arrivals import Sampler, grace, ids_of, list_ids, move_span, tally
+from kombu_delay.tooling.bench.arrivals import (
+    Sampler,
+    early_seen,
+    grace,
+    ids_of,
+    list_ids,
+    move_span,
+    pause_s,
+    tally,
+)
 from kombu_delay.tooling.bench.ctx import Ctx
 from kombu_delay.tooling.bench.env import QUEUE, TASK, celery_app, eta_of, fill, now_ms, rss_mb
 
@@ -144,7 +153,7 @@ def _watch(
             peak_memory, next_memory = max(peak_memory, ctx.probe.used_memory()), time.monotonic() + 0.5
         if length >= n:
             break
-        time.sleep(0.005 if abs(at - due) < 5000 or left else 0.1)
+        time.sleep(pause_s(at, [due], 0.005 if abs(at - due) < 5000 or left else 0.1))
     grace(ctx, lambda: samples.append(sample()))  # read on: a late duplicate is counted
     counted = tally(list_ids(ctx.probe.client), ids)
     thaw_s = (done_at - began_at) / 1000 if done_at else float("nan")
@@ -167,7 +176,7 @@ def _watch(
         "staging_began_ms_before_due": due - staging_at if staging_at else float("nan"),
         "staged_ms_before_due": due - staged_at if staged_at else float("nan"),
         "renames": ctx.probe.calls("rename") - renames,
-        "early": max((s[2] for s in samples if s[0] < due), default=0),
+        **early_seen(samples, [due] * n, 2),
         **move_span(samples, 4, n),
         "series": series[:: max(1, len(series) // 400)] + series[-1:],
         **counted,

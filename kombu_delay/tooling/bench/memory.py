@@ -45,6 +45,7 @@ def memory(ctx: Ctx) -> dict[str, Any]:
         "stored_compressed": _members_of(ctx, f"{ns}cz:*"),
         "used_memory_per_msg": per,
         "overhead_per_msg": per - payload,
+        "beyond_member_per_msg": per - member,
         "compressed_member_bytes": member,
         "compressed_sets_per_msg": cold_bytes / count,
         "ids_index_per_msg": ids_bytes / count,
