@@ -182,7 +182,8 @@ def _variant(ctx: Any, name: str, worker_url: str, look_ahead_s: float | None) -
         worker.stop()
     records = [json.loads(x) for x in ctx.probe.client.lrange(STARTS, 0, -1)]
     assert sampler is not None
-    moved_s = None if sampler.moved_all_at is None else max(0.0, (sampler.moved_all_at - due) / 1000)
+    # (below zero where it was done before due: a look-ahead's, or an early move's, told as such)
+    moved_s = None if sampler.moved_all_at is None else (sampler.moved_all_at - due) / 1000
     return {
         "tasks": n,
         "worker": worker_url.partition("://")[0] + "://",

@@ -82,7 +82,15 @@ def measure(
     Without ``url`` a private redis-server is started and discarded. With ``url``,
     data goes under the ``kdbench:`` key prefix and is left there: flush afterwards.
     """
+    state = random.getstate()  # the process's, for the scenarios after this one
     random.seed(seed)
+    try:
+        return _measured(url, sizes, samples, spread_hours)
+    finally:
+        random.setstate(state)
+
+
+def _measured(url: str | None, sizes: tuple[int, ...], samples: int, spread_hours: float) -> dict[str, Any]:
     results: dict[str, Any] = {
         "method": __doc__,
         "samples": samples,
@@ -96,7 +104,7 @@ def measure(
         for size in sorted(sizes):
             fill_s = _fill(ctl, size - ctl.stats(hours=1).scheduled, ids, spread_ms)
             stats = ctl.stats()
-            victims = random.sample(ids, samples)
+            victims = random.sample(ids, min(samples, len(ids)))  # (a size under the sample count)
             queue = iter(victims)
             row: dict[str, Any] = {
                 "scheduled": stats.scheduled,
@@ -104,7 +112,7 @@ def measure(
                 "stats": _ms(ctl.stats, 20),
                 # _ms calls each lambda right away, in this iteration: the loop variables are current.
                 "find": _ms(lambda: ctl.find(random.choice(ids)), samples),  # noqa: B023
-                "cancel": _ms(lambda: ctl.cancel(next(queue)), samples),  # noqa: B023
+                "cancel": _ms(lambda: ctl.cancel(next(queue)), len(victims)),  # noqa: B023
                 "cancel_missing": _ms(lambda: ctl.cancel(str(uuid.uuid4())), samples),
                 "reschedule": _ms(
                     lambda: ctl.reschedule(
