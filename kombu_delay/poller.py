@@ -68,12 +68,18 @@ GIVE_BACK_STOPPING_S = 10.0
 #: Set once Celery tells this process's worker to stop (by kombu_delay.mover.embedded, which
 #: Celery loads at start through the ``delay`` command; importing kombu_delay loads no Celery).
 WORKER_STOPPING = threading.Event()
-#: Set in a Celery worker's main process, where it consumes (kombu_delay.mover.embedded, as
-#: above), and cleared in its pool's child processes, which run tasks: a worker's write of a
-#: queue's binding is waited out (RecordingChannelMixin._queue_bind), a publisher's (a task's
-#: too, in a prefork child) refused at once, as kombu's is.
-WORKER_STARTED = threading.Event()
-#: What a worker told to stop does where a wait above ends for it (set by
+
+
+def _publishing() -> bool:
+    return False
+
+
+#: Whether this call is a Celery worker's consumer's (the worker's own process and thread,
+#: outside a task; set by kombu_delay.mover.embedded, as above): its write of a queue's binding
+#: is waited out (RecordingChannelMixin._queue_bind), a publisher's, a task's among them,
+#: refused at once, as kombu's is (a task waiting there was cut short by a warm shutdown).
+consuming: Callable[[], bool] = _publishing
+#: What a worker told to stop does where that wait ends for it (set by
 #: kombu_delay.mover.embedded: Celery's own stop, raised as Celery raises it; none: the refusal
 #: itself is raised).
 stop_worker: Callable[[], None] | None = None
@@ -344,7 +350,7 @@ class RecordingChannelMixin:
                 super()._queue_bind(exchange, routing_key, pattern, queue)  # type: ignore[misc]
                 return
             except redis.ResponseError as exc:
-                if not (WORKER_STARTED.is_set() and write_waits_out(exc)):
+                if not (write_waits_out(exc) and consuming()):
                     raise
                 if time.monotonic() + REFUSED_POP_WAIT_S > deadline:
                     raise

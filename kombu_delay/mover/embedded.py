@@ -189,22 +189,26 @@ def _worker_started(**kwargs: Any) -> None:
     # that wait, it stops as Celery stops (Celery's own "Unrecoverable error" read as a crash).
     from celery.worker import state
 
-    poller.WORKER_STARTED.set()
-    poller.stop_worker = state.maybe_shutdown
     global _worker_pid
     _worker_pid = os.getpid()
+    poller.consuming = consuming
+    poller.stop_worker = state.maybe_shutdown
 
 
-#: The process that started the worker: the solo and threads pools send worker_process_init in it.
+#: The process that started the worker (0: none here).
 _worker_pid = 0
 
 
-@signals.worker_process_init.connect(dispatch_uid="kombu_delay.poller.child")  # type: ignore[misc,untyped-decorator,unused-ignore]
-def _pool_child(**kwargs: Any) -> None:
-    # A prefork child runs tasks, which publish: a task's binding refused is raised at once, as
-    # kombu raises it (it waited two minutes, past a warm shutdown, which a child never hears).
-    if os.getpid() != _worker_pid:
-        poller.WORKER_STARTED.clear()
+def consuming() -> bool:
+    """Whether the caller is the worker's consumer: its own process (not a prefork child) and
+    thread (not a threads pool's), outside a task (the solo pool runs tasks in that thread)."""
+    from celery import current_task
+
+    return (
+        os.getpid() == _worker_pid
+        and threading.current_thread() is threading.main_thread()
+        and not current_task
+    )
 
 
 @signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]

@@ -788,21 +788,28 @@ def test_a_worker_told_to_stop_while_it_waits_to_bind_its_queue_stops_cleanly(r,
     assert "Unrecoverable error" not in worker.output()
 
 
-def test_a_tasks_binding_in_a_pool_child_is_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A prefork child inherited the worker's wait: a task publishing to a queue not yet bound
-    # waited two minutes (a warm shutdown, which a child never hears, did not end it).
-    from celery import signals
+def test_only_a_workers_consumer_waits_for_its_binding_not_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A task publishing to a queue not yet bound waited too: two minutes in a prefork child (a
+    # warm shutdown, which a child never hears, did not end it), and in a threads pool a warm
+    # shutdown cut the task short, its message acknowledged: lost.
+    from celery._state import _task_stack
 
-    from kombu_delay import poller
     from kombu_delay.mover import embedded
 
-    monkeypatch.setattr(embedded, "_worker_pid", -1)  # another process started the worker
-    poller.WORKER_STARTED.set()
+    monkeypatch.setattr(embedded, "_worker_pid", os.getpid())
+    assert embedded.consuming()  # the worker's own process and thread, outside a task
+    seen: list[bool] = []
+    thread = threading.Thread(target=lambda: seen.append(embedded.consuming()))  # a threads pool's
+    thread.start()
+    thread.join()
+    assert seen == [False]
+    _task_stack.push(object())  # a task running here (the solo pool's)
     try:
-        signals.worker_process_init.send(sender=None)  # (from this process: a child's pid)
-        assert not poller.WORKER_STARTED.is_set()
+        assert not embedded.consuming()
     finally:
-        poller.WORKER_STARTED.clear()
+        _task_stack.pop()
+    monkeypatch.setattr(embedded, "_worker_pid", -1)  # a prefork child, forked from the worker
+    assert not embedded.consuming()
 
 
 def watch_threads() -> int:

@@ -57,7 +57,7 @@ def running(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker not told to stop (another test may have sent Celery's signal in this process):
     for every test here, each of which tells what a worker does as it runs, or is told to stop."""
     monkeypatch.setattr(poller, "WORKER_STOPPING", threading.Event())
-    monkeypatch.setattr(poller, "WORKER_STARTED", threading.Event())
+    monkeypatch.setattr(poller, "consuming", poller._publishing)
 
 
 def test_a_message_taken_as_redis_goes_away_is_recorded_once_it_is_back(
@@ -313,7 +313,7 @@ def test_a_consumer_waits_while_redis_refuses_to_hand_out_messages(
 
 
 def test_a_workers_binding_refused_for_now_is_waited_out_and_a_publishers_raised(
-    server: RedisServer, caplog: pytest.LogCaptureFixture
+    server: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A worker started in a failover (NOREPLICAS) stopped at kombu's write of its queue's binding.
     admin = server.client()
@@ -325,7 +325,7 @@ def test_a_workers_binding_refused_for_now_is_waited_out_and_a_publishers_raised
         try:
             with pytest.raises(redis.ResponseError, match="NOREPLICAS"):  # a publisher: as kombu
                 Queue("published", Exchange("published"), "published")(conn.channel()).declare()
-            poller.WORKER_STARTED.set()
+            monkeypatch.setattr(poller, "consuming", lambda: True)  # a worker's consumer
             binding = threading.Thread(
                 target=Queue("consumed", Exchange("consumed"), "consumed")(conn.channel()).declare
             )
