@@ -68,5 +68,5 @@ def test_backpressure_misses_its_target_when_a_cap_is_passed() -> None:
         }
     }
     met = {row["metric"]: row["met"] for row in evaluate(results) if row["scenario"] == "backpressure"}
-    assert met["max-rate: highest half-second after the first / cap"] is False
+    assert met["max-rate: moved/s after the first second / cap"] is False
     assert met["max-queue-length: longest list / cap"] is True

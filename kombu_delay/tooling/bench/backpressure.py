@@ -64,8 +64,11 @@ def _ramp(ctx: Ctx, extra: tuple[str, ...], consume_per_s: int, expected_per_s: 
         "longest_list": longest,
         "peak_per_s": 2 * max(intervals, default=0),
         # Half-seconds after the first second: the limiter begins with a second's allowance.
-        # (none after the first second, as when the cap moved all in one: not measured)
-        "peak_per_s_after_first_s": 2 * max(intervals[2:], default=math.nan),
+        # The mean over the whole half-seconds after the first second (the last is a part): each
+        # half-second alone moves with the sampling's jitter. None: not measured.
+        "per_s_after_first_s": 2 * sum(intervals[2:-1]) / len(intervals[2:-1])
+        if intervals[2:-1]
+        else math.nan,
         "moved_per_s_by_half_second": [2 * x for x in intervals],
     }
 
@@ -84,7 +87,7 @@ def backpressure(ctx: Ctx) -> dict[str, Any]:
     return {
         "max_rate": {
             "cap_per_s": s.backpressure_rate,
-            "rate_over_cap": rate["peak_per_s_after_first_s"] / s.backpressure_rate,
+            "rate_over_cap": rate["per_s_after_first_s"] / s.backpressure_rate,
             **rate,
         },
         "max_queue_length": {

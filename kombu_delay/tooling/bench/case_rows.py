@@ -62,7 +62,7 @@ def backpressure_rows() -> list[Row]:
         # The cap itself: the rate after the first second (the limiter starts with a second's
         # allowance), the list's length as sampled before each take by the consumer.
         held, most = ("rate_over_cap", 1.1) if ramp == "max_rate" else ("longest_over_cap", 1.0)
-        told = "highest half-second after the first / cap" if ramp == "max_rate" else "longest list / cap"
+        told = "moved/s after the first second / cap" if ramp == "max_rate" else "longest list / cap"
         rows.append(
             (
                 "backpressure",
