@@ -208,6 +208,8 @@ def _option_hint(key: str, known: Iterable[str]) -> str | None:
     if key.startswith("ssl_"):
         return f"TLS options go in Celery's broker_use_ssl, or the broker URL's query (?{key}=...)"
     kombus = {*kombu_redis.SentinelChannel.from_transport_options, *_KOMBU_OPTIONS}
+    if lowered in kombus and key not in kombus:  # -o VISIBILITY_TIMEOUT=60: kombu reads none
+        return f"{lowered}?"
     near = difflib.get_close_matches(key, kombus, n=1, cutoff=0.85) if key not in kombus else []
     return f"{near[0]}?" if near else None
 

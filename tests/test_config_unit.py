@@ -364,6 +364,7 @@ def test_an_option_no_one_reads_is_told_with_what_was_meant(monkeypatch, caplog)
         ("DELAY_MAX_RATE", "delay_max_rate"),
         ("Delay_max_rat", "delay_max_rate"),
         ("max_rat", "delay_max_rate"),
+        ("VISIBILITY_TIMEOUT", "visibility_timeout"),  # kombu's own, in another case
     ],
 )
 def test_a_delay_option_in_another_case_or_misspelt_without_its_prefix_is_told(
