@@ -26,9 +26,10 @@ after the visibility timeout. Neither is tried again once the worker is told to 
 
 kombu's writes as a worker connects wait too (a worker started or reconnecting in a failover
 stopped on them): its sweep of messages unacknowledged past the visibility timeout, refused for
-now, is told and left to its next run, and a worker's record of a queue's binding is tried
-again every second, for :data:`RECORD_RETRY_S`. A ``BRPOP`` answered ``UNBLOCKED`` (its master demoted to a
-replica) asks again, as one refused does.
+now, is told and left to its next run, and the worker's consumer's record of a queue's binding
+is tried again every second, for :data:`RECORD_RETRY_S` (a task's, as any publisher's, is
+not). A ``BRPOP`` answered ``UNBLOCKED`` (its master demoted to a replica) asks again, as one
+refused does.
 
 A record still not written then, or refused at Redis's ``maxmemory`` (``noeviction``: freed
 memory, not a wait, ends that), leaves the message in this worker's memory alone: it is
@@ -340,10 +341,12 @@ class RecordingChannelMixin:
             raise kombu_redis.Empty() from exc
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        """kombu's record of a queue's binding (a ``SADD``, as a worker starts), tried again
-        in a worker every second while Redis refuses writes for now, for :data:`RECORD_RETRY_S`
-        at most: kombu raised the refusal, and a worker started in a failover stopped. (A
-        publisher's is raised at once, as kombu's: its publish would be refused as well.)"""
+        """kombu's record of a queue's binding (a ``SADD``, as a worker starts), tried again by
+        a worker's consumer (:data:`consuming`) every second while Redis refuses writes for now,
+        for :data:`RECORD_RETRY_S` at most: kombu raised the refusal, and a worker started in a
+        failover stopped. A publisher's, a task's among them, is raised at once, as kombu's: its
+        publish would be refused as well. Told to stop meanwhile, the worker stops as Celery
+        stops (:data:`stop_worker`)."""
         deadline = time.monotonic() + RECORD_RETRY_S
         while True:
             try:
