@@ -175,7 +175,7 @@ def write_waits_out(exc: redis.ResponseError) -> bool:
     pipeline caused error: NOREPLICAS ...", or "Transaction discarded because of: BUSY ...";
     Redis 6 words one inside a script "Error running script (call to f_...): @user_script:2:
     ... -NOREPLICAS ...", a read-only replica's "-READONLY ...".)"""
-    text = _SCRIPT_PLACE.sub("", coded_text(exc)).removeprefix("-")
+    text = _bare(coded_text(exc))
     return isinstance(exc, redis.exceptions.ReadOnlyError) or any(
         text.startswith(m) or f"caused error: {m}" in text or f"because of: {m}" in text
         for m in (*_WAIT_REFUSALS, "READONLY ")
@@ -188,10 +188,16 @@ def over_maxmemory(exc: redis.ResponseError) -> bool:
     return isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command" in str(exc)
 
 
+def _bare(text: str) -> str:
+    """A refusal's text without where in a script it was raised, nor the "-" before its code
+    that Redis 6 leaves there ("... @user_script: 329: -NOREPLICAS ...")."""
+    return _SCRIPT_PLACE.sub("", text).removeprefix("-")
+
+
 def refusal_text(text: str) -> str:
     """An ACL refusal's text without where in a script it was raised; one from inside a script,
     which names neither the command nor its key, says so and where to look."""
-    text = _SCRIPT_PLACE.sub("", text)
+    text = _bare(text)
     if _SCRIPT_NOPERM[1] not in text:
         return text
     return (

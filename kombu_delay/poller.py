@@ -294,7 +294,7 @@ def _why(exc: BaseException) -> str:
     """``exc`` told: a refusal without the pipelined command redis-py puts before it, which shows
     the start of the message ("Command # 1 (RPUSH q {"body": ...) of pipeline caused error: ")."""
     if isinstance(exc, redis.ResponseError):
-        told = refusal_text(coded_text(exc).rpartition(" of pipeline caused error: ")[2]).removeprefix("-")
+        told = refusal_text(coded_text(exc).rpartition(" of pipeline caused error: ")[2])
         return f"Redis refused the write: {told}"
     return unavailable_text(exc)
 

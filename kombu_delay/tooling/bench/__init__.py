@@ -306,8 +306,7 @@ def _run(
         movers.stop_all()
         if server is None:  # (the database given is the bench's: it leaves it empty)
             with contextlib.suppress(redis.RedisError):
-                probe.client.config_set("slowlog-log-slower-than", slowlog[0])
-                probe.client.config_set("slowlog-max-len", slowlog[1])
+                probe.set_settings(slowlog)
                 probe.flush()
         probe.close()
         if server is not None:

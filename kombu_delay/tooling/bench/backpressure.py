@@ -63,9 +63,9 @@ def _ramp(ctx: Ctx, extra: tuple[str, ...], consume_per_s: int, expected_per_s: 
         "still_scheduled": left,
         "longest_list": longest,
         "peak_per_s": 2 * max(intervals, default=0),
-        # Half-seconds after the first second: the limiter begins with a second's allowance.
-        # The mean over the whole half-seconds after the first second (the last is a part): each
-        # half-second alone moves with the sampling's jitter. None: not measured.
+        # The limiter begins with a second's allowance: the mean over the whole half-seconds
+        # after the first second (the last is a part; each alone moves with the sampling's
+        # jitter). None: not measured.
         "per_s_after_first_s": 2 * sum(intervals[2:-1]) / len(intervals[2:-1])
         if intervals[2:-1]
         else math.nan,

@@ -163,10 +163,14 @@ class Probe:
     def flush(self) -> None:
         self.client.flushdb()
 
-    def slowlog_settings(self) -> tuple[str, str]:
-        """The server's ``slowlog-log-slower-than`` and ``slowlog-max-len``, as ``CONFIG GET`` gives them."""
-        got = self.client.config_get("slowlog-*")
-        return str(got["slowlog-log-slower-than"]), str(got["slowlog-max-len"])
+    def slowlog_settings(self) -> dict[str, str]:
+        """The server's ``slowlog-*`` settings, which :meth:`reset_stats` changes, for every database."""
+        return {str(k): str(v) for k, v in self.client.config_get("slowlog-*").items()}
+
+    def set_settings(self, settings: dict[str, str]) -> None:
+        """Put back ``settings`` (``CONFIG SET``, one by one: Redis 6 takes one a call)."""
+        for name, value in settings.items():
+            self.client.config_set(name, value)
 
     def info(self, section: str) -> dict[str, Any]:
         return dict(self.client.info(section))
