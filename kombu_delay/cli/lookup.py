@@ -70,13 +70,13 @@ def find(ctx: click.Context, task_ids: tuple[str, ...], as_json: bool) -> None:
         damaged = sum(not m.message for m in messages)
         if damaged:
             click.echo(
-                f"{shown(task_id)}: {damaged} message{'s' if damaged != 1 else ''} damaged in Redis, "
+                f"{named(task_id)}: {damaged} message{'s' if damaged != 1 else ''} damaged in Redis, "
                 "unreadable: a mover will dead-letter it; cancel removes it",
                 err=True,
             )
     missing = [task_id for task_id, messages in found.items() if not messages]
     for task_id in missing:
-        click.echo(f"{shown(task_id)}: not scheduled", err=True)
+        click.echo(f"{named(task_id)}: not scheduled", err=True)
     if missing and dead:  # (where a compressed message that could not be restored went)
         kept = f"{dead:,} dead letter{'s' if dead != 1 else ''}"
         click.echo(f"{kept} kept: `kombu-delay dead` lists them", err=True)
@@ -114,12 +114,17 @@ def each(
         for name in names:
             n = act(ctl, name)
             if n:
-                click.echo(f"{shown(name)}: {done.format(n=n, s='s' if n != 1 else '')}")
+                click.echo(f"{named(name)}: {done.format(n=n, s='s' if n != 1 else '')}")
             else:
                 missing += 1
-                click.echo(f"{shown(name)}: {absent}", err=True)
+                click.echo(f"{named(name)}: {absent}", err=True)
     if missing:
         ctx.exit(NOT_FOUND)
+
+
+def named(task_id: str) -> str:
+    """A task id as a line about it starts: :func:`shown`, and an empty one as ``''``."""
+    return shown(task_id) or "''"
 
 
 def _letter_json(letter: DeadLetter) -> dict[str, object]:

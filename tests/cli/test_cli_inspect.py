@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -129,6 +130,26 @@ def test_ls_pages_with_the_printed_cursor(r, redis_server, prefix):
     assert code == 2 and "is not a cursor printed by ls" in out
 
 
+def test_ls_prints_a_cursor_that_a_shell_gives_back_whole_for_a_priority_list(r, redis_server, prefix):
+    # kombu names a priority step's list "<queue>\x06\x16<step>": the cursor shows its controls
+    # escaped, quoted for a shell, and ls reads the escapes back.
+    app = Celery("pub", broker=redis_server.delay_url)
+    app.conf.broker_transport_options = options(prefix)
+    ids = [app.send_task("inspect.record", (i,), countdown=600 + i, priority=5).id for i in range(3)]
+    app.close()
+    seen, more = [], ["--limit", "1"]
+    while True:
+        code, out = kd(redis_server, prefix, "ls", *more)
+        assert code == 0 and "\x06" not in out, out
+        lines = out.splitlines()
+        seen += [line.split()[0] for line in lines[1:-1]]
+        if lines[-1] == "end of listing":
+            break
+        assert "\\x06\\x16" in lines[-1] and "\x06" not in lines[-1], lines[-1]
+        more = ["--limit", "1", *shlex.split(lines[-1].removeprefix("next page: "))]
+    assert seen == ids
+
+
 def test_cancel_exit_codes(r, redis_server, prefix):
     ids = publish(redis_server, prefix, 3)
     code, out = kd(redis_server, prefix, "cancel", ids[0], ids[1])
@@ -139,6 +160,9 @@ def test_cancel_exit_codes(r, redis_server, prefix):
     assert f"{ids[0]}: not scheduled" in out and f"{ids[2]}: cancelled 1 message" in out
     code, _ = kd(redis_server, prefix, "cancel")
     assert code == 2
+    for command in ("cancel", "find"):  # an empty id is named, not left out
+        code, out = kd(redis_server, prefix, command, "")
+        assert code == 1 and out.splitlines()[-1] == "'': not scheduled", out
 
 
 def test_reschedule_by_eta_or_countdown(r, redis_server, prefix):
