@@ -219,7 +219,8 @@ class Watch:
     def check_restart(self) -> None:
         """Log a WARNING when Redis's run id changed since the last look: a Redis up no longer
         than that restarted, and holds what it keeps on disk, where it keeps nothing, nothing
-        scheduled before, lost and counted nowhere; one up longer is another server (a
+        scheduled before, lost and counted nowhere (but a snapshot saved by hand, which Redis 7
+        counts as it loads it); one up longer is another server (a
         failover), holding what was replicated to it, as is a replica promoted (a second
         replication id) onto a Redis that keeps nothing on disk, however recently it started.
         (Redis counts its uptime by its wall clock, this by a monotonic one: a clock stepped
@@ -228,7 +229,7 @@ class Watch:
         now = time.monotonic()
         if found is None:
             return
-        run_id, uptime_s, promoted = found
+        run_id, uptime_s, promoted, loaded = found
         if self._run_id is not None and run_id != self._run_id[0]:
             restarted = uptime_s <= now - self._run_id[1] + 5
             keeps_nothing = persistence_problem(self.findings.aof_enabled, self.findings.save_rules)
@@ -240,6 +241,11 @@ class Watch:
             elif restarted and keeps_nothing:
                 what = "Redis restarted"
                 kept = "nothing from before (it keeps nothing on disk): all scheduled lost"
+                if loaded is None:  # (before Redis 7, which does not say what it loaded)
+                    kept += ", unless it loaded a snapshot saved by hand"
+                elif loaded:
+                    kept = f"the {loaded:,} keys of a snapshot saved by hand (it keeps nothing on disk else)"
+                    kept += ": what was scheduled after that snapshot lost"
             elif restarted:
                 what = "Redis restarted (or a failover promoted a replica started since)"
                 kept = "what it keeps on disk, or what was replicated to it"

@@ -67,17 +67,24 @@ class ServerFacts(StoreBase):
                 return None
         return bool(info.get("cluster_enabled"))
 
-    def run_id(self) -> tuple[str, int, bool] | None:
-        """Return the server's run id (new at each start), its uptime, s, and whether it has a second
-        replication id (a replica promoted; on Redis 7 also a reloaded snapshot), or ``None``."""
+    def run_id(self) -> tuple[str, int, bool, int | None] | None:
+        """Return the server's run id (new at each start), its uptime, s, whether it has a second
+        replication id (a replica promoted; on Redis 7 also a reloaded snapshot), and how many keys
+        it loaded from disk as it started (``None`` before Redis 7, which does not say), or ``None``."""
         with translated_errors():
             try:
-                info: dict[str, Any] = {**self.client.info("server"), **self.client.info("replication")}
+                info: dict[str, Any] = {
+                    **self.client.info("server"),
+                    **self.client.info("replication"),
+                    **self.client.info("persistence"),
+                }
             except redis.ResponseError:
                 return None
         found, uptime = info.get("run_id"), info.get("uptime_in_seconds")
         promoted = info.get("master_replid2", 0) not in (0, "0")  # (its 40 zeros read as 0: none)
-        return None if found is None or uptime is None else (as_text(found), int(uptime), promoted)
+        loaded = info.get("rdb_last_load_keys_loaded")
+        loaded = None if loaded is None else int(loaded)
+        return None if found is None or uptime is None else (as_text(found), int(uptime), promoted, loaded)
 
     def persistence(self, read_rules: bool = True) -> tuple[bool | None, str | None]:
         """Return whether the AOF is on and the RDB save rules (``""``: none), each ``None`` when

@@ -751,6 +751,30 @@ def test_a_redis_that_restarted_is_told_with_what_it_kept(persistence, caplog):
         store.client.close()
 
 
+def test_a_restart_that_loaded_a_snapshot_saved_by_hand_is_not_told_as_losing_everything(caplog):
+    # A Redis with no save rules and no AOF still loads a dump.rdb that SAVE wrote by hand: the
+    # mover told "all scheduled lost" from its settings alone, with every message still there.
+    with RedisServer() as server:
+        store = Store(server.client())
+        store.schedule(Due(600_000, relative=True, task_id="t"), "q", kombu_payload("t"), Settings())
+        watch = Watch(store, "test")
+        with caplog.at_level(logging.INFO, logger="kombu_delay.mover.watch"):
+            watch.check_persistence()
+            watch.check_restart()
+            store.client.save()
+            server.restart(kill=True)
+            store.client.connection_pool.disconnect()
+            watch.check_persistence()
+            watch.check_restart()
+        (told,) = [r.getMessage() for r in caplog.records if "Redis restarted" in r.getMessage()]
+        assert store.counts() != {}
+        if int(store.client.info("server")["redis_version"].split(".")[0]) >= 7:
+            assert "all scheduled lost" not in told and "keys of a snapshot saved by hand" in told, told
+        else:  # Redis 6 does not say what it loaded
+            assert told.endswith("all scheduled lost, unless it loaded a snapshot saved by hand"), told
+        store.client.close()
+
+
 def test_another_redis_server_is_told_as_a_failover_not_as_a_loss(caplog):
     # A replica promoted (up long before the last look) holds what was replicated to it: the
     # warning said a failover, onto a Redis that keeps nothing on disk, lost everything.
