@@ -166,6 +166,17 @@ class StoreBase:
             return "".join(f"; {text}" for text in self.misshapen(also).values())
         return ""
 
+    @contextmanager
+    def types_named(self, also: dict[str, str]) -> Iterator[None]:
+        """Run the block's reads; raise Redis's ``WRONGTYPE`` from them (which names no key) with
+        the keys of ``also`` (key: the type it should be; a bucket's) and the shared keys of
+        another type named (:meth:`misshapen_told`)."""
+        try:
+            with translated_errors():
+                yield
+        except WrongTypeKey as exc:
+            raise WrongTypeKey(f"{exc}{self.misshapen_told(also)}") from exc
+
     def keys_named(self, exc: WrongTypeKey) -> WrongTypeKey:
         """``exc`` (Redis's ``WRONGTYPE``, from a script or a pipeline: it names no key) with
         the shared keys of another type named (:meth:`misshapen_told`), where it names none."""

@@ -267,11 +267,12 @@ class Inspecting(Counting):
         ``among``, only those of them, whose counts alone are read (a bucket of many queues'
         meta hash holds a count for each)."""
         meta = space.meta(self.prefix, start)
-        if among is not None:
-            named = sorted(among)
-            counts = self.client.hmget(meta, [f"q:{dest}" for dest in named]) if named else []
-            return [dest for dest, n in zip(named, counts, strict=True) if whole(n) > 0]
-        raw = self.client.hgetall(meta)
+        with self.types_named({meta: "hash"}):  # one written by hand: an operator renames it
+            if among is not None:
+                named = sorted(among)
+                counts = self.client.hmget(meta, [f"q:{dest}" for dest in named]) if named else []
+                return [dest for dest, n in zip(named, counts, strict=True) if whole(n) > 0]
+            raw = self.client.hgetall(meta)
         return sorted(
             name[2:]
             for name, n in ((as_text(k), whole(v)) for k, v in raw.items())

@@ -139,12 +139,13 @@ class _Source:
 
     def _fill(self) -> None:
         client = self.store.client
-        raw: list[Any] = client.zrangebyscore(self.key, self._lower, "+inf", 0, CHUNK, withscores=True)
-        self.done = len(raw) < CHUNK
-        if not self.done:  # the run of the last score is read whole: no run is split between reads
-            tail = raw[-1][1]
-            raw = [pair for pair in raw if pair[1] != tail]
-            raw += client.zrangebyscore(self.key, tail, tail, withscores=True)
+        with self.store.types_named({self.key: "zset"}):
+            raw: list[Any] = client.zrangebyscore(self.key, self._lower, "+inf", 0, CHUNK, withscores=True)
+            self.done = len(raw) < CHUNK
+            if not self.done:  # the run of the last score is read whole: no run is split between reads
+                tail = raw[-1][1]
+                raw = [pair for pair in raw if pair[1] != tail]
+                raw += client.zrangebyscore(self.key, tail, tail, withscores=True)
         if raw:
             self._lower = f"({keys.score_text(float(raw[-1][1]))}"
         self.read += len(raw)

@@ -404,6 +404,20 @@ def test_a_shared_key_of_another_type_is_named_once(r, redis_server, prefix, com
     assert out.count("holds a string, not a hash") == 1, out
 
 
+@pytest.mark.parametrize(("kind", "wanted"), [("cm", "hash"), ("cz", "zset")])  # (600 s ahead: cold)
+def test_a_bucket_key_of_another_type_is_named_by_ls(r, redis_server, prefix, kind, wanted):
+    # Redis's WRONGTYPE names no key: a bucket's meta hash or set written by hand as a string
+    # stopped every page that reached it with nothing to say which key to put right.
+    publish(redis_server, prefix, 1)
+    (key,) = r.keys(f"{prefix}kombu_delay:{kind}:*")
+    r.delete(key)
+    r.set(key, "by hand")
+    code, out = kd(redis_server, prefix, "ls")
+    assert code == 3, out
+    assert f"{key.decode()!r} holds a string, not a {wanted}" in out and "RENAME" in out, out
+    assert out.count("holds a string") == 1, out
+
+
 def test_stats_and_ls_align_their_columns_for_wide_characters(r, redis_server, prefix):
     """A queue named in CJK takes two terminal columns a character: padded by characters, every
     column after it stood out of line on that row."""
