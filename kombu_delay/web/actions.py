@@ -64,7 +64,7 @@ def add_actions(app: Flask, control: DelayControl, allow_actions: bool) -> None:
         eta, countdown = None, None
         try:
             if eta_text and not countdown_text:
-                eta = datetime.fromisoformat(eta_text.replace(" ", "T"))
+                eta = _time_of(eta_text)
                 if eta.tzinfo is None:  # the form says so: UTC unless an offset is given
                     eta = eta.replace(tzinfo=UTC)
             elif countdown_text and not eta_text:
@@ -125,6 +125,15 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
                 "%s %s by %s %s: %r", action, guard.printable(target), guard.requester(), how, str(exc)
             )
         raise
+
+
+def _time_of(text: str) -> datetime:
+    """The new time a reschedule's form gives (ISO-8601, a space for the ``T`` too); a
+    ``ValueError`` that quotes it as typed."""
+    try:
+        return datetime.fromisoformat(text.replace(" ", "T"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: give one as 2030-01-01 09:00, or with an offset") from None
 
 
 def _audited_position(text: str | None, digest: str) -> int:

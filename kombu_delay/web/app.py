@@ -21,7 +21,7 @@ from werkzeug.wrappers import Response as Redirect
 from kombu_delay.cli.common import shown
 from kombu_delay.cli.inspect import clipped, span, when
 from kombu_delay.control import DeadLetter, DelayControl, Page
-from kombu_delay.errors import EditConflict, KombuDelayError
+from kombu_delay.errors import EditConflict, KombuDelayError, RedisUnavailable
 from kombu_delay.store.listing import Cursor
 from kombu_delay.web import guard, present, surrogates
 from kombu_delay.web.actions import BAD_POSITION, add_actions, int_arg
@@ -154,7 +154,10 @@ def _install_guards(
 
     @app.errorhandler(KombuDelayError)
     def redis_error(exc: KombuDelayError) -> tuple[str | Response, int]:
-        return _error("Redis error", str(exc)), 503
+        told = str(exc)
+        if request.method == "POST" and isinstance(exc, RedisUnavailable):  # (its reply lost, perhaps)
+            told += "; the action may or may not have been done: look again once Redis answers"
+        return _error("Redis error", told), 503
 
     @app.errorhandler(EditConflict)  # Redis is well: another edit came first (a purge, say)
     def edit_conflict(exc: EditConflict) -> tuple[str | Response, int]:

@@ -314,8 +314,31 @@ def test_reschedule_by_countdown_and_by_time(r, redis_server, control, prefix):
     assert at.status_code == 303
     [found] = control.find(task_id)
     assert found.eta.isoformat() == "2099-01-02T03:04:05+00:00"  # no offset given: UTC
-    bad = client.post("/task/reschedule", data={"id": task_id, "eta": "soon", "csrf": csrf})
-    assert bad.status_code == 400
+    bad = client.post("/task/reschedule", data={"id": task_id, "eta": "not a time", "csrf": csrf})
+    # The time quoted as typed (the form's space read as ISO-8601's T was quoted: 'notTaTtime').
+    assert bad.status_code == 400 and "&#39;not a time&#39; is not a time" in bad.get_data(as_text=True)
+
+
+def test_a_cancel_of_what_has_gone_meanwhile_offers_nothing_to_confirm(redis_server, control, prefix):
+    # Moved (or cancelled) between the task page and the click: the confirmation offered to
+    # remove "0 scheduled message(s)", with its button.
+    client = client_of(control, allow_actions=True)
+    asked = client.post("/task/cancel", data={"id": "gone-meanwhile", "csrf": token(client)})
+    text = asked.get_data(as_text=True)
+    assert (
+        asked.status_code == 200 and "Nothing is scheduled under task" in text and 'id="confirm"' not in text
+    )
+
+
+def test_an_action_redis_did_not_answer_is_told_as_perhaps_done():
+    with DelayControl(f"delayredis://127.0.0.1:{free_port()}/0") as down:  # nothing listens there
+        client = client_of(down, allow_actions=True)
+        csrf = token(client)
+        for path, form in (("/task/cancel", {"confirm": "yes"}), ("/task/reschedule", {"countdown": "60"})):
+            reply = client.post(path, data={"id": "t", "csrf": csrf, **form})
+            text = reply.get_data(as_text=True)
+            assert reply.status_code == 503 and "may or may not have been done" in text, path
+        assert "may or may not" not in client.get("/").get_data(as_text=True)  # a read is only a read
 
 
 def test_a_reschedule_another_edit_refuses_is_told_so_not_as_a_redis_error(
