@@ -105,6 +105,9 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
     again while Redis does not answer or refuses writes for now; and which delivers a message
     whose record cannot be written unrecorded, and gives it back from memory, as the module says."""
 
+    #: When a sweep refused for now was last told (monotonic s): once a minute at most.
+    _restore_refused_told = 0.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: The messages delivered with no record (Redis at its maxmemory), by delivery tag.
@@ -179,11 +182,14 @@ class RecordingQoS(kombu_redis.QoS):  # type: ignore[misc]
         except redis.ResponseError as exc:
             if not _refused_for_now(exc):
                 raise
-            logger.warning(
-                "kombu-delay: messages unacknowledged past the visibility timeout are not restored "
-                "now (%s); the next sweep tries again",
-                _why(exc),
-            )
+            now = time.monotonic()
+            if now - RecordingQoS._restore_refused_told >= REFUSED_POP_TOLD_S:  # (kombu sweeps every 10 s)
+                RecordingQoS._restore_refused_told = now
+                logger.warning(
+                    "kombu-delay: messages unacknowledged past the visibility timeout are not restored "
+                    "now (%s); the next sweep tries again (told again in a minute while it lasts)",
+                    _why(exc),
+                )
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """Give a message back to its list: kombu's way, from its record; one delivered with none,

@@ -189,26 +189,25 @@ def _worker_started(**kwargs: Any) -> None:
     # that wait, it stops as Celery stops (Celery's own "Unrecoverable error" read as a crash).
     from celery.worker import state
 
-    global _worker_pid
-    _worker_pid = os.getpid()
+    global _worker_pid, _worker_thread
+    _worker_pid, _worker_thread = os.getpid(), threading.get_ident()
     poller.consuming = consuming
     poller.stop_worker = state.maybe_shutdown
 
 
-#: The process that started the worker (0: none here).
+#: The process that started the worker (0: none here), and its thread that did (the consumer's).
 _worker_pid = 0
+_worker_thread = 0
 
 
 def consuming() -> bool:
     """Whether the caller is the worker's consumer: its own process (not a prefork child) and
-    thread (not a threads pool's), outside a task (the solo pool runs tasks in that thread)."""
+    thread (not a threads pool's, nor a green pool's green thread), outside a task (the solo
+    pool runs tasks in that thread). (Under eventlet's monkey-patching, the main thread's
+    ``current_thread()`` is not ``main_thread()``: its id is what is compared.)"""
     from celery import current_task
 
-    return (
-        os.getpid() == _worker_pid
-        and threading.current_thread() is threading.main_thread()
-        and not current_task
-    )
+    return os.getpid() == _worker_pid and threading.get_ident() == _worker_thread and not current_task
 
 
 @signals.worker_init.connect(dispatch_uid="kombu_delay.mover.embedded")  # type: ignore[misc,untyped-decorator,unused-ignore]

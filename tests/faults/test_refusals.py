@@ -788,6 +788,24 @@ def test_a_worker_told_to_stop_while_it_waits_to_bind_its_queue_stops_cleanly(r,
     assert "Unrecoverable error" not in worker.output()
 
 
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_green_pools_worker_started_in_a_failover_waits_for_writes(r, redis_server, server, spawn, pool):
+    # Under eventlet's monkey-patching the consumer's thread was not taken for the worker's own
+    # (current_thread() is not main_thread() there): it raised NOREPLICAS, and the worker
+    # stopped with "Unrecoverable error".
+    pytest.importorskip(pool)
+    from tests.support.workers import start_worker, wait_worker_ready
+
+    admin = server.client()
+    admin.config_set("min-replicas-to-write", 1)
+    worker = start_worker(spawn, server.delay_url, redis_server.url, f"failover-{pool}", pool=pool)
+    wait_until(lambda: "to record the binding of queue" in worker.output(), timeout=120)
+    assert worker.popen.poll() is None, worker.output()
+    admin.config_set("min-replicas-to-write", 0)
+    wait_worker_ready(r, server.delay_url, worker)
+    assert "Unrecoverable error" not in worker.output()
+
+
 def test_only_a_workers_consumer_waits_for_its_binding_not_a_task(monkeypatch: pytest.MonkeyPatch) -> None:
     # A task publishing to a queue not yet bound waited too: two minutes in a prefork child (a
     # warm shutdown, which a child never hears, did not end it), and in a threads pool a warm
@@ -797,6 +815,7 @@ def test_only_a_workers_consumer_waits_for_its_binding_not_a_task(monkeypatch: p
     from kombu_delay.mover import embedded
 
     monkeypatch.setattr(embedded, "_worker_pid", os.getpid())
+    monkeypatch.setattr(embedded, "_worker_thread", threading.get_ident())
     assert embedded.consuming()  # the worker's own process and thread, outside a task
     seen: list[bool] = []
     thread = threading.Thread(target=lambda: seen.append(embedded.consuming()))  # a threads pool's

@@ -312,6 +312,25 @@ def test_a_consumer_waits_while_redis_refuses_to_hand_out_messages(
     assert any("refuses to hand out messages" in r.getMessage() for r in caplog.records)
 
 
+def test_a_sweep_refused_for_now_is_told_once_a_minute_not_at_every_sweep(
+    server: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kombu sweeps every 10 s: a refusal that lasted was told at each, where a refused pop is
+    # told once a minute.
+    monkeypatch.setattr(poller.RecordingQoS, "_restore_refused_told", 0.0)
+    admin = server.client()
+    refusing_writes(admin, True)
+    try:
+        with Connection(server.delay_url) as conn, caplog.at_level(logging.WARNING, logger=poller.__name__):
+            qos = conn.default_channel.qos
+            for _ in range(3):
+                qos.restore_visible(interval=1)
+    finally:
+        refusing_writes(admin, False)
+    told = [r for r in caplog.records if "not restored now" in r.getMessage()]
+    assert len(told) == 1 and "NOREPLICAS" in told[0].getMessage(), caplog.text
+
+
 def test_a_workers_binding_refused_for_now_is_waited_out_and_a_publishers_raised(
     server: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
