@@ -25,6 +25,7 @@ from kombu_delay.ops.checks import (
     AT_MAXMEMORY_BYTES,
     FRESH_HEARTBEAT_MS,
     Findings,
+    databases_problem,
     eviction_problem,
     memory_problem,
     persistence_problem,
@@ -50,8 +51,7 @@ PREFIX_RETRY_S = 60.0
 #: anything is published. About 4 s of Redis's time per million task ids, so one mover walks
 #: in that time, however many run (the key ``<ns>walk``, see ``forget.lua``).
 FORGET_EVERY_S = 3600.0
-#: The commands the walk runs (Redis 7.0 names none in a script's ACL refusal: the hint then
-#: names them all).
+#: The commands the walk runs (Redis 7.0 names none in a script's ACL refusal: the hint names all).
 WALK_COMMANDS = ("HSCAN", "TYPE", "PTTL", "HMGET", "ZSCORE", "EXISTS", "TIME", "HSET", "HDEL", "PEXPIREAT")
 #: Seconds before a walk that failed (Redis away, a connection refused by a full pool) is
 #: tried again: not an hour, the refs it drops would wait that long.
@@ -80,6 +80,7 @@ RESOLVED = {
     "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
     "memory": "Redis is no longer at its maxmemory: it accepts publishes",
     "stranded": "no messages are stranded under other key prefixes any more",
+    "databases": "no messages are stranded in other databases any more",
     "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
     "forget": "the id index is walked again",
     "record": "the record of stranded prefixes is kept again",
@@ -260,7 +261,8 @@ class Watch:
 
     def check_prefixes(self) -> None:
         """Scan for other key prefixes whose messages no mover serves; log and record them.
-        Then put back into their index the buckets that count messages but left it."""
+        Then put back into their index the buckets that count messages but left it, and log the
+        other databases holding messages under this prefix that no mover serves."""
         if not self._scan_allowed:
             return
         try:
@@ -269,6 +271,8 @@ class Watch:
                 return
             self.check_index()
             self._record_stranded(stranded)
+            found = self.store.stranded_databases(FRESH_HEARTBEAT_MS)
+            self._tell("databases", databases_problem(found, self.store.prefix), logging.WARNING)
         except RedisPermissionError:
             self._scan_allowed = False
             logger.warning(

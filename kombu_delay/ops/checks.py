@@ -189,6 +189,19 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     )
 
 
+def databases_problem(stranded: Mapping[int, int], prefix: str) -> str | None:
+    """Return what to do about other databases holding messages under ``prefix`` that no mover
+    serves (database -> messages), or ``None`` when there are none."""
+    if not stranded:
+        return None
+    parts = ", ".join(f"{db} ({n:,})" for db, n in sorted(stranded.items()))
+    return (
+        f"messages are stranded in database {parts} of this Redis, under this mover's key prefix "
+        f"{prefix!r}, and no mover serves them: run a mover with that database number in its broker "
+        "URL, or give the publishers this mover's"
+    )
+
+
 @dataclass
 class Findings:
     """What the last checks found."""

@@ -67,6 +67,39 @@ class Inspecting(Counting):
                     found[other] = waiting
         return found
 
+    def stranded_databases(self, fresh_ms: int) -> dict[int, int]:
+        """Return the server's other databases that hold messages scheduled under this key
+        prefix and no mover heartbeat younger than ``fresh_ms``: database -> messages. A
+        publisher whose URL names another database than its movers' strands them.
+
+        The databases holding keys are read from ``INFO keyspace``; each is read in one
+        ``MULTI`` that selects it and this one again, so the connection goes back to the pool as
+        it came (a refusal as the commands are queued, an ACL's of ``SELECT``, runs none of
+        them). ``{}`` where ``INFO`` is refused; a database whose read is refused is left out."""
+        own = int(self.client.connection_pool.connection_kwargs.get("db") or 0)
+        with translated_errors():
+            try:
+                held = self.client.info("keyspace")
+            except redis.ResponseError:
+                return {}
+            now, found = self.time_ms(), {}
+            for db in sorted(int(name[2:]) for name in held if name[:2] == "db" and name[2:].isdigit()):
+                if db == own:
+                    continue
+                pipe: Any = self.client.pipeline(transaction=True)
+                pipe.execute_command("SELECT", db)
+                pipe.hvals(self._counts)
+                pipe.zcount(keys.movers(self.prefix), now - fresh_ms, now + keys.FUTURE_BEAT_MS)
+                pipe.execute_command("SELECT", own)
+                try:
+                    _, counts, movers, _ = pipe.execute()
+                except redis.ResponseError:  # refused, or a key of another type there
+                    continue
+                waiting = sum(max(0, whole(n)) for n in counts)
+                if waiting > 0 and not movers:
+                    found[db] = waiting
+        return found
+
     #: True once the ACL refused this store ``WATCH`` (:meth:`renew_stranded`).
     _watch_refused = False
 

@@ -520,6 +520,34 @@ def test_a_stranded_warning_is_new_with_a_prefix_not_with_a_count(caplog):
             assert len(warned()) == 2 and "'third:'" in warned()[-1], warned()
 
 
+@pytest.mark.parametrize("prefix", ["", "app1:"])
+def test_messages_in_another_database_that_no_mover_serves_are_told(prefix, caplog):
+    # A publisher whose URL named database 2, beside movers on database 0, warned once as it
+    # started; the movers and health said nothing while its messages waited, overdue.
+    with RedisServer() as server:
+        mine, other = server.client(), redis.Redis(port=server.port, db=2)
+        due = Due(600_000, relative=True, task_id="t")
+        for n in range(3):
+            Store(other, prefix).schedule(due, f"{prefix}q{n}", kombu_payload(f"t{n}"), Settings())
+        Store(redis.Redis(port=server.port, db=3), "elsewhere:").schedule(
+            due, "q", kombu_payload("e"), Settings()
+        )
+        store = Store(mine, prefix)
+        store.schedule(due, f"{prefix}q", kombu_payload("mine"), Settings())
+        watch = Watch(store, "test")
+        with caplog.at_level(logging.INFO, logger=watch_module.__name__):
+            assert store.stranded_databases(30_000) == {2: 3}  # db 3's prefix is its own movers' to tell
+            watch.check_prefixes()
+            Store(other, prefix).heartbeat("served")  # a mover of database 2 starts
+            assert store.stranded_databases(30_000) == {}
+            watch.check_prefixes()
+        (told,) = [text for level, text in said(caplog) if level == logging.WARNING]
+        assert f"stranded in database 2 (3) of this Redis, under this mover's key prefix {prefix!r}" in told
+        assert any("no messages are stranded in other databases any more" in text for _, text in said(caplog))
+        assert mine.connection_pool.connection_kwargs["db"] == 0 and mine.exists(keys.counts(prefix))
+        other.close()
+
+
 def test_a_mover_whose_scan_found_nothing_takes_up_what_another_mover_recorded(quick_looks):
     # Only a mover whose own scan had found a stranded prefix looked again between scans: one
     # whose scan came before the messages did said nothing in its log and showed 0 in its
