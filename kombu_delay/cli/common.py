@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import signal
-import string
 import sys
 import traceback
 from collections.abc import Mapping, MutableMapping
@@ -366,25 +365,6 @@ def shown(text: str, keep: str = "") -> str:
         if part == "\\" and parts[i + 1][0] in _ESCAPE_STARTS:
             parts[i] = "\\\\"
     return "".join(parts)
-
-
-def unshown(text: str) -> str:
-    """The text :func:`shown` showed as ``text``: each of its escapes read back (a doubled
-    backslash as one); a backslash it would not have written stays as it is."""
-    out, i = [], 0
-    while i < len(text):
-        char, kind = text[i], text[i + 1 : i + 2]
-        size = {"x": 2, "u": 4, "U": 8}.get(kind, 0)
-        digits = text[i + 2 : i + 2 + size]
-        whole = size and len(digits) == size and all(d in string.hexdigits for d in digits)
-        code = int(digits, 16) if whole else -1
-        if char != "\\" or kind not in _ESCAPE_STARTS or not (size == 0 or 0 <= code <= sys.maxunicode):
-            out.append(char)
-            i += 1
-        else:
-            out.append(chr(code) if size else {"n": "\n", "r": "\r", "t": "\t"}.get(kind, kind))
-            i += 2 + size
-    return "".join(out)
 
 
 def _escaped(char: str) -> str:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import click
 import redis
 
-from kombu_delay.cli.common import announce, cells, global_options, padded, shown, target, unshown, utf8_text
+from kombu_delay.cli.common import announce, cells, global_options, padded, shown, target, utf8_text
 from kombu_delay.connect import with_socket_timeouts
 from kombu_delay.control import DelayControl, ScheduledMessage, Stats, histogram_slots
 from kombu_delay.errors import KombuDelayError
@@ -268,7 +268,6 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
       celery -A proj delay ls -Q celery
     """
     if cursor:
-        cursor = unshown(cursor)  # as the text below prints it: a priority list's name holds controls
         try:
             Cursor.parse(cursor)
         except ValueError as exc:
@@ -287,7 +286,7 @@ def ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, as
     for line in message_table(page.items, now):
         click.echo(line)
     if page.cursor:
-        click.echo(f"next page: --cursor {shlex.quote(shown(page.cursor))}")  # pasted into a shell
+        click.echo(f"next page: --cursor {shlex.quote(page.cursor)}")  # pasted into a shell
     else:
         click.echo("end of listing")
 

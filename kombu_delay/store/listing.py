@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
 
 from kombu_delay.store import keys, spaces
 from kombu_delay.store.replies import Stored
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 CHUNK = 64
 #: Bucket starts read from an index per call.
 STARTS = 64
+#: What a cursor's destination keeps as it is; every other character percent-encoded.
+CURSOR_SAFE = ":._-~@+,=/"
 #: The digest of a cursor that names no message: one before the next bucket to open.
 NO_MEMBER = "0" * 16
 
@@ -62,7 +65,10 @@ class Position:
 class Cursor:
     """A listing position: the last message listed, and ``lo``, the start of the earliest bucket
     that may still hold messages after it. Printed as
-    ``<lo>:<due>:<rank>:<score>:<start>:<digest>:<dest>`` (the destination may hold colons)."""
+    ``<lo>:<due>:<rank>:<score>:<start>:<digest>:<dest>``, the destination percent-encoded but
+    for letters, digits and ``:._-~@+,=/`` (kombu names a priority step's list with control
+    characters, which a terminal drops, and a name may hold a shell's), so the printed cursor
+    is text a terminal shows and a shell passes on whole."""
 
     lo: int
     at: Position
@@ -70,7 +76,8 @@ class Cursor:
     def __str__(self) -> str:
         at = self.at
         return (
-            f"{self.lo}:{at.due_ms}:{at.rank}:{keys.score_text(at.score)}:{at.start_ms}:{at.last}:{at.dest}"
+            f"{self.lo}:{at.due_ms}:{at.rank}:{keys.score_text(at.score)}:{at.start_ms}:{at.last}:"
+            + quote(at.dest, safe=CURSOR_SAFE, errors="surrogatepass")
         )
 
     @classmethod
@@ -79,6 +86,7 @@ class Cursor:
         score that is NaN or a due time its score does not stand for (:func:`keys.due_of`: a
         score written by hand, ``±inf`` even, stands for the nearest end of the span)."""
         lo, due, rank, score, start, last, dest = text.split(":", 6)
+        dest = unquote(dest, errors="surrogatepass")
         numbers = (lo, due, start)
         if not all(n.isdigit() for n in numbers) or rank not in ("0", "1") or len(last) != 16:
             raise ValueError(text)

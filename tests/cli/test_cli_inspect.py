@@ -130,22 +130,36 @@ def test_ls_pages_with_the_printed_cursor(r, redis_server, prefix):
     assert code == 2 and "is not a cursor printed by ls" in out
 
 
-def test_ls_prints_a_cursor_that_a_shell_gives_back_whole_for_a_priority_list(r, redis_server, prefix):
-    # kombu names a priority step's list "<queue>\x06\x16<step>": the cursor shows its controls
-    # escaped, quoted for a shell, and ls reads the escapes back.
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_ls_pages_with_cursors_a_terminal_and_a_shell_give_back_whole(r, redis_server, prefix, form):
+    # kombu names a priority step's list "<queue>\x06\x16<step>", which the cursor carried raw:
+    # a terminal drops such characters. The destination is percent-encoded in the cursor now, so
+    # the text's cursor, quoted for a shell, and the JSON's both page through every message once.
     app = Celery("pub", broker=redis_server.delay_url)
     app.conf.broker_transport_options = options(prefix)
-    ids = [app.send_task("inspect.record", (i,), countdown=600 + i, priority=5).id for i in range(3)]
+    odd = "a\\tb 'c\u00e9%41"  # a literal backslash-t, a space, a quote, an accent, a percent
+    ids = [
+        app.send_task("inspect.record", (i,), countdown=600 + i, **extra).id
+        for i, extra in enumerate([{"priority": 5}, {"queue": odd}, {"priority": 5}, {"queue": odd}])
+    ]
     app.close()
     seen, more = [], ["--limit", "1"]
-    while True:
+    for _ in range(len(ids) + 1):
+        if form == "json":
+            code, out = kd(redis_server, prefix, "ls", *more, "--json")
+            page = json.loads(out)
+            seen += [item["task_id"] for item in page["items"]]
+            if page["cursor"] is None:
+                break
+            more = ["--limit", "1", "--cursor", page["cursor"]]
+            continue
         code, out = kd(redis_server, prefix, "ls", *more)
         assert code == 0 and "\x06" not in out, out
         lines = out.splitlines()
         seen += [line.split()[0] for line in lines[1:-1]]
         if lines[-1] == "end of listing":
             break
-        assert "\\x06\\x16" in lines[-1] and "\x06" not in lines[-1], lines[-1]
+        assert "%06%16" in lines[-1] or "%5Ct" in lines[-1], lines[-1]
         more = ["--limit", "1", *shlex.split(lines[-1].removeprefix("next page: "))]
     assert seen == ids
 

@@ -13,7 +13,7 @@ import time
 import pytest
 from celery import Celery
 
-from kombu_delay.cli.common import shown, unshown
+from kombu_delay.cli.common import shown
 from kombu_delay.connect import SOCKET_TIMEOUT_S, Target, with_socket_timeouts
 from kombu_delay.message import Due
 from kombu_delay.store import Store
@@ -83,19 +83,6 @@ def test_socket_timeouts_default_to_the_movers_and_yield_to_the_users():
 )
 def test_shown_escapes_only_what_is_not_printable(text, expected):
     assert shown(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["q\x06\x169", "a\\nb", "a\\\nb", "\\x06", "end\\", " \u202e\ud800 ", "\U0010ffff\t\r", "\\\\u12"],
-)
-def test_unshown_reads_back_what_shown_showed(text):
-    assert unshown(shown(text)) == text
-
-
-@pytest.mark.parametrize("text", ["\\x6", "\\xzz", "\\U00110000", "a\\", "\\q"])
-def test_unshown_leaves_a_backslash_shown_never_wrote(text):
-    assert unshown(text) == text
 
 
 def test_ls_text_escapes_control_characters_and_json_keeps_them(r, redis_server):
