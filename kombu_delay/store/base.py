@@ -152,9 +152,12 @@ class StoreBase:
         for key, kind in zip((*expected, *hints), found, strict=True):
             want, effect = hints[key] if key in hints else (expected[key], fails)
             if kind not in ("none", want):
-                told[key] = (
-                    f"{key!r} holds a {kind}, not a {want} (written by hand?): {effect}; rename it "
-                    "out of the way (RENAME) and kombu-delay makes it anew"
+                told[key] = f"{key!r} holds a {kind}, not a {want} (written by hand?): " + (
+                    f"{effect}; rename it out of the way (RENAME) and kombu-delay makes it anew"
+                    if key not in (also or {})
+                    else "a bucket's, which listing and moving read; rename it out of the way (RENAME) "
+                    "and a mover counts the bucket again from its sorted sets (until then find and "
+                    "cancel may miss its messages, which are delivered all the same)"
                 )
         return told
 
