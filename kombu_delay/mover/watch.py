@@ -123,9 +123,9 @@ class Watch:
         self._logged = {} if logged is None else logged
         self._scan_allowed = True
         self._config_allowed = True
-        #: Redis's run id at the last look, and when (monotonic s; None: not read yet, or INFO
-        #: refused).
+        #: Redis's run id at the last look, and when (monotonic s; None: not read yet, or INFO refused).
         self._run_id: tuple[str, float] | None = None
+        self._stranded_dbs: set[int] = set()  # (told when found twice: movers start together)
 
     def start(self) -> None:
         # The walk of the id index on a thread of its own: paced, it takes minutes at ten
@@ -221,9 +221,9 @@ class Watch:
         """Log a WARNING when Redis's run id changed since the last look: a Redis up no longer
         than that restarted, and holds what it keeps on disk, where it keeps nothing, nothing
         scheduled before, lost and counted nowhere (but a snapshot saved by hand, which Redis 7
-        counts as it loads it); one up longer is another server (a
-        failover), holding what was replicated to it, as is a replica promoted (a second
-        replication id) onto a Redis that keeps nothing on disk, however recently it started.
+        counts as it loads it); one up longer is another server (a failover), holding what was
+        replicated to it, as is a replica promoted (a second replication id) onto a Redis that
+        keeps nothing on disk, however recently it started.
         (Redis counts its uptime by its wall clock, this by a monotonic one: a clock stepped
         between them can mistake one for the other.)"""
         found = self.store.run_id()
@@ -271,8 +271,9 @@ class Watch:
                 return
             self.check_index()
             self._record_stranded(stranded)
-            found = self.store.stranded_databases(FRESH_HEARTBEAT_MS)
-            self._tell("databases", databases_problem(found, self.store.prefix), logging.WARNING)
+            found, seen = self.store.stranded_databases(FRESH_HEARTBEAT_MS), self._stranded_dbs
+            self._stranded_dbs = set(found)
+            self._tell("databases", databases_problem(found, self.store.prefix, seen), logging.WARNING)
         except RedisPermissionError:
             self._scan_allowed = False
             logger.warning(

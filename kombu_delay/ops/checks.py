@@ -189,9 +189,12 @@ def stranded_problem(stranded: Mapping[str, int]) -> str | None:
     )
 
 
-def databases_problem(stranded: Mapping[int, int], prefix: str) -> str | None:
+def databases_problem(found: Mapping[int, int], prefix: str, before: Iterable[int]) -> str | None:
     """Return what to do about other databases holding messages under ``prefix`` that no mover
-    serves (database -> messages), or ``None`` when there are none."""
+    serves (database -> messages) at this look and at the one ``before`` (movers of several
+    databases started together find each other's messages before their heartbeats), or
+    ``None`` when there are none."""
+    stranded = {db: n for db, n in found.items() if db in set(before)}
     if not stranded:
         return None
     parts = ", ".join(f"{db} ({n:,})" for db, n in sorted(stranded.items()))

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
-from flask import Flask, Response, abort, redirect, render_template, request, url_for
+from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response as Redirect
 
 from kombu_delay.control import DelayControl
@@ -112,6 +112,7 @@ def _logged_if_failed(action: str, target: str) -> Iterator[None]:
     to tell and log. Where Redis went away the action may have been done all the same (its
     reply lost): said so, not "failed" (also where it could not be reached: an action of several
     calls may have made some before)."""
+    g.acted = True  # (the error page says an action Redis did not answer may have been done)
     try:
         yield
     except KombuDelayError as exc:

@@ -155,7 +155,7 @@ def _install_guards(
     @app.errorhandler(KombuDelayError)
     def redis_error(exc: KombuDelayError) -> tuple[str | Response, int]:
         told = str(exc)
-        if request.method == "POST" and isinstance(exc, RedisUnavailable):  # (its reply lost, perhaps)
+        if g.get("acted") and isinstance(exc, RedisUnavailable):  # (its reply lost, perhaps)
             told += "; the action may or may not have been done: look again once Redis answers"
         return _error("Redis error", told), 503
 

@@ -538,6 +538,10 @@ def test_messages_in_another_database_that_no_mover_serves_are_told(prefix, capl
         with caplog.at_level(logging.INFO, logger=watch_module.__name__):
             assert store.stranded_databases(30_000) == {2: 3}  # db 3's prefix is its own movers' to tell
             watch.check_prefixes()
+            assert not [
+                text for level, text in said(caplog) if level == logging.WARNING
+            ]  # (its mover may be starting)
+            watch.check_prefixes()
             Store(other, prefix).heartbeat("served")  # a mover of database 2 starts
             assert store.stranded_databases(30_000) == {}
             watch.check_prefixes()

@@ -338,6 +338,8 @@ def test_an_action_redis_did_not_answer_is_told_as_perhaps_done():
             reply = client.post(path, data={"id": "t", "csrf": csrf, **form})
             text = reply.get_data(as_text=True)
             assert reply.status_code == 503 and "may or may not have been done" in text, path
+        asked = client.post("/task/cancel", data={"id": "t", "csrf": csrf})  # only reads, to confirm
+        assert asked.status_code == 503 and "may or may not" not in asked.get_data(as_text=True)
         assert "may or may not" not in client.get("/").get_data(as_text=True)  # a read is only a read
 
 
