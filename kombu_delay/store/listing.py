@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ CHUNK = 64
 STARTS = 64
 #: What a cursor's destination keeps as it is; every other character percent-encoded.
 CURSOR_SAFE = ":._-~@+,=/"
+_ENCODED = re.compile(r"(?:[A-Za-z0-9:._\-~@+,=/]|%[0-9A-Fa-f]{2})*")
 #: The digest of a cursor that names no message: one before the next bucket to open.
 NO_MEMBER = "0" * 16
 
@@ -86,6 +88,8 @@ class Cursor:
         score that is NaN or a due time its score does not stand for (:func:`keys.due_of`: a
         score written by hand, ``±inf`` even, stands for the nearest end of the span)."""
         lo, due, rank, score, start, last, dest = text.split(":", 6)
+        if not _ENCODED.fullmatch(dest):  # (a name as an earlier release printed it, raw or escaped)
+            raise ValueError(text)
         dest = unquote(dest, errors="surrogatepass")
         numbers = (lo, due, start)
         if not all(n.isdigit() for n in numbers) or rank not in ("0", "1") or len(last) != 16:

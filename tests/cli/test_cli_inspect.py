@@ -365,8 +365,13 @@ def test_a_kombu_connection_of_another_transport_is_refused():
         "0:1:1:1e400:0:0000000000000000:celery",
         "0:1:1:nan:0:0000000000000000:celery",
         f"0:{2**53}:1:{2**53}.0:0:0000000000000000:celery",
+        # A priority list's name raw, or escaped, as ls printed it before it was percent-encoded
+        # (read as a literal name, it sorted elsewhere: a page could skip messages).
+        "0:1:1:1.0:0:0000000000000000:celery\x06\x169",
+        "0:1:1:1.0:0:0000000000000000:celery\\x06\\x169",
+        "0:1:1:1.0:0:0000000000000000:caf\u00e9",
     ],
-    ids=["inf", "minus-inf", "overflow", "nan", "past-the-ceiling"],
+    ids=["inf", "minus-inf", "overflow", "nan", "past-the-ceiling", "raw", "escaped", "not-encoded"],
 )
 def test_ls_refuses_a_cursor_out_of_range_as_a_usage_error(r, redis_server, cursor):
     code, out = kd(redis_server, "", "ls", "--cursor", cursor)
