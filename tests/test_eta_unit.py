@@ -445,7 +445,9 @@ CURSORS = [
 @pytest.mark.parametrize("cursor", CURSORS, ids=range(len(CURSORS)))
 def test_cursor_round_trips_through_its_text(cursor):
     text = str(cursor)
-    assert text.endswith(f":{cursor.at.dest}") and text.startswith(f"{cursor.lo}:{cursor.at.due_ms}:")
+    # The destination percent-encoded (a priority list's name holds controls a terminal drops).
+    shown = cursor.at.dest.replace("\x06\x16", "%06%16")
+    assert text.endswith(f":{shown}") and text.startswith(f"{cursor.lo}:{cursor.at.due_ms}:")
     parsed = Cursor.parse(text)
     assert parsed == cursor and parsed.at.last == cursor.at.last
 
