@@ -104,11 +104,8 @@ class StoreBase:
         """Raise :class:`StorageFormatError` when the data under this prefix is in a storage
         format this version cannot read (one HGET). Data with no format recorded yet is taken
         for this version's: the first publish or heartbeat records it."""
-        try:
-            with translated_errors():
-                found = self.client.hget(self._totals, keys.FORMAT_FIELD)
-        except WrongTypeKey as exc:  # Redis's WRONGTYPE names no key
-            raise WrongTypeKey(f"{exc}{self.misshapen_told()}") from exc
+        with self.types_named({}):  # Redis's WRONGTYPE names no key
+            found = self.client.hget(self._totals, keys.FORMAT_FIELD)
         format_must_be(None if found is None else as_text(found), self.prefix)
         self._format_checked = True
 
