@@ -322,7 +322,7 @@ class Inspecting(Counting):
         ``task_id`` (for a cancel: it is scheduled still).
         """
         self._check_format_once()
-        with translated_errors():
+        with self.types_named({}):  # the id index of another type, written by hand
             flat: list[Any] = self._scripts["find"](keys=[self._ids], args=[self.ns, id_arg(task_id)])
         found: dict[Stored, None] = {}  # in ref order, once each, without a quadratic search
         for i in range(0, len(flat), 4):

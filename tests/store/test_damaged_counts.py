@@ -266,6 +266,34 @@ def test_a_message_whose_count_was_written_by_hand_is_still_found_and_cancelled(
     assert _delivered(r, dest) == ["n"]
 
 
+def test_find_looks_past_a_bucket_key_of_another_type_and_names_a_shared_one(
+    r: redis.Redis, prefix: str
+) -> None:
+    # find read a bucket's meta hash and sets with redis.call: one written by hand failed it
+    # with Redis's bare WRONGTYPE, naming no key, for every message of that bucket, in `find`
+    # and the dashboard's task page alike. A meta hash of another type is now read as a lost
+    # one (the message is found, and a cancel names the key); a set of another type holds none.
+    now, start = _bucket(r)
+    store, dest, other = Store(r, prefix), f"{prefix}fq", f"{prefix}other"
+    store.schedule(Due(start + 1_000, task_id="m"), dest, kombu_payload("m"), ORDINARY, now_ms=now)
+    store.schedule(Due(start + 1_000, task_id="o"), other, kombu_payload("o"), ORDINARY, now_ms=now)
+    meta, gone = keys.meta(prefix, start), keys.queue_set(prefix, start, other)
+    kept = r.dump(meta)
+    r.delete(meta, gone)
+    r.set(meta, "written by hand")
+    r.set(gone, "written by hand")
+    assert [(s.dest, s.due_ms) for s in store.find("m")] == [(dest, start + 1_000)]
+    assert store.find("o") == []
+    with pytest.raises(WrongTypeKey, match=f"{meta} holds a string"):
+        store.cancel("m", now_ms=now)
+    r.delete(meta)
+    r.restore(meta, 0, kept)
+    r.delete(keys.ids(prefix))
+    r.set(keys.ids(prefix), "written by hand")
+    with pytest.raises(WrongTypeKey, match=f"'{keys.ids(prefix)}' holds a string"):
+        store.find("m")
+
+
 def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
     r: redis.Redis, prefix: str
 ) -> None:

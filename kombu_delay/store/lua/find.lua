@@ -15,7 +15,9 @@ Bound: one HGETALL per ref, and one ZRANGEBYSCORE of a single score per destinat
        names with no count (zero, or junk written by hand: a mover counts such a set again
        once the bucket looks drained, and delivers it; it was "not scheduled" meanwhile). A
        bucket whose meta hash is gone (evicted, deleted by hand; a mover counts it again and
-       delivers what it holds) is looked for in every destination <ns>counts names.
+       delivers what it holds), or holds another type (written by hand: a cancel then names
+       it), is looked for in every destination <ns>counts names; a set of another type holds
+       no message, and is passed over (the listing names it).
 ]]
 --- @include spaces
 local ns, task_id = ARGV[1], ARGV[2]
@@ -27,7 +29,8 @@ for ref in string.gmatch(refs, '%S+') do
   if start_s then
     local s = space(ns, sp)
     local score = string.format('%.17g', tonumber(start_s) + tonumber(offset) + tonumber(seq) / 2048)
-    local fields = redis.call('HGETALL', s:meta(start_s))
+    local fields = redis.pcall('HGETALL', s:meta(start_s))
+    if fields.err then fields = {} end
     if #fields == 0 then  -- (a drained bucket's meta hash stays a day: this is a lost one)
       for _, dest in ipairs(redis.call('HKEYS', ns .. 'counts')) do
         fields[#fields + 1], fields[#fields + 2] = 'q:' .. dest, ''
@@ -40,7 +43,8 @@ for ref in string.gmatch(refs, '%S+') do
         local name = fields[i]
         if string.sub(name, 1, 2) == 'q:' and ((tonumber(fields[i + 1]) or 0) > 0) == (counted == 1) then
           local dest = string.sub(name, 3)
-          local members = redis.call('ZRANGEBYSCORE', s:zset(start_s, dest), score, score, 'WITHSCORES')
+          local members = redis.pcall('ZRANGEBYSCORE', s:zset(start_s, dest), score, score, 'WITHSCORES')
+          if members.err then members = {} end
           for j = 1, #members, 2 do
             found[#found + 1] = sp .. start_s
             found[#found + 1] = members[j + 1]
