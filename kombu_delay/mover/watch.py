@@ -2,11 +2,11 @@
 prefixes' stranded messages, buckets that left their index (evicted or deleted), which are put back,
 and id-index refs that name no bucket, which are dropped (every :data:`FORGET_EVERY_S`).
 They run in a thread of their own, so a scan of a large database never delays a move: at the
-mover's start, then the policy, memory and persistence every :data:`POLICY_CHECK_EVERY_S`, the scans every
-:data:`PREFIX_CHECK_EVERY_S`, and the prefixes a scan found stranded every
-:data:`STRANDED_RECHECK_S`. What they find is logged (again every :data:`LOG_REPEAT_S` while
-it lasts), handed to the metrics, and recorded in the namespace's alerts hash, which ``stats``
-and ``health`` read.
+mover's start (the scans :data:`FIRST_SCAN_AFTER_S` later), then the policy, memory and
+persistence every :data:`POLICY_CHECK_EVERY_S`, the scans every :data:`PREFIX_CHECK_EVERY_S`,
+and the prefixes a scan found stranded every :data:`STRANDED_RECHECK_S`. What they find is
+logged (again every :data:`LOG_REPEAT_S` while it lasts), handed to the metrics, and recorded
+in the namespace's alerts hash, which ``stats`` and ``health`` read.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 POLICY_CHECK_EVERY_S = 60.0
 #: How often the database is scanned for other key prefixes, seconds (a full ``SCAN``).
 PREFIX_CHECK_EVERY_S = 300.0
+#: How long after its start a mover scans first, seconds: movers of several key prefixes (or
+#: databases) started together found each other's messages before their first heartbeats, and
+#: ``health`` reported them stranded until the next look.
+FIRST_SCAN_AFTER_S = 15.0
 #: How soon a scan that failed is made again, seconds: not at once, since it fails after its
 #: whole SCAN where the record it writes is refused (over maxmemory, say), every time.
 PREFIX_RETRY_S = 60.0
@@ -67,11 +71,9 @@ FORGET_PAGE = 250
 FORGET_PAUSE = 5.0
 #: How often a problem that lasts is logged again, seconds.
 LOG_REPEAT_S = 600.0
-#: How often the prefixes found stranded, by this mover or another of its prefix, are looked at
-#: again, seconds (two reads each, no ``SCAN``): movers of several prefixes started together find
-#: each other's messages before their heartbeats, and ``health`` must not report them for the
-#: minutes to the next scan; nor a mover's log and metrics say nothing for those minutes of what
-#: another's scan recorded since its own.
+#: How often the prefixes found stranded (by any mover of this prefix) are looked at again, seconds
+#: (two reads each, no ``SCAN``): one whose mover starts later leaves the alert then, not minutes
+#: later at the next scan; and a mover's log and metrics tell what another's scan recorded.
 STRANDED_RECHECK_S = 15.0
 #: How long an alert recorded for ``stats`` and ``health`` stays valid without a new check, ms.
 ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
@@ -87,6 +89,11 @@ RESOLVED = {
 }
 
 
+#: What is logged where what Redis keeps on disk cannot be read.
+UNREAD_PERSISTENCE = (
+    "cannot read what Redis keeps on disk (INFO persistence or CONFIG GET save refused); "
+    "persistence not checked"
+)
 #: What a server that took over by a failover holds, as a mover tells it.
 REPLICATED = (
     "what was replicated to it (what the former server took after its last replicated write is "
@@ -156,7 +163,8 @@ class Watch:
             self._stop.wait(max(0.0, began + self.next_walk_s - time.monotonic()))
 
     def run(self) -> None:
-        next_policy = next_prefixes = next_recheck = 0.0
+        next_policy = next_recheck = 0.0
+        next_prefixes = time.monotonic() + FIRST_SCAN_AFTER_S
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -202,11 +210,7 @@ class Watch:
         if aof is None or (aof is False and rules is None):
             # Unknown: what was last found stands (a refusal is no sign it was fixed).
             if "persistence unknown" not in self._logged:
-                logger.info(
-                    "mover %s: cannot read what Redis keeps on disk (INFO persistence or CONFIG "
-                    "GET save refused); persistence not checked",
-                    self.name,
-                )
+                logger.info("mover %s: %s", self.name, UNREAD_PERSISTENCE)
                 self._logged["persistence unknown"] = ("", time.monotonic())
             return
         self.findings.aof_enabled, self.findings.save_rules = aof, rules
@@ -362,11 +366,7 @@ class Watch:
                 break
         self._tell("forget", None, logging.WARNING)
         if dropped:
-            logger.info(
-                "mover %s: dropped %d id-index refs that named no bucket (messages lost with it)",
-                self.name,
-                dropped,
-            )
+            logger.info("mover %s: dropped %d id-index refs that named no bucket (lost)", self.name, dropped)
         return dropped
 
     def _run_id_now(self) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -399,6 +400,7 @@ def quick_looks(monkeypatch):
     monkeypatch.setattr(watch_module, "PREFIX_CHECK_EVERY_S", 3600.0)
     monkeypatch.setattr(watch_module, "POLICY_CHECK_EVERY_S", 3600.0)
     monkeypatch.setattr(watch_module, "STRANDED_RECHECK_S", 0.1)
+    monkeypatch.setattr(watch_module, "FIRST_SCAN_AFTER_S", 0.0)
 
 
 def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(quick_looks):
@@ -419,6 +421,40 @@ def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(quick_look
             wait_until(lambda: store.alerts(kept) == {} and watch.findings.stranded == {}, timeout=DEADLINE_S)
         finally:
             watch.stop()
+
+
+def test_movers_of_two_prefixes_started_together_do_not_report_each_other(monkeypatch):
+    # Each mover scanned as it started, before the other had written a heartbeat: it found the
+    # other prefix's messages stranded, and health failed until its next look, 15 s later.
+    monkeypatch.setattr(watch_module, "FIRST_SCAN_AFTER_S", 5.0)
+    with RedisServer() as server:  # its own: a SCAN here must find no other test's prefixes
+        r = server.client()
+        other = Store(r, "other:")
+        due = Due(600_000, relative=True, task_id="o1")
+        other.schedule(due, "other:celery", kombu_payload("o1"), Settings())
+        store = Store(r)
+        scans: list[float] = []
+        real_stranded = Store.stranded
+
+        def stranded(self: Store, *args: Any, **kwargs: Any) -> dict[str, int]:
+            scans.append(time.monotonic())
+            return real_stranded(self, *args, **kwargs)
+
+        monkeypatch.setattr(Store, "stranded", stranded)
+        reports: list[tuple[float, dict[str, int]]] = []
+        watch = Watch(
+            store, "test", on_findings=lambda f: reports.append((time.monotonic(), dict(f.stranded)))
+        )
+        started = time.monotonic()
+        watch.start()
+        try:
+            other.heartbeat("other-mover")  # the other prefix's mover, started with this one
+            wait_until(lambda: scans and reports[-1][0] > scans[0], timeout=DEADLINE_S)  # its scan's
+        finally:
+            watch.stop()
+        assert scans[0] - started >= 5.0
+        assert [found for _, found in reports] == [{}] * len(reports)
+        assert r.exists(keys.stranded("")) == 0 and "stranded" not in store.alerts(60_000)
 
 
 def test_keys_of_another_type_under_a_found_prefix_do_not_end_the_stranded_check():
