@@ -144,6 +144,7 @@ def test_a_compressed_message_is_thawed_in_time_for_the_look_ahead(r: redis.Redi
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     assert r.lrange("q", 0, -1) == [b"payload"]
 
 

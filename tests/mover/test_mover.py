@@ -763,6 +763,7 @@ def test_wakeup_publish_interrupts_a_long_sleep(r, monkeypatch):
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     assert mover.stats.moved == 1
 
 
@@ -930,6 +931,7 @@ def test_held_messages_in_more_buckets_than_a_call_visits_are_not_told_ended_whi
         finally:
             mover.stop()
             runner.join(30)
+            assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     told = [rec.getMessage() for rec in caplog.records if "stay" in rec.getMessage()]
     assert len(told) == 2 and "any more" in told[1], told
 
@@ -997,6 +999,7 @@ def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_l
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     assert store.counts() == {"blocked": 2}
 
 
@@ -1155,6 +1158,7 @@ def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(
         finally:
             mover.stop()
             runner.join(60)
+            assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     tries = [rec for rec in caplog.records if "WRONGTYPE" in rec.getMessage()]
     assert tries and all(rec.exc_info is None and "retrying" in rec.getMessage() for rec in tries)
     named = f"{key(prefix)!r} holds a string, not a "

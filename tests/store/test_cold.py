@@ -234,6 +234,7 @@ def test_a_mover_thaws_ahead_and_delivers_each_message_once_exactly_as_published
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # byte for byte, each once
     assert not cold_members(r) and store.counts() == {}
     assert store.totals() == {"scheduled": 40, "moved": 40}
@@ -573,6 +574,7 @@ def test_overdue_compressed_messages_are_delivered_once_after_a_mover_outage(r):
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
     assert sorted(tags_in(r, "q")) == [f"t{i}" for i in range(5)]
     assert store.counts() == {} and r.zcard(keys.index("")) == 0
     assert store.totals() == {"scheduled": 5, "moved": 5}
@@ -839,6 +841,7 @@ def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
 
 
 def wakes(r: redis.Redis, publish: Callable[[], object]) -> list[int]:
@@ -913,6 +916,7 @@ def test_a_mover_that_thaws_far_ahead_is_in_time_with_a_narrow_publisher_behind_
     finally:
         mover.stop()
         runner.join(30)
+        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
 
 
 def test_a_thaw_replaces_only_the_thawed_refs_of_each_task_id(r, prefix):
