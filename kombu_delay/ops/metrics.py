@@ -3,16 +3,18 @@
 Series (counters carry the ``_total`` suffix on the wire):
 
 * ``kombu_delay_scheduled_messages{queue}``: gauge, messages waiting per queue (all priorities).
-  Bounded: the :data:`MAX_QUEUE_SERIES` queues with the most waiting have a series each, the
-  rest are summed under ``queue="(other)"`` (a series that appears once there are more), and
-  a queue that emptied reads 0 for :data:`ZERO_KEEP_S`, then its series is dropped. So
+  Bounded (:mod:`kombu_delay.ops.series`): the 200 queues with the most waiting have a series
+  each, the rest are summed under ``queue="(other)"`` (a series that appears once there are
+  more), and a queue that emptied reads 0 for 5 minutes, then its series is dropped. So
   thousands of short-lived queues cost a few hundred series, not one each.
 * ``kombu_delay_moved_total``: counter, messages moved onto their queue lists.
 * ``kombu_delay_lateness_seconds``: histogram, due time to LPUSH of each moved message.
 * ``kombu_delay_oldest_overdue_seconds``: gauge, how long the oldest due message has waited,
-  in either space (a compressed one is read every :data:`COLD_REFRESH_S`).
+  in either space (a compressed one is read every :data:`COLD_REFRESH_S`; both are read while
+  move calls fail, as often); ``NaN`` where it cannot be read, and until Redis has answered.
 * ``kombu_delay_last_move_timestamp_seconds``: gauge, Unix time by Redis's clock of the last
-  call that moved something; ``kombu_delay_last_pass_timestamp_seconds``: of the last
+  call that moved something (``NaN`` until this mover's first);
+  ``kombu_delay_last_pass_timestamp_seconds``: of the last
   successful move call (moving or not), the liveness signal to alert on.
 * ``kombu_delay_redis_errors_total``: counter, failed calls to Redis (the mover retries);
   ``kombu_delay_mover_errors_total``: counter, any other error in the mover loop (a bug:
@@ -42,6 +44,7 @@ import redis
 from kombu_delay.errors import needs_extra
 from kombu_delay.mover.threads import stop_signals_blocked
 from kombu_delay.ops.checks import Findings
+from kombu_delay.ops.series import QueueSeries
 from kombu_delay.store import Store, spaces
 from kombu_delay.store.replies import MoveResult, SweepResult, ThawResult
 
@@ -60,55 +63,6 @@ COLD_BUCKETS = 100
 #: does not answer (stopped, paused, cut off) reports nothing until its socket timeout, and the
 #: gauges read on as they were meanwhile (0 overdue while messages fell due).
 SILENT_S = 5.0
-#: Most queues with a ``kombu_delay_scheduled_messages`` series of their own.
-MAX_QUEUE_SERIES = 200
-#: How long a queue that emptied keeps reading 0 before its series is dropped, seconds.
-ZERO_KEEP_S = 300.0
-#: The ``queue`` label of what the queues past :data:`MAX_QUEUE_SERIES` hold.
-OTHER_QUEUES = "(other)"
-
-
-class QueueSeries:
-    """Which queues get a series of their own, and what each reads: bounded however many
-    queues come and go (the top :data:`MAX_QUEUE_SERIES` by count, the rest under
-    :data:`OTHER_QUEUES`; emptied ones read 0 for :data:`ZERO_KEEP_S`)."""
-
-    def __init__(self, limit: int = MAX_QUEUE_SERIES, zero_keep_s: float = ZERO_KEEP_S) -> None:
-        self.limit = limit
-        self.zero_keep_s = zero_keep_s
-        #: Queue -> when it last held something (monotonic), for the queues shown.
-        self._shown: dict[str, float] = {}
-        self._other = False
-
-    def labels(self) -> list[str]:
-        """The labels of the series shown now."""
-        return [*self._shown, *([OTHER_QUEUES] if self._other else [])]
-
-    def values(self, per_queue: dict[str, int], now: float) -> tuple[dict[str, int], list[str]]:
-        """Return the series to set (label -> value) and the labels to drop."""
-        # A queue named as the overflow's label is counted under it: a series of its own would
-        # be overwritten by the overflow's, and its messages lost from the sum.
-        named_other = max(per_queue.get(OTHER_QUEUES, 0), 0)
-        busy = sorted(
-            (q for q, n in per_queue.items() if n > 0 and q != OTHER_QUEUES), key=lambda q: (-per_queue[q], q)
-        )
-        top, rest = busy[: self.limit], busy[self.limit :]
-        out = {q: per_queue[q] for q in top}
-        for queue in top:
-            self._shown[queue] = now
-        room = self.limit - len(top)
-        for queue, seen in sorted(self._shown.items(), key=lambda item: -item[1]):
-            if queue not in out and room > 0 and now - seen < self.zero_keep_s:
-                out[queue] = 0  # emptied a moment ago: reads 0 rather than vanishing
-                room -= 1
-        dropped = [q for q in self._shown if q not in out]
-        for queue in dropped:
-            del self._shown[queue]
-        other = named_other + sum(per_queue[q] for q in rest)
-        self._other = self._other or bool(rest) or named_other > 0
-        if self._other:  # only once some queue went past the limit: one series, kept from then on
-            out[OTHER_QUEUES] = other
-        return out, dropped
 
 
 def serve_metrics(store: Store | None, port: int, addr: str = "127.0.0.1") -> MoverMetrics:
@@ -142,9 +96,10 @@ class MoverMetrics:
         self._last_refresh = float("-inf")
         self._reading = False  # (a failed read tells on_error, which must not read again)
         #: The due time of the oldest compressed message overdue (epoch ms), as last read
-        #: (:meth:`read_cold_overdue`, every :data:`COLD_REFRESH_S`); ``None``: none.
-        self._cold_overdue_ms: int | None = None
-        self._last_cold_read = float("-inf")
+        #: (:meth:`read_cold_overdue`, every :data:`COLD_REFRESH_S`); ``None``: none; ``NaN``:
+        #: the read failed (a cold index of another type, say: its thaw fails too).
+        self._cold_overdue_ms: float | None = None
+        self._last_cold_read = self._last_overdue_read = float("-inf")
         #: When the mover last told a move call's result or error (:data:`SILENT_S`).
         self._heard = time.monotonic()
         #: Its longest sleep, seconds (:meth:`attach`).
@@ -154,6 +109,8 @@ class MoverMetrics:
         self.registry.register(_SilenceCheck(self))
         self._define_counters(prom)
         self._define_gauges(prom)
+        self._unknown()  # until read: 0 overdue and 0 dead letters would be claims
+        self.last_move.set(math.nan)  # (0 read as a move 57 years ago)
 
     def attach(self, store: Store, max_sleep_s: float) -> None:
         """Read the counts from ``store``, for a mover that sleeps at most ``max_sleep_s``."""
@@ -270,10 +227,10 @@ class MoverMetrics:
         if now - self._last_cold_read >= COLD_REFRESH_S:
             self._last_cold_read = now
             self.read_cold_overdue(result.now_ms)
-        dues = [
-            d for d in (result.next_due_ms, self._cold_overdue_ms) if d is not None and d <= result.now_ms
-        ]
-        self.overdue_age.set((result.now_ms - min(dues)) / 1000 if dues else 0)
+        cold = self._cold_overdue_ms
+        dues = [d for d in (result.next_due_ms, cold) if d is not None and d <= result.now_ms]
+        unread = cold is not None and math.isnan(cold)
+        self.overdue_age.set(math.nan if unread else (result.now_ms - min(dues)) / 1000 if dues else 0)
         self._refresh_when_due()
 
     def _refresh_when_due(self) -> None:
@@ -295,8 +252,26 @@ class MoverMetrics:
             found, _ = self.store.overdue(now_ms, COLD_BUCKETS, (spaces.COLD,))
             self._cold_overdue_ms = min((oldest for _, oldest in found.values()), default=None)
         except Exception as exc:
+            self._cold_overdue_ms = math.nan
             self.on_error(exc)
             logger.debug("metrics: reading the compressed space failed", exc_info=True)
+
+    def read_overdue(self) -> None:
+        """Read how long the oldest due message has waited, in both spaces (one script call
+        each, by Redis's clock), where no move call's result tells it: while they fail, as
+        where Redis refuses writes (a failover under way) but answers reads, the gauge read 0
+        with messages overdue. ``NaN`` where the read fails too."""
+        if self.store is None:
+            return
+        try:
+            now_ms = self.store.time_ms()
+            found, _ = self.store.overdue(now_ms, COLD_BUCKETS)
+        except Exception:
+            logger.debug("metrics: reading what is overdue failed", exc_info=True)
+            self.overdue_age.set(math.nan)
+            return
+        oldest = min((due for _, due in found.values()), default=None)
+        self.overdue_age.set(0 if oldest is None else max(0, now_ms - oldest) / 1000)
 
     def collect_scheduled(self) -> None:
         """Re-read the per-queue scheduled counts (bounded series: :class:`QueueSeries`) and
@@ -353,6 +328,13 @@ class MoverMetrics:
             # No result comes to refresh the gauges from: they are read here (a Redis that
             # refuses writes still answers), or set unknown where they cannot be.
             self._refresh_when_due()
+            now = time.monotonic()
+            if now - self._last_overdue_read >= COLD_REFRESH_S and not self._reading:
+                self._last_overdue_read, self._reading = now, True
+                try:
+                    self.read_overdue()
+                finally:
+                    self._reading = False
 
 
 class _SilenceCheck:

@@ -20,7 +20,8 @@ from kombu_delay.control import DelayControl
 from kombu_delay.message import Due
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.loop import Mover
-from kombu_delay.ops.metrics import MAX_QUEUE_SERIES, OTHER_QUEUES, MoverMetrics, QueueSeries, serve_metrics
+from kombu_delay.ops.metrics import MoverMetrics, serve_metrics
+from kombu_delay.ops.series import MAX_QUEUE_SERIES, OTHER_QUEUES, QueueSeries
 from kombu_delay.store import Store, keys, spaces
 from kombu_delay.store.replies import MoveResult
 from kombu_delay.tooling.redis_server import RedisServer, free_port
@@ -601,6 +602,48 @@ def test_the_gauges_read_from_redis_are_unknown_while_it_cannot_be_read(private_
     private_server.start()  # empty: it keeps nothing on disk
     metrics.on_error(redis.ReadOnlyError("READONLY"))  # a call refused, Redis answering reads
     assert gauges()[:2] == [0, 0]
+
+
+def test_the_overdue_gauge_reads_what_waits_while_moves_fail(server: RedisServer, prefix: str) -> None:
+    # It was set from a move call's result only: while Redis refused writes (a failover under
+    # way) but answered reads, it read 0 with 60 messages due for 80 s, and the overdue alert
+    # never fired; a compressed index that failed every thaw read 0 too.
+    prom = pytest.importorskip("prometheus_client")
+    r = server.client()
+    store = Store(r, prefix)
+    early = FakeClock(r)
+    early.ms -= 60_000  # published a minute ago, due 50 s ago (by Redis's clock)
+    Store(r, prefix, clock=early).schedule(
+        Due(early() + 10_000, task_id="t"), f"{prefix}q", kombu_payload("t"), Settings()
+    )
+    metrics = MoverMetrics(store, prom)
+    sample = metrics.registry.get_sample_value
+    r.config_set("min-replicas-to-write", 1)
+    try:
+        with pytest.raises(redis.RedisError) as refused:
+            store.move_due(100)
+        metrics.on_error(refused.value)
+    finally:
+        r.config_set("min-replicas-to-write", 0)
+    assert 50 <= sample("kombu_delay_oldest_overdue_seconds") < 600
+
+    metrics = MoverMetrics(store, prom)
+    sample = metrics.registry.get_sample_value
+    kept = r.dump(keys.cold_index(prefix))
+    r.set(keys.cold_index(prefix), "written by hand")  # (no compressed message: none to lose)
+    metrics.on_result(store.move_due(100))  # moves the one due: ordinary space, nothing overdue
+    assert math.isnan(sample("kombu_delay_oldest_overdue_seconds"))  # the compressed space unread
+    assert kept is None and r.llen(f"{prefix}q") == 1
+
+
+def test_the_gauges_are_unknown_until_redis_has_answered() -> None:
+    # A mover started before its Redis served 0 overdue and 0 dead letters (claims), and a last
+    # move at 0, which the dashboard's "Last move" panel showed as 57 years ago.
+    prom = pytest.importorskip("prometheus_client")
+    metrics = MoverMetrics(None, prom)
+    sample = metrics.registry.get_sample_value
+    for name in ("oldest_overdue_seconds", "dead_letters_kept", "last_move_timestamp_seconds"):
+        assert math.isnan(sample(f"kombu_delay_{name}")), name
 
 
 def test_the_gauges_read_from_redis_are_unknown_while_a_call_waits_on_it(private_server):
