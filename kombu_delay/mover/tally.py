@@ -23,6 +23,17 @@ VANISHED = (
     "evicted, or expired after no mover ran for delay_grace plus a day); what they held is lost, "
     "and cannot be counted (see Limitations)"
 )
+#: The ERRORs for a bucket's key a move call found of another type (written by hand): a meta
+#: hash renamed out of the way, its bucket counted again; anything else, what it held lost.
+DAMAGED_ASIDE = (
+    "mover %s: the bucket key %r held another type than its own (written by hand): renamed to %r, "
+    "kept as it was; the bucket was counted again from its sorted sets, and its messages move on time"
+)
+DAMAGED_LOST = (
+    "mover %s: the bucket key %r holds another type than its own (written by hand), and could not be "
+    "set aside (a sorted set's messages are gone with it; a meta hash needs RENAME granted): its "
+    "messages are lost, counted as expired; rename or delete the key"
+)
 
 
 @dataclass
@@ -106,6 +117,10 @@ class Tally:
             logger.info("mover %s: moved %d messages in one call, a herd whole", self.name, result.moved)
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
         stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
+        for key, aside in result.damaged:
+            logger.error(
+                DAMAGED_ASIDE if aside else DAMAGED_LOST, self.name, key, *([aside] if aside else [])
+            )
         if result.expired:
             logger.warning(
                 "mover %s: %d scheduled messages were lost: their bucket expired or "

@@ -39,6 +39,22 @@ HINTS: dict[Callable[[str], str], tuple[str, str]] = {
 }
 
 
+#: What a bucket's key of another type means: by the type it should be (a meta hash, a queue's
+#: set, a task-id list), or ``cold`` for a compressed bucket's meta hash.
+BUCKET_KEY_TOLD = {
+    "hash": "a bucket's meta hash, which listing reads: a mover renames it out of the way at the "
+    "bucket's first move and counts the bucket again from its sorted sets, and its messages move "
+    "on time (where the mover may not RENAME, they are lost then: rename it yourself first)",
+    "zset": "a bucket's sorted set, which held its messages for one queue: they are gone with it "
+    "(a mover counts them as lost at their due time); rename it out of the way (RENAME) or delete it",
+    "list": "a bucket's task-id list, which the clean-up of the id index reads: rename it out of the "
+    "way (RENAME) and kombu-delay makes it anew",
+    "cold": "a compressed bucket's meta hash, which listing and thawing read: rename it out of the "
+    "way (RENAME) before its thaw and a mover counts the bucket again from its sorted sets (until "
+    "then find and cancel may miss its messages); at its thaw, what it holds is lost",
+}
+
+
 class StoreBase:
     """kombu-delay's data in one Redis database, under one ``global_keyprefix``."""
 
@@ -152,9 +168,9 @@ class StoreBase:
                 told[key] = f"{key!r} holds a {kind}, not a {want} (written by hand?): " + (
                     f"{effect}; rename it out of the way (RENAME) and kombu-delay makes it anew"
                     if key not in (also or {})
-                    else "a bucket's, which listing and moving read; rename it out of the way (RENAME) "
-                    "and a mover counts the bucket again from its sorted sets (until then find and "
-                    "cancel may miss its messages, which are delivered all the same)"
+                    else BUCKET_KEY_TOLD[
+                        "cold" if want == "hash" and key.startswith(self.ns + keys.COLD) else want
+                    ]
                 )
         return told
 

@@ -56,8 +56,8 @@ class ScheduleResult:
         )
 
 
-#: Integers at the head of a ``move.lua`` reply; the refused destinations follow, then the
-#: run-length coded lateness.
+#: Integers at the head of a ``move.lua`` reply; the refused destinations follow, those that are
+#: no list, a bucket's keys of another type, then the run-length coded lateness.
 MOVE_HEAD = 12
 
 
@@ -95,6 +95,11 @@ class MoveResult:
     vanished: int = 0
     #: Some of the destinations of the ``wrongtype`` messages: keys that are no list.
     wrongtype_dests: list[str] = field(default_factory=list)
+    #: Some of the buckets' keys found of another type (written by hand), each with the name
+    #: it was renamed to: a meta hash, whose bucket was then counted again from its sorted sets
+    #: (in ``recounted``); or ``""``: a sorted set, whose messages are lost (in ``expired``),
+    #: or a meta hash that could not be renamed (``RENAME`` refused: lost too).
+    damaged: list[tuple[str, str]] = field(default_factory=list)
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> MoveResult:
@@ -109,13 +114,17 @@ class MoveResult:
             expired=head[5],
             wrongtype=head[6],
             more=bool(head[7]),
-            lateness_ms=_runs(reply[MOVE_HEAD + 2 :]),
+            lateness_ms=_runs(reply[MOVE_HEAD + 3 :]),
             scan_after=head[8] if head[8] >= 0 else None,
             recounted=head[9],
             refused=head[10],
             vanished=head[11],
             refused_dests=[as_text(name) for name in reply[MOVE_HEAD]],
             wrongtype_dests=[as_text(name) for name in reply[MOVE_HEAD + 1]],
+            damaged=[
+                (as_text(key), as_text(aside))
+                for key, aside in zip(reply[MOVE_HEAD + 2][::2], reply[MOVE_HEAD + 2][1::2], strict=True)
+            ],
         )
 
 

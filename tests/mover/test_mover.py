@@ -954,6 +954,39 @@ def test_the_end_of_held_messages_is_told_once_after_a_call_that_looked_at_every
     assert told[1] == "mover m: no due message stays scheduled for 'blocked' any more: moved, or removed"
 
 
+def test_a_bucket_key_of_another_type_is_named_in_an_error_not_told_as_expired(caplog):
+    # Its messages were logged only as "lost: their bucket expired or was deleted", a WARNING
+    # that named no key, though neither had happened.
+    tally = Tally("m", 100)
+    aside = MoveResult(
+        0,
+        None,
+        0,
+        0,
+        0,
+        0,
+        0,
+        True,
+        recounted=2,
+        damaged=[("kombu_delay:m:60000", "kombu_delay:aside:60000:1")],
+    )
+    lost = MoveResult(0, None, 0, 0, 0, 1, 0, False, damaged=[("kombu_delay:z:60000:q", "")])
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.loop"):
+        tally.move(aside)
+        tally.move(lost)
+    told = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and "bucket key" in r.getMessage()
+    ]
+    assert len(told) == 2, told
+    assert (
+        "'kombu_delay:m:60000' held another type" in told[0]
+        and "renamed to 'kombu_delay:aside:60000:1'" in told[0]
+    )
+    assert "'kombu_delay:z:60000:q' holds another type" in told[1] and "lost, counted as expired" in told[1]
+
+
 def test_the_periodic_line_says_what_waits_now_not_a_lag(caplog, monkeypatch):
     # "moved 30 messages in the last 10 s; lag 0 ms" read as how late they had moved (42 s).
     now = [1000.0]

@@ -288,6 +288,7 @@ def test_find_looks_past_a_bucket_key_of_another_type_and_names_a_shared_one(
         store.cancel("m", now_ms=now)
     r.delete(meta)
     r.restore(meta, 0, kept)
+    assert store.cancel("m", now_ms=now) == 1  # another queue's set still of another type
     r.delete(keys.ids(prefix))
     r.set(keys.ids(prefix), "written by hand")
     with pytest.raises(WrongTypeKey, match=f"'{keys.ids(prefix)}' holds a string"):
@@ -314,6 +315,7 @@ def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
     r.set(wrong, "by hand")
     result = store.move_due(100, now_ms=start + 10_000)
     assert (result.moved, result.expired) == (3, 3)
+    assert result.damaged == [(wrong, "")]  # named, for the mover's error
     assert result.next_due_ms == later + 1_000
     assert _delivered(r, good) == ["g0", "g1", "g2"]
     assert r.get(wrong) == b"by hand"
@@ -321,11 +323,13 @@ def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
     assert store.counts() == {}
 
 
-def test_a_meta_hash_replaced_by_a_key_of_another_type_stops_no_move_sweep_or_reindex(
+def test_a_meta_hash_replaced_by_a_key_of_another_type_is_set_aside_and_loses_nothing(
     r: redis.Redis, prefix: str
 ) -> None:
-    """Nothing of that bucket can be counted or moved: it leaves the index, counted as
-    unreadable, and every other bucket moves on."""
+    """Nothing of that bucket could be counted or moved: it left the index, its messages lost at
+    their due time (counted as unreadable), while `stats` and `ls` said they would be delivered.
+    A move now renames the key out of the way, kept as it was, and counts the bucket again from
+    its sorted sets; where RENAME is refused, the bucket is let go as before, and named."""
     now, start = _bucket(r)
     store, dest = Store(r, prefix), f"{prefix}celery"
     damaged, later = start + WIDTH, start + 2 * WIDTH
@@ -337,12 +341,29 @@ def test_a_meta_hash_replaced_by_a_key_of_another_type_stops_no_move_sweep_or_re
     assert store.sweep("", 100, now_ms=now).cursor == ""
     assert store.reindex(now_ms=now) == (0, 0)
     assert store.move_due(100, now_ms=start + 10_000).moved == 1
-    result = store.move_due(100, now_ms=later + 10_000)
-    assert (result.moved, result.expired) == (1, 1)  # the damaged bucket's message: lost, counted
-    assert _delivered(r, dest) == ["first", "later"]
-    assert r.zscore(keys.index(prefix), str(damaged)) is None
-    assert store.totals()["unreadable"] == 1
-    assert store.counts() == {}  # nothing left counted for ever
+    calls = [store.move_due(100, now_ms=later + 10_000) for _ in range(3)]
+    assert [(c.moved, c.expired, c.recounted) for c in calls] == [(1, 0, 1), (1, 0, 0), (0, 0, 0)]
+    [(named, aside)] = calls[0].damaged
+    assert named == meta and aside.startswith(f"{prefix}kombu_delay:aside:{damaged}:")
+    assert r.get(aside) == b"by hand" and r.ttl(aside) == -1  # kept as it was
+    assert sorted(_delivered(r, dest)) == ["first", "later", "lost"]
+    assert store.totals().get("unreadable") is None and store.counts() == {}
+    assert store.find("lost") == []
+
+    # Where RENAME is refused, the bucket is let go (its message lost, counted) and named.
+    late = later + WIDTH
+    store.schedule(Due(late + 1_000, task_id="gone"), dest, kombu_payload("gone"), ORDINARY, now_ms=now)
+    meta = keys.meta(prefix, late)
+    r.delete(meta)
+    r.set(meta, "by hand")
+    r.acl_setuser("mover", enabled=True, nopass=True, commands=["+@all", "-rename"], keys=["*"])
+    as_mover = Store(redis.Redis(port=r.connection_pool.connection_kwargs["port"], username="mover"), prefix)
+    try:
+        result = as_mover.move_due(100, now_ms=late + 10_000)
+    finally:
+        r.acl_deluser("mover")
+    assert (result.moved, result.expired, result.damaged) == (0, 1, [(meta, "")])
+    assert store.totals()["unreadable"] == 1 and store.counts() == {}
     assert r.get(meta) == b"by hand"
 
 

@@ -28,11 +28,13 @@ def test_runs_expand_in_order() -> None:
 
 def test_reply_has_the_scan_position_and_the_refusals_before_the_lateness() -> None:
     head = [b"3", b"-1", b"1000", b"250", b"2", b"1", b"0", b"1"]
-    result = MoveResult.from_reply([*head, b"-1", b"0", b"0", b"0", [], [], b"-2", b"5", b"9"])
+    result = MoveResult.from_reply([*head, b"-1", b"0", b"0", b"0", [], [], [], b"-2", b"5", b"9"])
     assert result == MoveResult(3, None, 1000, 250, 2, 1, 0, True, [5, 5, 9])
-    plain = MoveResult.from_reply([*head, 60_000, 4, 2, 1, [b"celery"], [b"blocked"], 7])
+    plain = MoveResult.from_reply(
+        [*head, 60_000, 4, 2, 1, [b"celery"], [b"blocked"], [b"m:1", b"aside:1", b"z", b""], 7]
+    )
     assert plain.scan_after == 60_000 and plain.recounted == 4 and plain.lateness_ms == [7]
-    assert plain.vanished == 1
+    assert plain.vanished == 1 and plain.damaged == [("m:1", "aside:1"), ("z", "")]
     assert (plain.refused, plain.refused_dests, plain.wrongtype_dests) == (2, ["celery"], ["blocked"])
 
 

@@ -54,6 +54,14 @@ let_go_unreadable(k, start_s)
   returned, for the caller to count as expired (lost to delivery). Its keys are left as they
   are: the sorted sets expire after their grace. Bound: one ZCARD per destination counted.
 
+set_aside(k, start_s, now)
+  A bucket whose meta hash was replaced by a key of another type (by hand), in the ordinary
+  space: that key is renamed out of the way, to <ns>aside:<start>:<now> (kept for whoever
+  wrote it; no script reads it), and the bucket counted again from its sorted sets, as one
+  whose meta hash is gone (recount), so its messages move on time. Returns the new name and
+  how many it counted; where RENAME is refused (an ACL line without it), nil and what
+  let_go_unreadable took off the counts (lost to delivery). Bound: recount's.
+
 recount(k, start_s, now)
   Counts the members of a bucket whose counts read zero, in the sorted sets of the
   destinations its meta hash names and of every destination counted in <ns>counts (a meta
@@ -254,6 +262,13 @@ local function let_go_unreadable(k, start_s)
   end
   count_up(k.ns .. 'totals', 'unreadable', 1)
   return lost
+end
+
+local function set_aside(k, start_s, now)
+  local aside = k.ns .. 'aside:' .. start_s .. ':' .. string.format('%d', now)
+  local renamed = redis.pcall('RENAME', k.space:meta(start_s), aside)
+  if type(renamed) == 'table' and renamed.err then return nil, let_go_unreadable(k, start_s) end
+  return aside, recount(k, start_s, now)
 end
 
 local function retire(k, start_s, end_ms, now)

@@ -33,7 +33,11 @@ Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 p
           hand, evicted, or expired after no mover ran for their grace plus a day; what they
           held is lost, and nothing is left to count it by, nor, with <ns>counts lost too, to
           find a set by; counted in the totals field vanished_buckets), {the refused destinations,
-          at most MAX_NAMED}, {the destinations that are no list, likewise}, lateness...}
+          at most MAX_NAMED}, {the destinations that are no list, likewise}, {a bucket's keys
+          found of another type (written by hand), each followed by the name it was renamed
+          to (a meta hash: set_aside in _buckets.lua) or '' (a sorted set, whose messages
+          are lost, counted in expired; or a meta hash RENAME was refused for), at most
+          MAX_NAMED of them}, lateness...}
          with the lateness (now - due, ms, >= 0) of each moved message in move order,
          run-length coded: a run of n > 1 equal values is -n followed by the value.
          A destination the ACL refuses is left as a full one is (held): nothing of it is
@@ -115,6 +119,16 @@ local missed = 0
 -- are enough.
 local MAX_NAMED = 10
 local refused_names, wrong_names, named = {}, {}, {}
+-- A bucket's keys of another type (written by hand), each with what it was renamed to ('' where
+-- it was not): {key, new name, key, new name, ...}, for the mover's errors.
+local damaged = {}
+
+local function name_damaged(key, aside)
+  if #damaged < 2 * MAX_NAMED then
+    damaged[#damaged + 1] = key
+    damaged[#damaged + 1] = aside
+  end
+end
 
 local function name_once(names, dest)
   if not named[dest] and #names < MAX_NAMED then
@@ -267,9 +281,12 @@ local function visit(start_s)
   end
   local fields = redis.pcall('HGETALL', meta)
   if other_type(fields, 'HGETALL', meta) then
-    -- A meta hash replaced by a key of another type (by hand): nothing of the bucket can be
-    -- counted or moved, and one such bucket must not stop every move (let_go_unreadable).
-    expired = expired + let_go_unreadable(k, start_s)
+    -- A meta hash replaced by a key of another type (by hand): set aside, and the bucket
+    -- counted again from its sets, moved by the next call; where that is refused, nothing of
+    -- it can be counted or moved, and one such bucket must not stop every move.
+    local aside, n = set_aside(k, start_s, now)
+    if aside then recounted = recounted + n else expired = expired + n end
+    name_damaged(meta, aside or '')
     return
   end
   local end_ms, seq, left_total = nil, nil, 0
@@ -325,7 +342,8 @@ local function visit(start_s)
       if waiting then  -- (nothing due yet: left as it is)
       elseif other_type(head, 'ZRANGE', zset) or not head[2] then
         -- Gone while counted: expired after its grace, or deleted or replaced by hand (a key
-        -- of another type, left as it is: one such key must not stop every move).
+        -- of another type, left as it is, and named: one such key must not stop every move).
+        if head.err then name_damaged(zset, '') end
         expired = expired + n
         settle_gone(meta, name, counts, dest, n)
         n = 0
@@ -552,6 +570,6 @@ end
 local more = 0
 if budget <= 0 or cleanup_left == 1 or scan_after >= 0 or recounted > 0 then more = 1 end
 local reply = {moved, next_due, now, now_us, held, expired, wrong, more, scan_after, recounted, refused,
-               vanished, refused_names, wrong_names}
+               vanished, refused_names, wrong_names, damaged}
 finish_lateness(reply)
 return reply
