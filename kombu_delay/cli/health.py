@@ -119,7 +119,15 @@ def health(
         warn(seen.notes)
         ctx.exit(UNHEALTHY)
     if not quiet:
-        click.echo(f"OK: {seen.summary()}")
+        # Movers are counted by a 30 s heartbeat: with none, say why that is OK.
+        why = ""
+        if seen.movers == 0:
+            why = (
+                f" (--max-heartbeat-age {max_heartbeat_age:g} s)"
+                if max_heartbeat_age
+                else " (heartbeats not checked)"
+            )
+        click.echo(f"OK: {seen.summary()}{why}")
         warn(seen.notes)
 
 

@@ -29,6 +29,7 @@ from kombu_delay.cli.inspect import (
     span,
 )
 from kombu_delay.control import Slot, Stats
+from kombu_delay.store import Store, keys
 from kombu_delay.store.listing import Cursor
 from kombu_delay.tooling.redis_server import free_port
 from tests.support.cli import kd, options, publish
@@ -399,6 +400,12 @@ def test_health_refuses_a_threshold_under_a_millisecond(redis_server, flag, valu
 def test_health_takes_a_zero_threshold_as_off(r, redis_server):
     code, out = kd(redis_server, "", "health", "--max-heartbeat-age", "0", "--max-overdue", "0")
     assert code == 0, out
+    # "OK: movers 0" said why: a longer age than the 30 s movers are counted by, or none asked.
+    assert "movers 0, freshest heartbeat none (heartbeats not checked)" in out, out
+    Store(r).heartbeat("quiet")
+    r.zadd(keys.movers(""), {"quiet": Store(r).time_ms() - 40_000})
+    code, out = kd(redis_server, "", "health", "--max-heartbeat-age", "120")
+    assert code == 0 and "(1 more silent for over 30 s)" in out and "(--max-heartbeat-age 120 s)" in out, out
 
 
 def test_the_cursor_examples_in_help_and_docs_are_cursors_ls_prints():
