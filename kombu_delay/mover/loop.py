@@ -46,6 +46,8 @@ SWEEP_PAGE = 500
 #: A sweep takes at most this share of a mover's time, however many buckets there are: a
 #: cycle that took ``t`` seconds of calls starts again ``t / SWEEP_SHARE`` later at the soonest.
 SWEEP_SHARE = 0.02
+#: How often a failure that lasts (Redis away, or refusing writes) is logged again, seconds.
+FAILURE_REPEAT_S = 60.0
 
 
 class Mover:
@@ -84,6 +86,8 @@ class Mover:
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
+        #: The kind of the failure last logged, and when (monotonic s); None while calls succeed.
+        self._failure_told: tuple[type, float] | None = None
         #: The background checks (eviction policy, stranded key prefixes); ``None`` when off.
         #: ``logged``: what they told, kept by a caller that runs one Mover after another.
         self.watch = Watch(store, self.name, on_findings, logged) if watch else None
@@ -136,6 +140,7 @@ class Mover:
                 failed_for = backoff.reset()
                 if failed_for is not None:  # the end of an outage, or of a refusal, told too
                     logger.info("mover %s: Redis calls succeed again, after %.0f s", self.name, failed_for)
+                    self._failure_told = None
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in, self._beat_in()))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.told(exc)
@@ -151,18 +156,31 @@ class Mover:
                 if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
                     self.store.close_idle()  # (the next round's connect may need their place)
                     cause = str(exc).removeprefix("Redis is unavailable: ")  # (translated_errors' words)
-                    logger.warning("mover %s: Redis unavailable (%s); retrying", self.name, cause)
+                    self._tell_failure(exc, logging.WARNING, f"Redis unavailable ({cause})")
                 elif isinstance(exc, RedisRefused):  # a read-only replica, maxmemory, a failing
                     # disk: Redis wrote nothing, and waiting may fix it: no unexpected error.
-                    logger.warning("mover %s: %s; retrying", self.name, exc)
+                    self._tell_failure(exc, logging.WARNING, str(exc))
                 elif isinstance(exc, WrongTypeKey):  # a key written by hand: named where it can be
-                    logger.error("mover %s: %s%s; retrying", self.name, exc, self.store.misshapen_told())
+                    self._tell_failure(exc, logging.ERROR, f"{exc}{self.store.misshapen_told()}")
                 else:
                     logger.exception("mover %s: unexpected error; retrying", self.name)
                 # (Timed from the round's last move call, or the round's start: a call may wait
                 # long on a Redis that stopped answering before it fails.)
                 self._stop.wait(backoff.next(max(began, self._called_at)))
         wake.close()
+
+    def _tell_failure(self, exc: BaseException, level: int, text: str) -> None:
+        """Log a failed round: at once where its kind is new, then once per FAILURE_REPEAT_S
+        while it lasts (a Redis that refused writes for minutes had a WARNING at every retry),
+        the retries between at debug level. Its end is told ("Redis calls succeed again")."""
+        now, kind = time.monotonic(), type(exc)
+        told = self._failure_told
+        if told is not None and told[0] is kind and now - told[1] < FAILURE_REPEAT_S:
+            logger.debug("mover %s: %s; retrying", self.name, text)
+            return
+        again = " (still)" if told is not None and told[0] is kind else ""
+        logger.log(level, "mover %s: %s; retrying%s", self.name, text, again)
+        self._failure_told = (kind, now)
 
     def told(self, exc: BaseException) -> None:
         """Count a failed or refused call of this mover, in its errors and the metrics (Redis's

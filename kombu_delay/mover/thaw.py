@@ -31,6 +31,8 @@ THAW_BATCH = 100
 LOG_EVERY_S = 10.0
 #: Seconds before a thaw that failed on a key of another type (written by hand) is tried again.
 DAMAGED_RETRY_S = 10.0
+#: How often, at most, a thaw that keeps failing so is logged again, seconds.
+FAILED_REPEAT_S = 60.0
 #: How often a mover looks for compressed messages come due while Redis is over maxmemory,
 #: seconds: then they are thawed only once due (see :meth:`Thawer._thaw_batch`).
 PAST_MAXMEMORY_LOOK_S = 0.25
@@ -83,6 +85,8 @@ class Thawer:
         self._next_start_ms: int | None = None
         self._run: tuple[float, int] | None = None  # (began, thawed) of a step that left more
         self._refused_logged_at = float("-inf")
+        #: When a failing thaw was last logged (monotonic s); None while it works.
+        self._failed_logged_at: float | None = None
         self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
 
     def wake(self) -> None:
@@ -126,16 +130,21 @@ class Thawer:
             # runs between move batches); the thaw is retried, and its error logged, every
             # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
             self.told(exc)
-            logger.error(
-                "mover %s: thaw failed (%s%s); moves go on, the thaw is retried in %.0f s",
-                self.name,
-                exc,
-                self.store.misshapen_told(),
-                DAMAGED_RETRY_S,
-            )
+            if self._failed_logged_at is None or now - self._failed_logged_at >= FAILED_REPEAT_S:
+                logger.error(
+                    "mover %s: thaw failed (%s%s); moves go on, the thaw is retried every %.0f s",
+                    self.name,
+                    exc,
+                    self.store.misshapen_told(),
+                    DAMAGED_RETRY_S,
+                )
+                self._failed_logged_at = now
             self._run = None
             self._next_look = now + DAMAGED_RETRY_S
             return DAMAGED_RETRY_S
+        if self._failed_logged_at is not None:
+            logger.info("mover %s: the thaw works again", self.name)
+            self._failed_logged_at = None
         self._account(result)
         # Only a step that left more is one of a run measured (the next step comes at once):
         # a trickle's few messages a step measured each step's own overhead, far below what a

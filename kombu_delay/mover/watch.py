@@ -24,6 +24,9 @@ from kombu_delay.mover.threads import start_daemon
 from kombu_delay.ops.checks import (
     AT_MAXMEMORY_BYTES,
     FRESH_HEARTBEAT_MS,
+    REPLICATED,
+    RESOLVED,
+    UNREAD_PERSISTENCE,
     Findings,
     databases_problem,
     eviction_problem,
@@ -77,28 +80,6 @@ LOG_REPEAT_S = 600.0
 STRANDED_RECHECK_S = 15.0
 #: How long an alert recorded for ``stats`` and ``health`` stays valid without a new check, ms.
 ALERT_KEEP_MS = int(3 * PREFIX_CHECK_EVERY_S * 1000)
-#: What is logged when a problem is gone.
-RESOLVED = {
-    "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
-    "memory": "Redis is no longer at its maxmemory: it accepts publishes",
-    "stranded": "no messages are stranded under other key prefixes any more",
-    "databases": "no messages are stranded in other databases any more",
-    "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
-    "forget": "the id index is walked again",
-    "record": "the record of stranded prefixes is kept again",
-}
-
-
-#: What is logged where what Redis keeps on disk cannot be read.
-UNREAD_PERSISTENCE = (
-    "cannot read what Redis keeps on disk (INFO persistence or CONFIG GET save refused); "
-    "persistence not checked"
-)
-#: What a server that took over by a failover holds, as a mover tells it.
-REPLICATED = (
-    "what was replicated to it (what the former server took after its last replicated write is "
-    "not: a publish made there is lost, a move made there is made again)"
-)
 
 
 class Watch:
@@ -160,30 +141,36 @@ class Watch:
             except Exception as exc:
                 self._failed("the walk of the id index", exc)
                 self.next_walk_s = FORGET_RETRY_S
+            else:
+                self._tell("the walk of the id index", None, logging.WARNING)
             self._stop.wait(max(0.0, began + self.next_walk_s - time.monotonic()))
 
     def run(self) -> None:
         next_policy = next_recheck = 0.0
         next_prefixes = time.monotonic() + FIRST_SCAN_AFTER_S
         while not self._stop.is_set():
-            now = time.monotonic()
+            now, step = time.monotonic(), ""
             try:
                 if now >= next_policy:
-                    next_policy = now + 5.0  # until it succeeds
+                    next_policy, step = now + 5.0, "the check of Redis's policy, memory and persistence"
                     self.check_policy()
                     self.check_persistence()
                     self.check_restart()
                     next_policy = now + POLICY_CHECK_EVERY_S
+                    self._tell(step, None, logging.WARNING)  # (its end, where its failure was told)
                 if now >= next_prefixes:
-                    next_prefixes = now + PREFIX_RETRY_S  # until it succeeds
+                    next_prefixes, step = now + PREFIX_RETRY_S, "the scan for stranded messages"
                     self.check_prefixes()
                     next_prefixes = now + PREFIX_CHECK_EVERY_S
                     next_recheck = now + STRANDED_RECHECK_S
+                    self._tell(step, None, logging.WARNING)
                 elif now >= next_recheck:  # whatever this mover's scan found: another's too
                     next_recheck = now + STRANDED_RECHECK_S  # a failure waits as long: no SCAN
+                    step = "the look again at stranded prefixes"
                     self.recheck_stranded()
+                    self._tell(step, None, logging.WARNING)
             except Exception as exc:  # the top of this loop
-                self._failed("a background check", exc)
+                self._failed(step, exc)
             due = [next_policy, next_prefixes, next_recheck]
             self._stop.wait(max(0.05, min(due) - time.monotonic()))
 
@@ -366,7 +353,11 @@ class Watch:
                 break
         self._tell("forget", None, logging.WARNING)
         if dropped:
-            logger.info("mover %s: dropped %d id-index refs that named no bucket (lost)", self.name, dropped)
+            logger.info(
+                "mover %s: dropped %d id-index refs that named no bucket (messages lost with it)",
+                self.name,
+                dropped,
+            )
         return dropped
 
     def _run_id_now(self) -> str | None:
@@ -378,7 +369,7 @@ class Watch:
         makes it new, where not its whole text, whose figures change from look to look)."""
         if problem is None:
             if self._logged.pop(what, None) is not None:
-                logger.info("mover %s: %s", self.name, RESOLVED[what])
+                logger.info("mover %s: %s", self.name, RESOLVED.get(what, f"{what} works again"))
             return
         said, at = self._logged.get(what, ("", float("-inf")))
         now = time.monotonic()

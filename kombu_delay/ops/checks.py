@@ -232,3 +232,27 @@ class Findings:
     def volatile(self) -> bool:
         """Redis keeps nothing on disk: a restart loses every scheduled message."""
         return persistence_problem(self.aof_enabled, self.save_rules) is not None
+
+
+#: What is logged when a problem is gone.
+RESOLVED = {
+    "policy": "Redis's maxmemory-policy no longer lets it delete scheduled messages",
+    "memory": "Redis is no longer at its maxmemory: it accepts publishes",
+    "stranded": "no messages are stranded under other key prefixes any more",
+    "databases": "no messages are stranded in other databases any more",
+    "persistence": "Redis keeps scheduled messages on disk now (appendonly or save rules)",
+    "forget": "the id index is walked again",
+    "record": "the record of stranded prefixes is kept again",
+}
+
+
+#: What is logged where what Redis keeps on disk cannot be read.
+UNREAD_PERSISTENCE = (
+    "cannot read what Redis keeps on disk (INFO persistence or CONFIG GET save refused); "
+    "persistence not checked"
+)
+#: What a server that took over by a failover holds, as a mover tells it.
+REPLICATED = (
+    "what was replicated to it (what the former server took after its last replicated write is "
+    "not: a publish made there is lost, a move made there is made again)"
+)

@@ -1141,6 +1141,34 @@ def test_mover_with_another_prefix_warns_about_stranded_messages(r, start_mover)
     assert "stranded" not in right.output()
 
 
+def test_a_refusal_that_lasts_is_logged_once_a_minute_not_at_every_retry(server: RedisServer, caplog) -> None:
+    # Under min-replicas-to-write with no replica in time, the mover logged a WARNING at each
+    # retry of its backoff: 28 in 82 s, about 1,200 an hour.
+    r = server.client()
+    store = Store(r)
+    mover = Mover(store, Settings(max_sleep_ms=200), watch=False)
+
+    def said(level: int) -> list[str]:
+        return [
+            x.getMessage() for x in caplog.records if x.levelno == level and "NOREPLICAS" in x.getMessage()
+        ]
+
+    r.config_set("min-replicas-to-write", 1)
+    runner = threading.Thread(target=mover.run, daemon=True)
+    with caplog.at_level(logging.DEBUG, logger="kombu_delay.mover.loop"):
+        runner.start()
+        try:
+            wait_until(lambda: len(said(logging.DEBUG)) >= 3, timeout=120)  # three retries more
+            r.config_set("min-replicas-to-write", 0)
+            wait_until(lambda: any("succeed again" in x.getMessage() for x in caplog.records), timeout=120)
+        finally:
+            r.config_set("min-replicas-to-write", 0)
+            mover.stop()
+            runner.join(60)
+    assert not runner.is_alive(), "the mover did not stop"
+    assert len(said(logging.WARNING)) == 1, said(logging.WARNING)
+
+
 def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: redis.Redis) -> None:
     """The cold index replaced by a key of another type fails every thaw and sweep: the
     mover logs and counts it, retries them a minute later, and moves on."""
@@ -1156,6 +1184,26 @@ def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: r
     clock.ms = due
     assert mover.drain().moved == 1
     assert r.lrange("q", 0, -1) == [b"payload"]
+
+
+def test_a_thaw_that_keeps_failing_is_logged_once_a_minute_and_its_end_told(r: redis.Redis, caplog) -> None:
+    # It logged an ERROR at each retry, every 10 s, and nothing once it worked again.
+    r.set(keys.cold_index(""), "by hand")
+    mover = Mover(Store(r), Settings(), watch=False)
+    at = [1000.0]
+    mover.thawer.monotonic = lambda: at[0]
+    with caplog.at_level(logging.INFO, logger="kombu_delay"):
+        for step in (0, 10, 10, 10, 35):  # tries at 0, 10, 20 and 30 s, then 65 s
+            at[0] += step
+            assert mover.thaw() == 10.0
+        r.delete(keys.cold_index(""))
+        at[0] += 10
+        mover.thaw()
+    told = [x.getMessage() for x in caplog.records if "thaw" in x.getMessage()]
+    assert [t.split(" (")[0] for t in told] == [f"mover {mover.name}: thaw failed"] * 2 + [
+        f"mover {mover.name}: the thaw works again"
+    ], told
+    assert mover.stats.errors == 5
 
 
 def test_the_plans_pass_over_a_meta_hash_of_another_type(r: redis.Redis) -> None:

@@ -423,6 +423,29 @@ def test_the_watch_looks_again_at_stranded_prefixes_between_its_scans(quick_look
             watch.stop()
 
 
+def test_a_failed_check_is_named_and_its_end_told(quick_looks, monkeypatch, caplog):
+    # "a background check failed (...NOREPLICAS...); retrying" named no check, and nothing said
+    # when it worked again.
+    monkeypatch.setattr(watch_module, "PREFIX_RETRY_S", 0.5)
+    with RedisServer() as server:
+        r = server.client()
+        watch = Watch(Store(r), "test")
+        r.config_set("min-replicas-to-write", 1)  # the stranded record's write is refused
+        with caplog.at_level(logging.INFO, logger=watch_module.__name__):
+            watch.start()
+            try:
+                wait_until(lambda: any("the scan for stranded messages failed" in t for _, t in said(caplog)))
+                r.config_set("min-replicas-to-write", 0)
+                wait_until(
+                    lambda: any("the scan for stranded messages works again" in t for _, t in said(caplog))
+                )
+            finally:
+                r.config_set("min-replicas-to-write", 0)
+                watch.stop()
+        failed = [(level, t) for level, t in said(caplog) if "stranded messages failed" in t]
+        assert len(failed) == 1 and failed[0][0] == logging.WARNING and "NOREPLICAS" in failed[0][1], failed
+
+
 def test_movers_of_two_prefixes_started_together_do_not_report_each_other(monkeypatch):
     # Each mover scanned as it started, before the other had written a heartbeat: it found the
     # other prefix's messages stranded, and health failed until its next look, 15 s later.
