@@ -146,8 +146,8 @@ class Watch:
             self._stop.wait(max(0.0, began + self.next_walk_s - time.monotonic()))
 
     def run(self) -> None:
-        next_policy = next_recheck = 0.0
-        next_prefixes = time.monotonic() + FIRST_SCAN_AFTER_S
+        next_policy = 0.0
+        next_prefixes = next_recheck = time.monotonic() + FIRST_SCAN_AFTER_S  # (the look after a scan)
         while not self._stop.is_set():
             now, step = time.monotonic(), ""
             try:

@@ -571,10 +571,12 @@ def freeze_backing_off(server: RedisServer, mover: Proc, client: redis.Redis) ->
 def stopped_in_a_back_off(server: RedisServer, spawn: Callable[..., Proc], client: redis.Redis) -> Proc:
     """Start a mover, make its calls time out until it backs off for seconds, and send it SIGTERM
     there, once Redis answers again; return it, stopping."""
-    mover = spawn([*mover_args(server.delay_url)[:-1], "-o", "socket_timeout=0.5", "mover"], name="mover")
+    args = [*mover_args(server.delay_url)[:-1], "--log-level", "debug", "-o", "socket_timeout=0.5", "mover"]
+    mover = spawn(args, name="mover")  # (a retry is told at debug level after the first)
     wait_until(lambda: client.zcard(keys.movers("")) == 1, timeout=DEADLINE_S)
     # Writes wait, reads answer (the test's looks): each call of the mover writes, and times
     # out, for as long as the pause lasts. Six of them: its back-off is seconds long by then.
+    # (Only the first is a WARNING: the rest are at debug level, once a minute at WARNING.)
     client.execute_command("CLIENT", "PAUSE", 600_000, "WRITE")
     try:
         wait_until(lambda: mover.output().count("Redis unavailable") >= 6, timeout=DEADLINE_S)
