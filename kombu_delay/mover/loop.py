@@ -11,6 +11,7 @@ script by the Redis clock alone.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,15 @@ SWEEP_SHARE = 0.02
 FAILURE_REPEAT_S = 60.0
 
 
+def failure_kind(exc: BaseException) -> tuple[object, ...]:
+    """What makes a failure another one, to be told at once: its class, Redis's error code
+    (``NOREPLICAS``, ``MISCONF``, ``READONLY``: one class, kombu-delay's ``RedisRefused``, holds
+    them all) and the keys it names (a key of another type, then another)."""
+    text = str(exc)
+    code = re.search(r"\b[A-Z][A-Z_]{2,}\b", text)
+    return (type(exc), code and code.group(), tuple(re.findall(r"'[^']*' holds", text)))
+
+
 class Mover:
     """Moves due messages of one :class:`Store` until :meth:`stop` is called."""
 
@@ -86,8 +96,9 @@ class Mover:
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
-        #: The kind of the failure last logged, and when (monotonic s); None while calls succeed.
-        self._failure_told: tuple[type, float] | None = None
+        #: The kind of the failure last logged (:func:`failure_kind`), and when (monotonic s);
+        #: None while calls succeed.
+        self._failure_told: tuple[tuple[object, ...], float] | None = None
         #: The background checks (eviction policy, stranded key prefixes); ``None`` when off.
         #: ``logged``: what they told, kept by a caller that runs one Mover after another.
         self.watch = Watch(store, self.name, on_findings, logged) if watch else None
@@ -173,12 +184,12 @@ class Mover:
         """Log a failed round: at once where its kind is new, then once per FAILURE_REPEAT_S
         while it lasts (a Redis that refused writes for minutes had a WARNING at every retry),
         the retries between at debug level. Its end is told ("Redis calls succeed again")."""
-        now, kind = time.monotonic(), type(exc)
+        now, kind = time.monotonic(), failure_kind(exc)
         told = self._failure_told
-        if told is not None and told[0] is kind and now - told[1] < FAILURE_REPEAT_S:
+        if told is not None and told[0] == kind and now - told[1] < FAILURE_REPEAT_S:
             logger.debug("mover %s: %s; retrying", self.name, text)
             return
-        again = " (still)" if told is not None and told[0] is kind else ""
+        again = " (still)" if told is not None and told[0] == kind else ""
         logger.log(level, "mover %s: %s; retrying%s", self.name, text, again)
         self._failure_told = (kind, now)
 

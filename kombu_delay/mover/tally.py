@@ -5,6 +5,7 @@ each move and sweep result, paced so that what a mover sees at every poll is sai
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,11 +30,17 @@ DAMAGED_ASIDE = (
     "mover %s: the bucket key %r held another type than its own (written by hand): renamed to %r, "
     "kept as it was; the bucket was counted again from its sorted sets, and its messages move on time"
 )
-DAMAGED_LOST = (
-    "mover %s: the bucket key %r holds another type than its own (written by hand), and could not be "
-    "set aside (a sorted set's messages are gone with it; a meta hash needs RENAME granted): its "
-    "messages are lost, counted as expired; rename or delete the key"
+DAMAGED_SET = (
+    "mover %s: the bucket's sorted set %r holds another type (written by hand): the messages it held "
+    "are gone with it, counted as expired; rename or delete the key"
 )
+DAMAGED_LOST = (
+    "mover %s: the bucket key %r holds another type than a hash (written by hand), and this user may "
+    "not RENAME it out of the way: the bucket's messages are lost, counted as expired; grant +rename, "
+    "and rename the key"
+)
+#: A bucket's meta hash, by its key (either space's).
+META_KEY = re.compile(r"kombu_delay:c?m:\d+\Z")
 
 
 @dataclass
@@ -118,20 +125,22 @@ class Tally:
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
         stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
         for key, aside in result.damaged:
-            logger.error(
-                DAMAGED_ASIDE if aside else DAMAGED_LOST, self.name, key, *([aside] if aside else [])
-            )
+            if aside:
+                logger.error(DAMAGED_ASIDE, self.name, key, aside)
+            else:
+                logger.error(DAMAGED_LOST if META_KEY.search(key) else DAMAGED_SET, self.name, key)
         if result.expired:
             logger.warning(
                 "mover %s: %d scheduled messages were lost: their bucket expired or "
-                "was deleted before it was moved",
+                "was deleted%s before it was moved",
                 self.name,
                 result.expired,
+                ", or a key of it was written over (the ERROR above)" if result.damaged else "",
             )
         if result.recounted:
             logger.error(
                 "mover %s: %d scheduled messages were missing from their bucket's counts (a meta "
-                "hash evicted or deleted, or members added by hand); counted again, and moved",
+                "hash evicted, deleted or set aside, or members added by hand); counted again, and moved",
                 self.name,
                 result.recounted,
             )

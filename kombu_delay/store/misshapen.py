@@ -26,9 +26,10 @@ HINTS: dict[Callable[[str], str], tuple[str, str]] = {
 #: What a bucket's key of another type means: by the type it should be (a meta hash, a queue's
 #: set, a task-id list), or ``cold`` for a compressed bucket's meta hash.
 BUCKET_KEY_TOLD = {
-    "hash": "a bucket's meta hash, which listing reads: a mover renames it out of the way at the "
-    "bucket's first move and counts the bucket again from its sorted sets, and its messages move "
-    "on time (where the mover may not RENAME, they are lost then: rename it yourself first)",
+    "hash": "a bucket's meta hash, which listing and publishing read: until the bucket's first move "
+    "each publish due in it fails, storing nothing; then a mover renames the key out of the way and "
+    "counts the bucket again from its sorted sets, and its messages move on time (where the mover "
+    "may not RENAME, they are lost then: rename it yourself first)",
     "zset": "a bucket's sorted set, which held its messages for one queue: they are gone with it "
     "(a mover counts them as lost at their due time); rename it out of the way (RENAME) or delete it",
     "list": "a bucket's task-id list, which the clean-up of the id index reads: rename it out of the "

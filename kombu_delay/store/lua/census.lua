@@ -29,7 +29,8 @@ Returns: {truncated (1 if max_buckets cut the census), cursor, overdue, vanished
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
          is one bucket width). vanished: messages still counted whose sorted set is gone
-         (expired or evicted; a mover's next move or sweep settles them), in no slot.
+         (expired or evicted; a mover's next move or sweep settles them), or of another
+         type (written by hand), in no slot.
 Bound: ARGV[5] buckets, and without dests those whose sets reach ARGV[7] (and the one that
        passes it): one SORT_RO, or one HMGET or HGETALL of each meta hash (whose counts give
        the sizes); one EXISTS per 1000 sorted sets (one per set where some are gone); one
@@ -146,11 +147,13 @@ for first = 1, #sets, 1000 do
   local whole = redis.call('EXISTS', unpack(sets, first, last)) == last - first + 1
   for n = first, last do
     local size = sizes[n]
-    if not whole and redis.call('EXISTS', sets[n]) == 0 then
+    local there = whole or redis.call('EXISTS', sets[n]) == 1
+    local due = there and started[n] and redis.pcall('ZCOUNT', sets[n], '-inf', upper)
+    if not there or other_type(due, 'ZCOUNT', sets[n]) then
+      -- Gone, or of another type (written by hand: it holds none of them; ls names it).
       reply[4] = reply[4] + size
     else
-      if started[n] then
-        local due = redis.call('ZCOUNT', sets[n], '-inf', upper)
+      if due then
         reply[3] = reply[3] + due
         size = size - due
       end
