@@ -59,14 +59,30 @@ def _check_loads(options: Mapping[str, Any]) -> None:
         raise ConfigError(f"bad TLS option: OpenSSL cannot use {files}: {exc}") from exc
 
 
+#: What a connection closed in its TLS handshake reads as (a client certificate asked for, and
+#: none given: TLS 1.3 tells it, or the server just closes).
+CLOSED_HANDSHAKE = (
+    "certificate required",
+    "EOF occurred in violation of protocol",
+    "Connection reset by peer",
+)
+
+
 def hint(conn: Any, exc: BaseException) -> str:
     """What the failure ``exc`` of the kombu connection ``conn`` may mean over TLS: a timeout, a
     port without TLS (which leaves the handshake unanswered); a certificate refused, options to
     check (tried again all the same: the server may renew it)."""
     if certificate_refused(exc):
         return " (the server's TLS certificate was refused: check ssl_ca_certs, and its name and dates)"
-    if (conn.ssl or str(conn.transport_cls).endswith("rediss")) and "Timeout connecting" in str(exc):
+    over_tls = conn.ssl or str(conn.transport_cls).endswith("rediss")
+    if over_tls and "Timeout connecting" in str(exc):
         return " (over TLS: a port that does not speak TLS leaves the handshake unanswered)"
+    if over_tls and any(word in str(exc) for word in CLOSED_HANDSHAKE):
+        return (
+            " (over TLS: a server that asks for client certificates, tls-auth-clients, closes the "
+            "connection of a client that gives none or one it does not trust: check ssl_certfile "
+            "and ssl_keyfile)"
+        )
     return ""
 
 

@@ -314,6 +314,35 @@ def test_a_refused_certificate_is_told_as_one(tls_server: TLSRedisServer, tmp_pa
         pass
 
 
+def test_a_client_certificate_asked_for_and_not_given_is_told(tmp_path: Path) -> None:
+    # A server with tls-auth-clients yes closes a client that gives no certificate: told as
+    # "Redis is unavailable", at times "EOF occurred in violation of protocol", with no hint.
+    ca, cert, key = tls_files(tmp_path)
+
+    class AskingServer(TLSRedisServer):  # its own looks give the server's certificate as theirs
+        def client(self, **kwargs: object) -> redis.Redis:
+            return super().client(ssl_certfile=cert, ssl_keyfile=key, **kwargs)
+
+    server = AskingServer(ca, cert, key)
+    server.extra_args[server.extra_args.index("--tls-auth-clients") + 1] = "yes"
+    try:
+        server.start()
+    except RuntimeError as exc:
+        server.cleanup()
+        if "tls" in str(exc).lower():
+            pytest.skip(f"this redis-server has no TLS support: {exc}")
+        raise
+    try:
+        url = f"delayrediss://127.0.0.1:{server.port}/0?ssl_cert_reqs=required&ssl_ca_certs={server.ca}"
+        with (
+            pytest.raises(RedisUnavailable, match="asks for client certificates"),
+            open_store(url, MUST_FAIL),
+        ):
+            pass
+    finally:
+        server.cleanup()
+
+
 @pytest.mark.parametrize("damage", ["no certificate in the CA file", "a key not the certificate's"])
 def test_a_tls_file_openssl_cannot_use_is_a_configuration_error_for_publishers_too(
     tls_server: TLSRedisServer, tmp_path: Path, damage: str
