@@ -240,6 +240,8 @@ def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl
             )
         except (KeyError, ValueError, TypeError) as exc:  # an unknown scheme, a bad port or database
             hint = _QUERY_HINT if "keyword argument" in str(exc) else ""
+            if isinstance(exc, KeyError) and f"ssl_cert_reqs={exc.args[0]}" in url:  # (kombu's KeyError)
+                hint = ": ssl_cert_reqs takes required, optional or none (or CERT_REQUIRED, ...)"
             raise ConfigError(f"bad broker URL {mask_url(url)}: {exc}{hint}") from exc
 
 

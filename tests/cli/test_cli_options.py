@@ -116,6 +116,14 @@ def test_mover_runs_with_numeric_options(r, redis_server, spawn):
     assert proc.stop() == 0, proc.output()
 
 
+def test_a_bad_ssl_cert_reqs_is_named_with_what_it_takes() -> None:
+    # "bad broker URL delayrediss://...: 'bogus'" named neither the option nor its values.
+    url = "delayrediss://127.0.0.1:1/0?ssl_cert_reqs=bogus"
+    result = CliRunner().invoke(main, ["-b", url, "stats"])
+    assert result.exit_code == 3, result.output
+    assert "'bogus': ssl_cert_reqs takes required, optional or none" in result.output, result.output
+
+
 @pytest.mark.parametrize("command", [("stats",), ("ls",), ("dead",)], ids=lambda c: c[0])
 def test_a_bad_transport_option_is_not_blamed_on_the_command_flags(r, redis_server, command):
     result = invoke(redis_server, "-o", "max_connections=many", *command)
