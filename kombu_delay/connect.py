@@ -233,11 +233,8 @@ def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl
     check_options(transport_options or {})
     with Redactor.for_url(url, transport_options).scrubbing():
         try:
-            return Connection(
-                delay_url(url),
-                transport_options=dict(transport_options or {}),
-                ssl=False if ssl is None else ssl,
-            )
+            options = dict(transport_options or {})
+            return Connection(delay_url(url), transport_options=options, ssl=False if ssl is None else ssl)
         except (KeyError, ValueError, TypeError) as exc:  # an unknown scheme, a bad port or database
             hint = _QUERY_HINT if "keyword argument" in str(exc) else ""
             if isinstance(exc, KeyError) and f"ssl_cert_reqs={exc.args[0]}" in url:  # (kombu's KeyError)
