@@ -37,6 +37,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -93,13 +94,14 @@ class MoverMetrics:
         self._lock = threading.Lock()
         self.registry = _snapshot_registry(prom, self._lock)
         self._series = QueueSeries()
-        self._last_refresh = float("-inf")
+        #: When each paced read (:meth:`_paced`) was last made, monotonic s.
+        self._last_read = {"counts": float("-inf"), "overdue": float("-inf")}
         self._reading = False  # (a failed read tells on_error, which must not read again)
         #: The due time of the oldest compressed message overdue (epoch ms), as last read
         #: (:meth:`read_cold_overdue`, every :data:`COLD_REFRESH_S`); ``None``: none; ``NaN``:
         #: the read failed (a cold index of another type, say: its thaw fails too).
         self._cold_overdue_ms: float | None = None
-        self._last_cold_read = self._last_overdue_read = float("-inf")
+        self._last_cold_read = float("-inf")
         #: When the mover last told a move call's result or error (:data:`SILENT_S`).
         self._heard = time.monotonic()
         #: Its longest sleep, seconds (:meth:`attach`).
@@ -231,14 +233,16 @@ class MoverMetrics:
         dues = [d for d in (result.next_due_ms, cold) if d is not None and d <= result.now_ms]
         unread = cold is not None and math.isnan(cold)
         self.overdue_age.set(math.nan if unread else (result.now_ms - min(dues)) / 1000 if dues else 0)
-        self._refresh_when_due()
+        self._paced("counts", SCHEDULED_REFRESH_S, self.collect_scheduled)
 
-    def _refresh_when_due(self) -> None:
+    def _paced(self, what: str, every_s: float, read: Callable[[], None]) -> None:
+        """Make the read ``what`` where it was last made ``every_s`` ago or more, and no read is
+        in hand (a failed read tells :meth:`on_error`, which must not read again)."""
         now = time.monotonic()
-        if now - self._last_refresh >= SCHEDULED_REFRESH_S and not self._reading:
-            self._last_refresh, self._reading = now, True
+        if now - self._last_read[what] >= every_s and not self._reading:
+            self._last_read[what], self._reading = now, True
             try:
-                self.collect_scheduled()
+                read()
             finally:
                 self._reading = False
 
@@ -327,14 +331,8 @@ class MoverMetrics:
         if isinstance(exc, redis.RedisError):
             # No result comes to refresh the gauges from: they are read here (a Redis that
             # refuses writes still answers), or set unknown where they cannot be.
-            self._refresh_when_due()
-            now = time.monotonic()
-            if now - self._last_overdue_read >= COLD_REFRESH_S and not self._reading:
-                self._last_overdue_read, self._reading = now, True
-                try:
-                    self.read_overdue()
-                finally:
-                    self._reading = False
+            self._paced("counts", SCHEDULED_REFRESH_S, self.collect_scheduled)
+            self._paced("overdue", COLD_REFRESH_S, self.read_overdue)
 
 
 class _SilenceCheck:
