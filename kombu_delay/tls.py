@@ -60,9 +60,11 @@ def _check_loads(options: Mapping[str, Any]) -> None:
 
 
 #: What a connection closed in its TLS handshake reads as (a client certificate asked for, and
-#: none given: TLS 1.3 tells it, or the server just closes).
+#: none given, or one the server does not trust: TLS 1.3 tells it, or the server just closes).
 CLOSED_HANDSHAKE = (
     "certificate required",
+    "ALERT_UNKNOWN_CA",
+    "ALERT_BAD_CERTIFICATE",
     "EOF occurred in violation of protocol",
     "Connection reset by peer",
 )

@@ -124,8 +124,8 @@ def render_stats(stats: Stats) -> str:
         )
     if stats.vanished:
         lines.append(
-            f"vanished   {stats.vanished:,} counted messages are gone from Redis (expired or evicted); "
-            "a mover settles them as expired"
+            f"vanished   {stats.vanished:,} counted messages are gone from Redis (expired or evicted, or "
+            "their sorted set written over by hand: ls names it); a mover settles them as expired"
         )
     if stats.dead_letters:
         kept = f"{stats.dead_letters:,} compressed message{'s' if stats.dead_letters != 1 else ''}"

@@ -52,9 +52,11 @@ FAILURE_REPEAT_S = 60.0
 
 
 def failure_kind(exc: BaseException) -> tuple[object, ...]:
-    """What makes a failure another one, to be told at once: its class, Redis's error code
-    (``NOREPLICAS``, ``MISCONF``, ``READONLY``: one class, kombu-delay's ``RedisRefused``, holds
-    them all) and the keys it names (a key of another type, then another)."""
+    """What makes a failure another one, to be told at once: its class, and for a reply of
+    Redis, its error code (``NOREPLICAS``, ``MISCONF``: one class, kombu-delay's ``RedisRefused``,
+    holds them all) and the keys it names (a key of another type, then another)."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return (type(exc),)  # (its words vary from try to try: "[SSL: ...]", then "EOF occurred")
     text = str(exc)
     code = re.search(r"\b[A-Z][A-Z_]{2,}\b", text)
     return (type(exc), code and code.group(), tuple(re.findall(r"'[^']*' holds", text)))

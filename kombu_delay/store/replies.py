@@ -304,7 +304,8 @@ class Census:
     truncated: bool
     #: Members already due (``floor(score) <= now``) but not moved.
     overdue: int
-    #: Messages still counted whose sorted set is gone (expired or evicted), not yet settled.
+    #: Messages still counted whose sorted set is gone (expired or evicted, or written over by
+    #: hand as another type), not yet settled.
     vanished: int
     #: Not-yet-due members per histogram slot, slot 0 starting now.
     slots: list[int]

@@ -339,6 +339,14 @@ def test_a_client_certificate_asked_for_and_not_given_is_told(tmp_path: Path) ->
             open_store(url, MUST_FAIL),
         ):
             pass
+        (tmp_path / "other").mkdir()  # a client certificate of a CA the server does not trust
+        _, stranger, stranger_key = tls_files(tmp_path / "other")
+        url += f"&ssl_certfile={stranger}&ssl_keyfile={stranger_key}"
+        with (
+            pytest.raises(RedisUnavailable, match="asks for client certificates"),
+            open_store(url, MUST_FAIL),
+        ):
+            pass
     finally:
         server.cleanup()
 

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from kombu_delay.config import Settings
-from kombu_delay.errors import RedisRefused, WrongTypeKey
+from kombu_delay.errors import RedisRefused, RedisUnavailable, WrongTypeKey
 from kombu_delay.message import Due
 from kombu_delay.mover import pacing
 from kombu_delay.mover.loop import Mover, failure_kind
@@ -1187,6 +1187,12 @@ def test_failures_of_one_class_with_other_causes_are_other_kinds() -> None:
     assert failure_kind(noreplicas[0]) == failure_kind(noreplicas[1]) != failure_kind(misconf)
     first, second = (WrongTypeKey(f"WRONGTYPE ...; '{key}' holds a string, not a hash") for key in ("a", "b"))
     assert failure_kind(first) != failure_kind(second)
+    # Redis away is one failure however its words vary (a TLS one read "[SSL: ...]", then "EOF").
+    tls = [
+        RedisUnavailable(f"Redis is unavailable: {t}")
+        for t in ("[SSL: TLSV1_ALERT_UNKNOWN_CA] x", "EOF occurred")
+    ]
+    assert failure_kind(tls[0]) == failure_kind(tls[1])
 
 
 def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: redis.Redis) -> None:
