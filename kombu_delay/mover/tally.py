@@ -5,11 +5,11 @@ each move and sweep result, paced so that what a mover sees at every poll is sai
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kombu_delay.store import keys
 from kombu_delay.store.replies import MoveResult, SweepResult
 
 logger = logging.getLogger("kombu_delay.mover.loop")  # (the loop's lines, under the loop's name)
@@ -39,8 +39,6 @@ DAMAGED_LOST = (
     "not RENAME it out of the way: the bucket's messages are lost, counted as expired; grant +rename, "
     "and rename the key"
 )
-#: A bucket's meta hash, by its key (either space's).
-META_KEY = re.compile(r"kombu_delay:c?m:\d+\Z")
 
 
 @dataclass
@@ -128,7 +126,7 @@ class Tally:
             if aside:
                 logger.error(DAMAGED_ASIDE, self.name, key, aside)
             else:
-                logger.error(DAMAGED_LOST if META_KEY.search(key) else DAMAGED_SET, self.name, key)
+                logger.error(DAMAGED_LOST if keys.is_meta(key) else DAMAGED_SET, self.name, key)
         if result.expired:
             logger.warning(
                 "mover %s: %d scheduled messages were lost: their bucket expired or "

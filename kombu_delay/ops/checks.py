@@ -194,7 +194,8 @@ def databases_problem(found: Mapping[int, int], prefix: str, before: Iterable[in
     serves (database -> messages) at this look and at the one ``before`` (movers of several
     databases started together find each other's messages before their heartbeats), or
     ``None`` when there are none."""
-    stranded = {db: n for db, n in found.items() if db in set(before)}
+    seen = set(before)
+    stranded = {db: n for db, n in found.items() if db in seen}
     if not stranded:
         return None
     parts = ", ".join(f"{db} ({n:,})" for db, n in sorted(stranded.items()))

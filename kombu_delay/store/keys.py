@@ -9,6 +9,7 @@ through a plain client.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 
 # For the scripts (schedule.lua counts the movers with a fresh heartbeat, forget.lua takes over
@@ -90,6 +91,15 @@ COLD = "c"
 def meta(prefix: str, start_ms: int, space: str = "") -> str:
     """HASH of one bucket: ``q:<dest>`` counts, the ``seq`` counter and its ``end`` (epoch ms)."""
     return f"{ns(prefix)}{space}m:{start_ms}"
+
+
+def is_meta(key: str) -> bool:
+    """Whether ``key`` is named as a bucket's meta hash (:func:`meta`, either space), under any
+    key prefix."""
+    return _META.search(key) is not None
+
+
+_META = re.compile(rf"{re.escape(NAMESPACE)}{COLD}?m:\d+\Z")
 
 
 def queue_set(prefix: str, start_ms: int, dest: str, space: str = "") -> str:

@@ -44,7 +44,7 @@ CHUNK = 64
 STARTS = 64
 #: What a cursor's destination keeps as it is; every other character percent-encoded.
 CURSOR_SAFE = ":._-~@+,=/"
-_ENCODED = re.compile(r"(?:[A-Za-z0-9:._\-~@+,=/]|%[0-9A-Fa-f]{2})*")
+_ENCODED = re.compile(rf"(?:[A-Za-z0-9{re.escape(CURSOR_SAFE)}]|%[0-9A-Fa-f]{{2}})*")
 #: The digest of a cursor that names no message: one before the next bucket to open.
 NO_MEMBER = "0" * 16
 
