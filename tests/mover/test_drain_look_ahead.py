@@ -20,7 +20,7 @@ from kombu_delay.mover.loop import Mover
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import MoveResult, Rescheduled, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer
-from tests.support.procs import wait_until
+from tests.support.procs import joined, wait_until
 from tests.support.stored import FakeClock, LpushMonitor, kombu_payload
 
 WIDTH = 60_000
@@ -143,8 +143,7 @@ def test_a_compressed_message_is_thawed_in_time_for_the_look_ahead(r: redis.Redi
         wait_until(lambda: r.llen("q") == 1, timeout=60)
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
     assert r.lrange("q", 0, -1) == [b"payload"]
 
 

@@ -31,7 +31,7 @@ from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.faults import consistency
-from tests.support.procs import wait_until
+from tests.support.procs import joined, wait_until
 from tests.support.stored import ORDINARY, FakeClock, calls, expires_at, kombu_payload, stored, tags_in
 
 # -- the move script on seeded buckets ---------------------------------------------------
@@ -763,8 +763,7 @@ def test_wakeup_publish_interrupts_a_long_sleep(r, monkeypatch):
         wait_until(lambda: r.llen("q") == 1)
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
     assert mover.stats.moved == 1
 
 
@@ -931,8 +930,7 @@ def test_held_messages_in_more_buckets_than_a_call_visits_are_not_told_ended_whi
             wait_until(lambda: "any more" in caplog.text)
         finally:
             mover.stop()
-            runner.join(30)
-            assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+            joined(runner, 30)
     told = [rec.getMessage() for rec in caplog.records if "stay" in rec.getMessage()]
     assert len(told) == 2 and "any more" in told[1], told
 
@@ -1035,8 +1033,7 @@ def test_a_wrong_type_destination_does_not_make_later_messages_of_other_queues_l
         wait_until(lambda: r.llen("fine") == 1)
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
     assert store.counts() == {"blocked": 2}
 
 
@@ -1170,8 +1167,7 @@ def test_a_refusal_that_lasts_is_logged_once_a_minute_not_at_every_retry(server:
             r.replicaof("NO", "ONE")
             r.config_set("min-replicas-to-write", 0)
             mover.stop()
-            runner.join(60)
-    assert not runner.is_alive(), "the mover did not stop"
+            joined(runner, 60)
     assert len(said(logging.WARNING)) == 1, said(logging.WARNING)
 
 
@@ -1264,8 +1260,7 @@ def test_a_shared_key_of_another_type_is_one_error_line_per_try_not_a_traceback(
             wait_until(lambda: mover.stats.errors >= 2, timeout=60)
         finally:
             mover.stop()
-            runner.join(60)
-            assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+            joined(runner, 60)
     tries = [rec for rec in caplog.records if "WRONGTYPE" in rec.getMessage()]
     assert tries and all(rec.exc_info is None and "retrying" in rec.getMessage() for rec in tries)
     named = f"{key(prefix)!r} holds a string, not a "

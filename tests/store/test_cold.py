@@ -33,7 +33,7 @@ from kombu_delay.store import Store, cold, keys, spaces
 from kombu_delay.store.replies import Scheduled, ThawResult
 from kombu_delay.tooling.redis_server import RedisServer
 from tests.support.e2e_app import QUEUE
-from tests.support.procs import wait_until
+from tests.support.procs import joined, wait_until
 from tests.support.stored import FakeClock, fill_to_maxmemory, kombu_payload, stored, tags_in
 from tests.support.workers import records, start_worker, wait_worker_ready
 
@@ -233,8 +233,7 @@ def test_a_mover_thaws_ahead_and_delivers_each_message_once_exactly_as_published
             assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads[: step + 1])
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
     assert sorted(r.lrange("q", 0, -1)) == sorted(p.encode() for p in payloads)  # byte for byte, each once
     assert not cold_members(r) and store.counts() == {}
     assert store.totals() == {"scheduled": 40, "moved": 40}
@@ -573,8 +572,7 @@ def test_overdue_compressed_messages_are_delivered_once_after_a_mover_outage(r):
         wait_until(lambda: r.llen("q") >= 5, timeout=60)
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
     assert sorted(tags_in(r, "q")) == [f"t{i}" for i in range(5)]
     assert store.counts() == {} and r.zcard(keys.index("")) == 0
     assert store.totals() == {"scheduled": 5, "moved": 5}
@@ -840,8 +838,7 @@ def test_a_mover_that_thaws_further_ahead_than_a_publisher_is_woken_in_time(r):
         assert got is not None and got[1] == kombu_payload("c").encode()
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
 
 
 def wakes(r: redis.Redis, publish: Callable[[], object]) -> list[int]:
@@ -915,8 +912,7 @@ def test_a_mover_that_thaws_far_ahead_is_in_time_with_a_narrow_publisher_behind_
         assert got is not None and got[1] == kombu_payload("c").encode()
     finally:
         mover.stop()
-        runner.join(30)
-        assert not runner.is_alive(), "the mover did not stop: it would move other tests' messages"
+        joined(runner, 30)
 
 
 def test_a_thaw_replaces_only_the_thawed_refs_of_each_task_id(r, prefix):

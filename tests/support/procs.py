@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,13 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             return False
         time.sleep(interval)
     return True
+
+
+def joined(thread: threading.Thread, timeout: float = 60.0) -> None:
+    """Join an in-process mover's thread; fail where it outlives ``timeout``: left running on the
+    worker's shared server, it would move other tests' messages."""
+    thread.join(timeout)
+    assert not thread.is_alive(), "the mover did not stop: it would move other tests' messages"
 
 
 def wait_for_exit(proc: Proc, timeout: float = 120.0) -> int:
