@@ -15,7 +15,7 @@ from contextlib import ExitStack, contextmanager
 
 from kombu_delay.connect import Target, with_socket_timeouts
 from kombu_delay.errors import ConfigError, RedisRefused, RedisUnavailable, waits_out
-from kombu_delay.mover.pacing import Backoff
+from kombu_delay.mover.pacing import Backoff, Repeats, failure_kind
 from kombu_delay.store import Store
 
 logger = logging.getLogger(__name__)
@@ -60,9 +60,10 @@ def open_when_reachable(
     Other refusals (a wrong password, an ACL, a database the server lacks) are raised. Yields
     ``None`` if ``stopping`` is set before Redis answers. Its connection has socket timeouts (see
     :func:`~kombu_delay.connect.with_socket_timeouts`). ``on_error`` is told of each failed
-    try (the metrics count it).
+    try (the metrics count it); the log tells the first, then one a minute (:class:`Repeats`),
+    and that Redis answers after them.
     """
-    backoff = Backoff()
+    backoff, failures = Backoff(), Repeats(logger)
     target = with_socket_timeouts(target)
     while not stopping.is_set():
         with ExitStack() as stack:
@@ -74,9 +75,14 @@ def open_when_reachable(
                 if on_error is not None:
                     on_error(exc)
                 delay = backoff.next()
-                logger.warning("mover %s: %s; retrying in %.1f s", name, exc, delay)
+                failures.tell(
+                    logging.WARNING, failure_kind(exc), f"mover {name}: {exc}; retrying in {delay:.1f} s"
+                )
                 stopping.wait(delay)
                 continue
+            failed_for = backoff.reset()
+            if failed_for is not None and failures.over():
+                logger.info("mover %s: Redis answers, after %.0f s", name, failed_for)
             yield store
             return
     yield None

@@ -11,7 +11,6 @@ script by the Redis clock alone.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey, translated
 from kombu_delay.mover import mover_id
-from kombu_delay.mover.pacing import Backoff, RateLimiter, sleep_after
+from kombu_delay.mover.pacing import Backoff, RateLimiter, Repeats, failure_kind, sleep_after
 from kombu_delay.mover.stage import Stager
 from kombu_delay.mover.tally import Tally
 from kombu_delay.mover.thaw import Thawer
@@ -47,19 +46,6 @@ SWEEP_PAGE = 500
 #: A sweep takes at most this share of a mover's time, however many buckets there are: a
 #: cycle that took ``t`` seconds of calls starts again ``t / SWEEP_SHARE`` later at the soonest.
 SWEEP_SHARE = 0.02
-#: How often a failure that lasts (Redis away, or refusing writes) is logged again, seconds.
-FAILURE_REPEAT_S = 60.0
-
-
-def failure_kind(exc: BaseException) -> tuple[object, ...]:
-    """What makes a failure another one, to be told at once: its class, and for a reply of
-    Redis, its error code (``NOREPLICAS``, ``MISCONF``: one class, kombu-delay's ``RedisRefused``,
-    holds them all) and the keys it names (a key of another type, then another)."""
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-        return (type(exc),)  # (its words vary from try to try: "[SSL: ...]", then "EOF occurred")
-    text = str(exc)
-    code = re.search(r"\b[A-Z][A-Z_]{2,}\b", text)
-    return (type(exc), code and code.group(), tuple(re.findall(r"'[^']*' holds", text)))
 
 
 class Mover:
@@ -98,9 +84,8 @@ class Mover:
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
-        #: The kind of the failure last logged (:func:`failure_kind`), and when (monotonic s);
-        #: None while calls succeed.
-        self._failure_told: tuple[tuple[object, ...], float] | None = None
+        #: The failures of its rounds, told once a minute while they last.
+        self._failures = Repeats(logger)
         #: The background checks (eviction policy, stranded key prefixes); ``None`` when off.
         #: ``logged``: what they told, kept by a caller that runs one Mover after another.
         self.watch = Watch(store, self.name, on_findings, logged) if watch else None
@@ -152,8 +137,8 @@ class Mover:
                 wake.open()  # again after the calls: at maxclients, the connection they need first
                 failed_for = backoff.reset()
                 if failed_for is not None:  # the end of an outage, or of a refusal, told too
+                    self._failures.over()
                     logger.info("mover %s: Redis calls succeed again, after %.0f s", self.name, failed_for)
-                    self._failure_told = None
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in, self._beat_in()))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.told(exc)
@@ -183,17 +168,8 @@ class Mover:
         wake.close()
 
     def _tell_failure(self, exc: BaseException, level: int, text: str) -> None:
-        """Log a failed round: at once where its kind is new, then once per FAILURE_REPEAT_S
-        while it lasts (a Redis that refused writes for minutes had a WARNING at every retry),
-        the retries between at debug level. Its end is told ("Redis calls succeed again")."""
-        now, kind = time.monotonic(), failure_kind(exc)
-        told = self._failure_told
-        if told is not None and told[0] == kind and now - told[1] < FAILURE_REPEAT_S:
-            logger.debug("mover %s: %s; retrying", self.name, text)
-            return
-        again = " (still)" if told is not None and told[0] == kind else ""
-        logger.log(level, "mover %s: %s; retrying%s", self.name, text, again)
-        self._failure_told = (kind, now)
+        """Log a failed round, at once where its kind is new, else once a minute (:class:`Repeats`)."""
+        self._failures.tell(level, failure_kind(exc), f"mover {self.name}: {text}; retrying")
 
     def told(self, exc: BaseException) -> None:
         """Count a failed or refused call of this mover, in its errors and the metrics (Redis's

@@ -1,9 +1,14 @@
-"""How fast a mover goes: backoff after a failure, and the ``delay_max_rate`` token bucket."""
+"""How fast a mover goes: backoff after a failure, and the ``delay_max_rate`` token bucket; and
+how often it tells a failure that lasts."""
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import time
+
+import redis
 
 from kombu_delay.config import Settings
 from kombu_delay.store.replies import MoveResult
@@ -61,6 +66,48 @@ class Backoff:
         where there was none since the last reset)."""
         since, self.attempt, self.since = self.since, 0, None
         return None if since is None else time.monotonic() - since
+
+
+#: How often a failure that lasts (Redis away, or refusing writes) is logged again, seconds.
+FAILURE_REPEAT_S = 60.0
+
+
+def failure_kind(exc: BaseException) -> tuple[object, ...]:
+    """What makes a failure another one, to be told at once: its class, and for a reply of
+    Redis, its error code (``NOREPLICAS``, ``MISCONF``: one class, kombu-delay's ``RedisRefused``,
+    holds them all) and the keys it names (a key of another type, then another)."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return (type(exc),)  # (its words vary from try to try: "[SSL: ...]", then "EOF occurred")
+    text = str(exc)
+    code = re.search(r"\b[A-Z][A-Z_]{2,}\b", text)
+    return (type(exc), code and code.group(), tuple(re.findall(r"'[^']*' holds", text)))
+
+
+class Repeats:
+    """Tells a failure that lasts: at once where its kind is new, then once per ``every``
+    seconds while it lasts, marked "(still)", the tries between at debug level (a Redis that
+    refused writes for minutes had a WARNING at every retry, a mover started before its Redis
+    one every 5 s). Its end is the caller's to tell, where :meth:`over` says one was told."""
+
+    def __init__(self, logger: logging.Logger, every: float = FAILURE_REPEAT_S) -> None:
+        self.logger, self.every = logger, every
+        self._told: tuple[object, float] | None = None  # (kind, when: monotonic s)
+
+    def tell(self, level: int, kind: object, text: str, now: float | None = None) -> None:
+        """Log ``text`` at ``level`` for a failure of ``kind`` (:func:`failure_kind`, say), or
+        at debug level where one of that kind was told less than ``every`` seconds before."""
+        now = time.monotonic() if now is None else now
+        told = self._told
+        if told is not None and told[0] == kind and now - told[1] < self.every:
+            self.logger.debug("%s", text)
+            return
+        self.logger.log(level, "%s%s", text, " (still)" if told is not None and told[0] == kind else "")
+        self._told = (kind, now)
+
+    def over(self) -> bool:
+        """Forget the failure told, if any: ``True`` where there was one (its end is to be told)."""
+        told, self._told = self._told, None
+        return told is not None
 
 
 class RateLimiter:

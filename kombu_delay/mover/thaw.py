@@ -19,6 +19,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
 from kombu_delay.mover import thaw_plan
+from kombu_delay.mover.pacing import Repeats, failure_kind
 from kombu_delay.store import Store, spaces
 from kombu_delay.store.replies import BucketCounts, ThawResult
 
@@ -27,12 +28,8 @@ logger = logging.getLogger(__name__)
 #: Most compressed messages one thaw step restores: a step is one short script call
 #: (a few ms), so a message due meanwhile waits at most that long for its move.
 THAW_BATCH = 100
-#: How often, at most, a refused thaw is logged, seconds.
-LOG_EVERY_S = 10.0
 #: Seconds before a thaw that failed on a key of another type (written by hand) is tried again.
 DAMAGED_RETRY_S = 10.0
-#: How often, at most, a thaw that keeps failing so is logged again, seconds.
-FAILED_REPEAT_S = 60.0
 #: How often a mover looks for compressed messages come due while Redis is over maxmemory,
 #: seconds: then they are thawed only once due (see :meth:`Thawer._thaw_batch`).
 PAST_MAXMEMORY_LOOK_S = 0.25
@@ -84,9 +81,9 @@ class Thawer:
         self._next_plan = float("-inf")
         self._next_start_ms: int | None = None
         self._run: tuple[float, int] | None = None  # (began, thawed) of a step that left more
-        self._refused_logged_at = float("-inf")
-        #: When a failing thaw was last logged (monotonic s); None while it works.
-        self._failed_logged_at: float | None = None
+        #: A thaw refused or failing, told once a minute while it lasts, and its end; and Redis
+        #: over maxmemory, told once a minute while thaws ahead are refused.
+        self._failures, self._over_maxmemory = Repeats(logger), Repeats(logger)
         self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
 
     def wake(self) -> None:
@@ -116,9 +113,12 @@ class Thawer:
         except RedisRefused as exc:
             # A read-only replica, a failed background save: moves are refused too.
             self.told(exc)
-            if now - self._refused_logged_at >= LOG_EVERY_S:
-                logger.warning("mover %s: thaw refused (%s); thaws are retried", self.name, exc)
-                self._refused_logged_at = now
+            self._failures.tell(
+                logging.WARNING,
+                failure_kind(exc),
+                f"mover {self.name}: thaw refused ({exc}); thaws are retried",
+                now,
+            )
             self._run = None
             self._next_look = now + 1.0
             return 1.0
@@ -130,21 +130,15 @@ class Thawer:
             # runs between move batches); the thaw is retried, and its error logged, every
             # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
             self.told(exc)
-            if self._failed_logged_at is None or now - self._failed_logged_at >= FAILED_REPEAT_S:
-                logger.error(
-                    "mover %s: thaw failed (%s%s); moves go on, the thaw is retried every %.0f s",
-                    self.name,
-                    exc,
-                    self.store.misshapen_told(),
-                    DAMAGED_RETRY_S,
-                )
-                self._failed_logged_at = now
+            told = f"thaw failed ({exc}{self.store.misshapen_told()}); moves go on, the thaw is retried every"
+            self._failures.tell(
+                logging.ERROR, failure_kind(exc), f"mover {self.name}: {told} {DAMAGED_RETRY_S:.0f} s", now
+            )
             self._run = None
             self._next_look = now + DAMAGED_RETRY_S
             return DAMAGED_RETRY_S
-        if self._failed_logged_at is not None:
+        if self._failures.over():
             logger.info("mover %s: the thaw works again", self.name)
-            self._failed_logged_at = None
         self._account(result)
         # Only a step that left more is one of a run measured (the next step comes at once):
         # a trickle's few messages a step measured each step's own overhead, far below what a
@@ -168,20 +162,20 @@ class Thawer:
         limit = min(THAW_BATCH, self.settings.batch_size)
         if now >= self._past_until:
             try:
-                return self.store.thaw(self.ahead_ms, limit), False
+                result = self.store.thaw(self.ahead_ms, limit)
+                self._over_maxmemory.over()
+                return result, False
             except OverMaxmemory as exc:
                 self.told(exc)
                 self._past_until = now + PAST_MAXMEMORY_FOR_S
-                if now - self._refused_logged_at >= LOG_EVERY_S:
-                    logger.warning(
-                        "mover %s: Redis is over maxmemory (%s): publishes are refused until memory "
-                        "frees, moves go on, and compressed messages (if any) are thawed only once "
-                        "due, past the limit, so that they reach their queues; raise maxmemory or "
-                        "free memory",
-                        self.name,
-                        exc,
-                    )
-                    self._refused_logged_at = now
+                self._over_maxmemory.tell(
+                    logging.WARNING,
+                    failure_kind(exc),
+                    f"mover {self.name}: Redis is over maxmemory ({exc}): publishes are refused until "
+                    "memory frees, moves go on, and compressed messages (if any) are thawed only once "
+                    "due, past the limit, so that they reach their queues; raise maxmemory or free memory",
+                    now,
+                )
         # Due by the move's look-ahead, to the end of this millisecond (a score's fraction).
         return self.store.thaw(self.settings.look_ahead_ms + 1, limit, past_maxmemory=True), True
 

@@ -25,7 +25,8 @@ from kombu_delay.config import Settings
 from kombu_delay.errors import RedisRefused, RedisUnavailable, WrongTypeKey
 from kombu_delay.message import Due
 from kombu_delay.mover import pacing
-from kombu_delay.mover.loop import Mover, failure_kind
+from kombu_delay.mover.loop import Mover
+from kombu_delay.mover.pacing import Repeats, failure_kind
 from kombu_delay.mover.tally import LOG_EVERY_S, Tally
 from kombu_delay.store import Store, keys, replies, scripts
 from kombu_delay.store.replies import MoveResult, Scheduled
@@ -1189,6 +1190,27 @@ def test_failures_of_one_class_with_other_causes_are_other_kinds() -> None:
         for t in ("[SSL: TLSV1_ALERT_UNKNOWN_CA] x", "EOF occurred")
     ]
     assert failure_kind(tls[0]) == failure_kind(tls[1])
+
+
+def test_a_failure_that_lasts_is_told_at_once_then_once_a_minute_marked_still(caplog) -> None:
+    log = logging.getLogger("kombu_delay.test_repeats")
+    repeats = Repeats(log, every=60.0)
+    with caplog.at_level(logging.DEBUG, logger=log.name):
+        for at in (0.0, 5.0, 59.0, 60.0, 61.0):
+            repeats.tell(logging.WARNING, "away", f"away at {at:.0f}", now=at)
+        repeats.tell(logging.ERROR, "other", "other at 62", now=62.0)  # another kind: at once
+        repeats.tell(logging.WARNING, "away", "away at 63", now=63.0)  # back to the first: new again
+    told = [(x.levelno, x.getMessage()) for x in caplog.records]
+    assert told == [
+        (logging.WARNING, "away at 0"),
+        (logging.DEBUG, "away at 5"),
+        (logging.DEBUG, "away at 59"),
+        (logging.WARNING, "away at 60 (still)"),
+        (logging.DEBUG, "away at 61"),
+        (logging.ERROR, "other at 62"),
+        (logging.WARNING, "away at 63"),
+    ]
+    assert repeats.over() and not repeats.over()  # its end, to be told once
 
 
 def test_a_thaw_and_a_sweep_that_fail_on_a_key_damaged_by_hand_stop_no_move(r: redis.Redis) -> None:
