@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import unquote
 
 import redis
 from kombu.connection import Connection
@@ -237,7 +238,7 @@ def connection(url: str, transport_options: Mapping[str, Any] | None = None, ssl
             return Connection(delay_url(url), transport_options=options, ssl=False if ssl is None else ssl)
         except (KeyError, ValueError, TypeError) as exc:  # an unknown scheme, a bad port or database
             hint = _QUERY_HINT if "keyword argument" in str(exc) else ""
-            if isinstance(exc, KeyError) and f"ssl_cert_reqs={exc.args[0]}" in url:  # (kombu's KeyError)
+            if isinstance(exc, KeyError) and f"ssl_cert_reqs={exc.args[0]}" in unquote(url):  # (kombu's)
                 hint = ": ssl_cert_reqs takes required, optional or none (or CERT_REQUIRED, ...)"
             raise ConfigError(f"bad broker URL {mask_url(url)}: {exc}{hint}") from exc
 

@@ -116,9 +116,10 @@ def test_mover_runs_with_numeric_options(r, redis_server, spawn):
     assert proc.stop() == 0, proc.output()
 
 
-def test_a_bad_ssl_cert_reqs_is_named_with_what_it_takes() -> None:
+@pytest.mark.parametrize("given", ["bogus", "%62ogus"], ids=["plain", "percent-encoded"])
+def test_a_bad_ssl_cert_reqs_is_named_with_what_it_takes(given: str) -> None:
     # "bad broker URL delayrediss://...: 'bogus'" named neither the option nor its values.
-    url = "delayrediss://127.0.0.1:1/0?ssl_cert_reqs=bogus"
+    url = f"delayrediss://127.0.0.1:1/0?ssl_cert_reqs={given}"
     result = CliRunner().invoke(main, ["-b", url, "stats"])
     assert result.exit_code == 3, result.output
     assert "'bogus': ssl_cert_reqs takes required, optional or none" in result.output, result.output
