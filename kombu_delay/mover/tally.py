@@ -41,6 +41,16 @@ DAMAGED_LOST = (
 )
 
 
+def tell_damaged(name: str, damaged: list[tuple[str, str]]) -> None:
+    """Log the keys a move or a thaw found of another type (``damaged``: each with the name it
+    was set aside as, or '')."""
+    for key, aside in damaged:
+        if aside:
+            logger.error(DAMAGED_ASIDE, name, key, aside)
+        else:
+            logger.error(DAMAGED_LOST if keys.is_meta(key) else DAMAGED_SET, name, key)
+
+
 @dataclass
 class MoverStats:
     """Running totals of one mover, for logs and metrics."""
@@ -122,11 +132,7 @@ class Tally:
             logger.info("mover %s: moved %d messages in one call, a herd whole", self.name, result.moved)
         waiting = result.next_due_ms is not None and result.next_due_ms <= result.now_ms
         stats.lag_ms = result.now_ms - result.next_due_ms if waiting else 0  # type: ignore[operator]
-        for key, aside in result.damaged:
-            if aside:
-                logger.error(DAMAGED_ASIDE, self.name, key, aside)
-            else:
-                logger.error(DAMAGED_LOST if keys.is_meta(key) else DAMAGED_SET, self.name, key)
+        tell_damaged(self.name, result.damaged)
         if result.expired:
             logger.warning(
                 "mover %s: %d scheduled messages were lost: their bucket expired or "

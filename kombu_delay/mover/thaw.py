@@ -20,6 +20,7 @@ from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
 from kombu_delay.mover import thaw_plan
 from kombu_delay.mover.pacing import Repeats, failure_kind
+from kombu_delay.mover.tally import tell_damaged
 from kombu_delay.store import Store, spaces
 from kombu_delay.store.replies import BucketCounts, ThawResult
 
@@ -231,12 +232,16 @@ class Thawer:
         self.stats.expired += result.expired
         if self.on_thaw is not None:
             self.on_thaw(result)
+        tell_damaged(self.name, result.damaged)
         if result.expired:
             logger.warning(
-                "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
-                "was deleted before they were thawed",
+                "mover %s: %d scheduled messages were lost: their bucket expired or was deleted "
+                "before they were thawed%s",
                 self.name,
                 result.expired,
+                ", or a key of the bucket they thaw into was written over (the ERROR above)"
+                if result.damaged
+                else "",
             )
         if result.recounted:
             logger.error(

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from kombu_delay.errors import CorruptMember, RedisPermissionError, is_wrong_type, translated_errors
-from kombu_delay.store import keys, spaces
+from kombu_delay.store import keys, replies, spaces
 from kombu_delay.store.base import OwnConnection, StoreBase, as_text, format_must_be, whole
 from kombu_delay.store.replies import BucketCounts, MoveResult, StageResult, Stored, SweepResult, ThawResult
 
@@ -95,6 +95,7 @@ class Moving(StoreBase):
             items, cut, corrupt = self._restored(reply[5:])
             more = more or cut
             thawed = dead = gone = 0
+            damaged: list[tuple[str, str]] = []
             if items:
                 call_keys = [
                     self._index,
@@ -108,16 +109,11 @@ class Moving(StoreBase):
                 with self.sending(largest):
                     done = self._scripts["thaw"](
                         keys=call_keys,
-                        args=[
-                            self.ns,
-                            self.db,
-                            self._now(now_ms),
-                            "1" if past_maxmemory else "0",
-                            *items,
-                        ],
+                        args=[self.ns, self.db, self._now(now_ms), "1" if past_maxmemory else "0", *items],
                     )
-                thawed, dead, gone, recounted_after, blocked = (int(x) for x in done)
-                recounted += recounted_after
+                thawed, dead, gone, recounted_after, blocked = (int(x) for x in done[:5])
+                recounted, expired = recounted + recounted_after, expired + int(done[6])
+                damaged = replies.damaged_keys(done[5])
                 self._log_dead(corrupt, dead - blocked)
                 if blocked:
                     logger.error(
@@ -132,6 +128,7 @@ class Moving(StoreBase):
             gone=gone,
             expired=expired,
             recounted=recounted,
+            damaged=damaged,
             now_ms=scanned_ms,
             next_ms=None if next_ms < 0 else next_ms,
             more=bool(more),

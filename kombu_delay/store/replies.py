@@ -121,11 +121,14 @@ class MoveResult:
             vanished=head[11],
             refused_dests=[as_text(name) for name in reply[MOVE_HEAD]],
             wrongtype_dests=[as_text(name) for name in reply[MOVE_HEAD + 1]],
-            damaged=[
-                (as_text(key), as_text(aside))
-                for key, aside in zip(reply[MOVE_HEAD + 2][::2], reply[MOVE_HEAD + 2][1::2], strict=True)
-            ],
+            damaged=damaged_keys(reply[MOVE_HEAD + 2]),
         )
+
+
+def damaged_keys(flat: list[Any]) -> list[tuple[str, str]]:
+    """A script's keys found of another type, each followed by its new name or '' (move.lua's
+    and thaw.lua's), as pairs."""
+    return [(as_text(key), as_text(aside)) for key, aside in zip(flat[::2], flat[1::2], strict=True)]
 
 
 def _runs(coded: list[Any]) -> list[int]:
@@ -225,6 +228,9 @@ class ThawResult:
     #: Members found in a cold bucket whose counts read zero (added by hand, or counted in a
     #: meta hash that is gone), counted again, and thawed by a later step.
     recounted: int = 0
+    #: An ordinary bucket's meta hash found of another type, and the name it was set aside as
+    #: ('' where RENAME was refused), as :attr:`MoveResult.damaged`.
+    damaged: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

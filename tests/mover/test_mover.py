@@ -1250,6 +1250,26 @@ def test_a_thaw_that_keeps_failing_is_logged_once_a_minute_and_its_end_told(r: r
     assert mover.stats.errors == 5
 
 
+def test_a_thaw_that_sets_a_meta_hash_aside_names_both_keys(r: redis.Redis, caplog) -> None:
+    clock = FakeClock(r)
+    store = Store(r, clock=clock)
+    due = clock() + 5_000
+    cold = Settings(compress_after_ms=1_000, thaw_ahead_ms=1_000)
+    store.schedule(Due(due, task_id="t"), "q", "payload", cold, now_ms=clock())
+    assert r.exists(keys.cold_index(""))
+    meta = keys.meta("", keys.bucket_start(due, Settings().bucket_width_ms))
+    r.set(meta, "by hand")
+    mover = Mover(store, Settings(), watch=False)
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover"):
+        mover.thaw()
+    assert mover.stats.thawed == 1
+    [told] = [x.getMessage() for x in caplog.records]
+    assert f"the bucket key {meta!r} held another type" in told and f"renamed to '{meta[:-1]}" not in told
+    assert "kombu_delay:aside:" in told
+    clock.ms = due
+    assert mover.drain().moved == 1 and r.lrange("q", 0, -1) == [b"payload"]
+
+
 def test_the_plans_pass_over_a_meta_hash_of_another_type(r: redis.Redis) -> None:
     """The herd and thaw plans read the first buckets' meta hashes: one replaced by hand with
     a key of another type is passed over, as the move passes it over, not a failed step."""

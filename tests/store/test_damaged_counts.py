@@ -112,7 +112,7 @@ def test_a_thaw_mends_a_damaged_counter_before_it_takes_a_message(r: redis.Redis
     assert sorted(_delivered(r, dest)) == sorted([f"c{i}" for i in range(50)] + ["o1"])
 
 
-@pytest.mark.parametrize("key", ["sorted set", "task-id list", "meta hash"])
+@pytest.mark.parametrize("key", ["sorted set", "task-id list"])
 def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, prefix, key, caplog):
     import logging
 
@@ -126,19 +126,59 @@ def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, pre
     damaged = {
         "sorted set": keys.queue_set(prefix, start, dest),
         "task-id list": keys.task_ids(prefix, start),
-        "meta hash": keys.meta(prefix, start),
     }[key]
     r.set(damaged, "not mine")
     with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
         result = store.thaw(40_000, 100, now_ms=start - 30_000)
     if key == "sorted set":
         assert (result.thawed, result.dead) == (1, 5)
-    else:  # the bucket's one task-id list, or meta hash, serves every destination
+    else:  # the bucket's one task-id list serves every destination
         assert (result.thawed, result.dead) == (0, 6)
     assert "could not be stored" in caplog.text
     assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 0
     assert r.llen(keys.dead(prefix)) == result.dead  # kept, as stored
     assert r.get(damaged) == b"not mine"
+
+
+def test_a_thaw_into_a_bucket_whose_meta_hash_is_of_another_type_sets_it_aside_and_loses_nothing(
+    r: redis.Redis, prefix: str
+) -> None:
+    """The thaw comes up to delay_thaw_ahead before the bucket's first move, which sets such a
+    key aside: it dead-lettered the compressed messages due there (the move then delivered only
+    the others). It sets the key aside itself now; where RENAME is refused, they go to the
+    dead-letter list as before, and the key is named."""
+    now, start = _bucket(r, ahead=10)
+    store, dest = Store(r, prefix), f"{prefix}celery"
+    cold = [(Due(start + 5_000 + i, task_id=f"c{i}"), dest, kombu_payload(f"c{i}")) for i in range(5)]
+    store.schedule_many(cold, COLD, now_ms=now)
+    store.schedule(Due(start + 5_000, task_id="o1"), dest, kombu_payload("o1"), ORDINARY, now_ms=now)
+    meta = keys.meta(prefix, start)
+    r.delete(meta)
+    r.set(meta, "by hand")
+    result = store.thaw(40_000, 100, now_ms=start - 30_000)
+    assert (result.thawed, result.dead, result.expired) == (5, 0, 0)
+    [(named, aside)] = result.damaged
+    assert named == meta and aside.startswith(f"{prefix}kombu_delay:aside:{start}:")
+    assert r.get(aside) == b"by hand" and r.ttl(aside) == -1  # kept as it was
+    assert store.totals()["recounted"] == 1  # o1, counted again from its set
+    assert store.move_due(100, now_ms=start + 5_000 - 1).moved == 0  # none early
+    assert store.move_due(100, now_ms=start + 10_000).moved == 6
+    assert sorted(_delivered(r, dest)) == sorted(["o1"] + [f"c{i}" for i in range(5)])
+    assert store.counts() == {} and r.llen(keys.dead(prefix)) == 0
+
+    # Where RENAME is refused: dead-lettered, as before, and the key named.
+    later = start + WIDTH
+    store.schedule_many([(Due(later + 5_000, task_id="d"), dest, kombu_payload("d"))], COLD, now_ms=now)
+    meta = keys.meta(prefix, later)
+    r.set(meta, "by hand")
+    r.acl_setuser("mover", enabled=True, nopass=True, commands=["+@all", "-rename"], keys=["*"])
+    as_mover = Store(redis.Redis(port=r.connection_pool.connection_kwargs["port"], username="mover"), prefix)
+    try:
+        result = as_mover.thaw(40_000, 100, now_ms=later - 30_000)
+    finally:
+        r.acl_deluser("mover")
+    assert (result.thawed, result.dead, result.damaged) == (0, 1, [(meta, "")])
+    assert r.llen(keys.dead(prefix)) == 1 and r.get(meta) == b"by hand"
 
 
 def test_an_end_written_by_hand_in_the_first_bucket_fails_no_publish_and_no_thaw(r, prefix):

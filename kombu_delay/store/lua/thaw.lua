@@ -18,11 +18,14 @@ ARGV[5..] one group of seven per message: start (its cold bucket), due (epoch ms
         member (the cold member, exactly as listed), score (as listed), message (the JSON
         string it restores to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
-Returns: {thawed, dead, gone, recounted, blocked}; gone: members another mover thawed first,
-         or that were cancelled meanwhile (nothing written for them), and the rare one whose
-         identical twin was stored already (counted as cancelled); recounted: as
-         thaw_scan.lua's; blocked: of the dead, those whose ordinary bucket has a key of
-         another type (written by hand), where no message can be stored.
+Returns: {thawed, dead, gone, recounted, blocked, damaged, lost}; gone: members another mover
+         thawed first, or that were cancelled meanwhile (nothing written for them), and the
+         rare one whose identical twin was stored already (counted as cancelled); recounted:
+         as thaw_scan.lua's; blocked: of the dead, those whose ordinary bucket has a key of
+         another type (written by hand), where no message can be stored; damaged: an ordinary
+         bucket's meta hash found of another type, each followed by the name it was set aside
+         as, or '' where RENAME was refused (as move.lua's); lost: the messages of such a
+         bucket's sets then let go (counted as expired).
 Bound: three O(log n) commands per message (its ZSCORE, ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
@@ -104,10 +107,15 @@ end
 -- back nothing a script wrote before its error. So the counters put_group writes in each
 -- ordinary bucket this call may thaw into are mended first, where one was written by hand
 -- with text HINCRBY refuses (mend_counters).
--- Likewise a key of that bucket that is not of its type (written by hand: its meta hash, its
--- sorted set, its task-id list), which no mending makes right: the messages bound for it go to the
--- dead-letter list instead (``blocked``, counted as dead), kept as they are stored.
+-- A meta hash of another type (written by hand) is set aside, as a move sets it aside (set_aside
+-- in _buckets.lua: renamed, the bucket counted again from its sets), so that the messages thawed
+-- into it move on time; this comes first, as it may come up to delay_thaw_ahead before the
+-- bucket's first move. Where that is refused, and for a sorted set or task-id list of another
+-- type, which no mending makes right, the messages bound for the bucket go to the dead-letter
+-- list instead (``blocked``, counted as dead), kept as they are stored.
 local ordinary, fit, blocked = space(ns, ''), {}, 0  -- fit[start][dest]: its keys can take it
+local ordinary_k = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, '')
+local damaged, lost = {}, 0
 local function has_type(key, wanted)
   local found = redis.call('TYPE', key)['ok']
   return found == 'none' or found == wanted
@@ -125,6 +133,12 @@ for i = FIRST, #ARGV, 7 do
   if of_start[dest] == nil then
     local start_s = string.format('%d', start)
     local meta = ordinary:meta(start_s)
+    if not has_type(meta, 'hash') then
+      local aside, n = set_aside(ordinary_k, start_s, now)
+      if not aside then lost = lost + n end
+      damaged[#damaged + 1] = meta
+      damaged[#damaged + 1] = aside or ''
+    end
     of_start[dest] = has_type(meta, 'hash') and has_type(ordinary:zset(start_s, dest), 'zset')
       and has_type(ordinary:tasks(start_s), 'list')
     if of_start[dest] then mend_counters(meta, {'seq', 'end', 'x', 'q:' .. dest}) end
@@ -221,9 +235,7 @@ for _, g in ipairs(order) do
     end
   end
 end
-if dead > 0 then
-  count_up(KEYS[4], 'dead', dead)
-  count_up(KEYS[4], 'expired', dead)
-end
+if dead > 0 then count_up(KEYS[4], 'dead', dead) end
+if dead + lost > 0 then count_up(KEYS[4], 'expired', dead + lost) end
 if merged > 0 then count_up(KEYS[4], 'cancelled', merged) end
-return {thawed, dead, gone + merged, recounted, blocked}
+return {thawed, dead, gone + merged, recounted, blocked, damaged, lost}
