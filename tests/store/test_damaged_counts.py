@@ -356,6 +356,8 @@ def test_a_bucket_set_replaced_by_a_key_of_another_type_stops_no_other_move(
     # stats failed on it with Redis's bare WRONGTYPE once the bucket had started: it holds none
     census = store.census(start + 10_000, 60_000, 2)
     assert (census.overdue, census.vanished) == (3, 3)
+    # Nor the overdue count, which the dashboard's overview reads: it failed every overview page.
+    assert store.overdue(start + 10_000) == ({good: (3, start + 1_000)}, False)
     result = store.move_due(100, now_ms=start + 10_000)
     assert (result.moved, result.expired) == (3, 3)
     assert result.damaged == [(wrong, "")]  # named, for the mover's error
@@ -381,6 +383,7 @@ def test_a_meta_hash_replaced_by_a_key_of_another_type_is_set_aside_and_loses_no
     meta = keys.meta(prefix, damaged)
     r.delete(meta)
     r.set(meta, "by hand")
+    assert store.overdue(damaged + 10_000) == ({dest: (1, start + 1_000)}, False)  # passed over
     assert store.sweep("", 100, now_ms=now).cursor == ""
     assert store.reindex(now_ms=now) == (0, 0)
     assert store.move_due(100, now_ms=start + 10_000).moved == 1

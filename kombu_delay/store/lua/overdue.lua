@@ -22,6 +22,9 @@ Bound: ARGV[3] buckets (only those started by now_ms: with a mover keeping up, o
        ZCOUNT calls (head_due in _earliest.lua: the member itself, a message, is not read into
        Lua, but where its score was written by hand outside the span of due times). A bucket
        whose known earliest due time is ahead (known_earliest) costs one HMGET instead.
+A bucket's meta hash or sorted set replaced by a key of another type (by hand) is passed over,
+as stats passes it over (census.lua): a set holds nothing of it then, and a bucket's meta hash
+names none of its sets until a mover sets it aside (move.lua) and counts the bucket again.
 ]]
 --- @include spaces
 --- @include earliest
@@ -43,13 +46,14 @@ for i = 1, math.min(#starts, max_buckets) do
     break
   end
   local known = known_earliest(s:meta(starts[i]))
-  local fields = known and known > now and {} or redis.call('HGETALL', s:meta(starts[i]))
+  local fields = known and known > now and {} or redis.pcall('HGETALL', s:meta(starts[i]))
+  if fields.err then fields = {} end
   for j = 1, #fields, 2 do
     if string.sub(fields[j], 1, 2) == 'q:' and (tonumber(fields[j + 1]) or 0) > 0 then
       local dest = string.sub(fields[j], 3)
       local zset = s:zset(starts[i], dest)
-      local due = due_before(zset, now + 1)
-      if due > 0 then
+      local ok, due = pcall(due_before, zset, now + 1)
+      if ok and due > 0 then
         if not count[dest] then
           count[dest] = 0
           order[#order + 1] = dest
