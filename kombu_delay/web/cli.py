@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import TYPE_CHECKING
 
 import click
@@ -33,6 +34,20 @@ def refresh_seconds(ctx: click.Context, param: click.Parameter, value: float) ->
     if not (math.isfinite(value) and 0 <= value <= MAX_REFRESH_S):
         raise click.BadParameter(f"{value} is not a number of seconds from 0 (off) to {MAX_REFRESH_S:,}")
     return value
+
+
+def url_prefix_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--url-prefix``: the path, as "/a/b" ("" for none); a usage error for one no browser can
+    reach (a "?", "#" or "%", which never reach the path as written, a "." or ".." segment, which
+    a browser folds away, a space or a control character): the app served under it answered
+    404 to every request."""
+    segments = value.strip("/").split("/") if value.strip("/") else []
+    if any(s in ("", ".", "..") or re.search(r"[?#%\s\x00-\x1f\x7f]", s) for s in segments):
+        raise click.BadParameter(
+            f"{value!r} is no path a browser reaches: give one with no '?', '#', '%', space or control "
+            "character, and no empty, '.' or '..' segment, such as /ops/delay"
+        )
+    return "/" + "/".join(segments) if segments else ""
 
 
 @click.command()
@@ -64,6 +79,7 @@ def refresh_seconds(ctx: click.Context, param: click.Parameter, value: float) ->
 @click.option(
     "--url-prefix",
     default="",
+    callback=url_prefix_path,
     help="Serve under this path (behind a reverse proxy that passes /PREFIX/... on unchanged).",
 )
 @click.option(
@@ -123,7 +139,7 @@ def web(
         refresh_s=refresh,
         where=tgt.describe(),
     )
-    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+    prefix = url_prefix
     if reachable:
         click.echo(f"warning: {host} without --auth: anyone who can reach it reads the schedule", err=True)
     if ANY_HOST in hosts and credentials is None:

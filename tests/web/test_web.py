@@ -20,10 +20,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery import Celery
+from click.testing import CliRunner
 from flask import Request
 from kombu import Connection
 
 from kombu_delay import DeadLetter, DelayControl, RedisUnavailable
+from kombu_delay.cli import main
 from kombu_delay.config import Settings
 from kombu_delay.connect import app_target
 from kombu_delay.message import Due
@@ -1016,6 +1018,14 @@ def test_celery_delay_web_reads_the_apps_broker_and_prefix(r, redis_server, spaw
     assert "key prefix &#39;eco9:&#39;" in html and "read-only" in html
 
 
+@pytest.mark.parametrize("prefix", ["../x", "/a?b", "/a#b", "/a%2Fb", "/a//b", "/a b"])
+def test_a_url_prefix_no_browser_reaches_is_refused_at_start(prefix: str) -> None:
+    # Each started, and printed an address that answered 404 to a browser.
+    result = CliRunner().invoke(main, ["-b", "delayredis://127.0.0.1:1/0", "web", "--url-prefix", prefix])
+    assert result.exit_code == 2, result.output
+    assert "no path a browser reaches" in result.output, result.output
+
+
 def test_the_dashboard_reads_a_tls_broker_as_the_cli_does(tmp_path, monkeypatch):
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
     with running_tls_server(tmp_path) as server:
@@ -1240,10 +1250,6 @@ def test_an_action_too_large_to_read_is_in_the_audit_log(control, caplog):
 
 
 def test_actions_for_any_host_need_a_password(redis_server):
-    from click.testing import CliRunner
-
-    from kombu_delay.cli import main
-
     args = ["-b", redis_server.delay_url, "web", "--allowed-host", "*", "--allow-actions", "--port", "1"]
     done = CliRunner().invoke(main, args, env={"KOMBU_DELAY_WEB_AUTH": None})
     assert done.exit_code == 2 and "needs --auth" in done.output, done.output
