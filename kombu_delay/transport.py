@@ -36,7 +36,7 @@ from kombu_delay import resend, tls
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, glob_escaped, mover_command
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, MoverAsks, glob_escaped, mover_command
 from kombu_delay.poller import DeliveringTransportMixin, RecordingChannelMixin
 from kombu_delay.redact import masked_uri
 from kombu_delay.store import Store, keys
@@ -44,10 +44,8 @@ from kombu_delay.store.replies import Scheduled
 
 logger = logging.getLogger(__name__)
 
-#: The namespaces this process has asked whether a mover serves them: (pid, broker, prefix), once,
-#: in the first delayed publish's own script call (a forked child asks again).
-_asked: set[tuple[int, str, str]] = set()
-_asked_lock = threading.Lock()
+#: Whether a delayed publish asks if a mover serves its namespace, in its own script call.
+_asks = MoverAsks()
 #: Set once a queue size could not read the delayed counts, and once a deleted queue's delayed
 #: messages could not be deleted with it, each said so (once per process).
 _size_refusal_told, _delete_refusal_told = threading.Event(), threading.Event()
@@ -165,7 +163,7 @@ class DelayChannelMixin(RecordingChannelMixin):
         # left to the batch, which pushes it in its order or, aborted, not at all.
         batch = kwargs.pop("_publish_batch", None)
         where, to = self._where(queue, message)
-        dest, ask = to[2], where not in _asked
+        dest, ask = to[2], _asks.due(where)
         expires = getattr(self, "_expires", {}).get(queue, 0)  # x-expires: kombu 5.7+
         payload = dumps(message)
         with resend.once(self.delay_store, to, message, due.task_id, payload) as first:
@@ -221,14 +219,13 @@ class DelayChannelMixin(RecordingChannelMixin):
     @staticmethod
     def _tell_if_no_mover(where: tuple[int, str, str], movers: int | None) -> None:
         """Warn once per process and namespace when a delayed message was stored and no mover
-        has a fresh heartbeat there: without one, the message is never delivered."""
-        with _asked_lock:
-            if where in _asked:
-                return
-            _asked.add(where)
-        if movers == 0:
-            _, broker, prefix = where
+        has a fresh heartbeat there: without one, the message is never delivered; and where
+        one does later (:class:`~kombu_delay.ops.checks.MoverAsks`), tell that."""
+        told, (_, broker, prefix) = _asks.answered(where, movers), where
+        if told == "none":
             logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, mover_command(prefix))
+        elif told == "now":
+            logger.info("kombu-delay: a mover serves key prefix %r on %s now", prefix, broker)
 
     def _tell_wake_refused(self) -> None:
         """Warn once per connection that Redis's ACL refuses this user the channel that wakes

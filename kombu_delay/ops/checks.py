@@ -7,7 +7,10 @@ facts from Redis and words them here, so they never disagree.
 
 from __future__ import annotations
 
+import math
 import re
+import threading
+import time
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +53,37 @@ def mover_command(prefix: str) -> str:
     if typed is None:
         return "celery -A <the app that publishes there> delay mover: its prefix cannot be typed"
     return f"kombu-delay --broker <broker URL> --prefix {typed} mover"
+
+
+#: How long after a publish found no mover serving its namespace the next asks again, s.
+ASK_AGAIN_S = 60.0
+
+
+class MoverAsks:
+    """Whether a publisher's delayed publish asks if a mover serves its namespace (its ``where``:
+    process, broker, key prefix; a forked child asks again): the first does, and where that
+    found none, one a minute, until one finds a mover. The first may come right after a Redis
+    restart, before the mover's next heartbeat: its warning was never taken back."""
+
+    def __init__(self) -> None:
+        self._at: dict[tuple[int, str, str], float] = {}  # the next ask, monotonic s (inf: none)
+        self._lock = threading.Lock()
+
+    def due(self, where: tuple[int, str, str]) -> bool:
+        return time.monotonic() >= self._at.get(where, 0.0)
+
+    def answered(self, where: tuple[int, str, str], movers: int | None) -> str | None:
+        """Note an ask's answer (``movers``: the movers found, ``None`` unknown): "none" where
+        none serves and none was told, "now" where one serves after none did, else ``None``
+        (another thread asked meanwhile, or nothing changed)."""
+        with self._lock:
+            if not self.due(where):
+                return None
+            before, none = self._at.get(where), movers == 0
+            self._at[where] = time.monotonic() + ASK_AGAIN_S if none else math.inf
+        if none:
+            return None if before is not None else "none"
+        return "now" if before is not None else None
 
 
 def glob_escaped(text: str) -> str:
@@ -249,8 +283,8 @@ RESOLVED = {
 
 #: What is logged where what Redis keeps on disk cannot be read.
 UNREAD_PERSISTENCE = (
-    "cannot read what Redis keeps on disk (INFO persistence or CONFIG GET save refused); "
-    "persistence not checked"
+    "cannot read what Redis keeps on disk (INFO persistence or CONFIG GET save refused, or Redis "
+    "still loading its data); persistence not checked until it can be read"
 )
 #: What a server that took over by a failover holds, as a mover tells it.
 REPLICATED = (

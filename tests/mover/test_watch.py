@@ -753,7 +753,8 @@ def test_persistence_that_cannot_be_read_is_not_checked_and_said_once(caplog):
             (
                 logging.INFO,
                 "mover acl: cannot read what Redis keeps on disk (INFO persistence or CONFIG GET "
-                "save refused); persistence not checked",
+                "save refused, or Redis still loading its data); persistence not checked until it can "
+                "be read",
             )
         ]
         assert [entry["count"] for entry in admin.acl_log()] == [1]

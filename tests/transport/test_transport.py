@@ -23,10 +23,11 @@ from celery import Celery
 from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis
 
-from kombu_delay import DelayTooLong, PayloadTooLarge
+from kombu_delay import DelayTooLong, PayloadTooLarge, transport
 from kombu_delay.config import Settings
 from kombu_delay.control import DelayControl
 from kombu_delay.message import Due, parse_iso_ms, to_ms
+from kombu_delay.ops import checks
 from kombu_delay.store import MAX_PAYLOAD_BYTES, Store, clock, keys
 from kombu_delay.tooling.redis_server import RedisServer, free_port
 from tests.support.procs import ROOT
@@ -780,6 +781,24 @@ def publish_five(url: str, prefix: str, delay_ms: int | str = 600_000) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stderr
+
+
+def test_a_publisher_that_found_no_mover_tells_when_one_serves(r, redis_server, prefix, monkeypatch, caplog):
+    # Its first publish after a Redis restart may come before the mover's next heartbeat: the
+    # warning was never taken back. It asks again a minute later (here at once), until one serves.
+    monkeypatch.setattr(transport, "_asks", checks.MoverAsks())
+    monkeypatch.setattr(checks, "ASK_AGAIN_S", 0.0)
+    with Connection(redis_server.delay_url, transport_options={"global_keyprefix": prefix}) as conn:
+        producer = conn.Producer(serializer="json")
+        with caplog.at_level(logging.INFO, logger="kombu_delay.transport"):
+            for i in range(5):
+                if i == 2:
+                    Store(r, prefix).heartbeat("a-mover")
+                producer.publish({"n": i}, routing_key="forgotten", headers={"x-delay": 600_000})
+    told = [x.getMessage() for x in caplog.records if "mover" in x.getMessage()]
+    assert len(told) == 2 and told[0].startswith(f"kombu-delay: no mover serves key prefix {prefix!r}"), told
+    assert told[1] == f"kombu-delay: a mover serves key prefix {prefix!r} on {redis_server.delay_url} now"
+    assert len(stored(r, prefix)) == 5
 
 
 def test_a_delayed_publish_with_no_mover_warns_once_per_process_naming_the_namespace(r, redis_server, prefix):
