@@ -13,6 +13,11 @@ import redis
 class KombuDelayError(Exception):
     """Base class of every error kombu-delay raises."""
 
+    def __repr__(self) -> str:
+        # With its words: redis-py 8 gives its errors, and so those of ours that are also its
+        # own (RedisUnavailable, WrongTypeKey, ...), a repr of their kind alone ("server:...").
+        return f"{type(self).__name__}({str(self)!r})"
+
 
 class ConfigError(KombuDelayError, ValueError):
     """An option has a bad value; the message names the option."""

@@ -41,6 +41,15 @@ def test_every_error_is_exported() -> None:
     assert tree <= set(kombu_delay.__all__)
 
 
+def test_every_error_shows_its_words_in_its_repr() -> None:
+    # redis-py 8 gives its errors a repr of their kind alone ("server:ResponseError"), and so it
+    # gave those of ours that are also its own: a log of repr(exc) lost the key a WrongTypeKey names.
+    for name, value in vars(errors).items():
+        if inspect.isclass(value) and issubclass(value, errors.KombuDelayError):
+            error = value("'a:b' holds a string")
+            assert repr(error) == f"{name}(\"'a:b' holds a string\")", repr(error)
+
+
 def _our_classes(hint: object) -> set[type]:
     """The kombu_delay classes a type hint names, however nested (``list[Slot] | None``)."""
     found = {hint} if inspect.isclass(hint) and hint.__module__.startswith("kombu_delay") else set()
