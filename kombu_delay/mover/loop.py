@@ -22,7 +22,7 @@ from kombu_delay.errors import FATAL_ERRORS, RedisRefused, WrongTypeKey, transla
 from kombu_delay.mover import mover_id
 from kombu_delay.mover.pacing import Backoff, RateLimiter, Repeats, failure_kind, sleep_after
 from kombu_delay.mover.stage import Stager
-from kombu_delay.mover.tally import Tally
+from kombu_delay.mover.tally import HEARTBEAT_GONE, Tally
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.mover.threads import start_daemon
 from kombu_delay.mover.wake import WakeUps
@@ -74,7 +74,7 @@ class Mover:
         self._stop = threading.Event()
         self._on_error = on_error
         self._limiter = RateLimiter(settings.max_rate, settings.batch_size)
-        self._last_beat = float("-inf")
+        self._last_beat = float("-inf")  # (-inf until its first heartbeat)
         self._called_at = time.monotonic()
         self._call_s = 0.0  # how long the last move call took
         #: The thaw of compressed messages, planned from what the cold space holds.
@@ -284,7 +284,9 @@ class Mover:
         """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""
         now = time.monotonic()
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
-            self.store.heartbeat(self.name)
+            _, recorded = self.store.heartbeat(self.name)
+            if not recorded and self._last_beat > float("-inf"):
+                logger.warning(HEARTBEAT_GONE, self.name)
             self._last_beat = now
 
     def _account(self, result: MoveResult) -> None:

@@ -26,6 +26,11 @@ VANISHED = (
 )
 #: The ERRORs for a bucket's key a move call found of another type (written by hand): a meta
 #: hash renamed out of the way, its bucket counted again; anything else, what it held lost.
+HEARTBEAT_GONE = (
+    "mover %s: its heartbeat was gone from Redis: Redis's data was flushed (FLUSHALL, FLUSHDB) or "
+    "replaced (a switch to another server, a restart that kept nothing on disk), or the movers key "
+    "evicted or deleted by hand; whatever was scheduled there and is gone with it is lost, counted nowhere"
+)
 DAMAGED_ASIDE = (
     "mover %s: the bucket key %r held another type than its own (written by hand): renamed to %r, "
     "kept as it was; the bucket was counted again from its sorted sets, and its messages move on time"

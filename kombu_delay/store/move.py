@@ -335,8 +335,11 @@ class Moving(StoreBase):
             return None if by is None else as_text(by)
         return None
 
-    def heartbeat(self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None) -> int:
-        """Record a mover heartbeat; return the Redis clock in epoch ms.
+    def heartbeat(
+        self, mover_id: str, forget_after_ms: int = 86_400_000, now_ms: int | None = None
+    ) -> tuple[int, bool]:
+        """Record a mover heartbeat; return the Redis clock in epoch ms, and whether one of this
+        mover was recorded already (not at its first, nor where Redis's data was replaced).
 
         Raises :class:`StorageFormatError`, writing nothing, when the data is in another
         storage format, and :class:`RedisPermissionError` when this user's ACL refuses a
@@ -344,7 +347,7 @@ class Moving(StoreBase):
         the first on Redis 6): a mover's first heartbeat comes before its first move.
         """
         with translated_errors():
-            now, found, *refused = self._scripts["heartbeat"](
+            now, found, *rest = self._scripts["heartbeat"](
                 keys=[keys.movers(self.prefix), self._totals],
                 args=[
                     mover_id,
@@ -355,15 +358,15 @@ class Moving(StoreBase):
                     int(not self._acl_probed),
                 ],
             )
-        if refused:
-            command, key = (as_text(part) for part in refused)
+        if len(rest) == 2:  # the ACL refused a command
+            command, key = (as_text(part) for part in rest)
             raise RedisPermissionError(
                 f"Redis's ACL refused this user: {command} on {key!r}, which a mover needs (see the "
                 "ACL line in the docs' Security page); nothing was moved"
             )
         format_must_be(as_text(found), self.prefix)
         self._acl_probed = True
-        return int(now)
+        return int(now), rest == [0]
 
     def forget_mover(self, mover_id: str) -> None:
         """Remove a mover's heartbeat (on a clean shutdown)."""

@@ -1250,6 +1250,27 @@ def test_a_thaw_that_keeps_failing_is_logged_once_a_minute_and_its_end_told(r: r
     assert mover.stats.errors == 5
 
 
+def test_a_mover_whose_heartbeat_is_gone_says_redis_lost_its_data(r: redis.Redis, caplog) -> None:
+    # A FLUSHALL, or a switch to an empty server, lost every scheduled message: the mover said
+    # nothing, `health` read 0 exit and no counter moved.
+    mover = Mover(Store(r), Settings(), watch=False)
+    interval = Settings().heartbeat_interval_ms / 1000
+
+    def beat() -> list[str]:
+        mover._last_beat -= interval  # (its next heartbeat is due)
+        with caplog.at_level(logging.WARNING, logger="kombu_delay.mover"):
+            caplog.clear()
+            mover._beat()
+        return [x.getMessage() for x in caplog.records]
+
+    mover._beat()  # its first: nothing recorded before, nothing to tell
+    assert beat() == []
+    r.flushdb()
+    [told] = beat()
+    assert told.startswith(f"mover {mover.name}: its heartbeat was gone from Redis: Redis's data was flushed")
+    assert beat() == []  # told once
+
+
 def test_a_thaw_that_sets_a_meta_hash_aside_names_both_keys(r: redis.Redis, caplog) -> None:
     clock = FakeClock(r)
     store = Store(r, clock=clock)

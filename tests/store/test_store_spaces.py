@@ -191,7 +191,7 @@ def test_a_cold_message_is_thawed_then_moved_by_the_time_given(r: redis.Redis, p
     result = store.move_due(100, now_ms=due)
     assert result.moved == 1 and result.lateness_ms == [0]
     assert r.llen(f"{prefix}q") == 1
-    assert store.heartbeat("m", now_ms=due) == due
+    assert store.heartbeat("m", now_ms=due) == (due, False)
 
 
 def _reads_of_members(r: redis.Redis) -> int:

@@ -11,8 +11,9 @@ ARGV[5] ns            optional: the key namespace, whose keys this user's ACL is
                       (mover_refused in _mover_acl.lua)
 ARGV[6] probe         "1": on Redis 6, which cannot be asked, the commands are tried instead
                       (a mover's first heartbeat)
-Returns: {now_ms, format}: the format found, or ARGV[4] when none was recorded yet (it is
-         recorded then). When another one is found nothing is written: the mover stops.
+Returns: {now_ms, format, added}: the format found, or ARGV[4] when none was recorded yet (it
+         is recorded then); added: 1 where this mover had no heartbeat recorded (its first, or
+         one whose record is gone: Redis's data flushed or replaced), else 0. When another one is found nothing is written: the mover stops.
          {0, format, command, key} where the ACL refuses a command a mover needs on a key it
          would run it on: nothing is written, and the mover stops.
 Both keys live at least forget_after past the latest heartbeat (then every mover in movers
@@ -35,8 +36,8 @@ if found and found ~= format then return {now, found} end
 -- Trim first: Redis refuses a script whose first write may grow memory (ZADD) while
 -- maxmemory is exceeded, and a mover must keep its heartbeat then.
 redis.call('ZREMRANGEBYSCORE', movers, '-inf', '(' .. string.format('%d', now - forget_after))
-redis.call('ZADD', movers, now, mover_id)
+local added = redis.call('ZADD', movers, now, mover_id)
 if not found then redis.call('HSET', totals, 'format', format) end
 keep_until(movers, now, now + forget_after)
 keep_until(totals, now, now + forget_after)
-return {now, format}
+return {now, format, added}
