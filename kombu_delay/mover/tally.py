@@ -24,13 +24,14 @@ VANISHED = (
     "evicted, or expired after no mover ran for delay_grace plus a day); what they held is lost, "
     "and cannot be counted (see Limitations)"
 )
-#: The ERRORs for a bucket's key a move call found of another type (written by hand): a meta
-#: hash renamed out of the way, its bucket counted again; anything else, what it held lost.
+#: The WARNING of a mover that finds its heartbeat gone from Redis at its next one.
 HEARTBEAT_GONE = (
     "mover %s: its heartbeat was gone from Redis: Redis's data was flushed (FLUSHALL, FLUSHDB) or "
     "replaced (a switch to another server, a restart that kept nothing on disk), or the movers key "
     "evicted or deleted by hand; whatever was scheduled there and is gone with it is lost, counted nowhere"
 )
+#: The ERRORs for a bucket's key a move call found of another type (written by hand): a meta
+#: hash renamed out of the way, its bucket counted again; anything else, what it held lost.
 DAMAGED_ASIDE = (
     "mover %s: the bucket key %r held another type than its own (written by hand): renamed to %r, "
     "kept as it was; the bucket was counted again from its sorted sets, and its messages move on time"

@@ -131,9 +131,10 @@ class Thawer:
             # runs between move batches); the thaw is retried, and its error logged, every
             # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
             self.told(exc)
-            told = f"thaw failed ({exc}{self.store.misshapen_told()}); moves go on, the thaw is retried every"
+            failed = f"thaw failed ({exc}{self.store.misshapen_told()})"
+            retried = f"moves go on, the thaw is retried every {DAMAGED_RETRY_S:.0f} s"
             self._failures.tell(
-                logging.ERROR, failure_kind(exc), f"mover {self.name}: {told} {DAMAGED_RETRY_S:.0f} s", now
+                logging.ERROR, failure_kind(exc), f"mover {self.name}: {failed}; {retried}", now
             )
             self._run = None
             self._next_look = now + DAMAGED_RETRY_S

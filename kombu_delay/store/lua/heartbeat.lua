@@ -13,7 +13,8 @@ ARGV[6] probe         "1": on Redis 6, which cannot be asked, the commands are t
                       (a mover's first heartbeat)
 Returns: {now_ms, format, added}: the format found, or ARGV[4] when none was recorded yet (it
          is recorded then); added: 1 where this mover had no heartbeat recorded (its first, or
-         one whose record is gone: Redis's data flushed or replaced), else 0. When another one is found nothing is written: the mover stops.
+         one whose record is gone: Redis's data flushed or replaced), else 0.
+         {now_ms, format} where another format is found: nothing is written, the mover stops.
          {0, format, command, key} where the ACL refuses a command a mover needs on a key it
          would run it on: nothing is written, and the mover stops.
 Both keys live at least forget_after past the latest heartbeat (then every mover in movers
