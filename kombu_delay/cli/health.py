@@ -112,6 +112,11 @@ def health(
         click.echo(f"{verdict}: {tgt.redact(str(exc))}")
         ctx.exit(UNREACHABLE)
     problems = seen.problems(round(max_heartbeat_age * 1000), round(max_overdue * 1000), not liveness)
+    if problems and liveness and seen.refusal:
+        # No mover can write its heartbeat while Redis refuses writes: a restart cures nothing.
+        announce(ctx)
+        click.echo(f"ERROR: {shown(seen.refusal)} ({seen.summary()}; a mover restart cannot cure this)")
+        ctx.exit(UNREACHABLE)
     if problems or not quiet:
         announce(ctx)
     if problems:

@@ -390,6 +390,12 @@ def test_health_and_stats_say_when_redis_refuses_every_write(server: RedisServer
         done = health(server, "")
         assert done.returncode == 1, done.stdout + done.stderr
         assert done.stdout.startswith("UNHEALTHY: Redis here is a replica (of 127.0.0.1:"), done.stdout
+        # A liveness probe said "no mover heartbeat" (exit 1), and restarted a mover that could not
+        # beat: Redis's refusal is no mover's fault.
+        done = health(server, "", "--liveness")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stdout.startswith("ERROR: Redis here is a replica (of 127.0.0.1:"), done.stdout
+        assert "a mover restart cannot cure this" in done.stdout
         with DelayControl(server.delay_url) as control:
             assert any("is a replica" in w for w in control.stats().warnings)
     finally:
