@@ -37,15 +37,16 @@ def refresh_seconds(ctx: click.Context, param: click.Parameter, value: float) ->
 
 
 def url_prefix_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """``--url-prefix``: the path, as "/a/b" ("" for none); a usage error for one no browser can
-    reach (a "?", "#" or "%", which never reach the path as written, a "." or ".." segment, which
-    a browser folds away, a space or a control character): the app served under it answered
-    404 to every request."""
+    """``--url-prefix``: the path, as "/a/b" ("" for none), of segments of ASCII letters, digits
+    and ``-._~`` (none "." or ".."), which every browser and proxy sends as written; a usage
+    error otherwise. Under "../x", "/a?b", "/a#b", "/a%2Fb", "/ä" or "/a\\b" (a browser folds
+    the dots away, cuts at "?" or "#", and sends the others encoded or changed) the dashboard
+    answered 404 to every request."""
     segments = value.strip("/").split("/") if value.strip("/") else []
-    if any(s in ("", ".", "..") or re.search(r"[?#%\s\x00-\x1f\x7f]", s) for s in segments):
+    if any(s in ("", ".", "..") or not re.fullmatch(r"[A-Za-z0-9._~-]+", s) for s in segments):
         raise click.BadParameter(
-            f"{value!r} is no path a browser reaches: give one with no '?', '#', '%', space or control "
-            "character, and no empty, '.' or '..' segment, such as /ops/delay"
+            f"{value!r}: give a path of segments of ASCII letters, digits and '-._~' (none '.' or "
+            "'..'), such as /ops/delay: others reach the dashboard changed, or not at all"
         )
     return "/" + "/".join(segments) if segments else ""
 
