@@ -131,11 +131,11 @@ class Thawer:
             # runs between move batches); the thaw is retried, and its error logged, every
             # DAMAGED_RETRY_S. Redis unavailable goes to the loop's back-off, as moves fail too.
             self.told(exc)
-            failed = f"thaw failed ({exc}{self.store.misshapen_told()})"
+            named = self.store.misshapen_told()  # (another key of another type: another failure)
+            failed = f"thaw failed ({exc}{named})"
             retried = f"moves go on, the thaw is retried every {DAMAGED_RETRY_S:.0f} s"
-            self._failures.tell(
-                logging.ERROR, failure_kind(exc), f"mover {self.name}: {failed}; {retried}", now
-            )
+            kind = (*failure_kind(exc), named)
+            self._failures.tell(logging.ERROR, kind, f"mover {self.name}: {failed}; {retried}", now)
             self._run = None
             self._next_look = now + DAMAGED_RETRY_S
             return DAMAGED_RETRY_S
@@ -165,7 +165,10 @@ class Thawer:
         if now >= self._past_until:
             try:
                 result = self.store.thaw(self.ahead_ms, limit)
-                self._over_maxmemory.over()
+                if self._over_maxmemory.over():
+                    logger.info(
+                        "mover %s: Redis has room again: compressed messages are thawed ahead", self.name
+                    )
                 return result, False
             except OverMaxmemory as exc:
                 self.told(exc)
@@ -236,13 +239,10 @@ class Thawer:
         tell_damaged(self.name, result.damaged)
         if result.expired:
             logger.warning(
-                "mover %s: %d scheduled messages were lost: their bucket expired or was deleted "
-                "before they were thawed%s",
+                "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
+                "was deleted before they were thawed",
                 self.name,
                 result.expired,
-                ", or a key of the bucket they thaw into was written over (the ERROR above)"
-                if result.damaged
-                else "",
             )
         if result.recounted:
             logger.error(

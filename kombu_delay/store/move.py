@@ -112,7 +112,7 @@ class Moving(StoreBase):
                         args=[self.ns, self.db, self._now(now_ms), "1" if past_maxmemory else "0", *items],
                     )
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done[:5])
-                recounted, expired = recounted + recounted_after, expired + int(done[6])
+                recounted += recounted_after
                 damaged = replies.damaged_keys(done[5])
                 self._log_dead(corrupt, dead - blocked)
                 if blocked:

@@ -228,8 +228,8 @@ class ThawResult:
     #: Members found in a cold bucket whose counts read zero (added by hand, or counted in a
     #: meta hash that is gone), counted again, and thawed by a later step.
     recounted: int = 0
-    #: An ordinary bucket's meta hash found of another type, and the name it was set aside as
-    #: ('' where RENAME was refused), as :attr:`MoveResult.damaged`.
+    #: An ordinary bucket's meta hash found of another type and set aside, with the name it was
+    #: renamed to, as :attr:`MoveResult.damaged`.
     damaged: list[tuple[str, str]] = field(default_factory=list)
 
 

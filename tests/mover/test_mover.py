@@ -1240,14 +1240,19 @@ def test_a_thaw_that_keeps_failing_is_logged_once_a_minute_and_its_end_told(r: r
         for step in (0, 10, 10, 10, 35):  # tries at 0, 10, 20 and 30 s, then 65 s
             at[0] += step
             assert mover.thaw() == 10.0
-        r.delete(keys.cold_index(""))
+        # A second key of another type is another failure: told at once, not a minute later.
+        r.set(keys.dead(""), "by hand")
+        at[0] += 10
+        assert mover.thaw() == 10.0
+        r.delete(keys.cold_index(""), keys.dead(""))
         at[0] += 10
         mover.thaw()
     told = [x.getMessage() for x in caplog.records if "thaw" in x.getMessage()]
-    assert [t.split(" (")[0] for t in told] == [f"mover {mover.name}: thaw failed"] * 2 + [
+    assert [t.split(" (")[0] for t in told] == [f"mover {mover.name}: thaw failed"] * 3 + [
         f"mover {mover.name}: the thaw works again"
     ], told
-    assert mover.stats.errors == 5
+    assert "kombu_delay:dead" in told[2] and "(still)" not in told[2]
+    assert mover.stats.errors == 6
 
 
 def test_a_mover_whose_heartbeat_is_gone_says_redis_lost_its_data(r: redis.Redis, caplog) -> None:

@@ -783,6 +783,13 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
         assert store.move_due(10).moved == 1
         assert tags_in(client, "q") == ["w", "c"]
         client.config_set("maxmemory", 0)
+        # Its end is told too (it was not): the next thaw ahead is not refused.
+        later = mover.thawer.monotonic() + 3600  # (past PAST_MAXMEMORY_FOR_S)
+        mover.thawer.monotonic = lambda: later
+        mover.thawer.wake()
+        with caplog.at_level("INFO", logger="kombu_delay"):
+            mover.thaw()
+        assert f"mover {mover.name}: Redis has room again" in caplog.text
 
 
 def test_past_maxmemory_a_cold_bucket_whose_counts_are_gone_is_recounted_and_thawed(tmp_path):

@@ -166,19 +166,42 @@ def test_a_thaw_into_a_bucket_whose_meta_hash_is_of_another_type_sets_it_aside_a
     assert sorted(_delivered(r, dest)) == sorted(["o1"] + [f"c{i}" for i in range(5)])
     assert store.counts() == {} and r.llen(keys.dead(prefix)) == 0
 
-    # Where RENAME is refused: dead-lettered, as before, and the key named.
-    later = start + WIDTH
-    store.schedule_many([(Due(later + 5_000, task_id="d"), dest, kombu_payload("d"))], COLD, now_ms=now)
+    # Where RENAME is refused: the thawed messages are dead-lettered, as before, and the bucket's
+    # own messages are the move's to let go, once. (Each thaw call let the bucket go again, for
+    # each queue: the counts of healthy messages in other buckets went with it.)
+    later, other = start + WIDTH, f"{prefix}other"
+    cold = [
+        (Due(later + 5_000 + i, task_id=f"d{q}{i}"), q, kombu_payload("d"))
+        for q in (dest, other)
+        for i in range(2)
+    ]
+    for i, q in enumerate((dest, other) * 2):
+        store.schedule(
+            Due(later + 1_000 + i, task_id=f"o{i}"), q, kombu_payload(f"o{i}"), ORDINARY, now_ms=now
+        )
+        store.schedule(
+            Due(later + WIDTH + i, task_id=f"h{i}"), q, kombu_payload(f"h{i}"), ORDINARY, now_ms=now
+        )
+    store.schedule_many(cold, COLD, now_ms=now)
     meta = keys.meta(prefix, later)
+    r.delete(meta)
     r.set(meta, "by hand")
+    before = store.totals()
     r.acl_setuser("mover", enabled=True, nopass=True, commands=["+@all", "-rename"], keys=["*"])
     as_mover = Store(redis.Redis(port=r.connection_pool.connection_kwargs["port"], username="mover"), prefix)
     try:
-        result = as_mover.thaw(40_000, 100, now_ms=later - 30_000)
+        thaws = [as_mover.thaw(40_000, 2, now_ms=later - 30_000) for _ in range(3)]
+        assert store.counts() == {dest: 4, other: 4}  # 2 let go at their move, 2 healthy, each
+        moves = [as_mover.move_due(100, now_ms=at) for at in (later + 10_000, later + WIDTH + 10_000)]
     finally:
         r.acl_deluser("mover")
-    assert (result.thawed, result.dead, result.damaged) == (0, 1, [(meta, "")])
-    assert r.llen(keys.dead(prefix)) == 1 and r.get(meta) == b"by hand"
+    assert [(t.thawed, t.dead, t.damaged) for t in thaws] == [(0, 2, []), (0, 2, []), (0, 0, [])]
+    assert r.llen(keys.dead(prefix)) == 4 and r.get(meta) == b"by hand"
+    assert (moves[0].moved, moves[0].expired, moves[0].damaged) == (0, 4, [(meta, "")])  # let go once
+    assert moves[1].moved == 4 and store.counts() == {}
+    totals = store.totals()
+    assert totals["expired"] - before.get("expired", 0) == 8  # 4 dead, 4 let go
+    assert totals.get("unreadable") == 1
 
 
 def test_an_end_written_by_hand_in_the_first_bucket_fails_no_publish_and_no_thaw(r, prefix):

@@ -54,6 +54,10 @@ let_go_unreadable(k, start_s)
   returned, for the caller to count as expired (lost to delivery). Its keys are left as they
   are: the sorted sets expire after their grace. Bound: one ZCARD per destination counted.
 
+renamed_aside(k, start_s, now)
+  Renames a bucket's meta hash (of another type, written by hand) to <ns>aside:<start>:<now>;
+  returns the new name, or nil where RENAME is refused (an ACL line without it).
+
 set_aside(k, start_s, now)
   A bucket whose meta hash was replaced by a key of another type (by hand), in the ordinary
   space: that key is renamed out of the way, to <ns>aside:<start>:<now> (kept for whoever
@@ -264,10 +268,16 @@ local function let_go_unreadable(k, start_s)
   return lost
 end
 
-local function set_aside(k, start_s, now)
+local function renamed_aside(k, start_s, now)
   local aside = k.ns .. 'aside:' .. start_s .. ':' .. string.format('%d', now)
   local renamed = redis.pcall('RENAME', k.space:meta(start_s), aside)
-  if type(renamed) == 'table' and renamed.err then return nil, let_go_unreadable(k, start_s) end
+  if type(renamed) == 'table' and renamed.err then return nil end
+  return aside
+end
+
+local function set_aside(k, start_s, now)
+  local aside = renamed_aside(k, start_s, now)
+  if not aside then return nil, let_go_unreadable(k, start_s) end
   return aside, recount(k, start_s, now)
 end
 

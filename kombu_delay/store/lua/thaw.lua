@@ -18,14 +18,13 @@ ARGV[5..] one group of seven per message: start (its cold bucket), due (epoch ms
         member (the cold member, exactly as listed), score (as listed), message (the JSON
         string it restores to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
-Returns: {thawed, dead, gone, recounted, blocked, damaged, lost}; gone: members another mover
+Returns: {thawed, dead, gone, recounted, blocked, damaged}; gone: members another mover
          thawed first, or that were cancelled meanwhile (nothing written for them), and the
          rare one whose identical twin was stored already (counted as cancelled); recounted:
          as thaw_scan.lua's; blocked: of the dead, those whose ordinary bucket has a key of
          another type (written by hand), where no message can be stored; damaged: an ordinary
-         bucket's meta hash found of another type, each followed by the name it was set aside
-         as, or '' where RENAME was refused (as move.lua's); lost: the messages of such a
-         bucket's sets then let go (counted as expired).
+         bucket's meta hash found of another type and set aside, each followed by the name it
+         was renamed to (as move.lua's).
 Bound: three O(log n) commands per message (its ZSCORE, ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
@@ -110,12 +109,14 @@ end
 -- A meta hash of another type (written by hand) is set aside, as a move sets it aside (set_aside
 -- in _buckets.lua: renamed, the bucket counted again from its sets), so that the messages thawed
 -- into it move on time; this comes first, as it may come up to delay_thaw_ahead before the
--- bucket's first move. Where that is refused, and for a sorted set or task-id list of another
+-- bucket's first move. Where RENAME is refused, and for a sorted set or task-id list of another
 -- type, which no mending makes right, the messages bound for the bucket go to the dead-letter
--- list instead (``blocked``, counted as dead), kept as they are stored.
+-- list instead (``blocked``, counted as dead), kept as they are stored; the bucket's own
+-- messages are the move's to let go, once (let_go_unreadable takes the bucket out of its index),
+-- not each thaw's.
 local ordinary, fit, blocked = space(ns, ''), {}, 0  -- fit[start][dest]: its keys can take it
 local ordinary_k = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, '')
-local damaged, lost = {}, 0
+local damaged, aside_tried = {}, {}
 local function has_type(key, wanted)
   local found = redis.call('TYPE', key)['ok']
   return found == 'none' or found == wanted
@@ -133,11 +134,14 @@ for i = FIRST, #ARGV, 7 do
   if of_start[dest] == nil then
     local start_s = string.format('%d', start)
     local meta = ordinary:meta(start_s)
-    if not has_type(meta, 'hash') then
-      local aside, n = set_aside(ordinary_k, start_s, now)
-      if not aside then lost = lost + n end
-      damaged[#damaged + 1] = meta
-      damaged[#damaged + 1] = aside or ''
+    if not aside_tried[start] and not has_type(meta, 'hash') then
+      aside_tried[start] = true
+      local aside = renamed_aside(ordinary_k, start_s, now)
+      if aside then
+        recount(ordinary_k, start_s, now)
+        damaged[#damaged + 1] = meta
+        damaged[#damaged + 1] = aside
+      end
     end
     of_start[dest] = has_type(meta, 'hash') and has_type(ordinary:zset(start_s, dest), 'zset')
       and has_type(ordinary:tasks(start_s), 'list')
@@ -235,7 +239,9 @@ for _, g in ipairs(order) do
     end
   end
 end
-if dead > 0 then count_up(KEYS[4], 'dead', dead) end
-if dead + lost > 0 then count_up(KEYS[4], 'expired', dead + lost) end
+if dead > 0 then
+  count_up(KEYS[4], 'dead', dead)
+  count_up(KEYS[4], 'expired', dead)
+end
 if merged > 0 then count_up(KEYS[4], 'cancelled', merged) end
-return {thawed, dead, gone + merged, recounted, blocked, damaged, lost}
+return {thawed, dead, gone + merged, recounted, blocked, damaged}
