@@ -1284,6 +1284,22 @@ def test_a_reschedule_keeps_the_grace_its_message_was_published_with(r, redis_se
         assert kept_ms >= stored.start_ms + month_ms - redis_ms(r) - 60_000
 
 
+def test_a_message_rescheduled_again_and_again_is_kept_no_longer_each_time(r, redis_server, prefix):
+    # Each reschedule kept the new bucket a width longer than the old (its expiry past its start,
+    # taken as the grace): ten of them, ten minutes more, carried on to the shared keys.
+    app = publisher(redis_server, prefix, broker_transport_options=options(prefix))
+    sent = app.send_task("inspect.record", ("x",), countdown=300)
+    app.close()
+    editor = {**({"global_keyprefix": prefix} if prefix else {}), "delay_compress_after": 0}
+    with DelayControl(redis_server.url, editor) as ctl:
+        width, grace = ctl._settings.bucket_width_ms, ctl._settings.grace_ms
+        for i in range(10):
+            assert ctl.reschedule(sent.id, countdown=3600 + 60 * (i % 2)) == 1
+        (stored,) = ctl.store.find(sent.id)
+        kept_past_start = int(r.hget(keys.meta(prefix, stored.start_ms), "x")) - stored.start_ms
+        assert kept_past_start <= width + grace + 1_000, kept_past_start - width - grace
+
+
 def test_a_reschedule_keeps_the_grace_of_a_narrow_publisher_in_a_wider_ones_bucket(r, redis_server, prefix):
     # Two publishers' buckets that share a start keep the widest one's end: the grace was read
     # as the expiry past that end, an hour short of the narrow publisher's 30 days.
