@@ -37,16 +37,16 @@ def refresh_seconds(ctx: click.Context, param: click.Parameter, value: float) ->
 
 
 def url_prefix_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """``--url-prefix``: the path, as "/a/b" ("" for none), of segments of ASCII letters, digits
-    and ``-._~`` (none "." or ".."), which every browser and proxy sends as written; a usage
-    error otherwise. Under "../x", "/a?b", "/a#b", "/a%2Fb", "/ä" or "/a\\b" (a browser folds
-    the dots away, cuts at "?" or "#", and sends the others encoded or changed) the dashboard
-    answered 404 to every request."""
+    """``--url-prefix``: the path, as "/a/b" ("" for none), of segments of the characters a URL's
+    path takes as they are (ASCII letters, digits and ``-._~!$&'()*+,;=:@``; none "." or ".."),
+    which every browser and proxy sends as written; a usage error otherwise. Under "../x",
+    "/a?b", "/a#b", "/a%2Fb", "/ä" or "/a\\b" (a browser folds the dots away, cuts at "?" or
+    "#", and sends the others encoded or changed) the dashboard answered 404 to every request."""
     segments = value.strip("/").split("/") if value.strip("/") else []
-    if any(s in ("", ".", "..") or not re.fullmatch(r"[A-Za-z0-9._~-]+", s) for s in segments):
+    if any(s in ("", ".", "..") or not re.fullmatch(r"[A-Za-z0-9._~!$&'()*+,;=:@-]+", s) for s in segments):
         raise click.BadParameter(
-            f"{value!r}: give a path of segments of ASCII letters, digits and '-._~' (none '.' or "
-            "'..'), such as /ops/delay: others reach the dashboard changed, or not at all"
+            f"{value!r}: give a path of segments of ASCII letters, digits and -._~!$&'()*+,;=:@ (none "
+            "'.' or '..'), such as /ops/delay: others reach the dashboard changed, or not at all"
         )
     return "/" + "/".join(segments) if segments else ""
 

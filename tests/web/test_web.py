@@ -34,6 +34,7 @@ from kombu_delay.store import Store, keys
 from kombu_delay.tooling.redis_server import free_port
 from kombu_delay.web import overview, present
 from kombu_delay.web.app import PathPrefix, create_app
+from kombu_delay.web.cli import url_prefix_path
 from kombu_delay.web.guard import (
     CSRF_COOKIE,
     LOOPBACK_HOSTS,
@@ -1023,7 +1024,19 @@ def test_a_url_prefix_no_browser_reaches_is_refused_at_start(prefix: str) -> Non
     # Each started, and printed an address that answered 404 to a browser.
     result = CliRunner().invoke(main, ["-b", "delayredis://127.0.0.1:1/0", "web", "--url-prefix", prefix])
     assert result.exit_code == 2, result.output
-    assert "give a path of segments of ASCII letters, digits and '-._~'" in result.output, result.output
+    assert "give a path of segments of ASCII letters, digits and -._~!$&'()*+,;=:@" in result.output, (
+        result.output
+    )
+
+
+def test_a_url_prefix_of_what_a_path_takes_as_it_is_is_served(control) -> None:
+    # Such prefixes (/a:b, /a@b, /a+b, ...) were served, and a browser reached them; the first
+    # check of reachable prefixes refused them.
+    prefix = url_prefix_path(None, None, "/ops/a:b@c+d,e;f=g!h$i&j'k(l)m*n~o/")  # type: ignore[arg-type]
+    assert prefix == "/ops/a:b@c+d,e;f=g!h$i&j'k(l)m*n~o"
+    app = create_app(control)
+    app.wsgi_app = PathPrefix(app.wsgi_app, prefix)  # type: ignore[method-assign]
+    assert app.test_client().get(prefix + "/overview.json").status_code == 200
 
 
 def test_the_dashboard_reads_a_tls_broker_as_the_cli_does(tmp_path, monkeypatch):
