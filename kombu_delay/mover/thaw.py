@@ -165,7 +165,8 @@ class Thawer:
         if now >= self._past_until:
             try:
                 result = self.store.thaw(self.ahead_ms, limit)
-                if self._over_maxmemory.over():
+                # (Only one that wrote shows Redis has room: one with nothing to thaw writes nothing.)
+                if result.thawed and self._over_maxmemory.over():
                     logger.info(
                         "mover %s: Redis has room again: compressed messages are thawed ahead", self.name
                     )

@@ -48,8 +48,8 @@ class Health:
     #: Movers whose last heartbeat is older than that and still kept (for a day): stopped, or
     #: killed, or cut off from Redis.
     silent: int = 0
-    #: Why Redis refuses every write now (a replica, too few replicas in time), among the
-    #: warnings too: no mover can write its heartbeat meanwhile.
+    #: Why Redis refuses every write now (a read-only replica, too few replicas in time), among
+    #: the warnings too: no mover can write its heartbeat meanwhile.
     refusal: str | None = None
 
     def problems(
@@ -102,8 +102,8 @@ def check(store: Store, host: str | None = None, notes: bool = True, overdue: bo
         # What the probe reads: an error from Redis, as its WRONGTYPE would be, naming the key.
         raise WrongTypeKey("WRONGTYPE " + "; ".join(misshapen.values()))
     policy, memory = store.memory_state()
-    refusal = store.write_refusal()
-    warnings = (*misshapen.values(), *threats(store, policy, memory, refusal))
+    replication, refuses = store.write_refusal()
+    warnings = (*misshapen.values(), *threats(store, policy, memory, replication))
     told = cautions(store, policy) if notes else ()
     earliest = store.earliest_due_ms() if overdue else None
     now = store.time_ms()
@@ -122,7 +122,7 @@ def check(store: Store, host: str | None = None, notes: bool = True, overdue: bo
         overdue_ms=None if not overdue else 0 if earliest is None else max(0, now - earliest),
         warnings=warnings,
         notes=told,
-        refusal=refusal,
+        refusal=replication if refuses else None,
     )
 
 
@@ -131,14 +131,18 @@ def dangers(store: Store) -> tuple[str, ...]:
     ``stats`` shows it: the shared keys of another type (:meth:`Store.misshapen`), then
     :func:`threats` and :func:`cautions`. One sentence each, saying what to do."""
     policy, memory = store.memory_state()
-    refusal = store.write_refusal()
-    return (*store.misshapen().values(), *threats(store, policy, memory, refusal), *cautions(store, policy))
+    replication, _ = store.write_refusal()
+    return (
+        *store.misshapen().values(),
+        *threats(store, policy, memory, replication),
+        *cautions(store, policy),
+    )
 
 
 def threats(
     store: Store, policy: str | None, memory: tuple[int, int] | None, refusal: str | None
 ) -> tuple[str, ...]:
-    """What ``health`` fails on: Redis refusing every write (``refusal``: a replica, too few
+    """What ``health`` fails on: where Redis's writes go (``refusal``: a replica, too few
     replicas in time, see :meth:`Store.write_refusal`), its eviction policy ``policy``
     (``None``: unread), Redis at its ``maxmemory`` (``memory``, see :meth:`Store.memory_state`),
     and what movers recorded in the alerts hash (stranded key prefixes)."""

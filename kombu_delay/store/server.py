@@ -31,31 +31,46 @@ class ServerFacts(StoreBase):
         used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
         return None if policy is None else as_text(policy), (used, limit) if limit > 0 else None
 
-    def write_refusal(self) -> str | None:
-        """Why Redis refuses every write now, read without writing one (``INFO replication``): a
-        replica, or a master under ``min-replicas-to-write`` none of whose replicas is in time
-        (Redis shows their count only under that setting); ``None`` where it takes writes, or
-        cannot tell (``INFO`` refused by an ACL, a master with some replicas in time)."""
+    def write_refusal(self) -> tuple[str | None, bool]:
+        """What is wrong with where Redis's writes go, read without writing one (``INFO
+        replication``), and whether it refuses every write: a replica (refusing, unless its
+        ``replica-read-only`` is off: then what is written there is lost at its next sync), or a
+        master under ``min-replicas-to-write`` none of whose replicas is in time (Redis shows their
+        count only under that setting); ``(None, False)`` where it takes writes, or cannot tell
+        (``INFO`` refused by an ACL, a master with some replicas in time)."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("replication")
             except redis.ResponseError:
-                return None
-        if as_text(info.get("role", "")) == "slave":
-            master = f"{as_text(info.get('master_host', '?'))}:{info.get('master_port', '?')}"
-            link = as_text(info.get("master_link_status", "?"))
-            return (
-                f"Redis here is a replica (of {master}, link {link}): "
-                "it refuses every write, so movers move nothing, and publishes and workers fail; "
-                "give kombu-delay the master's address (or Sentinel's: delaysentinel://)"
-            )
+                return None, False
+            if as_text(info.get("role", "")) == "slave":
+                master = f"{as_text(info.get('master_host', '?'))}:{info.get('master_port', '?')}"
+                link = as_text(info.get("master_link_status", "?"))
+                here = f"Redis here is a replica (of {master}, link {link}): "
+                fix = "give kombu-delay the master's address (or Sentinel's: delaysentinel://)"
+                if self._replica_writable():
+                    return (
+                        f"{here}what is written here is lost at its next sync with its master; {fix}",
+                        False,
+                    )
+                refused = "it refuses every write, so movers move nothing, and publishes and workers fail"
+                return f"{here}{refused}; {fix}", True
         if "min_slaves_good_slaves" in info and int(info["min_slaves_good_slaves"]) == 0:
             return (
                 "Redis refuses every write (NOREPLICAS): none of its replicas has acknowledged it within "
                 "min-replicas-max-lag, which its min-replicas-to-write asks for (a failover under way, a "
                 "replica down), so movers move nothing, and publishes and workers fail, until one has"
-            )
-        return None
+            ), True
+        return None, False
+
+    def _replica_writable(self) -> bool:
+        """Whether this replica takes writes (``replica-read-only no``); ``False`` where ``CONFIG``
+        is refused or renamed (the default, read-only)."""
+        try:
+            found: dict[Any, Any] = self.client.config_get("replica-read-only")
+        except redis.ResponseError:
+            return False
+        return any(as_text(value) == "no" for value in found.values())
 
     def in_cluster(self) -> bool | None:
         """Whether the server is a node of a Redis Cluster (``INFO cluster``), ``None`` where it

@@ -396,6 +396,16 @@ def test_health_and_stats_say_when_redis_refuses_every_write(server: RedisServer
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stdout.startswith("ERROR: Redis here is a replica (of 127.0.0.1:"), done.stdout
         assert "a mover restart cannot cure this" in done.stdout
+        # A writable replica refuses nothing: a mover there that stopped beating is dead, and the
+        # liveness probe says so (exit 1), for it to be restarted; health still names the replica.
+        admin.config_set("replica-read-only", "no")
+        try:
+            done = health(server, "", "--liveness")
+            assert done.returncode == 1 and "no mover heartbeat" in done.stdout, done.stdout
+            done = health(server, "")
+            assert done.returncode == 1 and "what is written here is lost" in done.stdout, done.stdout
+        finally:
+            admin.config_set("replica-read-only", "yes")
         with DelayControl(server.delay_url) as control:
             assert any("is a replica" in w for w in control.stats().warnings)
     finally:

@@ -782,14 +782,20 @@ def test_a_thaw_under_maxmemory_is_refused_whole_and_moves_go_on_then_what_is_du
         assert not cold_members(client) and mover.stats.thawed == 1  # thawed past maxmemory
         assert store.move_due(10).moved == 1
         assert tags_in(client, "q") == ["w", "c"]
-        client.config_set("maxmemory", 0)
-        # Its end is told too (it was not): the next thaw ahead is not refused.
+        # Its end is told too (it was not), once a thaw ahead writes again: one with nothing to
+        # thaw writes nothing, and said so while Redis was over maxmemory still.
         later = mover.thawer.monotonic() + 3600  # (past PAST_MAXMEMORY_FOR_S)
         mover.thawer.monotonic = lambda: later
         mover.thawer.wake()
         with caplog.at_level("INFO", logger="kombu_delay"):
             mover.thaw()
-        assert f"mover {mover.name}: Redis has room again" in caplog.text
+            assert "Redis has room again" not in caplog.text
+            client.config_set("maxmemory", 0)
+            store.schedule(Due(clock.ms + 2100, task_id="d"), "q", kombu_payload("d"), JUST_COLD)
+            clock.advance(400)
+            mover.thawer.wake()
+            mover.thaw()
+        assert f"mover {mover.name}: Redis has room again" in caplog.text and mover.stats.thawed == 2
 
 
 def test_past_maxmemory_a_cold_bucket_whose_counts_are_gone_is_recounted_and_thawed(tmp_path):
