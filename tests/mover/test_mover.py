@@ -1257,7 +1257,7 @@ def test_a_thaw_that_keeps_failing_is_logged_once_a_minute_and_its_end_told(r: r
 
 def test_a_mover_whose_heartbeat_is_gone_says_redis_lost_its_data(r: redis.Redis, caplog) -> None:
     # A FLUSHALL, or a switch to an empty server, lost every scheduled message: the mover said
-    # nothing, `health` read 0 exit and no counter moved.
+    # nothing, `health` exited 0 and no counter moved.
     mover = Mover(Store(r), Settings(), watch=False)
     interval = Settings().heartbeat_interval_ms / 1000
 
@@ -1290,8 +1290,8 @@ def test_a_thaw_that_sets_a_meta_hash_aside_names_both_keys(r: redis.Redis, capl
         mover.thaw()
     assert mover.stats.thawed == 1
     [told] = [x.getMessage() for x in caplog.records]
-    assert f"the bucket key {meta!r} held another type" in told and f"renamed to '{meta[:-1]}" not in told
-    assert "kombu_delay:aside:" in told
+    assert f"the bucket key {meta!r} held another type" in told
+    assert "renamed to 'kombu_delay:aside:" in told
     clock.ms = due
     assert mover.drain().moved == 1 and r.lrange("q", 0, -1) == [b"payload"]
 

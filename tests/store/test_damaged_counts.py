@@ -146,7 +146,8 @@ def test_a_thaw_into_a_bucket_whose_meta_hash_is_of_another_type_sets_it_aside_a
     """The thaw comes up to delay_thaw_ahead before the bucket's first move, which sets such a
     key aside: it dead-lettered the compressed messages due there (the move then delivered only
     the others). It sets the key aside itself now; where RENAME is refused, they go to the
-    dead-letter list as before, and the key is named."""
+    dead-letter list as before, and the bucket's move lets its own messages go, once, naming
+    the key."""
     now, start = _bucket(r, ahead=10)
     store, dest = Store(r, prefix), f"{prefix}celery"
     cold = [(Due(start + 5_000 + i, task_id=f"c{i}"), dest, kombu_payload(f"c{i}")) for i in range(5)]
