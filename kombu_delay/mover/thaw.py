@@ -21,7 +21,7 @@ from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
 from kombu_delay.mover import thaw_plan
 from kombu_delay.mover.pacing import Repeats, failure_kind
 from kombu_delay.mover.tally import tell_damaged
-from kombu_delay.store import Store, spaces
+from kombu_delay.store import Store, keys, spaces
 from kombu_delay.store.replies import BucketCounts, ThawResult
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,9 @@ class Thawer:
         #: A thaw refused or failing, told once a minute while it lasts, and its end; and Redis
         #: over maxmemory, told once a minute while thaws ahead are refused.
         self._failures, self._over_maxmemory = Repeats(logger), Repeats(logger)
+        #: Thawed messages dead-lettered for their bucket's keys of another type: told once a
+        #: minute while the same keys block them (each thaw step met one or a few: a line each).
+        self._blocked = Repeats(logger)
         self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
 
     def wake(self) -> None:
@@ -238,6 +241,10 @@ class Thawer:
         if self.on_thaw is not None:
             self.on_thaw(result)
         tell_damaged(self.name, result.damaged)
+        if result.blocked:
+            self._blocked.tell(
+                logging.ERROR, tuple(result.blocking), self._blocked_text(result), self.monotonic()
+            )
         if result.expired:
             logger.warning(
                 "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
@@ -253,6 +260,18 @@ class Thawer:
                 self.name,
                 result.recounted,
             )
+
+    def _blocked_text(self, result: ThawResult) -> str:
+        n, named = result.blocked, " and ".join(map(repr, result.blocking))
+        why = "is of another type (written by hand)"
+        if any(keys.is_meta(key) for key in result.blocking):
+            why += ", which this user may not RENAME out of the way"
+        return (
+            f"mover {self.name}: {n} thawed message{'s' if n != 1 else ''} could not be stored, as "
+            f"their ordinary bucket's {named} {why}: they went to the dead-letter list "
+            f"{keys.dead(self.store.prefix)!r} as stored (kombu-delay dead lists them), counted as "
+            "dead; rename or delete the key"
+        )
 
     def _wait_after(self, result: ThawResult) -> float:
         """Seconds until the next look after ``result``."""

@@ -94,8 +94,9 @@ class Moving(StoreBase):
             scanned_ms, next_ms, more, expired, recounted = (int(x) for x in reply[:5])
             items, cut, corrupt = self._restored(reply[5:])
             more = more or cut
-            thawed = dead = gone = 0
+            thawed = dead = gone = blocked = 0
             damaged: list[tuple[str, str]] = []
+            blocking: list[str] = []
             if items:
                 call_keys = [
                     self._index,
@@ -113,15 +114,8 @@ class Moving(StoreBase):
                     )
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done[:5])
                 recounted += recounted_after
-                damaged = replies.damaged_keys(done[5])
+                damaged, blocking = replies.damaged_keys(done[5]), [as_text(key) for key in done[6]]
                 self._log_dead(corrupt, dead - blocked)
-                if blocked:
-                    logger.error(
-                        "%d thawed messages could not be stored: a key of their ordinary bucket is "
-                        "of another type (written by hand); they go to the dead-letter list %s",
-                        blocked,
-                        keys.dead(self.prefix),
-                    )
         return ThawResult(
             thawed=thawed,
             dead=dead,
@@ -129,6 +123,8 @@ class Moving(StoreBase):
             expired=expired,
             recounted=recounted,
             damaged=damaged,
+            blocked=blocked,
+            blocking=blocking,
             now_ms=scanned_ms,
             next_ms=None if next_ms < 0 else next_ms,
             more=bool(more),

@@ -231,6 +231,10 @@ class ThawResult:
     #: An ordinary bucket's meta hash found of another type and set aside, with the name it was
     #: renamed to, as :attr:`MoveResult.damaged`.
     damaged: list[tuple[str, str]] = field(default_factory=list)
+    #: Of the dead, messages whose ordinary bucket had a key of another type (written by hand),
+    #: where none can be stored: ``blocking`` names those keys.
+    blocked: int = 0
+    blocking: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ message from the cold space. Time is set per call, never waited for."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
@@ -15,9 +16,11 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.message import Due
+from kombu_delay.mover.tally import MoverStats
+from kombu_delay.mover.thaw import Thawer
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
-from tests.support.stored import kombu_payload, redis_ms
+from tests.support.stored import FakeClock, kombu_payload, redis_ms
 
 WIDTH = 60_000
 ORDINARY = Settings(compress_after_ms=0)
@@ -113,9 +116,7 @@ def test_a_thaw_mends_a_damaged_counter_before_it_takes_a_message(r: redis.Redis
 
 
 @pytest.mark.parametrize("key", ["sorted set", "task-id list"])
-def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, prefix, key, caplog):
-    import logging
-
+def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, prefix, key):
     now, start = _bucket(r, ahead=10)
     store, dest = Store(r, prefix), f"{prefix}celery"
     cold = [(Due(start + 5_000 + i, task_id=f"c{i}"), dest, kombu_payload(f"c{i}")) for i in range(5)]
@@ -128,13 +129,12 @@ def test_a_thaw_into_a_key_of_another_type_dead_letters_instead_of_losing(r, pre
         "task-id list": keys.task_ids(prefix, start),
     }[key]
     r.set(damaged, "not mine")
-    with caplog.at_level(logging.ERROR, logger="kombu_delay.store.move"):
-        result = store.thaw(40_000, 100, now_ms=start - 30_000)
+    result = store.thaw(40_000, 100, now_ms=start - 30_000)
     if key == "sorted set":
-        assert (result.thawed, result.dead) == (1, 5)
+        assert (result.thawed, result.dead, result.blocked) == (1, 5, 5)
     else:  # the bucket's one task-id list serves every destination
-        assert (result.thawed, result.dead) == (0, 6)
-    assert "could not be stored" in caplog.text
+        assert (result.thawed, result.dead, result.blocked) == (0, 6, 6)
+    assert result.blocking == [damaged]  # named once, for the mover's log
     assert r.zcard(keys.queue_set(prefix, start, dest, "c")) == 0
     assert r.llen(keys.dead(prefix)) == result.dead  # kept, as stored
     assert r.get(damaged) == b"not mine"
@@ -197,12 +197,46 @@ def test_a_thaw_into_a_bucket_whose_meta_hash_is_of_another_type_sets_it_aside_a
     finally:
         r.acl_deluser("mover")
     assert [(t.thawed, t.dead, t.damaged) for t in thaws] == [(0, 2, []), (0, 2, []), (0, 0, [])]
+    assert [t.blocking for t in thaws] == [[meta], [meta], []]
     assert r.llen(keys.dead(prefix)) == 4 and r.get(meta) == b"by hand"
     assert (moves[0].moved, moves[0].expired, moves[0].damaged) == (0, 4, [(meta, "")])  # let go once
     assert moves[1].moved == 4 and store.counts() == {}
     totals = store.totals()
     assert totals["expired"] - before.get("expired", 0) == 8  # 4 dead, 4 let go
     assert totals.get("unreadable") == 1
+
+
+def test_a_mover_tells_thawed_messages_dead_lettered_once_a_minute_naming_the_key(
+    r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where a bucket's key is of another type, each thaw step that met it logged an ERROR,
+    naming no key: compressed messages due a second apart gave a line each. The mover names the
+    key, at once and then once a minute while it lasts; the dead letters count each message."""
+    clock = FakeClock(r)
+    store, dest = Store(r, prefix, clock=clock), f"{prefix}celery"
+    start = (clock() // WIDTH + 2) * WIDTH
+    cold = [(Due(start + 1_000 * i, task_id=f"c{i}"), dest, kombu_payload(f"c{i}")) for i in range(40)]
+    store.schedule_many(cold, COLD, now_ms=clock())
+    damaged = keys.queue_set(prefix, start, dest)
+    r.set(damaged, "not mine")
+    stats = MoverStats()
+    thawer = Thawer(store, COLD, "t", stats, monotonic=lambda: clock.ms / 1000)
+    clock.ms = start - COLD.thaw_ahead_ms
+    with caplog.at_level(logging.ERROR, logger="kombu_delay.mover.thaw"):
+        for _ in range(40):  # one message a second comes within the thaw's reach
+            thawer.step()
+            clock.advance(1_000)
+        told = [rec.getMessage() for rec in caplog.records if "could not be stored" in rec.getMessage()]
+        assert stats.dead == 40 and r.llen(keys.dead(prefix)) == 40
+        assert len(told) == 1 and repr(damaged) in told[0] and "(still)" not in told[0]
+        assert repr(keys.dead(prefix)) in told[0]
+        late = Due(start + 50_000, task_id="late")  # compressed, stored 70 s before due
+        store.schedule(late, dest, kombu_payload("late"), COLD, now_ms=start - 20_000)
+        clock.advance(30_000)
+        while thawer.step() == 0.0:
+            pass
+    told = [rec.getMessage() for rec in caplog.records if "could not be stored" in rec.getMessage()]
+    assert len(told) == 2 and told[1].endswith("(still)") and stats.dead == 41
 
 
 def test_an_end_written_by_hand_in_the_first_bucket_fails_no_publish_and_no_thaw(r, prefix):

@@ -18,13 +18,14 @@ ARGV[5..] one group of seven per message: start (its cold bucket), due (epoch ms
         member (the cold member, exactly as listed), score (as listed), message (the JSON
         string it restores to; "" when it could not be restored). The caller makes due and ref from the score
         listed: text Lua would otherwise make, per message, at a good part of its cost.
-Returns: {thawed, dead, gone, recounted, blocked, damaged}; gone: members another mover
+Returns: {thawed, dead, gone, recounted, blocked, damaged, blocking}; gone: members another mover
          thawed first, or that were cancelled meanwhile (nothing written for them), and the
          rare one whose identical twin was stored already (counted as cancelled); recounted:
          as thaw_scan.lua's; blocked: of the dead, those whose ordinary bucket has a key of
          another type (written by hand), where no message can be stored; damaged: an ordinary
          bucket's meta hash found of another type and set aside, each followed by the name it
-         was renamed to (as move.lua's).
+         was renamed to (as move.lua's); blocking: the keys of another type the blocked messages
+         met, each once.
 Bound: three O(log n) commands per message (its ZSCORE, ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
@@ -114,7 +115,8 @@ end
 -- list instead (``blocked``, counted as dead), kept as they are stored; the bucket's own
 -- messages are the move's to let go, once (let_go_unreadable takes the bucket out of its index),
 -- not each thaw's.
-local ordinary, fit, blocked = space(ns, ''), {}, 0  -- fit[start][dest]: its keys can take it
+-- fit[start][dest]: true where its keys can take it, else the first of them of another type.
+local ordinary, fit, blocked, blocking, told = space(ns, ''), {}, 0, {}, {}
 local ordinary_k = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, '')
 local damaged, aside_tried = {}, {}
 local function has_type(key, wanted)
@@ -143,9 +145,10 @@ for i = FIRST, #ARGV, 7 do
         damaged[#damaged + 1] = aside
       end
     end
-    of_start[dest] = has_type(meta, 'hash') and has_type(ordinary:zset(start_s, dest), 'zset')
-      and has_type(ordinary:tasks(start_s), 'list')
-    if of_start[dest] then mend_counters(meta, {'seq', 'end', 'x', 'q:' .. dest}) end
+    local zset, tasks = ordinary:zset(start_s, dest), ordinary:tasks(start_s)
+    of_start[dest] = (not has_type(meta, 'hash') and meta) or (not has_type(zset, 'zset') and zset)
+      or (not has_type(tasks, 'list') and tasks) or true
+    if of_start[dest] == true then mend_counters(meta, {'seq', 'end', 'x', 'q:' .. dest}) end
   end
 end
 
@@ -169,9 +172,14 @@ for i = FIRST, #ARGV, 7 do
     local due = tonumber(due_s)
     local task_id = cold_task_id(member)
     local start = due - due % meta.width
-    if message ~= '' and not fit[start][dest] then
+    local unfit = fit[start][dest]
+    if message ~= '' and unfit ~= true then
       message = ''
       blocked = blocked + 1
+      if not told[unfit] then
+        told[unfit] = true
+        blocking[#blocking + 1] = unfit
+      end
     end
     if not removed[start_s] then
       removed[start_s] = {}
@@ -244,4 +252,4 @@ if dead > 0 then
   count_up(KEYS[4], 'expired', dead)
 end
 if merged > 0 then count_up(KEYS[4], 'cancelled', merged) end
-return {thawed, dead, gone + merged, recounted, blocked, damaged}
+return {thawed, dead, gone + merged, recounted, blocked, damaged, blocking}
