@@ -46,6 +46,12 @@ DAMAGED_LOST = (
     "and rename the key"
 )
 
+DAMAGED_COLD = (
+    "mover %s: the compressed bucket's meta hash %r holds another type than a hash (written by hand): "
+    "nothing of the bucket can be counted or thawed, and its messages are lost, counted as expired; "
+    "rename or delete the key"
+)
+
 
 def tell_damaged(name: str, damaged: list[tuple[str, str]]) -> None:
     """Log the keys a move or a thaw found of another type (``damaged``: each with the name it
@@ -53,8 +59,10 @@ def tell_damaged(name: str, damaged: list[tuple[str, str]]) -> None:
     for key, aside in damaged:
         if aside:
             logger.error(DAMAGED_ASIDE, name, key, aside)
+        elif keys.is_meta(key):
+            logger.error(DAMAGED_COLD if keys.is_cold_meta(key) else DAMAGED_LOST, name, key)
         else:
-            logger.error(DAMAGED_LOST if keys.is_meta(key) else DAMAGED_SET, name, key)
+            logger.error(DAMAGED_SET, name, key)
 
 
 @dataclass

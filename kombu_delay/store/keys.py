@@ -99,7 +99,13 @@ def is_meta(key: str) -> bool:
     return _META.search(key) is not None
 
 
-_META = re.compile(rf"{re.escape(NAMESPACE)}{COLD}?m:\d+\Z")
+def is_cold_meta(key: str) -> bool:
+    """Whether ``key`` is named as a compressed bucket's meta hash."""
+    found = _META.search(key)
+    return found is not None and found.group(1) == COLD
+
+
+_META = re.compile(rf"{re.escape(NAMESPACE)}({COLD}?)m:\d+\Z")
 
 
 def queue_set(prefix: str, start_ms: int, dest: str, space: str = "") -> str:

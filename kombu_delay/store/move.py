@@ -92,10 +92,10 @@ class Moving(StoreBase):
                 args=[self.ns, ahead_ms, limit, self._now(now_ms), "1" if past_maxmemory else "0"],
             )
             scanned_ms, next_ms, more, expired, recounted = (int(x) for x in reply[:5])
-            items, cut, corrupt = self._restored(reply[5:])
+            found = replies.damaged_keys(reply[5])  # cold keys of another type
+            items, cut, corrupt = self._restored(reply[6:])
             more = more or cut
             thawed = dead = gone = blocked = 0
-            damaged: list[tuple[str, str]] = []
             blocking: list[str] = []
             if items:
                 call_keys = [
@@ -114,7 +114,8 @@ class Moving(StoreBase):
                     )
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done[:5])
                 recounted += recounted_after
-                damaged, blocking = replies.damaged_keys(done[5]), [as_text(key) for key in done[6]]
+                found += replies.damaged_keys(done[5])  # ordinary meta hashes set aside
+                blocking = [as_text(key) for key in done[6]]
                 self._log_dead(corrupt, dead - blocked)
         return ThawResult(
             thawed=thawed,
@@ -122,7 +123,7 @@ class Moving(StoreBase):
             gone=gone,
             expired=expired,
             recounted=recounted,
-            damaged=damaged,
+            damaged=found,
             blocked=blocked,
             blocking=blocking,
             now_ms=scanned_ms,

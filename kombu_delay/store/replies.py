@@ -228,8 +228,9 @@ class ThawResult:
     #: Members found in a cold bucket whose counts read zero (added by hand, or counted in a
     #: meta hash that is gone), counted again, and thawed by a later step.
     recounted: int = 0
-    #: An ordinary bucket's meta hash found of another type and set aside, with the name it was
-    #: renamed to, as :attr:`MoveResult.damaged`.
+    #: Bucket keys found of another type, as :attr:`MoveResult.damaged`: an ordinary bucket's
+    #: meta hash set aside, with the name it was renamed to; a cold bucket's meta hash or sorted
+    #: set, with '' (its messages counted in ``expired``).
     damaged: list[tuple[str, str]] = field(default_factory=list)
     #: Of the dead, messages whose ordinary bucket had a key of another type (written by hand),
     #: where none can be stored: ``blocking`` names those keys.

@@ -6,6 +6,7 @@ for."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 
 import pytest
@@ -401,7 +402,9 @@ def test_a_hint_of_a_bucket_let_go_without_it_is_forgotten_once_begun(r: redis.R
     assert r.zrange(keys.large(prefix), 0, -1) == [str(ahead).encode()]
 
 
-def test_a_cold_set_of_another_type_in_a_herds_bucket_stops_no_thaw(r: redis.Redis) -> None:
+def test_a_cold_set_of_another_type_in_a_herds_bucket_stops_no_thaw(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     # The plan read the first due time of each set of a bucket whose lead had come, and a set
     # of another type (by hand) failed that read: every plan failed, and nothing compressed
     # was thawed again, in any bucket.
@@ -416,5 +419,8 @@ def test_a_cold_set_of_another_type_in_a_herds_bucket_stops_no_thaw(r: redis.Red
     r.set(keys.queue_set("", start, "bad", keys.COLD), "by hand")
     thawer = thawer_of(store, clock, 1000.0)
     clock.ms = due - thaw_plan.lead_ms(n, 1000.0)
-    assert run_thaw(thawer) == n and thawer.stats.errors == 0
+    with caplog.at_level(logging.ERROR):
+        assert run_thaw(thawer) == n and thawer.stats.errors == 0
     assert thawer.stats.expired == 5  # lost to delivery, counted; the others go on
+    [told] = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.ERROR]
+    assert repr(keys.queue_set("", start, "bad", keys.COLD)) in told and "counted as expired" in told

@@ -16,7 +16,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import WrongTypeKey
 from kombu_delay.message import Due
-from kombu_delay.mover.tally import MoverStats
+from kombu_delay.mover.tally import MoverStats, tell_damaged
 from kombu_delay.mover.thaw import Thawer
 from kombu_delay.store import Store, keys
 from kombu_delay.store.replies import Scheduled
@@ -471,7 +471,9 @@ def test_a_meta_hash_replaced_by_a_key_of_another_type_is_set_aside_and_loses_no
     assert r.get(meta) == b"by hand"
 
 
-def test_a_cold_bucket_of_another_type_holds_back_no_other_thaw(r: redis.Redis, prefix: str) -> None:
+def test_a_cold_bucket_of_another_type_holds_back_no_other_thaw(
+    r: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A cold bucket's meta hash, or one of its sorted sets, replaced by hand: that bucket's
     messages are lost (counted as expired, taken off the counts), every other one thaws."""
     now, start = _bucket(r, ahead=5)
@@ -487,6 +489,14 @@ def test_a_cold_bucket_of_another_type_holds_back_no_other_thaw(r: redis.Redis, 
     r.set(wrong_set, "by hand")
     result = store.thaw(10 * WIDTH, 100, now_ms=start - 30_000)
     assert (result.thawed, result.expired) == (1, 2)
+    # Named, for the mover's log (the thaw told only how many were lost, naming no key).
+    assert result.damaged == [(keys.meta(prefix, starts[0], keys.COLD), ""), (wrong_set, "")]
+    assert store.thaw(10 * WIDTH, 100, now_ms=start - 30_000).damaged == []  # once
+    with caplog.at_level(logging.ERROR):
+        tell_damaged("t", result.damaged)
+    meta_told, set_told = (rec.getMessage() for rec in caplog.records)
+    assert "compressed bucket's meta hash" in meta_told and "RENAME" not in meta_told
+    assert repr(wrong_set) in set_told and "counted as expired" in set_told
     assert store.totals()["unreadable"] == 1
     assert store.counts() == {dest: 1}
     assert store.move_due(100, now_ms=starts[2] + 2_000).moved == 1

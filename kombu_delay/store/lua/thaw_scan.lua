@@ -8,13 +8,16 @@ ARGV[2] ahead   ms: the cold messages due no later than now + ahead are listed
 ARGV[3] limit   most messages listed (and most cold buckets visited)
 ARGV[4] now_ms  epoch ms to judge by; '' = Redis TIME (tests drive time through it)
 ARGV[5] past    "1": write past maxmemory (the scan for a thaw past it, see thaw.lua)
-Returns: {now_ms, next_ms, more, expired, recounted, start, score, dest, member, start, score, ...}
+Returns: {now_ms, next_ms, more, expired, recounted, damaged, start, score, dest, member, start, ...}
          recounted: members found in a bucket whose counts read zero (added by hand, or
          counted in a meta hash that is gone), counted again (recount in _buckets.lua)
          next_ms: no cold message left unlisted is due before it (-1: none is stored), so
          the mover need not look again before next_ms - ahead. more: 1 when the limit cut
          the list. expired: counted messages whose cold set was gone (expired after its
          grace, or deleted by hand), whose counts this call settled, as move.lua does.
+         damaged: a cold bucket's meta hash or sorted set found of another type (written by
+         hand; its messages counted in expired), each followed by '' (as move.lua's, where
+         it is the name a key was renamed to: this call renames none)
 Bound: at most ARGV[3] buckets, each one HGETALL and, per destination, reads of at most the
        messages still wanted (read_ranks in _chunks.lua) and one of a single member; members
        of about CALL_BYTES in all (read in chunks that stop once that much is read, at least
@@ -40,7 +43,7 @@ local horizon_s = string.format('%d', horizon)
 local k = in_space({ns = ns}, 'c')
 local cs = k.space
 
-local listed, expired, recounted = {}, 0, 0
+local listed, expired, recounted, damaged = {}, 0, 0, {}
 local wanted = limit
 local bytes_left = CALL_BYTES
 local next_ms, more = -1, 0
@@ -59,6 +62,8 @@ for _, start_s in ipairs(starts) do
   local unreadable = other_type(fields, 'HGETALL', meta)
   if unreadable then  -- of another type, by hand: let go, so no other bucket's thaw waits on it
     expired = expired + let_go_unreadable(k, start_s)
+    damaged[#damaged + 1] = meta
+    damaged[#damaged + 1] = ''
     fields = {}
   end
   local left, end_ms = 0, nil
@@ -85,6 +90,8 @@ for _, start_s in ipairs(starts) do
           left = left - n              -- reads one
           expired = expired + n
           settle_gone(meta, name, counts, dest, n)
+          damaged[#damaged + 1] = zset
+          damaged[#damaged + 1] = ''
         else
           members, used, scores = read_ranks('ZRANGE', zset, 0, wanted, bytes_left, horizon + 1)
         end
@@ -127,6 +134,6 @@ local first = tonumber(redis.call('ZRANGEBYSCORE', cindex, '(' .. horizon_s, '+i
 if first then later(first) end  -- (a member that is no start, written by hand, is none)
 if expired > 0 then count_up(totals, 'expired', expired) end
 if recounted > 0 then more = 1 end
-local reply = {now, next_ms, more, expired, recounted}
+local reply = {now, next_ms, more, expired, recounted, damaged}
 for i = 1, #listed do reply[#reply + 1] = listed[i] end
 return reply
