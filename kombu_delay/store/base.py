@@ -13,7 +13,7 @@ from redis.exceptions import NoPermissionError
 from kombu_delay.errors import ConfigError, StorageFormatError, WrongTypeKey, translated_errors
 from kombu_delay.message import is_text
 from kombu_delay.store import keys, spaces
-from kombu_delay.store.clock import RedisClock
+from kombu_delay.store.clock import GiveUp, RedisClock
 from kombu_delay.store.misshapen import BUCKET_KEY_TOLD, HINTS
 from kombu_delay.store.scripts import Scripts
 
@@ -47,6 +47,8 @@ class StoreBase:
         #: Redis's clock as estimated here, for a publish due well ahead (see
         #: :mod:`kombu_delay.store.clock`); unused with a clock of the store's own.
         self.redis_clock = RedisClock(client)
+        #: When this client gives up on a move call, by Redis's clock: the call's deadline.
+        self.give_up = GiveUp(client)
         if not is_text(prefix):  # a lone surrogate (bytes a shell read that are not UTF-8)
             raise ConfigError(f"the key prefix {prefix!r} is not UTF-8 text: no Redis key is named by it")
         self.prefix = prefix

@@ -101,3 +101,38 @@ class RedisClock:
             self._offset_ms = None
             return
         self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2 * 1000
+
+
+class GiveUp:
+    """When a client gives up waiting for a script call, by Redis's clock: the call's deadline.
+
+    A call whose client gave up (its ``socket_timeout`` passed: a server paused, say) still
+    runs once the server reads it, when its client may be working on another server (a
+    failover promoted a replica meanwhile). A script given the deadline does nothing past it
+    (``move.lua``). The deadline is reckoned from Redis's clock in the last reply, which Redis
+    read before it sent that reply, so it falls no later than the moment the client gives up
+    (unless Redis's clock steps back, or a failover brings a server whose clock is behind).
+    """
+
+    def __init__(self, client: redis.Redis, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+        #: The client's ``socket_timeout``, ms (``None``: it waits for ever, and gives up on none).
+        self.timeout_ms = None if not timeout else int(float(timeout) * 1000)
+        self._heard: tuple[int, float] | None = None  # (Redis's clock, ms; monotonic s)
+
+    def heard(self, redis_ms: int) -> None:
+        """Note Redis's clock as a reply told it, just received."""
+        self._heard = (redis_ms, self._monotonic())
+
+    def deadline(self, sent_ms: int | None = None) -> str:
+        """The deadline of a call sent now (at ``sent_ms`` by the clock it judges by, when that
+        is not Redis's own), as a script argument: '' for none (no timeout, or no reply heard)."""
+        if self.timeout_ms is None:
+            return ""
+        if sent_ms is None:
+            if self._heard is None:
+                return ""
+            at, received = self._heard
+            sent_ms = at + int((self._monotonic() - received) * 1000)
+        return str(sent_ms + self.timeout_ms)

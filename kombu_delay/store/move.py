@@ -55,6 +55,7 @@ class Moving(StoreBase):
         goes on after them (``MoveResult.scan_after``), so the buckets behind them get their
         turn.
         """
+        now = self._now(now_ms)
         with translated_errors():
             reply = self._scripts["move"](
                 keys=[self._index, self._ids, self._counts, self._totals, self._gc],
@@ -63,14 +64,16 @@ class Moving(StoreBase):
                     limit,
                     max_queue_length,
                     "" if self._scan_after is None else self._scan_after,
-                    self._now(now_ms),
+                    now,
                     look_ahead_ms,
                     1 if whole else 0,
                     "" if exact_ms is None else exact_ms,
+                    self.give_up.deadline(int(now) if now else None),
                 ],
             )
         result = MoveResult.from_reply(reply)
         self._scan_after = result.scan_after
+        self.give_up.heard(result.now_ms)
         return result
 
     def thaw(

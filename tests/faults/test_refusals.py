@@ -550,6 +550,33 @@ def test_a_mover_stops_on_sigterm_while_redis_does_not_answer(
         os.kill(pid_of(server), signal.SIGCONT)
 
 
+def test_a_move_call_its_mover_gave_up_on_moves_nothing_when_the_server_reads_it_later(
+    server: RedisServer,
+) -> None:
+    """A server paused (SIGSTOP, a frozen VM) reads a move call whose mover gave up on it when
+    it resumes: the call moved what had fallen due meanwhile, onto this server's lists, where
+    a worker still waiting took it, while its mover, gone over to a promoted replica, moved the
+    same messages there (Sentinel: doubled). Past the deadline its mover gave it, it moves
+    nothing; the next call moves them, once."""
+    admin = server.client()
+    store = Store(server.client(socket_timeout=2.0))
+    assert store.move_due(100).moved == 0  # a first reply: the next call's deadline is known
+    publish_due_soon(server.delay_url, 3)
+    wait_until_due(admin)
+    admin.close()
+    os.kill(pid_of(server), signal.SIGSTOP)
+    try:
+        with pytest.raises(RedisUnavailable):  # its socket timed out: the mover gave it up
+            store.move_due(100)
+    finally:
+        os.kill(pid_of(server), signal.SIGCONT)
+    # The server reads what waited, the call first, then its closed connection: once every other
+    # connection is gone, the call has run.
+    wait_until(lambda: [c["id"] for c in admin.client_list()] == [str(admin.client_id())], timeout=DEADLINE_S)
+    assert admin.llen(QUEUE) == 0 and len(stored(admin)) == 3  # it ran, and moved nothing
+    assert store.move_due(100).moved == 3 and admin.llen(QUEUE) == 3
+
+
 def blocked_calls(client: redis.Redis) -> int:
     """How many calls of other clients wait on ``client``'s server (flag ``b``: here, a pause)."""
     return sum("b" in c["flags"] for c in client.client_list() if int(c["id"]) != client.client_id())
