@@ -284,6 +284,11 @@ class Mover:
         """Record a heartbeat if the last is a heartbeat interval old; cheap to call per batch."""
         now = time.monotonic()
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
+            # A replica that takes writes (replica-read-only no) refuses none of a move's: what
+            # moved there stayed scheduled on its master, and ran twice. Told as a refusal.
+            apart, refuses = self.store.write_refusal()
+            if apart is not None and not refuses:
+                raise RedisRefused(apart)
             _, recorded = self.store.heartbeat(self.name)
             if not recorded and self._last_beat > float("-inf"):
                 logger.warning(HEARTBEAT_GONE, self.name)

@@ -34,10 +34,12 @@ class ServerFacts(StoreBase):
     def write_refusal(self) -> tuple[str | None, bool]:
         """What is wrong with where Redis's writes go, read without writing one (``INFO
         replication``), and whether it refuses every write: a replica (refusing, unless its
-        ``replica-read-only`` is off: then what is written there is lost at its next sync), or a
-        master under ``min-replicas-to-write`` none of whose replicas is in time (Redis shows their
-        count only under that setting); ``(None, False)`` where it takes writes, or cannot tell
-        (``INFO`` refused by an ACL, a master with some replicas in time)."""
+        ``replica-read-only`` is off: then what is written there stays there, apart from its
+        master's data, and movers refuse to move there), or a master under
+        ``min-replicas-to-write`` fewer of whose replicas are in time than that asks for (Redis
+        shows their count only under that setting; where ``CONFIG`` is refused, judged as if it
+        asked for one); ``(None, False)`` where it takes writes, or cannot tell (``INFO``
+        refused by an ACL)."""
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("replication")
@@ -48,29 +50,37 @@ class ServerFacts(StoreBase):
                 link = as_text(info.get("master_link_status", "?"))
                 here = f"Redis here is a replica (of {master}, link {link}): "
                 fix = "give kombu-delay the master's address (or Sentinel's: delaysentinel://)"
-                if self._replica_writable():
+                if self._config("replica-read-only") == "no":
                     return (
-                        f"{here}what is written here is lost at its next sync with its master; {fix}",
+                        f"{here}it takes writes (replica-read-only no), but they stay apart from its "
+                        "master's data: a message moved here stays scheduled on the master, whose movers "
+                        "move it too, so it runs twice where anything takes from this replica, or once it "
+                        f"is promoted; movers refuse to move here; {fix}",
                         False,
                     )
                 refused = "it refuses every write, so movers move nothing, and publishes and workers fail"
                 return f"{here}{refused}; {fix}", True
-        if "min_slaves_good_slaves" in info and int(info["min_slaves_good_slaves"]) == 0:
-            return (
-                "Redis refuses every write (NOREPLICAS): none of its replicas has acknowledged it within "
-                "min-replicas-max-lag, which its min-replicas-to-write asks for (a failover under way, a "
-                "replica down), so movers move nothing, and publishes and workers fail, until one has"
-            ), True
-        return None, False
+            if "min_slaves_good_slaves" not in info:
+                return None, False
+            good, wanted = int(info["min_slaves_good_slaves"]), self._config("min-replicas-to-write")
+            asked = int(wanted) if wanted is not None and wanted.isdigit() else 1
+            if good >= asked:
+                return None, False
+        in_time = "none of its replicas has" if good == 0 else f"only {good} of its replicas have"
+        return (
+            f"Redis refuses every write (NOREPLICAS): {in_time} acknowledged it within min-replicas-max-lag, "
+            f"and its min-replicas-to-write asks for {asked} (a failover under way, a replica down), so "
+            "movers move nothing, and publishes and workers fail, until enough have"
+        ), True
 
-    def _replica_writable(self) -> bool:
-        """Whether this replica takes writes (``replica-read-only no``); ``False`` where ``CONFIG``
-        is refused or renamed (the default, read-only)."""
+    def _config(self, name: str) -> str | None:
+        """The server's setting ``name`` (``CONFIG GET``); ``None`` where ``CONFIG`` is refused or
+        renamed, or the setting unknown."""
         try:
-            found: dict[Any, Any] = self.client.config_get("replica-read-only")
+            found: dict[Any, Any] = self.client.config_get(name)
         except redis.ResponseError:
-            return False
-        return any(as_text(value) == "no" for value in found.values())
+            return None
+        return next((as_text(value) for value in found.values()), None)
 
     def in_cluster(self) -> bool | None:
         """Whether the server is a node of a Redis Cluster (``INFO cluster``), ``None`` where it

@@ -681,10 +681,13 @@ def test_a_sigterm_that_comes_inside_a_wait_stops_the_mover() -> None:
 # -- a read-only replica ------------------------------------------------------------------
 
 
-def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplog) -> None:
+@pytest.mark.parametrize("writable", [False, True], ids=["read-only", "writable"])
+def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplog, writable: bool) -> None:
     """During a failover a mover may talk to a replica for a while: every move is refused
     (READONLY) before it writes anything. The mover says so in one line per try, without a
-    traceback, keeps everything stored, and moves it all once the replica is promoted."""
+    traceback, keeps everything stored, and moves it all once the replica is promoted. A
+    replica that takes writes (replica-read-only no) refused none: the mover moved there, and
+    what it moved stayed scheduled on the master (run twice). The mover refuses it itself."""
     import threading
 
     from kombu_delay.config import Settings
@@ -692,7 +695,8 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
 
     publish_due_soon(server.delay_url, 3, delay_ms=200)
     primary = server.client()
-    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port)]) as replica:
+    taking = ["--replica-read-only", "no"] if writable else []
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port), *taking]) as replica:
         client = replica.client()
         wait_until(lambda: len(stored(client)) == 3, timeout=DEADLINE_S, interval=0.1)
         wait_until_due(client)
@@ -705,7 +709,8 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
                 wait_until(lambda: mover.stats.errors >= 2, timeout=DEADLINE_S, interval=0.1)
                 assert len(stored(client)) == 3 and client.llen(QUEUE) == 0  # nothing taken
                 assert len(stored(primary)) == 3 and primary.llen(QUEUE) == 0
-                refused = [r for r in caplog.records if "read only replica" in r.getMessage()]
+                told = "Redis here is a replica" if writable else "read only replica"
+                refused = [r for r in caplog.records if told in r.getMessage()]
                 assert refused and all(r.levelname == "WARNING" and not r.exc_info for r in refused)
                 assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
 

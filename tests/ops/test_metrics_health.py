@@ -403,7 +403,7 @@ def test_health_and_stats_say_when_redis_refuses_every_write(server: RedisServer
             done = health(server, "", "--liveness")
             assert done.returncode == 1 and "no mover heartbeat" in done.stdout, done.stdout
             done = health(server, "")
-            assert done.returncode == 1 and "what is written here is lost" in done.stdout, done.stdout
+            assert done.returncode == 1 and "movers refuse to move here" in done.stdout, done.stdout
         finally:
             admin.config_set("replica-read-only", "yes")
         with DelayControl(server.delay_url) as control:
@@ -411,6 +411,29 @@ def test_health_and_stats_say_when_redis_refuses_every_write(server: RedisServer
     finally:
         admin.replicaof("NO", "ONE")
     assert "refuses every write" not in health(server, "").stdout
+
+
+def test_health_says_when_fewer_replicas_are_in_time_than_min_replicas_to_write_asks_for(
+    server: RedisServer,
+) -> None:
+    # With one replica in time of the two asked for, Redis refused every write, and health blamed
+    # the mover's heartbeat (exit 1, and --liveness too: a restart that cannot help).
+    admin = server.client()
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", str(server.port)]):
+        wait_until(lambda: admin.info("replication")["connected_slaves"] == 1, timeout=120)
+        admin.config_set("min-replicas-to-write", 2)
+        try:
+            wait_until(lambda: admin.info("replication").get("min_slaves_good_slaves") == 1, timeout=120)
+            done = health(server, "")
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert done.stdout.startswith("UNHEALTHY: Redis refuses every write (NOREPLICAS): only 1 of"), (
+                done.stdout
+            )
+            assert "asks for 2" in done.stdout
+            done = health(server, "", "--liveness")
+            assert done.returncode == 2 and "a mover restart cannot cure this" in done.stdout, done.stdout
+        finally:
+            admin.config_set("min-replicas-to-write", 0)
 
 
 def test_a_heartbeat_ahead_of_redis_is_no_sign_of_life(redis_server, r, prefix):
