@@ -15,13 +15,14 @@ from kombu_delay.store.replies import Census
 #: Most destinations a census reads by name (``HMGET``): with more, an ``HGETALL`` of a bucket's
 #: meta hash (it holds only the destinations it has messages for) costs less.
 CENSUS_DESTS_MAX = 16
-#: Most sorted sets (a bucket's, one per destination) one census call counts, where it counts
-#: every destination (more than :data:`CENSUS_DESTS_MAX`): about 40 ms of Redis's time. With
-#: thousands of queues a bucket counts thousands, and one call for the window held Redis for
-#: seconds (every other client answered BUSY past 5 s).
+#: Most sorted sets (a bucket's, one per destination) one census call counts: about 40 ms of
+#: Redis's time. With thousands of queues a bucket counts thousands, and one call for the
+#: window held Redis for seconds (every other client answered BUSY past 5 s); so did one of
+#: 16 destinations over 10,000 buckets.
 CENSUS_SETS_PER_CALL = 10_000
-#: Most census calls per space: past them the census is cut short (``truncated``).
-CENSUS_CALLS = 10
+#: Most census calls per space: past them the census is cut short (``truncated``). Enough for
+#: ``max_buckets`` (10,000) buckets of :data:`CENSUS_DESTS_MAX` destinations.
+CENSUS_CALLS = 20
 
 
 def _few_dests(dests: Iterable[str] | None) -> list[str]:
@@ -52,9 +53,9 @@ class Counting(StoreBase):
         exist (one ``EXISTS`` per 1,000 of them) and, for a bucket that has started, one
         ``ZCOUNT`` per destination, unless its noted earliest due time is ahead; never a
         member. At most ``max_buckets`` buckets are
-        examined by a call, past which it is cut short; where every destination is read (more
-        than :data:`CENSUS_DESTS_MAX`), a call stops after :data:`CENSUS_SETS_PER_CALL` sorted
-        sets and the next goes on, :data:`CENSUS_CALLS` calls a space at most. Compressed
+        examined (by the calls together, where ``dests`` are named), past which it is cut
+        short; a call stops after about :data:`CENSUS_SETS_PER_CALL` sorted sets and the next
+        goes on, :data:`CENSUS_CALLS` calls a space at most. Compressed
         messages (the cold space) are counted too, in calls of their own.
 
         ``dests``: the destinations to count, where they are at most :data:`CENSUS_DESTS_MAX`

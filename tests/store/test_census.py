@@ -195,6 +195,43 @@ def test_a_census_of_many_queues_is_counted_in_bounded_calls_that_add_up(
     assert cut.truncated and 0 < cut.overdue + sum(cut.slots) < whole.overdue + sum(whole.slots)
 
 
+def _census_by_name_in_bounded_calls(r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, later, _ = _with_a_lost_set(r, prefix)
+    dests = store.counts()
+    whole = store.census(later, 30 * MINUTE, 6, dests=dests)
+    first = store.census(later, 30 * MINUTE, 6, max_buckets=40, dests=dests)  # cut by the buckets
+    assert first.truncated and not whole.truncated
+    before = _calls(r, "evalsha") + _calls(r, "fcall")
+    monkeypatch.setattr("kombu_delay.store.census.CENSUS_SETS_PER_CALL", len(dests) * 2)
+    monkeypatch.setattr("kombu_delay.store.census.CENSUS_CALLS", 1000)
+    assert store.census(later, 30 * MINUTE, 6, dests=dests) == whole
+    assert _calls(r, "evalsha") + _calls(r, "fcall") - before > 20  # two buckets a call
+    # The calls together examine max_buckets at most, as one call did.
+    assert store.census(later, 30 * MINUTE, 6, max_buckets=40, dests=dests) == first
+    monkeypatch.setattr("kombu_delay.store.census.CENSUS_CALLS", 2)
+    cut = store.census(later, 30 * MINUTE, 6, dests=dests)
+    assert cut.truncated and 0 < cut.overdue + sum(cut.slots) < whole.overdue + sum(whole.slots)
+
+
+def test_a_census_by_name_is_counted_in_bounded_calls_that_add_up(
+    r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With 16 destinations (4 queues of kombu's 4 priority steps) or fewer, a census read them
+    # by name in one call over up to 10,000 buckets: 160,000 sets, a call that held Redis for
+    # seconds at each `stats --hours 336` and each refresh of the dashboard's days.
+    _census_by_name_in_bounded_calls(r, prefix, monkeypatch)
+
+
+def test_on_redis_7_a_census_by_sort_is_counted_in_bounded_calls_that_add_up(
+    server7: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = server7.client()
+    r.flushall()
+    _census_by_name_in_bounded_calls(r, prefix, monkeypatch)
+    assert _calls(r, "sort_ro") > 20
+    r.close()
+
+
 @pytest.mark.parametrize("space", ["ordinary", "cold"])
 def test_the_overdue_count_of_many_queues_is_made_in_bounded_calls_that_add_up(
     r: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch, space: str

@@ -5,13 +5,16 @@ ARGV[1] ns           key namespace, "<global_keyprefix>kombu_delay:"
 ARGV[2] now_ms       a member is due when floor(score) <= now_ms
 ARGV[3] slot_ms      width of one histogram slot, ms; slot 0 starts at now_ms
 ARGV[4] slots        number of slots
-ARGV[5] max_buckets  most buckets examined by this call (from the cursor ARGV[8])
+ARGV[5] max_buckets  most buckets examined by this call (from the cursor ARGV[8]); with dests,
+                     by all the calls of one census together
 ARGV[6] space        "" for the ordinary buckets, "c" for the cold ones (KEYS[1] is then <ns>cindex)
-ARGV[7] max_sets     without dests: most sorted sets (a bucket's, one per destination it counts)
-                     counted in this call, after the bucket that reaches it; with many queues a
-                     bucket counts many, and a call that counted them all held Redis for seconds
-ARGV[8] after        without dests: a cursor, the start of the last bucket counted by the call
-                     before ('' to begin); the buckets after it are counted
+ARGV[7] max_sets     most sorted sets (a bucket's, one per destination it counts) counted in this
+                     call: without dests, after the bucket that reaches it; with them, in as many
+                     buckets as hold that many of their sets at most (at least one). With many
+                     queues a bucket counts many, and a call that counted them all held Redis
+                     for seconds; with 16 destinations, a call over 10,000 buckets did too
+ARGV[8] after        a cursor, the start of the last bucket counted by the call before ('' to
+                     begin); the buckets after it are counted
 ARGV[9..] dests      optional: the destinations to count (stats passes those <ns>counts
                      counts, when they are few); a destination left out is not counted.
                      Without them, every destination a meta hash counts is. With them, the
@@ -25,13 +28,13 @@ ARGV[9..] dests      optional: the destinations to count (stats passes those <ns
                      skip list (some KB more, at most, kept until it is deleted).
 Returns: {truncated (1 if max_buckets cut the census), cursor, overdue, vanished, count_slot_0, ...}
          cursor: '' where the call counted every bucket left in the window, else the ARGV[8]
-         of the next call (only without dests, where ARGV[7] cut it).
+         of the next call (where ARGV[7] cut it).
          A bucket that started already adds its due members to overdue and the rest to
          slot 0; a later one adds its size to the slot its start falls in (the resolution
          is one bucket width). vanished: messages still counted whose sorted set is gone
          (expired or evicted; a mover's next move or sweep settles them), or of another
          type (written by hand), in no slot.
-Bound: ARGV[5] buckets, and without dests those whose sets reach ARGV[7] (and the one that
+Bound: ARGV[5] buckets, and those whose sets reach ARGV[7] (without dests, and the one that
        passes it): one SORT_RO, or one HMGET or HGETALL of each meta hash (whose counts give
        the sizes); one EXISTS per 1000 sorted sets (one per set where some are gone); one
        ZCOUNT per destination of a bucket that has started (none where its noted earliest due
@@ -58,8 +61,17 @@ local reply = {0, '', 0, 0}
 for i = 1, slots do reply[i + 4] = 0 end
 local from = after == '' and '-inf' or '(' .. after
 local in_window = redis.call('ZCOUNT', index, from, horizon)
-if in_window > max_buckets then reply[1] = 1 end
-local n_buckets = math.min(in_window, max_buckets)
+-- With dests, a census's calls together examine max_buckets at most: those before this one
+-- examined the window's buckets up to the cursor. (Those it left are counted by rank, first.)
+local before = 0
+if #dests > 0 and after ~= '' then before = redis.call('ZCOUNT', index, '-inf', after) end
+if in_window > max_buckets - before then reply[1] = 1 end
+local n_buckets = math.max(0, math.min(in_window, max_buckets - before))
+if #dests > 0 and n_buckets > math.max(1, math.floor(max_sets / #dests)) then
+  n_buckets = math.max(1, math.floor(max_sets / #dests))  -- the rest in the next call
+  reply[1] = 0
+  reply[2] = 'cut'  -- (the start of this call's last bucket, once it is known)
+end
 
 -- The window's buckets with their counts of the fields asked for, as one SORT_RO of the index
 -- in its order (by start) returns them: each start followed by its counts. nil where it cannot.
@@ -74,7 +86,7 @@ local function counts_sorted()
   if not redis.acl_check_cmd('SORT_RO', index) or not redis.acl_check_cmd('SORT_RO', '\0') then
     return nil
   end
-  local args = {index, 'BY', 'nosort', 'LIMIT', 0, n_buckets, 'GET', '#'}
+  local args = {index, 'BY', 'nosort', 'LIMIT', before, n_buckets, 'GET', '#'}
   for _, field in ipairs(fields) do
     args[#args + 1] = 'GET'
     args[#args + 1] = s:meta('*') .. '->' .. field
@@ -117,8 +129,10 @@ end
 local rows = counts_sorted()
 if rows then
   for i = 1, #rows, #fields + 1 do add_counts(rows[i], rows, i) end
+  if reply[2] == 'cut' then reply[2] = redis.call('ZSCORE', index, rows[#rows - #fields]) end
 else
   local starts = redis.call('ZRANGEBYSCORE', index, from, horizon, 'LIMIT', 0, n_buckets)
+  if reply[2] == 'cut' then reply[2] = redis.call('ZSCORE', index, starts[#starts]) end
   for n, start_s in ipairs(starts) do
     if #dests == 0 and #sets >= max_sets then  -- the rest in the next call
       if n > 1 then reply[2] = redis.call('ZSCORE', index, starts[n - 1]) end  -- (a member may be no number)
