@@ -100,6 +100,7 @@ def health(
     if liveness:
         this_host, max_overdue = True, 0.0
     try:
+        tgt.settings()  # its WARNING for an option it does not read, before a connect that fails
         with tgt.open() as store:
             host = socket.gethostname() if this_host else None
             seen = check(store, host, notes=not liveness, overdue=max_overdue > 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -187,6 +188,19 @@ def test_health_follows_the_mover(private_server, spawn, prefix):
     gone = health(private_server, prefix)
     assert gone.returncode == 2, gone.stdout
     assert gone.stdout.startswith("UNREACHABLE:")
+    # An option it does not read is told, as stats tells it, before the connect that fails (it
+    # was told nothing, then that the connect failed: "check ssl_ca_certs").
+    unread = [
+        sys.executable,
+        "-m",
+        "kombu_delay",
+        "-b",
+        private_server.delay_url,
+        "-o",
+        "ssl_ca_certs=/ca.pem",
+    ]
+    told = subprocess.run([*unread, "health"], capture_output=True, text=True, timeout=120)
+    assert told.returncode == 2 and "transport option 'ssl_ca_certs' is not read" in told.stderr, told.stderr
     client.close()
 
 
