@@ -138,7 +138,10 @@ class Mover:
                 failed_for = backoff.reset()
                 if failed_for is not None:  # the end of an outage, or of a refusal, told too
                     self._failures.over()
-                    logger.info("mover %s: Redis calls succeed again, after %.0f s", self.name, failed_for)
+                    logger.info(
+                        "mover %s: Redis calls succeed again, after %.0f s (on %s)",
+                        *(self.name, failed_for, self.store.address()),
+                    )
                 self._wait(wake, min(self._sleep_for(result), thaw_in, sweep_in, stage_in, self._beat_in()))
             except Exception as exc:  # the top of the loop: log, back off, reconnect
                 self.told(exc)

@@ -245,8 +245,8 @@ class Watch:
                 what = "another Redis server answers (a failover, or a new address)"
                 kept = REPLICATED
             logger.warning(
-                "mover %s: %s: run id %s, was %s, up %d s; it holds %s",
-                *(self.name, what, run_id, self._run_id[0], uptime_s, kept),
+                "mover %s: %s: run id %s (on %s), was %s, up %d s; it holds %s",
+                *(self.name, what, run_id, self.store.address(), self._run_id[0], uptime_s, kept),
             )
         self._run_id = (run_id, now)
 

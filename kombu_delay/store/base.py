@@ -301,6 +301,21 @@ class StoreBase:
         and was refused, while an idle one below it, still connected, held the last place."""
         self.client.connection_pool.disconnect(inuse_connections=False)
 
+    def address(self) -> str:
+        """Where this store's calls go, as ``host:port`` (a socket's path): through Sentinel,
+        the master it found last (no round trip; ``?`` before it found one)."""
+        pool = self.client.connection_pool
+        proxy = getattr(pool, "proxy", None)  # (redis-py's SentinelConnectionPool)
+        found = getattr(proxy, "master_address", None) if proxy is not None else None
+        kwargs = pool.connection_kwargs
+        if proxy is not None:
+            return "?" if not found else f"{found[0]}:{found[1]}"
+        return (
+            str(kwargs["path"])
+            if "path" in kwargs
+            else f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        )
+
     def time_ms(self, reader: Any = None) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one), read
         through ``reader`` (a connection in hand, a pipeline watching keys) when given."""

@@ -77,6 +77,7 @@ def test_delaysentinel_url_reaches_every_sentinel(sentinel_cluster):
     sentinel_cluster.sentinels[0].stop()
     with open_store(sentinel_cluster.url, OPTIONS) as store:
         assert store.time_ms() > 0
+        assert store.address() == f"127.0.0.1:{sentinel_cluster.master.port}"  # the master found
         store.count("probe")
     assert sentinel_cluster.master.client().hget(keys.totals(""), "probe") == b"1"
 
@@ -346,6 +347,9 @@ def test_failover_during_moving(cluster, spawn, how):
     with open_store(cluster.url, OPTIONS) as store:
         assert store.counts() == {}
     assert mover.stop() == 0, mover.output()
+    if how == "kill-master":  # the mover names the master it found (it named none)
+        assert "Redis calls succeed again, after" in mover.output()
+        assert f"(on 127.0.0.1:{cluster.replica.port})" in mover.output(), mover.output()[-4000:]
 
 
 def test_no_sentinel_answering_is_told_by_their_addresses():
