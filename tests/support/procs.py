@@ -4,6 +4,7 @@ and every wait polls a predicate until a generous deadline."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -51,6 +52,11 @@ def wait_for_exit(proc: Proc, timeout: float = 120.0) -> int:
     return int(proc.popen.returncode)
 
 
+def _hangup_by_default() -> None:
+    """In a child before it runs its program: SIGHUP's default action, not an ignore inherited."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class Proc:
     """A child process of the suite, stopped by PID."""
 
@@ -58,8 +64,15 @@ class Proc:
         self.log = log
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
         try:
+            # SIGHUP as a terminal would leave it, whatever ours is: a suite run under nohup left
+            # it ignored in every child, and a mover rightly keeps an ignored SIGHUP ignored.
             self.popen = subprocess.Popen(
-                args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+                args,
+                cwd=ROOT,
+                env={**os.environ, **(env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_hangup_by_default,
             )
         finally:
             if log:  # the child writes to its own copy; ours would be left for the GC to close
