@@ -160,8 +160,8 @@ def memory_problem(
     return (
         f"Redis is at its maxmemory ({used / 2**20:,.1f} MB used of {limit / 2**20:,.1f} MB, "
         f"{left}): it refuses every write larger than what is left, publishes among them, and "
-        "workers fail as they fetch (kombu records what they fetch: a write); movers go on "
-        "moving; free memory or raise maxmemory"
+        "workers on delayredis:// deliver what they fetch unrecorded (on redis:// they fail as they "
+        "fetch: kombu records what they fetch, a write); movers go on moving; free memory or raise maxmemory"
     )
 
 
