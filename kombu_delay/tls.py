@@ -69,6 +69,9 @@ CLOSED_HANDSHAKE = (
     "Connection reset by peer",
 )
 
+#: What a connection without TLS to a port that speaks it reads as: Redis closes it.
+PLAIN_CLOSED = ("Connection reset by peer", "Connection closed by server")
+
 
 def hint(conn: Any, exc: BaseException) -> str:
     """What the failure ``exc`` of the kombu connection ``conn`` may mean over TLS: a timeout, a
@@ -85,6 +88,8 @@ def hint(conn: Any, exc: BaseException) -> str:
             "connection of a client that gives none or one it does not trust: check ssl_certfile "
             "and ssl_keyfile)"
         )
+    if not over_tls and any(word in str(exc) for word in PLAIN_CLOSED):
+        return " (a port that speaks TLS closes a connection that does not: if it does, use delayrediss://)"
     return ""
 
 

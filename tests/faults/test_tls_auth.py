@@ -287,6 +287,16 @@ def test_a_tls_url_at_a_port_without_tls_says_what_its_timeout_may_mean(
     assert "TLS" not in str(raised.value)
 
 
+def test_a_plain_url_at_a_port_that_speaks_tls_says_what_its_closing_may_mean(
+    tls_server: TLSRedisServer,
+) -> None:
+    # Redis closes a connection without TLS at its TLS port: "Connection reset by peer", no more.
+    url = f"delayredis://127.0.0.1:{tls_server.port}/0"
+    timeouts = {"socket_connect_timeout": 5, "socket_timeout": 5}
+    with pytest.raises(RedisUnavailable, match="if it does, use delayrediss://"), open_store(url, timeouts):
+        pass
+
+
 def test_a_tls_file_that_cannot_be_read_is_a_configuration_error_naming_it(
     tls_server: TLSRedisServer, spawn: Callable[..., Proc]
 ) -> None:
