@@ -47,6 +47,9 @@ def test_every_series_the_grafana_dashboard_queries_is_one_the_mover_exports(r, 
     dashboard = json.loads(DASHBOARD.read_text())
     wanted = queried(dashboard)
     assert len(wanted) >= 10, "the dashboard queries the metrics"
+    # What only an alert told: dead letters waiting, a Redis that keeps nothing, no mover scraped.
+    assert {"kombu_delay_dead_letters_kept", "kombu_delay_redis_persistence_off"} <= wanted
+    assert any("up{" in target["expr"] for panel in dashboard["panels"] for target in panel["targets"])
     port = free_port()
     args = [sys.executable, "-m", "kombu_delay", "-b", redis_server.delay_url, "mover"]
     spawn([*args, "--metrics-port", str(port)], name="mover")
