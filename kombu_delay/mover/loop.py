@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 STOP_SLICE_S = 0.25
 #: Longest a stopping mover waits for Redis to take its heartbeat away, seconds.
 FORGET_WAIT_S = 2.0
+#: What a mover on a replica is told to do.
+ON_A_REPLICA = (
+    "give it the master's address (or Sentinel's: delaysentinel://); it moves once this one is promoted"
+)
 #: How often, at least, a mover sweeps every bucket (sweep.lua: it pushes out the expiry of
 #: what it holds, and settles buckets found gone), seconds.
 SWEEP_EVERY_S = 60.0
@@ -288,10 +292,11 @@ class Mover:
         now = time.monotonic()
         if now - self._last_beat >= self.settings.heartbeat_interval_ms / 1000:
             # A replica that takes writes (replica-read-only no) refuses none of a move's: what
-            # moved there stayed scheduled on its master, and ran twice. Told as a refusal.
-            apart, refuses = self.store.write_refusal()
-            if apart is not None and not refuses:
-                raise RedisRefused(apart)
+            # moved there stayed scheduled on its master, and ran twice. No mover moves on a
+            # replica (one that takes none refuses every move anyway). Told as a refusal.
+            replica = self.store.replica_of()
+            if replica is not None:
+                raise RedisRefused(f"{replica}: a mover moves only on a master; {ON_A_REPLICA}")
             _, recorded = self.store.heartbeat(self.name)
             if not recorded and self._last_beat > float("-inf"):
                 logger.warning(HEARTBEAT_GONE, self.name)

@@ -10,6 +10,7 @@ two movers list is restored by one of them only.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -19,7 +20,7 @@ import redis
 from kombu_delay.config import Settings
 from kombu_delay.errors import FATAL_ERRORS, OverMaxmemory, RedisRefused
 from kombu_delay.mover import thaw_plan
-from kombu_delay.mover.pacing import Repeats, failure_kind
+from kombu_delay.mover.pacing import FAILURE_REPEAT_S, Repeats, failure_kind
 from kombu_delay.mover.tally import tell_damaged
 from kombu_delay.store import Store, keys, spaces
 from kombu_delay.store.replies import BucketCounts, ThawResult
@@ -85,9 +86,11 @@ class Thawer:
         #: A thaw refused or failing, told once a minute while it lasts, and its end; and Redis
         #: over maxmemory, told once a minute while thaws ahead are refused.
         self._failures, self._over_maxmemory = Repeats(logger), Repeats(logger)
-        #: Thawed messages dead-lettered for their bucket's keys of another type: told once a
-        #: minute while the same keys block them (each thaw step met one or a few: a line each).
-        self._blocked = Repeats(logger)
+        #: Thawed messages dead-lettered for their bucket's keys of another type (each thaw step
+        #: met one or a few: a line each): each key told once a minute while it blocks them
+        #: (when told, monotonic s), with the count since the last line.
+        self._blocked_told: dict[str, float] = {}
+        self._blocked_since = 0
         self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
 
     def wake(self) -> None:
@@ -242,9 +245,7 @@ class Thawer:
             self.on_thaw(result)
         tell_damaged(self.name, result.damaged)
         if result.blocked:
-            self._blocked.tell(
-                logging.ERROR, tuple(result.blocking), self._blocked_text(result), self.monotonic()
-            )
+            self._tell_blocked(result)
         if result.expired:
             logger.warning(
                 "mover %s: %d compressed scheduled messages were lost: their bucket expired or "
@@ -261,17 +262,29 @@ class Thawer:
                 result.recounted,
             )
 
-    def _blocked_text(self, result: ThawResult) -> str:
-        n, named = result.blocked, " and ".join(map(repr, result.blocking))
+    def _tell_blocked(self, result: ThawResult) -> None:
+        """Log the messages ``result`` dead-lettered for keys of another type: an ERROR where a key
+        is new or was last told a minute ago or more, else at debug level."""
+        now, told = self.monotonic(), self._blocked_told
+        self._blocked_since += result.blocked
+        n, named = self._blocked_since, " and ".join(map(repr, result.blocking))
         why = "is of another type (written by hand)"
         if any(keys.is_meta(key) for key in result.blocking):
             why += ", which this user may not RENAME out of the way"
-        return (
+        text = (
             f"mover {self.name}: {n} thawed message{'s' if n != 1 else ''} could not be stored, as "
             f"their ordinary bucket's {named} {why}: they went to the dead-letter list "
             f"{keys.dead(self.store.prefix)!r} as stored (kombu-delay dead lists them), counted as "
             "dead; rename or delete the key"
         )
+        fresh = [key for key in result.blocking if now - told.get(key, -math.inf) >= FAILURE_REPEAT_S]
+        if not fresh:
+            logger.debug("%s", text)
+            return
+        logger.error("%s%s", text, " (still)" if all(key in told for key in fresh) else "")
+        self._blocked_since = 0
+        self._blocked_told = {key: at for key, at in told.items() if now - at < 10 * FAILURE_REPEAT_S}
+        self._blocked_told.update(dict.fromkeys(result.blocking, now))
 
     def _wait_after(self, result: ThawResult) -> float:
         """Seconds until the next look after ``result``."""

@@ -20,9 +20,9 @@ CENSUS_DESTS_MAX = 16
 #: window held Redis for seconds (every other client answered BUSY past 5 s); so did one of
 #: 16 destinations over 10,000 buckets.
 CENSUS_SETS_PER_CALL = 10_000
-#: Most census calls per space: past them the census is cut short (``truncated``). Enough for
-#: ``max_buckets`` (10,000) buckets of :data:`CENSUS_DESTS_MAX` destinations.
-CENSUS_CALLS = 20
+#: Most census calls per space: past them the census is cut short (``truncated``); where the
+#: destinations are named, as many more as ``max_buckets`` of their buckets take.
+CENSUS_CALLS = 10
 
 
 def _few_dests(dests: Iterable[str] | None) -> list[str]:
@@ -55,7 +55,8 @@ class Counting(StoreBase):
         member. At most ``max_buckets`` buckets are
         examined (by the calls together, where ``dests`` are named), past which it is cut
         short; a call stops after about :data:`CENSUS_SETS_PER_CALL` sorted sets and the next
-        goes on, :data:`CENSUS_CALLS` calls a space at most. Compressed
+        goes on, :data:`CENSUS_CALLS` calls a space at most (where ``dests`` are named, as many as
+        ``max_buckets`` of their buckets take). Compressed
         messages (the cold space) are counted too, in calls of their own.
 
         ``dests``: the destinations to count, where they are at most :data:`CENSUS_DESTS_MAX`
@@ -74,9 +75,11 @@ class Counting(StoreBase):
                 totals[i] += int(value)
 
         window = [int(now_ms), int(slot_ms), int(slots), max_buckets]
+        # Named, the calls together examine max_buckets at most: as many calls as that takes.
+        calls = max(CENSUS_CALLS, -(-max_buckets * len(few) // CENSUS_SETS_PER_CALL) + 1)
         with translated_errors():
             for space in spaces.ALL:
-                truncated = self._paged("census", space, [*window, space.tag], few, add) or truncated
+                truncated = self._paged("census", space, [*window, space.tag], few, add, calls) or truncated
         return Census(truncated=truncated, overdue=totals[0], vanished=totals[1], slots=totals[2:])
 
     def _paged(
@@ -86,14 +89,15 @@ class Counting(StoreBase):
         head: list[Any],
         tail: list[Any],
         add: Callable[[list[Any]], None],
+        calls: int | None = None,
     ) -> bool:
         """Call script ``name`` (``census.lua``, ``overdue.lua``) on ``space``'s index with the
         arguments ``head``, then at most :data:`CENSUS_SETS_PER_CALL` sets or reads and the cursor
-        of the call before, then ``tail``, until a reply has no cursor, :data:`CENSUS_CALLS` calls
-        at most; ``add`` takes each reply's counts (what follows its truncated flag and cursor).
-        Return whether it was cut short."""
+        of the call before, then ``tail``, until a reply has no cursor, ``calls`` calls at most
+        (:data:`CENSUS_CALLS` by default); ``add`` takes each reply's counts (what follows its
+        truncated flag and cursor). Return whether it was cut short."""
         after = ""
-        for _ in range(CENSUS_CALLS):
+        for _ in range(CENSUS_CALLS if calls is None else calls):
             args = [self.ns, *head, CENSUS_SETS_PER_CALL, after, *tail]
             reply = self._scripts[name](keys=[space.index(self.prefix)], args=args)
             add(reply[2:])

@@ -103,6 +103,10 @@ class RedisClock:
         self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2 * 1000
 
 
+#: The least time a call's deadline allows after it is sent, ms (see :class:`GiveUp`).
+LEAST_WAIT_MS = 1000
+
+
 class GiveUp:
     """When a client gives up waiting for a script call, by Redis's clock: the call's deadline.
 
@@ -111,14 +115,16 @@ class GiveUp:
     failover promoted a replica meanwhile). A script given the deadline does nothing past it
     (``move.lua``). The deadline is reckoned from Redis's clock in the last reply, which Redis
     read before it sent that reply, so it falls no later than the moment the client gives up
-    (unless Redis's clock steps back, or a failover brings a server whose clock is behind).
+    (unless Redis's clock steps back, or a failover brings a server whose clock is behind), and
+    no sooner than :data:`LEAST_WAIT_MS` after the call is sent, however short the timeout: a
+    failover takes seconds, and with a timeout of a millisecond or less every call came past it.
     """
 
     def __init__(self, client: redis.Redis, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
         #: The client's ``socket_timeout``, ms (``None``: it waits for ever, and gives up on none).
-        self.timeout_ms = None if not timeout else int(float(timeout) * 1000)
+        self.timeout_ms = None if not timeout else max(LEAST_WAIT_MS, int(float(timeout) * 1000))
         self._heard: tuple[int, float] | None = None  # (Redis's clock, ms; monotonic s)
 
     def heard(self, redis_ms: int) -> None:

@@ -31,35 +31,50 @@ class ServerFacts(StoreBase):
         used = int(info.get("used_memory", 0)) - int(info.get("mem_not_counted_for_evict", 0))
         return None if policy is None else as_text(policy), (used, limit) if limit > 0 else None
 
+    def replica_of(self) -> str | None:
+        """Where Redis here is a replica, what it says of it (``INFO replication``): of which
+        master, and its link to it; ``None`` where it is a master, or cannot tell (``INFO``
+        refused by an ACL). A mover refuses to move on a replica, whether or not it takes
+        writes: what a replica takes stays apart from its master's data."""
+        with translated_errors():
+            try:
+                info: dict[str, Any] = self.client.info("replication")
+            except redis.ResponseError:
+                return None
+        if as_text(info.get("role", "")) != "slave":
+            return None
+        master = f"{as_text(info.get('master_host', '?'))}:{info.get('master_port', '?')}"
+        return f"Redis here is a replica (of {master}, link {as_text(info.get('master_link_status', '?'))})"
+
     def write_refusal(self) -> tuple[str | None, bool]:
         """What is wrong with where Redis's writes go, read without writing one (``INFO
-        replication``), and whether it refuses every write: a replica (refusing, unless its
-        ``replica-read-only`` is off: then what is written there stays there, apart from its
-        master's data, and movers refuse to move there), or a master under
-        ``min-replicas-to-write`` fewer of whose replicas are in time than that asks for (Redis
-        shows their count only under that setting; where ``CONFIG`` is refused, judged as if it
-        asked for one); ``(None, False)`` where it takes writes, or cannot tell (``INFO``
-        refused by an ACL)."""
+        replication``), and whether no mover can move there: a replica (one that refuses every
+        write, or, where its ``replica-read-only`` is off, one that takes them apart from its
+        master's data, where movers refuse to move), or a master under ``min-replicas-to-write``
+        fewer of whose replicas are in time than that asks for (Redis shows their count only
+        under that setting; where ``CONFIG`` is refused, judged as if it asked for one);
+        ``(None, False)`` where it takes writes, or cannot tell (``INFO`` refused by an ACL)."""
+        replica = self.replica_of()
+        if replica is not None:
+            fix = "give kombu-delay the master's address (or Sentinel's: delaysentinel://)"
+            taking = self._config("replica-read-only")
+            if taking == "no":
+                said = (
+                    "it takes writes (replica-read-only no), but they stay apart from its master's "
+                    "data: movers refuse to move here (a message moved here stays scheduled on the "
+                    "master, and runs twice where anything takes from this replica, or once it is "
+                    "promoted), and publishes made here are not its master's"
+                )
+            else:
+                said = "it refuses every write, so movers move nothing, and publishes and workers fail"
+                if taking is None:  # (CONFIG refused: the default, read-only, is the likely case)
+                    said += " (unless its replica-read-only is off: then movers refuse to move here)"
+            return f"{replica}: {said}; {fix}", True
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("replication")
             except redis.ResponseError:
                 return None, False
-            if as_text(info.get("role", "")) == "slave":
-                master = f"{as_text(info.get('master_host', '?'))}:{info.get('master_port', '?')}"
-                link = as_text(info.get("master_link_status", "?"))
-                here = f"Redis here is a replica (of {master}, link {link}): "
-                fix = "give kombu-delay the master's address (or Sentinel's: delaysentinel://)"
-                if self._config("replica-read-only") == "no":
-                    return (
-                        f"{here}it takes writes (replica-read-only no), but they stay apart from its "
-                        "master's data: a message moved here stays scheduled on the master, whose movers "
-                        "move it too, so it runs twice where anything takes from this replica, or once it "
-                        f"is promoted; movers refuse to move here; {fix}",
-                        False,
-                    )
-                refused = "it refuses every write, so movers move nothing, and publishes and workers fail"
-                return f"{here}{refused}; {fix}", True
             if "min_slaves_good_slaves" not in info:
                 return None, False
             good, wanted = int(info["min_slaves_good_slaves"]), self._config("min-replicas-to-write")

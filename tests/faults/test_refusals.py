@@ -681,13 +681,20 @@ def test_a_sigterm_that_comes_inside_a_wait_stops_the_mover() -> None:
 # -- a read-only replica ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("writable", [False, True], ids=["read-only", "writable"])
-def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplog, writable: bool) -> None:
+@pytest.mark.parametrize(
+    ("writable", "user"),
+    [(False, None), (True, None), (True, "noconfig")],
+    ids=["read-only", "writable", "writable, CONFIG refused"],
+)
+def test_a_mover_on_a_replica_waits_for_its_promotion(
+    server: RedisServer, caplog, writable: bool, user: str | None
+) -> None:
     """During a failover a mover may talk to a replica for a while: every move is refused
     (READONLY) before it writes anything. The mover says so in one line per try, without a
     traceback, keeps everything stored, and moves it all once the replica is promoted. A
     replica that takes writes (replica-read-only no) refused none: the mover moved there, and
-    what it moved stayed scheduled on the master (run twice). The mover refuses it itself."""
+    what it moved stayed scheduled on the master (run twice). The mover refuses to move on any
+    replica itself, by INFO alone (the documented ACL line grants no CONFIG)."""
     import threading
 
     from kombu_delay.config import Settings
@@ -701,7 +708,8 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
         wait_until(lambda: len(stored(client)) == 3, timeout=DEADLINE_S, interval=0.1)
         wait_until_due(client)
         caplog.set_level("WARNING", logger="kombu_delay")
-        with open_store(replica.delay_url) as store:
+        url = replica.delay_url if user is None else add_user(client, user, "-config")
+        with open_store(url) as store:
             mover = Mover(store, Settings())
             thread = threading.Thread(target=mover.run, daemon=True)
             thread.start()
@@ -709,7 +717,7 @@ def test_a_mover_on_a_replica_waits_for_its_promotion(server: RedisServer, caplo
                 wait_until(lambda: mover.stats.errors >= 2, timeout=DEADLINE_S, interval=0.1)
                 assert len(stored(client)) == 3 and client.llen(QUEUE) == 0  # nothing taken
                 assert len(stored(primary)) == 3 and primary.llen(QUEUE) == 0
-                told = "Redis here is a replica" if writable else "read only replica"
+                told = "a mover moves only on a master"
                 refused = [r for r in caplog.records if told in r.getMessage()]
                 assert refused and all(r.levelname == "WARNING" and not r.exc_info for r in refused)
                 assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]

@@ -1161,7 +1161,7 @@ def test_a_refusal_that_lasts_is_logged_once_a_minute_not_at_every_retry(server:
             wait_until(lambda: len(said(logging.DEBUG)) >= 3, timeout=120)  # three retries more
             r.replicaof("127.0.0.1", str(free_port()))  # (a master not there): writes refused otherwise
             r.config_set("min-replicas-to-write", 0)
-            wait_until(lambda: said(logging.WARNING, "read only replica"), timeout=120)
+            wait_until(lambda: said(logging.WARNING, "a mover moves only on a master"), timeout=120)
             r.replicaof("NO", "ONE")
             wait_until(lambda: any("succeed again" in x.getMessage() for x in caplog.records), timeout=120)
         finally:

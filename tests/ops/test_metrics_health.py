@@ -410,12 +410,12 @@ def test_health_and_stats_say_when_redis_refuses_every_write(server: RedisServer
         assert done.returncode == 2, done.stdout + done.stderr
         assert done.stdout.startswith("ERROR: Redis here is a replica (of 127.0.0.1:"), done.stdout
         assert "a mover restart cannot cure this" in done.stdout
-        # A writable replica refuses nothing: a mover there that stopped beating is dead, and the
-        # liveness probe says so (exit 1), for it to be restarted; health still names the replica.
+        # A writable replica refuses no write, but movers refuse to move there: no mover beats
+        # there, and a restart cures nothing (exit 2; exit 1 restarted a mover in a loop).
         admin.config_set("replica-read-only", "no")
         try:
             done = health(server, "", "--liveness")
-            assert done.returncode == 1 and "no mover heartbeat" in done.stdout, done.stdout
+            assert done.returncode == 2 and "a mover restart cannot cure this" in done.stdout, done.stdout
             done = health(server, "")
             assert done.returncode == 1 and "movers refuse to move here" in done.stdout, done.stdout
         finally:

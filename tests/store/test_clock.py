@@ -217,3 +217,18 @@ def test_the_schedule_script_pushes_what_is_due_by_its_millisecond_and_stores_th
     ]
     assert outcomes == [Scheduled.PUSHED_NOW, Scheduled.PUSHED_NOW, Scheduled.STORED, Scheduled.STORED]
     assert r.llen(f"{prefix}q") == 2
+
+
+def test_a_move_call_s_deadline_follows_the_last_reply_and_allows_at_least_a_second() -> None:
+    # The deadline of a move call (move.lua moves nothing past it): the time it is sent, by
+    # Redis's clock as the last reply told it, plus the client's socket_timeout. A timeout under
+    # a millisecond gave every call a deadline already past as it ran: none moved anything.
+    seconds = [100.0]
+    for timeout, allowed in ((10.0, 10_000), (0.0009, clock.LEAST_WAIT_MS), (None, None)):
+        give_up = clock.GiveUp(redis.Redis(port=1, socket_timeout=timeout), monotonic=lambda: seconds[0])
+        assert give_up.deadline() == ""  # no reply heard yet: none
+        give_up.heard(5_000_000)
+        seconds[0] += 2.5
+        expected = "" if allowed is None else str(5_000_000 + 2_500 + allowed)
+        assert give_up.deadline() == expected
+        assert give_up.deadline(sent_ms=7_000) == ("" if allowed is None else str(7_000 + allowed))
