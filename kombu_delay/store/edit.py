@@ -50,13 +50,15 @@ class Editing(Inspecting, Publishing):
         moved is on its list, and found no more.) Raises :class:`EditConflict` when other
         edits moved one each time and it is still scheduled.
         """
-        done = 0
+        done, cancelling = 0, False
         try:
             with translated_errors():
                 for _ in range(EDIT_LOOKS):
                     missed = False
                     for stored in self.find(task_id, unreadable=True):
+                        cancelling = True
                         removed = self._cancel_one(task_id, stored, now_ms)
+                        cancelling = False
                         done += removed
                         missed = missed or not removed
                     if not missed:
@@ -64,12 +66,15 @@ class Editing(Inspecting, Publishing):
                 left = len(self.find(task_id, unreadable=True))
         except KombuDelayError as exc:
             # The failed call speaks for itself only: the messages of the id cancelled before it
-            # are told too (one whose reply was lost may have been cancelled as well).
-            if not done:
+            # are told too, and that a cancel whose reply was lost may have been made (a retry
+            # then finds nothing, and says 0).
+            lost = cancelling and isinstance(exc, RedisUnavailable)
+            if not (done or lost):
                 raise
-            raise type(exc)(
-                f"{str(exc).rstrip('.')}; {done} of its messages were cancelled before it"
-            ) from exc
+            told = [f"{done} of its messages were cancelled before it"] if done else []
+            if lost:
+                told.append("its last cancel may have been made before Redis went away (find tells)")
+            raise type(exc)(f"{str(exc).rstrip('.')}; {', and '.join(told)}") from exc
         if left:
             raise EditConflict(
                 f"cannot cancel {task_id!r}: other edits moved its messages each of {EDIT_LOOKS} times "

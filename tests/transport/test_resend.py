@@ -284,3 +284,20 @@ def test_a_retry_that_finds_its_message_due_by_now_pushes_nothing_more(r, redis_
     assert r.hget("kombu_delay:totals", "resent") == b"1"
     assert "stored by an earlier attempt whose reply was lost" in caplog.text
     assert not resend._attempts
+
+
+def test_a_cancel_whose_reply_was_lost_says_it_may_have_been_made(r, redis_server) -> None:
+    # It raised "Redis is unavailable" alone, and the caller's retry said 0: nothing was
+    # scheduled, which reads as a cancel that did nothing, of a message it had cancelled.
+    with Connection(redis_server.delay_url) as conn:
+        for task_id in ("warm-1", "gone-1"):
+            Producer(conn).publish({"n": 1}, routing_key="edits", headers={"id": task_id, "x-delay": 600_000})
+    with LossyProxy(redis_server.port) as proxy:
+        url = f"delayredis://127.0.0.1:{proxy.port}/0"
+        with DelayControl(url, {"socket_timeout": 5}) as control:
+            assert control.cancel("warm-1") == 1 and len(control.find("gone-1")) == 1  # (scripts loaded)
+            proxy.arm(b"gone-1", "reply", skip=1)  # the find's request passes, the cancel's reply is lost
+            with pytest.raises(RedisUnavailable, match=r"its last cancel may have been made .*\(find tells\)"):
+                control.cancel("gone-1")
+            assert proxy.lost.is_set()
+            assert control.find("gone-1") == [] and control.cancel("gone-1") == 0  # it was made
