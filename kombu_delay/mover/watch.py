@@ -264,7 +264,8 @@ class Watch:
             self._record_stranded(stranded)
             found, seen = self.store.stranded_databases(FRESH_HEARTBEAT_MS), self._stranded_dbs
             self._stranded_dbs = set(found)
-            self._tell("databases", databases_problem(found, self.store.prefix, seen), logging.WARNING)
+            told = databases_problem(found, self.store.prefix, seen)  # new with a database, not a count
+            self._tell("databases", told, logging.WARNING, gist=repr(sorted(found)))
         except RedisPermissionError:
             self._scan_allowed = False
             logger.warning(

@@ -601,6 +601,10 @@ def test_messages_in_another_database_that_no_mover_serves_are_told(prefix, capl
                 text for level, text in said(caplog) if level == logging.WARNING
             ]  # (its mover may be starting)
             watch.check_prefixes()
+            # Another message there: the same database, told again only after LOG_REPEAT_S (at
+            # every scan before, as its count changed).
+            Store(other, prefix).schedule(due, f"{prefix}q9", kombu_payload("t9"), Settings())
+            watch.check_prefixes()
             Store(other, prefix).heartbeat("served")  # a mover of database 2 starts
             assert store.stranded_databases(30_000) == {}
             watch.check_prefixes()
