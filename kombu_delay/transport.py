@@ -36,7 +36,7 @@ from kombu_delay import resend, tls
 from kombu_delay.config import Settings
 from kombu_delay.errors import BadETA, DelayTooLong, KombuDelayError, RedisPermissionError, WrongTypeKey
 from kombu_delay.message import message_due, message_id, shown, spent_delay_removed
-from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, MoverAsks, glob_escaped, mover_command
+from kombu_delay.ops.checks import FRESH_HEARTBEAT_MS, MoverAsks, glob_escaped, ways_to_start
 from kombu_delay.poller import DeliveringTransportMixin, RecordingChannelMixin
 from kombu_delay.redact import masked_uri
 from kombu_delay.store import Store, keys
@@ -58,8 +58,7 @@ FANOUT_TOLD = (
 )
 NO_MOVER_TOLD = (
     "kombu-delay: no mover serves key prefix %r on %s (none has a heartbeat in the last %d s): delayed "
-    "messages are stored but not delivered until one runs; start one with `celery -A <your app> delay "
-    "mover` or `%s` (the same database number too)"
+    "messages are stored but not delivered until one runs; start one with %s (the same database number too)"
 )
 PURGE_REFUSED_TOLD = (
     "kombu-delay: queue %s: the messages on its lists were purged (%s), but none of its delayed messages, "
@@ -223,7 +222,7 @@ class DelayChannelMixin(RecordingChannelMixin):
         one does later (:class:`~kombu_delay.ops.checks.MoverAsks`), tell that."""
         told, (_, broker, prefix) = _asks.answered(where, movers), where
         if told == "none":
-            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, mover_command(prefix))
+            logger.warning(NO_MOVER_TOLD, prefix, broker, FRESH_HEARTBEAT_MS // 1000, ways_to_start(prefix))
         elif told == "now":
             logger.info("kombu-delay: a mover serves key prefix %r on %s now", prefix, broker)
 

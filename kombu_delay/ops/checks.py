@@ -55,6 +55,15 @@ def mover_command(prefix: str) -> str:
     return f"kombu-delay --broker <broker URL> --prefix {typed} mover"
 
 
+def ways_to_start(prefix: str) -> str:
+    """How a publisher tells its operator to start a mover of key prefix ``prefix``: through the
+    Celery app, or where the prefix can be typed (:func:`shell_word`), with the CLI too."""
+    app = "`celery -A <your app> delay mover`"
+    if shell_word(prefix) is None:
+        return f"{app} (its key prefix cannot be typed in a shell)"
+    return f"{app} or `{mover_command(prefix)}`"
+
+
 #: How long after a publish found no mover serving its namespace the next asks again, s.
 ASK_AGAIN_S = 60.0
 

@@ -524,6 +524,13 @@ def test_commands_told_to_operators_name_the_prefix_as_a_shell_and_a_glob_read_i
         assert "cannot be typed" in checks.mover_command(prefix) and prefix not in checks.mover_command(
             prefix
         )
+        # A publisher's warning offered `celery -A <your app> delay mover` twice, the second
+        # with this explanation inside its backquotes.
+        ways = checks.ways_to_start(prefix)
+        assert ways == "`celery -A <your app> delay mover` (its key prefix cannot be typed in a shell)"
+    assert checks.ways_to_start("app2:") == (
+        "`celery -A <your app> delay mover` or `kombu-delay --broker <broker URL> --prefix 'app2:' mover`"
+    )
     assert checks.shell_word("app2:") == "'app2:'"
     told = str(checks.stranded_problem({"q\\*": 4}))
     assert "kombu-delay --broker <broker URL> --prefix 'q\\*' mover" in told
