@@ -88,8 +88,9 @@ class Mover:
         self._sweep_cursor: str | None = None
         self._next_sweep = float("-inf")
         self._sweep_began = self._sweep_busy = 0.0
-        #: The failures of its rounds, told once a minute while they last.
-        self._failures = Repeats(logger)
+        #: The failures of its rounds, told once a minute while they last; and its move calls
+        #: that came late.
+        self._failures, self._late = Repeats(logger), Repeats(logger)
         #: The background checks (eviction policy, stranded key prefixes); ``None`` when off.
         #: ``logged``: what they told, kept by a caller that runs one Mover after another.
         self.watch = Watch(store, self.name, on_findings, logged) if watch else None
@@ -210,6 +211,8 @@ class Mover:
                 exact_ms=self.settings.max_sleep_ms,  # (a lower bound past its longest sleep)
             )
             self._call_s = time.monotonic() - self._called_at
+            if result.late:
+                self._came_late()
             self._account(result)
             self.thaw()  # a long backlog must not keep compressed messages from their thaw
             self.sweep()  # nor what it holds from having its expiry pushed out
@@ -296,11 +299,29 @@ class Mover:
             # replica (one that takes none refuses every move anyway). Told as a refusal.
             replica = self.store.replica_of()
             if replica is not None:
+                # Through Sentinel, a connection to a replica is one to a master it demoted: find
+                # the master again (a move's READONLY made redis-py do it; this refusal does not).
+                self.store.find_master_again()
+                self.store.close_idle()
                 raise RedisRefused(f"{replica}: a mover moves only on a master; {ON_A_REPLICA}")
             _, recorded = self.store.heartbeat(self.name)
             if not recorded and self._last_beat > float("-inf"):
                 logger.warning(HEARTBEAT_GONE, self.name)
             self._last_beat = now
+
+    def _came_late(self) -> None:
+        """A move call ran past its deadline, and moved nothing: the server read it late (paused,
+        or too busy), and may be a master no more. Through Sentinel, ask for the master again."""
+        self.store.find_master_again()
+        self._late.tell(
+            logging.WARNING,
+            "late",
+            f"mover {self.name}: a move call ran {self._call_s:.1f} s after it was sent, past its "
+            "deadline, and moved nothing (Redis paused, or too busy to run it: where a failover "
+            "promoted a replica meanwhile, what it would have pushed a worker still on the old "
+            f"master would take, and the new master's movers move again); on {self.store.address()} "
+            "now, the next call allows longer",
+        )
 
     def _account(self, result: MoveResult) -> None:
         self._limiter.spend(result.moved)

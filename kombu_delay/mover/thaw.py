@@ -90,7 +90,7 @@ class Thawer:
         #: met one or a few: a line each): each key told once a minute while it blocks them
         #: (when told, monotonic s), with the count since the last line.
         self._blocked_told: dict[str, float] = {}
-        self._blocked_since = 0
+        self._blocked_since: dict[str, int] = {}
         self._past_until = float("-inf")  # monotonic: until then, Redis was over maxmemory
 
     def wake(self) -> None:
@@ -263,28 +263,29 @@ class Thawer:
             )
 
     def _tell_blocked(self, result: ThawResult) -> None:
-        """Log the messages ``result`` dead-lettered for keys of another type: an ERROR where a key
-        is new or was last told a minute ago or more, else at debug level."""
-        now, told = self.monotonic(), self._blocked_told
-        self._blocked_since += result.blocked
-        n, named = self._blocked_since, " and ".join(map(repr, result.blocking))
-        why = "is of another type (written by hand)"
-        if any(keys.is_meta(key) for key in result.blocking):
-            why += ", which this user may not RENAME out of the way"
-        text = (
-            f"mover {self.name}: {n} thawed message{'s' if n != 1 else ''} could not be stored, as "
-            f"their ordinary bucket's {named} {why}: they went to the dead-letter list "
-            f"{keys.dead(self.store.prefix)!r} as stored (kombu-delay dead lists them), counted as "
-            "dead; rename or delete the key"
-        )
-        fresh = [key for key in result.blocking if now - told.get(key, -math.inf) >= FAILURE_REPEAT_S]
-        if not fresh:
-            logger.debug("%s", text)
-            return
-        logger.error("%s%s", text, " (still)" if all(key in told for key in fresh) else "")
-        self._blocked_since = 0
-        self._blocked_told = {key: at for key, at in told.items() if now - at < 10 * FAILURE_REPEAT_S}
-        self._blocked_told.update(dict.fromkeys(result.blocking, now))
+        """Log the messages ``result`` dead-lettered for keys of another type: an ERROR for each
+        key that is new, or was last told a minute ago or more, with how many it blocked since;
+        else at debug level."""
+        now, told, since = self.monotonic(), self._blocked_told, self._blocked_since
+        for key, n in result.blocking:
+            since[key] = since.get(key, 0) + n
+            why = "is of another type (written by hand)"
+            if keys.is_meta(key):
+                why += ", which this user may not RENAME out of the way"
+            text = (
+                f"mover {self.name}: {since[key]} thawed message{'s' if since[key] != 1 else ''} could "
+                f"not be stored, as their ordinary bucket's {key!r} {why}: they went to the dead-letter "
+                f"list {keys.dead(self.store.prefix)!r} as stored (kombu-delay dead lists them), counted "
+                "as dead; rename or delete the key"
+            )
+            if now - told.get(key, -math.inf) < FAILURE_REPEAT_S:
+                logger.debug("%s", text)
+                continue
+            logger.error("%s%s", text, " (still)" if key in told else "")
+            told[key], since[key] = now, 0
+        for key in [key for key, at in told.items() if now - at >= 10 * FAILURE_REPEAT_S]:
+            del told[key]
+            since.pop(key, None)
 
     def _wait_after(self, result: ThawResult) -> float:
         """Seconds until the next look after ``result``."""

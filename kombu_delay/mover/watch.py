@@ -265,7 +265,7 @@ class Watch:
             found, seen = self.store.stranded_databases(FRESH_HEARTBEAT_MS), self._stranded_dbs
             self._stranded_dbs = set(found)
             told = databases_problem(found, self.store.prefix, seen)  # new with a database, not a count
-            self._tell("databases", told, logging.WARNING, gist=repr(sorted(found)))
+            self._tell("databases", told, logging.WARNING, gist=repr(sorted(set(found) & seen)))
         except RedisPermissionError:
             self._scan_allowed = False
             logger.warning(

@@ -47,7 +47,7 @@ class StoreBase:
         #: Redis's clock as estimated here, for a publish due well ahead (see
         #: :mod:`kombu_delay.store.clock`); unused with a clock of the store's own.
         self.redis_clock = RedisClock(client)
-        #: When this client gives up on a move call, by Redis's clock: the call's deadline.
+        #: How late a move call may run, by Redis's clock: its deadline.
         self.give_up = GiveUp(client)
         if not is_text(prefix):  # a lone surrogate (bytes a shell read that are not UTF-8)
             raise ConfigError(f"the key prefix {prefix!r} is not UTF-8 text: no Redis key is named by it")
@@ -305,16 +305,23 @@ class StoreBase:
         """Where this store's calls go, as ``host:port`` (a socket's path): through Sentinel,
         the master it found last (no round trip; ``?`` before it found one)."""
         pool = self.client.connection_pool
-        proxy = getattr(pool, "proxy", None)  # (redis-py's SentinelConnectionPool)
-        found = getattr(proxy, "master_address", None) if proxy is not None else None
-        kwargs = pool.connection_kwargs
+        kwargs, proxy = pool.connection_kwargs, getattr(pool, "proxy", None)  # (a Sentinel pool's)
         if proxy is not None:
+            found = getattr(proxy, "master_address", None)
             return "?" if not found else f"{found[0]}:{found[1]}"
         return (
             str(kwargs["path"])
             if "path" in kwargs
             else f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         )
+
+    def find_master_again(self) -> None:
+        """Through Sentinel, ask it for the master: where it has changed, the idle connections
+        close, and the next call goes to the new one (redis-py asks only as it connects)."""
+        proxy = getattr(self.client.connection_pool, "proxy", None)
+        if proxy is not None:
+            with translated_errors():
+                proxy.get_master_address()
 
     def time_ms(self, reader: Any = None) -> int:
         """Return the Redis clock in epoch ms (this store's own clock, when it has one), read

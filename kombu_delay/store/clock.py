@@ -103,42 +103,52 @@ class RedisClock:
         self._offset_ms = int(sec) * 1000 + int(usec) / 1000 - (before + after) / 2 * 1000
 
 
-#: The least time a call's deadline allows after it is sent, ms (see :class:`GiveUp`).
+#: How long after it is sent a move call may still run, at first, ms: far longer than a call
+#: waits for its turn on a Redis that answers, far shorter than a failover takes.
 LEAST_WAIT_MS = 1000
+#: The longest it may, where the client has no ``socket_timeout``, ms.
+NO_TIMEOUT_WAIT_MS = 60_000
 
 
 class GiveUp:
-    """When a client gives up waiting for a script call, by Redis's clock: the call's deadline.
+    """How late a move call may run, by Redis's clock: its deadline.
 
-    A call whose client gave up (its ``socket_timeout`` passed: a server paused, say) still
-    runs once the server reads it, when its client may be working on another server (a
-    failover promoted a replica meanwhile). A script given the deadline does nothing past it
-    (``move.lua``). The deadline is reckoned from Redis's clock in the last reply, which Redis
-    read before it sent that reply, so it falls no later than the moment the client gives up
-    (unless Redis's clock steps back, or a failover brings a server whose clock is behind), and
-    no sooner than :data:`LEAST_WAIT_MS` after the call is sent, however short the timeout: a
-    failover takes seconds, and with a timeout of a millisecond or less every call came past it.
+    A call sent to a server that then stops answering for a while (paused, a frozen VM, a
+    network cut) runs when the server reads it, however late; by then a failover may have
+    promoted a replica, where its mover, once it finds the new master, moves the same messages
+    again, while a worker still waiting on the old server takes what the late call pushed
+    there: both run. So a call moves nothing past its deadline (``move.lua``):
+    :data:`LEAST_WAIT_MS` after it is sent, by Redis's clock as the last reply told it (read
+    before Redis sent that reply, so the deadline comes no later than meant, unless Redis's
+    clock steps back, or a failover brings a server whose clock is behind). A call refused so
+    has its mover ask for the master again; the next allows twice as long, up to the client's
+    ``socket_timeout``, when it gives up anyway (so a Redis too busy to run calls within a
+    second still has them run), and a call in time brings it back to the least.
     """
 
     def __init__(self, client: redis.Redis, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
-        #: The client's ``socket_timeout``, ms (``None``: it waits for ever, and gives up on none).
-        self.timeout_ms = None if not timeout else max(LEAST_WAIT_MS, int(float(timeout) * 1000))
+        #: The longest a call may wait for its turn, ms: until its client gives up.
+        self.longest_ms = (
+            NO_TIMEOUT_WAIT_MS if not timeout else max(LEAST_WAIT_MS, int(float(timeout) * 1000))
+        )
+        #: How long the next call may, ms.
+        self.allowed_ms = LEAST_WAIT_MS
         self._heard: tuple[int, float] | None = None  # (Redis's clock, ms; monotonic s)
 
-    def heard(self, redis_ms: int) -> None:
-        """Note Redis's clock as a reply told it, just received."""
+    def heard(self, redis_ms: int, late: bool = False) -> None:
+        """Note Redis's clock as a reply told it, just received; ``late``: a move call's, which
+        came past its deadline (so moved nothing)."""
         self._heard = (redis_ms, self._monotonic())
+        self.allowed_ms = min(self.longest_ms, 2 * self.allowed_ms) if late else LEAST_WAIT_MS
 
     def deadline(self, sent_ms: int | None = None) -> str:
         """The deadline of a call sent now (at ``sent_ms`` by the clock it judges by, when that
-        is not Redis's own), as a script argument: '' for none (no timeout, or no reply heard)."""
-        if self.timeout_ms is None:
-            return ""
+        is not Redis's own), as a script argument: '' for none (no reply heard yet)."""
         if sent_ms is None:
             if self._heard is None:
                 return ""
             at, received = self._heard
             sent_ms = at + int((self._monotonic() - received) * 1000)
-        return str(sent_ms + self.timeout_ms)
+        return str(sent_ms + self.allowed_ms)

@@ -73,7 +73,7 @@ class Moving(StoreBase):
             )
         result = MoveResult.from_reply(reply)
         self._scan_after = result.scan_after
-        self.give_up.heard(result.now_ms)
+        self.give_up.heard(result.now_ms, late=result.late)
         return result
 
     def thaw(
@@ -99,7 +99,7 @@ class Moving(StoreBase):
             items, cut, corrupt = self._restored(reply[6:])
             more = more or cut
             thawed = dead = gone = blocked = 0
-            blocking: list[str] = []
+            blocking: list[tuple[str, int]] = []
             if items:
                 call_keys = [
                     self._index,
@@ -118,7 +118,7 @@ class Moving(StoreBase):
                 thawed, dead, gone, recounted_after, blocked = (int(x) for x in done[:5])
                 recounted += recounted_after
                 found += replies.damaged_keys(done[5])  # ordinary meta hashes set aside
-                blocking = [as_text(key) for key in done[6]]
+                blocking = replies.counted_keys(done[6])  # keys that blocked thawed messages
                 self._log_dead(corrupt, dead - blocked)
         return ThawResult(
             thawed=thawed,
@@ -358,6 +358,7 @@ class Moving(StoreBase):
                     int(not self._acl_probed),
                 ],
             )
+        self.give_up.heard(int(now))  # (a first move call then has a deadline too)
         if len(rest) == 2:  # the ACL refused a command
             command, key = (as_text(part) for part in rest)
             raise RedisPermissionError(

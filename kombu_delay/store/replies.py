@@ -100,6 +100,9 @@ class MoveResult:
     #: (in ``recounted``); or ``""``: a sorted set, whose messages are lost (in ``expired``),
     #: or a meta hash that could not be renamed (``RENAME`` refused: lost too).
     damaged: list[tuple[str, str]] = field(default_factory=list)
+    #: The call ran past its deadline (the server read it late: paused, or too busy), and moved
+    #: nothing (see :class:`~kombu_delay.store.clock.GiveUp`).
+    late: bool = False
 
     @classmethod
     def from_reply(cls, reply: list[Any]) -> MoveResult:
@@ -122,6 +125,7 @@ class MoveResult:
             refused_dests=[as_text(name) for name in reply[MOVE_HEAD]],
             wrongtype_dests=[as_text(name) for name in reply[MOVE_HEAD + 1]],
             damaged=damaged_keys(reply[MOVE_HEAD + 2]),
+            late=head[8] == -2,
         )
 
 
@@ -129,6 +133,11 @@ def damaged_keys(flat: list[Any]) -> list[tuple[str, str]]:
     """A script's keys found of another type, each followed by its new name or '' (move.lua's
     and thaw.lua's), as pairs."""
     return [(as_text(key), as_text(aside)) for key, aside in zip(flat[::2], flat[1::2], strict=True)]
+
+
+def counted_keys(flat: list[Any]) -> list[tuple[str, int]]:
+    """Keys each followed by a count (thaw.lua's ``blocking``), as pairs."""
+    return [(as_text(key), int(n)) for key, n in zip(flat[::2], flat[1::2], strict=True)]
 
 
 def _runs(coded: list[Any]) -> list[int]:
@@ -233,9 +242,9 @@ class ThawResult:
     #: set, with '' (its messages counted in ``expired``).
     damaged: list[tuple[str, str]] = field(default_factory=list)
     #: Of the dead, messages whose ordinary bucket had a key of another type (written by hand),
-    #: where none can be stored: ``blocking`` names those keys.
+    #: where none can be stored: ``blocking`` names those keys, each with how many it blocked.
     blocked: int = 0
-    blocking: list[str] = field(default_factory=list)
+    blocking: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

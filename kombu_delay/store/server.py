@@ -15,6 +15,9 @@ from kombu_delay.store.base import StoreBase, as_text
 class ServerFacts(StoreBase):
     """The server's facts that the mover's checks, ``health`` and staging read."""
 
+    #: ``INFO replication`` was refused (by the ACL): :meth:`replica_of` asks no more.
+    _replication_refused = False
+
     def memory_state(self) -> tuple[str | None, tuple[int, int] | None]:
         """Return the server's ``maxmemory-policy`` (``None`` when it cannot be read: ``INFO
         memory`` carries it and is allowed where ``CONFIG`` is not, for managed Redis and ACL
@@ -35,11 +38,15 @@ class ServerFacts(StoreBase):
         """Where Redis here is a replica, what it says of it (``INFO replication``): of which
         master, and its link to it; ``None`` where it is a master, or cannot tell (``INFO``
         refused by an ACL). A mover refuses to move on a replica, whether or not it takes
-        writes: what a replica takes stays apart from its master's data."""
+        writes: what a replica takes stays apart from its master's data. Refused once, asked no
+        more (a mover asks at each heartbeat: each refusal would fill the ACL log)."""
+        if self._replication_refused:
+            return None
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("replication")
             except redis.ResponseError:
+                self._replication_refused = True
                 return None
         if as_text(info.get("role", "")) != "slave":
             return None

@@ -577,6 +577,24 @@ def test_a_move_call_its_mover_gave_up_on_moves_nothing_when_the_server_reads_it
     assert store.move_due(100).moved == 3 and admin.llen(QUEUE) == 3
 
 
+def test_a_move_call_past_its_deadline_says_so_and_the_next_allows_longer(server: RedisServer) -> None:
+    # A server paused for less than the mover's socket_timeout, while a failover promoted a
+    # replica, ran the call it read as it resumed, in time by that timeout: it pushed what had
+    # fallen due, for a worker still there to take, and the mover moved on there until the old
+    # master was demoted (R125: 47 of 600 doubled after 6 s). A call now moves nothing a second
+    # after it is sent, and says so.
+    admin = server.client()
+    store = Store(server.client(socket_timeout=10.0))
+    publish_due_soon(server.delay_url, 3)
+    wait_until_due(admin)
+    store.give_up.heard(redis_ms(admin) - 5_000)  # as if sent 5 s ago, by Redis's clock
+    late = store.move_due(100)
+    assert late.late and late.moved == 0 and late.more and admin.llen(QUEUE) == 0
+    assert store.give_up.allowed_ms == 2_000
+    moved = store.move_due(100)
+    assert not moved.late and moved.moved == 3 and store.give_up.allowed_ms == 1_000
+
+
 def blocked_calls(client: redis.Redis) -> int:
     """How many calls of other clients wait on ``client``'s server (flag ``b``: here, a pause)."""
     return sum("b" in c["flags"] for c in client.client_list() if int(c["id"]) != client.client_id())

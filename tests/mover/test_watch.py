@@ -1206,3 +1206,27 @@ def test_a_user_who_may_not_scan_has_lost_buckets_put_back_by_the_walk(caplog):
         assert "2 buckets holding 2 messages had left the bucket index" in caplog.text
         assert admin.hget(keys.totals(""), "reindexed") == b"2"
         user.close()
+
+
+def test_a_second_database_stranded_is_told_at_once_beside_the_first(caplog):
+    # Keyed by every database found, the WARNING came again naming the first alone at the scan
+    # that first found the second (told only from its second scan on), and then, its key being
+    # the same, not at all for 10 minutes.
+    with RedisServer() as server:
+        due = Due(600_000, relative=True, task_id="t")
+        for db in (2, 4):
+            Store(redis.Redis(port=server.port, db=db)).schedule(
+                due, "q", kombu_payload(f"t{db}"), Settings()
+            )
+        store = Store(server.client())
+        watch = Watch(store, "test")
+        with caplog.at_level(logging.INFO, logger=watch_module.__name__):
+            redis.Redis(port=server.port, db=4).delete(keys.counts(""))  # not there at first
+            watch.check_prefixes()
+            watch.check_prefixes()  # database 2 told
+            Store(redis.Redis(port=server.port, db=4)).schedule(due, "q", kombu_payload("u4"), Settings())
+            watch.check_prefixes()
+            watch.check_prefixes()  # database 4 told, beside 2
+        warned = [text for level, text in said(caplog) if level == logging.WARNING]
+        assert len(warned) == 2 and "database 2 (1) of" in warned[0]
+        assert "database 2 (1), 4 (1) of" in warned[1], warned

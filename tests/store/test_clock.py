@@ -219,16 +219,23 @@ def test_the_schedule_script_pushes_what_is_due_by_its_millisecond_and_stores_th
     assert r.llen(f"{prefix}q") == 2
 
 
-def test_a_move_call_s_deadline_follows_the_last_reply_and_allows_at_least_a_second() -> None:
+def test_a_move_call_s_deadline_allows_a_second_then_longer_after_a_late_one() -> None:
     # The deadline of a move call (move.lua moves nothing past it): the time it is sent, by
-    # Redis's clock as the last reply told it, plus the client's socket_timeout. A timeout under
-    # a millisecond gave every call a deadline already past as it ran: none moved anything.
+    # Redis's clock as the last reply told it, plus a second; twice as long after each call that
+    # came late, up to the client's socket_timeout (a minute without one), and a second again
+    # after one in time. A socket_timeout under a millisecond gave every call a deadline already
+    # past as it ran; one of 10 s let a call the server read 6 s late push what it would.
     seconds = [100.0]
-    for timeout, allowed in ((10.0, 10_000), (0.0009, clock.LEAST_WAIT_MS), (None, None)):
+    for timeout, longest in ((10.0, 10_000), (0.0009, clock.LEAST_WAIT_MS), (None, clock.NO_TIMEOUT_WAIT_MS)):
         give_up = clock.GiveUp(redis.Redis(port=1, socket_timeout=timeout), monotonic=lambda: seconds[0])
         assert give_up.deadline() == ""  # no reply heard yet: none
         give_up.heard(5_000_000)
         seconds[0] += 2.5
-        expected = "" if allowed is None else str(5_000_000 + 2_500 + allowed)
-        assert give_up.deadline() == expected
-        assert give_up.deadline(sent_ms=7_000) == ("" if allowed is None else str(7_000 + allowed))
+        assert give_up.deadline() == str(5_000_000 + 2_500 + clock.LEAST_WAIT_MS)
+        allowed = []
+        for _ in range(8):
+            give_up.heard(5_000_000, late=True)
+            allowed.append(int(give_up.deadline(sent_ms=0)))
+        assert allowed == [min(longest, clock.LEAST_WAIT_MS * 2**n) for n in range(1, 9)]
+        give_up.heard(5_000_000)
+        assert give_up.deadline(sent_ms=7_000) == str(7_000 + clock.LEAST_WAIT_MS)

@@ -297,7 +297,9 @@ def test_a_cancel_whose_reply_was_lost_says_it_may_have_been_made(r, redis_serve
         with DelayControl(url, {"socket_timeout": 5}) as control:
             assert control.cancel("warm-1") == 1 and len(control.find("gone-1")) == 1  # (scripts loaded)
             proxy.arm(b"gone-1", "reply", skip=1)  # the find's request passes, the cancel's reply is lost
-            with pytest.raises(RedisUnavailable, match=r"its last cancel may have been made .*\(find tells\)"):
+            with pytest.raises(
+                RedisUnavailable, match=r"its last cancel may have been made .*\(find tells\)"
+            ):
                 control.cancel("gone-1")
             assert proxy.lost.is_set()
             assert control.find("gone-1") == [] and control.cancel("gone-1") == 0  # it was made

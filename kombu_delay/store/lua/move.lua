@@ -22,12 +22,13 @@ ARGV[8] exact_ms optional: next_due_ms need be exact only where it is due within
                  of now + ahead_ms (the caller's longest sleep): a bucket that starts later
                  is told by its start, and nothing of it is read; absent or '' = exact
 ARGV[9] deadline optional: epoch ms by the clock the call judges by (ARGV[5]): a call that
-                 runs later than this moves nothing (its reply: nothing moved, more), as its
-                 caller gave up waiting for it (see below); absent or '' = none
+                 runs later than this moves nothing (its reply: nothing moved, more, and
+                 scan_after -2: late; see below and kombu_delay/store/clock.py GiveUp); absent
+                 or '' = none
 Returns: {moved, next_due_ms (-1 if nothing scheduled), now_ms, now_us (0..999 past now_ms),
           held, expired, wrongtype, more (1 if the limit was reached, clean-up is left, the
           scan stopped short, or members were recounted), scan_after (-1, or the start to
-          pass as ARGV[4] next), recounted (members found in a bucket whose counts read zero:
+          pass as ARGV[4] next; -2: the call came past its deadline, ARGV[9]), recounted (members found in a bucket whose counts read zero:
           added by hand, or counted in a meta hash that is gone, see recount in
           _buckets.lua; and those a move took past its bucket's count), refused (due
           messages left where they are because this user's ACL refuses LPUSH onto their
@@ -102,12 +103,12 @@ local refused_keys = wrong_types({{counts, 'hash'}, {totals, 'hash'}, {ids, 'has
 if refused_keys then return refused_keys end
 
 local now, now_us = clock(ARGV[5])
--- A call its mover gave up on (its socket timed out: a server paused, say) still runs once the
--- server reads it, and by then the mover may move on another server (a failover promoted a
--- replica meanwhile): what it pushed here, a worker still blocked here would take, and the
--- other server deliver again. Past the deadline its mover gave it, it does nothing.
+-- A call the server reads late (it was paused, say) may run where a failover has promoted a
+-- replica meanwhile, on which its mover moves the same messages once it finds it: what this
+-- call pushed here, a worker still blocked here would take, and both would run. Past the
+-- deadline its mover gave it, it does nothing, and says so.
 local deadline = tonumber(ARGV[9] or '')
-if deadline and now >= deadline then return {0, now, now, now_us, 0, 0, 0, 1, -1, 0, 0, 0, {}, {}, {}} end
+if deadline and now >= deadline then return {0, now, now, now_us, 0, 0, 0, 1, -2, 0, 0, 0, {}, {}, {}} end
 local ahead = tonumber(ARGV[6] or '') or 0
 local whole = ARGV[7] ~= '0'
 -- What this call moves: due by now + ahead (reach), except in a bucket marked as holding a

@@ -25,7 +25,7 @@ Returns: {thawed, dead, gone, recounted, blocked, damaged, blocking}; gone: memb
          another type (written by hand), where no message can be stored; damaged: an ordinary
          bucket's meta hash found of another type and set aside, each followed by the name it
          was renamed to (as move.lua's); blocking: the keys of another type the blocked messages
-         met, each once.
+         met, each followed by how many it blocked.
 Bound: three O(log n) commands per message (its ZSCORE, ZREM and ZADD), a constant number per bucket
        and destination (put_group), and two for the id index per 1000 messages.
 
@@ -116,7 +116,7 @@ end
 -- messages are the move's to let go, once (let_go_unreadable takes the bucket out of its index),
 -- not each thaw's.
 -- fit[start][dest]: true where its keys can take it, else the first of them of another type.
-local ordinary, fit, blocked, blocking, told = space(ns, ''), {}, 0, {}, {}
+local ordinary, fit, blocked, blocking, told = space(ns, ''), {}, 0, {}, {}  -- told[key]: its count's place in blocking
 local ordinary_k = in_space({ns = ns, ids = KEYS[2], counts = KEYS[3]}, '')
 local damaged, aside_tried = {}, {}
 local function has_type(key, wanted)
@@ -177,9 +177,11 @@ for i = FIRST, #ARGV, 7 do
       message = ''
       blocked = blocked + 1
       if not told[unfit] then
-        told[unfit] = true
         blocking[#blocking + 1] = unfit
+        blocking[#blocking + 1] = 0
+        told[unfit] = #blocking
       end
+      blocking[told[unfit]] = blocking[told[unfit]] + 1
     end
     if not removed[start_s] then
       removed[start_s] = {}
