@@ -311,17 +311,18 @@ class Mover:
 
     def _came_late(self) -> None:
         """A move call ran past its deadline, and moved nothing: the server read it late (paused,
-        or too busy), and may be a master no more. Through Sentinel, ask for the master again."""
-        self.store.find_master_again()
+        or too busy), and may be a master no more. Told first, then, through Sentinel, the master
+        is asked for again (Sentinel may name none yet: that failure goes to the loop's backoff)."""
         self._late.tell(
             logging.WARNING,
             "late",
             f"mover {self.name}: a move call ran {self._call_s:.1f} s after it was sent, past its "
             "deadline, and moved nothing (Redis paused, or too busy to run it: where a failover "
             "promoted a replica meanwhile, what it would have pushed a worker still on the old "
-            f"master would take, and the new master's movers move again); on {self.store.address()} "
-            "now, the next call allows longer",
+            f"master would take, and the new master's movers move again); it was on "
+            f"{self.store.address()}, and the next call allows longer",
         )
+        self.store.find_master_again()
 
     def _account(self, result: MoveResult) -> None:
         self._limiter.spend(result.moved)

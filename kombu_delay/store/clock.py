@@ -137,11 +137,13 @@ class GiveUp:
         self.allowed_ms = LEAST_WAIT_MS
         self._heard: tuple[int, float] | None = None  # (Redis's clock, ms; monotonic s)
 
-    def heard(self, redis_ms: int, late: bool = False) -> None:
+    def heard(self, redis_ms: int, late: bool | None = None) -> None:
         """Note Redis's clock as a reply told it, just received; ``late``: a move call's, which
-        came past its deadline (so moved nothing)."""
+        came past its deadline (so moved nothing), or in time (``False``); ``None``: another
+        call's, which tells nothing of how long a move may wait."""
         self._heard = (redis_ms, self._monotonic())
-        self.allowed_ms = min(self.longest_ms, 2 * self.allowed_ms) if late else LEAST_WAIT_MS
+        if late is not None:
+            self.allowed_ms = min(self.longest_ms, 2 * self.allowed_ms) if late else LEAST_WAIT_MS
 
     def deadline(self, sent_ms: int | None = None) -> str:
         """The deadline of a call sent now (at ``sent_ms`` by the clock it judges by, when that

@@ -45,8 +45,8 @@ class ServerFacts(StoreBase):
         with translated_errors():
             try:
                 info: dict[str, Any] = self.client.info("replication")
-            except redis.ResponseError:
-                self._replication_refused = True
+            except redis.ResponseError as exc:  # (BUSY too: asked again at the next)
+                self._replication_refused = isinstance(exc, redis.exceptions.NoPermissionError)
                 return None
         if as_text(info.get("role", "")) != "slave":
             return None

@@ -590,9 +590,46 @@ def test_a_move_call_past_its_deadline_says_so_and_the_next_allows_longer(server
     store.give_up.heard(redis_ms(admin) - 5_000)  # as if sent 5 s ago, by Redis's clock
     late = store.move_due(100)
     assert late.late and late.moved == 0 and late.more and admin.llen(QUEUE) == 0
+    store.heartbeat("m")  # (a mover's beat comes first in its next round: it reset the allowance)
     assert store.give_up.allowed_ms == 2_000
     moved = store.move_due(100)
     assert not moved.late and moved.moved == 3 and store.give_up.allowed_ms == 1_000
+
+
+def test_a_busy_redis_leaves_the_replica_check_on(server: RedisServer) -> None:
+    # A BUSY reply (another client's script past busy-reply-threshold) to the INFO a mover asks at
+    # each heartbeat was taken for the ACL's refusal: it asked no more, and moved on the replica
+    # that takes writes the server became later.
+    admin, store = server.client(), Store(server.client())
+    admin.config_set("busy-reply-threshold", 100)
+    busy = threading.Thread(target=_loop_until_killed, args=(server.client(),), daemon=True)
+    busy.start()
+    try:
+        wait_until(lambda: _busy(admin), timeout=DEADLINE_S)
+        assert store.replica_of() is None  # it cannot tell now
+    finally:
+        with contextlib.suppress(redis.ResponseError):
+            admin.script_kill()
+        busy.join(DEADLINE_S)
+    admin.replicaof("127.0.0.1", str(free_port()))  # (a master not there)
+    admin.config_set("replica-read-only", "no")
+    try:
+        assert (store.replica_of() or "").startswith("Redis here is a replica")
+    finally:
+        admin.replicaof("NO", "ONE")
+
+
+def _loop_until_killed(client: redis.Redis) -> None:
+    with contextlib.suppress(redis.ResponseError):  # "Script killed by user"
+        client.eval("while true do end", 0)
+
+
+def _busy(client: redis.Redis) -> bool:
+    try:
+        client.ping()
+    except redis.ResponseError as exc:
+        return "BUSY" in str(exc)
+    return False
 
 
 def blocked_calls(client: redis.Redis) -> int:

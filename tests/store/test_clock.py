@@ -237,5 +237,7 @@ def test_a_move_call_s_deadline_allows_a_second_then_longer_after_a_late_one() -
             give_up.heard(5_000_000, late=True)
             allowed.append(int(give_up.deadline(sent_ms=0)))
         assert allowed == [min(longest, clock.LEAST_WAIT_MS * 2**n) for n in range(1, 9)]
-        give_up.heard(5_000_000)
+        give_up.heard(5_000_000)  # another call's reply (a heartbeat's): the allowance stays
+        assert give_up.deadline(sent_ms=7_000) == str(7_000 + allowed[-1])
+        give_up.heard(5_000_000, late=False)
         assert give_up.deadline(sent_ms=7_000) == str(7_000 + clock.LEAST_WAIT_MS)
